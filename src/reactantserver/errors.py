@@ -1,0 +1,132 @@
+"""The one error tree of reactantserver.
+
+Domain code raises these; it knows nothing of gRPC. Exactly one place
+(``reactantserver.transport``) maps the *category* classes below to gRPC status
+codes, and anything that is not a ``ReactantError`` becomes INTERNAL with a fixed
+message on the wire and the traceback in the log.
+
+    ReactantError
+    ├── ConfigError                  a node.yaml / gateway.yml / env override is wrong
+    ├── BundleError                  a model bundle on disk is wrong (refused at load)
+    ├── LifecycleError               an illegal model state transition (a bug, not a user error)
+    └── RequestError                 something a single request ran into; has a wire status
+        ├── InvalidArgument          -> INVALID_ARGUMENT   the request itself is wrong
+        │   └── BatchTooLarge        a request with more rows than any compiled batch size
+        ├── NotFound                 -> NOT_FOUND          unknown or unloaded model
+        ├── Unavailable              -> UNAVAILABLE        not ready, shutting down, draining
+        ├── ResourceExhausted        -> RESOURCE_EXHAUSTED queue full, too many in flight
+        │   ├── QueueFull
+        │   └── TooManyRequests
+        ├── DeadlineExceeded         -> DEADLINE_EXCEEDED  the request's deadline passed
+        ├── FailedPrecondition       -> FAILED_PRECONDITION wrong mode, unknown shm region
+        │   └── NotResident          explicit mode: weights not on the device
+        ├── Unimplemented            -> UNIMPLEMENTED      an RPC we do not serve
+        └── ExecutionFailed          -> INTERNAL           the device execution failed / timed out
+
+Every message is written for the person who has to fix the problem: it names the
+model, the input, the key or the value, and says what was expected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class ReactantError(Exception):
+    """Base of every error reactantserver raises on purpose."""
+
+
+class ConfigError(ReactantError):
+    """A configuration file or environment override is invalid.
+
+    The message has the form ``FILE:LINE: key.path: what was expected; got VALUE``
+    (or names the environment variable instead of the file), so an operator can go
+    straight to the offending line.
+    """
+
+
+class BundleError(ReactantError):
+    """A model bundle on disk is malformed or does not match its manifest."""
+
+    def __init__(self, bundle: str, message: str) -> None:
+        super().__init__(f"bundle {bundle!r}: {message}")
+        self.bundle = bundle
+        self.detail = message
+
+
+class LifecycleError(ReactantError):
+    """An illegal model lifecycle transition was attempted."""
+
+
+class RequestError(ReactantError):
+    """An error that ends one request and carries a wire status category."""
+
+
+class InvalidArgument(RequestError):
+    """The request is malformed: wrong dtype, shape, unknown input, bad parameter."""
+
+
+class BatchTooLarge(InvalidArgument):
+    """A request has more rows than the largest compiled batch size of its model."""
+
+    def __init__(self, model: str, rows: int, sizes: Sequence[int]) -> None:
+        listed = ", ".join(str(s) for s in sizes)
+        super().__init__(
+            f"model {model!r}: request has {rows} rows but the largest compiled batch size is "
+            f"{max(sizes)} (compiled sizes: {listed}); split the request"
+        )
+        self.model = model
+        self.rows = rows
+        self.sizes = tuple(sizes)
+
+
+class NotFound(RequestError):
+    """The named model (or other named thing) does not exist or is not loaded."""
+
+
+class Unavailable(RequestError):
+    """The server or model exists but cannot take the request right now."""
+
+
+class ResourceExhausted(RequestError):
+    """A configured bound was reached; retrying later may succeed."""
+
+
+class QueueFull(ResourceExhausted):
+    """A model's queue is at ``max_queue_depth``."""
+
+    def __init__(self, model: str, depth: int) -> None:
+        super().__init__(
+            f"model {model!r}: queue is full ({depth} requests waiting, "
+            f"scheduler.max_queue_depth={depth}); retry later"
+        )
+        self.model = model
+        self.depth = depth
+
+
+class TooManyRequests(ResourceExhausted):
+    """``endpoints.max_concurrent_requests`` requests are already in flight."""
+
+
+class DeadlineExceeded(RequestError):
+    """The request's deadline passed before it could be answered."""
+
+
+class FailedPrecondition(RequestError):
+    """The request is well formed but the server is not in a state to honour it."""
+
+
+class NotResident(FailedPrecondition):
+    """Explicit residency mode: the model's weights are not on the device."""
+
+
+class Unimplemented(RequestError):
+    """The RPC or feature is deliberately not served."""
+
+
+class ExecutionFailed(RequestError):
+    """The device execution failed or overran ``dispatch_timeout_seconds``.
+
+    This maps to INTERNAL, but unlike an unexpected exception its message is ours
+    and safe to send on the wire.
+    """
