@@ -27,7 +27,9 @@ def lint(session: nox.Session) -> None:
     """ruff over everything, mypy over src/."""
     session.install("-e", ".[jax,lint]")
     session.run("ruff", "check", "src", "tests", "examples", "benchmarks", "noxfile.py", "proto")
-    session.run("ruff", "format", "--check", "src", "tests", "examples", "benchmarks", "noxfile.py", "proto")
+    session.run(
+        "ruff", "format", "--check", "src", "tests", "examples", "benchmarks", "noxfile.py", "proto"
+    )
     session.run("mypy")
 
 

@@ -148,5 +148,7 @@ def deserialize_bytes(buf: bytes | memoryview, count: int, *, what: str = "tenso
         out[i] = bytes(mv[pos : pos + n])
         pos += n
     if pos != len(mv):
-        raise InvalidArgument(f"{what}: {len(mv) - pos} trailing bytes after {count} BYTES elements")
+        raise InvalidArgument(
+            f"{what}: {len(mv) - pos} trailing bytes after {count} BYTES elements"
+        )
     return out

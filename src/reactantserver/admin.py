@@ -1,0 +1,119 @@
+"""The admin HTTP port: ``/healthz``, ``/readyz`` and Prometheus ``/metrics``.
+
+A deliberately small HTTP/1.1 server on Trio streams. It answers one GET per
+connection and closes it, which is all Prometheus scrapers and orchestrator probes
+need, and it bounds everything a peer controls: the request head is at most 8 KiB and
+a connection gets ``CONNECTION_TIMEOUT`` seconds to send it.
+
+- ``/healthz``: 200 ``ok`` while the process is alive and its event loop answers.
+- ``/readyz``: 200 ``ready`` only when the readiness callback says so; otherwise 503
+  with the reason as the body (for example which model is still compiling).
+- ``/metrics``: the text exposition of the registry given at construction (never the
+  process-global default registry).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from functools import partial
+
+import trio
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+log = logging.getLogger(__name__)
+
+MAX_HEAD = 8192
+CONNECTION_TIMEOUT = 10.0
+
+#: Returns (ready, reason); the reason is shown when not ready.
+ReadinessCheck = Callable[[], tuple[bool, str]]
+
+
+def _response(status: str, body: bytes, content_type: str = "text/plain; charset=utf-8") -> bytes:
+    head = (
+        f"HTTP/1.1 {status}\r\n"
+        f"Content-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+class AdminApp:
+    """Maps a request line to a response; no I/O, so it is tested directly."""
+
+    def __init__(self, registry: CollectorRegistry, readiness: ReadinessCheck) -> None:
+        self._registry = registry
+        self._readiness = readiness
+
+    def respond(self, method: str, target: str) -> bytes:
+        path = target.split("?", 1)[0]
+        if method not in ("GET", "HEAD"):
+            return _response("405 Method Not Allowed", b"only GET is served here\n")
+        if path == "/healthz":
+            resp = _response("200 OK", b"ok\n")
+        elif path == "/readyz":
+            ready, reason = self._readiness()
+            if ready:
+                resp = _response("200 OK", b"ready\n")
+            else:
+                resp = _response("503 Service Unavailable", f"not ready: {reason}\n".encode())
+        elif path == "/metrics":
+            resp = _response("200 OK", generate_latest(self._registry), CONTENT_TYPE_LATEST)
+        else:
+            resp = _response("404 Not Found", b"try /healthz, /readyz or /metrics\n")
+        if method == "HEAD":
+            resp = resp.split(b"\r\n\r\n", 1)[0] + b"\r\n\r\n"
+        return resp
+
+
+async def _refuse_oversize(stream: trio.SocketStream) -> None:
+    # Answer, then drain a bounded amount of what the peer is still sending: closing a
+    # socket with unread data resets the connection and the peer may lose our answer.
+    await stream.send_all(_response("431 Request Header Fields Too Large", b""))
+    await stream.send_eof()
+    with trio.move_on_after(1.0):
+        drained = 0
+        while drained < 1 << 20 and (chunk := await stream.receive_some(65536)):
+            drained += len(chunk)
+
+
+async def _handle(app: AdminApp, stream: trio.SocketStream) -> None:
+    async with stream:
+        with trio.move_on_after(CONNECTION_TIMEOUT):
+            buf = bytearray()
+            while b"\r\n\r\n" not in buf:
+                chunk = await stream.receive_some(4096)
+                if not chunk:
+                    return
+                buf += chunk
+                if len(buf) > MAX_HEAD:
+                    await _refuse_oversize(stream)
+                    return
+            line = bytes(buf).split(b"\r\n", 1)[0].decode("latin-1")
+            parts = line.split(" ")
+            if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+                await stream.send_all(_response("400 Bad Request", b"malformed request line\n"))
+                return
+            try:
+                await stream.send_all(app.respond(parts[0], parts[1]))
+            except trio.BrokenResourceError:
+                pass
+
+
+async def serve_admin(
+    app: AdminApp,
+    host: str,
+    port: int,
+    *,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` on ``host:port`` until cancelled; reports the bound port when listening."""
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    bound = listeners[0].socket.getsockname()[1]
+    log.info("admin HTTP listening on %s:%d (/healthz /readyz /metrics)", host, bound)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(partial(trio.serve_listeners, partial(_handle, app), listeners))
+        task_status.started(bound)

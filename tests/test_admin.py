@@ -1,0 +1,50 @@
+"""The admin HTTP server, over a real socket on loopback."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import trio
+from prometheus_client import CollectorRegistry, Counter
+
+from reactantserver.admin import AdminApp, serve_admin
+
+
+async def _get(port: int, request: bytes) -> bytes:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(request)
+        out = bytearray()
+        while chunk := await stream.receive_some(65536):
+            out += chunk
+    return bytes(out)
+
+
+async def test_endpoints_over_loopback() -> None:
+    registry = CollectorRegistry()
+    Counter("demo_requests", "a demo counter", registry=registry).inc(3)
+    state = {"ready": False}
+    app = AdminApp(registry, lambda: (state["ready"], "model 'mlp' is compiling"))
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(partial(serve_admin, app, "127.0.0.1", 0))
+        health = await _get(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert health.startswith(b"HTTP/1.1 200 OK") and health.endswith(b"ok\n")
+
+        notready = await _get(port, b"GET /readyz HTTP/1.1\r\n\r\n")
+        assert notready.startswith(b"HTTP/1.1 503")
+        assert notready.endswith(b"not ready: model 'mlp' is compiling\n")
+        state["ready"] = True
+        assert (await _get(port, b"GET /readyz HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 200")
+
+        metrics = await _get(port, b"GET /metrics HTTP/1.1\r\n\r\n")
+        assert b"demo_requests_total 3.0" in metrics
+        assert b"Content-Type: text/plain; version=" in metrics
+
+        assert (await _get(port, b"GET /nope HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 404")
+        assert (await _get(port, b"POST /metrics HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 405")
+        assert (await _get(port, b"garbage\r\n\r\n")).startswith(b"HTTP/1.1 400")
+        head = await _get(port, b"HEAD /healthz HTTP/1.1\r\n\r\n")
+        assert head.endswith(b"\r\n\r\n") and b"ok\n" not in head
+        huge = await _get(port, b"GET /healthz HTTP/1.1\r\n" + b"X: y\r\n" * 3000)
+        assert huge.startswith(b"HTTP/1.1 431")
+        nursery.cancel_scope.cancel()

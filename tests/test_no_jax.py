@@ -1,0 +1,51 @@
+"""Modules that must import without JAX.
+
+The client, config, bundle parsing, the scheduler and the generated protocol modules
+are used by processes that never touch a device (the gateway, simulations, clients),
+so importing them must not pull in JAX. Each check runs in a fresh interpreter and
+looks at ``sys.modules`` afterwards.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+JAX_FREE = [
+    "reactantserver",
+    "reactantserver.errors",
+    "reactantserver.tensors",
+    "reactantserver.config",
+    "reactantserver.cli",
+    "reactantserver.protocol.inference",
+    "reactantserver.protocol.reactant_control",
+    "reactantserver.scheduling",
+    "reactantserver.bundle",
+    "reactantserver.weights",
+]
+
+
+@pytest.mark.parametrize("module", JAX_FREE)
+def test_module_imports_without_jax(module: str) -> None:
+    assert importlib.util.find_spec(module) is not None, f"{module} does not exist"
+    code = (
+        "import sys, importlib\n"
+        f"importlib.import_module({module!r})\n"
+        "leaked = sorted(m for m in sys.modules if m == 'jax' or m.startswith(('jax.', 'jaxlib')))\n"
+        "print(','.join(leaked))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"importing {module} imported {out.stdout.strip()}"
+
+
+def test_public_scheduler_name_without_jax() -> None:
+    code = (
+        "import sys, reactantserver\n"
+        "reactantserver.Scheduler\n"
+        "print(any(m == 'jax' or m.startswith('jax.') for m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
