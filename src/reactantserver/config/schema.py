@@ -1,6 +1,8 @@
-"""The typed configuration of one worker: frozen attrs classes, names and defaults.
+"""The typed configuration: frozen attrs classes, names and defaults.
 
-This module holds only the shapes. Loading (ruamel.yaml + cattrs, unknown keys
+The first half is one worker (``ServerConfig`` and its blocks); the second half is the
+node file (``NodeConfig``) and the gateway (``GatewayConfig``). This module holds only the
+shapes. Loading (ruamel.yaml + cattrs, unknown keys
 refused, file:line in every error), validation of ranges and cross-field rules,
 environment overrides and per-worker resolution of a node.yaml live beside it in
 the ``reactantserver.config`` package. Everything downstream (scheduler, cache,
@@ -14,10 +16,12 @@ overrides applied on top.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Literal
 
 import attrs
+
+from .source import SourceMap
 
 Backend = Literal["cpu", "cuda"]
 Discipline = Literal["fair", "fifo", "edf"]
@@ -133,3 +137,250 @@ class ServerConfig:
     runtime: RuntimeConfig = attrs.field(factory=RuntimeConfig)
     scheduler: SchedulerConfig = attrs.field(factory=SchedulerConfig)
     endpoints: EndpointsConfig = attrs.field(factory=EndpointsConfig)
+
+
+# ---------------------------------------------------------------------------------------------
+# The node file (node.yaml): one machine, one or more single-GPU workers, optionally a gateway.
+# ---------------------------------------------------------------------------------------------
+
+
+class Settings(Mapping[str, object]):
+    """A block of worker settings exactly as written: ``global:`` or a worker's own keys.
+
+    It is *partial* by nature -- a worker's ``scheduler: {max_queue_depth: 8}`` says nothing
+    about the discipline -- so it is kept as a read-only nested mapping keyed like
+    ``ServerConfig`` rather than as a record with every field optional (which would restate
+    every field of the four records above and drift from them). Its keys and the shape of
+    its blocks are checked when the node file is loaded, and every value is checked by
+    resolving each worker; ``resolve_worker`` deep-merges the blocks over the defaults and
+    structures the result into a ``ServerConfig``.
+    """
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: Mapping[str, object] | None = None) -> None:
+        self._data: dict[str, object] = {str(k): _freeze(v) for k, v in (data or {}).items()}
+
+    def __getitem__(self, key: str) -> object:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"Settings({self._data!r})"
+
+
+def _freeze(value: object) -> object:
+    if isinstance(value, Settings):
+        return value
+    if isinstance(value, Mapping):
+        return Settings(value)
+    if isinstance(value, list | tuple):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+#: The keys a ``global:`` block or a worker entry may set (beyond a worker's own
+#: ``name``/``port``/``metrics_port``/``gpu``): the ``ServerConfig`` fields a node file
+#: leaves to the operator. ``name``, ``model_dirs`` and ``gpu`` come from the node file's
+#: own keys, and so do ``endpoints.port`` / ``endpoints.metrics_port``.
+SETTINGS_KEYS: tuple[str, ...] = (
+    "cache_dir",
+    "model_control_mode",
+    "model_poll_seconds",
+    "models_include",
+    "runtime",
+    "scheduler",
+    "endpoints",
+)
+
+#: ``gpus: auto``, a device count (0 = a CPU node), or an explicit list of device
+#: ordinals / UUID strings (passed to ``CUDA_VISIBLE_DEVICES`` verbatim).
+Gpus = Literal["auto"] | int | tuple[int | str, ...]
+
+
+@attrs.frozen(kw_only=True)
+class WorkerEntry:
+    """One item of ``workers:``: a worker's identity plus its override blocks."""
+
+    #: Routing identity; also the ``--worker`` argument and the ``worker`` metric label.
+    name: str
+    #: gRPC port; ``None`` means ``base_port + index``.
+    port: int | None = None
+    #: Admin HTTP port; ``None`` means ``metrics_base_port + index`` (or off when that is 0).
+    metrics_port: int | None = None
+    #: Device ordinal among the visible devices; ``None`` leaves it to the supervisor.
+    gpu: int | None = None
+    #: Every other key of the entry, deep-merged over ``global:``.
+    settings: Settings = attrs.field(factory=Settings, converter=Settings)
+
+
+# ---------------------------------------------------------------------------------------------
+# The gateway (gateway.yml, or the ``gateway:`` block of a node file).
+# ---------------------------------------------------------------------------------------------
+
+GatewayMode = Literal["round_robin", "least_outstanding", "lpt_packing"]
+WorkBasis = Literal["compute", "items", "requests"]
+RoutingPolicy = Literal["fill_rr", "fill_least"]
+FillMode = Literal["run", "spread", "inflight"]
+CompactionMode = Literal["eager", "scheduled", "off"]
+LogLevel = Literal["debug", "info", "warning", "error"]
+LogFormat = Literal["json", "text"]
+#: A replica count: a positive integer, or ``all`` (every ready worker; tracks the fleet).
+Replicas = int | Literal["all"]
+
+GATEWAY_MODES: tuple[GatewayMode, ...] = ("round_robin", "least_outstanding", "lpt_packing")
+#: Worker disciplines that may sit behind ``lpt_packing`` (the gateway is then the
+#: placement and fairness authority, so workers must not reorder by share).
+LPT_DISCIPLINES: tuple[Discipline, ...] = ("fifo", "edf")
+
+DEFAULT_GRPC_MSG_BYTES = 512 * 1024 * 1024
+
+
+@attrs.frozen(kw_only=True)
+class ListenConfig:
+    """``listen:`` -- the gateway's own addresses, ``host:port``."""
+
+    grpc: str = "0.0.0.0:8001"
+    #: Admin HTTP (/healthz, /readyz, /metrics); port 0 turns it off.
+    metrics: str = "0.0.0.0:8002"
+
+
+@attrs.frozen(kw_only=True)
+class GatewayGrpcConfig:
+    """``grpc:`` -- message-size limits and the inbound admission cap."""
+
+    max_recv_msg_bytes: int = DEFAULT_GRPC_MSG_BYTES
+    max_send_msg_bytes: int = DEFAULT_GRPC_MSG_BYTES
+    #: Inbound cap is this times the number of workers; 0 = uncapped. Keep it above
+    #: ``worker_client.max_concurrent_streams`` so a burst has headroom.
+    max_concurrent_requests_per_worker: int = 64
+
+
+@attrs.frozen(kw_only=True)
+class WorkerClientConfig:
+    """``worker_client:`` -- how the gateway talks to each worker."""
+
+    request_timeout_seconds: float = 60.0
+    #: Outbound in-flight RPCs multiplexed to one worker.
+    max_concurrent_streams: int = 32
+
+
+@attrs.frozen(kw_only=True)
+class LoggingConfig:
+    """``logging:``."""
+
+    level: LogLevel = "info"
+    format: LogFormat = "json"
+
+
+@attrs.frozen(kw_only=True)
+class TlsConfig:
+    """``tls:`` -- parsed and checked, not yet enforced (the gateway serves cleartext h2c
+    and warns when a certificate is configured)."""
+
+    cert_file: str = ""
+    key_file: str = ""
+    client_ca_file: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class GatewayModelConfig:
+    """``scheduling.models.<name>:`` -- per-model placement under ``lpt_packing``.
+
+    ``None`` everywhere means "inherit the ``scheduling:`` default" (``fill_mode: inherit``
+    in YAML is the same as leaving it out).
+    """
+
+    replicas: Replicas | None = None
+    fill_mode: FillMode | None = None
+    fill_factor: float | None = None
+
+
+@attrs.frozen(kw_only=True)
+class GatewaySchedulingConfig:
+    """``scheduling:`` -- how requests are spread over workers. Every knob past ``mode``
+    applies to ``lpt_packing`` only (``work_basis`` also to ``least_outstanding``)."""
+
+    mode: GatewayMode = "round_robin"
+    #: What "in-flight work" counts: measured GPU-seconds, items (rows) or requests.
+    work_basis: WorkBasis = "compute"
+    #: Repack after the fleet consumes this many GPU-seconds.
+    rebalance_compute_seconds: float = 300.0
+    #: Budget of the first traffic-driven repack; 0 = use ``rebalance_compute_seconds``.
+    first_rebalance_compute_seconds: float = 60.0
+    #: Advisory only (kept for compatibility; load no longer drives replica counts).
+    max_worker_share: float = 0.8
+    #: Minimum relative improvement needed to move a placement, in [0, 1).
+    hysteresis: float = 0.0
+    #: Half-life of the rate/cost smoothing in fleet GPU-seconds; 0 = the rebalance budget.
+    ema_halflife_compute_seconds: float = 0.0
+    default_replicas: Replicas = 1
+    #: Per-replica fill target as a multiple of the model's max batch size.
+    routing_fill_factor: float = 1.0
+    routing_policy: RoutingPolicy = "fill_least"
+    routing_fill_mode: FillMode = "run"
+    #: Place a model only where its weights still fit, when any worker can fit it.
+    forbid_memory_oversubscription: bool = True
+    compaction_mode: CompactionMode = "eager"
+    #: Compact on the first placement-changing repack at or after this many repacks.
+    compaction_interval: int = 1
+    models: Mapping[str, GatewayModelConfig] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True)
+class GatewayConfig:
+    """The gateway: a raw-byte KServe V2 proxy in front of a flat list of workers."""
+
+    listen: ListenConfig = attrs.field(factory=ListenConfig)
+    #: Worker gRPC addresses (``host:port``), across any number of nodes.
+    endpoints: tuple[str, ...] = ()
+    #: Worker admin addresses whose /metrics the gateway merges into its own.
+    metrics_endpoints: tuple[str, ...] = ()
+    #: Friendly names, index-aligned with ``endpoints``; empty labels workers by address.
+    worker_names: tuple[str, ...] = ()
+    grpc: GatewayGrpcConfig = attrs.field(factory=GatewayGrpcConfig)
+    worker_client: WorkerClientConfig = attrs.field(factory=WorkerClientConfig)
+    logging: LoggingConfig = attrs.field(factory=LoggingConfig)
+    tls: TlsConfig = attrs.field(factory=TlsConfig)
+    scheduling: GatewaySchedulingConfig = attrs.field(factory=GatewaySchedulingConfig)
+    #: ``lpt_packing`` start: how long to wait for every worker to answer; 0 fails fast,
+    #: ``.inf`` waits forever (the node supervisor's embedded gateway defaults to ``.inf``).
+    startup_wait_seconds: float = 0.0
+    #: Period of the readiness/discovery probe of every worker.
+    health_interval_seconds: float = 10.0
+    #: Exit (to be restarted) after this many consecutive rounds where no worker answered,
+    #: once some worker has answered at least once; 0 disables.
+    wedge_exit_rounds: int = 3
+
+
+@attrs.frozen(kw_only=True)
+class NodeConfig:
+    """A node file: the workers of one machine, their shared settings, optionally a gateway.
+
+    ``resolve_worker`` turns one worker of it into a ``ServerConfig``. ``source`` remembers
+    the file and the line of every key so that errors found while resolving (including
+    environment overrides) still point at the line to fix; it takes no part in equality.
+    """
+
+    #: The shared bundle repository; every worker gets ``model_dirs = (model_repo,)``.
+    model_repo: str
+    #: Worker i's gRPC port is ``base_port + i`` unless it sets ``port:``.
+    base_port: int = 8080
+    #: Worker i's admin port is ``metrics_base_port + i``; 0 = metrics off.
+    metrics_base_port: int = 0
+    gpus: Gpus = "auto"
+    #: ``global:`` -- settings merged into every worker.
+    global_: Settings = attrs.field(factory=Settings, converter=Settings)
+    #: Explicit workers; empty means one per GPU (``worker0..N-1``), see ``worker_names``.
+    workers: tuple[WorkerEntry, ...] = ()
+    #: ``models:`` -- model name -> the workers that pin it to device memory.
+    models: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
+    #: ``gateway:`` -- the embedded gateway's settings (same keys as gateway.yml; its
+    #: endpoints default to this node's workers).
+    gateway: GatewayConfig | None = None
+    source: SourceMap = attrs.field(factory=lambda: SourceMap(), eq=False, repr=False)

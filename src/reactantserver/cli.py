@@ -1,0 +1,172 @@
+"""The ``reactantserver`` command.
+
+Each subcommand is two functions: ``_add_<name>(subparsers)`` declares its arguments and
+``_run_<name>(args) -> int`` does the work; ``main`` only parses and dispatches, and turns a
+``ConfigError`` into its one-line message on stderr and exit status 2 (the status argparse
+uses for a bad command line: both mean "what you asked for is wrong, nothing ran").
+Subcommands import what they need inside ``_run_<name>``, so ``reactantserver config``
+never imports JAX.
+
+    reactantserver config FILE [--worker NAME | --gateway]
+        Check a node file (or a gateway.yml) and print the effective configuration, the
+        environment overrides applied: every worker of a node file (or the one --worker
+        names), or with --gateway the node's embedded gateway. A gateway.yml is recognised
+        by its keys and printed as the gateway it configures.
+
+    reactantserver export MODULE:CALLABLE --out DIR [--batch-sizes 1,4,8] [--platforms cpu,cuda]
+                          [--force]
+        Call CALLABLE (from a dotted module or a path/to/file.py) for an
+        ``reactantserver.export.ExportSpec``, export it as the bundle DIR, check the
+        artifact against the function, and print a summary (docs/export.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from .errors import ConfigError
+
+#: Status for a configuration or command-line error (argparse's own is 2 as well).
+EXIT_USAGE = 2
+
+
+def _add_config(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "config",
+        help="check a node.yaml or gateway.yml and print the effective configuration",
+        description=(
+            "Check a node file (or a gateway.yml) and print the effective configuration as "
+            "YAML, with INFERENCE_SERVER_* / REACTANT_GATEWAY_* environment overrides applied. "
+            "A bad configuration prints one 'file:line: key: expected ...' line on stderr and "
+            "exits with status 2."
+        ),
+    )
+    parser.add_argument("file", help="node.yaml (or gateway.yml)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--worker", metavar="NAME", help="print only this worker")
+    which.add_argument(
+        "--gateway",
+        action="store_true",
+        help="print the gateway embedded in front of the node's workers",
+    )
+    parser.set_defaults(run=_run_config)
+
+
+def _run_config(args: argparse.Namespace) -> int:
+    from .config import (
+        dump_config,
+        load_gateway,
+        load_node,
+        resolve_gateway,
+        resolve_worker,
+        worker_names,
+    )
+    from .config.gateway import is_gateway_document
+    from .config.source import read_yaml
+
+    file: str = args.file
+    data, _ = read_yaml(file)
+    documents: list[tuple[str, str]] = []
+    if is_gateway_document(data):
+        if args.worker is not None:
+            raise ConfigError(f"{file}: is a gateway.yml, which has no workers (drop --worker)")
+        documents.append((f"gateway configured by {file}", dump_config(load_gateway(file))))
+    else:
+        node = load_node(file)
+        if args.gateway:
+            documents.append((f"gateway of {file}", dump_config(resolve_gateway(node))))
+        else:
+            names = [args.worker] if args.worker is not None else list(worker_names(node))
+            for name in names:
+                cfg = resolve_worker(node, name)
+                documents.append((f"worker {cfg.name} of {file}", dump_config(cfg)))
+    sys.stdout.write("---\n".join(f"# {title}\n{text}" for title, text in documents))
+    return 0
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    """``"1,4,8"`` -> ``(1, 4, 8)``; ``""`` -> ``()`` (unbatched)."""
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers such as 1,4,8, got {text!r}"
+        ) from None
+
+
+def _add_export(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "export",
+        help="export a JAX function and its parameters as a bundle",
+        description=(
+            "Export the ExportSpec returned by MODULE:CALLABLE as the bundle directory --out "
+            "(its name is the model name). The artifact is deserialized and checked against "
+            "the original function on random inputs before anything is written; a mismatch "
+            "exits with status 1."
+        ),
+    )
+    parser.add_argument(
+        "spec",
+        metavar="MODULE:CALLABLE",
+        help="a dotted module or a path/to/file.py, and a function returning an ExportSpec",
+    )
+    parser.add_argument("--out", required=True, metavar="DIR", help="bundle directory to write")
+    parser.add_argument(
+        "--batch-sizes",
+        type=_int_list,
+        default=None,
+        metavar="N,N,...",
+        help="compiled batch sizes, replacing the spec's ('' exports an unbatched model)",
+    )
+    parser.add_argument(
+        "--platforms",
+        default=None,
+        metavar="P,P",
+        help="lowering platforms, replacing the spec's (default cpu,cuda)",
+    )
+    parser.add_argument("--force", action="store_true", help="replace an existing DIR")
+    parser.set_defaults(run=_run_export)
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    from .export import run_cli  # imports JAX: only this subcommand pays for it
+
+    platforms = [p for p in args.platforms.split(",") if p] if args.platforms else None
+    return run_cli(
+        args.spec, args.out, batch_sizes=args.batch_sizes, platforms=platforms, force=args.force
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="reactantserver",
+        description="Serve many compiled JAX models from one GPU over KServe V2 gRPC.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_config(subparsers)
+    _add_export(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse reports usage errors (and --help) by exiting
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        status: int = args.run(args)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_USAGE
+    return status
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

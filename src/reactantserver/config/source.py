@@ -1,0 +1,335 @@
+"""Where each configuration value came from, and the one error a bad configuration gets.
+
+Theory of operation
+-------------------
+A YAML file is read once with ruamel.yaml's round-trip loader, which keeps the position
+of every key. It is turned into plain ``dict``/``list``/scalars and a ``SourceMap``: the
+1-based line of every key path (``("global", "scheduler", "discipline") -> 14``). From
+then on nothing needs ruamel; validation works on plain data and *paths*.
+
+Every value that reaches a record has an ``Origin``: a line of a file (``FileOrigin``)
+or an environment variable (``EnvOrigin``). A check that fails produces a ``Problem``
+(origin + what was expected); ``raise_first`` turns a batch of problems into exactly one
+``ConfigError``, the one earliest in the file (environment problems after file ones), so
+an operator fixes the first thing first and a file's errors do not depend on the order
+the checks happen to run in.
+
+Message forms (the whole contract with operators and tests)::
+
+    node.yaml:14: global.scheduler.discipline: expected one of fair, fifo, edf; got 'fiar'
+    INFERENCE_SERVER_SCHEDULER_DISCIPLINE: expected one of fair, fifo, edf; got 'x'
+
+The file is named as the caller gave it, lines are 1-based and point at the offending
+key (or list item). A key with an empty value (``key:`` and nothing after it) is dropped
+while reading: it means the same as leaving the key out.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, NoReturn
+
+import attrs
+from ruamel.yaml import YAML
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+from ..errors import ConfigError
+
+#: A key path: mapping keys are ``str``, list positions ``int``.
+Path = tuple[str | int, ...]
+
+
+def keypath(path: Path) -> str:
+    """``("workers", 1, "scheduler", "discipline")`` -> ``workers[1].scheduler.discipline``."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def show(value: object) -> str:
+    """A value as an operator wrote it, for the ``got ...`` part of a message."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, float) and math.isinf(value):
+        return ".inf" if value > 0 else "-.inf"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list | tuple):
+        return "a list"
+    return repr(value)
+
+
+@attrs.frozen
+class FileOrigin:
+    """A key of a file: where the operator goes to fix it."""
+
+    file: str
+    #: 1-based; 0 when unknown (a record built in code rather than read from a file).
+    line: int
+    path: Path
+
+    def render(self, message: str) -> str:
+        where = f"{self.file}:{self.line}" if self.line > 0 else self.file
+        return f"{where}: {keypath(self.path)}: {message}" if self.path else f"{where}: {message}"
+
+
+@attrs.frozen
+class EnvOrigin:
+    """An environment variable."""
+
+    var: str
+
+    def render(self, message: str) -> str:
+        return f"{self.var}: {message}"
+
+
+Origin = FileOrigin | EnvOrigin
+
+
+def describe(origin: Origin) -> str:
+    """Where a value came from, for a message about another value."""
+    if isinstance(origin, EnvOrigin):
+        return origin.var
+    where = f"{origin.file}:{origin.line}" if origin.line > 0 else origin.file
+    return f"{keypath(origin.path)} at {where}" if origin.path else where
+
+
+@attrs.frozen
+class Problem:
+    """One thing wrong with a configuration: where, and what was expected."""
+
+    origin: Origin
+    message: str
+
+    def sort_key(self) -> tuple[int, int, str]:
+        if isinstance(self.origin, FileOrigin):
+            return (0, self.origin.line, self.origin.file)
+        return (1, 0, self.origin.var)
+
+    def render(self) -> str:
+        return self.origin.render(self.message)
+
+
+def raise_first(problems: Iterable[Problem]) -> None:
+    """Raise ``ConfigError`` for the earliest problem, if there is any.
+
+    ``min`` keeps the first of equal keys, so when two checks flag the same line the one
+    that ran first (the more specific, by construction of the callers) wins.
+    """
+    batch = list(problems)
+    if batch:
+        raise ConfigError(min(batch, key=Problem.sort_key).render())
+
+
+def fail(origin: Origin, message: str) -> NoReturn:
+    raise ConfigError(Problem(origin, message).render())
+
+
+@attrs.frozen
+class SourceMap:
+    """The file a document came from and the line of each of its key paths."""
+
+    file: str = "<config>"
+    lines: Mapping[Path, int] = attrs.field(factory=dict)
+
+    def line(self, path: Path) -> int:
+        """The line of ``path``, or of its nearest ancestor that has one (0 if none)."""
+        probe = path
+        while probe not in self.lines and probe:
+            probe = probe[:-1]
+        return self.lines.get(probe, 0)
+
+    def origin(self, path: Path) -> FileOrigin:
+        return FileOrigin(self.file, self.line(path), path)
+
+
+def read_yaml(path: str | os.PathLike[str]) -> tuple[dict[str, Any], SourceMap]:
+    """Read a YAML file whose top level is a mapping (an empty file is an empty mapping).
+
+    Returns plain data (``dict``/``list``/``str``/``int``/``float``/``bool``; keys with an
+    empty value dropped) and its ``SourceMap``.
+    """
+    file = os.fspath(path)
+    try:
+        with open(file, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise ConfigError(f"{file}: cannot read the file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{file}: cannot read the file: not UTF-8 text ({exc.reason})") from None
+    try:
+        doc = YAML(typ="rt").load(text)
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else 1
+        what = " ".join(str(p) for p in (exc.context, exc.problem) if p)
+        raise ConfigError(f"{file}:{line}: not valid YAML: {what}") from None
+    except YAMLError as exc:
+        raise ConfigError(f"{file}: not valid YAML: {exc}") from None
+    lines: dict[Path, int] = {(): 1}
+    if doc is None:
+        return {}, SourceMap(file, lines)
+    if not isinstance(doc, Mapping):
+        raise ConfigError(f"{file}:1: expected a mapping of keys at the top level; got {show(doc)}")
+    data = _plain(doc, (), lines)
+    assert isinstance(data, dict)
+    return data, SourceMap(file, lines)
+
+
+def _position(container: Any, key: object, *, item: bool) -> int | None:
+    """1-based line of a key (or list item) of a ruamel container, if it kept one."""
+    lc = getattr(container, "lc", None)
+    if lc is None:
+        return None
+    try:
+        # Keys pulled in through a ``<<:`` merge have no position of their own.
+        row = lc.item(key)[0] if item else lc.key(key)[0]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return int(row) + 1
+
+
+def _plain(node: Any, path: Path, lines: dict[Path, int]) -> Any:
+    if isinstance(node, Mapping):
+        out: dict[Any, Any] = {}
+        for key, value in node.items():
+            # YAML reads ``123:`` as an integer key; every mapping of the schema is keyed
+            # by names (a model may well live in a directory called 123), so keys are text.
+            name = str(key)
+            child = (*path, name)
+            lines[child] = _position(node, key, item=False) or lines.get(path, 1)
+            if value is None:
+                continue
+            out[name] = _plain(value, child, lines)
+        return out
+    if isinstance(node, list | tuple):
+        items = []
+        for index, value in enumerate(node):
+            child = (*path, index)
+            lines[child] = _position(node, index, item=True) or lines.get(path, 1)
+            items.append(_plain(value, child, lines))
+        return items
+    # ruamel's round-trip scalars subclass the builtins (ScalarFloat, ScalarInt, and
+    # ScalarBoolean, which subclasses int); normalise them so checks can use ``type``.
+    if type(node).__name__ == "ScalarBoolean" or isinstance(node, bool):
+        return bool(node)
+    if isinstance(node, int):
+        return int(node)
+    if isinstance(node, float):
+        return float(node)
+    if isinstance(node, str):
+        return str(node)
+    return node
+
+
+class RawTree:
+    """Plain data being assembled from several sources, with the origin of every path.
+
+    Layers are applied in order (defaults are implicit: a path nobody set is left to the
+    record's default). Mappings merge key by key; anything else replaces what was there.
+    ``locate`` answers "where did the value at this path come from" for error messages,
+    falling back to the nearest ancestor that was set (a missing key is reported at the
+    line of the mapping that lacks it) and finally to ``root``.
+    """
+
+    def __init__(self, root: Origin) -> None:
+        self.data: dict[str, Any] = {}
+        self.origins: dict[Path, Origin] = {}
+        self.root = root
+
+    def overlay(
+        self, block: Mapping[str, Any], origin_of: Callable[[Path], Origin], at: Path = ()
+    ) -> None:
+        """Deep-merge ``block`` at ``at``; ``origin_of`` maps a path relative to the block
+        to its origin."""
+        self._merge(block, origin_of, at, ())
+
+    def _merge(
+        self, block: Mapping[str, Any], origin_of: Callable[[Path], Origin], at: Path, rel: Path
+    ) -> None:
+        for key, value in block.items():
+            inner: Path = (*rel, key)
+            target = self._container((*at, *rel))
+            if isinstance(value, Mapping) and isinstance(target.get(key), dict):
+                self.origins[(*at, *inner)] = origin_of(inner)
+                self._merge(value, origin_of, at, inner)
+            else:
+
+                def below(sub: Path, inner: Path = inner) -> Origin:
+                    return origin_of((*inner, *sub))
+
+                self.set((*at, *inner), value, origin_of(inner), origin_of=below)
+
+    def set(
+        self,
+        path: Path,
+        value: Any,
+        origin: Origin,
+        origin_of: Callable[[Path], Origin] | None = None,
+    ) -> None:
+        """Replace the value at ``path``. Paths inside ``value`` get ``origin_of`` (relative
+        to ``path``) when given, else ``origin``."""
+        container = self._container(path[:-1])
+        container[str(path[-1])] = _copy(value)
+        self.origins[path] = origin
+        for sub in _subpaths(value):
+            self.origins[(*path, *sub)] = origin_of(sub) if origin_of else origin
+
+    def has(self, path: Path) -> bool:
+        node: Any = self.data
+        for key in path:
+            if not isinstance(node, dict) or key not in node:
+                return False
+            node = node[key]
+        return True
+
+    def locate(self, path: Path) -> Origin:
+        probe = path
+        while probe and probe not in self.origins:
+            probe = probe[:-1]
+        found = self.origins.get(probe, self.root)
+        if isinstance(found, FileOrigin) and len(probe) < len(path):
+            return FileOrigin(found.file, found.line, found.path + path[len(probe) :])
+        return found
+
+    def _container(self, path: Path) -> dict[str, Any]:
+        node = self.data
+        for key in path:
+            child = node.get(str(key))
+            if not isinstance(child, dict):
+                child = node[str(key)] = {}
+            node = child
+        return node
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_copy(v) for v in value]
+    return value
+
+
+def _subpaths(value: Any) -> Iterator[Path]:
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            yield (key,)
+            for sub in _subpaths(item):
+                yield (key, *sub)
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            yield (index,)
+            for sub in _subpaths(item):
+                yield (index, *sub)

@@ -1,0 +1,155 @@
+"""The ``reactantserver`` command line: ``reactantserver config``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ruamel.yaml import YAML
+
+from reactantserver.cli import main
+from reactantserver.config import ServerConfig, dump_config, load_server_config
+from reactantserver.config.convert import structure
+from reactantserver.config.source import SourceMap
+
+FIXTURES = Path(__file__).parent / "fixtures" / "configs"
+
+NODE = """\
+model_repo: /models
+base_port: 8080
+global:
+  scheduler:
+    discipline: fifo
+workers:
+  - name: worker0
+  - name: worker1
+    scheduler:
+      max_queue_depth: 8
+"""
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command reads os.environ: start every test from one without our variables."""
+    for var in list(os.environ):
+        if var.startswith(("INFERENCE_SERVER_", "REACTANT_")):
+            monkeypatch.delenv(var)
+
+
+@pytest.fixture
+def node_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.chdir(tmp_path)
+    Path("node.yaml").write_text(NODE)
+    return "node.yaml"
+
+
+def documents(text: str) -> list[dict[str, object]]:
+    return [doc for doc in YAML(typ="safe").load_all(text) if doc is not None]
+
+
+def test_prints_every_worker(node_file: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", node_file]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# worker worker0 of node.yaml\nname: worker0\n")
+    docs = documents(out)
+    assert [d["name"] for d in docs] == ["worker0", "worker1"]
+    assert [d["endpoints"]["port"] for d in docs] == [8080, 8081]  # type: ignore[index]
+    assert [d["scheduler"]["max_queue_depth"] for d in docs] == [1024, 8]  # type: ignore[index]
+    assert {d["scheduler"]["discipline"] for d in docs} == {"fifo"}  # type: ignore[index]
+
+
+def test_prints_one_worker_with_env_applied(
+    node_file: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("INFERENCE_SERVER_RUNTIME_BACKEND", "cuda")
+    assert main(["config", node_file, "--worker", "worker1"]) == 0
+    (doc,) = documents(capsys.readouterr().out)
+    assert doc["name"] == "worker1"
+    assert doc["runtime"]["backend"] == "cuda"  # type: ignore[index]
+
+
+def test_output_is_the_resolved_config(node_file: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """What the command prints structures back into exactly the worker's ServerConfig."""
+    assert main(["config", node_file, "--worker", "worker1"]) == 0
+    (doc,) = documents(capsys.readouterr().out)
+    expected = load_server_config(node_file, "worker1", env={})
+    assert structure(ServerConfig, doc, SourceMap().origin) == expected
+
+
+def test_dump_round_trips_every_seed_node() -> None:
+    for path in sorted(FIXTURES.glob("*.node.yaml")):
+        cfg = load_server_config(path, env={})
+        again = structure(ServerConfig, YAML(typ="safe").load(dump_config(cfg)), SourceMap().origin)
+        assert again == cfg, path.name
+
+
+def test_gateway_of_a_node(node_file: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", node_file, "--gateway"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# gateway of node.yaml\n")
+    (doc,) = documents(out)
+    assert doc["endpoints"] == ["127.0.0.1:8080", "127.0.0.1:8081"]
+    assert doc["worker_names"] == ["worker0", "worker1"]
+
+
+def test_a_gateway_yml_is_recognised(capsys: pytest.CaptureFixture[str]) -> None:
+    path = str(FIXTURES / "seed_multinode.gateway.yml")
+    assert main(["config", path]) == 0
+    (doc,) = documents(capsys.readouterr().out)
+    assert doc["scheduling"]["mode"] == "lpt_packing"  # type: ignore[index]
+    assert len(doc["endpoints"]) == 4  # type: ignore[arg-type]
+
+
+def test_bad_file_prints_one_line_and_exits_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("node.yaml").write_text("model_repo: /m\nglobal:\n  scheduler:\n    discipline: fiar\n")
+    assert main(["config", "node.yaml"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        "node.yaml:4: global.scheduler.discipline: expected one of fair, fifo, edf; got 'fiar'\n"
+    )
+
+
+def test_bad_environment_exits_2(
+    node_file: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("INFERENCE_SERVER_ENDPOINTS_PORT", "http")
+    assert main(["config", node_file]) == 2
+    assert capsys.readouterr().err == (
+        "INFERENCE_SERVER_ENDPOINTS_PORT: expected an integer; got 'http'\n"
+    )
+
+
+def test_unknown_worker_exits_2(node_file: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", node_file, "--worker", "worker9"]) == 2
+    assert capsys.readouterr().err == (
+        "node.yaml:6: workers: expected one of worker0, worker1; got 'worker9'\n"
+    )
+
+
+def test_usage_errors_exit_2(node_file: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "config" in capsys.readouterr().err
+    assert main(["config", node_file, "--worker", "worker0", "--gateway"]) == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+    assert main(["config", str(FIXTURES / "seed_multinode.gateway.yml"), "--worker", "w"]) == 2
+    assert "is a gateway.yml, which has no workers" in capsys.readouterr().err
+
+
+def test_console_script(node_file: str) -> None:
+    """The installed ``reactantserver`` script (pyproject's entry point) is this main."""
+    script = Path(sys.executable).with_name("reactantserver")
+    done = subprocess.run(
+        [str(script), "config", node_file, "--worker", "worker0"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert documents(done.stdout)[0]["name"] == "worker0"
