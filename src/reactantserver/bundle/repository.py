@@ -1,0 +1,245 @@
+"""Bundles on disk: loading one directory, scanning a repository of them.
+
+Theory of operation
+-------------------
+A model repository is a directory; each immediate subdirectory holding a
+``manifest.yaml`` is a bundle, named after the directory (a ``name:`` key in the
+manifest is informational only: renaming the directory renames the model). Hidden
+directories (``.foo``) are skipped so editors and the exporter's temporary
+directories never show up as models.
+
+``load_bundle`` does every check that needs no JAX, cheapest first: the manifest
+(``manifest.py`` rules), the artifact's presence, the weights header and its
+``argument_order``, and the import of ``model.py`` with its hooks. Whether the
+artifact matches the manifest (arity, dtypes, shapes) needs JAX and is checked by
+``reactantserver.runtime`` when the bundle is loaded there.
+
+``scan_repository`` loads every bundle it finds and returns the good ones *and* the
+per-bundle errors: one broken bundle never stops the others.
+
+``signature`` fingerprints a bundle directory by the (name, size, mtime) of its
+top-level files; the repository watcher compares signatures between polls to decide
+what to reload.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+from ..errors import BundleError, ConfigError
+from ..hooks import Hooks, load_hooks
+from .manifest import MANIFEST_FILE, MODEL_PY, Manifest, TensorSpec, parse_manifest
+from .weights import WeightSpec, read_weight_specs, read_weights
+
+#: (file name, size in bytes, mtime in ns) for each top-level file of a bundle.
+Signature = tuple[tuple[str, int, int], ...]
+
+
+@attrs.frozen(eq=False)
+class Bundle:
+    """A bundle that passed every JAX-free check."""
+
+    name: str
+    path: Path
+    manifest: Manifest
+    #: Weight arguments in artifact order (empty for meta bundles).
+    weight_specs: tuple[WeightSpec, ...]
+    hooks: Hooks | None
+    signature: Signature
+
+    @property
+    def kind(self) -> str:
+        return self.manifest.kind
+
+    @property
+    def is_meta(self) -> bool:
+        return self.manifest.kind == "meta"
+
+    @property
+    def batched(self) -> bool:
+        return self.manifest.batched
+
+    @property
+    def compiled_batch_sizes(self) -> tuple[int, ...]:
+        return self.manifest.compiled_batch_sizes
+
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        return self.manifest.inputs
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        return self.manifest.outputs
+
+    @property
+    def client_inputs(self) -> tuple[TensorSpec, ...]:
+        """What clients send (the executable inputs unless model.py changes them)."""
+        return self.manifest.effective_client_inputs
+
+    @property
+    def client_outputs(self) -> tuple[TensorSpec, ...]:
+        return self.manifest.effective_client_outputs
+
+    @property
+    def artifact_path(self) -> Path | None:
+        return self.path / self.manifest.artifact if self.manifest.artifact else None
+
+    @property
+    def weights_path(self) -> Path | None:
+        return self.path / self.manifest.weights if self.manifest.weights else None
+
+    @property
+    def weights_nbytes(self) -> int:
+        return sum(w.nbytes for w in self.weight_specs)
+
+    def read_weights(self) -> list[np.ndarray]:
+        """Host copies of the weights, in argument order (reads the file)."""
+        if self.weights_path is None:
+            return []
+        return read_weights(self.name, self.weights_path, self.weight_specs)
+
+    def read_artifact(self) -> bytes:
+        """The serialized artifact's bytes."""
+        if self.artifact_path is None:
+            raise BundleError(self.name, "a kind: meta bundle has no artifact")
+        try:
+            return self.artifact_path.read_bytes()
+        except OSError as exc:
+            raise BundleError(
+                self.name, f"{self.artifact_path.name}: cannot read ({exc.strerror})"
+            ) from None
+
+
+def signature(path: Path) -> Signature:
+    """Fingerprint of a bundle directory: its visible top-level files."""
+    entries = []
+    try:
+        with os.scandir(path) as it:
+            for entry in it:
+                if entry.name.startswith(".") or not entry.is_file():
+                    continue
+                st = entry.stat()
+                entries.append((entry.name, st.st_size, st.st_mtime_ns))
+    except OSError:
+        return ()
+    return tuple(sorted(entries))
+
+
+def load_bundle(path: Path | str, *, name: str | None = None) -> Bundle:
+    """Validate the bundle directory ``path`` (JAX-free checks) and load its hooks."""
+    path = Path(path)
+    name = name or path.name
+    sig = signature(path)
+    manifest_path = path / MANIFEST_FILE
+    try:
+        text = manifest_path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BundleError(name, f"{MANIFEST_FILE}: file not found in {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BundleError(name, f"{MANIFEST_FILE}: cannot read ({exc})") from None
+    model_py = path / MODEL_PY
+    has_model_py = model_py.is_file()
+    manifest = parse_manifest(name, text, has_model_py=has_model_py)
+
+    specs: tuple[WeightSpec, ...] = ()
+    if manifest.kind == "model":
+        assert manifest.artifact is not None and manifest.weights is not None
+        if not (path / manifest.artifact).is_file():
+            raise BundleError(
+                name, f"{manifest.artifact}: file not found (manifest key 'artifact')"
+            )
+        specs = read_weight_specs(name, path / manifest.weights)
+
+    hooks = load_hooks(name, model_py, kind=manifest.kind) if has_model_py else None
+    if hooks is not None and manifest.kind == "model":
+        _check_hooks_cover(name, manifest, hooks)
+    return Bundle(
+        name=name, path=path, manifest=manifest, weight_specs=specs, hooks=hooks, signature=sig
+    )
+
+
+def _check_hooks_cover(name: str, manifest: Manifest, hooks: Hooks) -> None:
+    """Client tensors that differ from the executable's need the hook that converts them."""
+    changed_in = manifest.client_inputs is not None and manifest.client_inputs != manifest.inputs
+    if changed_in and hooks.preprocess is None:
+        raise BundleError(
+            name,
+            f"{MODEL_PY}: client_inputs differ from inputs, so model.py must define "
+            "preprocess(inputs) to convert them; it does not",
+        )
+    changed_out = (
+        manifest.client_outputs is not None and manifest.client_outputs != manifest.outputs
+    )
+    if changed_out and hooks.postprocess is None:
+        raise BundleError(
+            name,
+            f"{MODEL_PY}: client_outputs differ from outputs, so model.py must define "
+            "postprocess(outputs) to convert them; it does not",
+        )
+
+
+@attrs.frozen
+class ScanResult:
+    """The bundles found in a repository: those that loaded, and why the others did not."""
+
+    bundles: Mapping[str, Bundle]
+    errors: Mapping[str, BundleError]
+
+
+def bundle_dirs(directory: Path) -> list[Path]:
+    """Immediate, visible subdirectories of ``directory`` holding a manifest.yaml."""
+    out = []
+    for entry in sorted(directory.iterdir(), key=lambda p: p.name):
+        if entry.name.startswith(".") or not entry.is_dir():
+            continue
+        if (entry / MANIFEST_FILE).is_file():
+            out.append(entry)
+    return out
+
+
+def scan_repository(
+    directories: Path | str | Sequence[Path | str], *, include: Iterable[str] = ()
+) -> ScanResult:
+    """Load every bundle of one or more repositories.
+
+    ``include`` (the ``models_include`` allowlist) restricts which names are loaded;
+    empty loads all. A name found in two repositories is an error for the second
+    one (the first wins). A missing repository directory is a ``ConfigError``.
+    """
+    dirs = (
+        [Path(directories)]
+        if isinstance(directories, str | Path)
+        else [Path(d) for d in directories]
+    )
+    wanted = set(include)
+    bundles: dict[str, Bundle] = {}
+    errors: dict[str, BundleError] = {}
+    first_seen: dict[str, Path] = {}
+    for directory in dirs:
+        if not directory.is_dir():
+            raise ConfigError(f"model_dirs: {directory}: not a directory")
+        for path in bundle_dirs(directory):
+            name = path.name
+            if wanted and name not in wanted:
+                continue
+            if name in first_seen:
+                errors.setdefault(
+                    name,
+                    BundleError(
+                        name,
+                        f"found in both {first_seen[name]} and {directory}; bundle names must "
+                        f"be unique across model_dirs (serving the one in {first_seen[name]})",
+                    ),
+                )
+                continue
+            first_seen[name] = directory
+            try:
+                bundles[name] = load_bundle(path)
+            except BundleError as exc:
+                errors[name] = exc
+    return ScanResult(bundles=bundles, errors=errors)

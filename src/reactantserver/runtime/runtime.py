@@ -1,0 +1,237 @@
+"""The device runtime: backend selection, model loading, weight transfers, memory stats.
+
+Theory of operation
+-------------------
+``Runtime.start`` runs once per worker process, before anything else touches JAX:
+
+1. ``apply_environment`` expresses ``runtime:`` as XLA/JAX settings (platforms,
+   allocator fraction, preallocation);
+2. the backend is chosen: ``cpu`` is always available; ``cuda`` with no usable GPU
+   falls back to the CPU with a warning when ``allow_cpu_fallback`` is set, and is a
+   ``ConfigError`` otherwise;
+3. the persistent compilation cache is pointed at ``cache_dir`` (empty: off).
+
+``load`` turns a validated ``Bundle`` into a ``LoadedModel``: deserialize the
+artifact, check it against the manifest argument by argument, compile every compiled
+batch size ahead of time (logging seconds and cache hits) and check each compiled
+program's concrete result shapes. Loading is synchronous and slow; callers run it in
+a worker thread.
+
+Weights are moved separately: ``to_device`` takes host arrays (argument order) and
+returns device arrays, ``free`` releases them. Keeping transfers out of ``load`` and
+``execute`` lets the weight cache decide residency on its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import numpy as np
+
+from ..bundle import Bundle
+from ..config import RuntimeConfig
+from ..errors import BundleError, ConfigError
+from .artifact import check_artifact, deserialize_artifact
+from .compile import CompileReport, compile_at, configure_cache
+from .environment import EnvironmentReport, apply_environment
+from .model import UNBATCHED, LoadedModel
+
+if TYPE_CHECKING:
+    from jax import Device
+
+log = logging.getLogger("reactantserver.runtime")
+
+
+@attrs.frozen
+class MemoryStats:
+    """Device allocator statistics in bytes (GPU backends; the CPU reports none)."""
+
+    in_use: int
+    limit: int
+    peak: int
+    #: Everything the device reported, for metrics that want more.
+    raw: Mapping[str, int]
+
+
+def _select_device(cfg: RuntimeConfig, ordinal: int) -> tuple[Device, str, bool]:
+    """(device, actual backend, fell back?) for ``cfg``; initialises JAX's backends."""
+    import jax
+
+    fell_back = False
+    if cfg.backend == "cuda":
+        try:
+            gpus = [d for d in jax.devices() if d.platform in ("gpu", "cuda")]
+            reason = "no CUDA device is visible" if not gpus else ""
+        except RuntimeError as exc:
+            gpus, reason = [], str(exc).splitlines()[0]
+        if not gpus:
+            if not cfg.allow_cpu_fallback:
+                raise ConfigError(
+                    f"runtime.backend: cuda: no usable GPU ({reason}); set "
+                    "runtime.allow_cpu_fallback: true to run on the CPU instead"
+                )
+            log.warning("runtime.backend is cuda but %s; falling back to the CPU", reason)
+            fell_back = True
+        else:
+            if ordinal >= len(gpus):
+                raise ConfigError(
+                    f"gpu: {ordinal}: only {len(gpus)} GPU(s) are visible to this worker"
+                )
+            return gpus[ordinal], "cuda", False
+    try:
+        cpus = jax.devices("cpu")
+    except RuntimeError:
+        # The platform list excluded the CPU (e.g. JAX_PLATFORMS=cuda from outside
+        # and no GPU): start over with the CPU alone.
+        from jax.extend.backend import clear_backends
+
+        jax.config.update("jax_platforms", "cpu")
+        clear_backends()
+        cpus = jax.devices("cpu")
+    if cfg.backend == "cpu" and ordinal:
+        log.warning("gpu: %d ignored on the CPU backend", ordinal)
+    return cpus[0], "cpu", fell_back
+
+
+class Runtime:
+    """The JAX side of one worker (one device)."""
+
+    def __init__(
+        self,
+        cfg: RuntimeConfig,
+        device: Device,
+        backend: str,
+        fell_back: bool,
+        cache_dir: str,
+        environment: EnvironmentReport,
+    ) -> None:
+        self.config = cfg
+        self.device = device
+        #: The backend actually in use: ``cpu`` or ``cuda``.
+        self.backend = backend
+        #: True when ``cuda`` was asked for and the CPU is used instead.
+        self.fell_back = fell_back
+        self.cache_dir = cache_dir
+        self.environment = environment
+
+    @classmethod
+    def start(
+        cls, cfg: RuntimeConfig, cache_dir: str | Path = "", *, device_ordinal: int | None = None
+    ) -> Runtime:
+        """Configure JAX for ``cfg`` and pick the device (see the module docstring)."""
+        env = apply_environment(cfg)
+        device, backend, fell_back = _select_device(cfg, device_ordinal or 0)
+        import jax
+
+        # Programs are lowered for, and inputs placed on, the default device.
+        jax.config.update("jax_default_device", device)
+        configure_cache(str(cache_dir) if cache_dir else None)
+        log.info(
+            "runtime started: backend %s (%s)%s, persistent compilation cache %s",
+            backend,
+            device.device_kind,
+            " [fallback from cuda]" if fell_back else "",
+            cache_dir or "off",
+        )
+        return cls(cfg, device, backend, fell_back, str(cache_dir or ""), env)
+
+    @property
+    def platform(self) -> str:
+        """The lowering platform name (``cpu`` or ``cuda``)."""
+        return self.backend
+
+    def load(self, bundle: Bundle, *, sizes: Sequence[int] | None = None) -> LoadedModel:
+        """Check and compile ``bundle`` for each compiled batch size (or just ``sizes``)."""
+        import jax
+
+        if bundle.is_meta:
+            raise BundleError(bundle.name, "kind: meta bundles run model.py; nothing to compile")
+        exported = deserialize_artifact(bundle)
+        check_artifact(
+            bundle.name, exported, bundle.manifest, bundle.weight_specs, platform=self.platform
+        )
+        if bundle.batched:
+            wanted = tuple(sizes) if sizes is not None else bundle.compiled_batch_sizes
+            unknown = sorted(set(wanted) - set(bundle.compiled_batch_sizes))
+            if unknown:
+                raise BundleError(
+                    bundle.name,
+                    f"batch sizes {unknown} are not in batching.compiled_batch_sizes "
+                    f"{list(bundle.compiled_batch_sizes)}",
+                )
+        else:
+            wanted = (UNBATCHED,)
+        weight_specs = [jax.ShapeDtypeStruct(w.shape, w.dtype) for w in bundle.weight_specs]
+        executables = {}
+        reports: list[CompileReport] = []
+        artifact = bundle.manifest.artifact
+        for size in wanted:
+            in_specs = [
+                jax.ShapeDtypeStruct(
+                    spec.with_batch(size) if size else spec.shape, spec.numpy_dtype
+                )
+                for spec in bundle.inputs
+            ]
+            try:
+                compiled, report = compile_at(
+                    bundle.name, exported, [*in_specs, *weight_specs], size
+                )
+            except Exception as exc:
+                first = str(exc).splitlines()[0] if str(exc) else ""
+                at = f"batch size {size}" if size else "its fixed shapes"
+                raise BundleError(
+                    bundle.name,
+                    f"{artifact}: compiling at {at} failed: {type(exc).__name__}: {first}",
+                ) from exc
+            _check_result_shapes(bundle, compiled, size)
+            executables[size] = compiled
+            reports.append(report)
+        return LoadedModel(bundle, executables, reports)
+
+    def to_device(self, host_arrays: Sequence[np.ndarray]) -> list[Any]:
+        """Copy host weights to the device (argument order kept); blocks until done."""
+        import jax
+
+        arrays = jax.device_put(list(host_arrays), self.device)
+        jax.block_until_ready(arrays)
+        return list(arrays)
+
+    def free(self, device_arrays: Sequence[Any]) -> None:
+        """Release device arrays now rather than when Python collects them."""
+        for arr in device_arrays:
+            if not arr.is_deleted():
+                arr.delete()
+
+    def memory_stats(self) -> MemoryStats | None:
+        """Allocator statistics of the device, or None where it keeps none (CPU)."""
+        stats = self.device.memory_stats()
+        if not stats:
+            return None
+        return MemoryStats(
+            in_use=int(stats.get("bytes_in_use", 0)),
+            limit=int(stats.get("bytes_limit", 0)),
+            peak=int(stats.get("peak_bytes_in_use", 0)),
+            raw={k: int(v) for k, v in stats.items()},
+        )
+
+    def __repr__(self) -> str:
+        return f"<Runtime backend={self.backend} device={self.device}>"
+
+
+def _check_result_shapes(bundle: Bundle, compiled: Any, size: int) -> None:
+    """The concrete results at ``size`` must be the manifest's outputs with ``size`` rows."""
+    import jax
+
+    infos = jax.tree.leaves(compiled.out_info)
+    for spec, info in zip(bundle.outputs, infos, strict=True):
+        want = spec.with_batch(size) if size else spec.shape
+        if tuple(info.shape) != tuple(want):
+            raise BundleError(
+                bundle.name,
+                f"{bundle.manifest.artifact}: output {spec.name!r} at batch size {size} has shape "
+                f"{list(info.shape)}, expected {list(want)} (the batch axis must carry the rows)",
+            )

@@ -1,0 +1,93 @@
+"""Session fixtures shared by the suite: the example zoo, exported once, and a CPU runtime.
+
+``zoo_repo`` builds ``examples/build_repo.py``'s repository (the five zoo models with
+their real compiled batch sizes, plus four seeded variants that reuse the zoo's
+artifacts) into a temporary directory once per session; every test that needs real
+models reads it. ``zoo_runtime`` is a CPU ``Runtime`` without a persistent cache and
+``zoo_models`` the zoo bundles compiled on it, so a test file that executes models
+does not compile them again.
+
+JAX is imported lazily by these fixtures only: JAX-free tests never pay for it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+# Before anything imports JAX: the suite runs on the CPU (nox sets it too).
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+#: Names of the zoo models (the bundles every test can rely on).
+ZOO_NAMES = ("mlp", "resnet", "surrogate1d", "uint8_classifier", "double")
+#: Variants built next to the zoo (``--catalog 4``: all derived from zoo artifacts).
+ZOO_CATALOG = 4
+
+
+def load_build_repo() -> ModuleType:
+    """``examples/build_repo.py`` as a module (it puts ``examples/`` on sys.path)."""
+    name = "reactantserver_examples_build_repo"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / "build_repo.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def zoo_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model repository holding the zoo and ``ZOO_CATALOG`` variants (built once)."""
+    out = tmp_path_factory.mktemp("zoo") / "repo"
+    load_build_repo().build(out, catalog=ZOO_CATALOG)
+    return out
+
+
+@pytest.fixture(scope="session")
+def zoo_spec() -> Callable[[str], Any]:
+    """``zoo_spec(bundle_name)`` -> the ExportSpec (fn, params) that bundle was built from."""
+    build_repo = load_build_repo()
+    planned = {p.name: p for p in build_repo.plan(ZOO_CATALOG)}
+    cache: dict[str, Any] = {}
+
+    def get(name: str) -> Any:
+        if name not in cache:
+            p = planned[name]
+            cache[name] = build_repo.ZOO[p.arch].export_spec(seed=p.seed, width=p.width)
+        return cache[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def zoo_runtime() -> Any:
+    """A CPU runtime (no persistent compilation cache)."""
+    from reactantserver.config import RuntimeConfig
+    from reactantserver.runtime import Runtime
+
+    return Runtime.start(RuntimeConfig(backend="cpu"), "")
+
+
+@pytest.fixture(scope="session")
+def zoo_models(zoo_repo: Path, zoo_runtime: Any) -> dict[str, Any]:
+    """name -> (LoadedModel, device weights) for every zoo model, compiled once."""
+    from reactantserver.bundle import load_bundle
+
+    out = {}
+    for name in ZOO_NAMES:
+        bundle = load_bundle(zoo_repo / name)
+        model = zoo_runtime.load(bundle)
+        out[name] = (model, zoo_runtime.to_device(bundle.read_weights()))
+    return out

@@ -1,0 +1,411 @@
+"""Hypothesis strategies shared by the test suite, one headed section per area.
+
+Each section belongs to the area named in its heading; append new sections at the end
+rather than editing someone else's.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from reactantserver.protocol import inference as _ip
+
+# ============================================================================================
+# Protocol messages (tests/test_proto.py, tests/test_reflection.py)
+# ============================================================================================
+
+_INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+_UINT64 = st.integers(min_value=0, max_value=2**64 - 1)
+_NAMES = st.text(min_size=0, max_size=12)
+_KSERVE_DATATYPES = st.sampled_from(
+    [
+        "BOOL",
+        "UINT8",
+        "UINT16",
+        "UINT32",
+        "UINT64",
+        "INT8",
+        "INT16",
+        "INT32",
+        "INT64",
+        "FP16",
+        "FP32",
+        "FP64",
+        "BF16",
+        "BYTES",
+    ]
+)
+
+
+def infer_parameters() -> st.SearchStrategy[_ip.InferParameter]:
+    """One InferParameter with exactly one oneof member set (default values included)."""
+    return st.one_of(
+        st.builds(_ip.InferParameter, bool_param=st.booleans()),
+        st.builds(_ip.InferParameter, int64_param=_INT64),
+        st.builds(_ip.InferParameter, string_param=_NAMES),
+        # NaN never equals itself, which would make round-trip equality meaningless.
+        st.builds(_ip.InferParameter, double_param=st.floats(allow_nan=False)),
+        st.builds(_ip.InferParameter, uint64_param=_UINT64),
+    )
+
+
+def _parameter_maps() -> st.SearchStrategy[dict[str, _ip.InferParameter]]:
+    return st.dictionaries(_NAMES, infer_parameters(), max_size=3)
+
+
+def infer_tensor_contents() -> st.SearchStrategy[_ip.InferTensorContents]:
+    """Typed contents; every list may be used (the codec, not the wire, picks one)."""
+    return st.builds(
+        _ip.InferTensorContents,
+        bool_contents=st.lists(st.booleans(), max_size=4),
+        int_contents=st.lists(st.integers(-(2**31), 2**31 - 1), max_size=4),
+        int64_contents=st.lists(_INT64, max_size=4),
+        uint_contents=st.lists(st.integers(0, 2**32 - 1), max_size=4),
+        uint64_contents=st.lists(_UINT64, max_size=4),
+        fp32_contents=st.lists(st.floats(width=32, allow_nan=False), max_size=4),
+        fp64_contents=st.lists(st.floats(allow_nan=False), max_size=4),
+        bytes_contents=st.lists(st.binary(max_size=8), max_size=4),
+    )
+
+
+def model_infer_requests() -> st.SearchStrategy[_ip.ModelInferRequest]:
+    """Arbitrary (not necessarily valid for any model) ModelInferRequest messages."""
+    inputs = st.builds(
+        _ip.ModelInferRequestInferInputTensor,
+        name=_NAMES,
+        datatype=_KSERVE_DATATYPES,
+        shape=st.lists(st.integers(-1, 2**40), max_size=4),
+        parameters=_parameter_maps(),
+        contents=infer_tensor_contents(),
+    )
+    outputs = st.builds(
+        _ip.ModelInferRequestInferRequestedOutputTensor,
+        name=_NAMES,
+        parameters=_parameter_maps(),
+    )
+    return st.builds(
+        _ip.ModelInferRequest,
+        model_name=_NAMES,
+        model_version=_NAMES,
+        id=_NAMES,
+        parameters=_parameter_maps(),
+        inputs=st.lists(inputs, max_size=3),
+        outputs=st.lists(outputs, max_size=3),
+        raw_input_contents=st.lists(st.binary(max_size=16), max_size=3),
+    )
+
+
+# ============================================================================================
+# On-demand weights (tests/test_weights_*.py)
+# ============================================================================================
+
+#: Model names the weight-cache state machine draws from; few, so models collide and churn.
+WEIGHT_MODEL_NAMES = ("a", "b", "c", "d", "e")
+
+
+def weight_budgets() -> st.SearchStrategy[int]:
+    """On-demand budgets in bytes, 0 included (the "no room" warning case)."""
+    return st.integers(min_value=0, max_value=600)
+
+
+def weight_sizes() -> st.SearchStrategy[int]:
+    """Model weight sizes: mostly a fraction of the budget range, sometimes larger than it
+    (the oversize case), sometimes 0 (a model without weights)."""
+    return st.one_of(st.integers(1, 250), st.integers(251, 900), st.just(0))
+
+
+def weight_floors() -> st.SearchStrategy[str | None]:
+    """Residency floors as a config gives them (``None`` = the default)."""
+    return st.sampled_from([None, "unpinned", "system", "device"])
+
+
+# ============================================================================================
+# Configuration (tests/test_config_properties.py)
+# ============================================================================================
+
+
+def config_names() -> st.SearchStrategy[str]:
+    """Worker and model names as the config rules accept them."""
+    return st.from_regex(r"[a-z][a-z0-9_.-]{0,8}", fullmatch=True)
+
+
+def _config_paths() -> st.SearchStrategy[str]:
+    # No ':' -- INFERENCE_SERVER_MODEL_DIRS is a colon-separated list.
+    return st.from_regex(r"/[a-z0-9_]{1,8}(/[a-z0-9_.-]{1,8}){0,2}", fullmatch=True)
+
+
+def _fractions(*, exclude_min: bool = False, exclude_max: bool = False) -> st.SearchStrategy[float]:
+    return st.floats(0, 1, exclude_min=exclude_min, exclude_max=exclude_max)
+
+
+def _positive() -> st.SearchStrategy[float]:
+    return st.floats(min_value=1e-3, max_value=1e6)
+
+
+def server_configs() -> st.SearchStrategy[object]:
+    """Valid ``ServerConfig`` records: every value within the rules of config/rules.py."""
+    from reactantserver.config import (
+        EndpointsConfig,
+        ModelSchedConfig,
+        RuntimeConfig,
+        SchedulerConfig,
+        ServerConfig,
+    )
+    from reactantserver.config.schema import BACKENDS, CONTROL_MODES, DISCIPLINES, RESIDENCIES
+
+    runtime = st.builds(
+        RuntimeConfig,
+        backend=st.sampled_from(BACKENDS),
+        allow_cpu_fallback=st.booleans(),
+        mem_fraction=_fractions(exclude_min=True),
+        preallocate=st.booleans(),
+        weight_cache_fraction=_fractions(),
+        weight_cache_wiggle_fraction=_fractions(exclude_max=True),
+        arena_bytes=st.integers(0, 2**40),
+        weight_prefetch=st.booleans(),
+    )
+    model = st.builds(
+        ModelSchedConfig,
+        weight=_positive(),
+        residency=st.none() | st.sampled_from(RESIDENCIES),
+        max_batch_size=st.integers(0, 1024),
+    )
+    scheduler = st.builds(
+        SchedulerConfig,
+        discipline=st.sampled_from(DISCIPLINES),
+        ema_halflife_seconds=_positive(),
+        max_queue_depth=st.integers(1, 10**6),
+        dispatch_timeout_seconds=_positive(),
+        compaction_interval=st.integers(0, 1000),
+        cost_ema_alpha=_fractions(exclude_min=True),
+        recency_penalty_cap=_fractions(exclude_min=True),
+        meta_concurrency=st.integers(1, 64),
+        models=st.dictionaries(config_names(), model, max_size=3),
+    )
+    ports = st.tuples(st.integers(1, 65535), st.integers(0, 65535)).filter(lambda p: p[0] != p[1])
+    endpoints = ports.flatmap(
+        lambda p: st.builds(
+            EndpointsConfig,
+            host=st.sampled_from(["127.0.0.1", "0.0.0.0", "::", "worker-a"]),
+            port=st.just(p[0]),
+            metrics_port=st.just(p[1]),
+            max_concurrent_requests=st.integers(0, 10**4),
+            max_message_bytes=st.integers(1, 2**31),
+        )
+    )
+    return st.builds(
+        ServerConfig,
+        name=config_names(),
+        model_dirs=st.lists(_config_paths(), max_size=3, unique=True).map(tuple),
+        models_include=st.lists(config_names(), max_size=3, unique=True).map(tuple),
+        cache_dir=st.just("") | _config_paths(),
+        model_control_mode=st.sampled_from(CONTROL_MODES),
+        model_poll_seconds=_positive(),
+        gpu=st.none() | st.integers(0, 16),
+        runtime=runtime,
+        scheduler=scheduler,
+        endpoints=endpoints,
+    )
+
+
+# ============================================================================================
+# Bundles: manifest.yaml (tests/test_bundle_manifest.py)
+# ============================================================================================
+
+_BUNDLE_FIXED_DATATYPES = (
+    "BOOL",
+    "UINT8",
+    "UINT16",
+    "UINT32",
+    "UINT64",
+    "INT8",
+    "INT16",
+    "INT32",
+    "INT64",
+    "FP16",
+    "FP32",
+    "FP64",
+    "BF16",
+)
+
+
+def bundle_tensor_names() -> st.SearchStrategy[str]:
+    return st.text(alphabet="abcdefghijklmnopqrstuvwxyz_0123456789", min_size=1, max_size=10)
+
+
+def bundle_tensors(
+    *, batched: bool, client: bool, min_size: int = 1
+) -> st.SearchStrategy[list[dict[str, object]]]:
+    """Valid tensor entries of a manifest section (unique names, wire-order shapes).
+
+    Executable tensors of a batched model carry -1 on axis 0 and fixed extents
+    elsewhere; client tensors may also have variable axes and BYTES.
+    """
+    datatypes = _BUNDLE_FIXED_DATATYPES + (("BYTES",) if client else ())
+    extent = st.integers(1, 64) | (st.just(-1) if client else st.nothing())
+    rest = st.lists(extent, max_size=3)
+    shape = rest.map(lambda r: [-1, *r]) if batched else rest
+    entry = st.fixed_dictionaries({"datatype": st.sampled_from(datatypes), "shape": shape})
+    return st.lists(
+        st.tuples(bundle_tensor_names(), entry),
+        min_size=min_size,
+        max_size=4,
+        unique_by=lambda t: t[0],
+    ).map(lambda items: [{"name": n, **e} for n, e in items])
+
+
+@st.composite
+def bundle_manifest_data(draw: st.DrawFn) -> tuple[dict[str, object], bool]:
+    """A valid manifest as plain data, and whether its bundle has a model.py."""
+    kind = draw(st.sampled_from(["model", "meta"]))
+    has_model_py = True if kind == "meta" else draw(st.booleans())
+    data: dict[str, object] = {"format_version": draw(st.sampled_from([1, "1", "1.0"]))}
+    if draw(st.booleans()):
+        data["kind"] = kind
+    elif kind == "meta":
+        data["kind"] = "meta"
+    if draw(st.booleans()):
+        data["description"] = draw(st.text(max_size=30))
+    if kind == "meta":
+        data["client_inputs"] = draw(bundle_tensors(batched=False, client=True))
+        data["client_outputs"] = draw(bundle_tensors(batched=False, client=True))
+        calls = draw(st.lists(bundle_tensor_names(), max_size=3, unique=True))
+        data["calls"] = [c for c in calls if c != "m"]
+        return data, has_model_py
+    sizes = draw(st.lists(st.integers(1, 512), max_size=4, unique=True))
+    batched = bool(sizes)
+    if sizes or draw(st.booleans()):
+        data["batching"] = {"compiled_batch_sizes": sizes}
+    data["inputs"] = draw(bundle_tensors(batched=batched, client=False))
+    data["outputs"] = draw(bundle_tensors(batched=batched, client=False))
+    if has_model_py and draw(st.booleans()):
+        data["client_inputs"] = draw(bundle_tensors(batched=batched, client=True))
+    if has_model_py and draw(st.booleans()):
+        data["client_outputs"] = draw(bundle_tensors(batched=batched, client=True))
+    if draw(st.booleans()):
+        data["provenance"] = {"exporter": "test", "seed": draw(st.integers(0, 9))}
+    return data, has_model_py
+
+
+#: Arbitrary YAML-representable junk to put where a manifest expects something else.
+bundle_yaml_junk = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+# ============================================================================================
+# Request I/O: ModelInfer decode and encode (tests/test_inferio.py)
+# ============================================================================================
+
+#: Fixed-width KServe datatypes (BF16 left out: its numpy dtype comes from ml_dtypes).
+INFERIO_FIXED_DATATYPES = (
+    "BOOL",
+    "UINT8",
+    "UINT16",
+    "UINT32",
+    "UINT64",
+    "INT8",
+    "INT16",
+    "INT32",
+    "INT64",
+    "FP16",
+    "FP32",
+    "FP64",
+)
+
+
+@st.composite
+def inferio_wire_arrays(draw: st.DrawFn) -> tuple[str, object]:
+    """(datatype, numpy array) of a fixed-width datatype, rank 0-3, extents 0-4."""
+    import numpy as np
+    from hypothesis.extra.numpy import arrays
+
+    datatype = draw(st.sampled_from(INFERIO_FIXED_DATATYPES))
+    shape = tuple(draw(st.lists(st.integers(0, 4), max_size=3)))
+    dtype = {"BOOL": np.bool_}.get(datatype, np.dtype(datatype.lower().replace("fp", "float")))
+    return datatype, draw(arrays(dtype, shape))
+
+
+#: Extents a hostile peer may send: small, negative, or absurdly large.
+#: Mostly small, so that some requests are well formed and reach the deeper checks.
+inferio_hostile_extents = (
+    st.integers(0, 6)
+    | st.integers(0, 6)
+    | st.integers(0, 6)
+    | st.one_of(
+        st.sampled_from([-1, -3, 2**20, 2**40, 2**62, 2**63 - 1]), st.integers(-(2**63), 2**63 - 1)
+    )
+)
+
+
+@st.composite
+def inferio_hostile_inputs(draw: st.DrawFn) -> dict[str, object]:
+    """One input tensor as a hostile peer might send it: shape, datatype, bytes, shm.
+
+    ``raw`` is ``None`` (no raw contents), bytes, or ``"exact"``: the test then sends as
+    many bytes as the shape needs when that is small, so that well-formed requests occur.
+    The mix is skewed (mostly FP32, rank 3, small extents, one data source) so that a
+    fair share of requests passes the early checks and reaches the later ones.
+    """
+    rank3 = st.lists(inferio_hostile_extents, min_size=3, max_size=3)
+    shape = draw(
+        rank3 if draw(st.integers(0, 3)) else st.lists(inferio_hostile_extents, max_size=40)
+    )
+    datatype = "FP32" if draw(st.integers(0, 3)) else draw(st.sampled_from(["INT8", "BYTES", ""]))
+    source = draw(st.sampled_from(["raw", "raw", "typed", "shm", "none", "mixed"]))
+    raw: object = None
+    typed: object = None
+    shm: object = None
+    if source in ("raw", "mixed"):
+        raw = draw(st.just("exact") | st.binary(max_size=48))
+    if source in ("typed", "mixed"):
+        typed = draw(st.lists(st.floats(allow_nan=False, width=32), max_size=8))
+    if source in ("shm", "mixed"):
+        shm = draw(
+            st.tuples(
+                st.sampled_from(["r", "r", "unknown"]),
+                st.none() | st.integers(0, 1024) | _INT64,
+                st.just("exact") | st.none() | _INT64,
+            )
+        )
+    return {"datatype": datatype, "shape": shape, "raw": raw, "typed": typed, "shm": shm}
+
+
+# ============================================================================================
+# Scheduling (tests/test_sched_*.py)
+# ============================================================================================
+
+#: Compiled batch sizes a scheduled model may have; () is one any-batch program.
+sched_batch_sizes = st.sampled_from([(), (1,), (2, 4), (1, 2, 4, 8), (1, 2, 4, 8), (1, 3), (4, 8)])
+
+
+@st.composite
+def sched_models(draw: st.DrawFn) -> dict[str, object]:
+    """Keyword arguments of ``SchedulingPolicy.add_model`` (everything but the name)."""
+    sizes = draw(sched_batch_sizes)
+    return {
+        "compiled_batch_sizes": sizes,
+        "coalescable": draw(st.sampled_from([True, True, True, False])) if sizes else False,
+        "weight": draw(st.sampled_from([0.5, 1.0, 2.0, 3.0, 4.0])),
+        "max_batch_size": draw(st.sampled_from([0, 0, 0, 1, 2, 3, 4])),
+    }
+
+
+@st.composite
+def sched_fleets(draw: st.DrawFn, max_models: int = 6) -> list[tuple[float, float]]:
+    """``(weight, cost of a dispatch)`` per model: weights 1..4, costs 1 ms .. 100 ms.
+
+    Costs are drawn on a log scale so that spreads up to 100x are common.
+    """
+    n = draw(st.integers(2, max_models))
+    weights = draw(st.lists(st.integers(1, 4), min_size=n, max_size=n))
+    exponents = draw(st.lists(st.floats(0.0, 2.0), min_size=n, max_size=n))
+    return [(float(w), 0.001 * 10**e) for w, e in zip(weights, exponents, strict=True)]
