@@ -25,6 +25,13 @@ JAX_FREE = [
     "reactantserver.scheduling",
     "reactantserver.bundle",
     "reactantserver.weights",
+    "reactantserver.service",
+    "reactantserver.inferio",
+    "reactantserver.transport.status",
+    "reactantserver.models",
+    "reactantserver.shm",
+    "reactantserver.admin",
+    "reactantserver.hooks",
 ]
 
 

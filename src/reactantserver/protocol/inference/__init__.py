@@ -465,9 +465,10 @@ class ModelInferRequest(betterproto.Message):
         4, betterproto.TYPE_STRING, betterproto.TYPE_MESSAGE
     )
     """
-    Request-level parameters. reactantserver reads "reactant_timeout_ns"
-     (int64, a deadline relative to arrival, in nanoseconds); the effective
-     deadline is the earlier of it and the gRPC deadline.
+    Request-level parameters. reactantserver reads "timeout" (int64
+     microseconds, what tritonclient's timeout= sends) and "reactant_timeout_ns"
+     (int64 nanoseconds), both relative to arrival; the effective deadline is
+     the earliest of them and the gRPC deadline (0 means none).
     """
 
     inputs: "list[ModelInferRequestInferInputTensor]" = betterproto.message_field(5)
@@ -540,8 +541,9 @@ class ModelInferResponse(betterproto.Message):
     outputs: "list[ModelInferResponseInferOutputTensor]" = betterproto.message_field(5)
     raw_output_contents: "list[bytes]" = betterproto.bytes_field(6)
     """
-    Raw bytes of each output not written to shared memory, in the order of
-     `outputs` (outputs placed in shared memory have no entry here).
+    Raw bytes of each output, in the order of `outputs`. An output written
+     to shared memory has an empty entry here, so positions always line up
+     (as Triton does; tritonclient indexes this field by position).
     """
 
 

@@ -1,0 +1,504 @@
+"""Request I/O for ModelInfer: decode and validate a request, encode its response.
+
+JAX-free and sans-IO: the functions here are given the request message, the model's
+client-facing ``TensorSpec``\\ s, the shared-memory registry and the current time, and
+return plain values. Nothing is queued until :func:`decode_request` has returned, so
+every request that reaches the scheduler is well formed.
+
+Where an input's bytes come from (per tensor, in this order of precedence)
+--------------------------------------------------------------------------
+1. **System shared memory**: the tensor's parameters name a registered region
+   (``shared_memory_region``, string), an offset inside it (``shared_memory_offset``,
+   int64, default 0) and a byte count (``shared_memory_byte_size``, int64, required).
+   The array is ``np.frombuffer`` over the registry's ``memoryview``: no copy.
+2. **raw_input_contents**: one entry per input that is *not* in shared memory, in the
+   order of ``inputs``; either every such input has an entry or none does (Triton's
+   rule). Viewed with ``np.frombuffer``: no copy beyond the protobuf decode.
+3. **Typed contents** (``contents.fp32_contents`` ...), the list chosen by the datatype;
+   FP16 and BF16 have none and must come raw or through shared memory.
+
+BYTES tensors are decoded from the KServe length-prefixed encoding in cases 1 and 2,
+from ``contents.bytes_contents`` in case 3.
+
+Validation (every failure is ``InvalidArgument`` unless noted; messages start with
+``model 'NAME': input 'X':`` and say what was expected and what arrived)
+------------------------------------------------------------------------------------
+unknown or duplicated inputs, missing inputs, datatype, rank (at most :data:`MAX_RANK`;
+then the declared rank), negative extents, fixed extents (``-1`` in the declaration
+matches any extent), byte counts against the shape (computed overflow-safe with
+``tensors.byte_size``), raw contents all-or-none, typed contents element count, field
+and integer range, shared-memory parameter types and bounds (an unknown region is
+``FailedPrecondition``), unknown or duplicated requested outputs, unsupported
+parameters (``classification``, sequence batching), negative timeouts.
+
+The deadline
+------------
+The request's deadline is the earliest of the gRPC deadline (given, already converted to
+an absolute ``trio.current_time()`` value), ``now`` + the ``timeout`` parameter (int64
+microseconds: what ``tritonclient`` sends for ``infer(..., timeout=)``) and ``now`` +
+the ``reactant_timeout_ns`` parameter (int64 nanoseconds, the original system's name).
+Zero means "no timeout", as in Triton. The scheduler's EDF discipline reads it.
+
+Outputs
+-------
+Outputs are returned in the order requested (all of the model's, in declaration order,
+when none are requested). An output with shared-memory parameters is written in place
+into the region, echoed with ``shared_memory_byte_size`` set to the bytes written, and
+gets an *empty* entry in ``raw_output_contents``: Triton keeps one raw entry per output
+so that entry ``i`` belongs to output ``i``, and ``tritonclient`` indexes them that way
+(leaving the entry out, as the original system did, shifts every later inline output
+onto the wrong bytes). Its region is checked at decode time and again at encode time
+(it may have been unregistered meanwhile). Every other output is
+serialized with one copy (``ndarray.tobytes``). A model returning a missing output, a
+wrong dtype or a shape outside its declaration is a server bug, reported as
+``ExecutionFailed`` (INTERNAL) with a message naming the output.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+import betterproto
+import numpy as np
+
+from reactantserver import tensors
+from reactantserver.bundle.manifest import TensorSpec
+from reactantserver.errors import ExecutionFailed, InvalidArgument
+from reactantserver.protocol import inference as pb
+from reactantserver.shm import SharedMemoryRegistry
+
+#: Highest tensor rank accepted from the wire (numpy's own limit is 64).
+MAX_RANK = 32
+
+#: Request parameter read by tritonclient's ``timeout=``: int64 microseconds.
+PARAM_TIMEOUT_US = "timeout"
+#: Request parameter of the original system: int64 nanoseconds, relative.
+PARAM_TIMEOUT_NS = "reactant_timeout_ns"
+SHM_REGION = "shared_memory_region"
+SHM_OFFSET = "shared_memory_offset"
+SHM_BYTE_SIZE = "shared_memory_byte_size"
+#: Request parameters of Triton features this server does not have.
+_SEQUENCE_PARAMS = ("sequence_id", "sequence_start", "sequence_end")
+
+#: The typed-contents list each datatype uses (FP16/BF16 have none).
+TYPED_FIELD: dict[str, str] = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+_ALL_TYPED_FIELDS = tuple(dict.fromkeys(TYPED_FIELD.values()))
+#: Typed lists whose wire type is wider than some datatypes using them.
+_NARROWED = {"INT8", "INT16", "UINT8", "UINT16"}
+
+
+@attrs.frozen
+class ShmTarget:
+    """A window of a registered shared-memory region named by a tensor's parameters."""
+
+    region: str
+    offset: int
+    byte_size: int
+
+
+@attrs.frozen
+class RequestedOutput:
+    """One output to return: its declaration and, optionally, where to write it."""
+
+    spec: TensorSpec
+    shm: ShmTarget | None = None
+
+
+@attrs.frozen(eq=False)
+class InferCall:
+    """A decoded, validated ModelInfer request, ready to be queued."""
+
+    model: str
+    #: The request's ``id``, echoed in the response.
+    id: str
+    #: Input name -> array of the declared dtype and a shape inside the declaration.
+    inputs: Mapping[str, np.ndarray]
+    #: What to return, in the order to return it.
+    outputs: tuple[RequestedOutput, ...]
+    #: Absolute ``trio.current_time()`` by which the answer is due; ``inf`` for none.
+    deadline: float
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(o.spec.name for o in self.outputs)
+
+
+def _shape_text(shape: Sequence[int]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _names(specs: Sequence[TensorSpec]) -> str:
+    return ", ".join(s.name for s in specs)
+
+
+# ------------------------------------------------------------------------------ parameters
+
+
+def _param_kind(param: pb.InferParameter) -> tuple[str, Any]:
+    kind, value = betterproto.which_one_of(param, "parameter_choice")
+    return kind, value
+
+
+def _int_param(params: Mapping[str, pb.InferParameter], key: str, where: str) -> int | None:
+    param = params.get(key)
+    if param is None:
+        return None
+    kind, value = _param_kind(param)
+    if kind not in ("int64_param", "uint64_param"):
+        raise InvalidArgument(
+            f"{where}: parameter {key!r} must be an int64_param, got {kind or 'no value'}"
+        )
+    return int(value)
+
+
+def _str_param(params: Mapping[str, pb.InferParameter], key: str, where: str) -> str | None:
+    param = params.get(key)
+    if param is None:
+        return None
+    kind, value = _param_kind(param)
+    if kind != "string_param":
+        raise InvalidArgument(
+            f"{where}: parameter {key!r} must be a string_param, got {kind or 'no value'}"
+        )
+    return str(value)
+
+
+def _shm_target(params: Mapping[str, pb.InferParameter], where: str) -> ShmTarget | None:
+    region = _str_param(params, SHM_REGION, where)
+    offset = _int_param(params, SHM_OFFSET, where)
+    size = _int_param(params, SHM_BYTE_SIZE, where)
+    if region is None:
+        if offset is not None or size is not None:
+            raise InvalidArgument(
+                f"{where}: {SHM_OFFSET}/{SHM_BYTE_SIZE} given without {SHM_REGION}"
+            )
+        return None
+    if size is None:
+        raise InvalidArgument(f"{where}: {SHM_REGION} {region!r} needs {SHM_BYTE_SIZE}")
+    offset = 0 if offset is None else offset
+    if offset < 0 or size < 0:
+        raise InvalidArgument(
+            f"{where}: shared memory offset and byte size must be >= 0 "
+            f"(got offset={offset}, byte_size={size})"
+        )
+    return ShmTarget(region, offset, size)
+
+
+def request_deadline(
+    params: Mapping[str, pb.InferParameter], where: str, *, now: float, deadline: float
+) -> float:
+    """The earliest of ``deadline`` and the request's timeout parameters, absolute."""
+    for key, unit in ((PARAM_TIMEOUT_US, 1e-6), (PARAM_TIMEOUT_NS, 1e-9)):
+        value = _int_param(params, key, where)
+        if value is None or value == 0:
+            continue
+        if value < 0:
+            raise InvalidArgument(f"{where}: parameter {key!r} must be >= 0, got {value}")
+        deadline = min(deadline, now + value * unit)
+    return deadline
+
+
+# ---------------------------------------------------------------------------------- inputs
+
+
+def _check_shape(spec: TensorSpec, shape: Sequence[int], where: str) -> None:
+    if len(shape) > MAX_RANK:
+        raise InvalidArgument(f"{where}: rank {len(shape)} exceeds the limit of {MAX_RANK}")
+    if any(d < 0 for d in shape):
+        raise InvalidArgument(f"{where}: shape {_shape_text(shape)} has a negative extent")
+    if not tensors.shape_matches(spec.shape, shape):
+        raise InvalidArgument(
+            f"{where}: expected shape {_shape_text(spec.shape)}, got {_shape_text(shape)}"
+        )
+    # Bound the extents themselves, not only their product: an empty tensor such as
+    # [0, 2**62] holds nothing, yet numpy (rightly) refuses to create it.
+    extent = 1
+    for d in shape:
+        extent *= max(d, 1)
+        if extent > tensors.MAX_BYTES:
+            raise InvalidArgument(f"{where}: shape {_shape_text(shape)} is too large")
+
+
+def _from_typed(
+    spec: TensorSpec, contents: pb.InferTensorContents, shape: tuple[int, ...], where: str
+) -> np.ndarray:
+    field = TYPED_FIELD.get(spec.datatype)
+    if field is None:
+        raise InvalidArgument(
+            f"{where}: {spec.datatype} has no typed contents field; "
+            "send it in raw_input_contents or shared memory"
+        )
+    others = [f for f in _ALL_TYPED_FIELDS if f != field and getattr(contents, f)]
+    if others:
+        raise InvalidArgument(
+            f"{where}: datatype {spec.datatype} takes contents.{field}, "
+            f"got contents.{', contents.'.join(others)}"
+        )
+    values = getattr(contents, field)
+    count = tensors.element_count(shape, what=where)
+    if len(values) != count:
+        raise InvalidArgument(
+            f"{where}: contents.{field} holds {len(values)} elements, "
+            f"shape {_shape_text(shape)} needs {count}"
+        )
+    if spec.datatype == "BYTES":
+        arr = np.empty(count, dtype=object)
+        arr[:] = [bytes(v) for v in values]
+        return arr.reshape(shape)
+    dtype = spec.numpy_dtype
+    if spec.datatype in _NARROWED and count:
+        wide = np.asarray(values, dtype=np.int64)
+        info = np.iinfo(dtype)
+        if wide.min() < info.min or wide.max() > info.max:
+            raise InvalidArgument(
+                f"{where}: contents.{field} holds values outside the range of {spec.datatype} "
+                f"[{info.min}, {info.max}]"
+            )
+        return wide.astype(dtype).reshape(shape)
+    return np.asarray(values, dtype=dtype).reshape(shape)
+
+
+def _from_buffer(
+    spec: TensorSpec, buf: bytes | memoryview, shape: tuple[int, ...], where: str, *, shm: bool
+) -> np.ndarray:
+    """View ``buf`` as the tensor (fixed width: no copy; BYTES: decoded elements)."""
+    source = "shared memory" if shm else "raw contents"
+    have = len(buf) if isinstance(buf, bytes) else buf.nbytes
+    if spec.datatype == "BYTES":
+        count = tensors.element_count(shape, what=where)
+        # Every element takes at least its 4-byte length: check before allocating the
+        # object array, whose size the (hostile) shape alone would otherwise decide.
+        if count > have // 4:
+            raise InvalidArgument(
+                f"{where}: {source} hold {have} bytes, too few for {count} BYTES elements "
+                "(each needs a 4-byte length)"
+            )
+        return tensors.deserialize_bytes(buf, count, what=f"{where}: {source}").reshape(shape)
+    need = tensors.byte_size(spec.datatype, shape, what=where)
+    if have != need:
+        got = f"{SHM_BYTE_SIZE} is {have}" if shm else f"raw contents hold {have} bytes"
+        raise InvalidArgument(
+            f"{where}: {got}, shape {_shape_text(shape)} of {spec.datatype} needs {need}"
+        )
+    return np.frombuffer(buf, dtype=spec.numpy_dtype).reshape(shape)
+
+
+def decode_request(
+    request: pb.ModelInferRequest,
+    *,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+    registry: SharedMemoryRegistry,
+    now: float,
+    deadline: float = math.inf,
+) -> InferCall:
+    """Validate ``request`` against the model's client-facing tensors and decode it.
+
+    ``now`` and ``deadline`` are ``trio.current_time()`` values: the arrival time and
+    the gRPC deadline (``inf`` when the client set none).
+    """
+    model = request.model_name
+    prefix = f"model {model!r}"
+    for key in _SEQUENCE_PARAMS:
+        if key in request.parameters:
+            raise InvalidArgument(
+                f"{prefix}: parameter {key!r}: sequence batching is not supported"
+            )
+    due = request_deadline(request.parameters, prefix, now=now, deadline=deadline)
+
+    declared = {s.name: s for s in inputs}
+    raw = request.raw_input_contents
+    inline = [t for t in request.inputs if SHM_REGION not in t.parameters]
+    if raw and len(raw) != len(inline):
+        raise InvalidArgument(
+            f"{prefix}: raw_input_contents has {len(raw)} entries but {len(inline)} inputs "
+            "are sent inline (not in shared memory); give every inline input an entry, or none"
+        )
+    next_raw = 0
+    arrays: dict[str, np.ndarray] = {}
+    for tensor in request.inputs:
+        where = f"{prefix}: input {tensor.name!r}"
+        spec = declared.get(tensor.name)
+        if spec is None:
+            raise InvalidArgument(
+                f"{where}: unknown input; the model's inputs are {_names(inputs)}"
+            )
+        if tensor.name in arrays:
+            raise InvalidArgument(f"{where}: given more than once")
+        if tensor.datatype != spec.datatype:
+            raise InvalidArgument(
+                f"{where}: expected datatype {spec.datatype}, got {tensor.datatype or 'none'}"
+            )
+        shape = tuple(tensor.shape)
+        _check_shape(spec, shape, where)
+        has_contents = betterproto.serialized_on_wire(tensor.contents) or any(
+            getattr(tensor.contents, f) for f in _ALL_TYPED_FIELDS
+        )
+        target = _shm_target(tensor.parameters, where)
+        if target is not None:
+            if has_contents:
+                raise InvalidArgument(f"{where}: both contents and shared memory are set")
+            view = registry.view(target.region, target.offset, target.byte_size)
+            arrays[tensor.name] = _from_buffer(spec, view, shape, where, shm=True)
+        elif raw:
+            if has_contents:
+                raise InvalidArgument(
+                    f"{where}: both contents and raw_input_contents are set; use one"
+                )
+            arrays[tensor.name] = _from_buffer(spec, raw[next_raw], shape, where, shm=False)
+            next_raw += 1
+        elif has_contents:
+            arrays[tensor.name] = _from_typed(spec, tensor.contents, shape, where)
+        elif tensors.element_count(shape, what=where) == 0:
+            arrays[tensor.name] = np.empty(shape, dtype=spec.numpy_dtype)
+        else:
+            raise InvalidArgument(
+                f"{where}: no data; send raw_input_contents, contents or shared memory parameters"
+            )
+    missing = [s.name for s in inputs if s.name not in arrays]
+    if missing:
+        raise InvalidArgument(
+            f"{prefix}: missing input{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(repr(m) for m in missing)}; the model's inputs are {_names(inputs)}"
+        )
+
+    return InferCall(
+        model=model,
+        id=request.id,
+        inputs=arrays,
+        outputs=_requested_outputs(request, outputs, registry, prefix),
+        deadline=due,
+    )
+
+
+def _requested_outputs(
+    request: pb.ModelInferRequest,
+    outputs: Sequence[TensorSpec],
+    registry: SharedMemoryRegistry,
+    prefix: str,
+) -> tuple[RequestedOutput, ...]:
+    if not request.outputs:
+        return tuple(RequestedOutput(spec) for spec in outputs)
+    declared = {s.name: s for s in outputs}
+    chosen: list[RequestedOutput] = []
+    seen: set[str] = set()
+    for wanted in request.outputs:
+        where = f"{prefix}: output {wanted.name!r}"
+        spec = declared.get(wanted.name)
+        if spec is None:
+            raise InvalidArgument(
+                f"{where}: unknown output; the model's outputs are {_names(outputs)}"
+            )
+        if wanted.name in seen:
+            raise InvalidArgument(f"{where}: requested more than once")
+        seen.add(wanted.name)
+        if "classification" in wanted.parameters:
+            raise InvalidArgument(f"{where}: the classification parameter is not supported")
+        target = _shm_target(wanted.parameters, where)
+        if target is not None:
+            # Fail now, before queueing, if the region is unknown or the window is outside
+            # it; the view itself is taken again when the result is written.
+            registry.view(target.region, target.offset, target.byte_size).release()
+        chosen.append(RequestedOutput(spec, target))
+    return tuple(chosen)
+
+
+# --------------------------------------------------------------------------------- outputs
+
+
+def _checked_output(call: InferCall, spec: TensorSpec, value: Any) -> np.ndarray:
+    where = f"model {call.model!r}: output {spec.name!r}"
+    if value is None:
+        raise ExecutionFailed(f"{where}: the model returned no such output")
+    arr = np.asarray(value)
+    if spec.datatype == "BYTES":
+        ok = arr.dtype.kind in ("O", "S", "U")
+    else:
+        ok = arr.dtype == spec.numpy_dtype
+    if not ok:
+        raise ExecutionFailed(
+            f"{where}: the model returned dtype {arr.dtype}, but declares {spec.datatype}"
+        )
+    if not tensors.shape_matches(spec.shape, arr.shape):
+        raise ExecutionFailed(
+            f"{where}: the model returned shape {_shape_text(arr.shape)}, but declares "
+            f"{_shape_text(spec.shape)}"
+        )
+    return arr
+
+
+def _write_shm(
+    arr: np.ndarray, spec: TensorSpec, target: ShmTarget, registry: SharedMemoryRegistry, where: str
+) -> int:
+    """Write ``arr`` into the target window; return the bytes written."""
+    data: bytes | None = None
+    if spec.datatype == "BYTES":
+        data = tensors.serialize_bytes(arr.ravel())
+        nbytes = len(data)
+    else:
+        nbytes = arr.nbytes
+    if nbytes > target.byte_size:
+        raise InvalidArgument(
+            f"{where}: {nbytes} bytes do not fit in {SHM_BYTE_SIZE}={target.byte_size} of "
+            f"shared memory region {target.region!r}"
+        )
+    view = registry.view(target.region, target.offset, nbytes)
+    try:
+        if data is not None:
+            view[:] = data
+        else:
+            dst = np.frombuffer(view, dtype=arr.dtype, count=arr.size).reshape(arr.shape)
+            np.copyto(dst, arr)
+            del dst
+    finally:
+        view.release()
+    return nbytes
+
+
+def encode_response(
+    call: InferCall,
+    results: Mapping[str, Any],
+    *,
+    model_version: str,
+    registry: SharedMemoryRegistry,
+) -> pb.ModelInferResponse:
+    """The ModelInferResponse for ``call`` given the model's ``results`` by output name."""
+    response = pb.ModelInferResponse(model_name=call.model, model_version=model_version, id=call.id)
+    for wanted in call.outputs:
+        spec = wanted.spec
+        arr = _checked_output(call, spec, results.get(spec.name))
+        tensor = pb.ModelInferResponseInferOutputTensor(
+            name=spec.name, datatype=spec.datatype, shape=list(arr.shape)
+        )
+        if wanted.shm is not None:
+            where = f"model {call.model!r}: output {spec.name!r}"
+            written = _write_shm(arr, spec, wanted.shm, registry, where)
+            tensor.parameters = {
+                SHM_REGION: pb.InferParameter(string_param=wanted.shm.region),
+                SHM_OFFSET: pb.InferParameter(int64_param=wanted.shm.offset),
+                SHM_BYTE_SIZE: pb.InferParameter(int64_param=written),
+            }
+            response.raw_output_contents.append(b"")
+        elif spec.datatype == "BYTES":
+            response.raw_output_contents.append(tensors.serialize_bytes(arr.ravel()))
+        else:
+            # tobytes() is the one copy: C order, whatever the array's strides.
+            response.raw_output_contents.append(arr.tobytes())
+        response.outputs.append(tensor)
+    return response
