@@ -6,6 +6,8 @@ machine with only Python (plus ``pip install nox``) runs all of them.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import nox
 
 nox.options.sessions = ["lint", "tests"]
@@ -20,6 +22,36 @@ def tests(session: nox.Session) -> None:
     session.install("-e", ".[jax,test]")
     session.env["JAX_PLATFORMS"] = "cpu"
     session.run("pytest", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def serve(session: nox.Session) -> None:
+    """Serve a node file: ``nox -s serve -- node.yaml [--worker NAME]``.
+
+    With no arguments, build the example zoo into examples/repo on first run and serve
+    examples/node.yaml on the CPU (gRPC on 127.0.0.1:8001, /metrics on :8002).
+    """
+    session.install("-e", ".[jax]")
+    args = list(session.posargs)
+    if not args:
+        if not any(Path("examples/repo").glob("*/manifest.yaml")):
+            session.log("building the example zoo into examples/repo (first run only)")
+            session.run("python", "examples/build_repo.py", "--out", "examples/repo")
+        args = ["examples/node.yaml"]
+        session.env["JAX_PLATFORMS"] = "cpu"
+    else:
+        backend = session.run(
+            "python",
+            "-c",
+            "import sys; from reactantserver.config import load_server_config as l; "
+            "print(l(sys.argv[1], worker=sys.argv[2] or None).runtime.backend)",
+            args[0],
+            args[args.index("--worker") + 1] if "--worker" in args else "",
+            silent=True,
+        )
+        if backend and backend.strip() == "cuda":
+            session.install("-e", ".[cuda]")
+    session.run("reactantserver", "serve", *args)
 
 
 @nox.session(python=PYTHON)

@@ -13,6 +13,12 @@ never imports JAX.
         names), or with --gateway the node's embedded gateway. A gateway.yml is recognised
         by its keys and printed as the gateway it configures.
 
+    reactantserver serve FILE [--worker NAME] [--log-level LEVEL]
+        Run one worker of a node file: load and compile its model repository, serve the
+        KServe V2 gRPC API (and /healthz, /readyz, /metrics when a metrics port is set)
+        until SIGINT or SIGTERM, then refuse new calls, answer the calls in flight and
+        exit 0 (docs/serving.md).
+
     reactantserver export MODULE:CALLABLE --out DIR [--batch-sizes 1,4,8] [--platforms cpu,cuda]
                           [--force]
         Call CALLABLE (from a dotted module or a path/to/file.py) for an
@@ -139,6 +145,43 @@ def _run_export(args: argparse.Namespace) -> int:
     )
 
 
+def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="run a worker: serve a node file's model repository over gRPC",
+        description=(
+            "Run one worker of a node file until SIGINT/SIGTERM. The effective configuration "
+            "is logged at start; INFERENCE_SERVER_* environment overrides apply."
+        ),
+    )
+    parser.add_argument("file", help="node.yaml")
+    parser.add_argument("--worker", metavar="NAME", help="which worker of the node file to run")
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="log verbosity (default: info)",
+    )
+    parser.set_defaults(run=_run_serve)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    import logging
+
+    import trio
+
+    from .config import load_server_config
+    from .worker import serve
+
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+    )
+    config = load_server_config(args.file, worker=args.worker)
+    trio.run(serve, config)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="reactantserver",
@@ -146,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_config(subparsers)
+    _add_serve(subparsers)
     _add_export(subparsers)
     return parser
 

@@ -1,0 +1,199 @@
+"""Prometheus metrics of a worker, read from statistics records at scrape time.
+
+Nothing on the request path touches prometheus-client: the scheduler, the service
+and the models keep plain counters, and ``WorkerCollector.collect`` turns a snapshot
+of them into metric families when ``/metrics`` is scraped. The collector is
+registered on a registry the worker creates (never the process-global one), so
+several workers in one process (tests) do not mix.
+
+Every series carries ``worker`` (the worker's name) and ``gpu`` (the device ordinal)
+labels so a gateway or a Prometheus server can merge several workers. Names follow
+Prometheus conventions: base units (seconds, bytes), ``_total`` on counters. The
+full list, with meanings, is in ``docs/monitoring.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from .scheduling import ModelStatistics
+    from .worker import Worker
+
+
+def _gauge(name: str, doc: str, labels: dict[str, str], value: float) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=list(labels))
+    family.add_metric(list(labels.values()), value)
+    return family
+
+
+def _counter(name: str, doc: str, labels: dict[str, str], value: float) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=list(labels))
+    family.add_metric(list(labels.values()), value)
+    return family
+
+
+#: Per-model series read from the scheduler's ModelStatistics: attribute, kind, name, help.
+_SCHEDULER_SERIES: tuple[tuple[str, type, str, str], ...] = (
+    ("dispatches", CounterMetricFamily, "worker_dispatch", "Device executions (batches)."),
+    ("compute_seconds", CounterMetricFamily, "worker_compute_seconds", "Device execution time."),
+    ("requests", CounterMetricFamily, "worker_requests_served", "Requests answered by the device."),
+    ("rows", CounterMetricFamily, "worker_rows_served", "Batch rows answered by the device."),
+    (
+        "shed",
+        CounterMetricFamily,
+        "worker_requests_deadline_shed",
+        "Requests dropped at dispatch because their deadline could not be met.",
+    ),
+    (
+        "rejected",
+        CounterMetricFamily,
+        "worker_requests_queue_full",
+        "Requests refused because the model's queue was full.",
+    ),
+    ("queue_depth", GaugeMetricFamily, "worker_queue_depth", "Requests waiting in the queue."),
+)
+
+
+class WorkerCollector(Collector):
+    """Collects a worker's metrics from its statistics records."""
+
+    def __init__(self, worker: Worker) -> None:
+        self._worker = worker
+
+    def collect(self) -> Iterator[Metric]:
+        w = self._worker
+        base = {"worker": w.config.name, "gpu": str(w.device_ordinal)}
+        sched = w.scheduler.statistics()
+        service = w.service.statistics()
+        status = w.control_status()
+
+        info = {
+            **base,
+            "backend": w.backend,
+            "control_mode": w.config.model_control_mode,
+            "discipline": w.config.scheduler.discipline,
+            "residency_mode": status.residency_mode,
+        }
+        yield _gauge("worker_info", "Static facts about this worker (always 1).", info, 1)
+        yield _gauge(
+            "worker_ready", "1 when the worker is ready to serve.", base, int(w.readiness()[0])
+        )
+        yield _gauge(
+            "worker_inflight_requests",
+            "ModelInfer calls being served now.",
+            base,
+            service.in_flight,
+        )
+        yield _gauge(
+            "worker_max_concurrent_requests",
+            "endpoints.max_concurrent_requests (0 = uncapped).",
+            base,
+            service.max_concurrent_requests,
+        )
+        yield _counter(
+            "worker_requests_shed",
+            "ModelInfer calls refused because max_concurrent_requests were in flight.",
+            base,
+            service.shed_total,
+        )
+        yield _counter(
+            "worker_dispatch_overruns",
+            "Executions that exceeded scheduler.dispatch_timeout_seconds.",
+            base,
+            sched.overruns,
+        )
+        yield _counter(
+            "worker_dispatch_failures",
+            "Executions that failed or overran.",
+            base,
+            sched.failed_dispatches,
+        )
+        yield _gauge("worker_models_loaded", "Models being served.", base, len(w.served_models()))
+        yield _gauge(
+            "worker_resident_weight_bytes",
+            "Bytes of model weights on the device.",
+            base,
+            w.weights.resident_bytes,
+        )
+
+        rpcs = CounterMetricFamily(
+            "worker_grpc_calls",
+            "Finished gRPC calls by method and status code.",
+            labels=[*base, "rpc", "status"],
+        )
+        for (rpc, code), n in sorted(service.rpcs.items()):
+            rpcs.add_metric([*base.values(), rpc, code], n)
+        yield rpcs
+
+        yield from self._per_model(base, sched.policy.models)
+
+        mem = w.runtime.memory_stats()
+        if mem is not None:
+            for key, value, doc in (
+                ("in_use", mem.in_use, "Device memory in use."),
+                ("limit", mem.limit, "Device memory the allocator may use."),
+                ("peak_in_use", mem.peak, "Peak device memory in use."),
+            ):
+                yield _gauge(f"worker_device_memory_{key}_bytes", doc, base, value)
+
+    def _per_model(
+        self, base: dict[str, str], stats: Mapping[str, ModelStatistics]
+    ) -> Iterator[Metric]:
+        w = self._worker
+        labels = [*base, "model"]
+        from_scheduler = [
+            (attr, kind(name, doc, labels=labels)) for attr, kind, name, doc in _SCHEDULER_SERIES
+        ]
+        max_batch = GaugeMetricFamily(
+            "worker_model_max_batch_size",
+            "Rows one dispatch may carry (largest compiled size, capped).",
+            labels=labels,
+        )
+        weight_bytes = GaugeMetricFamily(
+            "worker_model_weight_bytes", "Bytes of the model's weights.", labels=labels
+        )
+        resident = GaugeMetricFamily(
+            "worker_model_resident", "1 when the model's weights are on the device.", labels=labels
+        )
+        batch_rows = HistogramMetricFamily(
+            "worker_batch_rows", "Rows per device execution, before padding.", labels=labels
+        )
+        latency = HistogramMetricFamily(
+            "worker_request_latency_seconds",
+            "ModelInfer latency from receipt to answer.",
+            labels=labels,
+        )
+        outcomes = CounterMetricFamily(
+            "worker_requests",
+            "ModelInfer calls by outcome (success or failure).",
+            labels=[*labels, "status"],
+        )
+        for name, served in sorted(w.served_models().items()):
+            lv = [*base.values(), name]
+            s = stats.get(name)
+            if s is not None:
+                for attr, family in from_scheduler:
+                    family.add_metric(lv, getattr(s, attr))
+            max_batch.add_metric(lv, served.max_batch_size)
+            weight_bytes.add_metric(lv, served.bundle.weights_nbytes)
+            resident.add_metric(lv, int(w.weights.is_resident(served)))
+            rows = served.batch_rows_histogram()
+            batch_rows.add_metric(lv, list(rows.buckets), rows.total)
+            req = w.service.request_statistics(name)
+            outcomes.add_metric([*lv, "success"], req.success.count)
+            outcomes.add_metric([*lv, "failure"], req.fail.count)
+            if req.latency is not None:
+                latency.add_metric(lv, list(req.latency.buckets), req.latency.total)
+        for _, family in from_scheduler:
+            yield family
+        yield from (max_batch, weight_bytes, resident, batch_rows, latency, outcomes)

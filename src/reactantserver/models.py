@@ -1,0 +1,182 @@
+"""One served model version: its bundle, its compiled programs and its counters.
+
+A ``ServedModel`` is what the worker's model table maps a name to. It is created
+when a bundle has been compiled, and it is *immutable in what it serves*: a new
+version of the same model is a new ``ServedModel`` that replaces the old one in the
+table atomically. Requests carry the object they were admitted with as their
+scheduler ``group``, so a batch never mixes versions and the executor runs each
+request on the version that admitted it -- which is what lets a reload swap
+versions under load without failing anything already queued.
+
+The counters here are the device side of Triton's ModelStatistics (queue time,
+input assembly, execution, output slicing, rows and executions per batch size);
+they are updated on the event loop thread by the executor after each batch.
+
+JAX-free: the compiled program is held as an opaque ``LoadedModel``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .bundle import Bundle, TensorSpec
+from .config import ModelSchedConfig
+from .histogram import ROW_BUCKETS, Histogram, HistogramSnapshot
+from .service import BatchStatistics, Duration, ExecutionStatistics
+
+if TYPE_CHECKING:
+    from .runtime import LoadedModel
+
+
+class _BatchCounters:
+    __slots__ = ("compute_infer", "compute_input", "compute_output")
+
+    def __init__(self) -> None:
+        self.compute_input = Duration()
+        self.compute_infer = Duration()
+        self.compute_output = Duration()
+
+
+class ServedModel:
+    """A compiled bundle as clients and the scheduler see it."""
+
+    def __init__(
+        self,
+        bundle: Bundle,
+        loaded: LoadedModel,
+        sched: ModelSchedConfig,
+        *,
+        platform: str,
+        generation: int,
+        max_queue_depth: int,
+    ) -> None:
+        self.bundle = bundle
+        self.loaded = loaded
+        self.sched = sched
+        self._platform = platform
+        #: Increases by one each time this name is (re)loaded; logged on swaps.
+        self.generation = generation
+        self._max_queue_depth = max_queue_depth
+        self._input_names = tuple(s.name for s in bundle.inputs)
+        self._output_names = tuple(s.name for s in bundle.outputs)
+        self._queue = Duration()
+        self._input = Duration()
+        self._infer = Duration()
+        self._output = Duration()
+        self._rows = 0
+        self._executions = 0
+        self._per_size: dict[int, _BatchCounters] = {}
+        self._batch_rows = Histogram(ROW_BUCKETS)
+
+    # -------------------------------------------------------------- HostedModel
+
+    @property
+    def name(self) -> str:
+        return self.bundle.name
+
+    @property
+    def version(self) -> str:
+        return ""
+
+    @property
+    def platform(self) -> str:
+        return self._platform
+
+    @property
+    def inputs(self) -> Sequence[TensorSpec]:
+        return self.bundle.client_inputs
+
+    @property
+    def outputs(self) -> Sequence[TensorSpec]:
+        return self.bundle.client_outputs
+
+    @property
+    def compiled_batch_sizes(self) -> Sequence[int]:
+        return self.bundle.compiled_batch_sizes
+
+    @property
+    def max_batch_size(self) -> int:
+        largest = self.bundle.manifest.max_batch_size
+        cap = self.sched.max_batch_size
+        return min(largest, cap) if cap and largest else largest
+
+    @property
+    def max_queue_depth(self) -> int:
+        return self._max_queue_depth
+
+    @property
+    def parameters(self) -> Mapping[str, str]:
+        return {
+            "weight": f"{self.sched.weight:g}",
+            "residency": self.sched.residency or "default",
+            "generation": str(self.generation),
+        }
+
+    def ready(self) -> tuple[bool, str]:
+        return True, ""
+
+    def statistics(self) -> ExecutionStatistics:
+        return ExecutionStatistics(
+            queue=self._queue,
+            compute_input=self._input,
+            compute_infer=self._infer,
+            compute_output=self._output,
+            inference_count=self._rows,
+            execution_count=self._executions,
+            batches=tuple(
+                BatchStatistics(size, c.compute_input, c.compute_infer, c.compute_output)
+                for size, c in sorted(self._per_size.items())
+            ),
+        )
+
+    def batch_rows_histogram(self) -> HistogramSnapshot:
+        """Rows per execution (before padding) so far."""
+        return self._batch_rows.snapshot()
+
+    # ------------------------------------------------------------------ executor
+
+    @property
+    def batched(self) -> bool:
+        return self.bundle.batched
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        """Executable inputs in the artifact's argument order."""
+        return self._input_names
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return self._output_names
+
+    @property
+    def hooks(self) -> Any:
+        return self.bundle.hooks
+
+    def record_batch(
+        self,
+        size: int,
+        queue_seconds: Sequence[float],
+        rows: int,
+        input_seconds: float,
+        infer_seconds: float,
+        output_seconds: float,
+    ) -> None:
+        """Account one successful execution of ``rows`` rows at padded ``size``."""
+        for q in queue_seconds:
+            self._queue = self._queue.plus(q)
+        self._input = self._input.plus(input_seconds)
+        self._infer = self._infer.plus(infer_seconds)
+        self._output = self._output.plus(output_seconds)
+        self._rows += rows
+        self._executions += 1
+        self._batch_rows.observe(rows)
+        counters = self._per_size.get(size)
+        if counters is None:
+            counters = self._per_size[size] = _BatchCounters()
+        counters.compute_input = counters.compute_input.plus(input_seconds)
+        counters.compute_infer = counters.compute_infer.plus(infer_seconds)
+        counters.compute_output = counters.compute_output.plus(output_seconds)
+
+    def __repr__(self) -> str:
+        return f"<ServedModel {self.name!r} generation={self.generation}>"
