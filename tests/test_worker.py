@@ -223,7 +223,11 @@ def test_error_statuses(client: grpcclient.InferenceServerClient) -> None:
     assert _status(info.value) == "StatusCode.FAILED_PRECONDITION"
 
 
-def test_admin_http(served: WorkerAddress) -> None:
+def test_admin_http(served: WorkerAddress, client: grpcclient.InferenceServerClient) -> None:
+    wrong = grpcclient.InferInput("features", [1, 32], "INT32")
+    wrong.set_data_from_numpy(np.zeros((1, 32), dtype=np.int32))
+    with pytest.raises(InferenceServerException):
+        client.infer("mlp", [wrong])
     base = f"http://127.0.0.1:{served.metrics_port}"
     assert urllib.request.urlopen(base + "/healthz").read() == b"ok\n"
     assert urllib.request.urlopen(base + "/readyz").read() == b"ready\n"
@@ -235,7 +239,8 @@ def test_admin_http(served: WorkerAddress) -> None:
         'worker_model_weight_bytes{gpu="0",model="resnet",worker="worker0"}',
         "worker_request_latency_seconds_bucket{",
         "worker_batch_rows_bucket{",
-        'worker_requests_total{gpu="0",model="double",status="success",worker="worker0"}',
+        'worker_requests_total{gpu="0",model="double",status="OK",worker="worker0"}',
+        'worker_requests_total{gpu="0",model="mlp",status="INVALID_ARGUMENT",worker="worker0"}',
         'worker_grpc_calls_total{gpu="0",rpc="ModelInfer",status="OK",worker="worker0"}',
     ):
         assert series in text, series

@@ -175,7 +175,7 @@ class WorkerCollector(Collector):
         )
         outcomes = CounterMetricFamily(
             "worker_requests",
-            "ModelInfer calls by outcome (success or failure).",
+            "Finished ModelInfer calls by gRPC status code (OK, INVALID_ARGUMENT, ...).",
             labels=[*labels, "status"],
         )
         for name, served in sorted(w.served_models().items()):
@@ -190,8 +190,8 @@ class WorkerCollector(Collector):
             rows = served.batch_rows_histogram()
             batch_rows.add_metric(lv, list(rows.buckets), rows.total)
             req = w.service.request_statistics(name)
-            outcomes.add_metric([*lv, "success"], req.success.count)
-            outcomes.add_metric([*lv, "failure"], req.fail.count)
+            for code, n in sorted(req.by_status.items()):
+                outcomes.add_metric([*lv, code], n)
             if req.latency is not None:
                 latency.add_metric(lv, list(req.latency.buckets), req.latency.total)
         for _, family in from_scheduler:

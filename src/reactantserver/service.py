@@ -63,7 +63,7 @@ from reactantserver.inferio import decode_request, encode_response
 from reactantserver.protocol import inference as pb
 from reactantserver.protocol import reactant_control as cpb
 from reactantserver.shm import SHM_ROOT, SharedMemoryRegistry
-from reactantserver.transport.status import StatusCode
+from reactantserver.transport.status import StatusCode, code_of
 
 SERVER_NAME = "reactantserver"
 #: Triton's names for the protocol extensions this server implements.
@@ -137,22 +137,26 @@ class RequestStatistics:
     #: ModelInfer latency from receipt to answer (every outcome), seconds, in
     #: ``histogram.LATENCY_BUCKETS``; ``None`` before the model's first request.
     latency: HistogramSnapshot | None = None
+    #: Finished ModelInfer calls by status code name (``OK``, ``INVALID_ARGUMENT``, ...).
+    by_status: Mapping[str, int] = attrs.field(factory=dict)
 
 
 class _ModelCounters:
     """The mutable counters behind one model's ``RequestStatistics``."""
 
-    __slots__ = ("fail", "last_inference_ms", "latency", "success")
+    __slots__ = ("by_status", "fail", "last_inference_ms", "latency", "success")
 
     def __init__(self) -> None:
         self.success = Duration()
         self.fail = Duration()
         self.last_inference_ms = 0
         self.latency = Histogram(LATENCY_BUCKETS)
+        self.by_status: Counter[str] = Counter()
 
-    def record(self, seconds: float, *, ok: bool) -> None:
+    def record(self, seconds: float, code: StatusCode) -> None:
         self.latency.observe(seconds)
-        if ok:
+        self.by_status[code.name] += 1
+        if code is StatusCode.OK:
             self.success = self.success.plus(seconds)
             self.last_inference_ms = int(time.time() * 1e3)
         else:
@@ -160,7 +164,11 @@ class _ModelCounters:
 
     def snapshot(self) -> RequestStatistics:
         return RequestStatistics(
-            self.success, self.fail, self.last_inference_ms, self.latency.snapshot()
+            self.success,
+            self.fail,
+            self.last_inference_ms,
+            self.latency.snapshot(),
+            dict(self.by_status),
         )
 
 
@@ -501,11 +509,11 @@ class Service:
         """Count one finished call of ``rpc`` (the transport calls this)."""
         self._rpcs[(rpc, code.name)] += 1
 
-    def _record_request(self, model: str, seconds: float, *, ok: bool) -> None:
+    def _record_request(self, model: str, seconds: float, code: StatusCode) -> None:
         counters = self._requests.get(model)
         if counters is None:
             counters = self._requests[model] = _ModelCounters()
-        counters.record(seconds, ok=ok)
+        counters.record(seconds, code)
 
     # -------------------------------------------------------------- health and metadata
 
@@ -599,7 +607,7 @@ class Service:
             raise InvalidArgument("ModelInfer: model_name is empty")
         model = self._host.get(request.model_name)
         started = trio.current_time()
-        ok = False
+        code = StatusCode.OK
         try:
             ready, reason = model.ready()
             if not ready:
@@ -624,11 +632,13 @@ class Service:
             response = encode_response(
                 call, results, model_version=model.version, registry=self.registry
             )
-            ok = True
             return response
-        finally:
+        except BaseException as exc:
             # Failures include cancellation (client gone, deadline at the transport).
-            self._record_request(model.name, trio.current_time() - started, ok=ok)
+            code = code_of(exc)
+            raise
+        finally:
+            self._record_request(model.name, trio.current_time() - started, code)
 
     async def model_stream_infer(self, request: None, ctx: CallContext) -> NoReturn:
         raise Unimplemented(

@@ -95,6 +95,21 @@ class WireStatus:
     message: str
 
 
+def code_of(exc: BaseException) -> StatusCode:
+    """The status code ``exc`` ends a call with (for counting; no logging, no message).
+
+    Cancellation and other non-``Exception`` control flow count as CANCELLED.
+    """
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    if not isinstance(exc, Exception):
+        return StatusCode.CANCELLED
+    for category, code in CATEGORY_CODES:
+        if isinstance(exc, category):
+            return code
+    return StatusCode.INTERNAL
+
+
 def to_status(exc: Exception, *, rpc: str = "") -> WireStatus:
     """The wire status for ``exc``; logs the traceback of anything unexpected.
 
