@@ -1,0 +1,45 @@
+"""Scheduling: which model's requests run next on the one device, and in what batch.
+
+The package is split the sans-IO way (see ``docs/scheduling.md``):
+
+* ``policy.SchedulingPolicy`` -- the synchronous core (queues, disciplines,
+  coalescing, shedding, learned costs); given ``now``, returns decisions.
+  ``batching`` (row planning), ``cost`` (EMAs), ``queues`` and ``candidates``
+  are its parts.
+* ``dispatch.Scheduler`` -- the thin Trio driver: one device execution at a time,
+  dispatch timeout, cancellation, shutdown. ``reactantserver.Scheduler`` is this class.
+* ``assemble`` -- numpy batch assembly (concatenate, pad, split) for executors.
+* ``simulate`` -- a cost-model executor and workload generator to run the real
+  ``Scheduler`` under virtual time.
+
+Nothing here imports JAX.
+"""
+
+from .batching import Plan, plan_batch
+from .dispatch import Executor, Health, Prefetcher, Scheduler, SchedulerStatistics
+from .policy import SchedulingPolicy
+from .records import (
+    Batch,
+    Decision,
+    ModelStatistics,
+    PolicyStatistics,
+    Request,
+    RequestState,
+)
+
+__all__ = [
+    "Batch",
+    "Decision",
+    "Executor",
+    "Health",
+    "ModelStatistics",
+    "Plan",
+    "PolicyStatistics",
+    "Prefetcher",
+    "Request",
+    "RequestState",
+    "Scheduler",
+    "SchedulerStatistics",
+    "SchedulingPolicy",
+    "plan_batch",
+]

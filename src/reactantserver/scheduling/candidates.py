@@ -1,0 +1,169 @@
+"""The candidate table: the models with queued work, as parallel numpy columns.
+
+Choosing the next model is the scheduler's hot path, and it must cost time in the
+number of models *with queued work* (candidates), never in the number loaded: a
+worker may hold thousands of models of which a handful are busy. The core therefore
+keeps candidates in a dense structure-of-arrays -- one slot per candidate, removed
+by swapping the last slot into the hole -- and evaluates a discipline as a few
+vectorised numpy operations over the first ``n`` slots. Python-level work per
+decision is then constant, and the numpy work grows so slowly with ``n`` that a
+decision among 100 candidates costs about what one among 10 does
+(``benchmarks/bench_scheduler.py`` measures it).
+
+The columns are a *cache* of per-model state owned by the policy, which rewrites a
+model's slot whenever that model changed since the last decision (its queue, usage,
+weight or learned costs); a clean model's slot is never touched.
+
+Discipline keys (``select``; ties are broken by the older head, i.e. the smaller
+submission number, which is unique so no further tie-break is ever needed):
+
+* ``fair``: ``clamp(w_i / W - u_i / U, -cap, cap) / cost_i``, highest first, where
+  ``W`` and ``U`` sum weights and decayed usages over the *candidates* and
+  ``cost_i`` is the learned cost of the batch model ``i`` would run now. (The
+  original summed over every loaded model; see ``policy`` for why that starves.)
+* ``fifo``: the oldest head.
+* ``edf``: the soonest deadline anywhere in the queue (none = +inf), then the oldest head.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+Floats = npt.NDArray[np.float64]
+
+
+class CandidateTable:
+    """Dense columns over the candidate models; ``keys[i]`` names slot ``i``'s model."""
+
+    _INITIAL = 64
+
+    def __init__(self) -> None:
+        self.keys: list[Any] = []
+        self._slot: dict[Any, int] = {}
+        cap = self._INITIAL
+        self.weight: Floats = np.zeros(cap)
+        self.usage: Floats = np.zeros(cap)  # value at ``stamp``
+        self.stamp: Floats = np.zeros(cap)
+        self.cost: Floats = np.ones(cap)
+        self.deadline: Floats = np.full(cap, math.inf)
+        self.head: npt.NDArray[np.int64] = np.zeros(cap, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._slot
+
+    def slot(self, key: Any) -> int:
+        """The slot of ``key`` (which must be a candidate)."""
+        return self._slot[key]
+
+    def add(self, key: Any) -> int:
+        """Make ``key`` a candidate; returns its slot (the caller fills the columns)."""
+        n = len(self.keys)
+        if n == self.weight.shape[0]:
+            self._grow()
+        self.keys.append(key)
+        self._slot[key] = n
+        return n
+
+    def discard(self, key: Any) -> None:
+        """Drop ``key`` (if present) by moving the last slot into its place."""
+        slot = self._slot.pop(key, None)
+        if slot is None:
+            return
+        last = len(self.keys) - 1
+        moved = self.keys.pop()
+        if slot != last:
+            self.keys[slot] = moved
+            self._slot[moved] = slot
+            for column in self._columns():
+                column[slot] = column[last]
+
+    def write(
+        self,
+        slot: int,
+        *,
+        weight: float,
+        usage: float,
+        stamp: float,
+        cost: float,
+        deadline: float,
+        head: int,
+    ) -> None:
+        """Refresh every column of one slot."""
+        self.weight[slot] = weight
+        self.usage[slot] = usage
+        self.stamp[slot] = stamp
+        self.cost[slot] = cost
+        self.deadline[slot] = deadline
+        self.head[slot] = head
+
+    def decayed_usage(self, now: float, halflife: float) -> Floats:
+        """Every candidate's usage decayed to ``now``."""
+        n = len(self.keys)
+        age = np.maximum(now - self.stamp[:n], 0.0)
+        return self.usage[:n] * np.exp2(age / -halflife)
+
+    def fair_priorities(self, usage: Floats, cap: float) -> Floats:
+        """The fair key of every candidate, given their decayed ``usage``."""
+        n = len(self.keys)
+        weight = self.weight[:n]
+        total_usage = float(usage.sum())
+        gap = weight / weight.sum()
+        if total_usage > 0.0:
+            gap = gap - usage / total_usage
+        return np.minimum(np.maximum(gap, -cap), cap) / self.cost[:n]
+
+    def select(
+        self,
+        discipline: str,
+        *,
+        now: float,
+        halflife: float,
+        cap: float,
+        exclude: Any = None,
+    ) -> tuple[int, Floats | None]:
+        """The winning slot under ``discipline`` (``exclude`` may name a model to skip).
+
+        Returns the slot (-1 if only the excluded model is a candidate) and, under
+        ``fair``, the decayed usages it computed (the policy reuses them). The table
+        must not be empty.
+        """
+        n = len(self.keys)
+        usage: Floats | None = None
+        if discipline == "fair":
+            usage = self.decayed_usage(now, halflife)
+            # Negated so that every discipline is an argmin.
+            key = -self.fair_priorities(usage, cap)
+        elif discipline == "edf":
+            key = self.deadline[:n].copy()
+        else:
+            key = self.head[:n].astype(np.float64)
+        skip = self._slot.get(exclude) if exclude is not None else None
+        if skip is not None:
+            key[skip] = math.inf
+        tied = np.flatnonzero(key == key[int(np.argmin(key))])
+        if skip is not None:
+            # An excluded slot can still tie at +inf (EDF's "no deadline").
+            tied = tied[tied != skip]
+            if tied.size == 0:
+                return -1, usage
+        best = int(tied[0]) if tied.size == 1 else int(tied[np.argmin(self.head[tied])])
+        return best, usage
+
+    def _columns(self) -> tuple[np.ndarray[Any, Any], ...]:
+        return (self.weight, self.usage, self.stamp, self.cost, self.deadline, self.head)
+
+    def _grow(self) -> None:
+        size = 2 * self.weight.shape[0]
+        self.weight = np.resize(self.weight, size)
+        self.usage = np.resize(self.usage, size)
+        self.stamp = np.resize(self.stamp, size)
+        self.cost = np.resize(self.cost, size)
+        self.deadline = np.resize(self.deadline, size)
+        self.head = np.resize(self.head, size)

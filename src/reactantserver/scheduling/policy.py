@@ -1,0 +1,651 @@
+"""The sans-IO scheduling core: per-model queues, three disciplines, coalescing, shedding.
+
+``SchedulingPolicy`` holds every scheduling rule and no I/O: it is given ``now``
+(seconds, any monotonic clock) with each event and returns decisions. The Trio
+driver (``dispatch.Scheduler``) and the simulators call it the same way, which is
+why a workload can be replayed under virtual time and why the Hypothesis state
+machine in ``tests/test_sched_properties.py`` can drive it directly.
+
+Events and decisions::
+
+    submit(model, payload, now=...)  -> Request      (or an admission error)
+    cancel(request)                  -> bool         (True: it was queued, now it never runs)
+    next_batch(now)                  -> Decision     (a Batch to run, plus requests shed)
+    complete(batch, seconds, now)    -> None         (feeds the usage and cost EMAs)
+    peek_next(now)                   -> model | None (for weight prefetch)
+
+**One batch at a time.** After ``next_batch`` hands out a batch, the next call to
+``next_batch`` must wait for ``complete`` of that batch (a ``LifecycleError``
+otherwise): the core models a single device.
+
+**Order of a decision.** (1) Committed requests (meta-model sub-calls, queued at the
+front of their model's queue) go first, oldest first. (2) Otherwise the discipline
+picks a model among the *candidates* (models with queued work). (3) The model's
+coalescing window is planned at a compiled size (``batching.plan_batch``) and that
+prefix of its queue is taken. (4) Taken requests that cannot meet their deadline
+are shed: ``now + margin >= deadline`` where ``margin`` is the learned cost of the
+batch under ``edf`` and 0 otherwise (and always 0 for committed requests); the
+survivors run at the smallest compiled size that holds them. If every taken
+request was shed the core decides again, so a decision returns either a batch or
+an empty set of queues.
+
+**Disciplines.** ``fifo``: the model whose head is oldest. ``edf``: the model holding
+the soonest deadline anywhere in its queue (no deadline = least urgent), then the
+oldest head; queues themselves are never reordered. ``fair`` (the default)::
+
+    priority_i = clamp(w_i / W - u_i / U, -cap, cap) / cost_i[B_i]
+
+the highest wins (ties: older head). ``u_i`` is model i's device time, an EMA with
+half-life ``ema_halflife_seconds``; ``cap`` is ``recency_penalty_cap``; ``cost_i[B_i]``
+the learned cost of the batch it would run. A model behind its weighted share has a
+positive gap and beats every model ahead of it; among those behind, the one that
+closes the most gap per device second wins.
+
+**Where we depart from the original, and why.**
+
+* ``W`` and ``U`` sum over the candidates, not over every loaded model. With the
+  original's sums, idle models dilute the weight shares of busy ones: with 100 models
+  loaded and two busy, both busy models sit far above a 1 % "share", both gaps clamp
+  at ``-cap``, and ``-cap / cost`` makes the *more expensive* model win every time --
+  a cheap model then gets about 1 % of the device. Over the candidates the gaps sum
+  to zero, and the comparison is among the models actually competing.
+* A model that (re)joins the candidates has its usage lifted to the current service
+  level: ``u_i := max(u_i, w_i * L)`` where ``L`` is the smallest ``u_j / w_j`` among the
+  candidates at the last decision (decayed to now). This is start-time fair
+  queueing's ``S = max(F, V)`` in EMA units. Without it a model returning from idle
+  with a near-zero EMA would own the device until its EMA caught up (tens of seconds
+  at the default half-life) while every other backlogged model waited, and a model
+  that ran alone on an idle device would afterwards be penalised for it. With it, a
+  newcomer competes as if it had been as far behind as the most-behind contender --
+  no banked credit -- while a model that really did exceed its share keeps that debt.
+* ``coalescing_discount`` is gone: it multiplied every candidate's cost by the same
+  factor and so never changed a decision.
+* Survivors of shedding run at the smallest size that holds them, not the planned size.
+* A request larger than every compiled size is refused at admission
+  (``BatchTooLarge``); a full queue refuses with ``QueueFull`` (RESOURCE_EXHAUSTED,
+  not the original's INTERNAL). Committed sub-calls bypass the queue cap: refusing
+  one would waste the work its meta request already did, and they are bounded by
+  ``meta_concurrency``.
+
+**Cost of a decision.** Candidates live in ``candidates.CandidateTable``, a dense numpy
+table rewritten only for models that changed since the last decision; a decision is
+a constant number of vectorised operations over the candidates, plus planning the
+winner's batch (bounded by its largest compiled size). Nothing is proportional to
+the number of models loaded.
+
+**Invariants** (the executable spec in ``tests/test_sched_properties.py``): every
+request leaves ``QUEUED`` exactly once; requests of a model are dispatched in
+queue order; batches respect the compiled sizes and the cap and never split a
+request; queues never exceed ``max_queue_depth`` (committed requests aside).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Hashable, Iterable, Sequence
+from types import MappingProxyType
+from typing import Any
+
+from reactantserver.config import SchedulerConfig
+from reactantserver.errors import (
+    BatchTooLarge,
+    ConfigError,
+    DeadlineExceeded,
+    InvalidArgument,
+    LifecycleError,
+    NotFound,
+    QueueFull,
+    Unavailable,
+)
+
+from .batching import Plan, plan_batch, shrink_size
+from .candidates import CandidateTable
+from .cost import CostTable, decayed
+from .queues import ModelQueue
+from .records import (
+    Batch,
+    Decision,
+    ModelStatistics,
+    PolicyStatistics,
+    Request,
+    RequestState,
+)
+
+
+class _Model:
+    """Everything the core knows about one model. Private: statistics() is the view."""
+
+    __slots__ = (
+        "cancelled",
+        "coalescable",
+        "compute_seconds",
+        "costs",
+        "dispatches",
+        "failures",
+        "max_batch_size",
+        "name",
+        "plan",
+        "queue",
+        "rejected",
+        "requests",
+        "rows",
+        "shed",
+        "sizes",
+        "stamp",
+        "usage",
+        "weight",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        sizes: tuple[int, ...],
+        coalescable: bool,
+        weight: float,
+        max_batch_size: int,
+        alpha: float,
+    ) -> None:
+        self.name = name
+        self.sizes = sizes
+        self.coalescable = coalescable
+        self.weight = weight
+        self.max_batch_size = max_batch_size
+        self.queue = ModelQueue()
+        self.costs = CostTable(alpha)
+        self.usage = 0.0
+        self.stamp = 0.0
+        self.plan: Plan | None = None
+        self.requests = self.rows = self.dispatches = self.failures = 0
+        self.shed = self.cancelled = self.rejected = 0
+        self.compute_seconds = 0.0
+
+    def plan_next(self) -> Plan:
+        """The batch this model would run now (its queue must not be empty)."""
+        if not self.coalescable:
+            head = self.queue.head
+            return Plan(size=head.rows, count=1, rows=head.rows)
+        return plan_batch(self.sizes, (r.rows for r in self.queue.window()), self.max_batch_size)
+
+    def effective_max_batch(self) -> int:
+        if not self.sizes:
+            return 0
+        top = self.sizes[-1]
+        return top if self.max_batch_size <= 0 else min(top, self.max_batch_size)
+
+
+def _check_sizes(name: str, sizes: Iterable[int]) -> tuple[int, ...]:
+    out = tuple(sorted(set(sizes)))
+    if any(not isinstance(s, int) or s < 1 for s in out):
+        raise InvalidArgument(
+            f"model {name!r}: compiled batch sizes must be positive integers; got {list(out)}"
+        )
+    return out
+
+
+def _check_weight(name: str, weight: float) -> float:
+    if not (math.isfinite(weight) and weight > 0):
+        raise InvalidArgument(f"model {name!r}: weight must be a finite number > 0; got {weight}")
+    return float(weight)
+
+
+def _check_cap(name: str, cap: int) -> int:
+    if cap < 0:
+        raise InvalidArgument(f"model {name!r}: max_batch_size must be >= 0; got {cap}")
+    return cap
+
+
+class SchedulingPolicy:
+    """The scheduling core (see the module docstring for the rules)."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        if config.ema_halflife_seconds <= 0:
+            raise ConfigError(
+                f"scheduler.ema_halflife_seconds: must be > 0; got {config.ema_halflife_seconds}"
+            )
+        if config.max_queue_depth < 1:
+            raise ConfigError(
+                f"scheduler.max_queue_depth: must be >= 1; got {config.max_queue_depth}"
+            )
+        if not 0.0 < config.cost_ema_alpha <= 1.0:
+            raise ConfigError(
+                f"scheduler.cost_ema_alpha: must be in (0, 1]; got {config.cost_ema_alpha}"
+            )
+        self.config = config
+        self.discipline = config.discipline
+        self._halflife = config.ema_halflife_seconds
+        self._cap = config.recency_penalty_cap
+        self._models: dict[str, _Model] = {}
+        self._table = CandidateTable()
+        self._dirty: set[_Model] = set()
+        self._committed: list[tuple[int, Request]] = []
+        self._request_seq = itertools.count()
+        self._batch_seq = itertools.count()
+        self._running: Batch | None = None
+        self._running_model: _Model | None = None
+        self._closed = False
+        # The fair service level L (smallest usage/weight among candidates at the
+        # last fair decision), stored like a usage: a value and the time it was read.
+        self._level = 0.0
+        self._level_stamp = 0.0
+        self._queued = 0
+        self._totals = {"requests": 0, "rows": 0, "dispatches": 0, "shed": 0}
+        self._total_compute = 0.0
+
+    # ------------------------------------------------------------------ models
+
+    def add_model(
+        self,
+        name: str,
+        compiled_batch_sizes: Sequence[int] = (),
+        *,
+        coalescable: bool = True,
+        weight: float | None = None,
+        max_batch_size: int | None = None,
+    ) -> None:
+        """Register ``name``. Unset ``weight``/``max_batch_size`` come from the config.
+
+        ``compiled_batch_sizes`` empty means one program that takes any batch extent:
+        such a model never coalesces. ``coalescable=False`` (an unbatched tensor)
+        also runs each request alone, at its own extent, which must be a compiled size.
+        """
+        if name in self._models:
+            raise LifecycleError(f"model {name!r} is already registered with the scheduler")
+        defaults = self.config.for_model(name)
+        sizes = _check_sizes(name, compiled_batch_sizes)
+        self._models[name] = _Model(
+            name,
+            sizes,
+            coalescable and bool(sizes),
+            _check_weight(name, defaults.weight if weight is None else weight),
+            _check_cap(name, defaults.max_batch_size if max_batch_size is None else max_batch_size),
+            self.config.cost_ema_alpha,
+        )
+
+    def update_model(
+        self,
+        name: str,
+        *,
+        compiled_batch_sizes: Sequence[int] | None = None,
+        coalescable: bool | None = None,
+        max_batch_size: int | None = None,
+    ) -> tuple[Request, ...]:
+        """Change a model's batching in place (a version swap); its queue is kept.
+
+        New compiled sizes forget the learned costs (seed them again). Queued
+        requests the new sizes cannot run are removed and returned, for the caller
+        to fail (``BatchTooLarge`` / ``InvalidArgument``).
+        """
+        m = self._get(name)
+        if compiled_batch_sizes is not None:
+            m.sizes = _check_sizes(name, compiled_batch_sizes)
+            m.costs.clear()
+        if coalescable is not None or compiled_batch_sizes is not None:
+            wanted = m.coalescable if coalescable is None else coalescable
+            m.coalescable = wanted and bool(m.sizes)
+        if max_batch_size is not None:
+            m.max_batch_size = _check_cap(name, max_batch_size)
+        refused = [r for r in m.queue if self._admission_problem(m, r.rows) is not None]
+        for request in refused:
+            m.queue.remove(request)
+            request.state = RequestState.REMOVED
+        self._queued -= len(refused)
+        self._touched(m)
+        return tuple(refused)
+
+    def remove_model(self, name: str) -> tuple[Request, ...]:
+        """Unregister ``name``; returns its queued requests (now ``REMOVED``) to fail."""
+        m = self._get(name)
+        del self._models[name]
+        self._table.discard(m)
+        self._dirty.discard(m)
+        dropped = m.queue.drain()
+        for request in dropped:
+            request.state = RequestState.REMOVED
+        self._queued -= len(dropped)
+        return tuple(dropped)
+
+    def set_weight(self, name: str, weight: float) -> None:
+        """Change ``name``'s fair share (takes effect at the next decision)."""
+        m = self._get(name)
+        m.weight = _check_weight(name, weight)
+        self._touched(m)
+
+    def seed_cost(self, model: str, batch_size: int, seconds: float) -> None:
+        """Set the learned cost of ``model`` at ``batch_size`` (warm-up measurement)."""
+        m = self._get(model)
+        m.costs.seed(batch_size, seconds)
+        self._touched(m)
+
+    def has_model(self, name: str) -> bool:
+        return name in self._models
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """Registered model names, in registration order."""
+        return tuple(self._models)
+
+    # ---------------------------------------------------------------- requests
+
+    def submit(
+        self,
+        model: str,
+        payload: Any = None,
+        *,
+        now: float,
+        rows: int = 1,
+        deadline: float | None = None,
+        group: Hashable = None,
+        committed: bool = False,
+    ) -> Request:
+        """Admit one request or raise why not (``NotFound``, ``BatchTooLarge``,
+        ``InvalidArgument``, ``DeadlineExceeded``, ``QueueFull``, ``Unavailable``)."""
+        if self._closed:
+            raise Unavailable("server shutting down")
+        m = self._models.get(model)
+        if m is None:
+            raise NotFound(f"model {model!r} is not loaded")
+        problem = self._admission_problem(m, rows)
+        if problem is not None:
+            raise problem
+        if deadline is not None and deadline <= now:
+            raise DeadlineExceeded(f"model {model!r}: the request's deadline had already passed")
+        if not committed and len(m.queue) >= self.config.max_queue_depth:
+            m.rejected += 1
+            raise QueueFull(model, self.config.max_queue_depth)
+        request = Request(
+            seq=next(self._request_seq),
+            model=model,
+            payload=payload,
+            rows=rows,
+            arrival=now,
+            deadline=deadline,
+            group=group,
+            committed=committed,
+        )
+        if not m.queue:
+            self._join(m, now)
+        m.queue.push(request)
+        self._queued += 1
+        self._dirty.add(m)
+        if committed:
+            heapq.heappush(self._committed, (request.seq, request))
+        return request
+
+    def cancel(self, request: Request) -> bool:
+        """Remove a queued request; ``False`` if it is no longer queued."""
+        if request.state is not RequestState.QUEUED:
+            return False
+        m = self._models[request.model]
+        m.queue.remove(request)
+        request.state = RequestState.CANCELLED
+        m.cancelled += 1
+        self._queued -= 1
+        self._touched(m)
+        return True
+
+    def next_batch(self, now: float) -> Decision:
+        """Choose, plan and take the next batch (see the module docstring)."""
+        if self._running is not None:
+            raise LifecycleError(
+                f"next_batch called while batch {self._running.seq} of model "
+                f"{self._running.model!r} is still running; complete() it first"
+            )
+        shed: list[Request] = []
+        edf = self.discipline == "edf"
+        while self._table:
+            self._refresh()
+            m = self._committed_model(exclude=None) or self._choose(now)
+            plan = m.plan if m.plan is not None else m.plan_next()
+            taken = m.queue.take(plan.count)
+            margin = m.costs.estimate(plan.size) if edf else 0.0
+            survivors: list[Request] = []
+            for request in taken:
+                slack = 0.0 if request.committed else margin
+                if request.deadline is not None and now + slack >= request.deadline:
+                    request.state = RequestState.SHED
+                    shed.append(request)
+                else:
+                    request.state = RequestState.DISPATCHED
+                    survivors.append(request)
+            m.shed += len(taken) - len(survivors)
+            self._totals["shed"] += len(taken) - len(survivors)
+            self._queued -= len(taken)
+            self._touched(m)
+            if not survivors:
+                continue
+            rows = plan.rows
+            size = plan.size
+            if len(survivors) < len(taken):
+                rows = sum(r.rows for r in survivors)
+                size = shrink_size(m.sizes, plan.size, rows) if m.coalescable else plan.size
+            self._running = Batch(
+                seq=next(self._batch_seq),
+                model=m.name,
+                size=size,
+                requests=tuple(survivors),
+                rows=rows,
+                group=survivors[0].group,
+                started=now,
+            )
+            self._running_model = m
+            return Decision(self._running, tuple(shed))
+        return Decision(None, tuple(shed))
+
+    def complete(
+        self, batch: Batch, compute_seconds: float, now: float, *, ok: bool = True
+    ) -> None:
+        """Account a finished batch: usage always (the device was busy), cost and
+        served counters only when ``ok`` (a failed or timed-out run is no cost sample)."""
+        if batch is not self._running:
+            raise LifecycleError(f"complete() of batch {batch.seq}, which is not the running one")
+        m = self._running_model
+        self._running = self._running_model = None
+        seconds = max(compute_seconds, 0.0)
+        self._totals["dispatches"] += 1
+        self._total_compute += seconds
+        if ok:
+            self._totals["requests"] += len(batch.requests)
+            self._totals["rows"] += batch.rows
+        if m is None or self._models.get(m.name) is not m:
+            return  # removed (or replaced) while it ran: nothing left to account to
+        m.usage = decayed(m.usage, m.stamp, now, self._halflife) + seconds
+        m.stamp = now
+        m.dispatches += 1
+        m.compute_seconds += seconds
+        if ok:
+            m.costs.observe(batch.size, seconds)
+            m.requests += len(batch.requests)
+            m.rows += batch.rows
+        else:
+            m.failures += 1
+        self._touched(m)
+
+    def peek_next(self, now: float) -> str | None:
+        """The model most likely to run after the running batch (for weight prefetch).
+
+        The same choice ``next_batch`` would make now, skipping the running model
+        (its weights are resident already). Takes nothing from any queue.
+        """
+        # By name: if the running model was replaced meanwhile, its successor's
+        # weights are the ones the cache holds under that name.
+        running = None if self._running is None else self._models.get(self._running.model)
+        committed = self._committed_model(exclude=running)
+        if committed is not None:
+            return committed.name
+        if not self._table:
+            return None
+        self._refresh()
+        slot, _ = self._table.select(
+            self.discipline, now=now, halflife=self._halflife, cap=self._cap, exclude=running
+        )
+        return None if slot < 0 else self._table.keys[slot].name
+
+    def close(self) -> tuple[Request, ...]:
+        """Refuse every later submit; returns all queued requests (now ``REMOVED``)."""
+        self._closed = True
+        dropped: list[Request] = []
+        for m in self._models.values():
+            dropped.extend(m.queue.drain())
+            self._table.discard(m)
+        for request in dropped:
+            request.state = RequestState.REMOVED
+        self._dirty.clear()
+        self._committed.clear()
+        self._queued = 0
+        return tuple(dropped)
+
+    # ----------------------------------------------------------- introspection
+
+    @property
+    def running(self) -> Batch | None:
+        """The batch handed out and not yet completed."""
+        return self._running
+
+    @property
+    def queued(self) -> int:
+        """Requests queued over all models."""
+        return self._queued
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def queue_depth(self, model: str) -> int:
+        return len(self._get(model).queue)
+
+    def queued_requests(self, model: str) -> tuple[Request, ...]:
+        """A model's queue, in the order it will run."""
+        return tuple(self._get(model).queue)
+
+    def usage(self, model: str, now: float) -> float:
+        """``model``'s fair account (recent device seconds) decayed to ``now``."""
+        m = self._get(model)
+        return decayed(m.usage, m.stamp, now, self._halflife)
+
+    def priorities(self, now: float) -> dict[str, float]:
+        """The fair priority of every candidate now (under any discipline)."""
+        if not self._table:
+            return {}
+        self._refresh()
+        usage = self._table.decayed_usage(now, self._halflife)
+        values = self._table.fair_priorities(usage, self._cap)
+        return {m.name: float(v) for m, v in zip(self._table.keys, values, strict=True)}
+
+    def statistics(self, now: float) -> PolicyStatistics:
+        """A frozen snapshot of every counter (``now`` decays the usages)."""
+        models = {
+            m.name: ModelStatistics(
+                name=m.name,
+                weight=m.weight,
+                max_batch_size=m.effective_max_batch(),
+                queue_depth=len(m.queue),
+                queued_rows=m.queue.rows,
+                requests=m.requests,
+                rows=m.rows,
+                dispatches=m.dispatches,
+                compute_seconds=m.compute_seconds,
+                shed=m.shed,
+                cancelled=m.cancelled,
+                rejected=m.rejected,
+                failures=m.failures,
+                usage=decayed(m.usage, m.stamp, now, self._halflife),
+                costs=tuple(m.costs.items()),
+            )
+            for m in self._models.values()
+        }
+        return PolicyStatistics(
+            discipline=self.discipline,
+            models=MappingProxyType(models),
+            queued=self._queued,
+            requests=self._totals["requests"],
+            rows=self._totals["rows"],
+            dispatches=self._totals["dispatches"],
+            compute_seconds=self._total_compute,
+            shed=self._totals["shed"],
+            running=self._running.model if self._running is not None else None,
+        )
+
+    # ----------------------------------------------------------------- private
+
+    def _get(self, name: str) -> _Model:
+        m = self._models.get(name)
+        if m is None:
+            raise NotFound(f"model {name!r} is not loaded")
+        return m
+
+    def _admission_problem(self, m: _Model, rows: int) -> Exception | None:
+        if rows < 1:
+            return InvalidArgument(f"model {m.name!r}: a request needs at least 1 row; got {rows}")
+        if not m.sizes:
+            return None
+        if m.coalescable:
+            if rows > m.sizes[-1]:
+                return BatchTooLarge(m.name, rows, m.sizes)
+            return None
+        if rows not in m.sizes:
+            listed = ", ".join(str(s) for s in m.sizes)
+            return InvalidArgument(
+                f"model {m.name!r} cannot pad or coalesce (a tensor has no batch axis), so a "
+                f"request's batch extent must be one of the compiled sizes ({listed}); got {rows}"
+            )
+        return None
+
+    def _join(self, m: _Model, now: float) -> None:
+        """``m`` gains queued work: lift its usage to the service level, add its slot."""
+        level = decayed(self._level, self._level_stamp, now, self._halflife)
+        current = decayed(m.usage, m.stamp, now, self._halflife)
+        m.usage = max(current, m.weight * level)
+        m.stamp = now
+        self._table.add(m)
+
+    def _touched(self, m: _Model) -> None:
+        """``m`` changed: leave the candidates if its queue emptied, else refresh later."""
+        if m.queue:
+            if m in self._table:
+                self._dirty.add(m)
+        else:
+            self._table.discard(m)
+            self._dirty.discard(m)
+            m.plan = None
+
+    def _refresh(self) -> None:
+        """Rewrite the table slots of models that changed since the last decision."""
+        edf = self.discipline == "edf"
+        for m in self._dirty:
+            m.plan = plan = m.plan_next()
+            self._table.write(
+                self._table.slot(m),
+                weight=m.weight,
+                usage=m.usage,
+                stamp=m.stamp,
+                cost=m.costs.estimate(plan.size),
+                deadline=m.queue.soonest_deadline() if edf else math.inf,
+                head=m.queue.head.seq,
+            )
+        self._dirty.clear()
+
+    def _choose(self, now: float) -> _Model:
+        table = self._table
+        slot, usage = table.select(self.discipline, now=now, halflife=self._halflife, cap=self._cap)
+        if usage is not None:
+            n = len(table)
+            self._level = float((usage / table.weight[:n]).min())
+            self._level_stamp = now
+        chosen: _Model = table.keys[slot]
+        return chosen
+
+    def _committed_model(self, exclude: _Model | None) -> _Model | None:
+        """The model holding the oldest queued committed request (skipping ``exclude``)."""
+        heap = self._committed
+        while heap and heap[0][1].state is not RequestState.QUEUED:
+            heapq.heappop(heap)
+        if not heap:
+            return None
+        if exclude is None:
+            return self._models[heap[0][1].model]
+        live = [r for _, r in heap if r.state is RequestState.QUEUED and r.model != exclude.name]
+        if not live:
+            return None
+        return self._models[min(live, key=lambda r: r.seq).model]

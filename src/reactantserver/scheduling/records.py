@@ -1,0 +1,114 @@
+"""The values the scheduling core hands out: requests, batches, decisions, statistics.
+
+``Request`` is the one mutable record: the core moves it through its ``state``
+(``queued`` -> exactly one of ``dispatched``, ``shed``, ``cancelled``, ``removed``)
+and never back, which is what "no request lost or answered twice" means in code.
+Everything else is a frozen attrs record, safe to hand to another task or to a
+metrics collector.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Hashable, Mapping
+from typing import Any
+
+import attrs
+
+
+class RequestState(enum.Enum):
+    """Where a request is. Only ``QUEUED`` ever changes, and only once."""
+
+    QUEUED = "queued"
+    DISPATCHED = "dispatched"  # handed out in a Batch
+    SHED = "shed"  # dropped at dispatch: its deadline could not be met
+    CANCELLED = "cancelled"  # the caller gave up while it was queued
+    REMOVED = "removed"  # its model was removed or shut down (or refused on update)
+
+
+@attrs.define(eq=False, slots=True)
+class Request:
+    """One queued call. Identity is the object (two equal payloads are two requests)."""
+
+    #: Submission number, unique and increasing: "older" means a smaller ``seq``.
+    seq: int
+    model: str
+    #: Opaque to the scheduler; the executor reads it.
+    payload: Any
+    #: Batch extent (1 for a model without a batch axis).
+    rows: int
+    #: Time of submission, on the caller's clock.
+    arrival: float
+    #: Absolute time by which the answer is useless; ``None`` for no deadline.
+    deadline: float | None
+    #: Coalescing key: only the leading run of requests with the head's group is batched.
+    group: Hashable
+    #: A meta-model sub-call: dispatched before the discipline's choice, never shed early.
+    committed: bool
+    state: RequestState = RequestState.QUEUED
+
+
+@attrs.frozen
+class Batch:
+    """One dispatch: ``requests`` of ``model`` (FIFO order) run at padded ``size``."""
+
+    #: Dispatch number, unique and increasing.
+    seq: int
+    model: str
+    size: int
+    requests: tuple[Request, ...]
+    rows: int
+    group: Hashable
+    #: When the core handed it out.
+    started: float
+
+
+@attrs.frozen
+class Decision:
+    """What ``next_batch`` returns: the batch to run (or none) and requests shed on the way."""
+
+    batch: Batch | None
+    shed: tuple[Request, ...] = ()
+
+
+@attrs.frozen
+class ModelStatistics:
+    """Counters and gauges of one model (cumulative since it was added)."""
+
+    name: str
+    weight: float
+    #: Rows one dispatch may carry: the largest compiled size, capped by max_batch_size.
+    max_batch_size: int
+    queue_depth: int
+    queued_rows: int
+    #: Requests / rows handed to the executor in successful dispatches.
+    requests: int
+    rows: int
+    dispatches: int
+    compute_seconds: float
+    shed: int
+    cancelled: int
+    #: Admissions refused because the queue was full.
+    rejected: int
+    #: Dispatches that failed or overran dispatch_timeout_seconds.
+    failures: int
+    #: The fair account: recent device seconds, decayed with ema_halflife_seconds.
+    usage: float
+    #: Learned (size, seconds) pairs.
+    costs: tuple[tuple[int, float], ...]
+
+
+@attrs.frozen
+class PolicyStatistics:
+    """A snapshot of the whole core."""
+
+    discipline: str
+    models: Mapping[str, ModelStatistics]
+    queued: int
+    requests: int
+    rows: int
+    dispatches: int
+    compute_seconds: float
+    shed: int
+    #: The model whose batch is out (handed out, not yet completed), if any.
+    running: str | None
