@@ -409,3 +409,89 @@ def sched_fleets(draw: st.DrawFn, max_models: int = 6) -> list[tuple[float, floa
     weights = draw(st.lists(st.integers(1, 4), min_size=n, max_size=n))
     exponents = draw(st.lists(st.floats(0.0, 2.0), min_size=n, max_size=n))
     return [(float(w), 0.001 * 10**e) for w, e in zip(weights, exponents, strict=True)]
+
+
+# ============================================================================================
+# Model lifecycle (tests/test_lifecycle.py)
+# ============================================================================================
+
+#: Bundle names of a small repository, so the same names recur across polls.
+lifecycle_names = st.sampled_from(["a", "b", "c"])
+
+
+@st.composite
+def lifecycle_signatures(draw: st.DrawFn) -> tuple[tuple[str, int, int], ...]:
+    """A bundle signature drawn from a few versions, so versions repeat and revert."""
+    version = draw(st.integers(0, 2))
+    return (("manifest.yaml", 100, 1), ("weights.safetensors", 64, 10 + version))
+
+
+@st.composite
+def repository_polls(draw: st.DrawFn) -> list[dict[str, tuple[tuple[str, int, int], ...]]]:
+    """Successive repository views (name -> signature); views often repeat the previous
+    one, as a settled repository does between edits."""
+    polls: list[dict[str, tuple[tuple[str, int, int], ...]]] = []
+    for _ in range(draw(st.integers(1, 12))):
+        if polls and draw(st.booleans()):
+            polls.append(dict(polls[-1]))
+        else:
+            polls.append(draw(st.dictionaries(lifecycle_names, lifecycle_signatures())))
+    return polls
+
+
+# ============================================================================================
+# Meta models: the example detector's glue (tests/test_meta_detector.py)
+# ============================================================================================
+
+
+@st.composite
+def detector_proposals(draw: st.DrawFn, max_boxes: int = 24) -> tuple[object, object]:
+    """``(boxes [n, 4] as y0, x0, y1, x1; scores [n])``, float32, inside a 64x64 image.
+
+    Coordinates come from a coarse grid so that equal scores, identical boxes and
+    IoUs of exactly 0.5 all occur, as well as zero-area boxes.
+    """
+    import numpy as np
+
+    n = draw(st.integers(0, max_boxes))
+    corner = st.integers(0, 32).map(lambda v: 2.0 * v)
+    size = st.integers(0, 16).map(lambda v: 2.0 * v)
+    rows = draw(st.lists(st.tuples(corner, corner, size, size), min_size=n, max_size=n))
+    boxes = np.array(
+        [[y, x, min(y + h, 64.0), min(x + w, 64.0)] for y, x, h, w in rows], np.float32
+    ).reshape(n, 4)
+    scores = draw(st.lists(st.integers(0, 20).map(lambda v: v / 20), min_size=n, max_size=n))
+    return boxes, np.array(scores, np.float32)
+
+
+# ============================================================================================
+# Client: ModelInfer encode/decode on the client side (tests/test_client_unit.py)
+# ============================================================================================
+
+
+@st.composite
+def client_arrays(draw: st.DrawFn) -> object:
+    """A numpy array a caller might pass to ``Client.infer``: any fixed-width KServe dtype
+    (rank 0-3), sometimes non-contiguous or big-endian, or a BYTES array of ``bytes``/``str``.
+    """
+    import numpy as np
+
+    if draw(st.integers(0, 5)) == 0:
+        items = draw(st.lists(st.binary(max_size=8) | st.text(max_size=4), max_size=5))
+        arr = np.empty(len(items), dtype=object)
+        arr[:] = items
+        return arr
+    _, arr = draw(inferio_wire_arrays())
+    layout = draw(st.sampled_from(["plain", "transposed", "strided", "big-endian"]))
+    if layout == "transposed" and arr.ndim >= 2:
+        return arr.T
+    if layout == "strided" and arr.ndim >= 1:
+        return np.repeat(arr, 2, axis=0)[::2]
+    if layout == "big-endian" and arr.dtype.itemsize > 1:
+        return arr.astype(arr.dtype.newbyteorder(">"))
+    return arr
+
+
+def client_input_maps() -> st.SearchStrategy[dict[str, object]]:
+    """Input name -> array, 0-4 inputs with distinct names."""
+    return st.dictionaries(st.text("abcxyz_", min_size=1, max_size=6), client_arrays(), max_size=4)
