@@ -495,3 +495,93 @@ def client_arrays(draw: st.DrawFn) -> object:
 def client_input_maps() -> st.SearchStrategy[dict[str, object]]:
     """Input name -> array, 0-4 inputs with distinct names."""
     return st.dictionaries(st.text("abcxyz_", min_size=1, max_size=6), client_arrays(), max_size=4)
+
+
+#: A request or tensor parameter as the client writes it (plain Python values).
+client_parameter_values = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=8)
+)
+
+
+def client_infer_responses() -> st.SearchStrategy[_ip.ModelInferResponse]:
+    """Arbitrary ModelInferResponse messages (shapes may be negative, contents typed)."""
+    outputs = st.builds(
+        _ip.ModelInferResponseInferOutputTensor,
+        name=_NAMES,
+        datatype=_KSERVE_DATATYPES,
+        shape=st.lists(_INT64, max_size=4),
+        parameters=st.dictionaries(_NAMES, infer_parameters(), max_size=3),
+        contents=infer_tensor_contents(),
+    )
+    return st.builds(
+        _ip.ModelInferResponse,
+        model_name=_NAMES,
+        model_version=_NAMES,
+        id=_NAMES,
+        parameters=st.dictionaries(_NAMES, infer_parameters(), max_size=3),
+        outputs=st.lists(outputs, max_size=3),
+        raw_output_contents=st.lists(st.binary(max_size=16), max_size=3),
+    )
+
+
+# ============================================================================================
+# The lean ModelInfer codec (tests/test_codec.py)
+# ============================================================================================
+
+
+def _codec_varint(value: int) -> bytes:
+    value &= (1 << 64) - 1
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+@st.composite
+def codec_unknown_field(draw: st.DrawFn, depth: int = 0) -> bytes:
+    """One well-formed field with a number no ModelInfer message uses (so any parser
+    must skip it), of any wire type, groups (nested up to twice) included."""
+    number = draw(st.integers(min_value=8, max_value=2**29 - 1))
+    wire = draw(st.sampled_from([0, 1, 2, 5] + ([3] if depth < 2 else [])))
+    tag = _codec_varint(number << 3 | wire)
+    if wire == 0:
+        return tag + _codec_varint(draw(_UINT64))
+    if wire == 1:
+        return tag + draw(st.binary(min_size=8, max_size=8))
+    if wire == 5:
+        return tag + draw(st.binary(min_size=4, max_size=4))
+    if wire == 2:
+        payload = draw(st.binary(max_size=12))
+        return tag + _codec_varint(len(payload)) + payload
+    inner = draw(st.lists(codec_unknown_field(depth + 1), max_size=2))
+    return tag + b"".join(inner) + _codec_varint(number << 3 | 4)
+
+
+@st.composite
+def codec_responses(draw: st.DrawFn) -> object:
+    """A lean ``InferResponse``: outputs of any name, datatype and shape (negative
+    extents included), some with shared-memory parameters, one raw entry per output
+    (bytes, or a memoryview of a numpy array as ``inferio`` produces)."""
+    import numpy as np
+
+    from reactantserver.transport.codec import InferResponse, OutputTensor
+
+    response = InferResponse(draw(_NAMES), draw(_NAMES), draw(_NAMES))
+    for _ in range(draw(st.integers(0, 3))):
+        parameters = draw(st.dictionaries(_NAMES, infer_parameters(), max_size=3) | st.just({}))
+        shape = draw(st.lists(_INT64, max_size=4))
+        response.outputs.append(
+            OutputTensor(draw(_NAMES), draw(_KSERVE_DATATYPES), shape, parameters)
+        )
+        raw = draw(st.binary(max_size=24))
+        if draw(st.booleans()):
+            response.raw_output_contents.append(np.frombuffer(raw, np.uint8).data)
+        else:
+            response.raw_output_contents.append(raw)
+    return response

@@ -251,7 +251,11 @@ def test_admin_http(served: WorkerAddress, client: grpcclient.InferenceServerCli
 
 def test_repository_load_and_unload(zoo_repo: Path, compile_cache: Path) -> None:
     config = worker_config(
-        zoo_repo, include=("double", "mlp"), cache_dir=compile_cache, metrics=False
+        zoo_repo,
+        include=("double", "mlp"),
+        cache_dir=compile_cache,
+        metrics=False,
+        mode="explicit",  # RepositoryModelLoad/Unload are refused in the other modes
     )
     with running_worker(config) as address:
         c = grpcclient.InferenceServerClient(f"127.0.0.1:{address.grpc_port}")

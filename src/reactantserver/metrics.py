@@ -25,8 +25,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from .lifecycle import ModelState
+
 if TYPE_CHECKING:
     from .scheduling import ModelStatistics
+    from .service import ControlStatus
     from .worker import Worker
 
 
@@ -136,6 +139,8 @@ class WorkerCollector(Collector):
         yield rpcs
 
         yield from self._per_model(base, sched.policy.models)
+        yield from self._lifecycle(base)
+        yield from self._weight_cache(base, status)
 
         mem = w.runtime.memory_stats()
         if mem is not None:
@@ -145,6 +150,78 @@ class WorkerCollector(Collector):
                 ("peak_in_use", mem.peak, "Peak device memory in use."),
             ):
                 yield _gauge(f"worker_device_memory_{key}_bytes", doc, base, value)
+
+    def _weight_cache(self, base: dict[str, str], status: ControlStatus) -> Iterator[Metric]:
+        """The on-demand weight cache (docs/on_demand_weights.md); its series exist only
+        while the cache is on, except ``worker_models_resident``."""
+        w = self._worker
+        served = w.served_models()
+        yield _gauge(
+            "worker_models_resident",
+            "Models whose weights are on the device now.",
+            base,
+            sum(w.weights.is_resident(m) for m in served.values()),
+        )
+        stats = w.weight_cache_statistics()
+        if stats is None:
+            return
+        cache, budget = stats.policy, stats.budget
+        for name, value, doc in (
+            ("cache_resident", cache.resident_bytes, "On-demand weights loading or resident."),
+            ("cache_max", budget.on_demand, "The on-demand budget (the LRU's cap)."),
+            ("cache_pinned", cache.pinned_bytes, "Weights of residency: device models."),
+            ("cache_max_scratch", budget.max_scratch, "Execution scratch held back (probe)."),
+            ("pool", budget.weight_pool, "Bytes for all weights, pinned plus on demand."),
+            ("cache_arena", budget.arena, "The device memory arena the budget is cut from."),
+            ("host", cache.host_bytes, "Weights with a host copy now (system copies, maps)."),
+        ):
+            yield _gauge(f"worker_weight_{name}_bytes", doc, base, value)
+        counters: tuple[tuple[str, float, str], ...] = (
+            ("loads", cache.loads, "Completed on-demand weight loads (prefetches included)."),
+            ("evicts", cache.evictions, "On-demand weights evicted to make room."),
+            ("load_seconds", cache.load_seconds, "Time spent in on-demand weight loads."),
+            ("load_failures", cache.load_failures, "Weight loads that failed."),
+            ("cache_hits", cache.hits, "Acquires that found the weights on the device."),
+            ("cache_misses", cache.misses, "Acquires that had to load the weights."),
+            ("prefetches", cache.prefetches, "Loads started ahead of dispatch."),
+            ("prefetch_hits", cache.prefetch_hits, "Prefetched weights then used."),
+            ("prefetch_wasted", cache.prefetch_wasted, "Prefetched weights evicted unused."),
+            ("oversize_loads", cache.oversize_loads, "Loads of a model larger than the budget."),
+            ("compactions", cache.compactions, "Compactions (interval or CompactMemory)."),
+        )
+        for name, total, doc in counters:
+            yield _counter(f"worker_weight_{name}", doc, base, total)
+        pinned = GaugeMetricFamily(
+            "worker_model_pinned",
+            "1 when the model's residency is device (never evicted).",
+            labels=[*base, "model"],
+        )
+        for info in status.models:
+            pinned.add_metric([*base.values(), info.name], int(info.residency == "device"))
+        yield pinned
+
+    def _lifecycle(self, base: dict[str, str]) -> Iterator[Metric]:
+        """Every known model's lifecycle state (one series per state, 1 = current) and
+        its failed loads, including models that are not serving (failed, unloaded)."""
+        table = self._worker.model_states
+        labels = [*base, "model"]
+        states = GaugeMetricFamily(
+            "worker_model_state",
+            "1 for the lifecycle state each known model is in, 0 for the others "
+            "(unloaded, loading, ready, reloading, draining, failed).",
+            labels=[*labels, "state"],
+        )
+        for name, record in sorted(table.records.items()):
+            for state in ModelState:
+                states.add_metric([*base.values(), name, state.value], int(state is record.state))
+        failures = CounterMetricFamily(
+            "worker_model_load_failures",
+            "Model versions that failed to load (bundle, compile or warm-up errors).",
+            labels=labels,
+        )
+        for name, n in sorted(table.load_failures.items()):
+            failures.add_metric([*base.values(), name], n)
+        yield from (states, failures)
 
     def _per_model(
         self, base: dict[str, str], stats: Mapping[str, ModelStatistics]
