@@ -32,6 +32,9 @@ JAX_FREE = [
     "reactantserver.shm",
     "reactantserver.admin",
     "reactantserver.hooks",
+    "reactantserver.client",
+    "reactantserver.lifecycle",
+    "reactantserver.meta",
 ]
 
 

@@ -1,0 +1,584 @@
+"""The client engine: one grpclib connection and every RPC over it, on asyncio.
+
+Theory of operation
+-------------------
+:class:`Core` owns one ``grpclib.client.Channel`` -- one HTTP/2 connection, opened on
+the first call and reopened after the server goes away -- with flow-control windows
+raised well above grpclib's 4 MiB defaults so large tensors stream without waiting for
+window updates. Every RPC goes through :meth:`Core.call`:
+
+1. The budget: ``timeout`` seconds (the client's default when not given) fixes an
+   absolute deadline on the loop's monotonic clock. Each attempt is sent with the time
+   that remains as its gRPC deadline, so the server sees it too (EDF reads it), and no
+   attempt starts after it.
+2. An attempt's exception is translated once (:func:`.status.translate`) into a status
+   code and an error of :mod:`reactantserver.errors`.
+3. RESOURCE_EXHAUSTED and UNAVAILABLE are tried again after the pause the
+   :class:`~.retry.RetryPolicy` draws, unless that pause would outlive the deadline;
+   every other failure -- NOT_FOUND, INVALID_ARGUMENT, DEADLINE_EXCEEDED, ... -- is raised
+   at once, carrying the server's message.
+
+``infer`` with a shared-memory region reads the model's ``ModelConfig`` once (cached per
+model, dropped after any failure of that model's call, and on load/unload) to size the
+output windows: a batched model's outputs have the request's batch extent; an output
+with an extent that cannot be known in advance (a variable axis, BYTES) comes back
+inline. When the server answers FAILED_PRECONDITION about the region -- it forgot it
+(restarted) or it maps an older object -- and this client registered that region, the
+region is registered again and the call is made once more (once per call).
+
+Everything here runs on one asyncio loop: the caller's own (``AsyncClient`` under
+asyncio) or a private loop thread (``Client``, and ``AsyncClient`` under Trio). The
+statistics counters are plain integers touched only on that loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+import attrs
+import numpy as np
+from grpclib.client import Channel
+from grpclib.config import Configuration
+from grpclib.const import Cardinality
+from grpclib.encoding.proto import ProtoCodec
+from grpclib.exceptions import GRPCError
+
+from reactantserver.errors import DeadlineExceeded, FailedPrecondition, RequestError, Unavailable
+from reactantserver.protocol import inference as pb
+from reactantserver.protocol import reactant_control as cpb
+
+from .codec import decode_outputs, encode_request, output_nbytes, wire_array
+from .records import (
+    ClientStatistics,
+    ModelMetadata,
+    RegionStatus,
+    RepositoryModel,
+    ServerMetadata,
+    TensorMetadata,
+)
+from .retry import RetryPolicy
+from .shm import SharedMemoryRegion
+from .status import RETRYABLE, translate
+from .wire import InferResponseWire
+
+_Reply = TypeVar("_Reply")
+
+INFERENCE = "/inference.GRPCInferenceService/"
+CONTROL = "/reactant_control.ControlService/"
+
+#: Inbound HTTP/2 windows (grpclib's default is 4 MiB for both), as on the server.
+CONNECTION_WINDOW = 64 * 1024 * 1024
+STREAM_WINDOW = 16 * 1024 * 1024
+
+#: Residency names of the configuration <-> the control protocol's enum.
+RESIDENCIES: dict[str, cpb.Residency] = {
+    "unpinned": cpb.Residency.from_string("UNPINNED"),
+    "system": cpb.Residency.from_string("PINNED_SYSTEM"),
+    "device": cpb.Residency.from_string("PINNED_DEVICE"),
+}
+
+
+def parse_url(url: str) -> tuple[str, int]:
+    """``host:port``, ``grpc://host:port`` or ``http://host:port`` (``[v6]:port`` too)."""
+    rest = url.split("://", 1)[1] if "://" in url else url
+    rest = rest.rstrip("/")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"invalid server address {url!r}; expected host:port")
+    return host.strip("[]"), int(port)
+
+
+class _CountingCodec(ProtoCodec):
+    """grpclib's protobuf codec, counting payload bytes each way."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.received = 0
+
+    def encode(self, message: Any, message_type: Any) -> bytes:
+        data = super().encode(message, message_type)
+        self.sent += len(data)
+        return data
+
+    def decode(self, data: bytes, message_type: Any) -> Any:
+        self.received += len(data)
+        return super().decode(data, message_type)
+
+
+@attrs.frozen
+class _OutputLayout:
+    """What ``infer`` with shared memory needs to size output windows, per model."""
+
+    #: Every output has a leading batch axis, and it is left out of ``outputs``' dims.
+    batched: bool
+    #: The input whose first extent is the request's batch size.
+    batch_input: str
+    #: Output name -> (datatype, dims), in the model's order.
+    outputs: Mapping[str, tuple[str, tuple[int, ...]]]
+
+    @classmethod
+    def from_config(cls, config: pb.ModelConfig) -> _OutputLayout:
+        def datatype(tensor: pb.ModelInput | pb.ModelOutput) -> str:
+            name = pb.DataType(tensor.data_type).name or ""
+            name = name.removeprefix("TYPE_")
+            return "BYTES" if name == "STRING" else name
+
+        return cls(
+            batched=config.max_batch_size > 0,
+            batch_input=config.input[0].name if config.input else "",
+            outputs={o.name: (datatype(o), tuple(o.dims)) for o in config.output},
+        )
+
+    def sizes(
+        self, wanted: Sequence[str], inputs: Mapping[str, tuple[str, np.ndarray]]
+    ) -> dict[str, int]:
+        """Bytes of each wanted output whose size is known before the call."""
+        batch: int | None = None
+        if self.batched:
+            arr = inputs.get(self.batch_input, (None, None))[1]
+            if arr is None or arr.ndim == 0:
+                return {}
+            batch = int(arr.shape[0])
+        sizes: dict[str, int] = {}
+        for name in wanted:
+            spec = self.outputs.get(name)
+            if spec is None:
+                continue  # the server will name the unknown output
+            datatype, dims = spec
+            shape = (batch, *dims) if batch is not None else dims
+            nbytes = output_nbytes(datatype, shape)
+            if nbytes is not None:
+                sizes[name] = nbytes
+        return sizes
+
+
+class Core:
+    """One connection to one server, and every RPC over it (runs on one asyncio loop)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float | None = None,
+        retry: RetryPolicy | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.host, self.port = parse_url(url)
+        self.target = f"{self.host}:{self.port}"
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds (or None), got {timeout!r}")
+        self.timeout = timeout
+        self.retry = retry if retry is not None else RetryPolicy()
+        self._rng = random.Random(seed)
+        self._codec = _CountingCodec()
+        self._channel: Channel | None = None
+        self._layouts: dict[str, _OutputLayout] = {}
+        self._registered: dict[str, SharedMemoryRegion] = {}
+        self._calls = 0
+        self._attempts = 0
+        self._retries = 0
+        self._backoff = 0.0
+        self._reregistrations = 0
+        # Replaced, never mutated: another thread may read it for statistics().
+        self._failures: Mapping[str, int] = {}
+
+    # ------------------------------------------------------------------ plumbing
+
+    def statistics(self) -> ClientStatistics:
+        return ClientStatistics(
+            calls=self._calls,
+            attempts=self._attempts,
+            retries=self._retries,
+            backoff_seconds=self._backoff,
+            reregistrations=self._reregistrations,
+            failures=dict(self._failures),
+            bytes_sent=self._codec.sent,
+            bytes_received=self._codec.received,
+        )
+
+    def _connection(self) -> Channel:
+        if self._channel is None:
+            self._channel = Channel(
+                self.host,
+                self.port,
+                codec=self._codec,
+                config=Configuration(
+                    http2_connection_window_size=CONNECTION_WINDOW,
+                    http2_stream_window_size=STREAM_WINDOW,
+                ),
+            )
+        return self._channel
+
+    def close(self) -> None:
+        """Close the connection (call on the loop the core runs on)."""
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+    def deadline(self, timeout: float | None) -> float:
+        """The absolute deadline (loop clock) for a call given ``timeout`` (or the default)."""
+        budget = timeout if timeout is not None else self.timeout
+        if budget is None:
+            return math.inf
+        if not budget > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {budget!r}")
+        return asyncio.get_running_loop().time() + budget
+
+    async def call(
+        self,
+        path: str,
+        request: Any,
+        reply_type: type[_Reply],
+        *,
+        deadline: float,
+        retry: bool = True,
+    ) -> _Reply:
+        """Make one RPC: attempts, retries and error translation as the module says."""
+        rpc = path.rsplit("/", 1)[1]
+        loop = asyncio.get_running_loop()
+        self._calls += 1
+        retries = 0
+        while True:
+            try:
+                return await self._attempt(path, rpc, request, reply_type, deadline)
+            except Exception as exc:
+                outcome = translate(exc, rpc=rpc, target=self.target)
+                if outcome is None:
+                    raise
+                code, error = outcome
+                delay = None
+                if retry and code in RETRYABLE:
+                    delay = self.retry.next_delay(
+                        retries, now=loop.time(), deadline=deadline, rng=self._rng
+                    )
+                if delay is None:
+                    self._failures = {
+                        **self._failures,
+                        code.name: self._failures.get(code.name, 0) + 1,
+                    }
+                    if error is exc:
+                        raise
+                    # The server's status already says everything; a transport failure
+                    # keeps its cause for debugging.
+                    cause = None if isinstance(exc, GRPCError) else exc
+                    raise error from cause
+            retries += 1
+            self._retries += 1
+            self._backoff += delay
+            await asyncio.sleep(delay)
+
+    async def _attempt(
+        self, path: str, rpc: str, request: Any, reply_type: type[_Reply], deadline: float
+    ) -> _Reply:
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            raise DeadlineExceeded(f"{rpc}: the call's deadline passed before it could be sent")
+        self._attempts += 1
+        async with self._connection().request(
+            path,
+            Cardinality.UNARY_UNARY,
+            type(request),
+            reply_type,
+            timeout=None if math.isinf(remaining) else remaining,
+        ) as stream:
+            await stream.send_message(request, end=True)
+            reply = await stream.recv_message()
+        if reply is None:
+            raise Unavailable(f"{rpc}: {self.target} closed the call without an answer")
+        return reply
+
+    # ------------------------------------------------------------------ health, metadata
+
+    async def server_live(self, timeout: float | None = None) -> bool:
+        reply = await self.call(
+            INFERENCE + "ServerLive",
+            pb.ServerLiveRequest(),
+            pb.ServerLiveResponse,
+            deadline=self.deadline(timeout),
+        )
+        return reply.live
+
+    async def server_ready(self, timeout: float | None = None) -> bool:
+        reply = await self.call(
+            INFERENCE + "ServerReady",
+            pb.ServerReadyRequest(),
+            pb.ServerReadyResponse,
+            deadline=self.deadline(timeout),
+        )
+        return reply.ready
+
+    async def model_ready(self, name: str, timeout: float | None = None) -> bool:
+        reply = await self.call(
+            INFERENCE + "ModelReady",
+            pb.ModelReadyRequest(name=name),
+            pb.ModelReadyResponse,
+            deadline=self.deadline(timeout),
+        )
+        return reply.ready
+
+    async def server_metadata(self, timeout: float | None = None) -> ServerMetadata:
+        reply = await self.call(
+            INFERENCE + "ServerMetadata",
+            pb.ServerMetadataRequest(),
+            pb.ServerMetadataResponse,
+            deadline=self.deadline(timeout),
+        )
+        return ServerMetadata(reply.name, reply.version, tuple(reply.extensions))
+
+    async def model_metadata(self, name: str, timeout: float | None = None) -> ModelMetadata:
+        reply = await self.call(
+            INFERENCE + "ModelMetadata",
+            pb.ModelMetadataRequest(name=name),
+            pb.ModelMetadataResponse,
+            deadline=self.deadline(timeout),
+        )
+
+        def tensors(specs: Sequence[pb.ModelMetadataResponseTensorMetadata]) -> tuple[Any, ...]:
+            return tuple(TensorMetadata(t.name, t.datatype, tuple(t.shape)) for t in specs)
+
+        return ModelMetadata(
+            reply.name,
+            tuple(reply.versions),
+            reply.platform,
+            tensors(reply.inputs),
+            tensors(reply.outputs),
+        )
+
+    async def model_config(
+        self, name: str, timeout: float | None = None, *, deadline: float | None = None
+    ) -> pb.ModelConfig:
+        reply = await self.call(
+            INFERENCE + "ModelConfig",
+            pb.ModelConfigRequest(name=name),
+            pb.ModelConfigResponse,
+            deadline=deadline if deadline is not None else self.deadline(timeout),
+        )
+        return reply.config
+
+    async def model_statistics(
+        self, name: str = "", timeout: float | None = None
+    ) -> list[pb.ModelStatistics]:
+        reply = await self.call(
+            INFERENCE + "ModelStatistics",
+            pb.ModelStatisticsRequest(name=name),
+            pb.ModelStatisticsResponse,
+            deadline=self.deadline(timeout),
+        )
+        return list(reply.model_stats)
+
+    # ------------------------------------------------------------------ repository
+
+    async def repository_index(
+        self, ready: bool = False, timeout: float | None = None
+    ) -> list[RepositoryModel]:
+        reply = await self.call(
+            INFERENCE + "RepositoryIndex",
+            pb.RepositoryIndexRequest(ready=ready),
+            pb.RepositoryIndexResponse,
+            deadline=self.deadline(timeout),
+        )
+        return [RepositoryModel(m.name, m.version, m.state, m.reason) for m in reply.models]
+
+    async def load_model(self, name: str, timeout: float | None = None) -> None:
+        self._layouts.pop(name, None)
+        await self.call(
+            INFERENCE + "RepositoryModelLoad",
+            pb.RepositoryModelLoadRequest(model_name=name),
+            pb.RepositoryModelLoadResponse,
+            deadline=self.deadline(timeout),
+        )
+
+    async def unload_model(self, name: str, timeout: float | None = None) -> None:
+        self._layouts.pop(name, None)
+        await self.call(
+            INFERENCE + "RepositoryModelUnload",
+            pb.RepositoryModelUnloadRequest(model_name=name),
+            pb.RepositoryModelUnloadResponse,
+            deadline=self.deadline(timeout),
+        )
+
+    # ------------------------------------------------------------------ shared memory
+
+    async def register(
+        self,
+        region: SharedMemoryRegion,
+        timeout: float | None = None,
+        *,
+        deadline: float | None = None,
+    ) -> None:
+        """Register ``region`` (the whole object) under ``region.name``."""
+        await self.call(
+            INFERENCE + "SystemSharedMemoryRegister",
+            pb.SystemSharedMemoryRegisterRequest(
+                name=region.name, key=region.key, offset=0, byte_size=region.nbytes
+            ),
+            pb.SystemSharedMemoryRegisterResponse,
+            deadline=deadline if deadline is not None else self.deadline(timeout),
+        )
+        self._registered[region.name] = region
+
+    async def unregister(
+        self, name: str = "", timeout: float | None = None, *, retry: bool = True
+    ) -> None:
+        """Unregister region ``name`` (every region when empty); unknown names are fine."""
+        await self.call(
+            INFERENCE + "SystemSharedMemoryUnregister",
+            pb.SystemSharedMemoryUnregisterRequest(name=name),
+            pb.SystemSharedMemoryUnregisterResponse,
+            deadline=self.deadline(timeout),
+            retry=retry,
+        )
+        if name:
+            self._registered.pop(name, None)
+        else:
+            self._registered.clear()
+
+    async def shared_memory_status(
+        self, name: str = "", timeout: float | None = None
+    ) -> list[RegionStatus]:
+        reply = await self.call(
+            INFERENCE + "SystemSharedMemoryStatus",
+            pb.SystemSharedMemoryStatusRequest(name=name),
+            pb.SystemSharedMemoryStatusResponse,
+            deadline=self.deadline(timeout),
+        )
+        return [
+            RegionStatus(r.name, r.key, r.offset, r.byte_size)
+            for r in sorted(reply.regions.values(), key=lambda r: r.name)
+        ]
+
+    async def same_ipc_namespace(self, timeout: float | None = None) -> bool:
+        """Whether the server can open shared memory this process creates."""
+        with SharedMemoryRegion(1) as probe:
+            reply = await self.call(
+                INFERENCE + "IsSameIPCNamespace",
+                pb.IsSameIpcNamespaceRequest(name=probe.key),
+                pb.IsSameIpcNamespaceResponse,
+                deadline=self.deadline(timeout),
+            )
+        return reply.same
+
+    # ------------------------------------------------------------------ control service
+
+    async def control_status(self, timeout: float | None = None) -> cpb.ModelControlStatusResponse:
+        return await self.call(
+            CONTROL + "ModelControlStatus",
+            cpb.ModelControlStatusRequest(),
+            cpb.ModelControlStatusResponse,
+            deadline=self.deadline(timeout),
+        )
+
+    async def set_model_residency(
+        self, name: str, residency: str, timeout: float | None = None
+    ) -> str:
+        target = RESIDENCIES.get(residency)
+        if target is None:
+            raise ValueError(
+                f"residency must be one of {', '.join(RESIDENCIES)}, got {residency!r}"
+            )
+        reply = await self.call(
+            CONTROL + "SetModelResidency",
+            cpb.SetModelResidencyRequest(name=name, target=target),
+            cpb.SetModelResidencyResponse,
+            deadline=self.deadline(timeout),
+        )
+        names = {int(v): k for k, v in RESIDENCIES.items()}
+        return names.get(int(reply.residency), str(int(reply.residency)))
+
+    async def set_model_policy(
+        self, name: str, weight: float | None = None, timeout: float | None = None
+    ) -> None:
+        await self.call(
+            CONTROL + "SetModelPolicy",
+            cpb.SetModelPolicyRequest(
+                name=name, has_weight=weight is not None, weight=weight or 0.0
+            ),
+            cpb.SetModelPolicyResponse,
+            deadline=self.deadline(timeout),
+        )
+
+    async def compact_memory(
+        self, reload_models: Sequence[str] = (), timeout: float | None = None
+    ) -> cpb.CompactMemoryResponse:
+        return await self.call(
+            CONTROL + "CompactMemory",
+            cpb.CompactMemoryRequest(reload_models=list(reload_models)),
+            cpb.CompactMemoryResponse,
+            deadline=self.deadline(timeout),
+        )
+
+    # ------------------------------------------------------------------ inference
+
+    async def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        outputs: Sequence[str] | None = None,
+        *,
+        timeout: float | None = None,
+        shm: SharedMemoryRegion | None = None,
+        request_id: str = "",
+    ) -> dict[str, np.ndarray]:
+        deadline = self.deadline(timeout)
+        wired = {name: wire_array(name, value) for name, value in inputs.items()}
+        if shm is None:
+            request = encode_request(
+                model,
+                {name: arr for name, (_, arr) in wired.items()},
+                outputs=outputs,
+                request_id=request_id,
+            )
+            response = await self.call(
+                INFERENCE + "ModelInfer", request, InferResponseWire, deadline=deadline
+            )
+            return decode_outputs(response)
+        with shm.claim():
+            try:
+                return await self._infer_shm(model, wired, outputs, shm, request_id, deadline)
+            except RequestError:
+                # The model may have been reloaded with other shapes: read them afresh.
+                self._layouts.pop(model, None)
+                raise
+
+    async def _infer_shm(
+        self,
+        model: str,
+        wired: Mapping[str, tuple[str, np.ndarray]],
+        outputs: Sequence[str] | None,
+        shm: SharedMemoryRegion,
+        request_id: str,
+        deadline: float,
+    ) -> dict[str, np.ndarray]:
+        layout = self._layouts.get(model)
+        if layout is None:
+            config = await self.model_config(model, deadline=deadline)
+            layout = self._layouts[model] = _OutputLayout.from_config(config)
+        wanted = list(outputs) if outputs is not None else list(layout.outputs)
+        input_placements = shm.place_inputs(wired)
+        output_placements = shm.place_outputs(layout.sizes(wanted, wired))
+        request = encode_request(
+            model,
+            {name: arr for name, (_, arr) in wired.items()},
+            outputs=wanted,
+            request_id=request_id,
+            input_placements=input_placements,
+            output_placements=output_placements,
+        )
+        path = INFERENCE + "ModelInfer"
+        try:
+            response = await self.call(path, request, InferResponseWire, deadline=deadline)
+        except FailedPrecondition as exc:
+            if self._registered.get(shm.name) is not shm or (
+                f"shared memory region {shm.name!r}" not in str(exc)
+            ):
+                raise
+            # The server forgot the region (it restarted) or maps an older object under
+            # its name: register it again, and try once more.
+            await self.register(shm, deadline=deadline)
+            self._reregistrations += 1
+            response = await self.call(path, request, InferResponseWire, deadline=deadline)
+        return decode_outputs(response, read_shm=shm.read)
