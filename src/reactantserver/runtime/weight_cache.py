@@ -56,15 +56,14 @@ worst run's scratch (compile-time allocations such as autotuning can only inflat
 :meth:`finish_probe` then sizes the budget. The CPU reports no statistics: no probe,
 scratch 0. A model loaded later raises the estimate only if its warm-up raised the peak.
 
-Pinned host memory. Where the backend offers a ``pinned_host`` memory space (CUDA),
-``system`` host copies are staged there, so a load is one DMA. The CPU backend lists such
-a space too but gains nothing from it; it is off there unless asked for.
+Host memory. Where the backend offers a ``pinned_host`` memory space (CUDA), ``system``
+host copies are staged there, so a load is one DMA; on the CPU, host copies come from
+``copying_allocate`` so that a device copy is a real copy (``host_memory.py``).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -73,7 +72,6 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
-import numpy as np
 import trio
 
 from ..bundle import Bundle
@@ -101,6 +99,7 @@ from ..weights import (
     weight_budget,
 )
 from .executor import ResidentWeights
+from .host_memory import PinnedHostStaging, copying_allocate
 from .runtime import MemoryStats
 
 if TYPE_CHECKING:
@@ -110,9 +109,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CachedWeights",
     "DeviceRuntime",
-    "PinnedHostStaging",
     "WeightCacheStatistics",
-    "copying_allocate",
     "make_weight_provider",
     "startup_order",
 ]
@@ -128,47 +125,6 @@ class DeviceRuntime(Protocol):
     def free(self, device_arrays: Sequence[Any]) -> None: ...
 
     def memory_stats(self) -> MemoryStats | None: ...
-
-
-class PinnedHostStaging:
-    """Host copies kept in the device's page-locked (``pinned_host``) memory space.
-
-    A transfer from pinned memory is a plain DMA; from pageable memory the driver first
-    copies through a bounce buffer. JAX exposes the space as a memory kind: arrays are
-    placed there with a ``SingleDeviceSharding(device, memory_kind="pinned_host")`` and
-    moved to the device with the ``"device"`` kind (a bare ``Device`` target is refused
-    for them).
-    """
-
-    def __init__(self, device: Any) -> None:
-        from jax.sharding import SingleDeviceSharding
-
-        self._host = SingleDeviceSharding(device, memory_kind="pinned_host")
-        self._device = SingleDeviceSharding(device, memory_kind="device")
-
-    @classmethod
-    def for_device(cls, device: Any) -> PinnedHostStaging | None:
-        """Staging for ``device``, or ``None`` when it has no pinned host memory space."""
-        kinds = {m.kind for m in device.addressable_memories()}
-        if not {"pinned_host", "device"} <= kinds:
-            return None
-        return cls(device)
-
-    def stage(self, arrays: Sequence[np.ndarray]) -> list[Any]:
-        """Copy host arrays into pinned host memory (blocks until done)."""
-        import jax
-
-        out = jax.device_put(list(arrays), self._host)
-        jax.block_until_ready(out)
-        return list(out)
-
-    def to_device(self, staged: Sequence[Any]) -> list[Any]:
-        """Copy staged arrays to device memory (blocks until done)."""
-        import jax
-
-        out = jax.device_put(list(staged), self._device)
-        jax.block_until_ready(out)
-        return list(out)
 
 
 @attrs.frozen(kw_only=True)
@@ -513,8 +469,11 @@ class CachedWeights:
         try:
             with trio.CancelScope(shield=True):
                 victims = [self._device.pop(k) for k in plan.evict if k in self._device]
-                if victims:
+                if victims and (plan.host_drop or plan.host_load or not plan.load):
                     await self._thread(_free_all, self._runtime, victims)
+                    victims = []
+                # else the victims are freed by the first transfer's thread, right before
+                # it starts: one thread hop per cold load instead of two.
                 await self._drop_hosts(plan.host_drop)
                 host_seconds: dict[str, float] = {}
                 for key in plan.host_load:
@@ -529,9 +488,12 @@ class CachedWeights:
                     start = time.perf_counter()
                     if key not in failures:
                         try:
-                            arrays = await self._thread(self._source(key))
+                            arrays = await self._thread(
+                                _free_then, self._runtime, victims, self._source(key)
+                            )
                         except Exception as exc:
                             failures[key] = exc
+                        victims = []
                     if arrays is None:
                         log.warning(
                             "weight cache: loading %s failed: %s", key, _describe(failures[key])
@@ -705,25 +667,17 @@ def _transfer_mapped(
         return runtime.to_device(mapped.weights.arrays)
 
 
-def copying_allocate(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
-    """Host arrays starting 16 bytes past a 64-byte boundary: the CPU backend's allocator.
-
-    The CPU client adopts a 64-byte-aligned host buffer as the "device" buffer instead of
-    copying it (``may_alias=False`` notwithstanding), and numpy's alignment is a matter of
-    chance. An aliased device copy would make eviction free nothing and a load cost
-    nothing, so the budget and every load measurement would depend on where malloc
-    happened to put a buffer. Offsetting the host copies keeps the CPU a faithful model
-    of a GPU: a device copy is a copy.
-    """
-    nbytes = math.prod(shape) * dtype.itemsize
-    raw = np.empty(nbytes + 80, np.uint8)
-    start = (-raw.ctypes.data) % 64 + 16
-    return raw[start : start + nbytes].view(dtype).reshape(shape)
-
-
 def _free_all(runtime: DeviceRuntime, groups: Sequence[Sequence[Any]]) -> None:
     for arrays in groups:
         runtime.free(arrays)
+
+
+def _free_then(
+    runtime: DeviceRuntime, victims: Sequence[Sequence[Any]], load: _Source
+) -> list[Any]:
+    """Free the victims, then transfer: the plan's order, in one thread hop."""
+    _free_all(runtime, victims)
+    return load()
 
 
 def _describe(exc: BaseException) -> str:
@@ -736,10 +690,12 @@ def _describe(exc: BaseException) -> str:
 
 def startup_order(bundles: Mapping[str, Bundle], config: ServerConfig) -> list[str]:
     """The order to load the startup set in with the cache on: ``probe_order`` (pinned
-    models first, then ascending weight size), which makes the probe exact."""
-    sizes = {name: b.weights_nbytes for name, b in bundles.items()}
-    pinned = {n for n in bundles if config.scheduler.for_model(n).residency == "device"}
-    return list(probe_order(sizes, pinned))
+    models first, then ascending weight size), which makes the probe exact; ``kind:
+    meta`` bundles (no weights) last, by name, once the models they call are loaded."""
+    sizes = {name: b.weights_nbytes for name, b in bundles.items() if not b.is_meta}
+    pinned = {n for n in sizes if config.scheduler.for_model(n).residency == "device"}
+    metas = sorted(n for n, b in bundles.items() if b.is_meta)
+    return [*probe_order(sizes, pinned), *metas]
 
 
 def make_weight_provider(config: ServerConfig, runtime: Runtime) -> CachedWeights | ResidentWeights:

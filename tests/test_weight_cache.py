@@ -1,0 +1,658 @@
+"""The weight cache's device driver (``runtime/weight_cache.py``), against a fake device.
+
+The fake device copies arrays like a real one and keeps books the tests read: bytes
+live on the "device" and their high-water mark, transfers, frees, and whether an array
+was freed while an execution held it. Each test plays the executor (acquire, run,
+release) and the control plane around it; the real worker and the real CPU device are
+in ``test_weight_cache_worker.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import pytest
+import trio
+
+from reactantserver.bundle import read_weight_specs, write_weights
+from reactantserver.config.schema import (
+    ModelSchedConfig,
+    Residency,
+    RuntimeConfig,
+    SchedulerConfig,
+    ServerConfig,
+)
+from reactantserver.errors import ExecutionFailed, LifecycleError, NotResident
+from reactantserver.runtime import MemoryStats
+from reactantserver.runtime.host_memory import PinnedHostStaging, copying_allocate
+from reactantserver.runtime.weight_cache import (
+    CachedWeights,
+    make_weight_provider,
+    startup_order,
+)
+from reactantserver.weights import HostStore
+
+# ------------------------------------------------------------------------------ fakes
+
+
+class FakeArray:
+    """A device array: a private copy, ``delete()`` frees it."""
+
+    def __init__(self, data: np.ndarray) -> None:
+        self.data = data
+        self.deleted = False
+
+    def is_deleted(self) -> bool:
+        return self.deleted
+
+
+class FakeDevice:
+    """``DeviceRuntime`` with books: live bytes, their peak, transfers, frees."""
+
+    def __init__(self, *, stats: bool = False) -> None:
+        self._lock = threading.Lock()
+        self._stats = stats
+        self.live = 0
+        self.peak = 0
+        self.transfers = 0
+        self.frees = 0
+        self.fail_next = 0
+        #: Held arrays: freeing one of these is the bug the cache must never commit.
+        self.executing: set[int] = set()
+        self.freed_while_executing = 0
+        #: When set, transfers block until it is set (to hold a load in flight).
+        self.gate: threading.Event | None = None
+
+    def to_device(self, host_arrays: Sequence[np.ndarray]) -> list[FakeArray]:
+        if self.gate is not None:
+            self.gate.wait(10)
+        with self._lock:
+            if self.fail_next:
+                self.fail_next -= 1
+                raise RuntimeError("RESOURCE_EXHAUSTED: out of device memory")
+            out = [FakeArray(np.array(a, copy=True)) for a in host_arrays]
+            self.live += sum(a.data.nbytes for a in out)
+            self.peak = max(self.peak, self.live)
+            self.transfers += 1
+            return out
+
+    def free(self, device_arrays: Sequence[FakeArray]) -> None:
+        with self._lock:
+            for a in device_arrays:
+                if id(a) in self.executing:
+                    self.freed_while_executing += 1
+                if not a.deleted:
+                    a.deleted = True
+                    self.live -= a.data.nbytes
+                    self.frees += 1
+
+    def transient(self, nbytes: int) -> None:
+        """An execution's scratch: raises the peak over what is live."""
+        with self._lock:
+            self.peak = max(self.peak, self.live + nbytes)
+
+    def memory_stats(self) -> MemoryStats | None:
+        if not self._stats:
+            return None
+        with self._lock:
+            return MemoryStats(in_use=self.live, limit=0, peak=self.peak, raw={})
+
+
+@attrs.define(eq=False)
+class FakeBundle:
+    name: str
+    weights_path: Path
+    weight_specs: tuple[Any, ...]
+
+    is_meta: bool = False
+
+    @property
+    def weights_nbytes(self) -> int:
+        return sum(w.nbytes for w in self.weight_specs)
+
+
+@attrs.define(eq=False)
+class FakeLoaded:
+    device: FakeDevice
+    scratch: int = 0
+    #: Live device bytes seen at each warm-up (the probe runs models alone).
+    seen_live: list[int] = attrs.field(factory=list)
+
+    def warmup(self, weights: Sequence[FakeArray]) -> dict[int, float]:
+        assert not any(w.deleted for w in weights)
+        self.seen_live.append(self.device.live)
+        self.device.transient(self.scratch)
+        return {1: 0.001 + self.scratch / 1e6}
+
+
+@attrs.define(eq=False)
+class FakeModel:
+    """What the cache reads of a ``ServedModel`` (hashable by identity, like it)."""
+
+    name: str
+    generation: int
+    bundle: FakeBundle
+    sched: ModelSchedConfig
+    loaded: FakeLoaded
+    expected: list[np.ndarray]
+
+
+class Models:
+    """Writes small weights files and makes fake model versions of them."""
+
+    def __init__(self, root: Path, device: FakeDevice) -> None:
+        self.root = root
+        self.device = device
+        self.generation = 0
+
+    def __call__(
+        self, name: str, nbytes: int, floor: Residency | None = None, *, scratch: int = 0
+    ) -> FakeModel:
+        self.generation += 1
+        directory = self.root / f"{name}-{self.generation}"
+        directory.mkdir()
+        path = directory / "weights.safetensors"
+        # Two tensors, content unique per version, so a mix-up would show.
+        first = nbytes // 2
+        rng = np.random.default_rng(self.generation)
+        arrays = [
+            rng.integers(0, 255, size=first, dtype=np.uint8),
+            rng.integers(0, 255, size=nbytes - first, dtype=np.uint8),
+        ]
+        write_weights(path, [("w0", arrays[0]), ("w1", arrays[1])])
+        bundle = FakeBundle(name, path, read_weight_specs(name, path))
+        return FakeModel(
+            name,
+            self.generation,
+            bundle,
+            ModelSchedConfig(residency=floor),
+            FakeLoaded(self.device, scratch),
+            arrays,
+        )
+
+
+def make_cache(
+    device: FakeDevice, budget: int, *, explicit: bool = False, interval: int = 0, **runtime: Any
+) -> CachedWeights:
+    # wiggle 0 and fraction 1: the on-demand budget is exactly the arena (no pinned models).
+    config = RuntimeConfig(
+        weight_cache_fraction=1.0, weight_cache_wiggle_fraction=0.0, arena_bytes=budget, **runtime
+    )
+    return CachedWeights(
+        device,  # type: ignore[arg-type]
+        config,
+        arena=budget,
+        explicit=explicit,
+        compaction_interval=interval,
+    )
+
+
+@pytest.fixture
+def device() -> FakeDevice:
+    return FakeDevice()
+
+
+@pytest.fixture
+def models(tmp_path: Path, device: FakeDevice) -> Models:
+    return Models(tmp_path, device)
+
+
+async def run_batch(cache: CachedWeights, device: FakeDevice, model: FakeModel) -> None:
+    """Play the executor: acquire, "execute" (yielding so others run), check, release."""
+    arrays = await cache.acquire(model)  # type: ignore[arg-type]
+    held = {id(a) for a in arrays}
+    device.executing |= held
+    try:
+        for a, want in zip(arrays, model.expected, strict=True):
+            assert not a.deleted, f"{model.name} is missing weights at execution"
+            np.testing.assert_array_equal(a.data, want)
+        await trio.sleep(0.001)
+        assert not any(a.deleted for a in arrays), f"{model.name} lost its weights mid-run"
+    finally:
+        device.executing -= held
+        cache.release(model)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------ tests
+
+
+async def test_a_miss_loads_the_file_contents_and_the_next_acquire_hits(
+    device: FakeDevice, models: Models
+) -> None:
+    cache = make_cache(device, 100)
+    a = models("a", 40)
+    await cache.add(a)  # type: ignore[arg-type]
+    assert not cache.is_resident(a)  # type: ignore[arg-type]
+    assert device.transfers == 0  # system floor: a host copy, no device load yet
+    await run_batch(cache, device, a)
+    await run_batch(cache, device, a)
+    stats = cache.statistics()
+    assert (stats.policy.loads, stats.policy.misses, stats.policy.hits) == (1, 1, 1)
+    assert device.transfers == 1
+    assert cache.resident_bytes == stats.device_bytes == 40
+    assert stats.host.models == {f"a#{a.generation}": 40}  # the system copy stays
+
+
+async def test_lru_victims_are_freed_before_the_transfer(
+    device: FakeDevice, models: Models
+) -> None:
+    cache = make_cache(device, 100)
+    a, b, c = models("a", 40), models("b", 40), models("c", 40)
+    for m in (a, b, c):
+        await cache.add(m)  # type: ignore[arg-type]
+    await run_batch(cache, device, a)
+    await run_batch(cache, device, b)
+    await run_batch(cache, device, a)  # a is now the most recently used
+    await run_batch(cache, device, c)  # evicts b, the least recently used
+    assert cache.is_resident(a) and cache.is_resident(c)  # type: ignore[arg-type]
+    assert not cache.is_resident(b)  # type: ignore[arg-type]
+    assert device.live == 80
+    assert device.peak <= 100  # b's copy was gone before c's arrived
+    stats = cache.statistics().policy
+    assert (stats.loads, stats.evictions, stats.hits) == (3, 1, 1)
+
+
+async def test_device_floor_loads_at_add_stays_and_comes_off_the_budget(
+    device: FakeDevice, models: Models
+) -> None:
+    cache = make_cache(device, 100)
+    pinned = models("p", 30, "device")
+    await cache.add(pinned)  # type: ignore[arg-type]
+    assert cache.is_resident(pinned)  # type: ignore[arg-type]
+    assert cache.budget.pinned_bytes == 30
+    assert cache.policy.budget == 70  # the pool is shared: pinned bytes come off the top
+    pinned_arrays = await cache.acquire(pinned)  # type: ignore[arg-type]
+    cache.release(pinned)  # type: ignore[arg-type]
+    others = [models(f"m{i}", 30) for i in range(4)]
+    for m in others:
+        await cache.add(m)  # type: ignore[arg-type]
+    for m in others * 2:
+        await run_batch(cache, device, m)
+    assert not any(a.deleted for a in pinned_arrays)
+    assert cache.statistics().policy.resident_bytes <= 70
+    assert cache.statistics().host.models.keys() == {
+        f"m{i}#{m.generation}" for i, m in enumerate(others)
+    }
+    await cache.remove(pinned)  # type: ignore[arg-type]
+    assert cache.policy.budget == 100  # re-solved without the pinned bytes
+    assert all(a.deleted for a in pinned_arrays)
+
+
+async def test_unpinned_maps_the_file_only_while_loading(
+    device: FakeDevice, models: Models
+) -> None:
+    cache = make_cache(device, 100)
+    u = models("u", 40, "unpinned")
+    await cache.add(u)  # type: ignore[arg-type]
+    await run_batch(cache, device, u)
+    host = cache.statistics().host
+    assert host.resident_bytes == 0 and host.maps == 1 and host.maps_open == 0
+    assert not cache.residency(u).host  # type: ignore[arg-type]
+
+
+async def test_a_load_waits_for_the_model_in_use_then_evicts_it(
+    device: FakeDevice, models: Models
+) -> None:
+    cache = make_cache(device, 50)
+    a, b = models("a", 40), models("b", 40)
+    await cache.add(a)  # type: ignore[arg-type]
+    await cache.add(b)  # type: ignore[arg-type]
+    arrays_a = await cache.acquire(a)  # type: ignore[arg-type]
+    got_b = trio.Event()
+
+    async def want_b() -> None:
+        await cache.acquire(b)  # type: ignore[arg-type]
+        got_b.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(want_b)
+        await trio.sleep(0.05)
+        assert not got_b.is_set()  # b does not fit while a runs
+        assert not any(x.deleted for x in arrays_a)
+        cache.release(a)  # type: ignore[arg-type]
+        with trio.fail_after(5):
+            await got_b.wait()
+    cache.release(b)  # type: ignore[arg-type]
+    assert all(x.deleted for x in arrays_a)
+    assert device.peak <= 50
+
+
+async def test_prefetch_loads_the_next_model_without_touching_the_running_one(
+    device: FakeDevice, models: Models
+) -> None:
+    cache = make_cache(device, 100)
+    a, b, c = models("a", 40), models("b", 40), models("c", 40)
+    for m in (a, b, c):
+        await cache.add(m)  # type: ignore[arg-type]
+    await run_batch(cache, device, b)
+    arrays_a = await cache.acquire(a)  # type: ignore[arg-type]  # a runs...
+    await cache.prefetch(c)  # type: ignore[arg-type]  # ...while c is fetched, evicting idle b
+    assert cache.is_resident(c) and not cache.is_resident(b)  # type: ignore[arg-type]
+    assert not any(x.deleted for x in arrays_a)
+    cache.release(a)  # type: ignore[arg-type]
+    transfers = device.transfers
+    await run_batch(cache, device, c)
+    assert device.transfers == transfers  # a hit: the prefetch did the load
+    stats = cache.statistics().policy
+    assert (stats.prefetches, stats.prefetch_hits, stats.prefetch_wasted) == (1, 1, 0)
+
+
+async def test_prefetch_can_be_turned_off(device: FakeDevice, models: Models) -> None:
+    cache = make_cache(device, 100, weight_prefetch=False)
+    a = models("a", 40)
+    await cache.add(a)  # type: ignore[arg-type]
+    await cache.prefetch(a)  # type: ignore[arg-type]
+    assert not cache.is_resident(a) and device.transfers == 0  # type: ignore[arg-type]
+
+
+async def test_a_failed_load_fails_the_batch_and_the_next_acquire_retries(
+    device: FakeDevice, models: Models
+) -> None:
+    cache = make_cache(device, 100)
+    a = models("a", 40)
+    await cache.add(a)  # type: ignore[arg-type]
+    device.fail_next = 1
+    with pytest.raises(ExecutionFailed, match="loading its weights onto the device failed"):
+        await cache.acquire(a)  # type: ignore[arg-type]
+    assert cache.statistics().policy.load_failures == 1
+    assert cache.statistics().policy.resident_bytes == 0  # the budget was released
+    await run_batch(cache, device, a)
+    assert cache.statistics().policy.loads == 1
+
+
+async def test_compaction_frees_on_demand_copies_and_reloads_the_named_ones(
+    device: FakeDevice, models: Models
+) -> None:
+    cache = make_cache(device, 200)
+    p = models("p", 30, "device")
+    a, b, c = models("a", 40), models("b", 40), models("c", 40)
+    for m in (p, a, b, c):
+        await cache.add(m)  # type: ignore[arg-type]
+    pinned_arrays = await cache.acquire(p)  # type: ignore[arg-type]
+    cache.release(p)  # type: ignore[arg-type]
+    for m in (a, b, c):
+        await run_batch(cache, device, m)
+    reloaded, resident = await cache.compact([b])  # type: ignore[list-item]
+    assert (reloaded, resident) == (1, 70)  # b reloaded, p never left
+    assert not any(x.deleted for x in pinned_arrays)
+    assert [cache.is_resident(m) for m in (a, b, c)] == [False, True, False]  # type: ignore[arg-type]
+    stats = cache.statistics().policy
+    assert stats.compactions == 1 and stats.lru == (f"b#{b.generation}",)
+
+
+async def test_compaction_waits_for_the_running_batch(device: FakeDevice, models: Models) -> None:
+    cache = make_cache(device, 100)
+    a = models("a", 40)
+    await cache.add(a)  # type: ignore[arg-type]
+    arrays = await cache.acquire(a)  # type: ignore[arg-type]
+    device.executing |= {id(x) for x in arrays}
+    done = trio.Event()
+
+    async def compact() -> None:
+        await cache.compact()
+        done.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(compact)
+        await trio.sleep(0.05)
+        assert not done.is_set() and not any(x.deleted for x in arrays)
+        device.executing.clear()
+        cache.release(a)  # type: ignore[arg-type]
+    assert done.is_set() and all(x.deleted for x in arrays)
+    assert device.freed_while_executing == 0
+
+
+async def test_automatic_compaction_after_every_interval_loads(
+    device: FakeDevice, models: Models
+) -> None:
+    cache = make_cache(device, 100, interval=3)
+    ms = [models(f"m{i}", 40) for i in range(4)]
+    for m in ms:
+        await cache.add(m)  # type: ignore[arg-type]
+    for m in ms[:3]:
+        await run_batch(cache, device, m)
+    assert cache.statistics().policy.compactions == 0
+    await run_batch(cache, device, ms[3])  # the acquire after the 3rd load compacts first
+    stats = cache.statistics().policy
+    assert stats.compactions == 1
+    assert stats.lru == (f"m3#{ms[3].generation}",)  # only the model about to run reloaded
+    assert device.live == 40
+
+
+async def test_remove_waits_for_the_batch_then_frees_both_copies(
+    device: FakeDevice, models: Models
+) -> None:
+    cache = make_cache(device, 100)
+    a = models("a", 40)
+    await cache.add(a)  # type: ignore[arg-type]
+    arrays = await cache.acquire(a)  # type: ignore[arg-type]
+    removed = trio.Event()
+
+    async def remove() -> None:
+        await cache.remove(a)  # type: ignore[arg-type]
+        removed.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(remove)
+        await trio.sleep(0.05)
+        assert not removed.is_set() and not any(x.deleted for x in arrays)
+        cache.release(a)  # type: ignore[arg-type]
+    assert all(x.deleted for x in arrays) and device.live == 0
+    assert cache.statistics().host.resident_bytes == 0
+    with pytest.raises(LifecycleError, match="never added"):
+        await cache.acquire(a)  # type: ignore[arg-type]
+
+
+async def test_two_versions_of_one_model_have_their_own_weights(
+    device: FakeDevice, models: Models
+) -> None:
+    cache = make_cache(device, 100)
+    old, new = models("m", 40), models("m", 40)
+    await cache.add(old)  # type: ignore[arg-type]
+    await cache.add(new)  # type: ignore[arg-type]
+    await run_batch(cache, device, old)  # each checks its own file's contents
+    await run_batch(cache, device, new)
+    await cache.remove(old)  # type: ignore[arg-type]
+    assert cache.is_resident(new)  # type: ignore[arg-type]
+    assert set(cache.statistics().policy.models) == {f"m#{new.generation}"}
+
+
+async def test_explicit_mode_loads_only_on_command(device: FakeDevice, models: Models) -> None:
+    cache = make_cache(device, 100, explicit=True)
+    a = models("a", 40)
+    await cache.add(a)  # type: ignore[arg-type]
+    costs = await cache.warm_up(a)  # type: ignore[arg-type]
+    assert costs == {1: 0.001}
+    assert device.live == 0 and device.transfers == 1  # warmed on a transient copy
+    with pytest.raises(NotResident):
+        await cache.acquire(a)  # type: ignore[arg-type]
+    assert await cache.set_floor(a, "device") == "device"  # type: ignore[arg-type]
+    await run_batch(cache, device, a)
+    assert cache.budget.pinned_bytes == 40 and cache.policy.budget == 60
+    assert await cache.set_floor(a, "system") == "system"  # type: ignore[arg-type]
+    assert not cache.is_resident(a) and device.live == 0  # type: ignore[arg-type]
+    assert cache.policy.budget == 100
+
+
+async def test_an_oversize_model_loads_alone_with_a_warning(
+    device: FakeDevice, models: Models, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = make_cache(device, 100)
+    a, big = models("a", 40), models("big", 150)
+    await cache.add(a)  # type: ignore[arg-type]
+    await cache.add(big)  # type: ignore[arg-type]
+    await run_batch(cache, device, a)
+    with caplog.at_level(logging.WARNING):
+        await run_batch(cache, device, big)
+    assert "larger than the whole on-demand budget" in caplog.text
+    assert device.live == 150 and device.peak == 150  # a was freed first
+    assert cache.statistics().policy.oversize_loads == 1
+
+
+async def test_the_startup_warm_ups_probe_each_model_alone_and_size_the_budget(
+    tmp_path: Path,
+) -> None:
+    device = FakeDevice(stats=True)
+    models = Models(tmp_path, device)
+    config = RuntimeConfig(weight_cache_fraction=1.0, weight_cache_wiggle_fraction=0.1)
+    cache = CachedWeights(device, config, arena=1000)  # type: ignore[arg-type]
+    assert cache.probe_available and cache.policy.budget == 900
+    # The big model has the small scratch: without running models alone, in ascending
+    # weight size, the probe would read the big model's weights as scratch.
+    startup = {
+        m.name: m
+        for m in (
+            models("big", 400, scratch=10),
+            models("mid", 80, scratch=120),
+            models("p", 100, "device", scratch=50),
+            models("small", 20, scratch=300),
+        )
+    }
+    server = ServerConfig(
+        scheduler=SchedulerConfig(models={"p": ModelSchedConfig(residency="device")})
+    )
+    bundles: dict[str, Any] = {n: m.bundle for n, m in startup.items()}
+    bundles["glue"] = FakeBundle("glue", tmp_path, (), is_meta=True)
+    assert startup_order(bundles, server) == ["p", "small", "mid", "big", "glue"]
+    order = ["p", "small", "mid", "big"]
+    for name in order:
+        await cache.add(startup[name])  # type: ignore[arg-type]
+        await cache.warm_up(startup[name])  # type: ignore[arg-type]
+    # Alone: live bytes during each run were the pinned model plus its own weights.
+    assert [startup[n].loaded.seen_live for n in order] == [[100], [120], [180], [500]]
+    b = await cache.finish_probe()
+    assert b.max_scratch == 300  # exact: small's run set the peak
+    # pool = min(1000, 900 - 300) = 600; on demand = 600 - 100 pinned.
+    assert (b.weight_pool, b.pinned_bytes, b.on_demand) == (600, 100, 500)
+    assert cache.policy.budget == 500 and cache.statistics().probed
+    # A model loaded later that raises the peak raises the estimate (and shrinks the budget).
+    hungry = models("hungry", 10, scratch=700)
+    await cache.add(hungry)  # type: ignore[arg-type]
+    await cache.warm_up(hungry)  # type: ignore[arg-type]
+    assert cache.budget.max_scratch == 700 and cache.policy.budget == 100
+    assert not cache.is_resident(startup["big"])  # type: ignore[arg-type]  # evicted to fit
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_churn_never_runs_a_model_without_its_weights(tmp_path: Path, seed: int) -> None:
+    """Zipf traffic over 12 models with a budget for about 3, prefetch on, compaction
+    every 7 loads and a control task compacting and re-flooring meanwhile: every batch
+    finds its weights (checked byte for byte, before and after it "runs"), no array is
+    freed while an execution holds it, and the device never holds more than the budget
+    (plus the pinned model)."""
+    device = FakeDevice()
+    models = Models(tmp_path, device)
+    cache = make_cache(device, 130, interval=7)
+    rng = random.Random(seed)
+    catalog = [
+        models(f"m{i}", rng.randrange(10, 45), "unpinned" if i % 4 == 0 else None)
+        for i in range(12)
+    ]
+    pinned = models("p", 20, "device")
+    for m in (*catalog, pinned):
+        await cache.add(m)  # type: ignore[arg-type]
+    weights = [1 / (i + 1) for i in range(len(catalog))]
+    order = rng.choices(catalog, weights, k=150)
+    done = trio.Event()
+
+    async def dispatch() -> None:
+        async with trio.open_nursery() as nursery:
+            for i, model in enumerate(order):
+                if i + 1 < len(order):
+                    nursery.start_soon(cache.prefetch, order[i + 1])
+                await run_batch(cache, device, model)
+        done.set()
+
+    async def control() -> None:
+        while not done.is_set():
+            await trio.sleep(0.01)
+            await cache.compact([rng.choice(catalog)])  # type: ignore[list-item]
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(dispatch)
+        nursery.start_soon(control)
+    stats = cache.statistics().policy
+    assert device.freed_while_executing == 0
+    assert device.peak <= 130  # pinned + on demand never exceed the pool
+    assert stats.load_failures == 0 and stats.loads > 12 and stats.evictions > 0
+    assert stats.compactions >= 1 and stats.prefetches > 0
+    assert cache.is_resident(pinned)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------ the real CPU device
+
+
+@pytest.mark.slow
+async def test_staged_host_copies_load_and_run_on_the_cpu_device(
+    zoo_repo: Path, zoo_models: dict[str, Any], zoo_runtime: Any
+) -> None:
+    from reactantserver.bundle import load_bundle
+    from reactantserver.models import ServedModel
+
+    bundle = load_bundle(zoo_repo / "mlp")
+    program, reference = zoo_models["mlp"]
+    model = ServedModel(
+        bundle, program, ModelSchedConfig(), platform="jax_cpu", generation=1, max_queue_depth=8
+    )
+    staging = PinnedHostStaging.for_device(zoo_runtime.device)
+    assert staging is not None  # the CPU client lists a pinned_host memory space too
+    arena = 10 * bundle.weights_nbytes
+    cache = CachedWeights(
+        zoo_runtime,
+        RuntimeConfig(arena_bytes=arena),
+        arena=arena,
+        staging=staging,
+        host=HostStore(allocate=copying_allocate),
+    )
+    await cache.add(model)
+    stats = cache.statistics()
+    assert stats.staged_bytes == bundle.weights_nbytes and stats.pinned_host
+    assert stats.host.resident_bytes == 0  # the pageable copy was dropped once staged
+    weights = await cache.acquire(model)
+    try:
+        assert {w.sharding.memory_kind for w in weights} == {"device"}
+        x = [np.random.default_rng(0).standard_normal((8, 32)).astype(np.float32)]
+        for got, want in zip(
+            program.execute(x, weights), program.execute(x, reference), strict=True
+        ):
+            np.testing.assert_array_equal(got, want)
+    finally:
+        cache.release(model)
+    assert await cache.compact() == (0, 0)
+    assert all(w.is_deleted() for w in weights)
+    await cache.remove(model)
+    assert cache.statistics().staged_bytes == 0
+
+
+@pytest.mark.slow
+def test_make_weight_provider_turns_the_cache_on_with_an_arena(zoo_runtime: Any) -> None:
+    from reactantserver.runtime.executor import ResidentWeights
+
+    assert isinstance(make_weight_provider(ServerConfig(), zoo_runtime), ResidentWeights)
+    on = ServerConfig(runtime=RuntimeConfig(arena_bytes=1000))
+    cache = make_weight_provider(on, zoo_runtime)
+    assert isinstance(cache, CachedWeights)
+    assert cache.budget.on_demand == 900  # floor(0.9 * 1000): wiggle 0.1, no scratch on CPU
+    assert not cache.probe_available  # the CPU reports no allocator statistics
+    off = ServerConfig(runtime=RuntimeConfig(arena_bytes=1000, weight_cache_fraction=0.0))
+    assert isinstance(make_weight_provider(off, zoo_runtime), ResidentWeights)
+
+
+@pytest.mark.slow
+def test_cpu_host_copies_are_really_copied_to_the_device(zoo_runtime: Any) -> None:
+    for shape, dtype in (((3, 5), np.float32), ((1 << 16,), np.uint8), ((7,), np.int64)):
+        host = copying_allocate(shape, np.dtype(dtype))
+        host[...] = 1
+        assert host.flags.c_contiguous and host.shape == shape
+        (device,) = zoo_runtime.to_device([host])
+        assert device.unsafe_buffer_pointer() != host.ctypes.data
+        host[...] = 2  # the device copy is unaffected
+        assert np.asarray(device).max() == 1
+        zoo_runtime.free([device])
