@@ -84,7 +84,11 @@ def zoo_runtime() -> Any:
 def zoo_models(zoo_repo: Path, zoo_runtime: Any) -> dict[str, Any]:
     """name -> (LoadedModel, device weights) for every zoo model, compiled once."""
     from reactantserver.bundle import load_bundle
+    from reactantserver.runtime import configure_cache
 
+    # JAX's persistent-cache setting is process-wide: a worker started earlier in the
+    # session may have pointed it at its cache_dir. This runtime has none, so say so again.
+    configure_cache(None)
     out = {}
     for name in ZOO_NAMES:
         bundle = load_bundle(zoo_repo / name)
