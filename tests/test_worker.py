@@ -228,6 +228,9 @@ def test_admin_http(served: WorkerAddress, client: grpcclient.InferenceServerCli
     wrong.set_data_from_numpy(np.zeros((1, 32), dtype=np.int32))
     with pytest.raises(InferenceServerException):
         client.infer("mlp", [wrong])
+    good = grpcclient.InferInput("x", [1, 16], "FP32")
+    good.set_data_from_numpy(np.ones((1, 16), dtype=np.float32))
+    client.infer("double", [good])
     base = f"http://127.0.0.1:{served.metrics_port}"
     assert urllib.request.urlopen(base + "/healthz").read() == b"ok\n"
     assert urllib.request.urlopen(base + "/readyz").read() == b"ready\n"
@@ -240,6 +243,7 @@ def test_admin_http(served: WorkerAddress, client: grpcclient.InferenceServerCli
         "worker_request_latency_seconds_bucket{",
         "worker_batch_rows_bucket{",
         'worker_requests_total{gpu="0",model="double",status="OK",worker="worker0"}',
+        'worker_meta_running{gpu="0",worker="worker0"} 0.0',
         'worker_requests_total{gpu="0",model="mlp",status="INVALID_ARGUMENT",worker="worker0"}',
         'worker_grpc_calls_total{gpu="0",rpc="ModelInfer",status="OK",worker="worker0"}',
     ):

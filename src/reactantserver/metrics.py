@@ -142,6 +142,23 @@ class WorkerCollector(Collector):
         yield from self._lifecycle(base)
         yield from self._weight_cache(base, status)
 
+        meta = w.metas.statistics()
+        yield _gauge(
+            "worker_meta_running", "Meta-model requests running their glue now.", base, meta.running
+        )
+        yield _gauge(
+            "worker_meta_waiting",
+            "Meta-model requests waiting for a slot (scheduler.meta_concurrency).",
+            base,
+            meta.waiting,
+        )
+        yield _counter(
+            "worker_meta_run_errors",
+            "Meta-model requests whose run() raised (sub-call errors not counted).",
+            base,
+            meta.run_errors,
+        )
+
         mem = w.runtime.memory_stats()
         if mem is not None:
             for key, value, doc in (
