@@ -297,9 +297,11 @@ def test_explicit_mode_serves_only_what_the_control_plane_pins(
         try:
             assert client.is_server_ready()
             mlp = load_bundle(catalog.repo / "mlp_v000")
-            # Warmed up at load on a transient copy, then freed: not on the device.
+            # Warmed up at load on a transient copy, then freed: not on the device, so
+            # not ready, and a request says what the control plane has to do.
+            assert not client.is_model_ready("mlp_v000")
             with pytest.raises(
-                InferenceServerException, match=r"FAILED_PRECONDITION.*SetModelResidency"
+                InferenceServerException, match=r"UNAVAILABLE.*not ready.*SetModelResidency"
             ):
                 _infer(client, mlp)
 
@@ -326,6 +328,7 @@ def test_explicit_mode_serves_only_what_the_control_plane_pins(
             assert reply.residency == cpb.Residency.PINNED_DEVICE
             after = status()
             assert after["mlp_v000"].device_resident and not after["mlp_v000"].host_resident
+            assert client.is_model_ready("mlp_v000")
             assert _infer(client, mlp).as_numpy("logits").shape == (2, 10)
             m = _metrics(address)
             assert m["worker_weight_cache_pinned_bytes"] == catalog.nbytes["mlp_v000"]

@@ -17,7 +17,7 @@ JAX-free: the compiled program is held as an opaque ``LoadedModel``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .bundle import Bundle, TensorSpec
@@ -50,6 +50,7 @@ class ServedModel:
         platform: str,
         generation: int,
         max_queue_depth: int,
+        readiness: Callable[[ServedModel], tuple[bool, str]] | None = None,
     ) -> None:
         self.bundle = bundle
         self.loaded = loaded
@@ -58,6 +59,8 @@ class ServedModel:
         #: Increases by one each time this name is (re)loaded; logged on swaps.
         self.generation = generation
         self._max_queue_depth = max_queue_depth
+        #: Extra readiness condition the worker imposes (explicit mode: device residency).
+        self._readiness = readiness
         self._input_names = tuple(s.name for s in bundle.inputs)
         self._output_names = tuple(s.name for s in bundle.outputs)
         self._queue = Duration()
@@ -114,7 +117,8 @@ class ServedModel:
         }
 
     def ready(self) -> tuple[bool, str]:
-        return True, ""
+        """Compiled versions are ready unless the worker's extra condition says otherwise."""
+        return self._readiness(self) if self._readiness is not None else (True, "")
 
     def statistics(self) -> ExecutionStatistics:
         return ExecutionStatistics(

@@ -463,6 +463,9 @@ class Worker:
             platform=f"jax_{self.runtime.backend}",
             generation=self._generation,
             max_queue_depth=self.config.scheduler.max_queue_depth,
+            readiness=self._resident_readiness
+            if self.config.model_control_mode == "explicit"
+            else None,
         )
         await self.weights.add(served)
         try:
@@ -631,6 +634,15 @@ class Worker:
         if not self._models:
             return False, "no model is loaded"
         return True, ""
+
+    def _resident_readiness(self, served: ServedModel) -> tuple[bool, str]:
+        """Explicit mode: a model serves only while its weights are on the device."""
+        if self.weights.is_resident(served):
+            return True, ""
+        return False, (
+            "its weights are not on the device (explicit mode: the control plane makes it "
+            "resident with SetModelResidency)"
+        )
 
     def served_models(self) -> Mapping[str, ServedModel]:
         """The serving version of every loaded model (a read-only view)."""
