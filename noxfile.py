@@ -1,4 +1,5 @@
-"""Developer sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s proto``, ``nox -s bench``.
+"""Developer sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s proto``, ``nox -s bench``,
+``nox -s bench_peer``.
 
 Every session installs what it needs into its own virtualenv, so a clean clone on a
 machine with only Python (plus ``pip install nox``) runs all of them.
@@ -78,3 +79,16 @@ def bench(session: nox.Session) -> None:
     session.install("-e", ".[jax,test]")
     session.env["JAX_PLATFORMS"] = "cpu"
     session.run("python", "benchmarks/run.py", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def bench_peer(session: nox.Session) -> None:
+    """Compare with MLServer on loopback: ``nox -s bench_peer [-- --runs 3]``.
+
+    Its own virtualenv: MLServer 1.7 with uvloop pinned to 0.21.0 (newer uvloop kills
+    MLServer's parallel workers at start), installed together with this package so that
+    pip resolves one consistent set.
+    """
+    session.install("-e", ".[jax,test]", "mlserver==1.7.*", "uvloop==0.21.0")
+    session.env["JAX_PLATFORMS"] = "cpu"
+    session.run("python", "benchmarks/peer/bench_peer.py", *session.posargs)

@@ -1,9 +1,16 @@
 """Request I/O for ModelInfer: decode and validate a request, encode its response.
 
-JAX-free and sans-IO: the functions here are given the request message, the model's
+JAX-free and sans-IO: the functions here are given the request, the model's
 client-facing ``TensorSpec``\\ s, the shared-memory registry and the current time, and
 return plain values. Nothing is queued until :func:`decode_request` has returned, so
 every request that reaches the scheduler is well formed.
+
+Requests and responses are the lean records of :mod:`reactantserver.transport.codec`
+(the transport decodes ModelInfer bytes straight into them, and writes the response
+record straight to bytes): parameters are plain values, raw contents are ``memoryview``
+slices of the received buffer. A betterproto ``ModelInferRequest`` (tests, direct
+callers) is accepted too and goes through the same codec first, so both are validated
+by exactly the same code.
 
 Where an input's bytes come from (per tensor, in this order of precedence)
 --------------------------------------------------------------------------
@@ -13,7 +20,7 @@ Where an input's bytes come from (per tensor, in this order of precedence)
    The array is ``np.frombuffer`` over the registry's ``memoryview``: no copy.
 2. **raw_input_contents**: one entry per input that is *not* in shared memory, in the
    order of ``inputs``; either every such input has an entry or none does (Triton's
-   rule). Viewed with ``np.frombuffer``: no copy beyond the protobuf decode.
+   rule). Viewed with ``np.frombuffer`` over the received message: no copy at all.
 3. **Typed contents** (``contents.fp32_contents`` ...), the list chosen by the datatype;
    FP16 and BF16 have none and must come raw or through shared memory.
 
@@ -49,7 +56,8 @@ so that entry ``i`` belongs to output ``i``, and ``tritonclient`` indexes them t
 (leaving the entry out, as the original system did, shifts every later inline output
 onto the wrong bytes). Its region is checked at decode time and again at encode time
 (it may have been unregistered meanwhile). Every other output is
-serialized with one copy (``ndarray.tobytes``). A model returning a missing output, a
+handed to the codec as a ``memoryview`` of the (C-contiguous) result array, so writing
+the response message is its one copy. A model returning a missing output, a
 wrong dtype or a shape outside its declaration is a server bug, reported as
 ``ExecutionFailed`` (INTERNAL) with a message naming the output.
 """
@@ -61,7 +69,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
-import betterproto
 import numpy as np
 
 from reactantserver import tensors
@@ -69,6 +76,14 @@ from reactantserver.bundle.manifest import TensorSpec
 from reactantserver.errors import ExecutionFailed, InvalidArgument
 from reactantserver.protocol import inference as pb
 from reactantserver.shm import SharedMemoryRegistry
+from reactantserver.transport.codec import (
+    InferRequest,
+    InferResponse,
+    OutputTensor,
+    ParamValue,
+    TensorContents,
+    from_message,
+)
 
 #: Highest tensor rank accepted from the wire (numpy's own limit is 64).
 MAX_RANK = 32
@@ -150,36 +165,43 @@ def _names(specs: Sequence[TensorSpec]) -> str:
 # ------------------------------------------------------------------------------ parameters
 
 
-def _param_kind(param: pb.InferParameter) -> tuple[str, Any]:
-    kind, value = betterproto.which_one_of(param, "parameter_choice")
-    return kind, value
+#: The protocol's name for each plain parameter type (int covers int64 and uint64).
+_KIND: dict[type, str] = {
+    bool: "bool_param",
+    int: "int64_param",
+    str: "string_param",
+    float: "double_param",
+}
 
 
-def _int_param(params: Mapping[str, pb.InferParameter], key: str, where: str) -> int | None:
-    param = params.get(key)
-    if param is None:
+def _kind(value: ParamValue) -> str:
+    return "no value" if value is None else _KIND[type(value)]
+
+
+def _int_param(params: Mapping[str, ParamValue], key: str, where: str) -> int | None:
+    if key not in params:
         return None
-    kind, value = _param_kind(param)
-    if kind not in ("int64_param", "uint64_param"):
+    value = params[key]
+    # bool is an int subclass in Python, but a different parameter on the wire.
+    if type(value) is not int:
         raise InvalidArgument(
-            f"{where}: parameter {key!r} must be an int64_param, got {kind or 'no value'}"
+            f"{where}: parameter {key!r} must be an int64_param, got {_kind(value)}"
         )
-    return int(value)
+    return value
 
 
-def _str_param(params: Mapping[str, pb.InferParameter], key: str, where: str) -> str | None:
-    param = params.get(key)
-    if param is None:
+def _str_param(params: Mapping[str, ParamValue], key: str, where: str) -> str | None:
+    if key not in params:
         return None
-    kind, value = _param_kind(param)
-    if kind != "string_param":
+    value = params[key]
+    if type(value) is not str:
         raise InvalidArgument(
-            f"{where}: parameter {key!r} must be a string_param, got {kind or 'no value'}"
+            f"{where}: parameter {key!r} must be a string_param, got {_kind(value)}"
         )
-    return str(value)
+    return value
 
 
-def _shm_target(params: Mapping[str, pb.InferParameter], where: str) -> ShmTarget | None:
+def _shm_target(params: Mapping[str, ParamValue], where: str) -> ShmTarget | None:
     region = _str_param(params, SHM_REGION, where)
     offset = _int_param(params, SHM_OFFSET, where)
     size = _int_param(params, SHM_BYTE_SIZE, where)
@@ -201,7 +223,7 @@ def _shm_target(params: Mapping[str, pb.InferParameter], where: str) -> ShmTarge
 
 
 def request_deadline(
-    params: Mapping[str, pb.InferParameter], where: str, *, now: float, deadline: float
+    params: Mapping[str, ParamValue], where: str, *, now: float, deadline: float
 ) -> float:
     """The earliest of ``deadline`` and the request's timeout parameters, absolute."""
     for key, unit in ((PARAM_TIMEOUT_US, 1e-6), (PARAM_TIMEOUT_NS, 1e-9)):
@@ -236,7 +258,7 @@ def _check_shape(spec: TensorSpec, shape: Sequence[int], where: str) -> None:
 
 
 def _from_typed(
-    spec: TensorSpec, contents: pb.InferTensorContents, shape: tuple[int, ...], where: str
+    spec: TensorSpec, contents: TensorContents, shape: tuple[int, ...], where: str
 ) -> np.ndarray:
     field = TYPED_FIELD.get(spec.datatype)
     if field is None:
@@ -300,7 +322,7 @@ def _from_buffer(
 
 
 def decode_request(
-    request: pb.ModelInferRequest,
+    request: InferRequest | pb.ModelInferRequest,
     *,
     inputs: Sequence[TensorSpec],
     outputs: Sequence[TensorSpec],
@@ -313,6 +335,8 @@ def decode_request(
     ``now`` and ``deadline`` are ``trio.current_time()`` values: the arrival time and
     the gRPC deadline (``inf`` when the client set none).
     """
+    if not isinstance(request, InferRequest):
+        request = from_message(request)
     model = request.model_name
     prefix = f"model {model!r}"
     for key in _SEQUENCE_PARAMS:
@@ -347,24 +371,22 @@ def decode_request(
             )
         shape = tuple(tensor.shape)
         _check_shape(spec, shape, where)
-        has_contents = betterproto.serialized_on_wire(tensor.contents) or any(
-            getattr(tensor.contents, f) for f in _ALL_TYPED_FIELDS
-        )
+        contents = tensor.contents
         target = _shm_target(tensor.parameters, where)
         if target is not None:
-            if has_contents:
+            if contents is not None:
                 raise InvalidArgument(f"{where}: both contents and shared memory are set")
             view = registry.view(target.region, target.offset, target.byte_size)
             arrays[tensor.name] = _from_buffer(spec, view, shape, where, shm=True)
         elif raw:
-            if has_contents:
+            if contents is not None:
                 raise InvalidArgument(
                     f"{where}: both contents and raw_input_contents are set; use one"
                 )
             arrays[tensor.name] = _from_buffer(spec, raw[next_raw], shape, where, shm=False)
             next_raw += 1
-        elif has_contents:
-            arrays[tensor.name] = _from_typed(spec, tensor.contents, shape, where)
+        elif contents is not None:
+            arrays[tensor.name] = _from_typed(spec, contents, shape, where)
         elif tensors.element_count(shape, what=where) == 0:
             arrays[tensor.name] = np.empty(shape, dtype=spec.numpy_dtype)
         else:
@@ -388,7 +410,7 @@ def decode_request(
 
 
 def _requested_outputs(
-    request: pb.ModelInferRequest,
+    request: InferRequest,
     outputs: Sequence[TensorSpec],
     registry: SharedMemoryRegistry,
     prefix: str,
@@ -477,15 +499,13 @@ def encode_response(
     *,
     model_version: str,
     registry: SharedMemoryRegistry,
-) -> pb.ModelInferResponse:
+) -> InferResponse:
     """The ModelInferResponse for ``call`` given the model's ``results`` by output name."""
-    response = pb.ModelInferResponse(model_name=call.model, model_version=model_version, id=call.id)
+    response = InferResponse(call.model, model_version, call.id)
     for wanted in call.outputs:
         spec = wanted.spec
         arr = _checked_output(call, spec, results.get(spec.name))
-        tensor = pb.ModelInferResponseInferOutputTensor(
-            name=spec.name, datatype=spec.datatype, shape=list(arr.shape)
-        )
+        tensor = OutputTensor(spec.name, spec.datatype, list(arr.shape))
         if wanted.shm is not None:
             where = f"model {call.model!r}: output {spec.name!r}"
             written = _write_shm(arr, spec, wanted.shm, registry, where)
@@ -498,7 +518,10 @@ def encode_response(
         elif spec.datatype == "BYTES":
             response.raw_output_contents.append(tensors.serialize_bytes(arr.ravel()))
         else:
-            # tobytes() is the one copy: C order, whatever the array's strides.
-            response.raw_output_contents.append(arr.tobytes())
+            # Row-major bytes without a copy when the array is C-contiguous (the usual
+            # case); the codec's join is then the one copy.
+            response.raw_output_contents.append(
+                np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data
+            )
         response.outputs.append(tensor)
     return response

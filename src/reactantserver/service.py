@@ -31,7 +31,9 @@ ModelInfer, step by step: cap check; model lookup (``NotFound``); model readines
 (``Unavailable``); :func:`~reactantserver.inferio.decode_request` validates everything
 and computes the deadline; ``host.infer`` under a cancel scope at that deadline
 (``DeadlineExceeded`` when it passes); :func:`~reactantserver.inferio.encode_response`.
-Cancellation (client gone, server stopping) propagates untouched.
+Cancellation (client gone, server stopping) propagates untouched. ModelInfer takes and
+returns the lean records of :mod:`reactantserver.transport.codec` (the transport
+decodes and encodes them without betterproto); a betterproto request is accepted too.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from reactantserver.inferio import decode_request, encode_response
 from reactantserver.protocol import inference as pb
 from reactantserver.protocol import reactant_control as cpb
 from reactantserver.shm import SHM_ROOT, SharedMemoryRegistry
+from reactantserver.transport.codec import InferRequest, InferResponse
 from reactantserver.transport.status import StatusCode, code_of
 
 SERVER_NAME = "reactantserver"
@@ -142,33 +145,40 @@ class RequestStatistics:
 
 
 class _ModelCounters:
-    """The mutable counters behind one model's ``RequestStatistics``."""
+    """The mutable counters behind one model's ``RequestStatistics``.
 
-    __slots__ = ("by_status", "fail", "last_inference_ms", "latency", "success")
+    Plain integers on the request path (one call per answered request); the frozen
+    records are built only when statistics are read.
+    """
+
+    __slots__ = ("by_code", "fail", "last_inference_ms", "latency", "success")
 
     def __init__(self) -> None:
-        self.success = Duration()
-        self.fail = Duration()
+        #: [count, nanoseconds] of successes and of failures.
+        self.success = [0, 0]
+        self.fail = [0, 0]
         self.last_inference_ms = 0
         self.latency = Histogram(LATENCY_BUCKETS)
-        self.by_status: Counter[str] = Counter()
+        self.by_code: Counter[StatusCode] = Counter()
 
     def record(self, seconds: float, code: StatusCode) -> None:
         self.latency.observe(seconds)
-        self.by_status[code.name] += 1
+        self.by_code[code] += 1
         if code is StatusCode.OK:
-            self.success = self.success.plus(seconds)
+            counter = self.success
             self.last_inference_ms = int(time.time() * 1e3)
         else:
-            self.fail = self.fail.plus(seconds)
+            counter = self.fail
+        counter[0] += 1
+        counter[1] += max(0, round(seconds * 1e9))
 
     def snapshot(self) -> RequestStatistics:
         return RequestStatistics(
-            self.success,
-            self.fail,
+            Duration(*self.success),
+            Duration(*self.fail),
             self.last_inference_ms,
             self.latency.snapshot(),
-            dict(self.by_status),
+            {code.name: n for code, n in self.by_code.items()},
         )
 
 
@@ -586,8 +596,8 @@ class Service:
     # -------------------------------------------------------------- inference
 
     async def model_infer(
-        self, request: pb.ModelInferRequest, ctx: CallContext
-    ) -> pb.ModelInferResponse:
+        self, request: InferRequest | pb.ModelInferRequest, ctx: CallContext
+    ) -> InferResponse:
         if self._cap and self._in_flight >= self._cap:
             self._shed += 1
             raise TooManyRequests(
@@ -601,8 +611,8 @@ class Service:
             self._in_flight -= 1
 
     async def _infer(
-        self, request: pb.ModelInferRequest, ctx: CallContext
-    ) -> pb.ModelInferResponse:
+        self, request: InferRequest | pb.ModelInferRequest, ctx: CallContext
+    ) -> InferResponse:
         if not request.model_name:
             raise InvalidArgument("ModelInfer: model_name is empty")
         model = self._host.get(request.model_name)
@@ -620,15 +630,20 @@ class Service:
                 now=started,
                 deadline=ctx.deadline,
             )
-            with trio.move_on_at(call.deadline) as scope:
+            if math.isinf(call.deadline):  # no deadline: spare the cancel scope
                 results = await self._host.infer(
                     call.model, call.inputs, call.output_names, call.deadline
                 )
-            if scope.cancelled_caught:
-                raise DeadlineExceeded(
-                    f"model {model.name!r}: deadline passed after "
-                    f"{trio.current_time() - started:.3f} s"
-                )
+            else:
+                with trio.move_on_at(call.deadline) as scope:
+                    results = await self._host.infer(
+                        call.model, call.inputs, call.output_names, call.deadline
+                    )
+                if scope.cancelled_caught:
+                    raise DeadlineExceeded(
+                        f"model {model.name!r}: deadline passed after "
+                        f"{trio.current_time() - started:.3f} s"
+                    )
             response = encode_response(
                 call, results, model_version=model.version, registry=self.registry
             )

@@ -14,17 +14,34 @@ reflection (``grpc.reflection.v1alpha`` and ``v1``, so ``grpcurl list``/``descri
 work without ``.proto`` files).
 
 Every RPC goes through one helper, :meth:`_Bridge.unary`: receive the request (asyncio
-side), hop into Trio with ``trio_asyncio.trio_as_aio``, and there build the
-:class:`~reactantserver.service.CallContext` (the grpc-timeout header becomes an
-absolute ``trio.current_time()`` deadline), run the service method under a cancel
-scope at that deadline, and turn any ``Exception`` into a status with
-:func:`~reactantserver.transport.status.to_status`; back on the asyncio side that
-status becomes ``GRPCError(status, message)``. Nothing else is shielded or swallowed:
-when a client cancels or disconnects, grpclib cancels the handler task and
-trio-asyncio cancels the Trio task running the call, so the scheduler withdraws the
-request. The handler table is built from the generated service bases' own
+side), build the :class:`~reactantserver.service.CallContext` (the grpc-timeout header
+becomes an absolute ``trio.current_time()`` deadline) and one ``trio.CancelScope`` at
+that deadline, and hop into Trio: the call runs as a Trio task in the bridge's own
+nursery, under that scope, and any ``Exception`` becomes a status with
+:func:`~reactantserver.transport.status.to_status`; the task resolves an asyncio future
+that the handler awaits, and back on the asyncio side a status becomes
+``GRPCError(status, message)``. trio-asyncio hosts both sides in one thread, so the hop
+is a task spawn and a future (about half the CPU of ``trio_asyncio.trio_as_aio``, which
+wraps every call in a handle, a second cancel scope and a queue round trip). Nothing
+is shielded or swallowed: when a client cancels or disconnects, grpclib cancels the
+handler task, which cancels the call's scope, so the scheduler withdraws the request.
+The handler table is built from the generated service bases' own
 ``__mapping__`` (paths, cardinalities, message types) and the explicit RPC -> method
 tables below; a generated RPC without a method is an error at startup, not at call time.
+
+Messages: ModelInfer requests and responses go through the hand-written codec of
+:mod:`reactantserver.transport.codec` (the hot path: raw tensors stay slices of the
+received buffer, the response is written with one join); every other message is a
+betterproto message serialized by grpclib's protobuf codec. A ModelInfer request that
+is not valid protobuf is refused with INVALID_ARGUMENT saying where it breaks.
+
+Writes: each connection's transport is wrapped so that everything grpclib writes during
+one pass of the event loop (the headers, message and trailers of every call answered
+by one batch, window updates) leaves in one ``send``; grpclib alone makes three sends
+per unary response. Each send releases the GIL, and while the device thread holds it
+the event loop waits: fewer sends, fewer stalls. Peers may send DATA frames of up to
+:data:`MAX_FRAME_SIZE` (HTTP/2's default is 16 KiB), so a large tensor arrives in a
+few frames instead of thousands, each of which costs h2 Python work.
 
 Limits: HTTP/2 connection and stream flow-control windows are raised well above
 grpclib's 4 MiB defaults so large tensors stream without stalls; messages larger than
@@ -58,15 +75,17 @@ from grpclib.config import Configuration
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.encoding.proto import ProtoCodec
 from grpclib.protocol import H2Protocol
+from h2.settings import SettingCodes
 
 from reactantserver.config.schema import EndpointsConfig
-from reactantserver.errors import DeadlineExceeded
+from reactantserver.errors import DeadlineExceeded, InvalidArgument
 from reactantserver.protocol import inference, reactant_control
 from reactantserver.protocol.grpc.reflection import v1 as reflection_v1
 from reactantserver.protocol.grpc.reflection import v1alpha as reflection_v1alpha
 from reactantserver.protocol.reflection import ReflectionAnswerer
 from reactantserver.service import CallContext, Service
 
+from .codec import InferResponse, decode_infer_request, encode_infer_response
 from .status import StatusCode, WireStatus, to_status
 
 log = logging.getLogger(__name__)
@@ -114,6 +133,10 @@ SERVICES: tuple[str, ...] = (
 #: window this size lets a 16 MiB tensor arrive without waiting for window updates.
 CONNECTION_WINDOW = 64 * 1024 * 1024
 STREAM_WINDOW = 16 * 1024 * 1024
+#: Largest DATA frame peers may send us (HTTP/2 allows up to 16 MiB - 1).
+MAX_FRAME_SIZE = 1024 * 1024
+#: Buffered writes at least this large are sent at once instead of at the end of the pass.
+FLUSH_BYTES = 256 * 1024
 #: How long closing the listener and its connections may take after draining.
 CLOSE_TIMEOUT = 5.0
 #: After GOAWAY, how long connections stay open so the frames (and late refusals) arrive.
@@ -124,13 +147,17 @@ _Method = Callable[[Any, CallContext], Awaitable[Any]]
 
 class _SizeLimitedCodec(ProtoCodec):
     """grpclib's protobuf codec (betterproto messages implement its interface), with
-    ``endpoints.max_message_bytes`` enforced on every message in and out."""
+    ``endpoints.max_message_bytes`` enforced on every message in and out, and the lean
+    codec for ModelInfer's two messages."""
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
 
     def encode(self, message: Any, message_type: Any) -> bytes:
-        data = super().encode(message, message_type)
+        if isinstance(message, InferResponse):
+            data = encode_infer_response(message)
+        else:
+            data = super().encode(message, message_type)
         if len(data) > self._limit:
             raise GRPCError(
                 Status.RESOURCE_EXHAUSTED,
@@ -146,7 +173,104 @@ class _SizeLimitedCodec(ProtoCodec):
                 f"request message of {len(data)} bytes exceeds the limit of {self._limit} "
                 "bytes (endpoints.max_message_bytes); use shared memory for inputs this large",
             )
+        if message_type is inference.ModelInferRequest:
+            try:
+                return decode_infer_request(data)
+            except InvalidArgument as exc:
+                status = to_status(exc, rpc="ModelInfer")
+                raise GRPCError(Status(status.code.value), status.message) from None
         return super().decode(data, message_type)
+
+
+class _CorkedTransport:
+    """The parts of an asyncio transport grpclib uses, with writes gathered per loop pass.
+
+    ``write`` appends to a list and, the first time in a pass, schedules ``flush`` with
+    ``call_soon``: everything written by the callbacks already queued goes out in one
+    ``send``. Past :data:`FLUSH_BYTES` the buffer is sent at once, so big messages are
+    not held (nor copied into one huge join).
+    """
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._pending: list[bytes] = []
+        self._size = 0
+        self._scheduled = False
+
+    def write(self, data: bytes) -> None:
+        if not data:
+            return
+        self._pending.append(data)
+        self._size += len(data)
+        if self._size >= FLUSH_BYTES:
+            self.flush()
+        elif not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._scheduled = False  # a flush still scheduled after an early one is a no-op
+        if not self._pending:
+            return
+        data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
+        self._pending.clear()
+        self._size = 0
+        if not self._transport.is_closing():
+            self._transport.write(data)
+
+    def discard(self) -> None:
+        self._pending.clear()
+        self._size = 0
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def close(self) -> None:
+        self.flush()  # e.g. a GOAWAY written just before closing
+        self._transport.close()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._transport.get_extra_info(name, default)
+
+
+class _TunedProtocol(asyncio.Protocol):
+    """grpclib's ``H2Protocol`` over a :class:`_CorkedTransport`, with large frames allowed."""
+
+    def __init__(self, inner: H2Protocol) -> None:
+        self.inner = inner
+        self._cork: _CorkedTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._cork = _CorkedTransport(transport, asyncio.get_running_loop())
+        self.inner.connection_made(self._cork)  # type: ignore[arg-type]
+        # Sent after grpclib's own SETTINGS. h2 would start accepting the larger frames
+        # only when it reads the peer's acknowledgement, and applies that to the next
+        # read: an ACK and a large frame arriving in one read would then fail as a
+        # protocol error. Accepting them from now on is safe, since the peer sends none
+        # before it has seen these settings.
+        h2_conn = self.inner.connection._connection
+        h2_conn.update_settings({SettingCodes.MAX_FRAME_SIZE: MAX_FRAME_SIZE})
+        h2_conn.max_inbound_frame_size = MAX_FRAME_SIZE
+        self.inner.connection.flush()
+
+    def data_received(self, data: bytes) -> None:
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._cork is not None:
+            self._cork.discard()
+        self.inner.connection_lost(exc)
 
 
 class _Server(grpclib.server.Server):
@@ -163,10 +287,10 @@ class _Server(grpclib.server.Server):
         super().__init__(*args, **kwargs)
         self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
 
-    def _protocol_factory(self) -> H2Protocol:
+    def _protocol_factory(self) -> _TunedProtocol:  # type: ignore[override]
         protocol = super()._protocol_factory()
         self._protocols.add(protocol)
-        return protocol
+        return _TunedProtocol(protocol)
 
     def goaway(self) -> None:
         """Send HTTP/2 GOAWAY on every connection: "open no new streams here".
@@ -213,11 +337,16 @@ def _peer(stream: grpclib.server.Stream[Any, Any]) -> str:
 
 
 class _Bridge:
-    """The handler table, the one call helper, and the in-flight count for draining."""
+    """The handler table, the one call helper, and the in-flight count for draining.
 
-    def __init__(self, service: Service, answerer: ReflectionAnswerer) -> None:
+    ``calls`` is the Trio nursery the calls run in; :func:`serve_grpc` opens it inside
+    the trio-asyncio loop, so it outlives every handler.
+    """
+
+    def __init__(self, service: Service, answerer: ReflectionAnswerer, calls: trio.Nursery) -> None:
         self._service = service
         self._answerer = answerer
+        self._calls = calls
         self._in_flight = 0
         self._draining = False
         self._idle = trio.Event()
@@ -269,7 +398,7 @@ class _Bridge:
         self._in_flight += 1
         try:
             request = await stream.recv_message() if receive else None
-            outcome = await trio_asyncio.trio_as_aio(self._call)(rpc, method, request, stream)
+            outcome = await self._hop(rpc, method, request, stream)
             if isinstance(outcome, WireStatus):
                 raise GRPCError(Status(outcome.code.value), outcome.message)
             await stream.send_message(outcome)
@@ -305,6 +434,31 @@ class _Bridge:
         if self._draining and self._in_flight == 0:
             self._idle.set()
 
+    async def _hop(
+        self,
+        rpc: str,
+        method: _Method,
+        request: Any,
+        stream: grpclib.server.Stream[Any, Any],
+    ) -> Any:
+        """Run ``method`` as a Trio task and wait here (asyncio) for its outcome.
+
+        Both sides run in the Trio thread (trio-asyncio), so the Trio task may resolve
+        the asyncio future directly. The scope is created here so that cancelling this
+        handler (client gone, server closing) can cancel the call even before it starts.
+        """
+        now = trio.current_time()
+        remaining = stream.deadline.time_remaining() if stream.deadline is not None else math.inf
+        ctx = CallContext(deadline=now + remaining, peer=_peer(stream))
+        scope = trio.CancelScope(deadline=ctx.deadline)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._calls.start_soon(self._call, rpc, method, request, ctx, scope, future)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            scope.cancel()
+            raise
+
     # ---------------------------------------------------------------- Trio side
 
     async def _call(
@@ -312,20 +466,29 @@ class _Bridge:
         rpc: str,
         method: _Method,
         request: Any,
-        stream: grpclib.server.Stream[Any, Any],
-    ) -> Any:
-        """Run ``method`` under the call's deadline; an error comes back as a ``WireStatus``."""
+        ctx: CallContext,
+        scope: trio.CancelScope,
+        future: asyncio.Future[Any],
+    ) -> None:
+        """Run ``method`` under ``scope``; its answer, or error as a ``WireStatus``,
+        resolves ``future`` (unless the handler is gone)."""
         started = trio.current_time()
-        remaining = stream.deadline.time_remaining() if stream.deadline is not None else math.inf
-        ctx = CallContext(deadline=started + remaining, peer=_peer(stream))
         try:
-            with trio.CancelScope(deadline=ctx.deadline):
-                return await method(request, ctx)
-            raise DeadlineExceeded(
-                f"{rpc}: the gRPC deadline passed after {trio.current_time() - started:.3f} s"
-            )
+            with scope:
+                outcome = await method(request, ctx)
+            if scope.cancelled_caught:
+                raise DeadlineExceeded(
+                    f"{rpc}: the gRPC deadline passed after {trio.current_time() - started:.3f} s"
+                )
         except Exception as exc:
-            return to_status(exc, rpc=rpc)
+            outcome = to_status(exc, rpc=rpc)
+        except BaseException:
+            # Cancelled from outside (the server stopping abruptly): end the handler as
+            # cancelled too, rather than leave it waiting for an outcome.
+            future.cancel()
+            raise
+        if not future.done():  # done = cancelled: the handler is gone
+            future.set_result(outcome)
 
     # ---------------------------------------------------------------- draining
 
@@ -376,15 +539,17 @@ async def serve_grpc(
     bound port is reported once the server accepts connections. See the module
     docstring for shutdown.
     """
-    bridge = _Bridge(service, ReflectionAnswerer.from_package(services=SERVICES))
-    mapping = bridge.mapping()
+    answerer = ReflectionAnswerer.from_package(services=SERVICES)
     listener = listen_tcp(endpoints.host, endpoints.port)
     port: int = listener.getsockname()[1]
     sock: socket.socket | None = listener
     try:
-        async with trio_asyncio.open_loop():
+        # The calls' nursery closes after the server (the finally below), so no call
+        # outlives its handler; both live inside the trio-asyncio loop.
+        async with trio_asyncio.open_loop(), trio.open_nursery() as calls:
+            bridge = _Bridge(service, answerer, calls)
             server = _Server(
-                [_Servable(mapping)],
+                [_Servable(bridge.mapping())],
                 codec=_SizeLimitedCodec(endpoints.max_message_bytes),
                 config=Configuration(
                     http2_connection_window_size=CONNECTION_WINDOW,

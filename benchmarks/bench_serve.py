@@ -1,0 +1,498 @@
+"""Serving benchmark: a real worker process, driven over gRPC by ``tritonclient.grpc.aio``.
+
+What it measures (issue 6), on a temporary repository holding the zoo's ``double``
+(``y = 2 * x``, FP32 ``[-1, 16]``, the smallest zoo model) and ``double_38mb`` (the same
+function, unbatched at ``[593750, 16]``: 38,000,000 bytes; see ``peer/bundles.py``):
+
+* requests/s and p50/p99 latency at 1, 16 and 64 requests in flight, one-row requests;
+* the server's CPU time per request: user + system seconds of the server's process tree
+  (``psutil``) over the measured window, divided by the requests answered in it;
+* one 38 MB input answered inline (request and response through gRPC) and through
+  system shared memory (input and output in registered regions, ``tritonclient.utils
+  .shared_memory``): latency, MB/s of input and server CPU per request.
+
+The server is ``python -m reactantserver.cli serve node.yaml`` in its own process, as
+deployed; the load generator is this process (one ``grpc.aio`` channel, ``N`` coroutines
+each looping ``infer``). On a small machine the two share the cores, so requests/s is a
+property of the pair; CPU per request is the server's alone. Every request's answer is
+checked once against ``2 * x`` before measuring.
+
+    python benchmarks/bench_serve.py                   # the table (about a minute)
+    python benchmarks/bench_serve.py --seconds 5       # longer windows
+
+``benchmarks/peer/bench_peer.py`` imports the pieces below to compare with MLServer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from pathlib import Path
+
+import attrs
+import numpy as np
+import psutil
+import tritonclient.grpc.aio as aioclient
+import tritonclient.utils.shared_memory as tshm
+from tritonclient.grpc import InferInput, InferRequestedOutput
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+SMALL_MODEL = "double"
+BIG_MODEL = "double_38mb"
+FEATURES = 16
+#: 593750 rows x 16 FP32 = 38,000,000 bytes (see peer/bundles.py).
+BIG_ROWS = 593_750
+CONCURRENCY = (1, 16, 64)
+#: What the load generator's channel may send and receive (the 38 MB tensors).
+MAX_MESSAGE = 512 * 1024 * 1024
+CHANNEL_ARGS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE),
+    ("grpc.max_receive_message_length", MAX_MESSAGE),
+]
+
+
+# ------------------------------------------------------------------------------ results
+
+
+@attrs.frozen
+class LoadResult:
+    """One measured window of closed-loop load at a fixed number of requests in flight."""
+
+    concurrency: int
+    requests: int
+    seconds: float
+    #: Latencies of the requests answered inside the window, sorted, seconds.
+    latencies: tuple[float, ...]
+    #: Server CPU (user + system, whole process tree) spent during the window.
+    cpu_seconds: float
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+    @property
+    def p50(self) -> float:
+        return percentile(self.latencies, 50)
+
+    @property
+    def p99(self) -> float:
+        return percentile(self.latencies, 99)
+
+    @property
+    def cpu_per_request(self) -> float:
+        return self.cpu_seconds / self.requests if self.requests else float("nan")
+
+
+@attrs.frozen
+class BigResult:
+    """Repeated single calls carrying one 38 MB tensor."""
+
+    how: str
+    nbytes: int
+    latencies: tuple[float, ...]
+    cpu_seconds: float
+
+    @property
+    def p50(self) -> float:
+        return statistics.median(self.latencies)
+
+    @property
+    def mbps(self) -> float:
+        return self.nbytes / self.p50 / 1e6
+
+    @property
+    def cpu_per_request(self) -> float:
+        return self.cpu_seconds / len(self.latencies)
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of already sorted values (nan when empty)."""
+    if not sorted_values:
+        return float("nan")
+    rank = max(1, round(q / 100 * len(sorted_values) + 0.5 - 1e-9))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+# ------------------------------------------------------------------------------ processes
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def process_cpu(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and all its descendants so far."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            t = proc.cpu_times()
+            total += t.user + t.system
+    return total
+
+
+def build_repo(
+    out: Path, zoo: Sequence[str] = (SMALL_MODEL,), exported: Sequence[str] = (BIG_MODEL,)
+) -> None:
+    """Zoo bundles (``examples/build_repo.py``) and ``peer/bundles.py`` exports into
+    ``out``; bundles already there are kept."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    missing = [n for n in zoo if not (out / n / "manifest.yaml").is_file()]
+    if missing:
+        build = [sys.executable, str(ROOT / "examples" / "build_repo.py")]
+        subprocess.run(
+            [*build, "--only", ",".join(missing), "--out", str(out)],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            env=env,
+        )
+    for name in exported:
+        if not (out / name / "manifest.yaml").is_file():
+            spec = f"{HERE / 'peer' / 'bundles.py'}:{name}"
+            subprocess.run(
+                [sys.executable, "-m", "reactantserver.cli", "export", spec,
+                 "--out", str(out / name), "--platforms", "cpu"],
+                check=True,
+                stdout=subprocess.DEVNULL,
+                env=env,
+            )  # fmt: skip
+
+
+NODE_YAML = """\
+# Written by benchmarks/bench_serve.py: one CPU worker serving the benchmark repository.
+model_repo: {repo}
+base_port: {port}
+gpus: 0
+workers:
+  - name: bench
+global:
+  cache_dir: {cache}
+  model_control_mode: static
+  runtime:
+    backend: cpu
+  scheduler:
+    discipline: fair
+{scheduler_extra}  endpoints:
+    host: 127.0.0.1
+    max_concurrent_requests: 1024
+"""
+
+
+@attrs.define
+class Server:
+    """A server process on 127.0.0.1:``port`` (ours or the peer), stopped with SIGTERM."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def cpu(self) -> float:
+        return process_cpu(self.proc.pid)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_ours(repo: Path, workdir: Path, *, cache_dir: Path, scheduler_extra: str = "") -> Server:
+    """``reactantserver serve`` on a fresh node file; returns once the process runs."""
+    port = free_port()
+    node = workdir / f"node_{port}.yaml"
+    node.write_text(
+        NODE_YAML.format(repo=repo, port=port, cache=cache_dir, scheduler_extra=scheduler_extra)
+    )
+    log = workdir / f"ours_{port}.log"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "reactantserver.cli",
+                "serve",
+                str(node),
+                "--log-level",
+                "warning",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    return Server("reactantserver", proc, port, log)
+
+
+async def wait_ready(server: Server, models: Sequence[str], timeout: float = 180.0) -> None:
+    """Poll until every model answers ModelReady (the process must stay alive)."""
+    client = aioclient.InferenceServerClient(server.url, channel_args=CHANNEL_ARGS)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if server.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{server.name} exited with {server.proc.returncode}; its log "
+                    f"({server.log}):\n{server.log.read_text()[-3000:]}"
+                )
+            with contextlib.suppress(Exception):
+                ready = [await client.is_model_ready(m) for m in models]
+                if all(ready):
+                    return
+            await asyncio.sleep(0.2)
+        raise TimeoutError(f"{server.name} was not ready after {timeout} s")
+    finally:
+        await client.close()
+
+
+# ------------------------------------------------------------------------------ load
+
+
+def tensor_input(name: str, x: np.ndarray) -> InferInput:
+    inp = InferInput(name, list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    return inp
+
+
+def small_input(rows: int = 1) -> tuple[np.ndarray, InferInput]:
+    """One ``[rows, 16]`` FP32 request for ``double``."""
+    x = np.arange(rows * FEATURES, dtype=np.float32).reshape(rows, FEATURES)
+    return x, tensor_input("x", x)
+
+
+async def check_double(client: aioclient.InferenceServerClient, model: str) -> None:
+    """Fail unless ``model`` answers ``y = 2 * x``."""
+    x, inp = small_input()
+    result = await client.infer(model, [inp])
+    y = result.as_numpy("y")
+    if y is None or not np.array_equal(y, 2 * x):
+        raise AssertionError(f"{model}: wrong answer {y!r} for 2 * {x!r}")
+
+
+async def closed_loop(
+    url: str,
+    model: str,
+    concurrency: int,
+    *,
+    seconds: float,
+    warmup: float,
+    cpu: Callable[[], float],
+    inputs: Sequence[InferInput] | None = None,
+) -> LoadResult:
+    """``concurrency`` coroutines each sending ``inputs`` back to back (default: one
+    ``double`` row, whose answer is checked first).
+
+    Requests started before the window opens (the warm-up) or answered after it closes
+    are not counted; CPU is read at the window's edges.
+    """
+    client = aioclient.InferenceServerClient(url, channel_args=CHANNEL_ARGS)
+    try:
+        if inputs is None:
+            await check_double(client, model)
+            inputs = [small_input()[1]]
+        inp = list(inputs)
+        loop = asyncio.get_running_loop()
+        start = loop.time() + warmup
+        end = start + seconds
+        latencies: list[float] = []
+        marks: dict[str, float] = {}
+
+        async def edge(name: str, at: float) -> None:
+            await asyncio.sleep(max(0.0, at - loop.time()))
+            marks[name] = cpu()
+
+        async def one() -> None:
+            while (t0 := loop.time()) < end:
+                await client.infer(model, inp)
+                t1 = loop.time()
+                if t0 >= start and t1 <= end:
+                    latencies.append(t1 - t0)
+
+        await asyncio.gather(
+            edge("start", start), edge("end", end), *(one() for _ in range(concurrency))
+        )
+        latencies.sort()
+        return LoadResult(
+            concurrency, len(latencies), seconds, tuple(latencies), marks["end"] - marks["start"]
+        )
+    finally:
+        await client.close()
+
+
+def big_array() -> np.ndarray:
+    return np.arange(BIG_ROWS * FEATURES, dtype=np.float32).reshape(BIG_ROWS, FEATURES) % 1000
+
+
+async def _repeat(
+    call: Callable[[], Awaitable[None]], repeats: int, cpu: Callable[[], float]
+) -> tuple[tuple[float, ...], float]:
+    await call()  # warm up
+    c0 = cpu()
+    latencies = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        await call()
+        latencies.append(time.perf_counter() - t0)
+    return tuple(latencies), cpu() - c0
+
+
+async def big_inline(url: str, model: str, *, repeats: int, cpu: Callable[[], float]) -> BigResult:
+    """One 38 MB input per call, request and response inline."""
+    x = big_array()
+    inp = InferInput("x", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    client = aioclient.InferenceServerClient(url, channel_args=CHANNEL_ARGS)
+    try:
+        first = await client.infer(model, [inp])
+        if not np.array_equal(first.as_numpy("y"), 2 * x):
+            raise AssertionError(f"{model}: wrong answer for the 38 MB input")
+
+        async def call() -> None:
+            await client.infer(model, [inp])
+
+        latencies, cpu_s = await _repeat(call, repeats, cpu)
+    finally:
+        await client.close()
+    return BigResult("inline", x.nbytes, latencies, cpu_s)
+
+
+@contextlib.contextmanager
+def _region(name: str, nbytes: int) -> Iterator[tuple[str, object]]:
+    key = f"/rs_bench_{name}_{uuid.uuid4().hex[:8]}"
+    handle = tshm.create_shared_memory_region(name, key, nbytes)
+    try:
+        yield key, handle
+    finally:
+        tshm.destroy_shared_memory_region(handle)
+
+
+async def big_shm(url: str, model: str, *, repeats: int, cpu: Callable[[], float]) -> BigResult:
+    """One 38 MB input per call through system shared memory, output likewise."""
+    x = big_array()
+    tag = uuid.uuid4().hex[:6]
+    names = (f"bench_in_{tag}", f"bench_out_{tag}")
+    client = aioclient.InferenceServerClient(url, channel_args=CHANNEL_ARGS)
+    with (
+        _region(names[0], x.nbytes) as (key_in, h_in),
+        _region(names[1], x.nbytes) as (
+            key_out,
+            h_out,
+        ),
+    ):
+        try:
+            tshm.set_shared_memory_region(h_in, [x])
+            await client.register_system_shared_memory(names[0], key_in, x.nbytes)
+            await client.register_system_shared_memory(names[1], key_out, x.nbytes)
+            inp = InferInput("x", list(x.shape), "FP32")
+            inp.set_shared_memory(names[0], x.nbytes)
+            out = InferRequestedOutput("y")
+            out.set_shared_memory(names[1], x.nbytes)
+
+            async def call() -> None:
+                await client.infer(model, [inp], outputs=[out])
+
+            await call()
+            y = tshm.get_contents_as_numpy(h_out, np.float32, list(x.shape))
+            if not np.array_equal(y, 2 * x):
+                raise AssertionError(f"{model}: wrong answer in shared memory")
+            latencies, cpu_s = await _repeat(call, repeats, cpu)
+        finally:
+            with contextlib.suppress(Exception):
+                for name in names:
+                    await client.unregister_system_shared_memory(name)
+            await client.close()
+    return BigResult("shared memory (in + out)", x.nbytes, latencies, cpu_s)
+
+
+# ------------------------------------------------------------------------------ the table
+
+
+def load_row(label: str, r: LoadResult) -> str:
+    return (
+        f"{label:<26} {r.concurrency:>9} {r.rps:>9.0f} {r.p50 * 1e3:>9.2f} {r.p99 * 1e3:>9.2f} "
+        f"{r.cpu_per_request * 1e6:>11.0f}"
+    )
+
+
+def big_row(r: BigResult) -> str:
+    return f"{r.how:<26} {r.p50 * 1e3:>9.1f} {r.mbps:>9.0f} {r.cpu_per_request * 1e3:>12.1f}"
+
+
+async def _run(args: argparse.Namespace, workdir: Path) -> None:
+    repo = workdir / "repo"
+    build_repo(repo)
+    server = start_ours(repo, workdir, cache_dir=workdir / "cache")
+    try:
+        await wait_ready(server, [SMALL_MODEL, BIG_MODEL])
+        results = [
+            await closed_loop(
+                server.url,
+                SMALL_MODEL,
+                n,
+                seconds=args.seconds,
+                warmup=args.warmup,
+                cpu=server.cpu,
+            )
+            for n in CONCURRENCY
+        ]
+        inline = await big_inline(server.url, BIG_MODEL, repeats=args.repeats, cpu=server.cpu)
+        shm = await big_shm(server.url, BIG_MODEL, repeats=args.repeats * 4, cpu=server.cpu)
+    finally:
+        server.stop()
+    print(f"reactantserver {server.url}; {os.cpu_count()} CPUs; load generator in this process")
+    print(
+        f"{'one-row requests':<26} {'in flight':>9} {'req/s':>9} {'p50 ms':>9} {'p99 ms':>9} "
+        f"{'CPU us/req':>11}"
+    )
+    for r in results:
+        print(load_row(f"{SMALL_MODEL} [1,16] FP32", r))
+    print()
+    print(f"{'one 38 MB input':<26} {'p50 ms':>9} {'MB/s':>9} {'CPU ms/req':>12}")
+    for b in (inline, shm):
+        print(big_row(b))
+    print(f"{'shared memory speed-up':<26} {inline.p50 / shm.p50:>9.1f}x")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=3.0, help="measured window per row")
+    parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured lead-in per row")
+    parser.add_argument("--repeats", type=int, default=5, help="38 MB inline calls")
+    parser.add_argument("--workdir", help="keep the repository, cache and logs here")
+    args = parser.parse_args(argv)
+    if args.workdir:
+        workdir = Path(args.workdir).resolve()
+        workdir.mkdir(parents=True, exist_ok=True)
+        asyncio.run(_run(args, workdir))
+        return
+    with tempfile.TemporaryDirectory(prefix="rs_bench_serve_") as tmp:
+        asyncio.run(_run(args, Path(tmp)))
+
+
+if __name__ == "__main__":
+    main()

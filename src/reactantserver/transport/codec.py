@@ -1,0 +1,568 @@
+"""The ModelInfer wire codec: request bytes in, response bytes out, no message objects.
+
+Why a second codec
+------------------
+betterproto builds a dataclass per message and routes every field access through a
+``__getattribute__`` hook; for ModelInfer, the one RPC on the hot path, decoding and
+encoding with it cost more CPU than grpclib's whole HTTP/2 exchange (docs/benchmarks.md
+has the profile). This module reads and writes exactly the two ModelInfer messages
+of ``proto/inference.proto`` by hand; every other message keeps betterproto.
+
+Theory of operation
+-------------------
+:func:`decode_infer_request` walks the received ``bytes`` once, field by field
+(``tag = field_number << 3 | wire_type``), into plain slotted records:
+
+* strings are decoded (UTF-8, as protobuf requires); ``shape`` is a list of ints;
+* ``raw_input_contents`` entries are ``memoryview`` slices of the received buffer --
+  no copy; ``inferio`` views them with ``np.frombuffer``;
+* ``parameters`` maps become ``dict[str, value]`` with plain values: ``bool``
+  (``bool_param``), ``int`` (``int64_param`` and ``uint64_param``), ``str``
+  (``string_param``), ``float`` (``double_param``), or ``None`` for a parameter with
+  no value set;
+* typed ``contents`` (``InferTensorContents``) become a :class:`TensorContents` of
+  compact ``array.array``\\ s (4 or 8 bytes an element, not a Python object each; packed
+  floats are copied in one go), read with protobuf's rules for each scalar type (int32
+  keeps the low 32 bits, packed or unpacked, chunks append); ``bytes_contents`` is a
+  list of ``bytes``.
+
+:func:`encode_infer_response` writes an :class:`InferResponse` straight to bytes with
+one ``b"".join``: raw outputs may be ``memoryview``\\ s of result arrays, so the join
+is their only copy. Output parameters (only the echo of shared-memory parameters) are
+``InferParameter`` messages serialized by betterproto.
+
+Protobuf rules kept (what ``tritonclient``'s protobuf runtime does, checked by
+tests/test_codec.py against it and against betterproto): fields in any order, unknown
+fields skipped (groups included), a singular field sent twice keeps its last value, a
+message field sent twice merges, packed and unpacked repeated scalars both accepted (a packed
+list sent in several chunks is their concatenation -- betterproto keeps only the last
+chunk, one reason typed contents are not handed to it), int64 read as 64-bit two's
+complement, proto3 defaults (zero, empty) not written.
+
+Hostile input never escapes as anything but :class:`~reactantserver.errors.InvalidArgument`
+naming the message, the field and the byte offset: truncated varints, varints longer
+than ten bytes, lengths past the end of the enclosing message, field number 0, a
+known field with the wrong wire type (protobuf's runtimes skip it as unknown; this
+codec says what is wrong instead, since no correct client sends one), invalid UTF-8. Memory stays proportional to the message (which
+``endpoints.max_message_bytes`` bounds) with a small factor: fields that become a
+Python object each (inputs, outputs, raw entries, parameters) are capped at
+:data:`MAX_ENTRIES` per list or map and shapes at :data:`MAX_DIMS`, so that a message
+of millions of empty fields cannot turn into gigabytes of objects.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from array import array
+from collections.abc import Mapping
+from typing import Any
+
+from reactantserver.errors import InvalidArgument
+from reactantserver.protocol import inference as pb
+
+#: Wire types (https://protobuf.dev/programming-guides/encoding/).
+VARINT, I64, LEN, SGROUP, EGROUP, I32 = 0, 1, 2, 3, 4, 5
+
+#: Unknown groups are skipped recursively; deeper nesting is refused, not a RecursionError.
+MAX_GROUP_DEPTH = 32
+#: Most inputs, outputs, raw entries or parameters one list or map may hold.
+MAX_ENTRIES = 4096
+#: Most extents a shape may hold (numpy's own limit; inferio refuses above 32).
+MAX_DIMS = 64
+
+_MASK64 = (1 << 64) - 1
+_SIGN64 = 1 << 63
+_MASK32 = (1 << 32) - 1
+_SIGN32 = 1 << 31
+_DOUBLE = struct.Struct("<d")
+
+#: A parameter's value: bool, int (int64 or uint64), str, float; None when unset.
+ParamValue = bool | int | str | float | None
+
+
+# ------------------------------------------------------------------------------ records
+
+
+class TensorContents:
+    """``InferTensorContents``: typed elements, flattened in row-major order.
+
+    Numeric lists are ``array.array``\\ s (``np.asarray`` views them without a loop);
+    ``bool_contents`` holds 0 and 1.
+    """
+
+    __slots__ = ("bool_contents", "bytes_contents", "fp32_contents", "fp64_contents",
+                 "int64_contents", "int_contents", "uint64_contents", "uint_contents")  # fmt: skip
+
+    def __init__(self) -> None:
+        self.bool_contents = array("B")
+        self.int_contents = array("i")
+        self.int64_contents = array("q")
+        self.uint_contents = array("I")
+        self.uint64_contents = array("Q")
+        self.fp32_contents = array("f")
+        self.fp64_contents = array("d")
+        self.bytes_contents: list[bytes] = []
+
+
+class InputTensor:
+    """``ModelInferRequest.InferInputTensor``."""
+
+    __slots__ = ("contents", "datatype", "name", "parameters", "shape")
+
+    def __init__(
+        self,
+        name: str = "",
+        datatype: str = "",
+        shape: list[int] | None = None,
+        parameters: dict[str, ParamValue] | None = None,
+        contents: TensorContents | None = None,
+    ) -> None:
+        self.name = name
+        self.datatype = datatype
+        self.shape: list[int] = [] if shape is None else shape
+        self.parameters: dict[str, ParamValue] = {} if parameters is None else parameters
+        #: Typed contents; ``None`` when the field was not sent.
+        self.contents = contents
+
+
+class RequestedOutput:
+    """``ModelInferRequest.InferRequestedOutputTensor``."""
+
+    __slots__ = ("name", "parameters")
+
+    def __init__(self, name: str = "", parameters: dict[str, ParamValue] | None = None) -> None:
+        self.name = name
+        self.parameters: dict[str, ParamValue] = {} if parameters is None else parameters
+
+
+class InferRequest:
+    """``ModelInferRequest``, as decoded by :func:`decode_infer_request`."""
+
+    __slots__ = ("id", "inputs", "model_name", "model_version", "outputs", "parameters",
+                 "raw_input_contents")  # fmt: skip
+
+    def __init__(self) -> None:
+        self.model_name = ""
+        self.model_version = ""
+        self.id = ""
+        self.parameters: dict[str, ParamValue] = {}
+        self.inputs: list[InputTensor] = []
+        self.outputs: list[RequestedOutput] = []
+        #: Slices of the received buffer, one per raw input.
+        self.raw_input_contents: list[memoryview | bytes] = []
+
+
+class OutputTensor:
+    """``ModelInferResponse.InferOutputTensor`` (outputs are always sent raw)."""
+
+    __slots__ = ("datatype", "name", "parameters", "shape")
+
+    def __init__(
+        self,
+        name: str,
+        datatype: str,
+        shape: list[int],
+        parameters: Mapping[str, pb.InferParameter] | None = None,
+    ) -> None:
+        self.name = name
+        self.datatype = datatype
+        self.shape = shape
+        self.parameters: Mapping[str, pb.InferParameter] = parameters or {}
+
+
+class InferResponse:
+    """``ModelInferResponse``, written by :func:`encode_infer_response`."""
+
+    __slots__ = ("id", "model_name", "model_version", "outputs", "raw_output_contents")
+
+    def __init__(self, model_name: str, model_version: str = "", id: str = "") -> None:
+        self.model_name = model_name
+        self.model_version = model_version
+        self.id = id
+        self.outputs: list[OutputTensor] = []
+        #: One entry per output, in order (empty for an output written to shared memory).
+        self.raw_output_contents: list[bytes | memoryview] = []
+
+
+# ------------------------------------------------------------------------------ reading
+
+
+class _Reader:
+    """A cursor over ``buf[pos:end]`` for one message; errors name the message."""
+
+    __slots__ = ("buf", "end", "pos", "what")
+
+    def __init__(self, buf: bytes, pos: int, end: int, what: str) -> None:
+        self.buf = buf
+        self.pos = pos
+        self.end = end
+        self.what = what
+
+    def fail(self, problem: str) -> InvalidArgument:
+        return InvalidArgument(f"malformed {self.what}: {problem}")
+
+    def varint(self) -> int:
+        buf, pos, end = self.buf, self.pos, self.end
+        if pos < end and buf[pos] < 0x80:  # one byte: tags, lengths, small ints
+            self.pos = pos + 1
+            return buf[pos]
+        result = shift = 0
+        start = pos
+        while True:
+            if pos >= end:
+                raise self.fail(f"varint at byte {start} is truncated")
+            byte = buf[pos]
+            pos += 1
+            result |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                self.pos = pos
+                return result & _MASK64
+            shift += 7
+            if shift >= 70:
+                raise self.fail(f"varint at byte {start} is longer than 10 bytes")
+
+    def int64(self) -> int:
+        value = self.varint()
+        return value - (1 << 64) if value & _SIGN64 else value
+
+    def length(self) -> tuple[int, int]:
+        """A length-delimited field's ``(start, end)``; the cursor moves past it."""
+        at = self.pos
+        size = self.varint()
+        start = self.pos
+        if size > self.end - start:
+            raise self.fail(
+                f"length {size} at byte {at} runs past the end of the message ({self.end})"
+            )
+        self.pos = start + size
+        return start, start + size
+
+    def string(self, field: str) -> str:
+        start, end = self.length()
+        try:
+            return self.buf[start:end].decode()
+        except UnicodeDecodeError:
+            raise self.fail(f"{field} is not valid UTF-8") from None
+
+    def tag(self) -> tuple[int, int]:
+        at = self.pos
+        key = self.varint()
+        number = key >> 3
+        if number == 0:
+            raise self.fail(f"field number 0 at byte {at}")
+        return number, key & 7
+
+    def expect(self, wire: int, expected: int, field: str) -> None:
+        if wire != expected:
+            raise self.fail(f"{field} has wire type {wire}, expected {expected}")
+
+    def skip(self, number: int, wire: int, depth: int = 0) -> None:
+        """Skip one unknown field whose tag has just been read."""
+        if wire == VARINT:
+            self.varint()
+        elif wire == LEN:
+            self.length()
+        elif wire in (I64, I32):
+            size = 8 if wire == I64 else 4
+            if self.pos + size > self.end:
+                raise self.fail(f"fixed-width field {number} runs past the end of the message")
+            self.pos += size
+        elif wire == SGROUP:
+            if depth >= MAX_GROUP_DEPTH:
+                raise self.fail(f"groups nested deeper than {MAX_GROUP_DEPTH}")
+            while True:  # a group ends with the END_GROUP tag of the same number
+                inner, inner_wire = self.tag()
+                if inner_wire == EGROUP:
+                    if inner != number:
+                        raise self.fail(f"group {number} closed by END_GROUP {inner}")
+                    return
+                self.skip(inner, inner_wire, depth + 1)
+        elif wire == EGROUP:
+            raise self.fail(f"END_GROUP {number} outside any group")
+        else:
+            raise self.fail(f"field {number} has invalid wire type {wire}")
+
+    def sub(self, what: str) -> _Reader:
+        """A reader over the length-delimited field at the cursor."""
+        start, end = self.length()
+        return _Reader(self.buf, start, end, what)
+
+
+def _parameter(r: _Reader) -> ParamValue:
+    value: ParamValue = None
+    while r.pos < r.end:
+        number, wire = r.tag()
+        if number == 1:
+            r.expect(wire, VARINT, "bool_param")
+            value = r.varint() != 0
+        elif number == 2:
+            r.expect(wire, VARINT, "int64_param")
+            value = r.int64()
+        elif number == 3:
+            r.expect(wire, LEN, "string_param")
+            value = r.string("string_param")
+        elif number == 4:
+            r.expect(wire, I64, "double_param")
+            if r.pos + 8 > r.end:
+                raise r.fail("double_param runs past the end of the message")
+            (value,) = _DOUBLE.unpack_from(r.buf, r.pos)
+            r.pos += 8
+        elif number == 5:
+            r.expect(wire, VARINT, "uint64_param")
+            value = r.varint()
+        else:
+            r.skip(number, wire)
+    return value
+
+
+def _map_entry(r: _Reader, params: dict[str, ParamValue]) -> None:
+    """One ``map<string, InferParameter>`` entry (a message with key 1, value 2)."""
+    entry = r.sub("parameters entry")
+    key = ""
+    value: ParamValue = None
+    while entry.pos < entry.end:
+        number, wire = entry.tag()
+        if number == 1:
+            entry.expect(wire, LEN, "parameters key")
+            key = entry.string("parameters key")
+        elif number == 2:
+            entry.expect(wire, LEN, "parameters value")
+            value = _parameter(entry.sub("InferParameter"))
+        else:
+            entry.skip(number, wire)
+    if key not in params and len(params) >= MAX_ENTRIES:
+        raise r.fail(f"more than {MAX_ENTRIES} parameters")
+    params[key] = value
+
+
+def _shape(r: _Reader, wire: int, shape: list[int]) -> None:
+    if wire == LEN:  # packed: the usual encoding
+        sub = r.sub("shape")
+        while sub.pos < sub.end:
+            shape.append(sub.int64())
+    elif wire == VARINT:  # unpacked: parsers must accept it too
+        shape.append(r.int64())
+    else:
+        raise r.fail(f"shape has wire type {wire}, expected {LEN} or {VARINT}")
+    if len(shape) > MAX_DIMS:
+        raise r.fail(f"shape has more than {MAX_DIMS} extents")
+
+
+#: InferTensorContents: field number -> (attribute, wire type of one element, decode).
+_CONTENTS: dict[int, tuple[str, int, Any]] = {
+    1: ("bool_contents", VARINT, lambda v: int(v != 0)),
+    2: ("int_contents", VARINT, lambda v: (v & _MASK32) - ((v & _SIGN32) << 1)),
+    3: ("int64_contents", VARINT, lambda v: v - ((v & _SIGN64) << 1)),
+    4: ("uint_contents", VARINT, lambda v: v & _MASK32),
+    5: ("uint64_contents", VARINT, lambda v: v),
+    6: ("fp32_contents", I32, None),
+    7: ("fp64_contents", I64, None),
+}
+_FIXED = {I32: struct.Struct("<f"), I64: struct.Struct("<d")}
+#: Packed fixed-width values are little-endian on the wire; ``array`` uses native order.
+_SWAP = sys.byteorder != "little"
+
+
+def _contents(r: _Reader, contents: TensorContents) -> None:
+    """Append one ``contents`` field's elements (a message sent twice merges)."""
+    while r.pos < r.end:
+        number, wire = r.tag()
+        if number == 8:
+            r.expect(wire, LEN, "bytes_contents")
+            start, end = r.length()
+            contents.bytes_contents.append(r.buf[start:end])
+            continue
+        known = _CONTENTS.get(number)
+        if known is None:
+            r.skip(number, wire)
+            continue
+        name, element, convert = known
+        values: array[Any] = getattr(contents, name)
+        if wire == LEN:  # packed: the usual encoding
+            packed = r.sub(f"contents.{name}")
+            if element == VARINT:
+                while packed.pos < packed.end:
+                    values.append(convert(packed.varint()))
+            else:
+                if (packed.end - packed.pos) % values.itemsize:
+                    raise r.fail(f"contents.{name} holds a partial element")
+                chunk = array(values.typecode, r.buf[packed.pos : packed.end])
+                if _SWAP:
+                    chunk.byteswap()
+                values.extend(chunk)
+        elif wire == element:  # unpacked
+            if element == VARINT:
+                values.append(convert(r.varint()))
+            else:
+                fmt = _FIXED[element]
+                if r.pos + fmt.size > r.end:
+                    raise r.fail(f"contents.{name} runs past the end of the message")
+                values.append(fmt.unpack_from(r.buf, r.pos)[0])
+                r.pos += fmt.size
+        else:
+            raise r.fail(f"contents.{name} has wire type {wire}, expected {element} or {LEN}")
+
+
+def _input(r: _Reader) -> InputTensor:
+    tensor = InputTensor()
+    while r.pos < r.end:
+        number, wire = r.tag()
+        if number == 1:
+            r.expect(wire, LEN, "input name")
+            tensor.name = r.string("input name")
+        elif number == 2:
+            r.expect(wire, LEN, "input datatype")
+            tensor.datatype = r.string("input datatype")
+        elif number == 3:
+            _shape(r, wire, tensor.shape)
+        elif number == 4:
+            r.expect(wire, LEN, "input parameters")
+            _map_entry(r, tensor.parameters)
+        elif number == 5:
+            r.expect(wire, LEN, "input contents")
+            if tensor.contents is None:
+                tensor.contents = TensorContents()
+            _contents(r.sub("InferTensorContents"), tensor.contents)
+        else:
+            r.skip(number, wire)
+    return tensor
+
+
+def _requested_output(r: _Reader) -> RequestedOutput:
+    out = RequestedOutput()
+    while r.pos < r.end:
+        number, wire = r.tag()
+        if number == 1:
+            r.expect(wire, LEN, "output name")
+            out.name = r.string("output name")
+        elif number == 2:
+            r.expect(wire, LEN, "output parameters")
+            _map_entry(r, out.parameters)
+        else:
+            r.skip(number, wire)
+    return out
+
+
+def _room(r: _Reader, entries: list[Any], what: str) -> None:
+    if len(entries) >= MAX_ENTRIES:
+        raise r.fail(f"more than {MAX_ENTRIES} {what}")
+
+
+def decode_infer_request(data: bytes) -> InferRequest:
+    """Decode a serialized ``ModelInferRequest`` (see the module docstring)."""
+    if not isinstance(data, bytes):
+        data = bytes(data)  # indexing bytes is fastest; grpclib hands us bytes anyway
+    view = memoryview(data)
+    r = _Reader(data, 0, len(data), "ModelInferRequest")
+    request = InferRequest()
+    while r.pos < r.end:
+        number, wire = r.tag()
+        if number == 7:
+            r.expect(wire, LEN, "raw_input_contents")
+            start, end = r.length()
+            _room(r, request.raw_input_contents, "raw_input_contents entries")
+            request.raw_input_contents.append(view[start:end])
+        elif number == 5:
+            r.expect(wire, LEN, "inputs")
+            _room(r, request.inputs, "inputs")
+            request.inputs.append(_input(r.sub("ModelInferRequest.InferInputTensor")))
+        elif number == 1:
+            r.expect(wire, LEN, "model_name")
+            request.model_name = r.string("model_name")
+        elif number == 2:
+            r.expect(wire, LEN, "model_version")
+            request.model_version = r.string("model_version")
+        elif number == 3:
+            r.expect(wire, LEN, "id")
+            request.id = r.string("id")
+        elif number == 4:
+            r.expect(wire, LEN, "parameters")
+            _map_entry(r, request.parameters)
+        elif number == 6:
+            r.expect(wire, LEN, "outputs")
+            _room(r, request.outputs, "outputs")
+            request.outputs.append(
+                _requested_output(r.sub("ModelInferRequest.InferRequestedOutputTensor"))
+            )
+        else:
+            r.skip(number, wire)
+    return request
+
+
+def from_message(message: pb.ModelInferRequest) -> InferRequest:
+    """The lean form of a betterproto ``ModelInferRequest`` (tests, direct callers).
+
+    It goes through the wire format, so it is exactly what the server would decode;
+    only the raw contents are the message's own ``bytes`` objects (not copies).
+    """
+    request = decode_infer_request(bytes(message))
+    request.raw_input_contents = list(message.raw_input_contents)
+    return request
+
+
+# ------------------------------------------------------------------------------ writing
+
+
+def _varint(value: int) -> bytes:
+    value &= _MASK64  # negative int64: ten bytes of two's complement, as protobuf does
+    if value < 0x80:
+        return _SMALL[value]
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_SMALL = [bytes([i]) for i in range(0x80)]
+
+
+def _tag(number: int, wire: int) -> bytes:
+    return _varint(number << 3 | wire)
+
+
+def _len_field(parts: list[Any], tag: bytes, payload: bytes | memoryview) -> None:
+    parts.append(tag)
+    parts.append(_varint(len(payload) if isinstance(payload, bytes) else payload.nbytes))
+    parts.append(payload)
+
+
+_T_NAME, _T_DATATYPE, _T_SHAPE, _T_TPARAMS = (_tag(n, LEN) for n in (1, 2, 3, 4))
+_T_MODEL, _T_VERSION, _T_ID = (_tag(n, LEN) for n in (1, 2, 3))
+_T_OUTPUT, _T_RAW = _tag(5, LEN), _tag(6, LEN)
+_T_KEY, _T_VALUE = _tag(1, LEN), _tag(2, LEN)
+
+
+def _output_tensor(tensor: OutputTensor) -> bytes:
+    parts: list[Any] = []
+    if tensor.name:
+        _len_field(parts, _T_NAME, tensor.name.encode())
+    if tensor.datatype:
+        _len_field(parts, _T_DATATYPE, tensor.datatype.encode())
+    if tensor.shape:
+        _len_field(parts, _T_SHAPE, b"".join([_varint(d) for d in tensor.shape]))
+    for key, param in tensor.parameters.items():
+        entry: list[Any] = []
+        if key:
+            _len_field(entry, _T_KEY, key.encode())
+        _len_field(entry, _T_VALUE, bytes(param))
+        _len_field(parts, _T_TPARAMS, b"".join(entry))
+    return b"".join(parts)
+
+
+def encode_infer_response(response: InferResponse) -> bytes:
+    """Serialize ``response`` as a ``ModelInferResponse``: the raw outputs' one copy."""
+    parts: list[Any] = []
+    if response.model_name:
+        _len_field(parts, _T_MODEL, response.model_name.encode())
+    if response.model_version:
+        _len_field(parts, _T_VERSION, response.model_version.encode())
+    if response.id:
+        _len_field(parts, _T_ID, response.id.encode())
+    for tensor in response.outputs:
+        _len_field(parts, _T_OUTPUT, _output_tensor(tensor))
+    for raw in response.raw_output_contents:
+        _len_field(parts, _T_RAW, raw)
+    return b"".join(parts)
