@@ -466,3 +466,12 @@ def test_statistics_account_every_request() -> None:
     assert m.compute_seconds == 0.25 and m.costs == ((2, 0.25),)
     assert m.queue_depth == 0 and s.queued == 0 and s.running is None
     assert (s.requests, s.rows, s.dispatches, s.shed) == (2, 2, 1, 1)
+
+
+def test_a_cost_is_never_seeded_below_one_row() -> None:
+    """Every dispatch carries a request, so size 0 is a caller's bug (it once made the
+    cost estimate for size 1 divide by zero and stopped the dispatch loop)."""
+    from reactantserver.scheduling.cost import CostTable
+
+    with pytest.raises(ValueError, match="a batch size is at least 1; got 0"):
+        CostTable().seed(0, 0.01)

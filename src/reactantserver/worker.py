@@ -560,7 +560,9 @@ class Worker:
 
     def _seed_costs(self, name: str, costs: Mapping[int, float]) -> None:
         for size, seconds in costs.items():
-            self.scheduler.seed_cost(name, size, seconds)
+            # The runtime keys an unbatched model's single program by 0; to the scheduler
+            # that program is a dispatch of one request, size 1.
+            self.scheduler.seed_cost(name, max(size, 1), seconds)
 
     async def _warm_up(self, served: ServedModel) -> dict[int, float]:
         """Run every compiled size on zeros: seconds per size, to seed the cost estimates."""

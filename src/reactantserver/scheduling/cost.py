@@ -54,6 +54,10 @@ class CostTable:
 
     def seed(self, size: int, seconds: float) -> None:
         """Set ``cost[size]`` outright (a warm-up run, or a new model version)."""
+        if size < 1:
+            # A dispatch always carries at least one row; an unbatched model's single
+            # program runs one request, i.e. size 1.
+            raise ValueError(f"a batch size is at least 1; got {size}")
         if size not in self._costs:
             bisect.insort(self._sizes, size)
         self._costs[size] = max(seconds, MIN_COST)
