@@ -474,4 +474,4 @@ def test_a_cost_is_never_seeded_below_one_row() -> None:
     from reactantserver.scheduling.cost import CostTable
 
     with pytest.raises(ValueError, match="a batch size is at least 1; got 0"):
-        CostTable().seed(0, 0.01)
+        CostTable(alpha=0.2).seed(0, 0.01)
