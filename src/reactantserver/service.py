@@ -542,10 +542,11 @@ class Service:
     async def model_ready(
         self, request: pb.ModelReadyRequest, ctx: CallContext
     ) -> pb.ModelReadyResponse:
-        # "Is it ready?" about an unknown model is answered "no", as Triton does.
+        # "Is it ready?" about an unknown model, or one still loading or draining, is
+        # answered "no" (as Triton does), not with an error.
         try:
             model = self._host.get(request.name)
-        except NotFound:
+        except (NotFound, Unavailable):
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=model.ready()[0])
 
