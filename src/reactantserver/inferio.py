@@ -98,22 +98,7 @@ SHM_BYTE_SIZE = "shared_memory_byte_size"
 #: Request parameters of Triton features this server does not have.
 _SEQUENCE_PARAMS = ("sequence_id", "sequence_start", "sequence_end")
 
-#: The typed-contents list each datatype uses (FP16/BF16 have none).
-TYPED_FIELD: dict[str, str] = {
-    "BOOL": "bool_contents",
-    "INT8": "int_contents",
-    "INT16": "int_contents",
-    "INT32": "int_contents",
-    "INT64": "int64_contents",
-    "UINT8": "uint_contents",
-    "UINT16": "uint_contents",
-    "UINT32": "uint_contents",
-    "UINT64": "uint64_contents",
-    "FP32": "fp32_contents",
-    "FP64": "fp64_contents",
-    "BYTES": "bytes_contents",
-}
-_ALL_TYPED_FIELDS = tuple(dict.fromkeys(TYPED_FIELD.values()))
+_ALL_TYPED_FIELDS = tuple(dict.fromkeys(tensors.TYPED_CONTENTS_FIELD.values()))
 #: Typed lists whose wire type is wider than some datatypes using them.
 _NARROWED = {"INT8", "INT16", "UINT8", "UINT16"}
 
@@ -260,7 +245,7 @@ def _check_shape(spec: TensorSpec, shape: Sequence[int], where: str) -> None:
 def _from_typed(
     spec: TensorSpec, contents: TensorContents, shape: tuple[int, ...], where: str
 ) -> np.ndarray:
-    field = TYPED_FIELD.get(spec.datatype)
+    field = tensors.TYPED_CONTENTS_FIELD.get(spec.datatype)
     if field is None:
         raise InvalidArgument(
             f"{where}: {spec.datatype} has no typed contents field; "

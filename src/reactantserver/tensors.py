@@ -60,6 +60,24 @@ DATATYPES: tuple[str, ...] = (*_FIXED.keys(), *(() if _BF16 is not None else ("B
 _BY_DTYPE: dict[np.dtype[Any], str] = {dt: name for name, dt in _FIXED.items()}
 
 
+#: The ``InferTensorContents`` list each datatype travels in when sent as typed contents
+#: rather than raw bytes (FP16 and BF16 have none: they travel raw only).
+TYPED_CONTENTS_FIELD: dict[str, str] = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
 def is_datatype(name: str) -> bool:
     return name in DATATYPES
 

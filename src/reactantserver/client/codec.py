@@ -53,22 +53,6 @@ SHM_REGION = "shared_memory_region"
 SHM_OFFSET = "shared_memory_offset"
 SHM_BYTE_SIZE = "shared_memory_byte_size"
 
-#: Typed-contents list per datatype, for servers that answer without raw contents.
-_TYPED_FIELD: dict[str, str] = {
-    "BOOL": "bool_contents",
-    "INT8": "int_contents",
-    "INT16": "int_contents",
-    "INT32": "int_contents",
-    "INT64": "int64_contents",
-    "UINT8": "uint_contents",
-    "UINT16": "uint_contents",
-    "UINT32": "uint_contents",
-    "UINT64": "uint64_contents",
-    "FP32": "fp32_contents",
-    "FP64": "fp64_contents",
-    "BYTES": "bytes_contents",
-}
-
 
 @attrs.frozen
 class Placement:
@@ -174,7 +158,7 @@ def array_from_bytes(
 
 
 def _from_typed(tensor: OutputWire, where: str) -> np.ndarray:
-    field = _TYPED_FIELD.get(tensor.datatype)
+    field = tensors.TYPED_CONTENTS_FIELD.get(tensor.datatype)
     shape = tuple(tensor.shape)
     values = getattr(tensor.contents, field) if field is not None and tensor.contents else []
     try:
