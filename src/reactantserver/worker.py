@@ -239,9 +239,8 @@ class Worker:
         for name in self._startup_order(scan.bundles):
             async with self._lifecycle:
                 await self._load(name, scan.bundles[name], begun=True)
-        if isinstance(self.weights, CachedWeights):
-            async with self._lifecycle:
-                await self.weights.finish_probe()  # the startup warm-ups were the probe
+        async with self._lifecycle:
+            await self.weights.finish_probe()  # with the cache on, the warm-ups were the probe
         self._initial_load_done = True
         ready = sorted(self._models)
         failed = self.model_states.in_state(ModelState.FAILED)
@@ -565,15 +564,9 @@ class Worker:
             self.scheduler.seed_cost(name, max(size, 1), seconds)
 
     async def _warm_up(self, served: ServedModel) -> dict[int, float]:
-        """Run every compiled size on zeros: seconds per size, to seed the cost estimates."""
-        if isinstance(self.weights, CachedWeights):
-            # The cache's warm-up is also its startup probe (runtime/weight_cache.py).
-            return await self.weights.warm_up(served)
-        weights = await self.weights.acquire(served)
-        try:
-            return await trio.to_thread.run_sync(served.loaded.warmup, weights)
-        finally:
-            self.weights.release(served)
+        """Run every compiled size on zeros: seconds per size, to seed the cost estimates
+        (with the cache on this is also its startup probe: runtime/weight_cache.py)."""
+        return await self.weights.warm_up(served)
 
     async def _drain(self, served: ServedModel) -> None:
         """Wait until every request admitted to ``served`` has been answered."""
@@ -817,25 +810,13 @@ class Worker:
     # ----------------------------------------------------------- weight cache
 
     def _startup_order(self, bundles: Mapping[str, Bundle]) -> list[str]:
-        """Startup load order: by name, or with the cache on the probe's order (pinned
-        first, then ascending weight size), since the startup warm-ups are the probe."""
-        if isinstance(self.weights, CachedWeights):
-            return startup_order(bundles, self.config)
-        return sorted(bundles)
+        """Startup load order: the cache probe's (pinned first, then ascending weight size,
+        meta models last), since with the cache on the startup warm-ups are the probe."""
+        return startup_order(bundles, self.config)
 
     def weight_cache_statistics(self) -> WeightCacheStatistics | None:
         """The on-demand weight cache's snapshot (metrics), or ``None`` when it is off."""
-        if isinstance(self.weights, CachedWeights):
-            return self.weights.statistics()
-        return None
-
-    def _residency(self, served: ServedModel) -> Residency:
-        if isinstance(self.weights, CachedWeights):
-            return self.weights.residency(served).floor
-        return "device"  # with the weight cache off every model stays on the device
-
-    def _host_resident(self, served: ServedModel) -> bool:
-        return isinstance(self.weights, CachedWeights) and self.weights.residency(served).host
+        return self.weights.statistics()
 
     def control_status(self) -> ControlStatus:
         stats = self.scheduler.statistics().policy.models
@@ -846,9 +827,9 @@ class Worker:
             infos.append(
                 ModelControlInfo(
                     name=name,
-                    residency=self._residency(served),
+                    residency=self.weights.floor(served),
                     device_resident=self.weights.is_resident(served),
-                    host_resident=self._host_resident(served),
+                    host_resident=self.weights.host_resident(served),
                     weight_nbytes=served.bundle.weights_nbytes,
                     weight=s.weight if s else served.sched.weight,
                     queue_depth=s.queue_depth if s else 0,
@@ -870,9 +851,7 @@ class Worker:
             discipline=self.config.scheduler.discipline,
             models=self._with_metas(infos),
             # The on-demand budget (the LRU's cap); 0 with the cache off.
-            weight_cache_max_bytes=(
-                self.weights.budget.on_demand if isinstance(self.weights, CachedWeights) else 0
-            ),
+            weight_cache_max_bytes=self.weights.on_demand_budget,
         )
 
     def _with_metas(self, infos: Sequence[ModelControlInfo]) -> tuple[ModelControlInfo, ...]:
@@ -917,19 +896,9 @@ class Worker:
 
     async def _apply_residency(self, served: ServedModel, target: Residency) -> Residency:
         """The weight cache's part of SetModelResidency (mode already checked)."""
-        if isinstance(self.weights, CachedWeights):
-            floor = await self.weights.set_floor(served, target)
-            log.info("model %r: residency set to %s", served.name, floor)
-            return floor
-        # With the cache off every model is device resident: asking for that is a
-        # no-op success (so a control plane can assert it), anything else is refused.
-        if target == "device":
-            return "device"
-        raise FailedPrecondition(
-            f"model {served.name!r}: cannot make it {target!r}: the on-demand weight cache is "
-            "off on this worker (runtime.weight_cache_fraction is 0 or the device reports no "
-            "arena; set runtime.arena_bytes on CPU), so every model stays device resident"
-        )
+        floor = await self.weights.set_floor(served, target)
+        log.info("model %r: residency is %s", served.name, floor)
+        return floor
 
     async def set_policy(self, name: str, weight: float) -> None:
         """SetModelPolicy, every mode: the model's fair share, live.
@@ -954,12 +923,8 @@ class Worker:
 
     async def _compact_weights(self, reload: Sequence[ServedModel]) -> CompactResult:
         """The weight cache's part of CompactMemory (names already checked)."""
-        if isinstance(self.weights, CachedWeights):
-            reloaded, resident = await self.weights.compact(reload)
-            return CompactResult(reloaded_models=reloaded, resident_bytes_after=resident)
-        # With the cache off nothing is evictable and everything is resident:
-        # compaction frees nothing and reloads nothing.
-        return CompactResult(reloaded_models=0, resident_bytes_after=self.weights.resident_bytes)
+        reloaded, resident = await self.weights.compact(reload)
+        return CompactResult(reloaded_models=reloaded, resident_bytes_after=resident)
 
 
 async def serve(

@@ -31,6 +31,8 @@ from typing import Any, Protocol
 import numpy as np
 import trio
 
+from ..config.schema import Residency
+from ..errors import FailedPrecondition
 from ..models import ServedModel
 from ..scheduling.assemble import gather, scatter
 from ..scheduling.records import Batch
@@ -172,6 +174,49 @@ class ResidentWeights:
 
     async def prefetch(self, model: ServedModel) -> None:
         return None
+
+    # The residency surface the control RPCs and metrics read. With the cache off the
+    # answers are constant: every model is on the device, nothing has a host copy, there
+    # is no on-demand budget, and nothing can be moved or compacted.
+
+    @property
+    def on_demand_budget(self) -> int:
+        return 0
+
+    def floor(self, model: ServedModel) -> Residency:
+        return "device"
+
+    def host_resident(self, model: ServedModel) -> bool:
+        return False
+
+    def statistics(self) -> None:
+        return None
+
+    async def warm_up(self, model: ServedModel) -> dict[int, float]:
+        """Run every compiled size on zeros: seconds per size, to seed the cost estimates."""
+        weights = await self.acquire(model)
+        try:
+            return await trio.to_thread.run_sync(model.loaded.warmup, weights)
+        finally:
+            self.release(model)
+
+    async def finish_probe(self) -> None:
+        return None  # no budget to size
+
+    async def set_floor(self, model: ServedModel, floor: Residency) -> Residency:
+        # Asking for what is already true is a no-op success (a control plane can assert
+        # it); anything else cannot be done without the cache.
+        if floor == "device":
+            return "device"
+        raise FailedPrecondition(
+            f"model {model.name!r}: cannot make it {floor!r}: the on-demand weight cache is "
+            "off on this worker (runtime.weight_cache_fraction is 0 or the device reports no "
+            "arena; set runtime.arena_bytes on CPU), so every model stays device resident"
+        )
+
+    async def compact(self, reload: Sequence[ServedModel] = ()) -> tuple[int, int]:
+        """Nothing is evictable and everything is resident: frees and reloads nothing."""
+        return 0, self.resident_bytes
 
     def _drop(self, model: ServedModel) -> None:
         arrays = self._arrays.pop(model, None)

@@ -236,6 +236,17 @@ class CachedWeights:
         key = self._keys.get(model)
         return key is not None and key in self._device
 
+    @property
+    def on_demand_budget(self) -> int:
+        """The LRU's cap (``weight_cache_max_bytes``)."""
+        return self._budget.on_demand
+
+    def floor(self, model: ServedModel) -> Residency:
+        return self.residency(model).floor
+
+    def host_resident(self, model: ServedModel) -> bool:
+        return self.residency(model).host
+
     def residency(self, model: ServedModel) -> ModelResidency:
         """Floor, device state, host copy and pins of one version."""
         return self._policy.residency(self.key(model))
