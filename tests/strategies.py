@@ -9,6 +9,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from reactantserver.protocol import inference as _ip
+from reactantserver.tensors import DATATYPES
 
 # ============================================================================================
 # Protocol messages (tests/test_proto.py, tests/test_reflection.py)
@@ -17,24 +18,7 @@ from reactantserver.protocol import inference as _ip
 _INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 _UINT64 = st.integers(min_value=0, max_value=2**64 - 1)
 _NAMES = st.text(min_size=0, max_size=12)
-_KSERVE_DATATYPES = st.sampled_from(
-    [
-        "BOOL",
-        "UINT8",
-        "UINT16",
-        "UINT32",
-        "UINT64",
-        "INT8",
-        "INT16",
-        "INT32",
-        "INT64",
-        "FP16",
-        "FP32",
-        "FP64",
-        "BF16",
-        "BYTES",
-    ]
-)
+_KSERVE_DATATYPES = st.sampled_from(DATATYPES)
 
 
 def infer_parameters() -> st.SearchStrategy[_ip.InferParameter]:
@@ -212,21 +196,7 @@ def server_configs() -> st.SearchStrategy[object]:
 # Bundles: manifest.yaml (tests/test_bundle_manifest.py)
 # ============================================================================================
 
-_BUNDLE_FIXED_DATATYPES = (
-    "BOOL",
-    "UINT8",
-    "UINT16",
-    "UINT32",
-    "UINT64",
-    "INT8",
-    "INT16",
-    "INT32",
-    "INT64",
-    "FP16",
-    "FP32",
-    "FP64",
-    "BF16",
-)
+_BUNDLE_FIXED_DATATYPES = tuple(d for d in DATATYPES if d != "BYTES")
 
 
 def bundle_tensor_names() -> st.SearchStrategy[str]:
