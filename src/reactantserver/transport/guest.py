@@ -1,0 +1,162 @@
+"""Trio as a guest of asyncio: where the two event loops of a process meet.
+
+grpclib runs on asyncio only (its issue #19). Instead of hosting an asyncio loop inside
+Trio (trio-asyncio: every call crosses twice, through a queue), a reactantserver process
+runs the standard-library asyncio loop and starts Trio as its *guest*
+(``trio.lowlevel.start_guest_run``). Both run on the main thread and take turns: Trio's
+scheduler runs in short ticks that asyncio schedules as ordinary callbacks, and Trio's
+I/O wait happens in a helper thread that hands readiness back through
+``loop.call_soon_threadsafe``. Trio still owns the structure of the process -- every
+nursery, the dispatch loop, the lifecycle, the signals; asyncio hosts grpclib and
+nothing else.
+
+Theory of operation
+-------------------
+:func:`run` is the process's entry point: ``run(main, *args)`` starts a fresh asyncio
+loop (the standard one, on purpose: uvloop's ``call_later`` rounds delays under 1 ms to
+0, which breaks sub-millisecond deadlines), starts ``main`` as the Trio guest, and
+returns what ``main`` returns (or raises what it raises) once the Trio run is over and
+the asyncio tasks it left behind were cancelled. The asyncio loop never outlives Trio,
+and Trio never outlives the loop.
+
+Crossing from Trio to asyncio is free: Trio code runs inside an asyncio callback, so it
+may call any synchronous asyncio API of the running loop (``loop.create_task``,
+``future.set_result``) directly. :func:`aio` awaits an asyncio awaitable from Trio:
+cancelling the Trio side cancels the asyncio task and waits for it to finish (so nothing
+it owns outlives the Trio scope), and its result or exception comes back.
+
+Crossing from asyncio to Trio needs Trio's run context, which exists only while a Trio
+tick runs: asyncio code calls :meth:`TrioPortal.call_soon` (a sync function, run on
+Trio's next tick, ordered, safe from any thread) or awaits :meth:`TrioPortal.run`
+(an async function, run as a Trio task in the portal's nursery under its own cancel
+scope; cancelling the asyncio caller cancels that scope). Each crossing into an idle
+Trio wakes its I/O thread once (tens of microseconds), so hot paths cross once per
+*batch* of work, not once per request.
+
+Invariants: every Trio task started through a portal has the portal's nursery as its
+parent; an asyncio task awaited through :func:`aio` has finished before :func:`aio`
+returns or raises; :func:`run` returns only after the Trio run has finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+import outcome
+import trio
+
+T = TypeVar("T")
+
+__all__ = ["TrioPortal", "aio", "run"]
+
+
+def run(main: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """Run ``main(*args)`` as a Trio guest of a new standard asyncio loop; its result.
+
+    Blocks until the Trio run has finished, then cancels and awaits whatever asyncio
+    tasks remain and closes the loop (``asyncio.run`` semantics).
+    """
+    return asyncio.run(_host(main, *args))
+
+
+async def _host(main: Callable[..., Awaitable[T]], *args: Any) -> T:
+    loop = asyncio.get_running_loop()
+    finished: asyncio.Future[outcome.Outcome[T]] = loop.create_future()
+
+    def done(result: outcome.Outcome[T]) -> None:
+        if not finished.done():
+            finished.set_result(result)
+
+    trio.lowlevel.start_guest_run(
+        main,
+        *args,
+        run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+        run_sync_soon_not_threadsafe=loop.call_soon,
+        done_callback=done,
+        # The standard loop only uses signal.set_wakeup_fd when add_signal_handler is
+        # called, which reactantserver never does: Trio owns signal handling.
+        host_uses_signal_set_wakeup_fd=False,
+    )
+    # Shielded: an asyncio-side cancellation (Ctrl-C through asyncio.run's handler) must
+    # not leave the Trio run behind; Trio's own signal handling decides how to stop.
+    result = await asyncio.shield(finished)
+    return result.unwrap()
+
+
+async def aio(awaitable: Awaitable[T]) -> T:
+    """From Trio, await an asyncio coroutine or future running on the host loop.
+
+    Cancelling the caller cancels the asyncio task and waits (shielded) until it has
+    finished, then re-raises the cancellation.
+    """
+    future = asyncio.ensure_future(awaitable)
+    if not future.done():
+        token = trio.lowlevel.current_trio_token()
+        settled = trio.Event()
+        future.add_done_callback(lambda _: token.run_sync_soon(settled.set))
+        try:
+            await settled.wait()
+        except trio.Cancelled:
+            future.cancel()
+            with trio.CancelScope(shield=True):
+                await settled.wait()
+            raise
+    return future.result()
+
+
+class TrioPortal:
+    """The asyncio side's way into Trio: calls run on Trio's loop, tasks in one nursery.
+
+    Create it inside Trio (``TrioPortal(nursery)``); use it from asyncio code running on
+    the same host loop.
+    """
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+        self._token = trio.lowlevel.current_trio_token()
+
+    @property
+    def token(self) -> trio.lowlevel.TrioToken:
+        return self._token
+
+    def call_soon(self, fn: Callable[..., object], *args: Any) -> None:
+        """Run ``fn(*args)`` on Trio's next tick (thread-safe, FIFO)."""
+        self._token.run_sync_soon(fn, *args)
+
+    async def run(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
+        """From asyncio, run ``await fn(*args)`` as a Trio task in the portal's nursery.
+
+        Cancelling the asyncio caller cancels the Trio task's scope; the caller then
+        raises ``asyncio.CancelledError`` at once (the Trio task finishes on its own,
+        still supervised by the nursery).
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        scope = trio.CancelScope()
+
+        async def task() -> None:
+            with scope:
+                try:
+                    value = await fn(*args)
+                except Exception as exc:
+                    if not future.done():
+                        future.set_exception(exc)
+                    return
+                except BaseException:
+                    # Cancelled: the asyncio caller is gone or the nursery is closing.
+                    if not future.done():
+                        future.cancel()
+                    raise
+                if not future.done():
+                    future.set_result(value)
+            if scope.cancelled_caught and not future.done():
+                future.cancel()
+
+        self._token.run_sync_soon(self._nursery.start_soon, task)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._token.run_sync_soon(scope.cancel)
+            raise
