@@ -1,0 +1,254 @@
+"""The lpt_packing packer: place each model on workers by measured compute and weight bytes.
+
+Theory of operation
+-------------------
+:func:`pack` is one pure function. Its input is, per model, an arrival rate (requests/s),
+a compute cost per request (seconds) and its weight bytes; per worker, its on-demand weight
+budget (``weight_cache_max_bytes``, 0 = unlimited); the previous placement; and the policy
+(replica counts, ``hysteresis``, ``forbid_memory_oversubscription``). Its output is a
+placement (model -> the workers that serve it, each taking ``1/k`` of its traffic) plus the
+per-worker sums and a warning for every oversubscribed worker.
+
+The algorithm (the original's, REFERENCE section 7, made deterministic and explicit):
+
+1. A model's *load* is ``u = rate x cost``: the fraction of one GPU it keeps busy.
+   Models are taken in **LPT order**: by ``(-u, -bytes, name)``.
+2. ``k = clamp(replicas, 1, n)`` distinct workers (``all`` = n). Each replica carries
+   ``u / k`` of the compute and the model's *full* weight bytes.
+3. A worker's **pressure** if it took the replica is
+   ``max(compute + u/k, (bytes + model bytes) / budget)`` -- the larger of its compute share
+   and its memory share (an unlimited budget has memory share 0).
+4. The k replicas are picked one at a time among the workers not yet holding one. With
+   ``forbid_memory_oversubscription``, only workers where the weights still fit are
+   candidates whenever at least one such worker remains. The *best* candidate is the one of
+   least pressure (ties: address). **Hysteresis**: a candidate that held the model in the
+   previous placement is kept instead when its pressure is at most ``best x (1 + h)``
+   (the least-pressure such one). A model therefore moves off a previous worker only when
+   the move improves its pressure by more than the factor ``1 + h``.
+5. Afterwards every worker whose assigned bytes exceed its budget gets one warning.
+
+Why a greedy: it is the original's rule, it is explainable line by line to an operator,
+and it runs in O(models x workers x k). It is not an optimal bin packer: with
+``forbid_memory_oversubscription`` it guarantees that a model is placed where it does not fit
+only when, at that step, no remaining candidate had room -- not that a fitting assignment is
+found whenever one exists (that is bin packing, NP-hard). When every model has the same size
+and the total room suffices, the greedy always finds a fitting placement.
+
+Invariants (``tests/test_gateway_packing.py``): each model lands on exactly ``min(k, n)``
+distinct workers; the result depends only on the input (ties are broken by name/address);
+a previous replica is replaced by a new worker only if its pressure exceeded the newcomer's
+by more than ``1 + h``; packing again from the result with the same input changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Literal
+
+import attrs
+
+Replicas = int | Literal["all"]
+
+
+@attrs.frozen(kw_only=True)
+class ModelDemand:
+    """One model's measured demand and footprint."""
+
+    name: str
+    #: Arrival rate, requests per second.
+    rate: float = 0.0
+    #: Compute seconds per request.
+    cost: float = 0.0
+    #: Weight bytes (the full footprint on every worker that holds a replica).
+    nbytes: int = 0
+
+    @property
+    def load(self) -> float:
+        """``u``: GPU-seconds per second, the fraction of one worker it keeps busy."""
+        return self.rate * self.cost
+
+
+@attrs.frozen(kw_only=True)
+class WorkerCapacity:
+    """One worker the packer may use."""
+
+    address: str
+    #: On-demand weight budget in bytes; 0 = unlimited.
+    budget: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class PackPolicy:
+    """The knobs of ``scheduling:`` (and operator overrides) that the packer reads."""
+
+    default_replicas: Replicas = 1
+    #: Per-model replica counts that override ``default_replicas``.
+    replicas: Mapping[str, Replicas] = attrs.field(factory=dict)
+    hysteresis: float = 0.0
+    forbid_memory_oversubscription: bool = True
+
+    def replicas_of(self, model: str, workers: int) -> int:
+        """``k = clamp(replicas, 1, workers)``; ``all`` is every worker."""
+        wanted = self.replicas.get(model, self.default_replicas)
+        count = workers if wanted == "all" else int(wanted)
+        return max(1, min(count, workers))
+
+
+@attrs.frozen(kw_only=True)
+class Placement:
+    """model -> the workers holding it (sorted by address). Each takes ``1/k`` of its traffic."""
+
+    models: Mapping[str, tuple[str, ...]] = attrs.field(factory=lambda: MappingProxyType({}))
+
+    def workers_of(self, model: str) -> tuple[str, ...]:
+        return self.models.get(model, ())
+
+    def weight(self, model: str, worker: str) -> float:
+        """The share of ``model``'s traffic ``worker`` is expected to take (0 if not placed)."""
+        workers = self.models.get(model, ())
+        return 1.0 / len(workers) if worker in workers else 0.0
+
+    def models_on(self, worker: str) -> tuple[str, ...]:
+        return tuple(sorted(m for m, ws in self.models.items() if worker in ws))
+
+    @classmethod
+    def of(cls, models: Mapping[str, Iterable[str]]) -> Placement:
+        return cls(
+            models=MappingProxyType({m: tuple(sorted(set(ws))) for m, ws in sorted(models.items())})
+        )
+
+
+@attrs.frozen(kw_only=True)
+class WorkerPlan:
+    """What the placement puts on one worker."""
+
+    address: str
+    budget: int
+    #: Sum of ``u / k`` of its replicas (GPU-seconds per second).
+    compute: float
+    assigned_bytes: int
+    models: tuple[str, ...]
+
+    @property
+    def oversubscribed(self) -> bool:
+        return self.budget > 0 and self.assigned_bytes > self.budget
+
+    @property
+    def pressure(self) -> float:
+        memory = self.assigned_bytes / self.budget if self.budget > 0 else 0.0
+        return max(self.compute, memory)
+
+
+@attrs.frozen(kw_only=True)
+class PackResult:
+    placement: Placement
+    workers: Mapping[str, WorkerPlan]
+    #: Models whose worker set differs from the previous placement (new models included).
+    moved: tuple[str, ...]
+    #: One line per oversubscribed worker.
+    warnings: tuple[str, ...]
+
+    @property
+    def oversubscribed(self) -> tuple[str, ...]:
+        return tuple(a for a, w in self.workers.items() if w.oversubscribed)
+
+
+class _Bin:
+    __slots__ = ("address", "budget", "compute", "memory", "models")
+
+    def __init__(self, address: str, budget: int) -> None:
+        self.address = address
+        self.budget = budget
+        self.compute = 0.0
+        self.memory = 0
+        self.models: list[str] = []
+
+    def fits(self, nbytes: int) -> bool:
+        return self.budget <= 0 or self.memory + nbytes <= self.budget
+
+    def pressure(self, load: float, nbytes: int) -> float:
+        memory = (self.memory + nbytes) / self.budget if self.budget > 0 else 0.0
+        return max(self.compute + load, memory)
+
+
+def lpt_order(demands: Iterable[ModelDemand]) -> list[ModelDemand]:
+    """Longest processing time first: ``(-load, -bytes, name)``."""
+    return sorted(demands, key=lambda d: (-d.load, -d.nbytes, d.name))
+
+
+def pack(
+    demands: Sequence[ModelDemand],
+    workers: Sequence[WorkerCapacity],
+    previous: Placement | None = None,
+    policy: PackPolicy | None = None,
+) -> PackResult:
+    """Place every model of ``demands`` on ``workers`` (see the module docstring)."""
+    policy = policy if policy is not None else PackPolicy()
+    names = [d.name for d in demands]
+    if len(set(names)) != len(names):
+        raise ValueError(f"pack: duplicate model names in {sorted(names)}")
+    bins = {w.address: _Bin(w.address, w.budget) for w in sorted(workers, key=lambda w: w.address)}
+    if len(bins) != len(workers):
+        raise ValueError("pack: duplicate worker addresses")
+    previous = previous if previous is not None else Placement()
+    factor = 1.0 + max(0.0, policy.hysteresis)
+    placed: dict[str, tuple[str, ...]] = {}
+    for demand in lpt_order(demands):
+        if not bins:
+            break
+        k = policy.replicas_of(demand.name, len(bins))
+        load = demand.load / k
+        before = set(previous.workers_of(demand.name))
+        remaining = list(bins.values())
+        chosen: list[_Bin] = []
+        for _ in range(k):
+            pool = remaining
+            if policy.forbid_memory_oversubscription:
+                fitting = [b for b in remaining if b.fits(demand.nbytes)]
+                pool = fitting or remaining
+
+            def key(b: _Bin) -> tuple[float, str]:
+                return (b.pressure(load, demand.nbytes), b.address)
+
+            best = min(pool, key=key)
+            limit = key(best)[0] * factor
+            kept = [b for b in pool if b.address in before and key(b)[0] <= limit]
+            pick = min(kept, key=key) if kept else best
+            chosen.append(pick)
+            remaining.remove(pick)
+        for b in chosen:
+            b.compute += load
+            b.memory += demand.nbytes
+            b.models.append(demand.name)
+        placed[demand.name] = tuple(sorted(b.address for b in chosen))
+    placement = Placement.of(placed)
+    plans = {
+        b.address: WorkerPlan(
+            address=b.address,
+            budget=b.budget,
+            compute=b.compute,
+            assigned_bytes=b.memory,
+            models=tuple(sorted(b.models)),
+        )
+        for b in bins.values()
+    }
+    moved = tuple(
+        sorted(m for m, ws in placement.models.items() if ws != previous.workers_of(m))
+    )
+    warnings = tuple(
+        oversubscription_warning(plan) for plan in plans.values() if plan.oversubscribed
+    )
+    return PackResult(
+        placement=placement, workers=MappingProxyType(plans), moved=moved, warnings=warnings
+    )
+
+
+def oversubscription_warning(plan: WorkerPlan) -> str:
+    shown = ", ".join(plan.models[:6]) + (", ..." if len(plan.models) > 6 else "")
+    return (
+        f"worker {plan.address}: the weights placed on it ({plan.assigned_bytes} bytes; "
+        f"models {shown}) exceed its weight budget ({plan.budget} bytes), so it will load and "
+        "evict weights on nearly every request; lower scheduling.default_replicas or "
+        "scheduling.models.<name>.replicas, or add workers or device memory"
+    )
