@@ -42,6 +42,7 @@ from typing import Any, Literal
 
 import attrs
 
+from ..config.convert import INFLIGHT_REMOVED
 from ..config.rules import GATEWAY_RULES
 from ..config.schema import (
     LPT_DISCIPLINES,
@@ -81,10 +82,6 @@ _CHOICES: Mapping[str, tuple[str, ...]] = MappingProxyType(
         "compaction_mode": ("eager", "scheduled", "off"),
         "work_basis": ("compute", "items", "requests"),
     }
-)
-INFLIGHT_REMOVED = (
-    "the inflight fill mode was removed: it keeps routing to the replica with the most "
-    "requests in flight and parks a model on one worker; use run or spread"
 )
 _RULES = {path[1]: check for path, check in GATEWAY_RULES if path[0] == "scheduling"}
 
