@@ -141,7 +141,8 @@ def test_compaction_interval_and_modes() -> None:
     # compacted with a reload of the models newly placed there (scheduled).
     assert second.compactions
     assert {c.worker for c in second.compactions} == set(second.changes)
-    assert all(c.reload == ("a",) for c in second.compactions)
+    assert all(c.reload == second.changes[c.worker][0] for c in second.compactions)
+    assert sum("a" in c.reload for c in second.compactions) == 2
     last = controller.repack(2.0, {}, "operator")
     assert last.changes == {} and last.compactions == ()  # nothing changed since
     off = _controller(compaction_mode="off")
