@@ -22,6 +22,7 @@ JAX_FREE = [
     "reactantserver.cli",
     "reactantserver.protocol.inference",
     "reactantserver.protocol.reactant_control",
+    "reactantserver.protocol.grpc.health.v1",
     "reactantserver.scheduling",
     "reactantserver.bundle",
     "reactantserver.weights",
