@@ -66,7 +66,9 @@ def test_startup_preconditions_name_the_offending_worker() -> None:
     odd = build_table(
         None,
         [
-            WorkerSnapshot(address="w0:1", name="w0", discipline="fifo", models=(ModelSnapshot(name="a"),)),
+            WorkerSnapshot(
+                address="w0:1", name="w0", discipline="fifo", models=(ModelSnapshot(name="a"),)
+            ),
             WorkerSnapshot(
                 address="w1:1",
                 name="w1",
@@ -75,7 +77,9 @@ def test_startup_preconditions_name_the_offending_worker() -> None:
             ),
         ],
     )
-    with pytest.raises(FailedPrecondition, match=r"worker w1 \(w1:1\) serves a different model set.*\['z'\]"):
+    with pytest.raises(
+        FailedPrecondition, match=r"worker w1 \(w1:1\) serves a different model set.*\['z'\]"
+    ):
         controller.check_fleet(odd)
     with pytest.raises(FailedPrecondition, match="no worker answered"):
         controller.check_fleet(RouteTable())
@@ -186,7 +190,12 @@ def test_set_policy_is_all_or_nothing() -> None:
     generation = controller.generation
     with pytest.raises(InvalidArgument) as caught:
         controller.set_policy(
-            {"hysteresis": 0.2, "routing_fill_factor": -1.0, "routing_fill_mode": "inflight", "generation": 3}
+            {
+                "hysteresis": 0.2,
+                "routing_fill_factor": -1.0,
+                "routing_fill_mode": "inflight",
+                "generation": 3,
+            }
         )
     message = str(caught.value)
     assert "routing_fill_factor: expected a number > 0; got -1.0" in message

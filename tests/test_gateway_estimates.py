@@ -23,9 +23,15 @@ def _snap(address: str, *models: ModelSnapshot, ready: bool = True) -> WorkerSna
     return WorkerSnapshot(address=address, ready=ready, discipline="fifo", models=models)
 
 
-def _m(name: str, compute: float = 0.0, requests: int = 0, rows: int = 0, **kw: object) -> ModelSnapshot:
+def _m(
+    name: str, compute: float = 0.0, requests: int = 0, rows: int = 0, **kw: object
+) -> ModelSnapshot:
     return ModelSnapshot(
-        name=name, total_compute_seconds=compute, requests_served=requests, rows_served=rows, **kw  # type: ignore[arg-type]
+        name=name,
+        total_compute_seconds=compute,
+        requests_served=requests,
+        rows_served=rows,
+        **kw,  # type: ignore[arg-type]
     )
 
 
@@ -48,7 +54,9 @@ def test_ewma_reference_value() -> None:
     d2=st.floats(0, 1e4),
     h=st.floats(1e-3, 1e4),
 )
-def test_ewma_composes_over_fleet_compute(old: float, sample: float, d1: float, d2: float, h: float) -> None:
+def test_ewma_composes_over_fleet_compute(
+    old: float, sample: float, d1: float, d2: float, h: float
+) -> None:
     """The clock is fleet compute: two steps towards the same sample equal one step over the
     summed compute, and the result always lies between old and sample."""
     two = ewma(ewma(old, sample, d1, h), sample, d2, h)
@@ -62,13 +70,19 @@ def test_estimator_seeds_then_smooths() -> None:
     totals0 = {"a": ModelTotals()}
     est.update(0.0, ["a", "b"], {}, totals0, 0.0)
     # 10 s, 100 arrivals of a, 50 served at 0.02 s each = 1 GPU-s of fleet compute.
-    first = est.update(10.0, ["a", "b"], {"a": 100}, {"a": ModelTotals(compute_seconds=1.0, requests=50)}, 1.0)
+    first = est.update(
+        10.0, ["a", "b"], {"a": 100}, {"a": ModelTotals(compute_seconds=1.0, requests=50)}, 1.0
+    )
     assert first["a"].rate == 10.0 and first["a"].cost == pytest.approx(0.02)
     assert first["a"].measured and not first["b"].measured
     assert first["b"].rate == 0.0 and first["b"].cost == pytest.approx(0.02)  # the mean fallback
     # The next window: 100 GPU-s of fleet compute (one half-life), rate 30/s, cost 0.04.
     second = est.update(
-        20.0, ["a", "b"], {"a": 400}, {"a": ModelTotals(compute_seconds=101.0, requests=2550)}, 101.0
+        20.0,
+        ["a", "b"],
+        {"a": 400},
+        {"a": ModelTotals(compute_seconds=101.0, requests=2550)},
+        101.0,
     )
     assert second["a"].rate == pytest.approx(20.0)  # half-way from 10 to 30
     assert second["a"].cost == pytest.approx(0.03)  # half-way from 0.02 to 0.04
@@ -145,9 +159,19 @@ def test_table_serves_only_ready_workers_and_ready_models() -> None:
 
 
 def test_items_of_reads_the_wire_batch_axis() -> None:
-    replica = Replica(worker="w", max_batch_size=8, batch_input_name="x", batch_axis=1, weight_nbytes=0)
+    replica = Replica(
+        worker="w", max_batch_size=8, batch_input_name="x", batch_axis=1, weight_nbytes=0
+    )
     assert items_of(replica, (4, 16)) == 4
-    assert items_of(Replica(worker="w", max_batch_size=8, batch_input_name="x", batch_axis=2, weight_nbytes=0), (3, 5)) == 5
+    assert (
+        items_of(
+            Replica(
+                worker="w", max_batch_size=8, batch_input_name="x", batch_axis=2, weight_nbytes=0
+            ),
+            (3, 5),
+        )
+        == 5
+    )
     assert items_of(replica, None) == 1
     assert items_of(replica, ()) == 1
     assert items_of(replica, (0, 16)) == 1

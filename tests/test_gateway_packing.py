@@ -38,7 +38,9 @@ def test_lpt_worked_example() -> None:
 def test_replicas_put_a_model_on_k_distinct_workers() -> None:
     workers = [WorkerCapacity(address=f"w{i}") for i in range(3)]
     policy = PackPolicy(replicas={"hot": 2, "every": "all"})
-    result = pack([_demand("hot", 0.8), _demand("every", 0.3), _demand("cold", 0.1)], workers, None, policy)
+    result = pack(
+        [_demand("hot", 0.8), _demand("every", 0.3), _demand("cold", 0.1)], workers, None, policy
+    )
     models = result.placement.models
     assert models["hot"] == ("w0", "w1")  # 0.4 each
     assert models["every"] == ("w0", "w1", "w2")
@@ -78,7 +80,9 @@ def test_hysteresis_keeps_a_placement_within_the_factor() -> None:
     assert dict(kept.placement.models) == {"a": ("w0",), "b": ("w1",), "c": ("w0",)}
     assert kept.moved == ()
     # A tie keeps the previous worker even without hysteresis (a: .5 on either).
-    assert pack([_demand("a", 0.5)], W2, Placement.of({"a": ["w1"]})).placement.models["a"] == ("w1",)
+    assert pack([_demand("a", 0.5)], W2, Placement.of({"a": ["w1"]})).placement.models["a"] == (
+        "w1",
+    )
 
 
 def test_forbid_places_only_where_weights_fit() -> None:
@@ -133,7 +137,9 @@ def test_packing_is_deterministic(problem: tuple, data: st.DataObject) -> None: 
     placement, and packing again from the result changes nothing."""
     demands, workers, policy = problem
     first = pack(demands, workers, None, policy)
-    shuffled = pack(data.draw(st.permutations(demands)), data.draw(st.permutations(workers)), None, policy)
+    shuffled = pack(
+        data.draw(st.permutations(demands)), data.draw(st.permutations(workers)), None, policy
+    )
     assert first == shuffled
     again = pack(demands, workers, first.placement, policy)
     assert again.placement == first.placement

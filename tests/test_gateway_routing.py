@@ -42,7 +42,9 @@ from reactantserver.gateway.table import (
 MODES = ("round_robin", "least_outstanding", "lpt_packing")
 
 
-def _table(serving: dict[str, dict[str, int]], costs: dict[tuple[str, str], float] | None = None) -> RouteTable:
+def _table(
+    serving: dict[str, dict[str, int]], costs: dict[tuple[str, str], float] | None = None
+) -> RouteTable:
     """worker -> {model: max_batch}; optional learned costs per (model, worker)."""
     snaps = [
         WorkerSnapshot(
@@ -167,7 +169,9 @@ class RouterMachine(RuleBasedStateMachine):
             assert ticket.position == before + 1
             assert worker == ticket.worker
 
-    @rule(ticket=consumes(tickets), outcome=st.sampled_from(("ok", "error", "cancelled", "deadline")))
+    @rule(
+        ticket=consumes(tickets), outcome=st.sampled_from(("ok", "error", "cancelled", "deadline"))
+    )
     def release(self, ticket: Ticket, outcome: str) -> None:
         self.router.release(ticket, outcome)  # type: ignore[arg-type]
         self.live.remove(ticket)
@@ -228,7 +232,9 @@ def _same(table: RouteTable) -> list[WorkerSnapshot]:
                             batch_axis=r.batch_axis,
                         )
                     )
-        snaps.append(WorkerSnapshot(address=w.address, discipline=w.discipline, models=tuple(models)))
+        snaps.append(
+            WorkerSnapshot(address=w.address, discipline=w.discipline, models=tuple(models))
+        )
     return snaps
 
 
@@ -285,7 +291,9 @@ def test_unknown_model_is_not_found() -> None:
 
 
 @settings(max_examples=80, deadline=None)
-@given(table=gateway_tables(), basis=st.sampled_from(("compute", "items", "requests")), data=st.data())
+@given(
+    table=gateway_tables(), basis=st.sampled_from(("compute", "items", "requests")), data=st.data()
+)
 def test_least_outstanding_picks_a_least_loaded_replica(
     table: RouteTable, basis: str, data: st.DataObject
 ) -> None:
@@ -310,7 +318,12 @@ def test_least_outstanding_avoids_the_worker_busy_with_a_slow_model() -> None:
     other is idle (compute basis: items x learned cost per item)."""
     table = _table(
         {"a:1": {"slow": 1, "fast": 8}, "b:1": {"slow": 1, "fast": 8}},
-        costs={("slow", "a:1"): 0.5, ("slow", "b:1"): 0.5, ("fast", "a:1"): 0.001, ("fast", "b:1"): 0.001},
+        costs={
+            ("slow", "a:1"): 0.5,
+            ("slow", "b:1"): 0.5,
+            ("fast", "a:1"): 0.001,
+            ("fast", "b:1"): 0.001,
+        },
     )
     router = LeastOutstandingRouter(table)
     slow = router.choose("slow", 1, now=0)
@@ -347,7 +360,9 @@ def test_fill_rr_run_fills_one_quantum_then_rotates() -> None:
 
 def test_fill_factor_scales_the_quantum() -> None:
     table = _table({"a:1": {"m": 4}, "b:1": {"m": 4}})
-    router = FillRouter(table, _lpt(routing_policy="fill_rr", routing_fill_factor=2.0), {"m": ("a:1", "b:1")})
+    router = FillRouter(
+        table, _lpt(routing_policy="fill_rr", routing_fill_factor=2.0), {"m": ("a:1", "b:1")}
+    )
     firsts = [router.choose("m", 2, now=0).worker for _ in range(8)]
     assert firsts == ["a:1"] * 4 + ["b:1"] * 4
 
@@ -371,7 +386,9 @@ def test_fill_least_opens_on_the_least_loaded_worker() -> None:
 
 def test_spread_balances_in_flight_items() -> None:
     table = _table({"a:1": {"m": 8}, "b:1": {"m": 8}})
-    router = FillRouter(table, _lpt(routing_fill_mode="spread", routing_policy="fill_rr"), {"m": ("a:1", "b:1")})
+    router = FillRouter(
+        table, _lpt(routing_fill_mode="spread", routing_policy="fill_rr"), {"m": ("a:1", "b:1")}
+    )
     tickets = [router.choose("m", 1, now=0) for _ in range(6)]
     assert Counter(t.worker for t in tickets) == {"a:1": 3, "b:1": 3}
 

@@ -579,7 +579,13 @@ def test_health_matches_grpc_published_protocol() -> None:
     def methods(fdp: descriptor_pb2.FileDescriptorProto) -> dict[str, tuple[object, ...]]:
         (service,) = fdp.service
         return {
-            m.name: (service.name, m.input_type, m.output_type, m.client_streaming, m.server_streaming)
+            m.name: (
+                service.name,
+                m.input_type,
+                m.output_type,
+                m.client_streaming,
+                m.server_streaming,
+            )
             for m in service.method
         }
 

@@ -78,7 +78,11 @@ def test_open_loop_and_unlimited_memory() -> None:
     ]
     workers = [FleetWorker(name="w0"), FleetWorker(name="w1")]
     report = simulate_fleet(
-        models, workers, GatewaySchedulingConfig(mode="least_outstanding"), duration=10.0, warmup=2.0
+        models,
+        workers,
+        GatewaySchedulingConfig(mode="least_outstanding"),
+        duration=10.0,
+        warmup=2.0,
     )
     assert report.weight_loads == 0
     assert report.throughput == pytest.approx(150.0, rel=0.15)

@@ -313,12 +313,12 @@ class LptController:
             )
         entry = self._overrides.get(name, GatewayModelConfig())
         if replicas < -1:
-            raise InvalidArgument(
-                f"replicas: expected > 0, -1 (all) or 0 (clear); got {replicas}"
-            )
+            raise InvalidArgument(f"replicas: expected > 0, -1 (all) or 0 (clear); got {replicas}")
         if fill_mode not in ("", "inherit", "run", "spread"):
             reason = INFLIGHT_REMOVED if fill_mode == "inflight" else "expected run or spread"
-            raise InvalidArgument(f"fill_mode: {reason} ('' keeps, inherit clears); got {fill_mode!r}")
+            raise InvalidArgument(
+                f"fill_mode: {reason} ('' keeps, inherit clears); got {fill_mode!r}"
+            )
         if not math.isfinite(fill_factor):
             raise InvalidArgument(f"fill_factor: expected a finite number; got {fill_factor}")
         replicas_value = entry.replicas
@@ -408,7 +408,9 @@ class LptController:
             models[name] = GatewayModelConfig(
                 replicas=entry.replicas if entry.replicas is not None else base.replicas,
                 fill_mode=entry.fill_mode if entry.fill_mode is not None else base.fill_mode,
-                fill_factor=entry.fill_factor if entry.fill_factor is not None else base.fill_factor,
+                fill_factor=entry.fill_factor
+                if entry.fill_factor is not None
+                else base.fill_factor,
             )
         self.config = attrs.evolve(self._base, models=MappingProxyType(models))
         self.router.configure(self.config)
@@ -445,8 +447,12 @@ class LptController:
         for address, (added, removed) in sorted(changes.items()):
             info = self.table.workers[address]
             if info.residency_mode == "externally_managed":
-                residency.extend(ResidencyChange(worker=address, model=m, target="device") for m in added)
-                residency.extend(ResidencyChange(worker=address, model=m, target="system") for m in removed)
+                residency.extend(
+                    ResidencyChange(worker=address, model=m, target="device") for m in added
+                )
+                residency.extend(
+                    ResidencyChange(worker=address, model=m, target="system") for m in removed
+                )
             elif compact:
                 reload = added if config.compaction_mode == "scheduled" else ()
                 compactions.append(Compaction(worker=address, reload=reload))

@@ -21,7 +21,9 @@ The algorithm (the original's, REFERENCE section 7, made deterministic and expli
 4. The k replicas are picked one at a time among the workers not yet holding one. With
    ``forbid_memory_oversubscription``, only workers where the weights still fit are
    candidates whenever at least one such worker remains. The *best* candidate is the one of
-   least pressure (ties: address). **Hysteresis**: a candidate that held the model in the
+   least pressure; ties go to the worker holding fewer weight bytes, then fewer models, then
+   the smaller address. (The original broke ties by name alone, so at startup -- no load
+   measured, no memory limit -- it stacked every model on the first worker.) **Hysteresis**: a candidate that held the model in the
    previous placement is kept instead when its pressure is at most ``best x (1 + h)``
    (the least-pressure such one). A model therefore moves off a previous worker only when
    the move improves its pressure by more than the factor ``1 + h``.
@@ -199,24 +201,15 @@ def pack(
             break
         k = policy.replicas_of(demand.name, len(bins))
         load = demand.load / k
-        before = set(previous.workers_of(demand.name))
-        remaining = list(bins.values())
-        chosen: list[_Bin] = []
-        for _ in range(k):
-            pool = remaining
-            if policy.forbid_memory_oversubscription:
-                fitting = [b for b in remaining if b.fits(demand.nbytes)]
-                pool = fitting or remaining
-
-            def key(b: _Bin) -> tuple[float, str]:
-                return (b.pressure(load, demand.nbytes), b.address)
-
-            best = min(pool, key=key)
-            limit = key(best)[0] * factor
-            kept = [b for b in pool if b.address in before and key(b)[0] <= limit]
-            pick = min(kept, key=key) if kept else best
-            chosen.append(pick)
-            remaining.remove(pick)
+        chosen = _choose(
+            list(bins.values()),
+            k,
+            load,
+            demand.nbytes,
+            set(previous.workers_of(demand.name)),
+            factor,
+            policy.forbid_memory_oversubscription,
+        )
         for b in chosen:
             b.compute += load
             b.memory += demand.nbytes
@@ -233,15 +226,43 @@ def pack(
         )
         for b in bins.values()
     }
-    moved = tuple(
-        sorted(m for m, ws in placement.models.items() if ws != previous.workers_of(m))
-    )
+    moved = tuple(sorted(m for m, ws in placement.models.items() if ws != previous.workers_of(m)))
     warnings = tuple(
         oversubscription_warning(plan) for plan in plans.values() if plan.oversubscribed
     )
     return PackResult(
         placement=placement, workers=MappingProxyType(plans), moved=moved, warnings=warnings
     )
+
+
+def _choose(
+    remaining: list[_Bin],
+    k: int,
+    load: float,
+    nbytes: int,
+    before: set[str],
+    factor: float,
+    forbid: bool,
+) -> list[_Bin]:
+    """Pick the k workers of one model, one at a time (step 4 of the module docstring)."""
+
+    def key(b: _Bin) -> tuple[float, int, int, str]:
+        # Pressure ties (every worker idle and unlimited, e.g. at startup) go to the worker
+        # with fewer weight bytes, then fewer models, so that idle models spread.
+        return (b.pressure(load, nbytes), b.memory, len(b.models), b.address)
+
+    chosen: list[_Bin] = []
+    for _ in range(k):
+        pool = remaining
+        if forbid:
+            pool = [b for b in remaining if b.fits(nbytes)] or remaining
+        best = min(pool, key=key)
+        limit = key(best)[0] * factor
+        kept = [b for b in pool if b.address in before and key(b)[0] <= limit]
+        pick = min(kept, key=key) if kept else best
+        chosen.append(pick)
+        remaining.remove(pick)
+    return chosen
 
 
 def oversubscription_warning(plan: WorkerPlan) -> str:

@@ -174,7 +174,9 @@ class Router:
 
     mode = "router"
 
-    def __init__(self, table: RouteTable | None = None, *, work_basis: WorkBasis = "compute") -> None:
+    def __init__(
+        self, table: RouteTable | None = None, *, work_basis: WorkBasis = "compute"
+    ) -> None:
         self.table = table if table is not None else RouteTable()
         self.work_basis: WorkBasis = work_basis
         self._pairs: dict[tuple[str, str], _Account] = {}
@@ -316,7 +318,9 @@ class RoundRobinRouter(Router):
 
     mode = "round_robin"
 
-    def __init__(self, table: RouteTable | None = None, *, work_basis: WorkBasis = "compute") -> None:
+    def __init__(
+        self, table: RouteTable | None = None, *, work_basis: WorkBasis = "compute"
+    ) -> None:
         super().__init__(table, work_basis=work_basis)
         self._cursor: dict[str, int] = {}
 
@@ -331,7 +335,9 @@ class LeastOutstandingRouter(Router):
 
     mode = "least_outstanding"
 
-    def __init__(self, table: RouteTable | None = None, *, work_basis: WorkBasis = "compute") -> None:
+    def __init__(
+        self, table: RouteTable | None = None, *, work_basis: WorkBasis = "compute"
+    ) -> None:
         super().__init__(table, work_basis=work_basis)
         self._cursor: dict[str, int] = {}
 
@@ -451,10 +457,7 @@ class FillRouter(Router):
         else:
             i = index.get(run.current) if run.current is not None else None
             keep = (
-                i is not None
-                and run.sent < quanta[i]
-                and out[i] > 0
-                and behind[i] <= min(behind)
+                i is not None and run.sent < quanta[i] and out[i] > 0 and behind[i] <= min(behind)
             )
             if keep:
                 assert i is not None

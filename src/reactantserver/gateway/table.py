@@ -125,9 +125,7 @@ class RouteTable:
     generation: int = 0
     workers: Mapping[str, WorkerInfo] = attrs.field(factory=lambda: MappingProxyType({}))
     #: model -> its ready replicas, sorted by worker address.
-    models: Mapping[str, tuple[Replica, ...]] = attrs.field(
-        factory=lambda: MappingProxyType({})
-    )
+    models: Mapping[str, tuple[Replica, ...]] = attrs.field(factory=lambda: MappingProxyType({}))
     #: (model, worker) -> learned seconds of compute per item.
     costs: Mapping[tuple[str, str], float] = attrs.field(factory=lambda: MappingProxyType({}))
     totals: Mapping[str, ModelTotals] = attrs.field(factory=lambda: MappingProxyType({}))
@@ -183,7 +181,7 @@ def build_table(
     models: dict[str, list[Replica]] = {}
     costs = dict(prev.costs)
     baselines = dict(prev.baselines)
-    totals = {name: [t.compute_seconds, t.requests, t.rows] for name, t in prev.totals.items()}
+    totals = dict(prev.totals)
     fleet = prev.fleet_compute_seconds
     for snap in snapshots:
         if snap.address in workers:
@@ -209,10 +207,12 @@ def build_table(
             if base is not None and _advanced(base, now):
                 d_compute = now.compute - base.compute
                 d_rows = now.rows - base.rows
-                total = totals.setdefault(m.name, [0.0, 0, 0])
-                total[0] += d_compute
-                total[1] += now.requests - base.requests
-                total[2] += d_rows
+                total = totals.get(m.name, ModelTotals())
+                totals[m.name] = ModelTotals(
+                    compute_seconds=total.compute_seconds + d_compute,
+                    requests=total.requests + now.requests - base.requests,
+                    rows=total.rows + d_rows,
+                )
                 fleet += d_compute
                 if d_rows > 0:
                     sample = d_compute / d_rows
@@ -236,9 +236,7 @@ def build_table(
             {name: tuple(sorted(rs, key=lambda r: r.worker)) for name, rs in sorted(models.items())}
         ),
         costs=MappingProxyType(costs),
-        totals=MappingProxyType(
-            {n: ModelTotals(compute_seconds=c, requests=q, rows=r) for n, (c, q, r) in totals.items()}
-        ),
+        totals=MappingProxyType(totals),
         fleet_compute_seconds=fleet,
         baselines=MappingProxyType(baselines),
         mean_cost=mean,

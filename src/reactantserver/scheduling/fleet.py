@@ -57,6 +57,7 @@ from reactantserver.weights.policy import Hit, Plan, WeightCachePolicy
 
 from .policy import SchedulingPolicy
 from .records import Batch
+from .simulate import ModelSpec
 
 
 @attrs.frozen(kw_only=True)
@@ -76,6 +77,17 @@ class FleetModel:
     @property
     def batch_sizes(self) -> tuple[int, ...]:
         return tuple(sorted(self.costs))
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec, nbytes: int = 0) -> FleetModel:
+        """A single-worker simulator model (``simulate.ModelSpec``) for the fleet."""
+        return cls(
+            name=spec.name,
+            costs={size: spec.cost(size) for size in spec.batch_sizes},
+            nbytes=nbytes,
+            rate=spec.rate,
+            rows=spec.rows,
+        )
 
 
 @attrs.frozen(kw_only=True)
@@ -346,14 +358,14 @@ class FleetSimulation:
         if w.cache is None:
             self._execute(w, batch)
             return
-        decision = w.cache.acquire(batch.model)
-        if isinstance(decision, Hit):
+        weights = w.cache.acquire(batch.model)
+        if isinstance(weights, Hit):
             self._execute(w, batch)
             return
         if w.waiting_since is None:
             w.waiting_since = self.now
-        if isinstance(decision, Plan):
-            self._transfer(w, decision)
+        if isinstance(weights, Plan):
+            self._transfer(w, weights)
         # Wait: a load that blocks it is in flight; its completion kicks again.
 
     def _transfer(self, w: _Worker, plan: Plan) -> None:
