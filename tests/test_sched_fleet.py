@@ -90,3 +90,43 @@ def test_open_loop_and_unlimited_memory() -> None:
     assert by_name["a"].p50 >= 0.002 - 1e-9 and by_name["b"].p50 >= 0.004 - 1e-9
     assert not math.isnan(report.p99)
     assert "mode=least_outstanding" in report.format()
+
+
+def test_one_unbatched_worker_is_an_md1_queue() -> None:
+    """The event engine against queueing theory: one worker, one model that never coalesces
+    (compiled size 1 only), Poisson arrivals at rate l, constant service c: an M/D/1 queue,
+    whose mean sojourn time is c + rho c / (2 (1 - rho)) with rho = l c."""
+    c, rate = 0.01, 60.0
+    rho = rate * c
+    model = FleetModel(name="a", costs={1: c}, rate=rate)
+    report = simulate_fleet(
+        [model], [FleetWorker(name="w0")], GatewaySchedulingConfig(), duration=400.0, warmup=20.0
+    )
+    (m,) = report.models
+    expected = c + rho * c / (2 * (1 - rho))
+    assert m.mean == pytest.approx(expected, rel=0.08)
+    assert report.workers[0].compute == pytest.approx(rho, rel=0.05)
+    assert report.workers[0].idle == pytest.approx(1 - rho, rel=0.08)
+
+
+def test_example_script_prints_the_comparison(tmp_path: object) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "examples" / "simulate_fleet.py"
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            *("--models", "6", "--workers", "3", "--clients", "8"),
+            *("--duration", "6", "--warmup", "2", "--top", "2"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    for mode in ("round_robin", "least_outstanding", "lpt_packing"):
+        assert f"| {mode}" in out
+    assert "loads/1k req" in out and "| m00 |" in out

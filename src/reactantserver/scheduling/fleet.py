@@ -122,6 +122,7 @@ class FleetModelReport:
     rejected: int
     p50: float
     p99: float
+    mean: float
     mean_batch_rows: float
     #: Workers that served it in the window.
     workers: tuple[str, ...]
@@ -501,6 +502,11 @@ class FleetSimulation:
                 rejected=self.rejected[name],
                 p50=_percentile(self.latencies[name], 0.5),
                 p99=_percentile(self.latencies[name], 0.99),
+                mean=(
+                    sum(self.latencies[name]) / len(self.latencies[name])
+                    if self.latencies[name]
+                    else math.nan
+                ),
                 mean_batch_rows=(
                     self.model_rows[name] / self.model_batches[name]
                     if self.model_batches[name]
