@@ -27,19 +27,28 @@ The algorithm (the original's, REFERENCE section 7, made deterministic and expli
    previous placement is kept instead when its pressure is at most ``best x (1 + h)``
    (the least-pressure such one). A model therefore moves off a previous worker only when
    the move improves its pressure by more than the factor ``1 + h``.
-5. Afterwards every worker whose assigned bytes exceed its budget gets one warning.
+5. With ``forbid_memory_oversubscription``, a **repair** step then undoes what the greedy
+   could not avoid: while a worker is oversubscribed, move one of its replicas to a worker
+   where it fits, or swap it for a smaller replica of another worker that still fits
+   afterwards (each step lowers the total excess, so it ends). A greedy in load order places
+   large, idle models last, when the room may be scattered; the repair gathers it. Repairs
+   ignore per-model hysteresis, so when a repair was needed the previous placement is kept
+   whole if it still fits and its highest pressure is within ``1 + h`` of the new one's: a
+   tight fleet does not flip between equally good arrangements at every repack.
+6. Afterwards every worker whose assigned bytes still exceed its budget gets one warning.
 
 Why a greedy: it is the original's rule, it is explainable line by line to an operator,
-and it runs in O(models x workers x k). It is not an optimal bin packer: with
-``forbid_memory_oversubscription`` it guarantees that a model is placed where it does not fit
-only when, at that step, no remaining candidate had room -- not that a fitting assignment is
-found whenever one exists (that is bin packing, NP-hard). When every model has the same size
-and the total room suffices, the greedy always finds a fitting placement.
+and it runs in O(models x workers x k). It is not an optimal bin packer (that is NP-hard):
+with ``forbid_memory_oversubscription`` the result is *locally* fitting -- no oversubscribed
+worker has a replica that one move or one swap could put where it fits -- not guaranteed to
+fit whenever some arrangement would. When every model has the same size and the total room
+suffices, it always fits.
 
 Invariants (``tests/test_gateway_packing.py``): each model lands on exactly ``min(k, n)``
 distinct workers; the result depends only on the input (ties are broken by name/address);
-a previous replica is replaced by a new worker only if its pressure exceeded the newcomer's
-by more than ``1 + h``; packing again from the result with the same input changes nothing.
+outside repairs, a previous replica is replaced by a new worker only if its pressure exceeded
+the newcomer's by more than ``1 + h``; with forbid on, no single move or swap could undo an
+oversubscription that remains.
 """
 
 from __future__ import annotations
@@ -150,6 +159,8 @@ class PackResult:
     moved: tuple[str, ...]
     #: One line per oversubscribed worker.
     warnings: tuple[str, ...]
+    #: Models the repair step moved (or swapped) to undo an oversubscription.
+    repaired: tuple[str, ...] = ()
 
     @property
     def oversubscribed(self) -> tuple[str, ...]:
@@ -173,6 +184,20 @@ class _Bin:
         memory = (self.memory + nbytes) / self.budget if self.budget > 0 else 0.0
         return max(self.compute + load, memory)
 
+    @property
+    def excess(self) -> int:
+        return max(0, self.memory - self.budget) if self.budget > 0 else 0
+
+    def add(self, model: str, load: float, nbytes: int) -> None:
+        self.compute += load
+        self.memory += nbytes
+        self.models.append(model)
+
+    def remove(self, model: str, load: float, nbytes: int) -> None:
+        self.compute -= load
+        self.memory -= nbytes
+        self.models.remove(model)
+
 
 def lpt_order(demands: Iterable[ModelDemand]) -> list[ModelDemand]:
     """Longest processing time first: ``(-load, -bytes, name)``."""
@@ -195,7 +220,8 @@ def pack(
         raise ValueError("pack: duplicate worker addresses")
     previous = previous if previous is not None else Placement()
     factor = 1.0 + max(0.0, policy.hysteresis)
-    placed: dict[str, tuple[str, ...]] = {}
+    #: model -> (compute per replica, bytes)
+    shares: dict[str, tuple[float, int]] = {}
     for demand in lpt_order(demands):
         if not bins:
             break
@@ -211,11 +237,21 @@ def pack(
             policy.forbid_memory_oversubscription,
         )
         for b in chosen:
-            b.compute += load
-            b.memory += demand.nbytes
-            b.models.append(demand.name)
-        placed[demand.name] = tuple(sorted(b.address for b in chosen))
-    placement = Placement.of(placed)
+            b.add(demand.name, load, demand.nbytes)
+        shares[demand.name] = (load, demand.nbytes)
+    repaired: tuple[str, ...] = ()
+    if policy.forbid_memory_oversubscription:
+        repaired = _repair(list(bins.values()), shares)
+    if repaired:
+        # Repairs ignore per-model hysteresis, so keep the previous placement as a whole when
+        # it still fits and is within the hysteresis of the new one: a tight fleet must not
+        # flip between equally good repaired placements at every repack.
+        kept = _previous_if_as_good(previous, policy, workers, shares, bins, factor)
+        if kept is not None:
+            bins, repaired = kept, ()
+    placement = Placement.of(
+        {name: [b.address for b in bins.values() if name in b.models] for name in shares}
+    )
     plans = {
         b.address: WorkerPlan(
             address=b.address,
@@ -231,7 +267,11 @@ def pack(
         oversubscription_warning(plan) for plan in plans.values() if plan.oversubscribed
     )
     return PackResult(
-        placement=placement, workers=MappingProxyType(plans), moved=moved, warnings=warnings
+        placement=placement,
+        workers=MappingProxyType(plans),
+        moved=moved,
+        warnings=warnings,
+        repaired=repaired,
     )
 
 
@@ -263,6 +303,104 @@ def _choose(
         chosen.append(pick)
         remaining.remove(pick)
     return chosen
+
+
+def _previous_if_as_good(
+    previous: Placement,
+    policy: PackPolicy,
+    workers: Sequence[WorkerCapacity],
+    shares: Mapping[str, tuple[float, int]],
+    bins: Mapping[str, _Bin],
+    factor: float,
+) -> dict[str, _Bin] | None:
+    """The previous placement's bins, if it is complete, fits, and its highest pressure is
+    within ``factor`` of the new placement's; else None."""
+    old = {w.address: _Bin(w.address, w.budget) for w in sorted(workers, key=lambda w: w.address)}
+    for name, (load, nbytes) in shares.items():
+        held = previous.workers_of(name)
+        if len(held) != policy.replicas_of(name, len(old)) or not set(held) <= set(old):
+            return None
+        for address in held:
+            old[address].add(name, load, nbytes)
+    if any(b.excess for b in old.values()):
+        return None
+
+    def highest(bs: Iterable[_Bin]) -> float:
+        return max((b.pressure(0.0, 0) for b in bs), default=0.0)
+
+    return old if highest(old.values()) <= highest(bins.values()) * factor else None
+
+
+def _repair(bins: list[_Bin], shares: Mapping[str, tuple[float, int]]) -> tuple[str, ...]:
+    """Undo oversubscription the greedy left behind, by single moves, then pairwise swaps.
+
+    Each step takes one replica off an oversubscribed worker, onto a worker where it fits
+    (the least pressure after the move wins), or swaps it for a smaller replica of a worker
+    that still fits afterwards; ties by model name and address. Every step lowers the total
+    excess bytes, so the loop ends, and it stops when no step helps. Repairs ignore
+    hysteresis: with ``forbid_memory_oversubscription`` fitting comes first.
+    """
+    moved: list[str] = []
+    while True:
+        over = sorted((b for b in bins if b.excess), key=lambda b: (-b.excess, b.address))
+        if not over:
+            break
+        step = None
+        for o in over:
+            step = _best_move(o, bins, shares) or _best_swap(o, bins, shares)
+            if step is not None:
+                break
+        if step is None:
+            break
+        for model, source, target in step:
+            load, nbytes = shares[model]
+            source.remove(model, load, nbytes)
+            target.add(model, load, nbytes)
+            moved.append(model)
+    return tuple(sorted(set(moved)))
+
+
+_Step = list[tuple[str, _Bin, _Bin]]
+
+
+def _best_move(o: _Bin, bins: list[_Bin], shares: Mapping[str, tuple[float, int]]) -> _Step | None:
+    options = []
+    for model in sorted(o.models):
+        load, nbytes = shares[model]
+        if nbytes <= 0:
+            continue
+        for t in bins:
+            if t is o or model in t.models or not t.fits(nbytes):
+                continue
+            options.append((t.pressure(load, nbytes), model, t.address, t))
+    if not options:
+        return None
+    _, model, _, target = min(options, key=lambda x: x[:3])
+    return [(model, o, target)]
+
+
+def _best_swap(o: _Bin, bins: list[_Bin], shares: Mapping[str, tuple[float, int]]) -> _Step | None:
+    options = []
+    for model in sorted(o.models):
+        load, nbytes = shares[model]
+        for t in bins:
+            if t is o or model in t.models or t.budget <= 0:
+                continue
+            for other in sorted(t.models):
+                other_load, other_bytes = shares[other]
+                if other_bytes >= nbytes or other in o.models:
+                    continue
+                if t.memory - other_bytes + nbytes > t.budget:
+                    continue
+                after = max(
+                    t.compute - other_load + load,
+                    (t.memory - other_bytes + nbytes) / t.budget,
+                )
+                options.append((after, model, other, t.address, t))
+    if not options:
+        return None
+    _, model, other, _, target = min(options, key=lambda x: x[:4])
+    return [(model, o, target), (other, target, o)]
 
 
 def oversubscription_warning(plan: WorkerPlan) -> str:
