@@ -24,6 +24,7 @@ import argparse
 import time
 
 from reactantserver.config import GatewaySchedulingConfig
+from reactantserver.config.schema import GatewayModelConfig
 from reactantserver.scheduling.fleet import (
     ClosedLoop,
     FleetReport,
@@ -60,9 +61,20 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=60.0, help="virtual seconds")
     parser.add_argument("--warmup", type=float, default=15.0)
     parser.add_argument("--rebalance", type=float, default=20.0, help="rebalance_compute_seconds")
+    parser.add_argument(
+        "--replicas",
+        nargs="*",
+        default=[],
+        metavar="MODEL=K",
+        help="lpt_packing: scheduling.models.<MODEL>.replicas (e.g. m01=2)",
+    )
     parser.add_argument("--top", type=int, default=6, help="models shown in the latency table")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
+    overrides = {}
+    for item in args.replicas:
+        name, _, count = item.partition("=")
+        overrides[name] = GatewayModelConfig(replicas="all" if count == "all" else int(count))
 
     catalog = zipf_fleet_catalog(
         args.models, total_rate=args.rate or 1.0, zipf_s=args.zipf, seed=args.seed
@@ -94,6 +106,7 @@ def main() -> None:
                 rebalance_compute_seconds=args.rebalance,
                 first_rebalance_compute_seconds=args.rebalance / 4,
                 hysteresis=0.2,
+                models=overrides,
             )
             started = time.perf_counter()
             reports.append(
