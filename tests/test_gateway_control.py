@@ -121,7 +121,7 @@ def test_compute_repack_uses_measured_load() -> None:
     assert by_name["a"].cost == pytest.approx(0.01)
     assert by_name["a"].load == pytest.approx(0.5)
     assert outcome.placement.models["a"] != outcome.placement.models["b"]
-    assert dict(status.repacks) == {"startup": 1, "compute": 1, "operator": 0}
+    assert dict(status.repacks) == {"startup": 1, "compute": 1, "operator": 0, "fleet": 0}
     assert status.generation == controller.generation == 2
 
 
@@ -249,3 +249,34 @@ def test_helpers() -> None:
     with pytest.raises(InvalidArgument, match="wait_seconds"):
         check_repack_wait(121.0)
     assert "lpt_packing" in str(not_lpt("round_robin"))
+
+
+def test_a_worker_leaving_or_joining_triggers_a_fleet_repack() -> None:
+    """replicas: all follows the fleet, and models placed on a worker that left are placed
+    again; until then routing falls back to the replicas that still serve the model."""
+    controller = _controller(default_replicas="all")
+    controller.repack(0.0, {}, "startup")
+    assert controller.due() is None
+    full = controller.table
+    gone = "10.0.0.2:8080"
+    snaps = [
+        WorkerSnapshot(
+            address=w.address,
+            name=w.name,
+            ready=w.address != gone,
+            discipline="fifo",
+            weight_cache_max_bytes=w.weight_cache_max_bytes,
+            models=tuple(ModelSnapshot(name=m, max_batch_size=8) for m in w.models),
+        )
+        for w in full.workers.values()
+    ]
+    controller.update(build_table(full, snaps))
+    assert gone not in {controller.router.choose("a", 1, now=0.0).worker for _ in range(4)}
+    assert controller.due() == "fleet"
+    outcome = controller.repack(1.0, {}, "fleet")
+    assert all(len(ws) == 2 and gone not in ws for ws in outcome.placement.models.values())
+    assert controller.due() is None
+    controller.update(_fleet(previous=controller.table))
+    assert controller.due() == "fleet"
+    back = controller.repack(2.0, {}, "fleet")
+    assert all(len(ws) == 3 for ws in back.placement.models.values())

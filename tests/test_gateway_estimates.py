@@ -108,7 +108,7 @@ def test_repack_cadence() -> None:
     assert cadence.due(399.0) is None
     assert cadence.due(400.0) == "compute"
     stats = cadence.statistics()
-    assert dict(stats.repacks) == {"startup": 1, "compute": 1, "operator": 1}
+    assert dict(stats.repacks) == {"startup": 1, "compute": 1, "operator": 1, "fleet": 0}
     assert stats.next_due == 400.0
     # first_rebalance 0 means "use rebalance".
     zero = RepackCadence(300.0, 0.0)

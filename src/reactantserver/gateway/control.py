@@ -7,7 +7,8 @@ I/O (and the fleet simulator) drive it with events and carry out what it returns
 
     controller.check_fleet(table)                  # startup preconditions (raises)
     controller.update(table)                       # every probe round
-    trigger = controller.due()                     # startup | compute | operator | None
+    trigger = controller.due()                     # startup | compute | operator | fleet
+                                                   # | None
     outcome = controller.repack(now, arrivals, trigger)
         -> RepackOutcome: the new placement, the oversubscription warnings (log each once),
            CompactMemory calls and SetModelResidency calls to send
@@ -195,6 +196,8 @@ class LptController:
         self.placement = Placement()
         self.last: PackResult | None = None
         self._since_compaction = 0
+        #: Ready workers at the last repack (None before the first).
+        self._fleet: frozenset[str] | None = None
 
     # ------------------------------------------------------------------ events
 
@@ -228,7 +231,12 @@ class LptController:
         self.router.update(table)
 
     def due(self) -> Trigger | None:
-        return self.cadence.due(self.table.fleet_compute_seconds)
+        """The repack due now: the cadence's, else ``fleet`` when ready workers came or went."""
+        trigger = self.cadence.due(self.table.fleet_compute_seconds)
+        if trigger is None and self._fleet is not None:
+            if frozenset(self.table.ready_workers) != self._fleet:
+                return "fleet"
+        return trigger
 
     def request_repack(self) -> None:
         """The operator's Repack RPC: the next :meth:`due` says ``operator``."""
@@ -264,6 +272,7 @@ class LptController:
         self.last = result
         self.router.set_placement(result.placement.models)
         self.cadence.done(trigger, table.fleet_compute_seconds)
+        self._fleet = frozenset(table.ready_workers)
         self.generation += 1
         return RepackOutcome(
             trigger=trigger,

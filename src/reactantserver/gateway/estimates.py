@@ -25,7 +25,10 @@ nothing to smooth against).
 repack once ``first_rebalance_compute_seconds`` of fleet compute accumulated since the last
 repack (0 = use ``rebalance_compute_seconds``) the first time, and every
 ``rebalance_compute_seconds`` after that; an ``operator`` repack whenever one is requested
-(the Repack RPC, SetModelPlacement). Any repack restarts the count.
+(the Repack RPC, SetModelPlacement). Any repack restarts the count. (The lpt_packing
+controller adds a ``fleet`` repack when the set of ready workers changed since the last one,
+so that ``replicas: all`` follows the fleet and models placed on a worker that left are
+placed again.)
 """
 
 from __future__ import annotations
@@ -38,8 +41,8 @@ import attrs
 
 from .table import ModelTotals
 
-Trigger = Literal["startup", "compute", "operator"]
-TRIGGERS: tuple[Trigger, ...] = ("startup", "compute", "operator")
+Trigger = Literal["startup", "compute", "operator", "fleet"]
+TRIGGERS: tuple[Trigger, ...] = ("startup", "compute", "operator", "fleet")
 
 
 def ewma(old: float, sample: float, delta: float, halflife: float) -> float:

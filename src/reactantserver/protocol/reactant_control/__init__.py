@@ -173,7 +173,10 @@ class GetSchedulingStatusResponse(betterproto.Message):
     repacks: "dict[str, int]" = betterproto.map_field(
         6, betterproto.TYPE_STRING, betterproto.TYPE_UINT64
     )
-    """Repacks so far by trigger: "startup", "compute", "operator"."""
+    """
+    Repacks so far by trigger: "startup", "compute", "operator", "fleet" (the
+     set of ready workers changed).
+    """
 
     warnings: "list[str]" = betterproto.string_field(7)
     """The oversubscription warnings of the last repack."""
