@@ -233,10 +233,8 @@ class LptController:
     def due(self) -> Trigger | None:
         """The repack due now: the cadence's, else ``fleet`` when ready workers came or went."""
         trigger = self.cadence.due(self.table.fleet_compute_seconds)
-        if trigger is None and self._fleet is not None:
-            if frozenset(self.table.ready_workers) != self._fleet:
-                return "fleet"
-        return trigger
+        moved = self._fleet is not None and frozenset(self.table.ready_workers) != self._fleet
+        return "fleet" if trigger is None and moved else trigger
 
     def request_repack(self) -> None:
         """The operator's Repack RPC: the next :meth:`due` says ``operator``."""
