@@ -6,7 +6,8 @@ import pytest
 
 from reactantserver.config import GatewaySchedulingConfig
 from reactantserver.errors import FailedPrecondition, InvalidArgument, NotFound
-from reactantserver.gateway.control import LptController, check_repack_wait, not_lpt
+from reactantserver.gateway.control import LptController
+from reactantserver.gateway.policy import check_repack_wait, not_lpt
 from reactantserver.gateway.table import ModelSnapshot, RouteTable, WorkerSnapshot, build_table
 
 MB = 1_000_000

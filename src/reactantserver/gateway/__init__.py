@@ -16,6 +16,7 @@ Modules, one concern each:
                placement, with hysteresis and the oversubscription warning
 ``estimates``  rate and cost EWMAs on the fleet-compute clock; the repack cadence
 ``control``    the lpt_packing controller: repack, control-RPC semantics, status records
+``policy``     GatewayControlService values: checked against gateway.yml's rules
 
 See docs/gateway.md.
 """
@@ -28,11 +29,10 @@ from .control import (
     RepackOutcome,
     ResidencyChange,
     SchedulingStatus,
-    check_repack_wait,
-    not_lpt,
 )
 from .estimates import Estimate, LoadEstimator, RepackCadence, ewma
 from .packing import ModelDemand, PackPolicy, PackResult, Placement, WorkerCapacity, pack
+from .policy import check_repack_wait, not_lpt, policy_value
 from .routing import (
     FillRouter,
     LeastOutstandingRouter,
@@ -76,5 +76,6 @@ __all__ = [
     "make_router",
     "not_lpt",
     "pack",
+    "policy_value",
     "quantum",
 ]
