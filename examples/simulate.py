@@ -14,6 +14,12 @@ so every queue stays non-empty and a fair scheduler must hand out exactly the
 weights. ``--load X`` instead sets the total demand to X times the device's capacity
 (at full batches), for a realistic, partly idle mix.
 
+``--workers N`` (N > 1) runs the same workload in fleet mode instead: N simulated workers
+(each with the chosen discipline) behind the gateway's router for ``--gateway``
+(``round_robin``, ``least_outstanding`` or ``lpt_packing``), with every model's weights
+always resident. ``examples/simulate_fleet.py`` compares the modes on a catalog that does
+not fit in one worker's memory (docs/fleet.md).
+
 Nothing is mocked but the device: requests go through ``Scheduler.submit`` and the
 real dispatch loop, and a cost model stands in for execution. Time is
 ``trio.testing.MockClock``, so minutes of traffic replay in seconds.
@@ -24,7 +30,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from reactantserver.config import SchedulerConfig
+from reactantserver.config import GatewaySchedulingConfig, SchedulerConfig
+from reactantserver.scheduling.fleet import FleetModel, FleetWorker, simulate_fleet
 from reactantserver.scheduling.simulate import (
     offered_load,
     poisson_arrivals,
@@ -75,6 +82,15 @@ def main() -> None:
     parser.add_argument("--queue-depth", type=int, default=16, help="scheduler.max_queue_depth")
     parser.add_argument("--rows", type=int, default=None, help="show only the first N models")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--workers", type=int, default=1, help="fleet mode: this many workers behind a gateway"
+    )
+    parser.add_argument(
+        "--gateway",
+        default="least_outstanding",
+        choices=["round_robin", "least_outstanding", "lpt_packing"],
+        help="fleet mode: the gateway's scheduling.mode",
+    )
     args = parser.parse_args()
 
     specs = zipf_models(
@@ -106,6 +122,28 @@ def main() -> None:
         f"          {arrivals} requests over {args.duration:g} s, "
         f"max_queue_depth {args.queue_depth}, seed {args.seed}"
     )
+    if args.workers > 1:
+        # Fleet mode: the arrival rate above was sized for one device; scale it to the fleet.
+        fleet = [FleetModel.from_spec(s) for s in with_total_rate(specs, rate * args.workers)]
+        for discipline in args.discipline:
+            workers = [
+                FleetWorker(name=f"w{i}", discipline=discipline, max_queue_depth=args.queue_depth)
+                for i in range(args.workers)
+            ]
+            started = time.perf_counter()
+            report = simulate_fleet(
+                fleet,
+                workers,
+                GatewaySchedulingConfig(mode=args.gateway),
+                duration=args.duration,
+                warmup=args.warmup,
+                seed=args.seed,
+            )
+            print()
+            print(f"fleet: {args.workers} workers running {discipline}")
+            print(report.format(rows=args.rows))
+            print(f"(simulated in {time.perf_counter() - started:.1f} s of real time)")
+        return
     for discipline in args.discipline:
         config = SchedulerConfig(discipline=discipline, max_queue_depth=args.queue_depth)
         started = time.perf_counter()

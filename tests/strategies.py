@@ -555,3 +555,75 @@ def codec_responses(draw: st.DrawFn) -> object:
         else:
             response.raw_output_contents.append(raw)
     return response
+
+
+# ============================================================================================
+# The gateway's sans-IO core (tests/test_gateway_*.py)
+# ============================================================================================
+
+_GW_MODELS = ("alpha", "beta", "gamma", "delta", "eps")
+
+
+@st.composite
+def gateway_tables(draw: st.DrawFn, max_workers: int = 4, max_models: int = 4) -> object:
+    """A RouteTable: 1..max_workers ready workers, each model served by a non-empty subset,
+    with per-replica max batch sizes (0 = unknown) and a batch axis."""
+    from reactantserver.gateway.table import ModelSnapshot, WorkerSnapshot, build_table
+
+    n = draw(st.integers(1, max_workers))
+    workers = [f"10.0.0.{i}:8080" for i in range(n)]
+    models = _GW_MODELS[: draw(st.integers(1, max_models))]
+    serving: dict[str, list[ModelSnapshot]] = {w: [] for w in workers}
+    for model in models:
+        chosen = draw(st.lists(st.sampled_from(workers), min_size=1, max_size=n, unique=True))
+        for w in chosen:
+            serving[w].append(
+                ModelSnapshot(
+                    name=model,
+                    max_batch_size=draw(st.sampled_from((0, 1, 4, 8))),
+                    batch_input_name="x",
+                    batch_axis=1,
+                )
+            )
+    return build_table(
+        None,
+        [
+            WorkerSnapshot(address=w, discipline="fifo", models=tuple(ms))
+            for w, ms in serving.items()
+        ],
+    )
+
+
+@st.composite
+def pack_problems(
+    draw: st.DrawFn, max_models: int = 7, max_workers: int = 4, budgets: bool = True
+) -> tuple[list[object], list[object], object]:
+    """(demands, workers, policy) for the packer: loads, weight bytes, budgets (0 = unlimited),
+    per-model replica counts including ``all``."""
+    from reactantserver.gateway.packing import ModelDemand, PackPolicy, WorkerCapacity
+
+    names = [f"m{i}" for i in range(draw(st.integers(1, max_models)))]
+    demands = [
+        ModelDemand(
+            name=name,
+            rate=draw(st.sampled_from((0.0, 1.0, 2.5, 10.0, 40.0))),
+            cost=draw(st.sampled_from((0.001, 0.004, 0.01, 0.03))),
+            nbytes=draw(st.integers(0, 400)),
+        )
+        for name in names
+    ]
+    workers = [
+        WorkerCapacity(
+            address=f"w{i}:80",
+            budget=draw(st.sampled_from((0, 300, 600, 1000))) if budgets else 0,
+        )
+        for i in range(draw(st.integers(1, max_workers)))
+    ]
+    replica_choice = st.one_of(st.integers(1, 5), st.just("all"))
+    policy = PackPolicy(
+        default_replicas=draw(replica_choice),
+        replicas=draw(st.dictionaries(st.sampled_from(names), replica_choice, max_size=3)),
+        hysteresis=draw(st.sampled_from((0.0, 0.1, 0.5))),
+        forbid_memory_oversubscription=draw(st.booleans()),
+    )
+    return demands, workers, policy

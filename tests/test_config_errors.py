@@ -532,7 +532,30 @@ GATEWAY_CASES: list[tuple[str, str, str]] = [
             resnet50: {fill_mode: fill}
         """,
         "gateway.yml:4: scheduling.models.resnet50.fill_mode: expected one of run, spread, "
-        "inflight, inherit; got 'fill'",
+        "inherit; got 'fill'",
+    ),
+    (
+        "fill-mode-inflight-removed",
+        """\
+        endpoints: [w:1]
+        scheduling:
+          routing_fill_mode: inflight
+        """,
+        "gateway.yml:3: scheduling.routing_fill_mode: the inflight fill mode was removed: it "
+        "keeps routing to the replica with the most requests in flight and parks a model on "
+        "one worker; use run or spread",
+    ),
+    (
+        "model-fill-mode-inflight-removed",
+        """\
+        endpoints: [w:1]
+        scheduling:
+          models:
+            resnet50: {fill_mode: inflight}
+        """,
+        "gateway.yml:4: scheduling.models.resnet50.fill_mode: the inflight fill mode was "
+        "removed: it keeps routing to the replica with the most requests in flight and parks a "
+        "model on one worker; use run or spread",
     ),
     (
         "streams-zero",

@@ -22,6 +22,7 @@ JAX_FREE = [
     "reactantserver.cli",
     "reactantserver.protocol.inference",
     "reactantserver.protocol.reactant_control",
+    "reactantserver.protocol.grpc.health.v1",
     "reactantserver.scheduling",
     "reactantserver.bundle",
     "reactantserver.weights",
@@ -35,6 +36,9 @@ JAX_FREE = [
     "reactantserver.client",
     "reactantserver.lifecycle",
     "reactantserver.meta",
+    "reactantserver.gateway",
+    "reactantserver.gateway.control",
+    "reactantserver.scheduling.fleet",
 ]
 
 
@@ -59,3 +63,15 @@ def test_public_scheduler_name_without_jax() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_gateway_core_is_sans_io() -> None:
+    """The gateway's core decides without I/O: importing it pulls in no event loop, gRPC
+    library, protobuf runtime or JAX (the gateway's I/O converts to and from messages)."""
+    code = (
+        "import sys, reactantserver.gateway\n"
+        "roots = ('trio', 'asyncio', 'grpclib', 'betterproto', 'google', 'jax', 'jaxlib')\n"
+        "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in roots)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

@@ -6,7 +6,9 @@
   values). The service messages (Triton's ``grpc_service.proto``) are complete; the model
   configuration (``model_config.proto``) is a subset. Messages round-trip between betterproto
   and tritonclient's protobuf classes in both directions.
-* The control service has the field numbers of REFERENCE.md section 4.
+* The control service and the gateway control service have the field numbers of REFERENCE.md
+  section 4.
+* grpc.health.v1 is the protocol grpc publishes (checked against grpcio-health-checking).
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ import pytest
 import tritonclient.grpc.model_config_pb2 as triton_config
 import tritonclient.grpc.service_pb2 as triton_service
 from google.protobuf import descriptor_pb2
+from grpc_health.v1 import health_pb2
 from hypothesis import given, settings
 from strategies import model_infer_requests
 
 from reactantserver.protocol import inference as ip
 from reactantserver.protocol import reactant_control as rc
+from reactantserver.protocol.grpc.health import v1 as health
 from reactantserver.protocol.reflection import load_descriptor_set
 
 REPO = Path(__file__).resolve().parent.parent
@@ -126,6 +130,9 @@ def test_generated_code_is_fresh(tmp_path: Path) -> None:
 
 def test_descriptor_set_holds_every_proto_file() -> None:
     assert sorted(_our_files()) == [
+        "gateway_control.proto",
+        "google/protobuf/field_mask.proto",
+        "grpc/health/v1/health.proto",
         "grpc/reflection/v1/reflection.proto",
         "grpc/reflection/v1alpha/reflection.proto",
         "inference.proto",
@@ -472,3 +479,126 @@ def test_generated_packages_are_plain_betterproto(package: str) -> None:
     assert module.__file__ is not None
     assert Path(module.__file__).parent == PROTOCOL_DIR / package
     assert "DO NOT EDIT" in Path(module.__file__).read_text(encoding="utf-8")[:200]
+
+
+# ---------------------------------------------------------------- (d) gateway control proto
+
+# REFERENCE.md section 4 fixes the request fields and SchedulingPolicy's numbers.
+GATEWAY_FIELDS: dict[str, list[tuple[str, int, int]]] = {
+    "SchedulingPolicy": [
+        ("rebalance_compute_seconds", 1, FDP.TYPE_DOUBLE),
+        ("first_rebalance_compute_seconds", 2, FDP.TYPE_DOUBLE),
+        ("hysteresis", 3, FDP.TYPE_DOUBLE),
+        ("ema_halflife_compute_seconds", 4, FDP.TYPE_DOUBLE),
+        ("default_replicas", 5, FDP.TYPE_INT32),
+        ("routing_policy", 6, FDP.TYPE_STRING),
+        ("routing_fill_factor", 7, FDP.TYPE_DOUBLE),
+        ("routing_fill_mode", 8, FDP.TYPE_STRING),
+        ("compaction_mode", 9, FDP.TYPE_STRING),
+        ("compaction_interval", 10, FDP.TYPE_INT32),
+        ("forbid_memory_oversubscription", 11, FDP.TYPE_BOOL),
+        ("generation", 12, FDP.TYPE_UINT64),
+        ("work_basis", 13, FDP.TYPE_STRING),
+    ],
+    "SetSchedulingPolicyRequest": [
+        ("update_mask", 1, FDP.TYPE_MESSAGE),
+        ("policy", 2, FDP.TYPE_MESSAGE),
+    ],
+    "SetModelPlacementRequest": [
+        ("name", 1, FDP.TYPE_STRING),
+        ("replicas", 2, FDP.TYPE_INT32),
+        ("fill_mode", 3, FDP.TYPE_STRING),
+        ("fill_factor", 4, FDP.TYPE_DOUBLE),
+        ("allow_unknown_model", 5, FDP.TYPE_BOOL),
+    ],
+    "RepackRequest": [("wait_seconds", 1, FDP.TYPE_DOUBLE)],
+}
+
+
+def test_gateway_control_has_reference_field_numbers() -> None:
+    gateway = _our_files()["gateway_control.proto"]
+    assert gateway.package == "reactant_control"
+    assert list(gateway.dependency) == ["google/protobuf/field_mask.proto"]
+    messages = {m.name: m for m in gateway.message_type}
+    for name, expected in GATEWAY_FIELDS.items():
+        assert [(f.name, f.number, f.type) for f in messages[name].field] == expected, name
+    mask = messages["SetSchedulingPolicyRequest"].field[0]
+    assert mask.type_name == ".google.protobuf.FieldMask"
+    (service,) = gateway.service
+    assert service.name == "GatewayControlService"
+    assert [(m.name, m.input_type, m.output_type) for m in service.method] == [
+        (name, f".reactant_control.{name}Request", f".reactant_control.{name}Response")
+        for name in ("GetSchedulingStatus", "SetSchedulingPolicy", "SetModelPlacement", "Repack")
+    ]
+    assert set(rc.GatewayControlServiceBase().__mapping__()) == {
+        f"/reactant_control.GatewayControlService/{m.name}" for m in service.method
+    }
+
+
+def test_set_scheduling_policy_round_trip() -> None:
+    from betterproto.lib.google.protobuf import FieldMask
+
+    request = rc.SetSchedulingPolicyRequest(
+        update_mask=FieldMask(paths=["hysteresis", "default_replicas"]),
+        policy=rc.SchedulingPolicy(hysteresis=0.25, default_replicas=-1),
+    )
+    assert rc.SetSchedulingPolicyRequest().parse(bytes(request)) == request
+    status = rc.GetSchedulingStatusResponse(
+        policy=rc.SchedulingPolicy(generation=7, routing_policy="fill_rr"),
+        models=[
+            rc.ModelPlacement(
+                name="resnet", workers=["w0:8080", "w1:8081"], fill_quantum={"w0:8080": 8}
+            )
+        ],
+        workers=[rc.WorkerPlacement(address="w0:8080", oversubscribed=True, models=["resnet"])],
+        repacks={"startup": 1},
+        warnings=["worker w0:8080: ..."],
+    )
+    assert rc.GetSchedulingStatusResponse().parse(bytes(status)) == status
+
+
+# ---------------------------------------------------------------- (e) grpc.health.v1
+
+
+def test_health_matches_grpc_published_protocol() -> None:
+    """Same package, messages, fields, enum values and methods as grpc's health.proto."""
+    ours = _our_files()["grpc/health/v1/health.proto"]
+    theirs = _triton_file(health_pb2)  # any generated protobuf module works here
+    assert ours.package == theirs.package == "grpc.health.v1"
+    our_messages = dict(_messages(ours))
+    their_messages = dict(_messages(theirs))
+    assert set(our_messages) == set(their_messages)
+    for name, message in our_messages.items():
+        assert [_field_signature(message, f) for f in message.field] == [
+            _field_signature(their_messages[name], f) for f in their_messages[name].field
+        ], name
+    our_enums = {n: [(v.name, v.number) for v in e.value] for n, e in _enums(ours)}
+    their_enums = {n: [(v.name, v.number) for v in e.value] for n, e in _enums(theirs)}
+    assert our_enums == their_enums
+
+    def methods(fdp: descriptor_pb2.FileDescriptorProto) -> dict[str, tuple[object, ...]]:
+        (service,) = fdp.service
+        return {
+            m.name: (
+                service.name,
+                m.input_type,
+                m.output_type,
+                m.client_streaming,
+                m.server_streaming,
+            )
+            for m in service.method
+        }
+
+    assert methods(ours) == {k: v for k, v in methods(theirs).items() if k in ("Check", "Watch")}
+    assert set(health.HealthBase().__mapping__()) == {
+        "/grpc.health.v1.Health/Check",
+        "/grpc.health.v1.Health/Watch",
+    }
+
+
+def test_health_messages_round_trip_with_grpc() -> None:
+    ours = health.HealthCheckResponse(status=health.HealthCheckResponseServingStatus.NOT_SERVING)
+    theirs = health_pb2.HealthCheckResponse.FromString(bytes(ours))
+    assert theirs.status == health_pb2.HealthCheckResponse.NOT_SERVING
+    request = health_pb2.HealthCheckRequest(service="resnet")
+    assert health.HealthCheckRequest().parse(request.SerializeToString()).service == "resnet"

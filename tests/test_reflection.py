@@ -24,10 +24,12 @@ from reactantserver.protocol.reflection import (
 )
 
 SERVED = (
+    "grpc.health.v1.Health",
     "grpc.reflection.v1.ServerReflection",
     "grpc.reflection.v1alpha.ServerReflection",
     "inference.GRPCInferenceService",
     "reactant_control.ControlService",
+    "reactant_control.GatewayControlService",
 )
 
 
@@ -268,3 +270,30 @@ def _varint(value: int) -> bytes:
         else:
             out.append(byte)
             return bytes(out)
+
+
+@pytest.mark.parametrize(
+    ("symbol", "names"),
+    [
+        (
+            "reactant_control.GatewayControlService.SetSchedulingPolicy",
+            ["gateway_control.proto", "google/protobuf/field_mask.proto"],
+        ),
+        ("grpc.health.v1.Health.Check", ["grpc/health/v1/health.proto"]),
+        ("grpc.health.v1.HealthCheckResponse.SERVING", ["grpc/health/v1/health.proto"]),
+    ],
+)
+def test_gateway_and_health_services_are_reflected(
+    answerer: ReflectionAnswerer, symbol: str, names: list[str]
+) -> None:
+    """The gateway's control service (with its FieldMask import) and grpc.health.v1 resolve
+    to complete closures a client can rebuild."""
+    response = answerer.answer(rpb.ServerReflectionRequest(file_containing_symbol=symbol))
+    files = _files(response)
+    assert [f.name for f in files] == names
+    pool = _pool(files)
+    if symbol.startswith("reactant_control"):
+        request = pool.FindMessageTypeByName("reactant_control.SetSchedulingPolicyRequest")
+        assert request.fields_by_name["update_mask"].message_type.full_name == (
+            "google.protobuf.FieldMask"
+        )

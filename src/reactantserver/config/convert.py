@@ -44,6 +44,7 @@ from cattrs.gen import make_dict_structure_fn, make_mapping_structure_fn, overri
 
 from .schema import (
     SETTINGS_KEYS,
+    FillMode,
     GatewayModelConfig,
     Gpus,
     NodeConfig,
@@ -250,12 +251,30 @@ def _replicas_or_inherit(value: Any, tp: Any) -> int | str | None:
     return None if value is None else _replicas(value, tp)
 
 
-def _fill_mode(value: Any, _: Any) -> str | None:
+#: Why ``inflight`` is refused (docs/gateway.md says the same).
+INFLIGHT_REMOVED = (
+    "the inflight fill mode was removed: it keeps routing to the replica with the most "
+    "requests in flight and parks a model on one worker; use run or spread"
+)
+
+
+def _fill_mode(value: Any, _: Any) -> str:
+    if value == "inflight":
+        raise Invalid(INFLIGHT_REMOVED)
+    if value in ("run", "spread"):
+        return value
+    raise expected("one of run, spread", value)
+
+
+def _fill_mode_or_inherit(value: Any, tp: Any) -> str | None:
     if value is None or value == "inherit":
         return None
-    if value in ("run", "spread", "inflight"):
-        return value
-    raise expected("one of run, spread, inflight, inherit", value)
+    try:
+        return _fill_mode(value, tp)
+    except Invalid as exc:
+        if value == "inflight":
+            raise
+        raise expected("one of run, spread, inherit", value) from exc
 
 
 def _gpus(value: Any, _: Any) -> Gpus:
@@ -337,7 +356,8 @@ def _make_converter() -> cattrs.Converter:
     conv.register_structure_hook(Replicas, _replicas)
     hints = attrs.resolve_types(GatewayModelConfig)
     conv.register_structure_hook(attrs.fields(hints).replicas.type, _replicas_or_inherit)
-    conv.register_structure_hook(attrs.fields(hints).fill_mode.type, _fill_mode)
+    conv.register_structure_hook(attrs.fields(hints).fill_mode.type, _fill_mode_or_inherit)
+    conv.register_structure_hook_func(lambda tp: tp == FillMode, _fill_mode)
     conv.register_structure_hook(Gpus, _gpus)
     conv.register_structure_hook(Settings, lambda value, _: structure_settings(value))
 

@@ -226,7 +226,10 @@ class WorkerEntry:
 GatewayMode = Literal["round_robin", "least_outstanding", "lpt_packing"]
 WorkBasis = Literal["compute", "items", "requests"]
 RoutingPolicy = Literal["fill_rr", "fill_least"]
-FillMode = Literal["run", "spread", "inflight"]
+#: How lpt_packing fills a model's replicas. The original's third mode, ``inflight``, was
+#: removed (it routes to the replica with the most in flight and parks a model on one
+#: worker); the loader refuses it with that reason.
+FillMode = Literal["run", "spread"]
 CompactionMode = Literal["eager", "scheduled", "off"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["json", "text"]

@@ -20,6 +20,10 @@ Pieces:
 * ``simulate``: run it and return a ``SimulationReport`` (per-model GPU share vs
   weight, latency percentiles, outcomes, batch-size histogram, utilisation), which
   ``examples/simulate.py`` prints.
+* fleet mode lives in ``fleet.py``: N simulated workers, each running the real
+  ``SchedulingPolicy`` and ``WeightCachePolicy``, behind the gateway's real router and
+  lpt_packing packer (``examples/simulate_fleet.py``, ``examples/simulate.py --workers``,
+  docs/fleet.md);
 * ``drive_backlogged``: no Trio at all -- keep every model of a bare
   ``SchedulingPolicy`` backlogged and step it dispatch by dispatch, advancing
   ``now`` by each batch's cost. The property tests use it for share convergence

@@ -1,0 +1,485 @@
+"""The Router seam: which worker a request goes to, and what is in flight where.
+
+Theory of operation
+-------------------
+A router is a sans-IO object the gateway's I/O calls three ways for every ModelInfer::
+
+    ticket = router.choose(model, items, now)   # ordered replicas; accounted on the first
+    worker = ticket.worker                      # send there
+    worker = router.failover(ticket)            # only on NOT_FOUND / UNAVAILABLE / no
+                                                # connection: accounting moves to the next
+                                                # replica, or None when none is left
+    router.release(ticket, outcome)             # exactly once, on every path: success,
+                                                # error, cancel, deadline
+
+``choose`` reads the current :class:`~reactantserver.gateway.table.RouteTable` (swapped in
+with :meth:`Router.update`) and the router's own in-flight accounting, never the clock:
+``now`` is stamped on the ticket for the caller's latency bookkeeping. It raises
+``NotFound`` when no ready worker serves the model (the I/O then refreshes the table once
+and retries). Its cost is proportional to the model's replica count, never to the
+number of models.
+
+In-flight work is counted three ways at once, per (model, worker) and per worker:
+requests, items (the batch extent of the batch input), and *work* in the configured
+``work_basis``: ``requests`` (1 per request), ``items``, or ``compute`` = items x the
+learned cost per item of that model on that worker (the table's EWMA; fleet mean, then 1.0,
+before any sample). A ticket remembers the work it added so that release subtracts exactly
+that; when a worker's in-flight request count returns to 0 its float sums are reset to 0,
+so rounding can never leave a residue.
+
+Policies (one class each):
+
+``round_robin``
+    Rotate over the replicas that serve the model (per-model cursor over the sorted
+    addresses). The failover order is the rest of the rotation.
+``least_outstanding``
+    The replica whose *worker* has the least in-flight work (all models count: a worker
+    busy with a slow model is busy); ties go by a per-model rotation, so equal workers share
+    evenly and the choice is deterministic. Failover order: by the same key.
+``lpt_packing`` (fill routing, :class:`FillRouter`)
+    Only the model's *placed* replicas (from the packer) are candidates. A replica's
+    quantum is ``Q = max(1, round(fill_factor x its max batch size))`` items. ``run``: keep
+    sending to the replica whose run is open until Q items went to it in this run, or it
+    drained (nothing of the model in flight there), or it fell a full quantum behind
+    (``out // Q > min over replicas of out // Q``); then open the next run on the replica
+    with the least ``out // Q``, then (``fill_least``) the least in-flight work on its
+    worker, then rotation (``fill_rr`` skips the load). ``spread``: every request to the
+    replica with the fewest in-flight items, then load, then rotation. Failover: the chosen
+    replica, the other placed ones by (``out // Q``, out, address), then replicas that serve
+    the model without being placed. A model with no placement yet is routed round robin.
+
+    The original's ``inflight`` fill mode (argmin of ``(-out)`` within a quantum) is not
+    here: it keeps choosing the replica with the *most* items in flight, which parks a
+    model on one GPU; the configuration refuses it.
+
+Invariants (``tests/test_gateway_routing.py``): each ticket is released exactly once (a
+second release is a ``LifecycleError``); in-flight counts never go negative and return to
+0 when every ticket is released; a ticket's replica order never repeats a worker; round
+robin's per-replica counts differ by at most one over any full rotation; least_outstanding
+picks a least-loaded replica; fill routing opens every placed replica within one rotation of
+runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Literal
+
+import attrs
+
+from ..config.schema import GatewaySchedulingConfig, WorkBasis
+from ..errors import LifecycleError, NotFound
+from .table import Replica, RouteTable
+
+Outcome = Literal["ok", "error", "cancelled", "deadline"]
+OUTCOMES: tuple[Outcome, ...] = ("ok", "error", "cancelled", "deadline")
+FillMode = Literal["run", "spread"]
+
+
+@attrs.define(eq=False)
+class Ticket:
+    """One request's route: the replicas to try in order, and where it is accounted now."""
+
+    seq: int
+    model: str
+    items: int
+    #: Worker addresses in the order to try (first choice first); never repeats.
+    replicas: tuple[str, ...]
+    started: float
+    #: Index into ``replicas`` of the worker holding the request; ``len(replicas)`` once
+    #: failover ran out.
+    position: int = 0
+    #: Work accounted on the current worker (what release subtracts).
+    work: float = 0.0
+    released: bool = False
+
+    @property
+    def worker(self) -> str | None:
+        """The worker to send to now (None after failover ran out)."""
+        return self.replicas[self.position] if self.position < len(self.replicas) else None
+
+
+@attrs.frozen(kw_only=True)
+class ReplicaStatistics:
+    """In-flight and routed counts of one (model, worker) pair."""
+
+    model: str
+    worker: str
+    outstanding_requests: int
+    outstanding_items: int
+    outstanding_work: float
+    routed_requests: int
+    routed_items: int
+    #: The fill quantum Q in items (lpt_packing; 0 for the other modes).
+    fill_quantum: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class WorkerLoad:
+    """In-flight work on one worker, all models together."""
+
+    worker: str
+    requests: int
+    items: int
+    work: float
+
+
+@attrs.frozen(kw_only=True)
+class RouterStatistics:
+    """A frozen snapshot for metrics (``gateway_replica_*``, ``gateway_worker_inflight_work``)."""
+
+    mode: str
+    work_basis: str
+    replicas: tuple[ReplicaStatistics, ...]
+    workers: Mapping[str, WorkerLoad]
+    outstanding: int
+    chosen: int
+    failovers: int
+    #: Tickets whose failover found no replica left.
+    exhausted: int
+    released: Mapping[str, int]
+
+
+class _Account:
+    """Mutable in-flight sums of one (model, worker) pair or one worker."""
+
+    __slots__ = ("items", "requests", "work")
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.items = 0
+        self.work = 0.0
+
+    def add(self, items: int, work: float) -> None:
+        self.requests += 1
+        self.items += items
+        self.work += work
+
+    def remove(self, items: int, work: float) -> None:
+        self.requests -= 1
+        self.items -= items
+        self.work -= work
+        if self.requests < 0 or self.items < 0:
+            raise LifecycleError("gateway router: in-flight count went negative")
+        if self.requests == 0:
+            self.items = 0
+            self.work = 0.0  # no float residue once idle
+
+
+class Router:
+    """The seam (see the module docstring); subclasses supply :meth:`_order`."""
+
+    mode = "router"
+
+    def __init__(
+        self, table: RouteTable | None = None, *, work_basis: WorkBasis = "compute"
+    ) -> None:
+        self.table = table if table is not None else RouteTable()
+        self.work_basis: WorkBasis = work_basis
+        self._pairs: dict[tuple[str, str], _Account] = {}
+        self._workers: dict[str, _Account] = {}
+        self._routed: dict[tuple[str, str], list[int]] = {}
+        self._seq = itertools.count()
+        self._chosen = 0
+        self._failovers = 0
+        self._exhausted = 0
+        self._released: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
+
+    # ------------------------------------------------------------------ the seam
+
+    def update(self, table: RouteTable) -> None:
+        """Swap in a new route table (tickets in flight keep their accounting)."""
+        self.table = table
+
+    def choose(self, model: str, items: int, now: float) -> Ticket:
+        """Route one request of ``items`` items; raises ``NotFound`` if nothing serves it."""
+        replicas = self.table.replicas(model)
+        if not replicas:
+            raise NotFound(f"model {model!r} is not served by any ready worker")
+        items = max(1, items)
+        order = self._order(model, replicas, items)
+        ticket = Ticket(seq=next(self._seq), model=model, items=items, replicas=order, started=now)
+        self._account(ticket)
+        self._chosen += 1
+        return ticket
+
+    def failover(self, ticket: Ticket) -> str | None:
+        """Move ``ticket`` to its next replica; None (and nothing accounted) if none is left."""
+        if ticket.released:
+            raise LifecycleError(f"gateway router: failover of released ticket {ticket.seq}")
+        if ticket.worker is None:
+            return None
+        self._unaccount(ticket)
+        ticket.position += 1
+        self._failovers += 1
+        if ticket.worker is None:
+            self._exhausted += 1
+            return None
+        self._account(ticket)
+        return ticket.worker
+
+    def release(self, ticket: Ticket, outcome: Outcome = "ok") -> None:
+        """The request is over (answered, failed, cancelled or expired). Exactly once."""
+        if ticket.released:
+            raise LifecycleError(f"gateway router: ticket {ticket.seq} released twice")
+        ticket.released = True
+        if ticket.worker is not None:
+            self._unaccount(ticket)
+        self._released[outcome] += 1
+
+    def statistics(self) -> RouterStatistics:
+        keys = sorted(set(self._pairs) | set(self._routed))
+        replicas = []
+        for model, worker in keys:
+            pair = self._pairs.get((model, worker)) or _Account()
+            routed = self._routed.get((model, worker), [0, 0])
+            replicas.append(
+                ReplicaStatistics(
+                    model=model,
+                    worker=worker,
+                    outstanding_requests=pair.requests,
+                    outstanding_items=pair.items,
+                    outstanding_work=pair.work,
+                    routed_requests=routed[0],
+                    routed_items=routed[1],
+                    fill_quantum=self.quantum_of(model, worker),
+                )
+            )
+        workers = {
+            w: WorkerLoad(worker=w, requests=a.requests, items=a.items, work=a.work)
+            for w, a in sorted(self._workers.items())
+        }
+        return RouterStatistics(
+            mode=self.mode,
+            work_basis=self.work_basis,
+            replicas=tuple(replicas),
+            workers=MappingProxyType(workers),
+            outstanding=sum(a.requests for a in self._workers.values()),
+            chosen=self._chosen,
+            failovers=self._failovers,
+            exhausted=self._exhausted,
+            released=MappingProxyType(dict(self._released)),
+        )
+
+    # ------------------------------------------------------------ for policies
+
+    def load(self, worker: str) -> float:
+        """In-flight work on ``worker`` in the configured basis (all models)."""
+        account = self._workers.get(worker)
+        return 0.0 if account is None else account.work
+
+    def outstanding_items(self, model: str, worker: str) -> int:
+        pair = self._pairs.get((model, worker))
+        return 0 if pair is None else pair.items
+
+    def _order(self, model: str, replicas: tuple[Replica, ...], items: int) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def quantum_of(self, model: str, worker: str) -> int:
+        return 0
+
+    # ----------------------------------------------------------------- private
+
+    def _work(self, model: str, worker: str, items: int) -> float:
+        if self.work_basis == "requests":
+            return 1.0
+        if self.work_basis == "items":
+            return float(items)
+        return items * self.table.cost_per_item(model, worker)
+
+    def _account(self, ticket: Ticket) -> None:
+        worker = ticket.worker
+        assert worker is not None
+        ticket.work = self._work(ticket.model, worker, ticket.items)
+        key = (ticket.model, worker)
+        self._pairs.setdefault(key, _Account()).add(ticket.items, ticket.work)
+        self._workers.setdefault(worker, _Account()).add(ticket.items, ticket.work)
+        routed = self._routed.setdefault(key, [0, 0])
+        routed[0] += 1
+        routed[1] += ticket.items
+
+    def _unaccount(self, ticket: Ticket) -> None:
+        worker = ticket.worker
+        assert worker is not None
+        self._pairs[(ticket.model, worker)].remove(ticket.items, ticket.work)
+        self._workers[worker].remove(ticket.items, ticket.work)
+
+
+def _rotation(addresses: tuple[str, ...], start: int) -> tuple[str, ...]:
+    n = len(addresses)
+    return tuple(addresses[(start + i) % n] for i in range(n))
+
+
+class RoundRobinRouter(Router):
+    """``round_robin``: rotate over the model's replicas."""
+
+    mode = "round_robin"
+
+    def __init__(
+        self, table: RouteTable | None = None, *, work_basis: WorkBasis = "compute"
+    ) -> None:
+        super().__init__(table, work_basis=work_basis)
+        self._cursor: dict[str, int] = {}
+
+    def _order(self, model: str, replicas: tuple[Replica, ...], items: int) -> tuple[str, ...]:
+        cursor = self._cursor.get(model, 0)
+        self._cursor[model] = cursor + 1
+        return _rotation(tuple(r.worker for r in replicas), cursor)
+
+
+class LeastOutstandingRouter(Router):
+    """``least_outstanding``: the replica whose worker has the least in-flight work."""
+
+    mode = "least_outstanding"
+
+    def __init__(
+        self, table: RouteTable | None = None, *, work_basis: WorkBasis = "compute"
+    ) -> None:
+        super().__init__(table, work_basis=work_basis)
+        self._cursor: dict[str, int] = {}
+
+    def _order(self, model: str, replicas: tuple[Replica, ...], items: int) -> tuple[str, ...]:
+        n = len(replicas)
+        cursor = self._cursor.get(model, 0)
+        self._cursor[model] = cursor + 1
+        keyed = sorted(
+            ((self.load(r.worker), (i - cursor) % n, r.worker) for i, r in enumerate(replicas))
+        )
+        return tuple(worker for _, _, worker in keyed)
+
+
+@attrs.frozen(kw_only=True)
+class FillPolicy:
+    """One model's fill routing parameters, resolved from the scheduling config."""
+
+    mode: FillMode = "run"
+    factor: float = 1.0
+    policy: Literal["fill_rr", "fill_least"] = "fill_least"
+
+
+def fill_policy(config: GatewaySchedulingConfig, model: str) -> FillPolicy:
+    """``model``'s fill parameters: its ``scheduling.models`` entry over the defaults."""
+    entry = config.models.get(model)
+    mode = entry.fill_mode if entry is not None and entry.fill_mode is not None else None
+    factor = entry.fill_factor if entry is not None and entry.fill_factor is not None else None
+    chosen_mode = mode or config.routing_fill_mode
+    if chosen_mode not in ("run", "spread"):
+        raise ValueError(f"fill mode {chosen_mode!r} is not run or spread")
+    return FillPolicy(
+        mode=chosen_mode,
+        factor=config.routing_fill_factor if factor is None else factor,
+        policy=config.routing_policy,
+    )
+
+
+def quantum(factor: float, max_batch_size: int) -> int:
+    """``Q = max(1, round(factor x max_batch_size))`` (half rounds up; unknown size -> 1)."""
+    return max(1, math.floor(factor * max(0, max_batch_size) + 0.5))
+
+
+class _Run:
+    __slots__ = ("current", "sent", "turn")
+
+    def __init__(self) -> None:
+        self.current: str | None = None
+        self.sent = 0
+        self.turn = 0
+
+
+class FillRouter(Router):
+    """``lpt_packing``: fill one placed replica's batch before opening the next."""
+
+    mode = "lpt_packing"
+
+    def __init__(
+        self,
+        table: RouteTable | None = None,
+        config: GatewaySchedulingConfig | None = None,
+        placement: Mapping[str, tuple[str, ...]] | None = None,
+    ) -> None:
+        config = config if config is not None else GatewaySchedulingConfig(mode="lpt_packing")
+        super().__init__(table, work_basis=config.work_basis)
+        self.config = config
+        self.placement: Mapping[str, tuple[str, ...]] = MappingProxyType(dict(placement or {}))
+        self._runs: dict[str, _Run] = {}
+        self._cursor: dict[str, int] = {}
+        self._policies: dict[str, FillPolicy] = {}
+
+    def configure(self, config: GatewaySchedulingConfig) -> None:
+        """Apply new scheduling knobs (SetSchedulingPolicy / SetModelPlacement)."""
+        self.config = config
+        self.work_basis = config.work_basis
+        self._policies.clear()
+
+    def set_placement(self, placement: Mapping[str, tuple[str, ...]]) -> None:
+        """Swap in a new placement (model -> placed worker addresses)."""
+        self.placement = MappingProxyType(dict(placement))
+
+    def policy_of(self, model: str) -> FillPolicy:
+        policy = self._policies.get(model)
+        if policy is None:
+            policy = self._policies[model] = fill_policy(self.config, model)
+        return policy
+
+    def quantum_of(self, model: str, worker: str) -> int:
+        replica = self.table.replica(model, worker)
+        if replica is None:
+            return 0
+        return quantum(self.policy_of(model).factor, replica.max_batch_size)
+
+    def _order(self, model: str, replicas: tuple[Replica, ...], items: int) -> tuple[str, ...]:
+        placed = set(self.placement.get(model, ()))
+        candidates = tuple(r for r in replicas if r.worker in placed)
+        if not candidates:
+            cursor = self._cursor.get(model, 0)
+            self._cursor[model] = cursor + 1
+            return _rotation(tuple(r.worker for r in replicas), cursor)
+        policy = self.policy_of(model)
+        n = len(candidates)
+        out = [self.outstanding_items(model, r.worker) for r in candidates]
+        quanta = [quantum(policy.factor, r.max_batch_size) for r in candidates]
+        behind = [o // q for o, q in zip(out, quanta, strict=True)]
+        least = policy.policy == "fill_least"
+        run = self._runs.get(model)
+        if run is None:
+            run = self._runs[model] = _Run()
+        index = {r.worker: i for i, r in enumerate(candidates)}
+
+        def load(i: int) -> float:
+            return self.load(candidates[i].worker) if least else 0.0
+
+        if policy.mode == "spread":
+            first = min(range(n), key=lambda i: (out[i], load(i), (i - run.turn) % n))
+            run.turn += 1
+        else:
+            i = index.get(run.current) if run.current is not None else None
+            keep = (
+                i is not None and run.sent < quanta[i] and out[i] > 0 and behind[i] <= min(behind)
+            )
+            if keep:
+                assert i is not None
+                first = i
+            else:
+                first = min(range(n), key=lambda j: (behind[j], load(j), (j - run.turn) % n))
+                run.turn += 1
+                run.current = candidates[first].worker
+                run.sent = 0
+            run.sent += items
+        rest = sorted(
+            (j for j in range(n) if j != first),
+            key=lambda j: (behind[j], out[j], candidates[j].worker),
+        )
+        unplaced = tuple(r.worker for r in replicas if r.worker not in placed)
+        return (candidates[first].worker, *(candidates[j].worker for j in rest), *unplaced)
+
+
+def make_router(config: GatewaySchedulingConfig, table: RouteTable | None = None) -> Router:
+    """The router for ``scheduling.mode``."""
+    if config.mode == "round_robin":
+        return RoundRobinRouter(table, work_basis=config.work_basis)
+    if config.mode == "least_outstanding":
+        return LeastOutstandingRouter(table, work_basis=config.work_basis)
+    return FillRouter(table, config)

@@ -1,0 +1,515 @@
+"""Fleet mode of the workload simulator: N workers behind the gateway, in virtual time.
+
+Theory of operation
+-------------------
+A discrete-event simulation with no event loop library: a heap of timed events, processed
+in time order (ties by insertion), so the same input and seed give the same numbers. Only
+the device and the network are modelled; every decision is made by the real sans-IO code:
+
+* each simulated worker runs a real :class:`~reactantserver.scheduling.policy.SchedulingPolicy`
+  (its ``discipline``, coalescing at the compiled sizes) and a real
+  :class:`~reactantserver.weights.policy.WeightCachePolicy` under the worker's byte budget;
+  a batch costs ``costs[size]`` seconds, a weight load ``bytes / bandwidth + load_latency``
+  seconds on the worker's one copy engine (loads queue behind each other and overlap
+  execution, like prefetch on a GPU); the worker prefetches the next model's weights while
+  a batch runs, as the real one does (``prefetch``);
+* the gateway is the real router for ``gateway.mode`` (``round_robin``,
+  ``least_outstanding``, or ``lpt_packing``'s fill router driven by the real
+  :class:`~reactantserver.gateway.control.LptController`: LPT packer, fleet-compute EWMAs,
+  repack cadence). Every ``health_interval`` seconds the simulator builds the same
+  ``WorkerSnapshot`` records the prober builds from ``ModelControlStatus`` (cumulative
+  compute, requests, rows per model; the weight budget), so costs per item, fleet compute
+  and repacks come from the same code path as in production.
+
+Traffic is open loop (each model a Poisson process at its ``rate``) or closed loop
+(``ClosedLoop``: a fixed number of clients, each sending its next request when the last is
+answered, the model drawn by ``rate`` as a popularity weight), which is how most load
+generators drive a live server.
+
+Input is what a live harness can measure on real workers -- per model the cost of each
+compiled batch size and the weight bytes; per worker the weight budget and the host->device
+bandwidth -- so it can predict a live run (p50 per model, weight loads per second) and be
+compared with it. Output: :class:`~reactantserver.scheduling.fleet_report.FleetReport`.
+
+Not modelled: network and gateway CPU time (``network_delay`` adds a fixed one-way delay),
+failures and failover, deadlines, compaction, and weight loads that evict a model in use.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from reactantserver.config import GatewaySchedulingConfig, SchedulerConfig
+from reactantserver.config.schema import Discipline
+from reactantserver.errors import ResourceExhausted
+from reactantserver.gateway.control import LptController
+from reactantserver.gateway.routing import Router, Ticket, make_router
+from reactantserver.gateway.table import ModelSnapshot, RouteTable, WorkerSnapshot, build_table
+from reactantserver.weights.policy import Hit, Plan, WeightCachePolicy
+
+from .fleet_report import FleetModelReport, FleetReport, FleetWorkerReport, percentile
+from .policy import SchedulingPolicy
+from .records import Batch
+from .simulate import ModelSpec
+
+__all__ = [
+    "ClosedLoop",
+    "FleetModel",
+    "FleetModelReport",
+    "FleetReport",
+    "FleetSimulation",
+    "FleetWorker",
+    "FleetWorkerReport",
+    "offered_fleet_load",
+    "simulate_fleet",
+    "zipf_fleet_catalog",
+]
+
+
+@attrs.frozen(kw_only=True)
+class FleetModel:
+    """One model of the catalog, as measured on a worker."""
+
+    name: str
+    #: Device seconds of one dispatch at each compiled batch size.
+    costs: Mapping[int, float]
+    #: Weight bytes.
+    nbytes: int = 0
+    #: Requests per second (open loop), or relative popularity (closed loop).
+    rate: float = 0.0
+    #: Each request's rows are drawn uniformly from these.
+    rows: tuple[int, ...] = (1,)
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        return tuple(sorted(self.costs))
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec, nbytes: int = 0) -> FleetModel:
+        """A single-worker simulator model (``simulate.ModelSpec``) for the fleet."""
+        return cls(
+            name=spec.name,
+            costs={size: spec.cost(size) for size in spec.batch_sizes},
+            nbytes=nbytes,
+            rate=spec.rate,
+            rows=spec.rows,
+        )
+
+
+@attrs.frozen(kw_only=True)
+class FleetWorker:
+    """One simulated worker (one GPU)."""
+
+    name: str
+    #: On-demand weight budget in bytes (``weight_cache_max_bytes``); 0 = cache off, every
+    #: model resident.
+    budget: int = 0
+    #: Host-to-device transfer bandwidth, bytes per second.
+    bandwidth: float = 10e9
+    #: Fixed cost of each weight load, seconds (allocation, launch).
+    load_latency: float = 0.0
+    discipline: Discipline = "fifo"
+    max_queue_depth: int = 1024
+    prefetch: bool = True
+
+
+@attrs.frozen(kw_only=True)
+class ClosedLoop:
+    """``clients`` concurrent clients, each waiting ``think`` seconds between requests."""
+
+    clients: int
+    think: float = 0.0
+
+
+class _Worker:
+    """One simulated worker: the real policies plus a device and a copy engine."""
+
+    def __init__(self, spec: FleetWorker, models: Sequence[FleetModel]) -> None:
+        self.spec = spec
+        self.policy = SchedulingPolicy(
+            SchedulerConfig(discipline=spec.discipline, max_queue_depth=spec.max_queue_depth)
+        )
+        self.cache = WeightCachePolicy(spec.budget) if spec.budget > 0 else None
+        self.costs = {m.name: m.costs for m in models}
+        self.nbytes = {m.name: m.nbytes for m in models}
+        for m in models:
+            self.policy.add_model(m.name, m.batch_sizes)
+            for size, seconds in m.costs.items():
+                self.policy.seed_cost(m.name, size, seconds)
+            if self.cache is not None:
+                self.cache.register(m.name, m.nbytes)
+        self.batch: Batch | None = None
+        self.executing = False
+        #: Since when the taken batch waits for its weights (None: not waiting).
+        self.waiting_since: float | None = None
+        self.engine_free = 0.0
+        self.loading: set[str] = set()
+        # Window accounting.
+        self.compute = 0.0
+        self.loading_only = 0.0
+        self.loads = 0
+        self.dispatches = 0
+        self.rows = 0
+        self.served: Counter[str] = Counter()
+
+
+class FleetSimulation:
+    """One run (see the module docstring); :func:`simulate_fleet` is the usual entry."""
+
+    def __init__(
+        self,
+        models: Sequence[FleetModel],
+        workers: Sequence[FleetWorker],
+        gateway: GatewaySchedulingConfig,
+        *,
+        duration: float,
+        warmup: float = 0.0,
+        seed: int = 0,
+        health_interval: float = 1.0,
+        closed_loop: ClosedLoop | None = None,
+        network_delay: float = 0.0,
+    ) -> None:
+        self.models = {m.name: m for m in models}
+        self.workers = {w.name: _Worker(w, models) for w in workers}
+        self.gateway = gateway
+        self.duration = duration
+        self.warmup = warmup
+        self.health_interval = health_interval
+        self.closed_loop = closed_loop
+        self.delay = network_delay
+        self.rng = random.Random(seed)
+        self.table: RouteTable | None = None
+        self.controller = LptController(gateway) if gateway.mode == "lpt_packing" else None
+        self.router: Router = (
+            self.controller.router if self.controller is not None else make_router(gateway)
+        )
+        self.arrivals: Counter[str] = Counter()
+        self.latencies: dict[str, list[float]] = {m: [] for m in self.models}
+        self.rejected: Counter[str] = Counter()
+        self.model_rows: Counter[str] = Counter()
+        self.model_batches: Counter[str] = Counter()
+        self.model_workers: dict[str, set[str]] = {m: set() for m in self.models}
+        self.warnings: list[str] = []
+        self._events: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
+        self._seq = itertools.count()
+        self.now = 0.0
+
+    # ------------------------------------------------------------------ events
+
+    def at(self, t: float, action: Callable[..., None], *args: Any) -> None:
+        heapq.heappush(self._events, (t, next(self._seq), action, args))
+
+    def run(self) -> FleetReport:
+        self._probe()
+        if self.closed_loop is None:
+            for name, model in sorted(self.models.items()):
+                if model.rate > 0:
+                    self.at(self.rng.expovariate(model.rate), self._poisson, name)
+        else:
+            for client in range(self.closed_loop.clients):
+                self.at(0.0, self._client, client)
+        while self._events:
+            t, _, action, args = heapq.heappop(self._events)
+            if t > self.duration:
+                break
+            self.now = t
+            action(*args)
+        return self._report()
+
+    def _poisson(self, name: str) -> None:
+        model = self.models[name]
+        self._arrive(name, self.rng.choice(model.rows), None)
+        self.at(self.now + self.rng.expovariate(model.rate), self._poisson, name)
+
+    def _client(self, client: int) -> None:
+        names = sorted(self.models)
+        name = self.rng.choices(names, weights=[self.models[n].rate for n in names])[0]
+        self._arrive(name, self.rng.choice(self.models[name].rows), client)
+
+    def _arrive(self, name: str, rows: int, client: int | None) -> None:
+        self.arrivals[name] += 1
+        ticket = self.router.choose(name, rows, self.now)
+        self.at(self.now + self.delay, self._submit, ticket, rows, client)
+
+    def _submit(self, ticket: Ticket, rows: int, client: int | None) -> None:
+        worker = self.workers[ticket.worker]  # type: ignore[index]
+        try:
+            worker.policy.submit(ticket.model, (ticket, client), now=self.now, rows=rows)
+        except ResourceExhausted:
+            self.router.release(ticket, "error")
+            if ticket.started >= self.warmup:
+                self.rejected[ticket.model] += 1
+            self._next_client(client)
+            return
+        self._kick(worker)
+
+    def _next_client(self, client: int | None) -> None:
+        if client is not None and self.closed_loop is not None:
+            self.at(self.now + self.closed_loop.think, self._client, client)
+
+    # ------------------------------------------------------------------ devices
+
+    def _kick(self, w: _Worker) -> None:
+        """Start the next batch on an idle worker (or retry a blocked weight acquire)."""
+        if w.executing:
+            return
+        if w.batch is None:
+            decision = w.policy.next_batch(self.now)
+            w.batch = decision.batch
+            if w.batch is None:
+                return
+        batch = w.batch
+        if w.cache is None:
+            self._execute(w, batch)
+            return
+        weights = w.cache.acquire(batch.model)
+        if isinstance(weights, Hit):
+            self._execute(w, batch)
+            return
+        if w.waiting_since is None:
+            w.waiting_since = self.now
+        if isinstance(weights, Plan):
+            self._transfer(w, weights)
+        # Wait: a load that blocks it is in flight; its completion kicks again.
+
+    def _transfer(self, w: _Worker, plan: Plan) -> None:
+        for name in plan.load:
+            seconds = w.nbytes[name] / w.spec.bandwidth + w.spec.load_latency
+            start = max(self.now, w.engine_free)
+            w.engine_free = start + seconds
+            w.loading.add(name)
+            self.at(w.engine_free, self._loaded, w, name, seconds, start)
+
+    def _loaded(self, w: _Worker, name: str, seconds: float, start: float) -> None:
+        assert w.cache is not None
+        w.cache.loaded(name, seconds)
+        w.loading.discard(name)
+        if self.now > self.warmup:
+            w.loads += 1
+        self._kick(w)
+
+    def _execute(self, w: _Worker, batch: Batch) -> None:
+        if w.waiting_since is not None:
+            # The device sat waiting for this batch's weights.
+            w.loading_only += self._clip(w.waiting_since, self.now)
+            w.waiting_since = None
+        seconds = w.costs[batch.model][batch.size]
+        if w.cache is not None:
+            w.cache.pin_in_use(batch.model)
+            if w.spec.prefetch:
+                upcoming = w.policy.peek_next(self.now)
+                plan = w.cache.prefetch_plan(upcoming) if upcoming is not None else None
+                if plan is not None and plan.load:
+                    self._transfer(w, plan)
+        w.executing = True
+        self.at(self.now + seconds, self._finished, w, batch, seconds)
+
+    def _finished(self, w: _Worker, batch: Batch, seconds: float) -> None:
+        w.policy.complete(batch, seconds, self.now)
+        if w.cache is not None:
+            w.cache.unpin_in_use(batch.model)
+        w.executing = False
+        w.batch = None
+        start = self.now - seconds
+        w.compute += self._clip(start, self.now)
+        if start >= self.warmup:
+            w.dispatches += 1
+            w.rows += batch.rows
+            self.model_rows[batch.model] += batch.rows
+            self.model_batches[batch.model] += 1
+            self.model_workers[batch.model].add(w.spec.name)
+        for request in batch.requests:
+            ticket, client = request.payload
+            self.at(self.now + self.delay, self._answered, ticket, client)
+        self._kick(w)
+
+    def _answered(self, ticket: Ticket, client: int | None) -> None:
+        self.router.release(ticket, "ok")
+        if ticket.started >= self.warmup:
+            self.latencies[ticket.model].append(self.now - ticket.started)
+        self._next_client(client)
+
+    def _clip(self, start: float, end: float) -> float:
+        return max(0.0, min(end, self.duration) - max(start, self.warmup))
+
+    # ------------------------------------------------------------------ gateway
+
+    def _probe(self) -> None:
+        """One probe round: snapshots -> route table -> router / controller; repack if due."""
+        snapshots = []
+        for name, w in self.workers.items():
+            stats = w.policy.statistics(self.now)
+            snapshots.append(
+                WorkerSnapshot(
+                    address=name,
+                    name=name,
+                    discipline=w.spec.discipline,
+                    weight_cache_max_bytes=w.spec.budget,
+                    models=tuple(
+                        ModelSnapshot(
+                            name=m,
+                            weight_nbytes=w.nbytes[m],
+                            max_batch_size=s.max_batch_size,
+                            batch_input_name="x",
+                            batch_axis=1,
+                            queue_depth=s.queue_depth,
+                            total_compute_seconds=s.compute_seconds,
+                            requests_served=s.requests,
+                            rows_served=s.rows,
+                            dispatch_count=s.dispatches,
+                        )
+                        for m, s in stats.models.items()
+                    ),
+                )
+            )
+        self.table = build_table(self.table, snapshots)
+        if self.controller is not None:
+            self.controller.update(self.table)
+            trigger = self.controller.due()
+            if trigger is not None:
+                outcome = self.controller.repack(self.now, self.arrivals, trigger)
+                self.warnings.extend(outcome.warnings)
+        else:
+            self.router.update(self.table)
+        self.at(self.now + self.health_interval, self._probe)
+
+    # ------------------------------------------------------------------ report
+
+    def _report(self) -> FleetReport:
+        window = self.duration - self.warmup
+        placement = self.controller.placement if self.controller is not None else None
+        workers = []
+        for name, w in self.workers.items():
+            compute = w.compute / window
+            loading = w.loading_only / window
+            workers.append(
+                FleetWorkerReport(
+                    name=name,
+                    compute=compute,
+                    loading=loading,
+                    idle=max(0.0, 1.0 - compute - loading),
+                    weight_loads=w.loads,
+                    dispatches=w.dispatches,
+                    mean_batch_rows=w.rows / w.dispatches if w.dispatches else 0.0,
+                    models=(
+                        placement.models_on(name)
+                        if placement is not None
+                        else tuple(sorted(m for m, ws in self.model_workers.items() if name in ws))
+                    ),
+                )
+            )
+        models = tuple(
+            FleetModelReport(
+                name=name,
+                completed=len(self.latencies[name]),
+                rejected=self.rejected[name],
+                p50=percentile(self.latencies[name], 0.5),
+                p99=percentile(self.latencies[name], 0.99),
+                mean=(
+                    sum(self.latencies[name]) / len(self.latencies[name])
+                    if self.latencies[name]
+                    else math.nan
+                ),
+                mean_batch_rows=(
+                    self.model_rows[name] / self.model_batches[name]
+                    if self.model_batches[name]
+                    else 0.0
+                ),
+                workers=tuple(sorted(self.model_workers[name])),
+            )
+            for name in sorted(self.models)
+        )
+        everything = [x for values in self.latencies.values() for x in values]
+        repacks = (
+            self.controller.cadence.statistics().repacks if self.controller is not None else {}
+        )
+        return FleetReport(
+            mode=self.gateway.mode,
+            workers=tuple(workers),
+            models=models,
+            window=window,
+            completed=sum(m.completed for m in models),
+            rejected=sum(self.rejected.values()),
+            weight_loads=sum(w.loads for w in self.workers.values()),
+            repacks=dict(repacks),
+            warnings=tuple(dict.fromkeys(self.warnings)),
+            p50=percentile(everything, 0.5),
+            p99=percentile(everything, 0.99),
+        )
+
+
+def simulate_fleet(
+    models: Sequence[FleetModel],
+    workers: Sequence[FleetWorker],
+    gateway: GatewaySchedulingConfig,
+    *,
+    duration: float,
+    warmup: float = 0.0,
+    seed: int = 0,
+    health_interval: float = 1.0,
+    closed_loop: ClosedLoop | None = None,
+    network_delay: float = 0.0,
+) -> FleetReport:
+    """Run one fleet simulation and return its report (see the module docstring)."""
+    return FleetSimulation(
+        models,
+        workers,
+        gateway,
+        duration=duration,
+        warmup=warmup,
+        seed=seed,
+        health_interval=health_interval,
+        closed_loop=closed_loop,
+        network_delay=network_delay,
+    ).run()
+
+
+def zipf_fleet_catalog(
+    n: int,
+    *,
+    total_rate: float,
+    zipf_s: float = 1.0,
+    cost_range: tuple[float, float] = (0.002, 0.008),
+    marginal: float = 0.25,
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8),
+    bytes_range: tuple[int, int] = (100_000_000, 400_000_000),
+    rows: tuple[int, ...] = (1,),
+    seed: int = 0,
+) -> list[FleetModel]:
+    """``n`` models with Zipf popularity (rank r called ~ r^-s often), batch-1 costs and
+    weight sizes drawn log-uniformly from the ranges, and per-size costs
+    ``base x (1 + marginal x (size - 1))``."""
+    rng = random.Random(seed)
+    weights = [rank**-zipf_s for rank in range(1, n + 1)]
+    total = sum(weights)
+    out = []
+    for i in range(n):
+        base = math.exp(rng.uniform(math.log(cost_range[0]), math.log(cost_range[1])))
+        nbytes = int(math.exp(rng.uniform(math.log(bytes_range[0]), math.log(bytes_range[1]))))
+        out.append(
+            FleetModel(
+                name=f"m{i:02d}",
+                costs={s: base * (1 + marginal * (s - 1)) for s in batch_sizes},
+                nbytes=nbytes,
+                rate=total_rate * weights[i] / total,
+                rows=rows,
+            )
+        )
+    return out
+
+
+def offered_fleet_load(models: Sequence[FleetModel]) -> float:
+    """GPU-seconds per second the arrivals ask for at full batches (open loop)."""
+    total = 0.0
+    for m in models:
+        top = max(m.costs)
+        total += m.rate * (sum(m.rows) / len(m.rows)) * m.costs[top] / top
+    return total

@@ -1,0 +1,120 @@
+"""What a fleet simulation reports: frozen records, and their text tables.
+
+``FleetReport`` is the whole run (throughput, latency percentiles, weight loads, idle time,
+repacks, the packer's warnings), with one ``FleetWorkerReport`` per worker and one
+``FleetModelReport`` per model. Statistics cover the window ``[warmup, duration)``: device
+time is clipped to it; latencies and loads count events that happened in it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import attrs
+
+__all__ = ["FleetModelReport", "FleetReport", "FleetWorkerReport", "percentile"]
+
+
+@attrs.frozen(kw_only=True)
+class FleetModelReport:
+    name: str
+    completed: int
+    rejected: int
+    p50: float
+    p99: float
+    mean: float
+    mean_batch_rows: float
+    #: Workers that served it in the window.
+    workers: tuple[str, ...]
+
+
+@attrs.frozen(kw_only=True)
+class FleetWorkerReport:
+    name: str
+    #: Fractions of the window spent executing, waiting for a batch's weights to load (a
+    #: transfer overlapped with execution costs nothing), and idle.
+    compute: float
+    loading: float
+    idle: float
+    weight_loads: int
+    dispatches: int
+    mean_batch_rows: float
+    #: Models placed on it at the end (lpt_packing), or that it served.
+    models: tuple[str, ...]
+
+
+@attrs.frozen(kw_only=True)
+class FleetReport:
+    mode: str
+    workers: tuple[FleetWorkerReport, ...]
+    models: tuple[FleetModelReport, ...]
+    window: float
+    completed: int
+    rejected: int
+    weight_loads: int
+    repacks: Mapping[str, int]
+    warnings: tuple[str, ...]
+    #: Latency percentiles over every request of the window, seconds.
+    p50: float = math.nan
+    p99: float = math.nan
+
+    @property
+    def throughput(self) -> float:
+        """Requests answered per second over the window."""
+        return self.completed / self.window if self.window > 0 else 0.0
+
+    @property
+    def loads_per_second(self) -> float:
+        return self.weight_loads / self.window if self.window > 0 else 0.0
+
+    @property
+    def loads_per_1000(self) -> float:
+        return 1000.0 * self.weight_loads / self.completed if self.completed else math.nan
+
+    @property
+    def idle(self) -> float:
+        """Mean device idle fraction over the workers."""
+        return sum(w.idle for w in self.workers) / len(self.workers) if self.workers else 0.0
+
+    @property
+    def mean_batch_rows(self) -> float:
+        rows = sum(w.mean_batch_rows * w.dispatches for w in self.workers)
+        dispatches = sum(w.dispatches for w in self.workers)
+        return rows / dispatches if dispatches else 0.0
+
+    def format(self, *, rows: int | None = None) -> str:
+        out = [
+            f"mode={self.mode}  throughput={self.throughput:.1f} req/s  p50={self.p50 * 1e3:.1f} ms  "
+            f"p99={self.p99 * 1e3:.1f} ms  weight loads/s="
+            f"{self.loads_per_second:.2f} ({self.loads_per_1000:.1f} per 1000 requests)  "
+            f"idle={self.idle:.1%}  mean batch rows={self.mean_batch_rows:.2f}  "
+            f"rejected={self.rejected}  repacks={dict(self.repacks)}",
+            "",
+            f"{'worker':>8} {'compute':>8} {'loading':>8} {'idle':>6} {'loads':>6} "
+            f"{'batches':>8} {'rows/b':>6}  models",
+        ]
+        for w in self.workers:
+            shown = " ".join(w.models[:8]) + (" ..." if len(w.models) > 8 else "")
+            out.append(
+                f"{w.name:>8} {w.compute:>8.1%} {w.loading:>8.1%} {w.idle:>6.1%} "
+                f"{w.weight_loads:>6} {w.dispatches:>8} {w.mean_batch_rows:>6.2f}  {shown}"
+            )
+        out += ["", f"{'model':>6} {'done':>7} {'p50 ms':>8} {'p99 ms':>8} {'rows/b':>6}  workers"]
+        shown_models = self.models if rows is None else self.models[:rows]
+        for m in shown_models:
+            out.append(
+                f"{m.name:>6} {m.completed:>7} {m.p50 * 1e3:>8.1f} {m.p99 * 1e3:>8.1f} "
+                f"{m.mean_batch_rows:>6.2f}  {' '.join(m.workers)}"
+            )
+        if rows is not None and rows < len(self.models):
+            out.append(f"{'...':>6} ({len(self.models) - rows} more)")
+        return "\n".join(out)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile (nearest rank) of ``values``; NaN when empty."""
+    if not values:
+        return math.nan
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
