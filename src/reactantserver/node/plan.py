@@ -1,0 +1,528 @@
+"""The node plan: which children a node runs, each with its command, environment and ports.
+
+Theory of operation
+-------------------
+``plan_node`` is a pure function of the node file, the supervisor's environment, the
+device detection and the CPUs it may use; it returns a frozen ``NodePlan`` that the
+supervisor carries out and ``reactantserver config`` prints. Nothing is started here.
+
+1. **Role** (``REACTANT_ROLE``): ``all`` (default) runs the workers and, for two or more,
+   the gateway; ``workers`` only the workers; ``gateway`` only the gateway.
+2. **Devices** (``devices.detect``). A node whose every worker runs
+   ``runtime.backend: cpu`` is a CPU node without looking at hardware (naming GPUs for it
+   in ``REACTANT_GPUS`` / ``gpus:`` is a conflict). A CUDA node where no source finds a
+   device is an error listing every source tried, unless an operator said ``0`` on
+   purpose and the workers may fall back to the CPU.
+3. **Workers.** Explicit ``workers:`` win: worker *i* takes device *i*, or the device its
+   ``gpu: N`` names. Otherwise one worker per device (``worker0..N-1``), and on a CPU node
+   ``REACTANT_CPU_WORKERS`` (default 1).
+4. **Ports.** Worker *i* serves ``base_port + i`` / ``metrics_base_port + i``. A node's
+   public addresses are its gateway's ``listen.grpc`` / ``listen.metrics`` (the node's
+   ``gateway:`` block or a gateway.yml, default 8001 / 8002): with role ``all`` and one
+   worker, no gateway runs and that worker binds the public ports itself (on its own
+   ``endpoints.host``); with two or more, the gateway binds them. Ports must not collide.
+5. **Files.** The node file as the children run it (``node.yaml``: workers listed, paths
+   absolute, device assignment in a header comment) and, when a gateway runs, its
+   effective ``gateway.yml`` (``resolve_gateway``: endpoints = the workers,
+   ``startup_wait_seconds: .inf``), both in the runtime directory.
+6. **Children.** A worker runs ``reactantserver serve node.yaml --worker NAME`` with its
+   single device in ``CUDA_VISIBLE_DEVICES`` (``""`` on a CPU node, so an inherited value
+   never leaks), ``REACTANT_WORKER_NAME``, and its thread budget
+   ``min(cores // workers, 16)`` (``REACTANT_WORKER_THREADS`` overrides) in
+   ``REACTANT_WORKER_THREADS`` / ``OMP_NUM_THREADS`` / ``OPENBLAS_NUM_THREADS`` /
+   ``MKL_NUM_THREADS``, plus its own share of the CPUs as affinity (which also bounds
+   XLA's CPU thread pool, sized from the affinity mask); the event loop is one more
+   thread. The gateway runs ``reactantserver gateway gateway.yml``.
+
+Every worker's configuration is resolved here exactly as the child will resolve it (the
+file, the inherited environment and the variables above), so a bad override or a port
+collision stops the node before anything starts instead of crash-looping one child.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Literal
+
+import attrs
+
+from ..config import dump_config, materialize_workers, resolve_gateway, resolve_worker
+from ..config import env as envmod
+from ..config.dump import to_plain
+from ..config.gateway import connect_host
+from ..config.node import worker_names
+from ..config.schema import GatewayConfig, NodeConfig, ServerConfig, Settings
+from ..config.source import EnvOrigin, Origin, fail, show
+from . import devices as devmod
+from .devices import Detection
+
+Role = Literal["all", "workers", "gateway"]
+ROLES: tuple[Role, ...] = ("all", "workers", "gateway")
+
+ROLE_VAR = "REACTANT_ROLE"
+CPU_WORKERS_VAR = "REACTANT_CPU_WORKERS"
+THREADS_VAR = "REACTANT_WORKER_THREADS"
+MAX_RESTARTS_VAR = "REACTANT_SUPERVISOR_MAX_RESTARTS"
+#: Thread-pool variables of the native libraries a worker may load (numpy's BLAS, OpenMP).
+LIBRARY_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+#: A worker's thread budget is its share of the cores, capped: a bigger pool only adds
+#: contention to a process that runs one device execution at a time.
+MAX_WORKER_THREADS = 16
+#: SIGTERM-to-SIGKILL windows. A worker answers what it accepted (its own drain is
+#: bounded at 30 s, but a healthy one finishes in well under 15); the gateway only
+#: forwards, and stops first.
+WORKER_GRACE_SECONDS = 15.0
+GATEWAY_GRACE_SECONDS = 10.0
+
+
+@attrs.frozen
+class ChildPlan:
+    """One child process of the node, exactly as it will be started."""
+
+    name: str
+    kind: Literal["worker", "gateway"]
+    argv: tuple[str, ...]
+    #: What the supervisor sets over its own environment (the child inherits the rest).
+    env: Mapping[str, str]
+    grace_seconds: float
+    #: The child's ``CUDA_VISIBLE_DEVICES`` token; None = no device (a CPU node, the gateway).
+    device: str | None = None
+    #: ``host:port`` of its gRPC and admin listeners ("" = none).
+    grpc: str = ""
+    metrics: str = ""
+    #: Thread budget (0 for the gateway, which is not sized).
+    threads: int = 0
+    #: CPU affinity; empty = inherit the supervisor's.
+    cpus: tuple[int, ...] = ()
+    #: The configuration the worker will run with (None for the gateway).
+    config: ServerConfig | None = attrs.field(default=None, eq=False, repr=False)
+
+
+@attrs.frozen
+class NodePlan:
+    """Everything the supervisor does, decided before it starts anything."""
+
+    role: Role
+    detection: Detection
+    children: tuple[ChildPlan, ...]
+    #: path -> contents, written before any child starts.
+    files: Mapping[str, str]
+    #: Where clients connect (the gateway, or the sole worker); "" when nothing is public.
+    public_grpc: str
+    public_metrics: str
+    #: Consecutive restarts allowed per child; 0 = forever.
+    max_restarts: int
+    notes: tuple[str, ...] = ()
+    gateway: GatewayConfig | None = attrs.field(default=None, eq=False, repr=False)
+
+
+def worker_threads(cores: int, workers: int) -> int:
+    """A worker's thread budget: its share of the cores, at least 1, at most 16."""
+    return max(1, min(cores // max(workers, 1), MAX_WORKER_THREADS))
+
+
+def cpu_shares(cpus: Sequence[int], workers: int) -> list[tuple[int, ...]]:
+    """Split the CPUs into ``workers`` disjoint, near-equal runs; with fewer CPUs than
+    workers, each worker gets one CPU, shared round-robin."""
+    if not cpus:
+        return [() for _ in range(workers)]
+    if len(cpus) < workers:
+        return [(cpus[i % len(cpus)],) for i in range(workers)]
+    size, extra = divmod(len(cpus), workers)
+    out, at = [], 0
+    for i in range(workers):
+        take = size + (1 if i < extra else 0)
+        out.append(tuple(cpus[at : at + take]))
+        at += take
+    return out
+
+
+def cpu_ranges(cpus: tuple[int, ...]) -> str:
+    """``(0, 1, 2, 5)`` -> ``0-2,5``."""
+    out: list[str] = []
+    start = prev = cpus[0]
+    for cpu in (*cpus[1:], None):
+        if cpu is not None and cpu == prev + 1:
+            prev = cpu
+            continue
+        out.append(f"{start}-{prev}" if prev > start else f"{start}")
+        if cpu is not None:
+            start = prev = cpu
+    return ",".join(out)
+
+
+def _int_var(env: Mapping[str, str], var: str, default: int, least: int) -> int:
+    text = env.get(var, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        fail(EnvOrigin(var), f"expected an integer >= {least}; got {show(env[var])}")
+    if value < least:
+        fail(EnvOrigin(var), f"expected an integer >= {least}; got {value}")
+    return value
+
+
+def read_role(env: Mapping[str, str]) -> Role:
+    text = env.get(ROLE_VAR, "").strip().lower() or "all"
+    for role in ROLES:
+        if text == role:
+            return role
+    fail(EnvOrigin(ROLE_VAR), f"expected one of {', '.join(ROLES)}; got {show(env[ROLE_VAR])}")
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``"0.0.0.0:8001"`` / ``"[::]:8001"`` -> host and port (already checked by the rules)."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+# --- devices -----------------------------------------------------------------------------------
+
+
+def _gpus_origin(node: NodeConfig) -> Origin:
+    return node.source.origin(("gpus",))
+
+
+def _decide_devices(
+    node: NodeConfig,
+    env: Mapping[str, str],
+    role: Role,
+    configs: Sequence[ServerConfig],
+    nvidia_smi: Callable[[Mapping[str, str]], str | None],
+    dev_nodes: Callable[[], Iterable[str]],
+) -> tuple[Detection, list[str]]:
+    notes: list[str] = []
+    if role == "gateway":  # no worker runs here: only what an operator declared counts
+        found = devmod.detect(
+            node.gpus,
+            _gpus_origin(node),
+            env,
+            nvidia_smi=nvidia_smi,
+            dev_nodes=dev_nodes,
+            hardware=False,
+        )
+        return found, notes
+    if all(cfg.runtime.backend == "cpu" for cfg in configs):
+        said = devmod.detect(node.gpus, _gpus_origin(node), env, hardware=False)
+        if said.explicit and said.devices:
+            origin = EnvOrigin(devmod.GPUS_VAR) if devmod.GPUS_VAR in env else _gpus_origin(node)
+            fail(
+                origin,
+                "expected 0 (a CPU node), since every worker runs runtime.backend: cpu; "
+                f"got {len(said.devices)} device(s): {', '.join(said.devices)}",
+            )
+        return Detection((), "runtime.backend: cpu", (), True), notes
+    found = devmod.detect(
+        node.gpus, _gpus_origin(node), env, nvidia_smi=nvidia_smi, dev_nodes=dev_nodes
+    )
+    if found.devices:
+        return found, notes
+    cuda = [cfg for cfg in configs if cfg.runtime.backend == "cuda"]
+    if not found.explicit:
+        raise _no_device(node, cuda[0], found)
+    strict = [cfg.name for cfg in cuda if not cfg.runtime.allow_cpu_fallback]
+    if strict:
+        origin = EnvOrigin(devmod.GPUS_VAR) if devmod.GPUS_VAR in env else _gpus_origin(node)
+        fail(
+            origin,
+            f"{found.source} makes this a CPU node, but {', '.join(strict)} run(s) "
+            "runtime.backend: cuda with allow_cpu_fallback: false; set backend: cpu, or "
+            "allow_cpu_fallback: true",
+        )
+    notes.append(f"{found.source}: a CPU node; the cuda workers fall back to the CPU")
+    return found, notes
+
+
+def _no_device(node: NodeConfig, cfg: ServerConfig, found: Detection) -> Exception:
+    from ..errors import ConfigError
+
+    return ConfigError(
+        f"{node.source.file}: no GPU found for a CUDA node ({cfg.name} runs runtime.backend: "
+        f"cuda); tried {'; '.join(found.tried)}. Give the container the GPUs (docker run "
+        f"--gpus all, or the NVIDIA runtime), name them in {devmod.GPUS_VAR} or gpus:, or set "
+        "runtime.backend: cpu"
+    )
+
+
+def _assign(node: NodeConfig, detection: Detection, env: Mapping[str, str]) -> list[str | None]:
+    """Each worker's device token (None on a CPU node), in worker order."""
+    devices = detection.devices
+    if not devices:
+        if node.workers:
+            if env.get(CPU_WORKERS_VAR, "").strip():
+                _int_var(env, CPU_WORKERS_VAR, 1, 1)  # still refuse a malformed value
+            return [None] * len(node.workers)
+        return [None] * _int_var(env, CPU_WORKERS_VAR, 1, 1)
+    if not node.workers:
+        return list(devices)
+    if len(node.workers) > len(devices):
+        fail(
+            node.source.origin(("workers",)),
+            f"expected at most {len(devices)} workers, one per device found by "
+            f"{detection.source}; got {len(node.workers)}",
+        )
+    out: list[str | None] = []
+    for index, entry in enumerate(node.workers):
+        position = entry.gpu if entry.gpu is not None else index
+        if position >= len(devices):
+            fail(
+                node.source.origin(("workers", index, "gpu")),
+                f"expected a device index below {len(devices)} ({detection.source} found "
+                f"{len(devices)}); got {position}",
+            )
+        out.append(devices[position])
+    return out
+
+
+# --- the files the children read ----------------------------------------------------------------
+
+
+def _anchor(path: str, base: str) -> str:
+    return path if not path or os.path.isabs(path) else os.path.normpath(os.path.join(base, path))
+
+
+def _anchored_settings(settings: Settings, base: str) -> dict[str, object]:
+    plain = to_plain(settings)
+    assert isinstance(plain, dict)
+    if isinstance(plain.get("cache_dir"), str):
+        plain["cache_dir"] = _anchor(plain["cache_dir"], base)
+    return plain
+
+
+def materialized_node(node: NodeConfig, devices: Sequence[str | None], source: str) -> str:
+    """The node file as the children run it: workers listed, ``gpus:`` the worker count
+    (each child sees one device, at ordinal 0), paths absolute, no ``gateway:`` block
+    (the gateway has its own file)."""
+    file = node.source.file
+    base = os.path.dirname(os.path.abspath(file)) if not file.startswith("<") else os.getcwd()
+    workers = []
+    for entry in node.workers:
+        item: dict[str, object] = {"name": entry.name}
+        if entry.port is not None:
+            item["port"] = entry.port
+        if entry.metrics_port is not None:
+            item["metrics_port"] = entry.metrics_port
+        item.update(_anchored_settings(entry.settings, base))
+        workers.append(item)
+    doc: dict[str, object] = {
+        "model_repo": _anchor(node.model_repo, base),
+        "base_port": node.base_port,
+        "metrics_base_port": node.metrics_base_port,
+        "gpus": 0 if all(d is None for d in devices) else len(devices),
+        "global": _anchored_settings(node.global_, base),
+        "workers": workers,
+    }
+    if node.models:
+        doc["models"] = to_plain(node.models)
+    header = [
+        f"# {file} as `reactantserver node` runs it (written at start; edit {file}, not this).",
+        f"# Devices from {source}; each worker sees only its own, at ordinal 0:",
+    ]
+    for entry, device in zip(node.workers, devices, strict=True):
+        header.append(
+            f"#   {entry.name}: CUDA_VISIBLE_DEVICES={device if device is not None else ''!s}"
+        )
+    return "\n".join(header) + "\n" + dump_config(doc)
+
+
+def gateway_document(gateway: GatewayConfig, node_file: str) -> str:
+    header = (
+        f"# The gateway of {node_file}, as `reactantserver node` runs it (written at start;\n"
+        "# endpoints default to the node's workers, startup_wait_seconds to .inf).\n"
+    )
+    return header + dump_config(gateway)
+
+
+# --- the plan ------------------------------------------------------------------------------------
+
+
+def _gateway_env(node: NodeConfig, env: Mapping[str, str]) -> tuple[dict[str, str], str | None]:
+    """The environment to resolve the embedded gateway with: a ``gateway.yml`` beside the
+    node file is used when ``REACTANT_GATEWAY_FILE`` names none (the container mounts
+    both under /etc/reactantserver)."""
+    out = dict(env)
+    if out.get(envmod.GATEWAY_FILE_VAR) or node.source.file.startswith("<"):
+        return out, out.get(envmod.GATEWAY_FILE_VAR) or None
+    beside = os.path.join(os.path.dirname(os.path.abspath(node.source.file)), "gateway.yml")
+    if os.path.isfile(beside) and os.path.abspath(beside) != os.path.abspath(node.source.file):
+        out[envmod.GATEWAY_FILE_VAR] = beside
+        return out, beside
+    return out, None
+
+
+def _check_ports(
+    children: Sequence[ChildPlan], gateway_listen: Sequence[tuple[str, str]], node: NodeConfig
+) -> None:
+    taken: dict[int, str] = {}
+    for what, address in gateway_listen:
+        port = split_address(address)[1]
+        if port:
+            taken[port] = what
+    for child in children:
+        for kind, address in (("gRPC", child.grpc), ("metrics", child.metrics)):
+            if not address:
+                continue
+            port = split_address(address)[1]
+            if port in taken:
+                fail(
+                    node.source.origin(("base_port",)),
+                    f"expected a port of its own for {child.name}'s {kind} listener; "
+                    f"{port} is also {taken[port]} (change base_port / metrics_base_port, "
+                    "the gateway's listen:, or the INFERENCE_SERVER_ENDPOINTS_* overrides)",
+                )
+            taken[port] = f"{child.name}'s {kind} port"
+
+
+def plan_node(
+    node: NodeConfig,
+    env: Mapping[str, str],
+    *,
+    runtime_dir: str,
+    cpus: Sequence[int],
+    python: str = sys.executable,
+    log_level: str = "info",
+    nvidia_smi: Callable[[Mapping[str, str]], str | None] = devmod.run_nvidia_smi,
+    dev_nodes: Callable[[], Iterable[str]] = devmod.list_dev,
+) -> NodePlan:
+    """The plan of the module doc. Raises ``ConfigError`` for anything that would stop a
+    child from starting."""
+    role = read_role(env)
+    max_restarts = _int_var(env, MAX_RESTARTS_VAR, 0, 0)
+    declared = [resolve_worker(node, name, env) for name in worker_names(node)]
+    detection, notes = _decide_devices(node, env, role, declared, nvidia_smi, dev_nodes)
+
+    assignment: list[str | None] = []
+    if role == "gateway" and not node.workers and detection.source == "none":
+        grown = node  # gpus: auto on a gateway-only host: the gateway file must list workers
+    else:
+        assignment = _assign(node, detection, env)
+        grown = materialize_workers(node, len(assignment))
+    if role != "gateway" and len(detection.devices) > len(assignment):
+        unused = len(detection.devices) - len(assignment)
+        notes.append(f"{unused} device(s) found by {detection.source} have no worker")
+
+    gateway_env, gateway_file = _gateway_env(node, env)
+    if gateway_file:
+        notes.append(f"gateway settings from {gateway_file}")
+    gateway = resolve_gateway(grown, gateway_env)
+    names = worker_names(grown)
+    if role == "gateway" and grown is node and not node.workers and _derived(grown, gateway):
+        fail(
+            EnvOrigin(ROLE_VAR),
+            "expected the gateway's endpoints: (or REACTANT_GATEWAY_WORKERS), or a worker "
+            "count in workers:, gpus: or REACTANT_GPUS: with role gateway and gpus: auto "
+            "there is no way to know this node's workers",
+        )
+    node_path = os.path.join(runtime_dir, "node.yaml")
+    gateway_path = os.path.join(runtime_dir, "gateway.yml")
+    runs_gateway = role == "gateway" or (role == "all" and len(names) > 1)
+    sole_public = role == "all" and len(names) == 1
+    grpc_host, grpc_port = split_address(gateway.listen.grpc)
+    metrics_host, metrics_port = split_address(gateway.listen.metrics)
+
+    children: list[ChildPlan] = []
+    if role != "gateway":
+        threads = _int_var(env, THREADS_VAR, worker_threads(len(cpus), len(names)), 1)
+        shares = cpu_shares(cpus, len(names))
+        for index, name in enumerate(names):
+            device = assignment[index]
+            child_env = {
+                envmod.WORKER_NAME_VAR: name,
+                devmod.VISIBLE_VAR: device if device is not None else "",
+                THREADS_VAR: str(threads),
+                **{var: str(threads) for var in LIBRARY_THREAD_VARS},
+                "PYTHONUNBUFFERED": "1",
+            }
+            if sole_public:
+                child_env["INFERENCE_SERVER_ENDPOINTS_PORT"] = str(grpc_port)
+                child_env["INFERENCE_SERVER_ENDPOINTS_METRICS_PORT"] = str(metrics_port)
+            cfg = resolve_worker(grown, name, {**env, **child_env})
+            host = cfg.endpoints.host
+            children.append(
+                ChildPlan(
+                    name=name,
+                    kind="worker",
+                    argv=(
+                        python,
+                        "-m",
+                        "reactantserver.cli",
+                        "serve",
+                        node_path,
+                        "--worker",
+                        name,
+                        "--log-level",
+                        log_level,
+                    ),
+                    env=child_env,
+                    grace_seconds=WORKER_GRACE_SECONDS,
+                    device=device,
+                    grpc=f"{_bracket(host)}:{cfg.endpoints.port}",
+                    metrics=(
+                        f"{_bracket(host)}:{cfg.endpoints.metrics_port}"
+                        if cfg.endpoints.metrics_port
+                        else ""
+                    ),
+                    threads=threads,
+                    cpus=shares[index],
+                    config=cfg,
+                )
+            )
+    listen: list[tuple[str, str]] = []
+    if runs_gateway:
+        listen = [
+            ("the gateway's listen.grpc", gateway.listen.grpc),
+            ("the gateway's listen.metrics", gateway.listen.metrics),
+        ]
+        children.insert(
+            0,
+            ChildPlan(
+                name="gateway",
+                kind="gateway",
+                argv=(python, "-m", "reactantserver.cli", "gateway", gateway_path),
+                env={"PYTHONUNBUFFERED": "1"},
+                grace_seconds=GATEWAY_GRACE_SECONDS,
+                grpc=gateway.listen.grpc,
+                metrics=gateway.listen.metrics if metrics_port else "",
+            ),
+        )
+    _check_ports([c for c in children if c.kind == "worker"], listen, node)
+
+    files = {}
+    if role != "gateway":
+        files[node_path] = materialized_node(grown, assignment, detection.source)
+    if runs_gateway:
+        files[gateway_path] = gateway_document(gateway, node.source.file)
+    if sole_public:
+        public_grpc, public_metrics = children[0].grpc, children[0].metrics
+    elif runs_gateway:
+        public_grpc = f"{grpc_host}:{grpc_port}"
+        public_metrics = f"{metrics_host}:{metrics_port}" if metrics_port else ""
+    else:
+        public_grpc = public_metrics = ""
+    return NodePlan(
+        role=role,
+        detection=detection,
+        children=tuple(children),
+        files=files,
+        public_grpc=public_grpc,
+        public_metrics=public_metrics,
+        max_restarts=max_restarts,
+        notes=tuple(notes),
+        gateway=gateway if runs_gateway else None,
+    )
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _derived(node: NodeConfig, gateway: GatewayConfig) -> bool:
+    """Whether the gateway's endpoints are the node's own (derived, not configured)."""
+    configs = [resolve_worker(node, name, {}) for name in worker_names(node)]
+    ours = tuple(f"{connect_host(c.endpoints.host)}:{c.endpoints.port}" for c in configs)
+    return gateway.endpoints == ours
