@@ -378,6 +378,56 @@ def _check_ports(
             taken[port] = f"{child.name}'s {kind} port"
 
 
+def _worker_children(
+    node: NodeConfig,
+    assignment: Sequence[str | None],
+    env: Mapping[str, str],
+    cpus: Sequence[int],
+    public: tuple[int, int] | None,
+    command: tuple[str, str, str],
+) -> list[ChildPlan]:
+    """One child per worker of ``node`` (the node as the children read it); ``public`` is
+    the (gRPC, metrics) port pair a sole public worker binds."""
+    python, node_path, log_level = command
+    names = worker_names(node)
+    threads = _int_var(env, THREADS_VAR, worker_threads(len(cpus), len(names)), 1)
+    shares = cpu_shares(cpus, len(names))
+    children = []
+    for index, name in enumerate(names):
+        device = assignment[index]
+        child_env = {
+            envmod.WORKER_NAME_VAR: name,
+            devmod.VISIBLE_VAR: device if device is not None else "",
+            THREADS_VAR: str(threads),
+            **{var: str(threads) for var in LIBRARY_THREAD_VARS},
+            "PYTHONUNBUFFERED": "1",
+        }
+        if public is not None:
+            child_env["INFERENCE_SERVER_ENDPOINTS_PORT"] = str(public[0])
+            child_env["INFERENCE_SERVER_ENDPOINTS_METRICS_PORT"] = str(public[1])
+        # Exactly what the child will resolve: a bad override fails here, not in a loop.
+        cfg = resolve_worker(node, name, {**env, **child_env})
+        host = _bracket(cfg.endpoints.host)
+        metrics = cfg.endpoints.metrics_port
+        argv = ("-m", "reactantserver.cli", "serve", node_path, "--worker", name)
+        children.append(
+            ChildPlan(
+                name=name,
+                kind="worker",
+                argv=(python, *argv, "--log-level", log_level),
+                env=child_env,
+                grace_seconds=WORKER_GRACE_SECONDS,
+                device=device,
+                grpc=f"{host}:{cfg.endpoints.port}",
+                metrics=f"{host}:{metrics}" if metrics else "",
+                threads=threads,
+                cpus=shares[index],
+                config=cfg,
+            )
+        )
+    return children
+
+
 def plan_node(
     node: NodeConfig,
     env: Mapping[str, str],
@@ -397,87 +447,63 @@ def plan_node(
     detection, notes = _decide_devices(node, env, role, declared, nvidia_smi, dev_nodes)
 
     assignment: list[str | None] = []
-    if role == "gateway" and not node.workers and detection.source == "none":
-        grown = node  # gpus: auto on a gateway-only host: the gateway file must list workers
+    # gpus: auto on a gateway-only host: only the gateway's own endpoints can say.
+    unknown_workers = role == "gateway" and not node.workers and detection.source == "none"
+    if unknown_workers:
+        grown = node
     else:
         assignment = _assign(node, detection, env)
         grown = materialize_workers(node, len(assignment))
+    # The node as the children read it (materialized_node writes this): each child sees
+    # one device at ordinal 0, so no worker keeps a gpu: of its own.
+    children_node = attrs.evolve(
+        grown,
+        gpus=0 if all(d is None for d in assignment) else len(assignment),
+        workers=tuple(attrs.evolve(entry, gpu=None) for entry in grown.workers),
+    )
     if role != "gateway" and len(detection.devices) > len(assignment):
         unused = len(detection.devices) - len(assignment)
         notes.append(f"{unused} device(s) found by {detection.source} have no worker")
 
+    names = worker_names(grown)
+    runs_gateway = role == "gateway" or (role == "all" and len(names) > 1)
+    sole_public = role == "all" and len(names) == 1
     gateway_env, gateway_file = _gateway_env(node, env)
     if gateway_file:
         notes.append(f"gateway settings from {gateway_file}")
-    gateway = resolve_gateway(grown, gateway_env)
-    names = worker_names(grown)
-    if role == "gateway" and grown is node and not node.workers and _derived(grown, gateway):
-        fail(
-            EnvOrigin(ROLE_VAR),
-            "expected the gateway's endpoints: (or REACTANT_GATEWAY_WORKERS), or a worker "
-            "count in workers:, gpus: or REACTANT_GPUS: with role gateway and gpus: auto "
-            "there is no way to know this node's workers",
-        )
+    # The sole public worker needs the gateway's listen ports; otherwise the gateway is
+    # resolved after the workers, whose port checks say more than its own would.
+    gateway = resolve_gateway(grown, gateway_env) if sole_public else None
     node_path = os.path.join(runtime_dir, "node.yaml")
     gateway_path = os.path.join(runtime_dir, "gateway.yml")
-    runs_gateway = role == "gateway" or (role == "all" and len(names) > 1)
-    sole_public = role == "all" and len(names) == 1
-    grpc_host, grpc_port = split_address(gateway.listen.grpc)
-    metrics_host, metrics_port = split_address(gateway.listen.metrics)
 
     children: list[ChildPlan] = []
     if role != "gateway":
-        threads = _int_var(env, THREADS_VAR, worker_threads(len(cpus), len(names)), 1)
-        shares = cpu_shares(cpus, len(names))
-        for index, name in enumerate(names):
-            device = assignment[index]
-            child_env = {
-                envmod.WORKER_NAME_VAR: name,
-                devmod.VISIBLE_VAR: device if device is not None else "",
-                THREADS_VAR: str(threads),
-                **{var: str(threads) for var in LIBRARY_THREAD_VARS},
-                "PYTHONUNBUFFERED": "1",
-            }
-            if sole_public:
-                child_env["INFERENCE_SERVER_ENDPOINTS_PORT"] = str(grpc_port)
-                child_env["INFERENCE_SERVER_ENDPOINTS_METRICS_PORT"] = str(metrics_port)
-            cfg = resolve_worker(grown, name, {**env, **child_env})
-            host = cfg.endpoints.host
-            children.append(
-                ChildPlan(
-                    name=name,
-                    kind="worker",
-                    argv=(
-                        python,
-                        "-m",
-                        "reactantserver.cli",
-                        "serve",
-                        node_path,
-                        "--worker",
-                        name,
-                        "--log-level",
-                        log_level,
-                    ),
-                    env=child_env,
-                    grace_seconds=WORKER_GRACE_SECONDS,
-                    device=device,
-                    grpc=f"{_bracket(host)}:{cfg.endpoints.port}",
-                    metrics=(
-                        f"{_bracket(host)}:{cfg.endpoints.metrics_port}"
-                        if cfg.endpoints.metrics_port
-                        else ""
-                    ),
-                    threads=threads,
-                    cpus=shares[index],
-                    config=cfg,
-                )
+        public = None
+        if gateway is not None:
+            public = (
+                split_address(gateway.listen.grpc)[1],
+                split_address(gateway.listen.metrics)[1],
             )
-    listen: list[tuple[str, str]] = []
+        children = _worker_children(
+            children_node, assignment, env, cpus, public, (python, node_path, log_level)
+        )
+        _check_ports(children, [], node)
     if runs_gateway:
+        gateway = resolve_gateway(grown, gateway_env)
+        if unknown_workers and _derived(grown, gateway):
+            fail(
+                EnvOrigin(ROLE_VAR),
+                "expected the gateway's endpoints: (or REACTANT_GATEWAY_WORKERS), or a worker "
+                "count in workers:, gpus: or REACTANT_GPUS: with role gateway and gpus: auto "
+                "there is no way to know this node's workers",
+            )
         listen = [
             ("the gateway's listen.grpc", gateway.listen.grpc),
             ("the gateway's listen.metrics", gateway.listen.metrics),
         ]
+        _check_ports(children, listen, node)
+        metrics_on = split_address(gateway.listen.metrics)[1] != 0
         children.insert(
             0,
             ChildPlan(
@@ -487,30 +513,24 @@ def plan_node(
                 env={"PYTHONUNBUFFERED": "1"},
                 grace_seconds=GATEWAY_GRACE_SECONDS,
                 grpc=gateway.listen.grpc,
-                metrics=gateway.listen.metrics if metrics_port else "",
+                metrics=gateway.listen.metrics if metrics_on else "",
             ),
         )
-    _check_ports([c for c in children if c.kind == "worker"], listen, node)
 
     files = {}
     if role != "gateway":
         files[node_path] = materialized_node(grown, assignment, detection.source)
     if runs_gateway:
+        assert gateway is not None
         files[gateway_path] = gateway_document(gateway, node.source.file)
-    if sole_public:
-        public_grpc, public_metrics = children[0].grpc, children[0].metrics
-    elif runs_gateway:
-        public_grpc = f"{grpc_host}:{grpc_port}"
-        public_metrics = f"{metrics_host}:{metrics_port}" if metrics_port else ""
-    else:
-        public_grpc = public_metrics = ""
+    front = children[0] if (sole_public or runs_gateway) else None
     return NodePlan(
         role=role,
         detection=detection,
         children=tuple(children),
         files=files,
-        public_grpc=public_grpc,
-        public_metrics=public_metrics,
+        public_grpc=front.grpc if front else "",
+        public_metrics=front.metrics if front else "",
         max_restarts=max_restarts,
         notes=tuple(notes),
         gateway=gateway if runs_gateway else None,
