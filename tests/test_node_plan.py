@@ -178,7 +178,9 @@ def test_more_workers_than_devices_is_an_error(tmp_path: Path) -> None:
         "found by nvidia-smi -L; got 4"
     )
     with pytest.raises(ConfigError, match=r"workers\[0\]\.gpu: expected a device index below 1"):
-        plan(node_file(tmp_path, CUDA + "workers:\n  - {name: a, gpu: 1}\n"), {"REACTANT_GPUS": "1"})
+        plan(
+            node_file(tmp_path, CUDA + "workers:\n  - {name: a, gpu: 1}\n"), {"REACTANT_GPUS": "1"}
+        )
 
 
 def test_reactant_gpus_and_gpus_lists_pass_uuids_and_ordinals(tmp_path: Path) -> None:
@@ -350,10 +352,12 @@ def test_ports_that_collide_with_the_gateway_are_refused(tmp_path: Path) -> None
 
 
 def test_a_bad_override_stops_the_node_before_any_child_starts(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="^INFERENCE_SERVER_SCHEDULER_DISCIPLINE: expected"):
+    with pytest.raises(ConfigError, match=r"^INFERENCE_SERVER_SCHEDULER_DISCIPLINE: expected"):
         plan(node_file(tmp_path, CPU), {"INFERENCE_SERVER_SCHEDULER_DISCIPLINE": "fiar"})
 
 
 def test_restart_budget_comes_from_the_environment(tmp_path: Path) -> None:
     assert plan(node_file(tmp_path, CPU)).max_restarts == 0
-    assert plan(node_file(tmp_path, CPU), {"REACTANT_SUPERVISOR_MAX_RESTARTS": "4"}).max_restarts == 4
+    assert (
+        plan(node_file(tmp_path, CPU), {"REACTANT_SUPERVISOR_MAX_RESTARTS": "4"}).max_restarts == 4
+    )
