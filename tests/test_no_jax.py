@@ -35,6 +35,7 @@ JAX_FREE = [
     "reactantserver.client",
     "reactantserver.lifecycle",
     "reactantserver.meta",
+    "reactantserver.node",
 ]
 
 
