@@ -1,5 +1,5 @@
 """Developer sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s proto``, ``nox -s bench``,
-``nox -s bench_peer``.
+``nox -s bench_peer``, ``nox -s serve`` and ``nox -s node``.
 
 Every session installs what it needs into its own virtualenv, so a clean clone on a
 machine with only Python (plus ``pip install nox``) runs all of them.
@@ -53,6 +53,30 @@ def serve(session: nox.Session) -> None:
         if backend and backend.strip() == "cuda":
             session.install("-e", ".[cuda]")
     session.run("reactantserver", "serve", *args)
+
+
+@nox.session(python=PYTHON)
+def node(session: nox.Session) -> None:
+    """Run a whole machine from a node file: ``nox -s node -- node.yaml [--runtime-dir DIR]``.
+
+    One worker per detected GPU and the gateway in front (docs/node.md). Installs the
+    ``cuda`` extra unless every worker of the node runs ``runtime.backend: cpu``.
+    """
+    if not session.posargs:
+        session.error("usage: nox -s node -- node.yaml [--runtime-dir DIR] [--log-level LEVEL]")
+    session.install("-e", ".[jax]")
+    backends = session.run(
+        "python",
+        "-c",
+        "import sys; from reactantserver.config import load_node, resolve_worker, "
+        "worker_names; n = load_node(sys.argv[1]); "
+        "print(' '.join(resolve_worker(n, w).runtime.backend for w in worker_names(n)))",
+        session.posargs[0],
+        silent=True,
+    )
+    if backends and "cuda" in backends.split():
+        session.install("-e", ".[cuda]")
+    session.run("reactantserver", "node", *session.posargs)
 
 
 @nox.session(python=PYTHON)
