@@ -381,3 +381,45 @@ def test_config_shows_the_devices_and_ports_each_worker_would_get(tmp_path: Path
     )  # fmt: skip
     assert out.stdout.startswith(f"# node plan: none on this machine: {path}: no GPU found")
     assert "# worker worker0 of" in out.stdout
+
+
+def test_the_container_healthcheck_passes_only_on_a_200_readyz(tmp_path: Path) -> None:
+    """``python -m reactantserver.node.healthcheck`` against a tiny HTTP server that says
+    503 (compiling) and then 200, and against a port nobody listens on."""
+    import http.server
+
+    answer = {"status": 503, "body": b"not ready: compiling"}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(answer["status"] if self.path == "/readyz" else 404)
+            self.end_headers()
+            self.wfile.write(answer["body"])
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/readyz"
+
+    def check(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "reactantserver.node.healthcheck", *args],
+            capture_output=True, text=True, timeout=60, env={**os.environ, **env},
+        )  # fmt: skip
+
+    try:
+        refused = check(url)
+        assert refused.returncode == 1
+        assert refused.stderr.strip() == "not ready: 503 not ready: compiling"
+        answer.update(status=200, body=b"ready")
+        assert check(url).returncode == 0
+        assert check(REACTANT_HEALTHCHECK_URL=url).returncode == 0
+        nobody = check(f"http://127.0.0.1:{free_port()}/readyz")
+        assert nobody.returncode == 1
+        assert nobody.stderr.startswith("not ready: no answer from http://127.0.0.1:")
+    finally:
+        server.shutdown()
+        server.server_close()
