@@ -8,6 +8,7 @@ machine with only Python (plus ``pip install nox``) runs all of them.
 from __future__ import annotations
 
 from pathlib import Path
+from shutil import which
 
 import nox
 
@@ -77,6 +78,21 @@ def node(session: nox.Session) -> None:
     if backends and "cuda" in backends.split():
         session.install("-e", ".[cuda]")
     session.run("reactantserver", "node", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def image(session: nox.Session) -> None:
+    """Build the CPU image from the Dockerfile with no registry and run it (slow).
+
+    Needs root, podman, debootstrap, unshare and chroot (``apt-get install podman
+    debootstrap``); see deploy/docker/local_image.py and docs/deployment.md.
+    """
+    missing = [tool for tool in ("podman", "debootstrap", "unshare", "chroot") if not which(tool)]
+    if missing:
+        session.skip(f"needs {', '.join(missing)} (apt-get install podman debootstrap)")
+    session.install("-e", ".[jax,test]")
+    session.env["JAX_PLATFORMS"] = "cpu"
+    session.run("python", "deploy/docker/local_image.py", *session.posargs)
 
 
 @nox.session(python=PYTHON)
