@@ -99,9 +99,20 @@ def image(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff over everything, mypy over src/."""
     session.install("-e", ".[jax,lint]")
-    session.run("ruff", "check", "src", "tests", "examples", "benchmarks", "noxfile.py", "proto")
     session.run(
-        "ruff", "format", "--check", "src", "tests", "examples", "benchmarks", "noxfile.py", "proto"
+        "ruff", "check", "src", "tests", "examples", "benchmarks", "deploy", "noxfile.py", "proto"
+    )
+    session.run(
+        "ruff",
+        "format",
+        "--check",
+        "src",
+        "tests",
+        "examples",
+        "benchmarks",
+        "deploy",
+        "noxfile.py",
+        "proto",
     )
     session.run("mypy")
 
