@@ -361,3 +361,16 @@ def test_restart_budget_comes_from_the_environment(tmp_path: Path) -> None:
     assert (
         plan(node_file(tmp_path, CPU), {"REACTANT_SUPERVISOR_MAX_RESTARTS": "4"}).max_restarts == 4
     )
+
+
+def test_the_worker_sizes_its_hook_pool_from_reactant_worker_threads(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What the plan sets is read: a worker runs that many model hooks at once (4 when run
+    bare), and says so when the variable is not a positive integer."""
+    from reactantserver.worker import hook_threads
+
+    assert hook_threads({"REACTANT_WORKER_THREADS": "16"}) == 16
+    assert hook_threads({}) == 4
+    assert hook_threads({"REACTANT_WORKER_THREADS": "0"}) == 4
+    assert "REACTANT_WORKER_THREADS='0' is not a positive integer" in caplog.text

@@ -28,6 +28,11 @@ import trio
 from reactantserver.config import load_node
 from reactantserver.node import NodePlan, Supervisor, plan_node, supervise
 
+# Earlier tests of the suite load JAX into this process, and Python warns on every fork of
+# a process with threads. The supervisor itself never loads JAX, and between fork and exec
+# a child only calls prctl and sched_setaffinity (spawn.py), which take no lock.
+pytestmark = pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
+
 STANDIN = str(Path(__file__).with_name("node_standin.py"))
 U0 = "GPU-0a1b2c3d-0000-1111-2222-333344445555"
 U1 = "GPU-9f8e7d6c-0000-1111-2222-333344445555"

@@ -94,7 +94,8 @@ def _run_config(args: argparse.Namespace) -> int:
             for name in names:
                 cfg = resolve_worker(node, name)
                 documents.append((f"worker {cfg.name} of {file}", dump_config(cfg)))
-    head = "" if is_gateway_document(data) or args.worker else _node_plan_comment(file)
+    plain = not (is_gateway_document(data) or args.worker is not None or args.gateway)
+    head = _node_plan_comment(file) if plain else ""
     sys.stdout.write(head + "---\n".join(f"# {title}\n{text}" for title, text in documents))
     return 0
 
