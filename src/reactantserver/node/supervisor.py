@@ -74,7 +74,6 @@ class Supervisor:
         self._sink = sink
         self._slots = [_Slot(child, RestartPolicy(plan.max_restarts)) for child in plan.children]
         self.stop_requested = trio.Event()
-        self.stopping = False
         self.exit_status = 0
         #: Set whenever any child has been started; tests wait on it (and pids()).
         self.changed = trio.Event()
@@ -120,7 +119,7 @@ class Supervisor:
 
     async def _keep_running(self, slot: _Slot) -> None:
         child = slot.plan
-        while not self.stopping:
+        while not self.stop_requested.is_set():  # never start a child once a stop began
             slot.gone = trio.Event()
             try:
                 process = spawn.start(child.argv, {**self._env, **child.env}, cpus=child.cpus)
@@ -135,7 +134,7 @@ class Supervisor:
                 log.info("started %s (pid %d)%s", child.name, process.pid, _device_note(child))
                 self._announce()
                 code = await self._wait(slot, process)
-            if self.stopping:
+            if self.stop_requested.is_set():
                 return
             decision = slot.policy.exited(trio.current_time())
             if code is not None:
@@ -180,7 +179,6 @@ class Supervisor:
     # ------------------------------------------------------------------ stopping
 
     async def _stop_children(self) -> None:
-        self.stopping = True
         front = [s for s in self._slots if s.plan.kind == "gateway"]
         back = [s for s in self._slots if s.plan.kind != "gateway"]
         for stage in (front, back):
