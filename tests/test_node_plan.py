@@ -238,6 +238,13 @@ def test_a_cpu_node_never_looks_at_gpus_and_runs_reactant_cpu_workers(tmp_path: 
     assert [w.threads for w in workers] == [1, 1, 1]
     assert [w.cpus for w in workers] == [(0,), (1,), (0,)]
     assert len(plan(node_file(tmp_path, CPU)).children) == 1  # the default: one worker
+    listed = plan(
+        node_file(tmp_path, CPU + "workers: [{name: a}]\n"), {"REACTANT_CPU_WORKERS": "3"}
+    )
+    assert [c.name for c in listed.children] == ["a"]
+    assert listed.notes == (
+        f"REACTANT_CPU_WORKERS ignored: {tmp_path / 'node.yaml'} lists its workers",
+    )
 
 
 @pytest.mark.parametrize(

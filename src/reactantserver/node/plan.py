@@ -461,6 +461,8 @@ def plan_node(
         gpus=0 if all(d is None for d in assignment) else len(assignment),
         workers=tuple(attrs.evolve(entry, gpu=None) for entry in grown.workers),
     )
+    if not detection.devices and node.workers and env.get(CPU_WORKERS_VAR, "").strip():
+        notes.append(f"{CPU_WORKERS_VAR} ignored: {node.source.file} lists its workers")
     if role != "gateway" and len(detection.devices) > len(assignment):
         unused = len(detection.devices) - len(assignment)
         notes.append(f"{unused} device(s) found by {detection.source} have no worker")
