@@ -8,7 +8,7 @@ supervisor carries out and ``reactantserver config`` prints. Nothing is started 
 
 1. **Role** (``REACTANT_ROLE``): ``all`` (default) runs the workers and, for two or more,
    the gateway; ``workers`` only the workers; ``gateway`` only the gateway.
-2. **Devices** (``devices.detect``). A node whose every worker runs
+2. **Devices** (``devices.detect``, then ``assign``). A node whose every worker runs
    ``runtime.backend: cpu`` is a CPU node without looking at hardware (naming GPUs for it
    in ``REACTANT_GPUS`` / ``gpus:`` is a conflict). A CUDA node where no source finds a
    device is an error listing every source tried, unless an operator said ``0`` on
@@ -21,7 +21,7 @@ supervisor carries out and ``reactantserver config`` prints. Nothing is started 
    ``gateway:`` block or a gateway.yml, default 8001 / 8002): with role ``all`` and one
    worker, no gateway runs and that worker binds the public ports itself (on its own
    ``endpoints.host``); with two or more, the gateway binds them. Ports must not collide.
-5. **Files.** The node file as the children run it (``node.yaml``: workers listed, paths
+5. **Files** (``files``). The node file as the children run it (``node.yaml``: workers listed, paths
    absolute, device assignment in a header comment) and, when a gateway runs, its
    effective ``gateway.yml`` (``resolve_gateway``: endpoints = the workers,
    ``startup_wait_seconds: .inf``), both in the runtime directory.
@@ -48,21 +48,21 @@ from typing import Literal
 
 import attrs
 
-from ..config import dump_config, materialize_workers, resolve_gateway, resolve_worker
 from ..config import env as envmod
-from ..config.dump import to_plain
+from ..config import materialize_workers, resolve_gateway, resolve_worker
 from ..config.gateway import connect_host
 from ..config.node import worker_names
-from ..config.schema import GatewayConfig, NodeConfig, ServerConfig, Settings
-from ..config.source import EnvOrigin, Origin, fail, show
+from ..config.schema import GatewayConfig, NodeConfig, ServerConfig
+from ..config.source import EnvOrigin, fail, show
 from . import devices as devmod
+from .assign import CPU_WORKERS_VAR, assign, decide_devices, int_var
 from .devices import Detection
+from .files import gateway_document, materialized_node
 
 Role = Literal["all", "workers", "gateway"]
 ROLES: tuple[Role, ...] = ("all", "workers", "gateway")
 
 ROLE_VAR = "REACTANT_ROLE"
-CPU_WORKERS_VAR = "REACTANT_CPU_WORKERS"
 THREADS_VAR = "REACTANT_WORKER_THREADS"
 MAX_RESTARTS_VAR = "REACTANT_SUPERVISOR_MAX_RESTARTS"
 #: Thread-pool variables of the native libraries a worker may load (numpy's BLAS, OpenMP).
@@ -154,19 +154,6 @@ def cpu_ranges(cpus: tuple[int, ...]) -> str:
     return ",".join(out)
 
 
-def _int_var(env: Mapping[str, str], var: str, default: int, least: int) -> int:
-    text = env.get(var, "").strip()
-    if not text:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        fail(EnvOrigin(var), f"expected an integer >= {least}; got {show(env[var])}")
-    if value < least:
-        fail(EnvOrigin(var), f"expected an integer >= {least}; got {value}")
-    return value
-
-
 def read_role(env: Mapping[str, str]) -> Role:
     text = env.get(ROLE_VAR, "").strip().lower() or "all"
     for role in ROLES:
@@ -179,163 +166,6 @@ def split_address(address: str) -> tuple[str, int]:
     """``"0.0.0.0:8001"`` / ``"[::]:8001"`` -> host and port (already checked by the rules)."""
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
-
-
-# --- devices -----------------------------------------------------------------------------------
-
-
-def _gpus_origin(node: NodeConfig) -> Origin:
-    return node.source.origin(("gpus",))
-
-
-def _decide_devices(
-    node: NodeConfig,
-    env: Mapping[str, str],
-    role: Role,
-    configs: Sequence[ServerConfig],
-    nvidia_smi: Callable[[Mapping[str, str]], str | None],
-    dev_nodes: Callable[[], Iterable[str]],
-) -> tuple[Detection, list[str]]:
-    notes: list[str] = []
-    if role == "gateway":  # no worker runs here: only what an operator declared counts
-        found = devmod.detect(
-            node.gpus,
-            _gpus_origin(node),
-            env,
-            nvidia_smi=nvidia_smi,
-            dev_nodes=dev_nodes,
-            hardware=False,
-        )
-        return found, notes
-    if all(cfg.runtime.backend == "cpu" for cfg in configs):
-        said = devmod.detect(node.gpus, _gpus_origin(node), env, hardware=False)
-        if said.explicit and said.devices:
-            origin = EnvOrigin(devmod.GPUS_VAR) if devmod.GPUS_VAR in env else _gpus_origin(node)
-            fail(
-                origin,
-                "expected 0 (a CPU node), since every worker runs runtime.backend: cpu; "
-                f"got {len(said.devices)} device(s): {', '.join(said.devices)}",
-            )
-        return Detection((), "runtime.backend: cpu", (), True), notes
-    found = devmod.detect(
-        node.gpus, _gpus_origin(node), env, nvidia_smi=nvidia_smi, dev_nodes=dev_nodes
-    )
-    if found.devices:
-        return found, notes
-    cuda = [cfg for cfg in configs if cfg.runtime.backend == "cuda"]
-    if not found.explicit:
-        raise _no_device(node, cuda[0], found)
-    strict = [cfg.name for cfg in cuda if not cfg.runtime.allow_cpu_fallback]
-    if strict:
-        origin = EnvOrigin(devmod.GPUS_VAR) if devmod.GPUS_VAR in env else _gpus_origin(node)
-        fail(
-            origin,
-            f"{found.source} makes this a CPU node, but {', '.join(strict)} run(s) "
-            "runtime.backend: cuda with allow_cpu_fallback: false; set backend: cpu, or "
-            "allow_cpu_fallback: true",
-        )
-    notes.append(f"{found.source}: a CPU node; the cuda workers fall back to the CPU")
-    return found, notes
-
-
-def _no_device(node: NodeConfig, cfg: ServerConfig, found: Detection) -> Exception:
-    from ..errors import ConfigError
-
-    return ConfigError(
-        f"{node.source.file}: no GPU found for a CUDA node ({cfg.name} runs runtime.backend: "
-        f"cuda); tried {'; '.join(found.tried)}. Give the container the GPUs (docker run "
-        f"--gpus all, or the NVIDIA runtime), name them in {devmod.GPUS_VAR} or gpus:, or set "
-        "runtime.backend: cpu"
-    )
-
-
-def _assign(node: NodeConfig, detection: Detection, env: Mapping[str, str]) -> list[str | None]:
-    """Each worker's device token (None on a CPU node), in worker order."""
-    devices = detection.devices
-    if not devices:
-        if node.workers:
-            if env.get(CPU_WORKERS_VAR, "").strip():
-                _int_var(env, CPU_WORKERS_VAR, 1, 1)  # still refuse a malformed value
-            return [None] * len(node.workers)
-        return [None] * _int_var(env, CPU_WORKERS_VAR, 1, 1)
-    if not node.workers:
-        return list(devices)
-    if len(node.workers) > len(devices):
-        fail(
-            node.source.origin(("workers",)),
-            f"expected at most {len(devices)} workers, one per device found by "
-            f"{detection.source}; got {len(node.workers)}",
-        )
-    out: list[str | None] = []
-    for index, entry in enumerate(node.workers):
-        position = entry.gpu if entry.gpu is not None else index
-        if position >= len(devices):
-            fail(
-                node.source.origin(("workers", index, "gpu")),
-                f"expected a device index below {len(devices)} ({detection.source} found "
-                f"{len(devices)}); got {position}",
-            )
-        out.append(devices[position])
-    return out
-
-
-# --- the files the children read ----------------------------------------------------------------
-
-
-def _anchor(path: str, base: str) -> str:
-    return path if not path or os.path.isabs(path) else os.path.normpath(os.path.join(base, path))
-
-
-def _anchored_settings(settings: Settings, base: str) -> dict[str, object]:
-    plain = to_plain(settings)
-    assert isinstance(plain, dict)
-    if isinstance(plain.get("cache_dir"), str):
-        plain["cache_dir"] = _anchor(plain["cache_dir"], base)
-    return plain
-
-
-def materialized_node(node: NodeConfig, devices: Sequence[str | None], source: str) -> str:
-    """The node file as the children run it: workers listed, ``gpus:`` the worker count
-    (each child sees one device, at ordinal 0), paths absolute, no ``gateway:`` block
-    (the gateway has its own file)."""
-    file = node.source.file
-    base = os.path.dirname(os.path.abspath(file)) if not file.startswith("<") else os.getcwd()
-    workers = []
-    for entry in node.workers:
-        item: dict[str, object] = {"name": entry.name}
-        if entry.port is not None:
-            item["port"] = entry.port
-        if entry.metrics_port is not None:
-            item["metrics_port"] = entry.metrics_port
-        item.update(_anchored_settings(entry.settings, base))
-        workers.append(item)
-    doc: dict[str, object] = {
-        "model_repo": _anchor(node.model_repo, base),
-        "base_port": node.base_port,
-        "metrics_base_port": node.metrics_base_port,
-        "gpus": 0 if all(d is None for d in devices) else len(devices),
-        "global": _anchored_settings(node.global_, base),
-        "workers": workers,
-    }
-    if node.models:
-        doc["models"] = to_plain(node.models)
-    header = [
-        f"# {file} as `reactantserver node` runs it (written at start; edit {file}, not this).",
-        f"# Devices from {source}; each worker sees only its own, at ordinal 0:",
-    ]
-    for entry, device in zip(node.workers, devices, strict=True):
-        header.append(
-            f"#   {entry.name}: CUDA_VISIBLE_DEVICES={device if device is not None else ''!s}"
-        )
-    return "\n".join(header) + "\n" + dump_config(doc)
-
-
-def gateway_document(gateway: GatewayConfig, node_file: str) -> str:
-    header = (
-        f"# The gateway of {node_file}, as `reactantserver node` runs it (written at start;\n"
-        "# endpoints default to the node's workers, startup_wait_seconds to .inf).\n"
-    )
-    return header + dump_config(gateway)
 
 
 # --- the plan ------------------------------------------------------------------------------------
@@ -390,7 +220,7 @@ def _worker_children(
     the (gRPC, metrics) port pair a sole public worker binds."""
     python, node_path, log_level = command
     names = worker_names(node)
-    threads = _int_var(env, THREADS_VAR, worker_threads(len(cpus), len(names)), 1)
+    threads = int_var(env, THREADS_VAR, worker_threads(len(cpus), len(names)), 1)
     shares = cpu_shares(cpus, len(names))
     children = []
     for index, name in enumerate(names):
@@ -442,9 +272,9 @@ def plan_node(
     """The plan of the module doc. Raises ``ConfigError`` for anything that would stop a
     child from starting."""
     role = read_role(env)
-    max_restarts = _int_var(env, MAX_RESTARTS_VAR, 0, 0)
+    max_restarts = int_var(env, MAX_RESTARTS_VAR, 0, 0)
     declared = [resolve_worker(node, name, env) for name in worker_names(node)]
-    detection, notes = _decide_devices(node, env, role, declared, nvidia_smi, dev_nodes)
+    detection, notes = decide_devices(node, env, role, declared, nvidia_smi, dev_nodes)
 
     assignment: list[str | None] = []
     # gpus: auto on a gateway-only host: only the gateway's own endpoints can say.
@@ -452,7 +282,7 @@ def plan_node(
     if unknown_workers:
         grown = node
     else:
-        assignment = _assign(node, detection, env)
+        assignment = assign(node, detection, env)
         grown = materialize_workers(node, len(assignment))
     # The node as the children read it (materialized_node writes this): each child sees
     # one device at ordinal 0, so no worker keeps a gpu: of its own.
