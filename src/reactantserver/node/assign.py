@@ -24,6 +24,7 @@ CPU_WORKERS_VAR = "REACTANT_CPU_WORKERS"
 
 
 def int_var(env: Mapping[str, str], var: str, default: int, least: int) -> int:
+    """An integer environment variable of the supervisor (``default`` when unset or empty)."""
     text = env.get(var, "").strip()
     if not text:
         return default
