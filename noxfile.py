@@ -1,5 +1,5 @@
 """Developer sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s proto``, ``nox -s bench``,
-``nox -s bench_peer``.
+``nox -s bench_peer``, ``nox -s serve`` and ``nox -s node``.
 
 Every session installs what it needs into its own virtualenv, so a clean clone on a
 machine with only Python (plus ``pip install nox``) runs all of them.
@@ -8,6 +8,7 @@ machine with only Python (plus ``pip install nox``) runs all of them.
 from __future__ import annotations
 
 from pathlib import Path
+from shutil import which
 
 import nox
 
@@ -56,12 +57,62 @@ def serve(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def node(session: nox.Session) -> None:
+    """Run a whole machine from a node file: ``nox -s node -- node.yaml [--runtime-dir DIR]``.
+
+    One worker per detected GPU and the gateway in front (docs/node.md). Installs the
+    ``cuda`` extra unless every worker of the node runs ``runtime.backend: cpu``.
+    """
+    if not session.posargs:
+        session.error("usage: nox -s node -- node.yaml [--runtime-dir DIR] [--log-level LEVEL]")
+    session.install("-e", ".[jax]")
+    backends = session.run(
+        "python",
+        "-c",
+        "import sys; from reactantserver.config import load_node, resolve_worker, "
+        "worker_names; n = load_node(sys.argv[1]); "
+        "print(' '.join(resolve_worker(n, w).runtime.backend for w in worker_names(n)))",
+        session.posargs[0],
+        silent=True,
+    )
+    if backends and "cuda" in backends.split():
+        session.install("-e", ".[cuda]")
+    session.run("reactantserver", "node", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def image(session: nox.Session) -> None:
+    """Build the CPU image from the Dockerfile with no registry and run it (slow).
+
+    Needs root, podman, debootstrap, unshare and chroot (``apt-get install podman
+    debootstrap``); see deploy/docker/local_image.py and docs/deployment.md.
+    """
+    missing = [tool for tool in ("podman", "debootstrap", "unshare", "chroot") if not which(tool)]
+    if missing:
+        session.skip(f"needs {', '.join(missing)} (apt-get install podman debootstrap)")
+    session.install("-e", ".[jax,test]")
+    session.env["JAX_PLATFORMS"] = "cpu"
+    session.run("python", "deploy/docker/local_image.py", *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     """ruff over everything, mypy over src/."""
     session.install("-e", ".[jax,lint]")
-    session.run("ruff", "check", "src", "tests", "examples", "benchmarks", "noxfile.py", "proto")
     session.run(
-        "ruff", "format", "--check", "src", "tests", "examples", "benchmarks", "noxfile.py", "proto"
+        "ruff", "check", "src", "tests", "examples", "benchmarks", "deploy", "noxfile.py", "proto"
+    )
+    session.run(
+        "ruff",
+        "format",
+        "--check",
+        "src",
+        "tests",
+        "examples",
+        "benchmarks",
+        "deploy",
+        "noxfile.py",
+        "proto",
     )
     session.run("mypy")
 

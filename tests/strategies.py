@@ -627,3 +627,17 @@ def pack_problems(
         forbid_memory_oversubscription=draw(st.booleans()),
     )
     return demands, workers, policy
+
+
+# ============================================================================================
+# Node supervisor (tests/test_node_restart.py)
+# ============================================================================================
+
+
+@st.composite
+def child_runs(draw: st.DrawFn, max_runs: int = 30) -> list[float]:
+    """How long each successive run of a crashing child lasted, in seconds: mostly quick
+    crashes, sometimes a run past the 60 s stability mark, sometimes right at it."""
+    quick = st.floats(min_value=0.0, max_value=59.9, allow_nan=False)
+    long = st.floats(min_value=60.0, max_value=3600.0, allow_nan=False)
+    return draw(st.lists(st.one_of(quick, quick, quick, long, st.just(60.0)), max_size=max_runs))

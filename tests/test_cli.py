@@ -53,7 +53,10 @@ def documents(text: str) -> list[dict[str, object]]:
 def test_prints_every_worker(node_file: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["config", node_file]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("# worker worker0 of node.yaml\nname: worker0\n")
+    # First what `reactantserver node` would start here (docs/node.md), then each worker.
+    assert out.startswith("# node plan: role all; no device (runtime.backend: cpu)\n")
+    assert "\n#   worker1  CUDA_VISIBLE_DEVICES=  gRPC 127.0.0.1:8081  metrics off" in out
+    assert "---\n# worker worker0 of node.yaml\nname: worker0\n" in out
     docs = documents(out)
     assert [d["name"] for d in docs] == ["worker0", "worker1"]
     assert [d["endpoints"]["port"] for d in docs] == [8080, 8081]  # type: ignore[index]

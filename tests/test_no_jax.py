@@ -39,6 +39,7 @@ JAX_FREE = [
     "reactantserver.gateway",
     "reactantserver.gateway.control",
     "reactantserver.scheduling.fleet",
+    "reactantserver.node",
 ]
 
 

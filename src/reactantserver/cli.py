@@ -19,6 +19,12 @@ never imports JAX.
         until SIGINT or SIGTERM, then refuse new calls, answer the calls in flight and
         exit 0 (docs/serving.md).
 
+    reactantserver node FILE [--runtime-dir DIR] [--log-level LEVEL]
+        Run a whole machine from a node file: detect its GPUs, start one worker per GPU
+        (each seeing only its own device) and, for two or more, the gateway in front;
+        restart crashed children; on SIGINT/SIGTERM stop them in order and exit 0
+        (docs/node.md).
+
     reactantserver export MODULE:CALLABLE --out DIR [--batch-sizes 1,4,8] [--platforms cpu,cuda]
                           [--force]
         Call CALLABLE (from a dotted module or a path/to/file.py) for an
@@ -88,8 +94,27 @@ def _run_config(args: argparse.Namespace) -> int:
             for name in names:
                 cfg = resolve_worker(node, name)
                 documents.append((f"worker {cfg.name} of {file}", dump_config(cfg)))
-    sys.stdout.write("---\n".join(f"# {title}\n{text}" for title, text in documents))
+    plain = not (is_gateway_document(data) or args.worker is not None or args.gateway)
+    head = _node_plan_comment(file) if plain else ""
+    sys.stdout.write(head + "---\n".join(f"# {title}\n{text}" for title, text in documents))
     return 0
+
+
+def _node_plan_comment(file: str) -> str:
+    """What ``reactantserver node FILE`` would start on this machine, as YAML comments:
+    each worker's device and ports (a plan that cannot be made here says why)."""
+    import os
+
+    from .node.report import describe_plan
+    from .node.run import RUNTIME_DIR_VAR, make_plan
+
+    env = dict(os.environ)
+    directory = env.get(RUNTIME_DIR_VAR) or "<runtime dir>"
+    try:
+        lines = describe_plan(make_plan(file, env, runtime_dir=directory))
+    except ConfigError as exc:
+        lines = [f"node plan: none on this machine: {exc}"]
+    return "".join(f"# {line}\n" for line in lines) + "---\n"
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -182,6 +207,46 @@ def _run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_node(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "node",
+        help="run a machine: one worker per GPU, the gateway in front, restarts",
+        description=(
+            "Supervise a node file's workers (one per detected GPU, each with its own "
+            "CUDA_VISIBLE_DEVICES) and, for two or more, the embedded gateway, until "
+            "SIGINT/SIGTERM. REACTANT_ROLE, REACTANT_GPUS, REACTANT_CPU_WORKERS, "
+            "REACTANT_WORKER_THREADS and REACTANT_SUPERVISOR_MAX_RESTARTS apply "
+            "(docs/node.md)."
+        ),
+    )
+    parser.add_argument("file", help="node.yaml")
+    parser.add_argument(
+        "--runtime-dir",
+        metavar="DIR",
+        help="where to write the files the children read (default: $REACTANT_RUNTIME_DIR, "
+        "else a temporary directory)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="log verbosity of the supervisor and its workers (default: info)",
+    )
+    parser.set_defaults(run=_run_node)
+
+
+def _run_node(args: argparse.Namespace) -> int:
+    import logging
+
+    from .node import run_node
+
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="[node] %(asctime)s %(levelname)-7s %(name)s: %(message)s",
+    )
+    return run_node(args.file, runtime_dir=args.runtime_dir, log_level=args.log_level)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="reactantserver",
@@ -190,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_config(subparsers)
     _add_serve(subparsers)
+    _add_node(subparsers)
     _add_export(subparsers)
     return parser
 

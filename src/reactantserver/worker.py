@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -121,6 +122,26 @@ class WorkerAddress:
     metrics_port: int | None
 
 
+#: Set by the node supervisor (docs/node.md): this worker's share of the host's cores.
+WORKER_THREADS_VAR = "REACTANT_WORKER_THREADS"
+DEFAULT_HOOK_THREADS = 4
+
+
+def hook_threads(env: Mapping[str, str]) -> int:
+    """How many model hooks may run at once: ``REACTANT_WORKER_THREADS``, else 4."""
+    text = env.get(WORKER_THREADS_VAR, "").strip()
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    if text:
+        log.warning(
+            "%s=%r is not a positive integer; model hooks use %d threads",
+            WORKER_THREADS_VAR,
+            text,
+            DEFAULT_HOOK_THREADS,
+        )
+    return DEFAULT_HOOK_THREADS
+
+
 class Worker:
     """Implements ``reactantserver.service.ModelHost`` over the runtime and scheduler."""
 
@@ -140,8 +161,9 @@ class Worker:
         # The run nursery: background retirement of replaced versions lives here.
         self._nursery: trio.Nursery | None = None
         # Model hooks run in threads so a slow preprocess never stalls the event loop;
-        # they get their own limiter so they never queue behind the device thread.
-        self._hook_threads = trio.CapacityLimiter(4)
+        # they get their own limiter so they never queue behind the device thread. Under
+        # the node supervisor it is the worker's share of the host's cores.
+        self._hook_threads = trio.CapacityLimiter(hook_threads(os.environ))
         # The on-demand weight cache when it is on (weight_cache_fraction > 0 and an
         # arena: the device's, or runtime.arena_bytes on CPU), else all resident.
         self.weights: CachedWeights | ResidentWeights = make_weight_provider(config, runtime)

@@ -1,0 +1,251 @@
+"""The node supervisor: run a ``NodePlan``'s children, restart the ones that crash, stop
+them in order.
+
+Theory of operation
+-------------------
+One Trio nursery holds a task per child (``_keep_running``): start it (``spawn.start``),
+relay its output, wait for its exit, ask its ``RestartPolicy`` what to do, sleep the
+backoff (woken early by a stop), start it again. A policy that gives up stops the node
+with exit status 1.
+
+Stopping (SIGTERM or SIGINT to the supervisor, or the ``stop`` event) goes front to
+back, so that every request the node accepted is answered: first the gateway gets
+SIGTERM and its grace period (it drains what it is forwarding while the workers still
+serve), then every worker gets SIGTERM and its own grace period (it answers what it
+accepted and exits 0). A child still running at the end of its grace period is
+SIGKILLed. A second signal during the stop SIGKILLs every child at once.
+
+Exit status: 0 when every child stopped by itself within its grace period; 1 when the
+restart budget ran out or a child had to be killed.
+
+Invariants: a child is never started once the stop has begun; at most one process per
+child exists at a time (the next is started only after the previous one was reaped);
+``supervise`` returns only after every child it started has been reaped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Callable, Mapping
+
+import attrs
+import trio
+
+from . import spawn
+from .plan import ChildPlan, NodePlan, cpu_ranges
+from .restart import GiveUp, RestartPolicy
+
+log = logging.getLogger("reactantserver.node")
+
+#: After a child exits, how long its output may take to finish arriving (a grandchild
+#: holding the pipe open must not hold the supervisor up).
+DRAIN_OUTPUT_SECONDS = 5.0
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+@attrs.define
+class _Slot:
+    """One child of the plan and its current process, if any."""
+
+    plan: ChildPlan
+    policy: RestartPolicy
+    process: spawn.Child | None = None
+    #: Set when the current process has been reaped.
+    gone: trio.Event = attrs.field(factory=trio.Event)
+    starts: int = 0
+
+
+class Supervisor:
+    """The running node. ``supervise`` builds one; tests get it from ``task_status``."""
+
+    def __init__(self, plan: NodePlan, env: Mapping[str, str], sink: Callable[[str], None]) -> None:
+        self.plan = plan
+        self._env = dict(env)
+        self._sink = sink
+        self._slots = [_Slot(child, RestartPolicy(plan.max_restarts)) for child in plan.children]
+        self.stop_requested = trio.Event()
+        self.exit_status = 0
+        #: Set whenever any child has been started; tests wait on it (and pids()).
+        self.changed = trio.Event()
+
+    # ------------------------------------------------------------------ inspection
+
+    def pids(self) -> dict[str, int]:
+        """name -> pid of every child running now."""
+        return {s.plan.name: s.process.pid for s in self._slots if s.process is not None}
+
+    def starts(self) -> dict[str, int]:
+        """name -> how many times the child has been started."""
+        return {s.plan.name: s.starts for s in self._slots}
+
+    # ------------------------------------------------------------------ control
+
+    def request_stop(self, status: int = 0) -> None:
+        if not self.stop_requested.is_set():
+            self.exit_status = max(self.exit_status, status)
+            self.stop_requested.set()
+
+    def kill_all(self) -> None:
+        for slot in self._slots:
+            if slot.process is not None:
+                slot.process.send_signal(signal.SIGKILL)
+
+    async def run(self, task_status: trio.TaskStatus[Supervisor]) -> int:
+        async with trio.open_nursery() as nursery:
+            for slot in self._slots:
+                nursery.start_soon(self._keep_running, slot)
+            task_status.started(self)
+            await self.stop_requested.wait()
+            await self._stop_children()
+            nursery.cancel_scope.cancel()
+        log.info("node stopped (exit status %d)", self.exit_status)
+        return self.exit_status
+
+    # ------------------------------------------------------------------ one child
+
+    def _announce(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def _keep_running(self, slot: _Slot) -> None:
+        child = slot.plan
+        while not self.stop_requested.is_set():  # never start a child once a stop began
+            slot.gone = trio.Event()
+            try:
+                process = spawn.start(child.argv, {**self._env, **child.env}, cpus=child.cpus)
+            except OSError as exc:
+                slot.gone.set()
+                log.error("cannot start %s: %s", child.name, exc)
+                code = None
+            else:
+                slot.process = process
+                slot.starts += 1
+                slot.policy.started(trio.current_time())
+                log.info("started %s (pid %d)%s", child.name, process.pid, _device_note(child))
+                self._announce()
+                code = await self._wait(slot, process)
+            if self.stop_requested.is_set():
+                return
+            decision = slot.policy.exited(trio.current_time())
+            if code is not None:
+                log.warning("%s %s", child.name, describe_exit(code))
+            if isinstance(decision, GiveUp):
+                log.error(
+                    "%s failed %d times in a row; %s=%d allows %d restart(s): stopping the node",
+                    child.name,
+                    decision.failures,
+                    "REACTANT_SUPERVISOR_MAX_RESTARTS",
+                    decision.max_restarts,
+                    decision.max_restarts,
+                )
+                self.request_stop(1)
+                return
+            log.info(
+                "restarting %s in %g s (restart %d in a row)",
+                child.name,
+                decision.delay,
+                decision.attempt,
+            )
+            with trio.move_on_after(decision.delay):
+                await self.stop_requested.wait()
+
+    async def _wait(self, slot: _Slot, process: spawn.Child) -> int:
+        name = slot.plan.name
+        async with trio.open_nursery() as relays:
+            relays.start_soon(spawn.relay_lines, process.stdout, name, self._sink)
+            relays.start_soon(spawn.relay_lines, process.stderr, name, self._sink)
+            try:
+                code = await process.wait()
+            except BaseException:
+                # Cancelled from outside (not the node's own stop): leave nothing running.
+                process.kill_and_reap()
+                raise
+            finally:
+                slot.process = None
+                slot.gone.set()
+            relays.cancel_scope.deadline = trio.current_time() + DRAIN_OUTPUT_SECONDS
+        return code
+
+    # ------------------------------------------------------------------ stopping
+
+    async def _stop_children(self) -> None:
+        front = [s for s in self._slots if s.plan.kind == "gateway"]
+        back = [s for s in self._slots if s.plan.kind != "gateway"]
+        for stage in (front, back):
+            running = [s for s in stage if s.process is not None]
+            for slot in running:
+                log.info("stopping %s (SIGTERM)", slot.plan.name)
+                assert slot.process is not None
+                slot.process.send_signal(signal.SIGTERM)
+            async with trio.open_nursery() as waits:
+                for slot in running:
+                    waits.start_soon(self._await_exit, slot)
+
+    async def _await_exit(self, slot: _Slot) -> None:
+        with trio.move_on_after(slot.plan.grace_seconds):
+            await slot.gone.wait()
+            return
+        if slot.process is not None:
+            log.warning(
+                "%s did not stop within its %g s grace period: SIGKILL",
+                slot.plan.name,
+                slot.plan.grace_seconds,
+            )
+            self.exit_status = 1
+            slot.process.send_signal(signal.SIGKILL)
+        await slot.gone.wait()
+
+
+def _device_note(child: ChildPlan) -> str:
+    if child.kind != "worker":
+        return ""
+    device = child.device if child.device is not None else "(none: CPU)"
+    cpus = f", cpus {cpu_ranges(child.cpus)}" if child.cpus else ""
+    return f": CUDA_VISIBLE_DEVICES={device}, gRPC {child.grpc}{cpus}"
+
+
+async def supervise(
+    plan: NodePlan,
+    *,
+    env: Mapping[str, str] | None = None,
+    sink: Callable[[str], None],
+    handle_signals: bool = True,
+    task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED,
+) -> int:
+    """Run the node until SIGTERM/SIGINT (or ``request_stop``); return the exit status.
+
+    ``env`` is the environment children inherit (default ``os.environ``); ``sink`` gets
+    every line of their output, prefixed with the child's name.
+    """
+    supervisor = Supervisor(plan, os.environ if env is None else env, sink)
+    if not handle_signals:
+        return await supervisor.run(task_status)
+    async with trio.open_nursery() as nursery:
+
+        async def on_signals(task_status: trio.TaskStatus[None]) -> None:
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                task_status.started()
+                async for signum in signals:
+                    name = signal.Signals(signum).name
+                    if not supervisor.stop_requested.is_set():
+                        log.info("received %s: stopping the node", name)
+                        supervisor.request_stop(0)
+                    else:
+                        log.warning("received %s again: killing every child now", name)
+                        supervisor.exit_status = 1
+                        supervisor.kill_all()
+
+        await nursery.start(on_signals)
+        status = await supervisor.run(task_status)
+        nursery.cancel_scope.cancel()
+    return status
