@@ -19,6 +19,12 @@ never imports JAX.
         until SIGINT or SIGTERM, then refuse new calls, answer the calls in flight and
         exit 0 (docs/serving.md).
 
+    reactantserver gateway [FILE] [--log-level LEVEL]
+        Run a gateway (docs/gateway.md): one KServe V2 endpoint in front of the workers a
+        gateway.yml lists (or REACTANT_GATEWAY_* alone), routing each request to a worker
+        serving its model; SIGINT/SIGTERM drain it and exit 0. Exits 1 when no worker has
+        answered for wedge_exit_rounds probe rounds.
+
     reactantserver node FILE [--runtime-dir DIR] [--log-level LEVEL]
         Run a whole machine from a node file: detect its GPUs, start one worker per GPU
         (each seeing only its own device) and, for two or more, the gateway in front;
@@ -207,6 +213,36 @@ def _run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_gateway(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "gateway",
+        help="run a gateway: one gRPC endpoint in front of several workers",
+        description=(
+            "Serve the KServe V2 gRPC API in front of the workers of a gateway.yml until "
+            "SIGINT/SIGTERM. REACTANT_GATEWAY_* environment overrides apply (without FILE, "
+            "REACTANT_GATEWAY_FILE or the variables alone configure it); the effective "
+            "configuration is logged at start."
+        ),
+    )
+    parser.add_argument("file", nargs="?", help="gateway.yml")
+    parser.add_argument(
+        "--log-level",
+        default=None,
+        choices=["debug", "info", "warning", "error"],
+        help="log verbosity (default: gateway.yml's logging.level)",
+    )
+    parser.set_defaults(run=_run_gateway)
+
+
+def _run_gateway(args: argparse.Namespace) -> int:
+    from .config import load_gateway
+    from .gateway.app import configure_logging, run
+
+    config = load_gateway(args.file)
+    configure_logging(config.logging, args.log_level)
+    return run(config)
+
+
 def _add_node(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "node",
@@ -255,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_config(subparsers)
     _add_serve(subparsers)
+    _add_gateway(subparsers)
     _add_node(subparsers)
     _add_export(subparsers)
     return parser
