@@ -56,7 +56,7 @@ from ..protocol.grpc.reflection import v1 as reflection_v1
 from ..protocol.grpc.reflection import v1alpha as reflection_v1alpha
 from ..protocol.reflection import ReflectionAnswerer
 from ..transport import guest
-from ..transport.health import NOT_SERVING, SERVING, HealthServicer
+from ..transport.health import HealthServicer
 from .metrics import GatewayCollector
 from .pool import WorkerClient
 from .prober import GatewayWedged, Prober, Refresher, Registrations
@@ -141,15 +141,16 @@ class Gateway:
             return False, "the gateway is shutting down"
         return self.prober.ready()
 
-    def health_status(self, service: str) -> Any:
-        """grpc.health.v1: "" is the gateway; a model is SERVING when a worker serves it."""
+    def health_status(self, service: str) -> bool | None:
+        """grpc.health.v1: "" is the gateway (a worker is ready); a model serves when a ready
+        worker serves it, is known but not serving when some worker lists it, else unknown."""
         if not service:
-            return SERVING if self.readiness()[0] else NOT_SERVING
+            return self.readiness()[0]
         table = self.router.table
         if table.serves(service):
-            return SERVING
+            return True
         if any(service in w.models for w in table.workers.values()):
-            return NOT_SERVING
+            return False
         return None
 
     def build_proxy(self, portal: guest.TrioPortal) -> Proxy:

@@ -86,6 +86,7 @@ from reactantserver.protocol.reflection import ReflectionAnswerer
 from reactantserver.service import CallContext, Service
 
 from .codec import InferResponse, decode_infer_request, encode_infer_response
+from .health import HealthServicer
 from .status import StatusCode, WireStatus, to_status
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,7 @@ CONTROL_RPCS: Mapping[str, str] = {
 }
 #: Fully qualified names of the services served (and listed by reflection).
 SERVICES: tuple[str, ...] = (
+    "grpc.health.v1.Health",
     "grpc.reflection.v1.ServerReflection",
     "grpc.reflection.v1alpha.ServerReflection",
     "inference.GRPCInferenceService",
@@ -548,8 +550,9 @@ async def serve_grpc(
         # outlives its handler; both live inside the trio-asyncio loop.
         async with trio_asyncio.open_loop(), trio.open_nursery() as calls:
             bridge = _Bridge(service, answerer, calls)
+            health = HealthServicer(service.health)  # grpc.health.v1, answered on asyncio
             server = _Server(
-                [_Servable(bridge.mapping())],
+                [_Servable({**bridge.mapping(), **health.mapping()})],
                 codec=_SizeLimitedCodec(endpoints.max_message_bytes),
                 config=Configuration(
                     http2_connection_window_size=CONNECTION_WINDOW,
@@ -567,6 +570,7 @@ async def serve_grpc(
                     await stop.wait()
                 log.info("gRPC draining: refusing new calls, waiting up to %.1f s", grace_seconds)
                 bridge.drain()
+                health.drain()
                 with trio.move_on_after(grace_seconds):
                     await bridge.wait_idle()
                 server.goaway()

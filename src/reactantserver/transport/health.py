@@ -8,7 +8,7 @@ Theory of operation
 -------------------
 :class:`HealthServicer` is given one synchronous function, ``status_of(service)``, that
 answers from state the server already keeps -- a worker's readiness and its models', a
-gateway's route table -- and returns :data:`SERVING`, :data:`NOT_SERVING`, or None for a
+gateway's route table -- and returns True (SERVING), False (NOT_SERVING), or None for a
 name the server does not know. ``Check`` answers it (an unknown name is the gRPC status
 NOT_FOUND, as the protocol asks); ``Watch`` sends it at once (``SERVICE_UNKNOWN`` for an
 unknown name) and then again whenever it changes, re-reading it every ``poll_seconds``,
@@ -41,8 +41,8 @@ NOT_SERVING = health.HealthCheckResponseServingStatus.NOT_SERVING
 SERVICE_UNKNOWN = health.HealthCheckResponseServingStatus.SERVICE_UNKNOWN
 SERVICE = "grpc.health.v1.Health"
 
-#: ``service`` name -> its status, or None when the server does not know the name.
-StatusOf = Callable[[str], "health.HealthCheckResponseServingStatus | None"]
+#: ``service`` name -> serving (True) or not (False), or None for a name not known here.
+StatusOf = Callable[[str], "bool | None"]
 
 
 class HealthServicer:
@@ -57,7 +57,10 @@ class HealthServicer:
     def status(self, service: str) -> health.HealthCheckResponseServingStatus | None:
         if self._draining:
             return NOT_SERVING
-        return self._status_of(service)
+        serving = self._status_of(service)
+        if serving is None:
+            return None
+        return SERVING if serving else NOT_SERVING
 
     def drain(self) -> None:
         """Answer NOT_SERVING from now on; watchers are told at once."""
