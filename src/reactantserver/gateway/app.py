@@ -352,9 +352,17 @@ async def _serve_grpc(
     sock: socket.socket | None = listen_tcp(config.listen.grpc)
     assert sock is not None
     port: int = sock.getsockname()[1]
-    server = build_server(gateway.mapping(proxy), config)
+    mapping = gateway.mapping(proxy)
+
+    async def start(sock: socket.socket) -> _Server:
+        # Built on the asyncio side: grpclib binds to the loop it finds running.
+        server = build_server(mapping, config)
+        await server.start(sock=sock)
+        return server
+
+    server: _Server | None = None
     try:
-        await guest.aio(server.start(sock=sock))
+        server = await guest.aio(start(sock))
         sock = None  # the server owns it now
         log.info("gateway gRPC listening on %s (port %d)", config.listen.grpc, port)
         task_status.started(port)
@@ -369,10 +377,11 @@ async def _serve_grpc(
         server.goaway()
         await trio.sleep(GOAWAY_LINGER)
     finally:
-        with trio.move_on_after(CLOSE_TIMEOUT, shield=True):
-            server.close()
-            server.close_connections()
-            await guest.aio(server.wait_closed())
+        if server is not None:
+            with trio.move_on_after(CLOSE_TIMEOUT, shield=True):
+                server.close()
+                server.close_connections()
+                await guest.aio(server.wait_closed())
         if sock is not None:
             sock.close()
 

@@ -420,13 +420,15 @@ class Proxy:
             "run, so the gateway did not retry it elsewhere"
         )
 
-    def _not_served(self, model: str) -> NotFound:
+    def _not_served(self, model: str) -> NotFound | Unavailable:
+        """NOT_FOUND for a model no worker lists; UNAVAILABLE for one listed but not ready
+        anywhere (what one worker answers for a model it is still loading)."""
         table = self.router.table
         listing = [w.name for w in table.workers.values() if model in w.models]
         if listing:
-            return NotFound(
-                f"model {model!r} is not ready on any worker (listed by {', '.join(listing)}, "
-                "none of them ready); retry when it has loaded"
+            return Unavailable(
+                f"model {model!r} is not ready on any worker (listed by {', '.join(listing)}); "
+                "retry when it has loaded"
             )
         return NotFound(
             f"model {model!r} is not served by any ready worker behind this gateway "

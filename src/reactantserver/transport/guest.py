@@ -41,6 +41,7 @@ returns or raises; :func:`run` returns only after the Trio run has finished.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -49,7 +50,7 @@ import trio
 
 T = TypeVar("T")
 
-__all__ = ["TrioPortal", "aio", "run"]
+__all__ = ["TrioPortal", "aio", "host_loop", "run"]
 
 
 def run(main: Callable[..., Awaitable[T]], *args: Any) -> T:
@@ -58,11 +59,29 @@ def run(main: Callable[..., Awaitable[T]], *args: Any) -> T:
     Blocks until the Trio run has finished, then cancels and awaits whatever asyncio
     tasks remain and closes the loop (``asyncio.run`` semantics).
     """
-    return asyncio.run(_host(main, *args))
+    # The standard selector loop whatever event-loop policy is installed: trio-asyncio
+    # installs its own process-wide, and its loops would run Trio themselves.
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+        return runner.run(_host(main, *args))
+
+
+#: The host loop of the Trio run this context belongs to (set before the guest run starts,
+#: so every Trio task inherits it). Trio code must not ask asyncio for "the running loop":
+#: trio-asyncio, when imported into the same process (a test suite hosting workers), patches
+#: that lookup to answer with its own loops in Trio context.
+_HOST_LOOP: contextvars.ContextVar[asyncio.AbstractEventLoop] = contextvars.ContextVar(
+    "reactantserver_guest_host_loop"
+)
+
+
+def host_loop() -> asyncio.AbstractEventLoop:
+    """From Trio code running under :func:`run`: the asyncio loop hosting it."""
+    return _HOST_LOOP.get()
 
 
 async def _host(main: Callable[..., Awaitable[T]], *args: Any) -> T:
     loop = asyncio.get_running_loop()
+    _HOST_LOOP.set(loop)
     finished: asyncio.Future[outcome.Outcome[T]] = loop.create_future()
 
     def done(result: outcome.Outcome[T]) -> None:
@@ -91,7 +110,7 @@ async def aio(awaitable: Awaitable[T]) -> T:
     Cancelling the caller cancels the asyncio task and waits (shielded) until it has
     finished, then re-raises the cancellation.
     """
-    future = asyncio.ensure_future(awaitable)
+    future = asyncio.ensure_future(awaitable, loop=_HOST_LOOP.get())
     if not future.done():
         token = trio.lowlevel.current_trio_token()
         settled = trio.Event()
