@@ -41,6 +41,7 @@ returns or raises; :func:`run` returns only after the Trio run has finished.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -58,7 +59,10 @@ def run(main: Callable[..., Awaitable[T]], *args: Any) -> T:
     Blocks until the Trio run has finished, then cancels and awaits whatever asyncio
     tasks remain and closes the loop (``asyncio.run`` semantics).
     """
-    return asyncio.run(_host(main, *args))
+    # An explicit loop factory: whatever event loop policy is installed (trio-asyncio
+    # installs its own on import), the host is the standard selector loop.
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+        return runner.run(_host(main, *args))
 
 
 async def _host(main: Callable[..., Awaitable[T]], *args: Any) -> T:
@@ -69,6 +73,7 @@ async def _host(main: Callable[..., Awaitable[T]], *args: Any) -> T:
         if not finished.done():
             finished.set_result(result)
 
+    _tell_trio_asyncio(loop)
     trio.lowlevel.start_guest_run(
         main,
         *args,
@@ -83,6 +88,20 @@ async def _host(main: Callable[..., Awaitable[T]], *args: Any) -> T:
     # not leave the Trio run behind; Trio's own signal handling decides how to stop.
     result = await asyncio.shield(finished)
     return result.unwrap()
+
+
+def _tell_trio_asyncio(loop: asyncio.AbstractEventLoop) -> None:
+    """Coexistence with trio-asyncio in one process (the worker still uses it; tests mix both).
+
+    Importing trio_asyncio replaces ``asyncio.get_running_loop`` with a version that, inside
+    a Trio task, answers the ``trio_asyncio.current_loop`` context variable instead of the
+    loop that really runs. Trio copies the current context into its tasks when the guest
+    run starts, so setting the variable here makes every Trio task see the host loop.
+    Without trio_asyncio imported this does nothing. Goes away with trio-asyncio.
+    """
+    trio_asyncio = sys.modules.get("trio_asyncio")
+    if trio_asyncio is not None:
+        trio_asyncio.current_loop.set(loop)
 
 
 async def aio(awaitable: Awaitable[T]) -> T:
