@@ -41,7 +41,7 @@ returns or raises; :func:`run` returns only after the Trio run has finished.
 from __future__ import annotations
 
 import asyncio
-import contextvars
+import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -50,7 +50,7 @@ import trio
 
 T = TypeVar("T")
 
-__all__ = ["TrioPortal", "aio", "host_loop", "run"]
+__all__ = ["TrioPortal", "aio", "run"]
 
 
 def run(main: Callable[..., Awaitable[T]], *args: Any) -> T:
@@ -59,35 +59,21 @@ def run(main: Callable[..., Awaitable[T]], *args: Any) -> T:
     Blocks until the Trio run has finished, then cancels and awaits whatever asyncio
     tasks remain and closes the loop (``asyncio.run`` semantics).
     """
-    # The standard selector loop whatever event-loop policy is installed: trio-asyncio
-    # installs its own process-wide, and its loops would run Trio themselves.
+    # An explicit loop factory: whatever event loop policy is installed (trio-asyncio
+    # installs its own on import), the host is the standard selector loop.
     with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
         return runner.run(_host(main, *args))
 
 
-#: The host loop of the Trio run this context belongs to (set before the guest run starts,
-#: so every Trio task inherits it). Trio code must not ask asyncio for "the running loop":
-#: trio-asyncio, when imported into the same process (a test suite hosting workers), patches
-#: that lookup to answer with its own loops in Trio context.
-_HOST_LOOP: contextvars.ContextVar[asyncio.AbstractEventLoop] = contextvars.ContextVar(
-    "reactantserver_guest_host_loop"
-)
-
-
-def host_loop() -> asyncio.AbstractEventLoop:
-    """From Trio code running under :func:`run`: the asyncio loop hosting it."""
-    return _HOST_LOOP.get()
-
-
 async def _host(main: Callable[..., Awaitable[T]], *args: Any) -> T:
     loop = asyncio.get_running_loop()
-    _HOST_LOOP.set(loop)
     finished: asyncio.Future[outcome.Outcome[T]] = loop.create_future()
 
     def done(result: outcome.Outcome[T]) -> None:
         if not finished.done():
             finished.set_result(result)
 
+    _tell_trio_asyncio(loop)
     trio.lowlevel.start_guest_run(
         main,
         *args,
@@ -104,13 +90,27 @@ async def _host(main: Callable[..., Awaitable[T]], *args: Any) -> T:
     return result.unwrap()
 
 
+def _tell_trio_asyncio(loop: asyncio.AbstractEventLoop) -> None:
+    """Coexistence with trio-asyncio in one process (the worker still uses it; tests mix both).
+
+    Importing trio_asyncio replaces ``asyncio.get_running_loop`` with a version that, inside
+    a Trio task, answers the ``trio_asyncio.current_loop`` context variable instead of the
+    loop that really runs. Trio copies the current context into its tasks when the guest
+    run starts, so setting the variable here makes every Trio task see the host loop.
+    Without trio_asyncio imported this does nothing. Goes away with trio-asyncio.
+    """
+    trio_asyncio = sys.modules.get("trio_asyncio")
+    if trio_asyncio is not None:
+        trio_asyncio.current_loop.set(loop)
+
+
 async def aio(awaitable: Awaitable[T]) -> T:
     """From Trio, await an asyncio coroutine or future running on the host loop.
 
     Cancelling the caller cancels the asyncio task and waits (shielded) until it has
     finished, then re-raises the cancellation.
     """
-    future = asyncio.ensure_future(awaitable, loop=_HOST_LOOP.get())
+    future = asyncio.ensure_future(awaitable)
     if not future.done():
         token = trio.lowlevel.current_trio_token()
         settled = trio.Event()
