@@ -135,7 +135,9 @@ def fake_workers(
                 host = FakeHost()
                 svc = service(host)
                 stop = trio.Event()
-                box.update(host=host, service=svc, stop=stop, token=trio.lowlevel.current_trio_token())
+                box.update(
+                    host=host, service=svc, stop=stop, token=trio.lowlevel.current_trio_token()
+                )
                 async with trio.open_nursery() as nursery:
                     box["port"] = await nursery.start(
                         lambda task_status: serve_grpc(

@@ -209,7 +209,9 @@ def test_stream_slots_bound_the_calls_on_the_wire() -> None:
         worker = Worker()
         await worker.start()
         client = WorkerClient(f"127.0.0.1:{worker.port}", max_streams=2)
-        calls = [asyncio.ensure_future(client.call(b"/t.T/Hold", b"x", deadline())) for _ in range(5)]
+        calls = [
+            asyncio.ensure_future(client.call(b"/t.T/Hold", b"x", deadline())) for _ in range(5)
+        ]
         while worker.active < 2:
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.05)

@@ -163,7 +163,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 
 
 @contextmanager
-def gateway(fleet: Fleet, workers: tuple[str, ...] = WORKERS, **settings: object) -> Iterator[Gateway]:
+def gateway(
+    fleet: Fleet, workers: tuple[str, ...] = WORKERS, **settings: object
+) -> Iterator[Gateway]:
     """``reactantserver gateway`` in front of ``workers``; stopped with SIGTERM (exit 0)."""
     grpc, admin = free_port(), free_port()
     document = {
@@ -210,7 +212,9 @@ def code(exc: InferenceServerException) -> str:
 def grpcurl(*args: str) -> tuple[int, str, str]:
     import subprocess
 
-    proc = subprocess.run([GRPCURL, "-plaintext", *args], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [GRPCURL, "-plaintext", *args], capture_output=True, text=True, timeout=60
+    )
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -246,7 +250,10 @@ def test_every_rpc_through_the_gateway(fleet: Fleet) -> None:
         assert code(caught.value) == "NOT_FOUND"
         # The gateway's own metrics, and the workers' merged in with their worker label.
         text = gw.scrape()
-        assert metric(text, "gateway_requests_total", rpc="ModelInfer", model="double", status="OK") == 6
+        assert (
+            metric(text, "gateway_requests_total", rpc="ModelInfer", model="double", status="OK")
+            == 6
+        )
         for w in WORKERS:
             assert metric(text, "gateway_worker_ready", worker=w) == 1
             assert metric(text, "gateway_worker_metrics_up", worker=w) == 1
@@ -401,16 +408,25 @@ def test_a_worker_that_unloads_a_model_answers_not_found_and_the_gateway_fails_o
         try:
             client = gw.client()
             for _ in range(3):  # one of the three replicas in the rotation is w1
-                np.testing.assert_array_equal(client.infer("double", x_input()).as_numpy("y"), 2 * X)
+                np.testing.assert_array_equal(
+                    client.infer("double", x_input()).as_numpy("y"), 2 * X
+                )
             wait_until(lambda: metric(gw.scrape(), "gateway_refreshes_total") >= 1, what="refresh")
             text = gw.scrape()
             assert metric(text, "gateway_failovers_total") >= 1
-            assert metric(text, "gateway_requests_total", rpc="ModelInfer", model="double", status="OK") == 3
+            assert (
+                metric(
+                    text, "gateway_requests_total", rpc="ModelInfer", model="double", status="OK"
+                )
+                == 3
+            )
             routed = metric(text, "gateway_replica_routed_total", model="double", worker="w1")
             for _ in range(9):
                 client.infer("double", x_input())
             after = gw.scrape()
-            assert metric(after, "gateway_replica_routed_total", model="double", worker="w1") == routed
+            assert (
+                metric(after, "gateway_replica_routed_total", model="double", worker="w1") == routed
+            )
             client.close()
         finally:
             direct.load_model("double")
@@ -421,7 +437,7 @@ def test_a_worker_killed_mid_load(fleet: Fleet) -> None:
     """SIGKILL one of three workers under load: calls sent to it fail UNAVAILABLE (it may
     have run them), no other call fails; it leaves the table; restarted on its port it is
     routed to again, with the shared-memory regions registered through the gateway."""
-    with gateway(fleet) as gw, _regions("gw-kill") as (inp_key, inp, out_key, out):
+    with gateway(fleet) as gw, _regions("gw-kill") as (inp_key, _, out_key, _):
         client = gw.client()
         client.register_system_shared_memory("in", inp_key, X.nbytes)
         client.register_system_shared_memory("out", out_key, X.nbytes)

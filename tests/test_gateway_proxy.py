@@ -243,7 +243,9 @@ def test_worker_statuses_pass_through_with_their_messages(
     wrong.set_data_from_numpy(X.astype(np.int32))
     assert code(fails(client.infer, "double", [wrong])) == "INVALID_ARGUMENT"
     exc = fails(client.infer, "cold", x_input())  # listed everywhere, ready nowhere
-    assert code(exc) == "UNAVAILABLE" and "not ready on any worker (listed by w0, w1)" in exc.message()
+    assert (
+        code(exc) == "UNAVAILABLE" and "not ready on any worker (listed by w0, w1)" in exc.message()
+    )
     exc = fails(client.infer, "no-such-model", x_input())
     assert code(exc) == "NOT_FOUND" and "not served by any ready worker" in exc.message()
 
@@ -260,7 +262,9 @@ def test_not_found_fails_over_and_refreshes(two: list[FakeWorker]) -> None:
         for _ in range(4):  # whichever the rotation picks, every call is answered
             client.infer("double", x_input())
         wait_until(
-            lambda: metric(http_get(gw.metrics_url + "/metrics")[1], "gateway_refreshes_total") == 1,
+            lambda: (
+                metric(http_get(gw.metrics_url + "/metrics")[1], "gateway_refreshes_total") == 1
+            ),
             what="the refresh",
         )
         _, text = http_get(gw.metrics_url + "/metrics")
@@ -289,7 +293,9 @@ def test_an_unknown_model_costs_one_refresh(gateway: GatewayRun) -> None:
     _, text = http_get(gateway.metrics_url + "/metrics")
     assert metric(text, "gateway_refreshes_total") == 1
     assert metric(text, "gateway_refreshes_requested_total") >= 1
-    assert metric(text, "gateway_requests_total", rpc="ModelInfer", model="", status="NOT_FOUND") == 16
+    assert (
+        metric(text, "gateway_requests_total", rpc="ModelInfer", model="", status="NOT_FOUND") == 16
+    )
     client.close()
 
 
@@ -341,21 +347,23 @@ def shm_key() -> Iterator[str]:
 
 def test_shm_registration_is_all_or_nothing(shm_key: str) -> None:
     services = iter([Service, Service, Refusing])
-    with fake_workers(3, lambda host: next(services)(host)) as workers:
-        with running_gateway(config(workers)) as gw:
-            client = grpcclient.InferenceServerClient(gw.grpc)
-            client.register_system_shared_memory("small", shm_key, 1024)
-            assert [_regions(w) for w in workers] == [{"small"}] * 3
-            status = client.get_system_shared_memory_status()
-            assert [r.name for r in status.regions.values()] == ["small"]
-            exc = fails(client.register_system_shared_memory, "big-1", shm_key, 2048)
-            assert code(exc) == "RESOURCE_EXHAUSTED"
-            assert f"worker w2 ({workers[2].address}) refused region 'big-1'" in exc.message()
-            assert "rolled back on w0" in exc.message()
-            assert [_regions(w) for w in workers] == [{"small"}] * 3
-            client.unregister_system_shared_memory("small")
-            assert [_regions(w) for w in workers] == [set()] * 3
-            client.close()
+    with (
+        fake_workers(3, lambda host: next(services)(host)) as workers,
+        running_gateway(config(workers)) as gw,
+    ):
+        client = grpcclient.InferenceServerClient(gw.grpc)
+        client.register_system_shared_memory("small", shm_key, 1024)
+        assert [_regions(w) for w in workers] == [{"small"}] * 3
+        status = client.get_system_shared_memory_status()
+        assert [r.name for r in status.regions.values()] == ["small"]
+        exc = fails(client.register_system_shared_memory, "big-1", shm_key, 2048)
+        assert code(exc) == "RESOURCE_EXHAUSTED"
+        assert f"worker w2 ({workers[2].address}) refused region 'big-1'" in exc.message()
+        assert "rolled back on w0" in exc.message()
+        assert [_regions(w) for w in workers] == [{"small"}] * 3
+        client.unregister_system_shared_memory("small")
+        assert [_regions(w) for w in workers] == [set()] * 3
+        client.close()
 
 
 def test_is_same_ipc_namespace_asks_every_worker(shm_key: str, gateway: GatewayRun) -> None:
@@ -448,4 +456,3 @@ def test_lpt_packing_control_is_not_wired_yet(two: list[FakeWorker]) -> None:
         client = grpcclient.InferenceServerClient(gw.grpc)
         np.testing.assert_array_equal(client.infer("double", x_input()).as_numpy("y"), 2 * X)
         client.close()
-

@@ -76,7 +76,9 @@ def test_any_bytes_peek_or_fail_as_invalid_argument(data: bytes) -> None:
 
 
 @given(model_infer_requests(), st.data())
-def test_a_cut_message_peeks_or_fails_cleanly(request: pb.ModelInferRequest, data: st.DataObject) -> None:
+def test_a_cut_message_peeks_or_fails_cleanly(
+    request: pb.ModelInferRequest, data: st.DataObject
+) -> None:
     """Any prefix of a valid message (a stream cut short) is read or refused as
     InvalidArgument."""
     raw = bytes(request)

@@ -374,6 +374,8 @@ async def _serve_grpc(
             await guest.aio(proxy.wait_idle())
         if waited.cancelled_caught:
             log.warning("%d calls still in flight after the grace period", proxy.stats.in_flight)
+        with trio.move_on_after(1.0):  # health watchers hear NOT_SERVING before GOAWAY
+            await guest.aio(gateway.health.wait_told())
         server.goaway()
         await trio.sleep(GOAWAY_LINGER)
     finally:

@@ -419,11 +419,7 @@ def _reply_of(call: _Call) -> Reply:
     if call.grpc_status != _OK:
         return Reply(call.grpc_status, call.grpc_message)
     chunks = call.chunks
-    data: bytes | memoryview
-    if len(chunks) == 1:
-        data = memoryview(chunks[0])
-    else:
-        data = memoryview(b"".join(chunks))
+    data = chunks[0] if len(chunks) == 1 else memoryview(b"".join(chunks))
     if len(data) < 5 or data[0] != 0 or int.from_bytes(data[1:5], "big") != len(data) - 5:
         return Reply(_INTERNAL, "the worker's answer is not one uncompressed gRPC message")
     return Reply(_OK, "", data[5:])

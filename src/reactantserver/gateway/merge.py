@@ -44,7 +44,14 @@ _INFER_FIELDS = (
     "cache_miss",
 )
 _BATCH_FIELDS = ("compute_input", "compute_infer", "compute_output")
-_RESPONSE_FIELDS = ("compute_infer", "compute_output", "success", "fail", "empty_response", "cancel")
+_RESPONSE_FIELDS = (
+    "compute_infer",
+    "compute_output",
+    "success",
+    "fail",
+    "empty_response",
+    "cancel",
+)
 
 
 def _sum_fields(target: object, source: object, fields: Sequence[str]) -> None:

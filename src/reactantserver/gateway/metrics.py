@@ -96,7 +96,8 @@ class GatewayCollector(Collector):
         yield worker_latency
         yield _one(
             GaugeMetricFamily(
-                "gateway_inflight_requests", "ModelInfer calls in flight (the admission cap's count)."
+                "gateway_inflight_requests",
+                "ModelInfer calls in flight (the admission cap's count).",
             ),
             stats.infer_in_flight,
         )

@@ -125,9 +125,9 @@ async def probe_worker(
     deadline = asyncio.get_running_loop().time() + timeout
     try:
         ready_reply = await _call(client, SERVER_READY, b"", deadline)
-        ready = pb.ServerReadyResponse().parse(ready_reply.payload).ready
+        ready = pb.ServerReadyResponse().parse(bytes(ready_reply.payload)).ready
         index_reply = await _call(client, REPOSITORY_INDEX, b"", deadline)
-        index = pb.RepositoryIndexResponse().parse(index_reply.payload)
+        index = pb.RepositoryIndexResponse().parse(bytes(index_reply.payload))
         control_reply = await _call(client, MODEL_CONTROL_STATUS, b"", deadline)
         if ready and registrations.regions:
             await _replay(client, registrations, deadline)
@@ -138,7 +138,7 @@ async def probe_worker(
             WorkerProbe(address=client.address, name=client.name, problem=problem),
         )
     control = (
-        cpb.ModelControlStatusResponse().parse(control_reply.payload)
+        cpb.ModelControlStatusResponse().parse(bytes(control_reply.payload))
         if control_reply.status == 0
         else cpb.ModelControlStatusResponse()
     )
@@ -245,12 +245,12 @@ class Prober:
         while True:
             await trio.sleep(self.interval)
             await self.probe_round()
-            if self.wedge_exit_rounds and self._ever_answered:
-                if self._silent_rounds >= self.wedge_exit_rounds:
-                    raise GatewayWedged(
-                        f"no worker answered for {self._silent_rounds} probe rounds "
-                        f"(wedge_exit_rounds: {self.wedge_exit_rounds}); exiting to be restarted"
-                    )
+            wedged = self._ever_answered and self._silent_rounds >= self.wedge_exit_rounds > 0
+            if wedged:
+                raise GatewayWedged(
+                    f"no worker answered for {self._silent_rounds} probe rounds "
+                    f"(wedge_exit_rounds: {self.wedge_exit_rounds}); exiting to be restarted"
+                )
 
     async def probe_round(self) -> RouteTable:
         """One round now (waits for a round already running, then runs its own)."""

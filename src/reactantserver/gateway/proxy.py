@@ -90,6 +90,8 @@ INFER_PATH = b"/inference.GRPCInferenceService/ModelInfer"
 #: Fanned-out rollbacks get at least this long, even when the client's deadline is spent.
 ROLLBACK_SECONDS = 5.0
 
+GATEWAY_CONTROL_RPCS = ("GetSchedulingStatus", "SetSchedulingPolicy", "SetModelPlacement", "Repack")
+
 SERVER_NAME = "reactantserver-gateway"
 #: Triton extensions the gateway implements (as a worker does).
 EXTENSIONS = ("model_configuration", "model_repository", "statistics", "system_shared_memory")
@@ -249,9 +251,7 @@ class Proxy:
                 "CompactMemory": self.compact_memory,
             },
             "reactant_control.GatewayControlService": {
-                name: partial(self.gateway_control, name)
-                for name in ("GetSchedulingStatus", "SetSchedulingPolicy", "SetModelPlacement",
-                             "Repack")  # fmt: skip
+                name: partial(self.gateway_control, name) for name in GATEWAY_CONTROL_RPCS
             },
         }
         table: dict[str, Handler] = {}
@@ -306,6 +306,7 @@ class Proxy:
                 await self._admit_infer(stream, call)
             else:
                 data = await stream.recv_message()
+                assert data is not None  # a unary request always carries its message
                 await stream.send_message(await method(data, call))
         except Passthrough as exc:
             code = exc.code
@@ -354,6 +355,7 @@ class Proxy:
         stats.infer_in_flight += 1
         try:
             data = await stream.recv_message()
+            assert data is not None
             await stream.send_message(await self.model_infer(data, call))
         finally:
             stats.infer_in_flight -= 1
@@ -504,8 +506,8 @@ class Proxy:
                 reply = await client.call(path, data, call.deadline)
             except ChannelError:
                 continue
-            if reply.status == OK and pb.ModelReadyResponse().parse(reply.payload).ready:
-                return reply.payload
+            if reply.status == OK and pb.ModelReadyResponse().parse(bytes(reply.payload)).ready:
+                return bytes(reply.payload)
         return bytes(pb.ModelReadyResponse(ready=False))
 
     async def per_model(self, rpc: str, data: bytes, call: _Call) -> bytes | memoryview:
@@ -574,7 +576,9 @@ class Proxy:
         failure = self._first_failure(results, ignore=frozenset({NOT_FOUND, UNAVAILABLE}))
         if failure is not None:
             raise failure
-        answers = [pb.ModelStatisticsResponse().parse(r.payload) for _, r in self._answers(results)]
+        answers = [
+            pb.ModelStatisticsResponse().parse(bytes(r.payload)) for _, r in self._answers(results)
+        ]
         if model and not answers:
             raise self._not_served(model)
         if model and self.router.table.serves(model):
@@ -589,7 +593,9 @@ class Proxy:
         if not answers:
             failure = self._first_failure(results)
             raise failure or Unavailable("RepositoryIndex: no worker answered")
-        parsed = [(c.name, pb.RepositoryIndexResponse().parse(r.payload)) for c, r in answers]
+        parsed = [
+            (c.name, pb.RepositoryIndexResponse().parse(bytes(r.payload))) for c, r in answers
+        ]
         return bytes(merge.merge_index(parsed))
 
     async def shm_status(self, data: bytes, call: _Call) -> bytes:
@@ -600,7 +606,7 @@ class Proxy:
         if not answers:
             failure = self._first_failure(results)
             raise failure or Unavailable("SystemSharedMemoryStatus: no worker answered")
-        parsed = [pb.SystemSharedMemoryStatusResponse().parse(r.payload) for _, r in answers]
+        parsed = [pb.SystemSharedMemoryStatusResponse().parse(bytes(r.payload)) for _, r in answers]
         return bytes(merge.merge_shm_status(parsed))
 
     async def shm_register(self, data: bytes, call: _Call) -> bytes:
@@ -672,7 +678,7 @@ class Proxy:
             raise failure
         answers = self._answers(results)
         same = bool(answers) and all(
-            pb.IsSameIpcNamespaceResponse().parse(r.payload).same for _, r in answers
+            pb.IsSameIpcNamespaceResponse().parse(bytes(r.payload)).same for _, r in answers
         )
         # A worker that did not answer cannot be vouched for.
         same = same and len(answers) == len(results)
@@ -686,7 +692,9 @@ class Proxy:
         unreached = [c.label for c, r in results if not isinstance(r, Reply)]
         if unreached:
             raise Unavailable(f"CompactMemory did not reach {', '.join(unreached)}")
-        answers = [cpb.CompactMemoryResponse().parse(r.payload) for _, r in self._answers(results)]
+        answers = [
+            cpb.CompactMemoryResponse().parse(bytes(r.payload)) for _, r in self._answers(results)
+        ]
         return bytes(merge.merge_compaction(answers))
 
     # ------------------------------------------------------------------ refused

@@ -135,7 +135,7 @@ class _Cursor:
             self.varint()
         elif wire == LEN:
             self.length()
-        elif wire == I64 or wire == I32:
+        elif wire in (I64, I32):
             size = 8 if wire == I64 else 4
             if self.pos + size > self.end:
                 raise self.fail(f"fixed-width field {number} runs past the end")

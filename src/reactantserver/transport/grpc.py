@@ -573,6 +573,8 @@ async def serve_grpc(
                 health.drain()
                 with trio.move_on_after(grace_seconds):
                     await bridge.wait_idle()
+                with trio.move_on_after(1.0):  # watchers hear NOT_SERVING before GOAWAY
+                    await trio_asyncio.aio_as_trio(health.wait_told)()
                 server.goaway()
                 # Let the GOAWAY frames and any last refusals reach the clients.
                 await trio.sleep(GOAWAY_LINGER)

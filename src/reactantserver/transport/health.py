@@ -14,7 +14,8 @@ NOT_FOUND, as the protocol asks); ``Watch`` sends it at once (``SERVICE_UNKNOWN`
 unknown name) and then again whenever it changes, re-reading it every ``poll_seconds``,
 until the client hangs up or the server stops. :meth:`HealthServicer.drain` makes every
 answer NOT_SERVING from then on and tells every watcher at once, so load balancers stop
-sending before the server closes.
+sending before the server closes; the server awaits :meth:`HealthServicer.wait_told` before
+its GOAWAY (after which nothing more can be sent on a connection).
 
 The handlers run on the asyncio loop (grpclib's call tasks) and take no request-path lock;
 ``status_of`` must not block. A watch costs one timer per ``poll_seconds``; polling rather
@@ -36,9 +37,8 @@ from grpclib.const import Handler, Status
 
 from reactantserver.protocol.grpc.health import v1 as health
 
-SERVING = health.HealthCheckResponseServingStatus.SERVING
-NOT_SERVING = health.HealthCheckResponseServingStatus.NOT_SERVING
-SERVICE_UNKNOWN = health.HealthCheckResponseServingStatus.SERVICE_UNKNOWN
+_Status = health.HealthCheckResponseServingStatus
+SERVING, NOT_SERVING, SERVICE_UNKNOWN = 1, 2, 3  # the protocol's ServingStatus numbers
 SERVICE = "grpc.health.v1.Health"
 
 #: ``service`` name -> serving (True) or not (False), or None for a name not known here.
@@ -53,8 +53,12 @@ class HealthServicer:
         self._poll = poll_seconds
         self._draining = False
         self._changed = asyncio.Event()
+        #: Watch streams that have not sent NOT_SERVING since the drain began.
+        self._untold = 0
+        self._told = asyncio.Event()
 
-    def status(self, service: str) -> health.HealthCheckResponseServingStatus | None:
+    def status(self, service: str) -> int | None:
+        """The ServingStatus number of ``service`` now; None for an unknown name."""
         if self._draining:
             return NOT_SERVING
         serving = self._status_of(service)
@@ -66,6 +70,13 @@ class HealthServicer:
         """Answer NOT_SERVING from now on; watchers are told at once."""
         self._draining = True
         self._changed.set()
+        if self._untold == 0:
+            self._told.set()
+
+    async def wait_told(self) -> None:
+        """Until every watcher has sent NOT_SERVING (call after :meth:`drain`, before the
+        server sends GOAWAY: h2 sends nothing on a connection after its GOAWAY)."""
+        await self._told.wait()
 
     def mapping(self) -> dict[str, Handler]:
         """grpclib handlers, by path (betterproto messages through the server's codec)."""
@@ -85,29 +96,45 @@ class HealthServicer:
         }
 
     async def check(self, stream: grpclib.server.Stream[Any, Any]) -> None:
-        request: health.HealthCheckRequest = await stream.recv_message()
+        request = await stream.recv_message()
+        assert request is not None  # a unary request always carries its message
         status = self.status(request.service)
         if status is None:
             raise GRPCError(
                 Status.NOT_FOUND,
                 f"unknown service {request.service!r}: ask '' (the server) or a model name",
             )
-        await stream.send_message(health.HealthCheckResponse(status=status))
+        await stream.send_message(health.HealthCheckResponse(status=_Status(status)))
 
     async def watch(self, stream: grpclib.server.Stream[Any, Any]) -> None:
-        request: health.HealthCheckRequest = await stream.recv_message()
+        request = await stream.recv_message()
+        assert request is not None
+        self._untold += 1
+        try:
+            await self._watch(stream, request.service)
+        finally:
+            self._untold -= 1
+            if self._draining and self._untold == 0:
+                self._told.set()
+
+    async def _watch(self, stream: grpclib.server.Stream[Any, Any], service: str) -> None:
         last = None
         while True:
-            status = self.status(request.service)
-            if status is None:
-                status = SERVICE_UNKNOWN
+            known = self.status(service)
+            status = SERVICE_UNKNOWN if known is None else known
             if status != last:
-                await stream.send_message(health.HealthCheckResponse(status=status))
+                await stream.send_message(health.HealthCheckResponse(status=_Status(status)))
                 last = status
             if self._draining:
-                # Told NOT_SERVING; the connection closes with the server. Keep the stream
-                # open until then, as the protocol expects of a watch.
-                await asyncio.Event().wait()
+                # Told NOT_SERVING. Keep the stream open until the server closes, as the
+                # protocol expects of a watch.
+                self._untold -= 1
+                if self._untold == 0:
+                    self._told.set()
+                try:
+                    await asyncio.Event().wait()
+                finally:
+                    self._untold += 1  # balanced by watch()'s finally
             changed = asyncio.ensure_future(self._changed.wait())
             try:
                 await asyncio.wait({changed}, timeout=self._poll)
