@@ -78,3 +78,14 @@ def test_gateway_core_is_sans_io() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_the_gateway_process_has_no_trio_asyncio() -> None:
+    """The gateway runs Trio as asyncio's guest: nothing it imports brings trio-asyncio (whose
+    import patches asyncio's loop lookup process-wide)."""
+    code = (
+        "import sys, reactantserver.gateway.app, reactantserver.cli\n"
+        "print(','.join(sorted(m for m in sys.modules if m.startswith('trio_asyncio'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
