@@ -49,10 +49,14 @@ def grpc_message(payload: bytes, *, flag: int = 0, length: int | None = None) ->
     return struct.pack(">BI", flag, len(payload) if length is None else length) + payload
 
 
-def frame(kind: int, flags: int, stream_id: int, payload: bytes, *, length: int | None = None) -> bytes:
+def frame(
+    kind: int, flags: int, stream_id: int, payload: bytes, *, length: int | None = None
+) -> bytes:
     """One raw HTTP/2 frame; ``length`` may lie about the payload."""
     size = len(payload) if length is None else length
-    return struct.pack(">I", size)[1:] + bytes([kind, flags]) + struct.pack(">I", stream_id) + payload
+    return (
+        struct.pack(">I", size)[1:] + bytes([kind, flags]) + struct.pack(">I", stream_id) + payload
+    )
 
 
 def request_headers(
@@ -197,7 +201,9 @@ class H2Client:
         while True:
             if sid not in self.conn.streams or self.results[sid].finished:
                 return False
-            window = min(self.conn.local_flow_control_window(sid), self.conn.max_outbound_frame_size)
+            window = min(
+                self.conn.local_flow_control_window(sid), self.conn.max_outbound_frame_size
+            )
             if window <= 0 and view:
                 if not self.pump(1.0):
                     return False
@@ -357,7 +363,10 @@ class RawClient:
         self.frames.append(f)
         result = self.results.setdefault(f.stream_id, CallResult()) if f.stream_id else None
         if isinstance(f, HeadersFrame) and result is not None:
-            headers = {k.decode() if isinstance(k, bytes) else k: v.decode() if isinstance(v, bytes) else v for k, v in self._decoder.decode(f.data)}
+            headers = {
+                k.decode() if isinstance(k, bytes) else k: v.decode() if isinstance(v, bytes) else v
+                for k, v in self._decoder.decode(f.data)
+            }
             if result.headers:
                 result.trailers = headers
             else:

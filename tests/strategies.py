@@ -175,6 +175,11 @@ def server_configs() -> st.SearchStrategy[object]:
             metrics_port=st.just(p[1]),
             max_concurrent_requests=st.integers(0, 10**4),
             max_message_bytes=st.integers(1, 2**31),
+            max_connections=st.integers(1, 10**5),
+            max_concurrent_streams=st.integers(1, 2**31 - 1),
+            handshake_timeout_seconds=_positive(),
+            idle_timeout_seconds=_positive(),
+            max_shm_regions=st.integers(1, 10**4),
         )
     )
     return st.builds(

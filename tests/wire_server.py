@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +82,10 @@ def running_wire_server(tmp_path: Path, **endpoints: Any) -> Iterator[WireServer
     """Start the server subprocess; stop it (SIGTERM, then SIGKILL) on exit."""
     log_path = tmp_path / f"wire_server_{time.monotonic_ns()}.log"
     ports_path = log_path.with_suffix(".ports")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+    }
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(
             [sys.executable, str(Path(__file__)), json.dumps(endpoints), str(ports_path)],
@@ -121,14 +125,20 @@ def _main(overrides: dict[str, Any], ports_path: str) -> None:
 
     from reactantserver.admin import AdminApp, serve_admin
     from reactantserver.config.schema import EndpointsConfig
+    from reactantserver.metrics import wire_metrics
     from reactantserver.service import Service
+    from reactantserver.shm import SharedMemoryRegistry
     from reactantserver.transport.grpc import serve_grpc
+    from reactantserver.transport.limits import WireCounters
 
     logging.basicConfig(
         level=logging.INFO, stream=sys.stdout, format="%(levelname)s %(name)s: %(message)s"
     )
-    service = Service(FakeHost())
     endpoints = EndpointsConfig(**{"host": "127.0.0.1", "port": 0, **overrides})
+    service = Service(
+        FakeHost(), registry=SharedMemoryRegistry(max_regions=endpoints.max_shm_regions)
+    )
+    wire = WireCounters()
 
     class _Collector(Collector):
         def collect(self) -> Iterator[Any]:
@@ -136,12 +146,13 @@ def _main(overrides: dict[str, Any], ports_path: str) -> None:
             family = GaugeMetricFamily("worker_inflight_requests", "ModelInfer in flight.")
             family.add_metric([], stats.in_flight)
             yield family
+            yield from wire_metrics({}, wire.statistics())
 
     async def main() -> None:
         registry = CollectorRegistry()
         registry.register(_Collector())
         async with trio.open_nursery() as nursery:
-            port = await nursery.start(serve_grpc, service, endpoints)
+            port = await nursery.start(partial(serve_grpc, service, endpoints, counters=wire))
             admin = await nursery.start(
                 serve_admin, AdminApp(registry, lambda: (True, "")), "127.0.0.1", 0
             )
