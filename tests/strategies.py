@@ -6,6 +6,8 @@ rather than editing someone else's.
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import strategies as st
 
 from reactantserver.protocol import inference as _ip
@@ -560,3 +562,62 @@ def codec_responses(draw: st.DrawFn) -> object:
         else:
             response.raw_output_contents.append(raw)
     return response
+
+
+# ============================================================================================
+# The gRPC wire: message framing, the fault log, fuzzed HTTP/2 (tests/test_wire_*.py)
+# ============================================================================================
+
+
+def grpc_prefix(length: int, flags: int = 0) -> bytes:
+    """The 5-byte gRPC message prefix: flags byte, 4-byte big-endian length."""
+    return bytes([flags]) + length.to_bytes(4, "big")
+
+
+@st.composite
+def chunked(draw: st.DrawFn, data: bytes) -> list[bytes]:
+    """``data`` split at arbitrary points into DATA payloads (empty ones included)."""
+    cuts = sorted(draw(st.lists(st.integers(0, len(data)), max_size=8)))
+    bounds = [0, *cuts, len(data)]
+    return [data[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def grpc_message_streams(limit: int, *, max_messages: int = 4) -> st.SearchStrategy[bytes]:
+    """Well-formed request bodies: messages of at most ``limit`` bytes, back to back."""
+    payload = st.binary(max_size=min(limit, 64))
+    return st.lists(payload, max_size=max_messages).map(
+        lambda ms: b"".join(grpc_prefix(len(m)) + m for m in ms)
+    )
+
+
+def wire_garbage(limit: int) -> st.SearchStrategy[bytes]:
+    """Bytes a hostile client might send as a request body: prefixes that lie about the
+    length (over and under the limit), unknown flags, truncations, plain noise."""
+    prefix = st.builds(
+        grpc_prefix,
+        st.one_of(st.integers(0, limit), st.integers(limit + 1, 2**32 - 1)),
+        st.sampled_from([0, 0, 0, 1, 2, 0x80, 0xFF]),
+    )
+    piece = st.one_of(prefix, st.binary(max_size=16), prefix.map(lambda p: p[:3]))
+    return st.lists(piece, max_size=6).map(b"".join)
+
+
+def fault_reports() -> st.SearchStrategy[list[tuple[object, float]]]:
+    """(fault kind, seconds since the previous report) sequences for the fault log."""
+    from reactantserver.transport.limits import Fault
+
+    return st.lists(
+        st.tuples(
+            st.sampled_from(list(Fault)[:4]),
+            st.floats(min_value=0, max_value=20, allow_nan=False, allow_infinity=False),
+        ),
+        max_size=40,
+    )
+
+
+def grpc_timeouts() -> st.SearchStrategy[str]:
+    """``grpc-timeout`` values, valid and not: digits (0 to 9 of them) and any unit."""
+    digits = st.text(alphabet="0123456789", min_size=0, max_size=9)
+    unit = st.sampled_from(["H", "M", "S", "m", "u", "n", "s", "x", "", " "])
+    noise = st.text(max_size=6)
+    return st.one_of(st.builds(lambda d, u: d + u, digits, unit), noise)

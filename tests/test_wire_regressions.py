@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import hpack
 import numpy as np
 import pytest
 import tritonclient.grpc as tc
@@ -37,6 +38,7 @@ from h2_client import (
     request_headers,
     server_live,
 )
+from hyperframe.frame import HeadersFrame
 from tritonclient.utils import InferenceServerException
 from wire_server import WireServer, running_wire_server
 
@@ -47,7 +49,7 @@ SHM = Path("/dev/shm")
 # gRPC status codes and HTTP/2 error codes used below, by name.
 OK, INVALID_ARGUMENT, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED = 0, 3, 4, 8
 FAILED_PRECONDITION, UNIMPLEMENTED = 9, 12
-NO_ERROR, FRAME_SIZE_ERROR, REFUSED_STREAM = 0x0, 0x6, 0x7
+NO_ERROR, PROTOCOL_ERROR, FRAME_SIZE_ERROR, REFUSED_STREAM = 0x0, 0x1, 0x6, 0x7
 MAX_CONCURRENT_STREAMS, MAX_FRAME_SIZE = 0x3, 0x5
 
 pytestmark = pytest.mark.slow
@@ -146,6 +148,26 @@ def test_unknown_frame_types_are_ignored(tmp_path: Path) -> None:
                 result = client.wait(sid)
                 assert result.grpc_status == OK, (hex(kind), result, server.log())
             assert server.alive(), server.log()
+        assert server_live(server.port)
+
+
+def test_a_header_that_is_not_ascii_is_a_connection_error(tmp_path: Path) -> None:
+    """Found on the way (bullet 1's family): a header value with a byte >= 0x80 made h2
+    raise ``UnicodeDecodeError`` -- not a protocol error, so grpclib did not catch it --
+    and the server process ended. Now: GOAWAY PROTOCOL_ERROR, this connection only."""
+    with running_wire_server(tmp_path) as server, RawClient(server.port) as client:
+        client.handshake()
+        headers = HeadersFrame(1)
+        headers.data = hpack.Encoder().encode(
+            [(k.encode(), v.encode()) for k, v in request_headers(LIVE)]
+            + [(b"x-evil", b"\xff\xfe")]
+        )
+        headers.flags.add("END_HEADERS")
+        client.send(headers.serialize())
+        outcome = client.wait_closed(10)
+        assert outcome.closed
+        assert outcome.goaway is not None and outcome.goaway[0] == PROTOCOL_ERROR, outcome
+        assert server.alive(), server.log()
         assert server_live(server.port)
 
 

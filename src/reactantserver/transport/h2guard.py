@@ -540,11 +540,16 @@ class GuardedProtocol(asyncio.Protocol):
             self.abort()  # h2 has queued its GOAWAY; abort flushes it first
             return
         except Exception as exc:
-            # h2 choked on the bytes themselves (a header value that is not ASCII, ...).
+            # h2 choked on the bytes themselves (a header value that is not ASCII, ...);
+            # its header-compression state is now unknown, so the connection must end.
             self.fault(
                 Fault.PROTOCOL_ERROR,
-                f"undecodable input ({type(exc).__name__}: {exc}); connection closed",
+                f"undecodable input ({type(exc).__name__}: {exc}); connection closed with GOAWAY",
             )
+            try:
+                self.connection._connection.close_connection(ErrorCodes.PROTOCOL_ERROR)
+            except Exception:  # h2 is in a state where it cannot even say so
+                log.debug("no GOAWAY for %s", self.peer, exc_info=True)
             self.abort()
             return
         try:
