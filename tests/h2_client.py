@@ -114,8 +114,10 @@ class ConnectionResult:
     #: GOAWAY error code and last stream id, when the server sent one.
     goaway: tuple[int, int] | None = None
     goaway_data: bytes = b""
-    #: The server closed the socket (EOF or reset).
+    #: The server closed the socket (EOF or reset), or the client gave up on it.
     closed: bool = False
+    #: Why the *client's* h2 refused what the server sent (a bug in one of the two).
+    client_error: str | None = None
     #: The server's SETTINGS, as received.
     settings: dict[int, int] = attrs.field(factory=dict)
 
@@ -241,7 +243,8 @@ class H2Client:
         if data:
             try:
                 events = self.conn.receive_data(data)
-            except h2.exceptions.ProtocolError:
+            except h2.exceptions.ProtocolError as exc:
+                self.connection.client_error = repr(exc)
                 self.connection.closed = True
                 return False
             for event in events:

@@ -621,3 +621,80 @@ def grpc_timeouts() -> st.SearchStrategy[str]:
     unit = st.sampled_from(["H", "M", "S", "m", "u", "n", "s", "x", "", " "])
     noise = st.text(max_size=6)
     return st.one_of(st.builds(lambda d, u: d + u, digits, unit), noise)
+
+
+#: What a fuzzed request's body is made of (``tests/test_wire_fuzz.py`` builds the bytes).
+WIRE_BODY_KINDS = (
+    "infer",
+    "echo",
+    "empty_message",
+    "garbage",
+    "oversize",
+    "compressed",
+    "cut",
+    "protobuf_noise",
+    "nothing",
+)
+WIRE_PATHS = ("live", "infer", "config", "unknown", "reflection")
+WIRE_HEADER_VARIANTS = (
+    "plain",
+    "timeout",
+    "timeout_zero",
+    "timeout_tiny",
+    "timeout_bad",
+    "gzip",
+    "content_type",
+    "get",
+    "no_te",
+    "bad_bin_metadata",
+)
+
+
+def h2_actions() -> st.SearchStrategy[list[tuple[object, ...]]]:
+    """A session of a polite HTTP/2 client (h2's state machine) that misbehaves in gRPC:
+    streams opened with odd headers, bodies of every kind, resets, pings, settings,
+    window updates, unknown frame types, all interleaved."""
+    stream = st.integers(0, 7)  # an index into the streams opened so far
+    body = st.tuples(st.sampled_from(WIRE_BODY_KINDS), st.binary(max_size=24))
+    actions = st.one_of(
+        st.tuples(
+            st.just("open"),
+            st.sampled_from(WIRE_PATHS),
+            st.sampled_from(WIRE_HEADER_VARIANTS),
+            body,
+            st.booleans(),
+        ),
+        st.tuples(st.just("data"), stream, body, st.booleans()),
+        st.tuples(st.just("end"), stream),
+        st.tuples(st.just("reset"), stream, st.sampled_from([0, 1, 2, 8, 0xB])),
+        st.tuples(st.just("ping"), st.binary(min_size=8, max_size=8)),
+        st.tuples(
+            st.just("settings"),
+            st.sampled_from([0x4, 0x5, 0x3, 0x6]),
+            st.integers(16384, 2**20),
+        ),
+        st.tuples(st.just("window"), st.integers(1, 2**20)),
+        st.tuples(st.just("unknown"), st.integers(0x0B, 0xFF), st.binary(max_size=16)),
+    )
+    return st.lists(actions, min_size=1, max_size=10)
+
+
+def raw_frames() -> st.SearchStrategy[list[tuple[object, ...]]]:
+    """Raw HTTP/2 frames of any type, flags, stream id and payload -- most of them
+    nonsense -- with now and then a well-formed request's HEADERS or DATA among them."""
+    stream_id = st.sampled_from([0, 1, 2, 3, 5, 7, 2**31 - 1])
+    nonsense = st.tuples(
+        st.just("frame"),
+        st.one_of(st.integers(0, 0xC), st.sampled_from([0x10, 0xFA, 0xFF])),
+        st.integers(0, 0xFF),
+        stream_id,
+        st.binary(max_size=32),
+    )
+    request = st.tuples(st.just("request"), st.sampled_from([1, 3, 5, 7]), st.booleans())
+    message = st.tuples(
+        st.just("message"), st.sampled_from([1, 3, 5, 7]), st.binary(max_size=16), st.booleans()
+    )
+    length_lie = st.tuples(
+        st.just("lie"), st.sampled_from([0x0, 0x1, 0x9, 0x4]), stream_id, st.integers(0, 2**24 - 1)
+    )
+    return st.lists(st.one_of(nonsense, request, message, length_lie), min_size=1, max_size=8)
