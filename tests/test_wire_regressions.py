@@ -557,3 +557,82 @@ def test_tritonclient_1ms_timeouts_under_load_never_see_unknown(server: WireServ
     assert set(statuses) <= {"OK", "StatusCode.DEADLINE_EXCEEDED"}, statuses
     client.close()
     assert "Traceback" not in server.log()
+
+
+# ------------------------------------------------------------------- against a real worker
+
+
+def test_hostile_traffic_leaves_a_real_worker_at_rest(zoo_repo: Path) -> None:
+    """The whole issue against the real worker (JAX model, scheduler, queue): expired
+    deadlines, cut-short and oversized messages, half-sent streams dropped with their
+    connection, 1 ms client timeouts while the queue is busy. Afterwards nothing is in
+    flight, the model's queue is empty, no stream or connection is left open, and the
+    client errors are counted by kind on /metrics."""
+    from worker_harness import running_worker, worker_config
+
+    config = worker_config(zoo_repo, include=("double",), max_concurrent_streams=32)
+    with running_worker(config) as address:
+        port = address.grpc_port
+        client = tc.InferenceServerClient(f"127.0.0.1:{port}")
+        with H2Client(port) as h2:
+            assert h2.call(INFER, infer_request(), timeout="1n").grpc_status == DEADLINE_EXCEEDED
+            assert h2.call(INFER, infer_request(), timeout="later").grpc_status == INVALID_ARGUMENT
+            sid = h2.start(INFER)
+            h2.send(sid, grpc_message(bytes(10), length=100), end_stream=True)
+            assert h2.wait(sid).grpc_status == INVALID_ARGUMENT
+            sid = h2.start(INFER)
+            h2.send(sid, struct.pack(">BI", 0, 2**31))
+            assert h2.wait(sid).grpc_status == RESOURCE_EXHAUSTED
+        half = H2Client(port)
+        for _ in range(20):
+            sid = half.start(INFER)
+            half.send(sid, infer_request()[:-3])
+        half.close()  # twenty half-sent calls, dropped with their connection
+
+        statuses: set[str] = set()
+
+        def burst() -> None:
+            for _ in range(50):
+                try:
+                    client.infer("double", [x_input(8)], client_timeout=0.001)
+                    statuses.add("OK")
+                except InferenceServerException as exc:
+                    statuses.add(str(exc.status()))
+
+        threads = [threading.Thread(target=burst) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert statuses <= {"OK", "StatusCode.DEADLINE_EXCEEDED"}, statuses
+        assert client.infer("double", [x_input()]).as_numpy("y") is not None
+        client.close()
+
+        import urllib.request
+
+        def metrics() -> dict[str, float]:
+            url = f"http://127.0.0.1:{address.metrics_port}/metrics"
+            with urllib.request.urlopen(url, timeout=10) as r:
+                lines = r.read().decode().splitlines()
+            return {
+                k: float(v)
+                for k, _, v in (line.rpartition(" ") for line in lines if not line.startswith("#"))
+            }
+
+        labels = 'gpu="0",worker="worker0"'
+
+        def at_rest() -> bool:
+            m = metrics()
+            return (
+                m[f"worker_inflight_requests{{{labels}}}"] == 0
+                and m['worker_queue_depth{gpu="0",model="double",worker="worker0"}'] == 0
+                and m[f"worker_grpc_streams_open{{{labels}}}"] == 0
+                and m[f"worker_grpc_connections_open{{{labels}}}"] == 0
+            )
+
+        assert wait_for(at_rest), metrics()
+        m = metrics()
+        for kind in ("expired_on_arrival", "bad_timeout", "malformed_message", "message_too_large"):
+            assert (
+                m[f'worker_grpc_client_errors_total{{gpu="0",kind="{kind}",worker="worker0"}}'] >= 1
+            )
