@@ -385,7 +385,8 @@ class RawClient:
                 w.window_increment = f.flow_controlled_length
                 self.send(w.serialize())
         elif isinstance(f, RstStreamFrame) and result is not None:
-            result.reset = f.error_code
+            if result.reset is None:  # keep the first: later ones answer our later frames
+                result.reset = f.error_code
         elif isinstance(f, GoAwayFrame):
             self.connection.goaway = (f.error_code, f.last_stream_id)
             self.connection.goaway_data = f.additional_data

@@ -111,3 +111,35 @@ def test_every_report_is_accounted_for_and_lines_are_spaced(
     assert total == len(reports)
     for times in when.values():
         assert all(b - a >= 10 - 1e-9 for a, b in itertools.pairwise(times))
+
+
+# ------------------------------------------------------------------ memory reclaim policy
+
+
+def test_reclaim_after_a_burst_of_streams_ends() -> None:
+    from reactantserver.transport.reclaim import ReclaimPolicy
+
+    policy = ReclaimPolicy(stream_drop=100, fault_burst=10)
+    assert not policy.due(open_streams=50, peak_streams=80, faults_total=0)  # normal load
+    assert not policy.due(open_streams=450, peak_streams=500, faults_total=0)  # the burst
+    assert policy.due(open_streams=3, peak_streams=450, faults_total=0)  # ... ended
+    assert not policy.due(open_streams=0, peak_streams=3, faults_total=0)  # once
+
+
+def test_reclaim_after_a_burst_of_faults_ends() -> None:
+    from reactantserver.transport.reclaim import ReclaimPolicy
+
+    policy = ReclaimPolicy(stream_drop=100, fault_burst=10)
+    assert not policy.due(0, 0, faults_total=5)
+    assert not policy.due(0, 0, faults_total=30)  # still rising: the attack goes on
+    assert not policy.due(0, 0, faults_total=60)
+    assert policy.due(0, 0, faults_total=60)  # a quiet tick: the burst is over
+    assert not policy.due(0, 0, faults_total=60)
+    assert not policy.due(0, 0, faults_total=65)
+    assert not policy.due(0, 0, faults_total=65)  # too few since the last reclaim
+
+
+def test_release_memory_runs() -> None:
+    from reactantserver.transport.reclaim import release_memory
+
+    release_memory()

@@ -36,7 +36,8 @@ events to :class:`_Processor`, grpclib's ``EventsProcessor`` with these changes:
   connections (evicting the oldest one still in its handshake before refusing a new one
   with GOAWAY); each protocol closes itself when the preface and SETTINGS do not arrive
   within ``handshake_timeout``, and sends GOAWAY and closes after ``idle_timeout`` with
-  no open stream. A peer that stops reading our output stops being read (the protocol
+  no open stream (both checked by a periodic sweep of the table, not a timer per
+  connection). A peer that stops reading our output stops being read (the protocol
   pauses reading while the transport's write buffer is full), so PING or SETTINGS
   floods cannot grow our buffers.
 * **Nothing escapes a callback.** A protocol error in the peer's bytes is a clean
@@ -308,6 +309,23 @@ class ConnectionTable:
         self._handshaking.pop(protocol, None)
         self.counters.connections_open = len(self._open)
 
+    def sweep(self, now: float) -> None:
+        """Close connections past their handshake or idle timeout (``now``: loop time).
+
+        One periodic sweep instead of a timer per connection: a cancelled asyncio timer
+        stays in the loop's heap until its time comes, so a timer per connection would
+        let a client that churns connections pile up cancelled timers for as long as
+        ``idle_timeout``.
+        """
+        for protocol in list(self._handshaking):
+            if now - protocol.opened_at < self.limits.handshake_timeout:
+                break  # admission order: the rest are younger
+            protocol.handshake_expired()
+        for protocol in list(self._open):
+            if protocol.idle_expired(now):
+                self.counters.connections_idle_closed += 1
+                protocol.goaway()
+
     def linger(self) -> bool:
         """Reserve a slot for a refused connection to linger in (False: none left)."""
         if self._lingering >= MAX_LINGERING:
@@ -377,7 +395,10 @@ class _Processor(EventsProcessor):
 
     def register(self, stream: Stream) -> Callable[[], None]:
         release = super().register(stream)
-        self._counters.streams_open += 1
+        counters = self._counters
+        counters.streams_open += 1
+        if counters.streams_open > counters.streams_peak:
+            counters.streams_peak = counters.streams_open
         self._guard.busy()
         sid = stream.id
         assert sid is not None
@@ -485,11 +506,12 @@ class GuardedProtocol(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._cork: CorkedTransport | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._timer: asyncio.TimerHandle | None = None
         self._handshaken = False
         #: GOAWAY sent or the connection refused: input is no longer read.
         self._closing = False
         self._streams_open = False
+        #: Loop times: when the connection was accepted, and since when it has no stream.
+        self.opened_at = 0.0
         self._idle_since = 0.0
 
     # ------------------------------------------------------------------ asyncio callbacks
@@ -499,6 +521,7 @@ class GuardedProtocol(asyncio.Protocol):
         self._transport = transport
         self._loop = loop = asyncio.get_running_loop()
         self.peer = _peer_name(transport)
+        self.opened_at = self._idle_since = loop.time()
         try:
             sock = transport.get_extra_info("socket")
             if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -519,8 +542,6 @@ class GuardedProtocol(asyncio.Protocol):
             )
             self._processor = _Processor(self._sink, self.connection, self)
             self.connection.flush()
-            self._idle_since = loop.time()
-            self._timer = loop.call_later(self.limits.handshake_timeout, self._on_timer)
         except Exception:
             log.exception("setting up the connection from %s failed; closing it", self.peer)
             self.abort()
@@ -577,9 +598,6 @@ class GuardedProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.table.closed(self)
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         if self._cork is not None:
             self._cork.discard()
         if self._processor is not None:
@@ -597,7 +615,6 @@ class GuardedProtocol(asyncio.Protocol):
         if not self._handshaken:
             self._handshaken = True
             self.table.handshaken(self)
-            self._arm(self._idle_since + self.limits.idle_timeout)
 
     def busy(self) -> None:
         self._streams_open = True
@@ -607,37 +624,23 @@ class GuardedProtocol(asyncio.Protocol):
         if self._loop is not None:
             self._idle_since = self._loop.time()
 
-    # ------------------------------------------------------------------ timers
+    # ------------------------------------------------------------------ timeouts (swept)
 
-    def _arm(self, when: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        assert self._loop is not None
-        self._timer = self._loop.call_at(when, self._on_timer)
+    def handshake_expired(self) -> None:
+        self.fault(
+            Fault.HANDSHAKE_TIMEOUT,
+            f"no HTTP/2 preface and SETTINGS within {self.limits.handshake_timeout:g} s "
+            "(endpoints.handshake_timeout_seconds); connection closed",
+        )
+        self.abort()
 
-    def _on_timer(self) -> None:
-        """Handshake timeout first, then the idle timeout (one timer, re-armed)."""
-        self._timer = None
-        if self._closing or self._loop is None:
-            return
-        try:
-            if not self._handshaken:
-                self.fault(
-                    Fault.HANDSHAKE_TIMEOUT,
-                    f"no HTTP/2 preface and SETTINGS within {self.limits.handshake_timeout:g} s "
-                    "(endpoints.handshake_timeout_seconds); connection closed",
-                )
-                self.abort()
-                return
-            due = self._idle_since + self.limits.idle_timeout
-            if self._streams_open or self._loop.time() < due:
-                self._arm(max(due, self._loop.time() + 1e-3))
-                return
-            self.table.counters.connections_idle_closed += 1
-            self.goaway()
-        except Exception:
-            log.exception("the timer of the connection from %s failed; closing it", self.peer)
-            self.abort()
+    def idle_expired(self, now: float) -> bool:
+        return (
+            self._handshaken
+            and not self._streams_open
+            and not self._closing
+            and now - self._idle_since >= self.limits.idle_timeout
+        )
 
     # ------------------------------------------------------------------ closing
 
@@ -662,9 +665,6 @@ class GuardedProtocol(asyncio.Protocol):
         """Close now: cancel the connection's calls, flush what is queued, close."""
         self._closing = True
         self.table.closed(self)
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         if self._processor is not None:
             if self.connection is not None and not self.connection.is_closing():
                 self.connection.flush()

@@ -161,6 +161,7 @@ class WireCounters:
         "connections_refused",
         "faults",
         "streams_open",
+        "streams_peak",
     )
 
     def __init__(self) -> None:
@@ -170,6 +171,8 @@ class WireCounters:
         self.connections_evicted = 0
         self.connections_idle_closed = 0
         self.streams_open = 0
+        #: Most streams open at once since the server last looked (it resets this).
+        self.streams_peak = 0
         self.faults: Counter[Fault] = Counter()
 
     def statistics(self) -> WireStatistics:

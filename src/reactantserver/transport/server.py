@@ -29,6 +29,10 @@ grpclib's own ``request_handler`` is not used: it answers UNKNOWN for a deadline
 passed on arrival or a malformed ``grpc-timeout``, logs a traceback per such request,
 and leaks a stream cancelled before its task starts.
 
+Housekeeping: every :data:`TICK` seconds the server sweeps its connections for
+handshake and idle timeouts, flushes the rate-limited fault log and, once a hostile
+burst is over, gives its memory back (:mod:`.reclaim`).
+
 Shutdown helpers: :meth:`GuardedServer.goaway` (no new streams, on every connection),
 :meth:`GuardedServer.close` (stop listening, close every connection, cancel every call)
 and :meth:`GuardedServer.wait_closed`. Draining -- refusing new calls while old ones
@@ -61,11 +65,14 @@ from .faultlog import FaultLog
 from .framing import Refusal, RequestHead, request_head
 from .h2guard import ConnectionTable, GuardedProtocol
 from .limits import Fault, WireCounters, WireLimits, WireStatistics
+from .reclaim import ReclaimPolicy, release_memory
 from .status import INTERNAL_MESSAGE, StatusCode
 
 log = logging.getLogger(__name__)
 
 _UNARY_REQUEST = (Cardinality.UNARY_UNARY, Cardinality.UNARY_STREAM)
+#: Seconds between two runs of the server's periodic housekeeping.
+TICK = 2.0
 
 
 @attrs.frozen(eq=False)
@@ -270,7 +277,10 @@ class GuardedServer:
         #: Every running call task, for ``wait_closed``.
         self.tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.AbstractServer | None = None
-        self._flusher: asyncio.TimerHandle | None = None
+        self._ticker: asyncio.TimerHandle | None = None
+        self._reclaim = ReclaimPolicy()
+        # Often enough that the handshake and idle timeouts are kept to within a quarter.
+        self._tick_seconds = min(TICK, limits.handshake_timeout / 4, limits.idle_timeout / 4)
 
     def statistics(self) -> WireStatistics:
         return self.counters.statistics()
@@ -282,14 +292,24 @@ class GuardedServer:
         """Serve on the listening socket ``sock`` (the server owns it from now on)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(self._protocol, sock=sock)
-        self._flush_faults()
+        self._tick()
 
-    def _flush_faults(self) -> None:
-        """Write held-back fault counts once their interval is over; runs periodically."""
+    def _tick(self) -> None:
+        """Every :data:`TICK` seconds (or a quarter of the shortest timeout): close
+        connections past their handshake or idle timeout, write held-back fault counts
+        whose interval is over, and give memory back once a hostile burst is over."""
+        loop = asyncio.get_running_loop()
         try:
+            self.table.sweep(loop.time())
             self.faults.flush()
+            counters = self.counters
+            peak, counters.streams_peak = counters.streams_peak, counters.streams_open
+            if self._reclaim.due(counters.streams_open, peak, sum(counters.faults.values())):
+                release_memory()
+        except Exception:
+            log.exception("the gRPC server's periodic tick failed")
         finally:
-            self._flusher = asyncio.get_running_loop().call_later(5.0, self._flush_faults)
+            self._ticker = loop.call_later(self._tick_seconds, self._tick)
 
     def goaway(self) -> None:
         """GOAWAY on every connection (each closes itself shortly after)."""
@@ -297,9 +317,9 @@ class GuardedServer:
 
     def close(self) -> None:
         """Stop listening, close every connection and cancel every call."""
-        if self._flusher is not None:
-            self._flusher.cancel()
-            self._flusher = None
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
         self.faults.flush()
         if self._server is not None:
             self._server.close()
