@@ -56,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import resource
 import socket
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
@@ -371,6 +372,26 @@ def listen_tcp(host: str, port: int, backlog: int = 128) -> socket.socket:
     return sock
 
 
+def _check_file_limit(endpoints: EndpointsConfig) -> None:
+    """Warn when the process may run out of file descriptors before the limits bite.
+
+    Every connection and every registered shared-memory region holds a descriptor; past
+    ``ulimit -n`` the server cannot even accept a connection to refuse it.
+    """
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = endpoints.max_connections + endpoints.max_shm_regions + 64
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        log.warning(
+            "the open-file limit (ulimit -n) is %d, but endpoints.max_connections (%d) + "
+            "endpoints.max_shm_regions (%d) need about %d descriptors; raise the limit or "
+            "lower them",
+            soft,
+            endpoints.max_connections,
+            endpoints.max_shm_regions,
+            needed,
+        )
+
+
 def _loop_errors(server: GuardedServer) -> Callable[[Any, dict[str, Any]], None]:
     """An asyncio exception handler that logs instead of ending the Trio run.
 
@@ -410,6 +431,7 @@ async def serve_grpc(
     """
     answerer = ReflectionAnswerer.from_package(services=SERVICES)
     limits = WireLimits.from_endpoints(endpoints)
+    _check_file_limit(endpoints)
     listener = listen_tcp(endpoints.host, endpoints.port)
     port: int = listener.getsockname()[1]
     sock: socket.socket | None = listener
