@@ -484,6 +484,25 @@ def test_malformed_grpc_timeout_is_invalid_argument(server: WireServer, value: s
     assert "grpc-timeout" in result.grpc_message
 
 
+def test_client_mistakes_are_logged_once_per_kind_per_interval(tmp_path: Path) -> None:
+    """Bullet 8's log flood: 200 requests with a malformed grpc-timeout and 200 cut
+    short make one INFO line per kind (the first, with the peer), not 400 lines and
+    400 tracebacks; the metrics count every one."""
+    with running_wire_server(tmp_path) as server, H2Client(server.port) as client:
+        for _ in range(200):
+            assert client.call(INFER, infer_request(), timeout="soon").grpc_status == 3
+            sid = client.start(INFER)
+            client.send(sid, grpc_message(bytes(3), length=9), end_stream=True)
+            assert client.wait(sid).grpc_status == 3
+        log = server.log()
+        assert log.count("client error [bad_timeout]") == 1, log
+        assert log.count("client error [malformed_message]") == 1, log
+        assert "Traceback" not in log
+        metrics = server.metrics()
+        assert metrics['worker_grpc_client_errors_total{kind="bad_timeout"}'] == 200
+        assert metrics['worker_grpc_client_errors_total{kind="malformed_message"}'] == 200
+
+
 def test_compressed_flag_without_encoding_is_invalid_argument(server: WireServer) -> None:
     """Bullet 8. Before: UNKNOWN (grpclib raised NotImplementedError)."""
     with H2Client(server.port) as client:
