@@ -32,6 +32,7 @@ JAX_FREE = [
     "reactantserver.transport.framing",
     "reactantserver.transport.faultlog",
     "reactantserver.transport.h2guard",
+    "reactantserver.transport.h2conn",
     "reactantserver.transport.server",
     "reactantserver.models",
     "reactantserver.shm",
@@ -63,6 +64,7 @@ WIRE_STACK_FREE = [
     "reactantserver.transport.limits",
     "reactantserver.transport.framing",
     "reactantserver.transport.faultlog",
+    "reactantserver.transport.reclaim",
 ]
 
 

@@ -17,6 +17,8 @@ Sans-IO (no grpclib, h2 or asyncio; importable anywhere):
 On asyncio, grpclib and h2 (import them explicitly, so that importing this package
 stays free of them):
 
+``transport.h2conn``
+    The h2 connection with every limit in its first SETTINGS; corked writes.
 ``transport.h2guard``
     Guarded HTTP/2 connections: every per-peer limit and check, below any handler.
 ``transport.server``

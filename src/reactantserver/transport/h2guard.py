@@ -21,7 +21,7 @@ events to :class:`_Processor`, grpclib's ``EventsProcessor`` with these changes:
   encoding, ``grpc-timeout``, known path); a refusal is answered trailers-only at once.
   A stream past ``max_concurrent_streams`` is reset with REFUSED_STREAM (clients retry
   it); h2 would instead tear the whole connection down, so its own count is disabled
-  (:class:`_Settings`) and the limit is enforced here, per stream.
+  (:class:`.h2conn._Settings`) and the limit is enforced here, per stream.
 * **Messages are judged as DATA arrives.** A :class:`.framing.MessageFramer` per stream
   reads each 5-byte gRPC prefix the moment it is complete: a declared length over
   ``max_message_bytes`` (or a bad flag, a second message on a unary call, a stream cut
@@ -29,7 +29,7 @@ events to :class:`_Processor`, grpclib's ``EventsProcessor`` with these changes:
   handed back to the connection window, and no more window is granted for it.
 * **Frames are judged by their header.** h2 waits for a whole frame before checking its
   length, so a DATA frame declaring 16 MiB was buffered although we advertise 1 MiB;
-  :class:`_FrameBuffer` checks the 9-byte header first: FRAME_SIZE_ERROR, GOAWAY. It
+  :class:`.h2conn._FrameBuffer` checks the 9-byte header first: FRAME_SIZE_ERROR, GOAWAY. It
   also bounds a header block (HEADERS plus CONTINUATIONs) to ``max_header_list_size``
   bytes: h2 would buffer up to 64 CONTINUATION frames of any allowed size.
 * **Connections are bounded in number and time.** :class:`ConnectionTable` caps open
@@ -47,9 +47,8 @@ events to :class:`_Processor`, grpclib's ``EventsProcessor`` with these changes:
   escapes an asyncio callback into the Trio run: one bad connection must not end the
   server.)
 
-Writes: :class:`CorkedTransport` gathers everything written during one pass of the event
-loop into one ``send`` (grpclib alone makes three per unary response; each ``send``
-releases the GIL, and the event loop then waits on the device thread).
+The h2 connection itself (its first SETTINGS, the early frame-length check) and the
+corked transport are in :mod:`.h2conn`.
 
 What is deliberately not here: the request handlers (:mod:`.server`), message codecs and
 the Trio bridge (:mod:`.grpc`). This module imports grpclib's ``protocol`` module only.
@@ -63,26 +62,21 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-import h2.config
 import h2.events
 import h2.exceptions
-import h2.settings
 from grpclib.config import Configuration
 from grpclib.metadata import encode_grpc_message
 from grpclib.protocol import Connection, EventsProcessor, Stream
 from h2.connection import H2Connection
 from h2.errors import ErrorCodes
-from h2.frame_buffer import FrameBuffer
-from h2.settings import SettingCodes
 
 from .faultlog import FaultLog
 from .framing import MessageFramer, Refusal
+from .h2conn import CorkedTransport, new_h2_connection
 from .limits import Fault, WireCounters, WireLimits
 
 log = logging.getLogger(__name__)
 
-#: Buffered writes at least this large are sent at once instead of at the end of the pass.
-FLUSH_BYTES = 256 * 1024
 #: Above this much unsent output the peer is not read from (see ``pause_writing``).
 WRITE_HIGH_WATER = 4 * 1024 * 1024
 #: How long a connection stays open after our GOAWAY, so the frame reaches the peer
@@ -91,140 +85,6 @@ WRITE_HIGH_WATER = 4 * 1024 * 1024
 GOAWAY_LINGER = 0.25
 #: Refused connections lingering at once at most; past it they are closed at once.
 MAX_LINGERING = 64
-#: h2's configuration for a server, as grpclib sets it (header validation is ours).
-H2_CONFIG = h2.config.H2Configuration(
-    client_side=False,
-    header_encoding="ascii",
-    validate_inbound_headers=False,
-    validate_outbound_headers=False,
-    normalize_inbound_headers=False,
-    normalize_outbound_headers=False,
-)
-#: What h2 sees as our stream limit: never reached, since we enforce ours per stream.
-_UNCOUNTED = 2**32 + 1
-_HEADER_FRAMES = (0x1, 0x5, 0x9)  # HEADERS, PUSH_PROMISE, CONTINUATION
-
-
-class _Settings(h2.settings.Settings):
-    """Our SETTINGS as h2 keeps them, except for the stream count h2 enforces.
-
-    h2 treats a stream past SETTINGS_MAX_CONCURRENT_STREAMS as a *connection* error
-    (``TooManyStreamsError``, GOAWAY), which drops every call of a client that raced our
-    SETTINGS. RFC 9113 §5.1.2 lets a server refuse just that stream with REFUSED_STREAM,
-    which gRPC clients retry; :class:`_Processor` does that. The advertised value is
-    still ours: it is read through the mapping, not this property.
-    """
-
-    @property
-    def max_concurrent_streams(self) -> int:
-        return _UNCOUNTED
-
-    @max_concurrent_streams.setter
-    def max_concurrent_streams(self, value: int) -> None:
-        self[SettingCodes.MAX_CONCURRENT_STREAMS] = value
-
-
-class _FrameBuffer(FrameBuffer):
-    """h2's frame buffer, judging a frame's length from its 9-byte header."""
-
-    def __init__(self, max_header_block: int) -> None:
-        super().__init__(server=True)
-        self._max_header_block = max_header_block
-
-    def __next__(self) -> Any:
-        data = self._data
-        if len(data) >= 9:
-            length = int.from_bytes(data[:3], "big")
-            if length > self.max_frame_size:
-                raise h2.exceptions.FrameTooLargeError(
-                    f"a frame of {length} bytes exceeds the advertised "
-                    f"SETTINGS_MAX_FRAME_SIZE of {self.max_frame_size}"
-                )
-            if data[3] in _HEADER_FRAMES:
-                block = length + sum(len(f.data) for f in self._headers_buffer)
-                if block > self._max_header_block:
-                    raise h2.exceptions.DenialOfServiceError(
-                        f"a header block of more than {self._max_header_block} bytes "
-                        "(SETTINGS_MAX_HEADER_LIST_SIZE)"
-                    )
-        return super().__next__()
-
-
-def new_h2_connection(limits: WireLimits) -> H2Connection:
-    """An h2 server connection whose first SETTINGS frame carries every limit.
-
-    The values are h2's *current* settings from the start, not pending ones: a peer
-    that sends before it has read them is held to limits it could not know, which only
-    ever makes us more permissive (larger frames and windows than it assumes), never
-    stricter.
-    """
-    conn = H2Connection(config=H2_CONFIG)
-    conn.local_settings = _Settings(
-        client=False,
-        initial_values={
-            SettingCodes.MAX_CONCURRENT_STREAMS: limits.max_concurrent_streams,
-            SettingCodes.MAX_HEADER_LIST_SIZE: limits.max_header_list_size,
-            SettingCodes.MAX_FRAME_SIZE: limits.max_frame_size,
-            SettingCodes.INITIAL_WINDOW_SIZE: limits.stream_window,
-            SettingCodes.ENABLE_PUSH: 0,
-        },
-    )
-    conn.max_inbound_frame_size = limits.max_frame_size
-    conn.decoder.max_header_list_size = limits.max_header_list_size
-    conn.incoming_buffer = _FrameBuffer(limits.max_header_list_size)
-    return conn
-
-
-class CorkedTransport:
-    """The parts of an asyncio transport grpclib uses, with writes gathered per loop pass.
-
-    ``write`` appends to a list and, the first time in a pass, schedules ``flush`` with
-    ``call_soon``: everything written by the callbacks already queued goes out in one
-    ``send``. Past :data:`FLUSH_BYTES` the buffer is sent at once, so big messages are
-    not held (nor copied into one huge join).
-    """
-
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        self._transport = transport
-        self._loop = loop
-        self._pending: list[bytes] = []
-        self._size = 0
-        self._scheduled = False
-
-    def write(self, data: bytes) -> None:
-        if not data:
-            return
-        self._pending.append(data)
-        self._size += len(data)
-        if self._size >= FLUSH_BYTES:
-            self.flush()
-        elif not self._scheduled:
-            self._scheduled = True
-            self._loop.call_soon(self.flush)
-
-    def flush(self) -> None:
-        self._scheduled = False  # a flush still scheduled after an early one is a no-op
-        if not self._pending:
-            return
-        data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
-        self._pending.clear()
-        self._size = 0
-        if not self._transport.is_closing():
-            self._transport.write(data)
-
-    def discard(self) -> None:
-        self._pending.clear()
-        self._size = 0
-
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
-
-    def close(self) -> None:
-        self.flush()  # e.g. a GOAWAY written just before closing
-        self._transport.close()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._transport.get_extra_info(name, default)
 
 
 class Admitted(Protocol):
