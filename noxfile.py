@@ -1,5 +1,5 @@
 """Developer sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s proto``, ``nox -s bench``,
-``nox -s bench_peer``, ``nox -s serve`` and ``nox -s node``.
+``nox -s bench_peer``, ``nox -s fuzz``, ``nox -s serve`` and ``nox -s node``.
 
 Every session installs what it needs into its own virtualenv, so a clean clone on a
 machine with only Python (plus ``pip install nox``) runs all of them.
@@ -24,6 +24,14 @@ def tests(session: nox.Session) -> None:
     session.install("-e", ".[jax,test]")
     session.env["JAX_PLATFORMS"] = "cpu"
     session.run("pytest", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def fuzz(session: nox.Session) -> None:
+    """A long run of the wire fuzz suite: ``nox -s fuzz [-- --fuzz-examples N]``."""
+    session.install("-e", ".[jax,test]")
+    args = session.posargs or ["--fuzz-examples", "400"]
+    session.run("pytest", "tests/test_wire_fuzz.py", "-p", "no:cacheprovider", *args)
 
 
 @nox.session(python=PYTHON)

@@ -25,6 +25,24 @@ import pytest
 # Before anything imports JAX: the suite runs on the CPU (nox sets it too).
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+#: Examples per generator in tests/test_wire_fuzz.py unless ``--fuzz-examples`` says.
+FUZZ_EXAMPLES = 25
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fuzz-examples",
+        type=int,
+        default=FUZZ_EXAMPLES,
+        help="examples per generator of the wire fuzz suite (nox -s fuzz runs a long one)",
+    )
+
+
+@pytest.fixture(scope="session")
+def fuzz_examples(pytestconfig: pytest.Config) -> int:
+    return int(pytestconfig.getoption("--fuzz-examples"))
+
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 
