@@ -2,8 +2,8 @@
 
 Each subcommand is two functions: ``_add_<name>(subparsers)`` declares its arguments and
 ``_run_<name>(args) -> int`` does the work; ``main`` only parses and dispatches, and turns a
-``ConfigError`` into its one-line message on stderr and exit status 2 (the status argparse
-uses for a bad command line: both mean "what you asked for is wrong, nothing ran").
+``ConfigError`` into its lines (one per problem) on stderr and exit status 2 (the status
+argparse uses for a bad command line: both mean "what you asked for is wrong, nothing ran").
 Subcommands import what they need inside ``_run_<name>``, so ``reactantserver config``
 never imports JAX.
 
@@ -45,8 +45,8 @@ def _add_config(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         description=(
             "Check a node file (or a gateway.yml) and print the effective configuration as "
             "YAML, with INFERENCE_SERVER_* / REACTANT_GATEWAY_* environment overrides applied. "
-            "A bad configuration prints one 'file:line: key: expected ...' line on stderr and "
-            "exits with status 2."
+            "A bad configuration prints one 'file:line: key: expected ...' line per problem on "
+            "stderr and exits with status 2."
         ),
     )
     parser.add_argument("file", help="node.yaml (or gateway.yml)")
