@@ -632,3 +632,32 @@ CONFIG_FAULTS: tuple[int, ...] = tuple(
 def config_fault_sets() -> st.SearchStrategy[frozenset[int]]:
     """Which lines of ``CONFIG_FAULT_FILE`` take their faulty variant (any subset)."""
     return st.frozensets(st.sampled_from(CONFIG_FAULTS))
+
+
+# ============================================================================================
+# Client array-likes (tests/test_client_coerce.py)
+# ============================================================================================
+
+#: The fixed-width datatypes an array-like can be converted to (BYTES takes text only).
+NUMERIC_DATATYPES: tuple[str, ...] = tuple(d for d in DATATYPES if d != "BYTES")
+
+
+@st.composite
+def client_array_likes(draw: st.DrawFn) -> tuple[list[object], str]:
+    """A flat Python list of one kind of number -- bools, ints (int64 range) or floats
+    (NaN, infinities and subnormals included) -- and a datatype to convert it to. Values
+    cluster around the edges that decide the rules: type ranges, 2**24 and 2**53, 0/1."""
+    target = draw(st.sampled_from(NUMERIC_DATATYPES))
+    kind = draw(st.sampled_from(["bool", "int", "float"]))
+    edges = [0, 1, -1, 2, 127, 128, 255, 256, 2**15, 2**16, 2**24 + 1, 2**31, 2**32, 2**53 + 1]
+    if kind == "bool":
+        item: st.SearchStrategy[object] = st.booleans()
+    elif kind == "int":
+        item = st.integers(-(2**63), 2**63 - 1) | st.sampled_from(edges + [-e for e in edges])
+    else:
+        item = (
+            st.floats(width=64)
+            | st.sampled_from([0.0, 1.0, -1.0, 0.5, 2.5, 1e39, 1e-50, 65504.0, 70000.0, 1e-8])
+            | st.sampled_from(edges).map(float)
+        )
+    return draw(st.lists(item, min_size=1, max_size=6)), target

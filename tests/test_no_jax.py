@@ -35,6 +35,10 @@ JAX_FREE = [
     "reactantserver.client",
     "reactantserver.lifecycle",
     "reactantserver.meta",
+    "reactantserver.client.coerce",
+    "reactantserver.startup",
+    "reactantserver.announce",
+    "reactantserver.config.paths",
 ]
 
 
