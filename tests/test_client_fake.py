@@ -424,9 +424,8 @@ def test_numpy_arrays_are_sent_as_they_are_and_cost_no_metadata_read(served: Ser
 
 
 def test_a_lossy_list_is_refused_before_anything_is_sent(served: Served) -> None:
-    with Client(served.url) as client:
-        with pytest.raises(InvalidArgument) as err:
-            client.infer("double", {"x": [[1e39] * 16]})
+    with Client(served.url) as client, pytest.raises(InvalidArgument) as err:
+        client.infer("double", {"x": [[1e39] * 16]})
     assert str(err.value) == (
         "input 'x': cannot convert to FP32 without loss: 1e+39 is out of FP32's range; pass a "
         "numpy array to choose the dtype yourself"
