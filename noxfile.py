@@ -100,6 +100,11 @@ def session(func: Callable[[nox.Session], None]) -> Callable[[nox.Session], None
     return nox.session(python=False, name=func.__name__)(refuse)
 
 
+def _location(session: nox.Session) -> str | None:
+    """The session's virtualenv directory; None when it has none (``--no-venv``)."""
+    return getattr(session.virtualenv, "location", None)
+
+
 def _will_install(session: nox.Session) -> bool:
     """Whether ``session.install`` will run pip (``-R`` on an existing virtualenv skips
     it). nox has no public flag for this; if its internals move, assume it will."""
@@ -131,7 +136,8 @@ def serve(session: nox.Session) -> None:
     it is ready and what to try, and Ctrl-C or SIGTERM stops it gracefully.
     """
     args = list(session.posargs)
-    venv = os.path.relpath(session.virtualenv.location)
+    location = _location(session)
+    venv = os.path.relpath(location) if location else "the current environment (--no-venv)"
     if _will_install(session):
         _step(
             session,
@@ -180,10 +186,12 @@ def become(session: nox.Session, argv: Sequence[str]) -> None:
             env.pop(key, None)
         else:
             env[key] = value
-    bin_paths = session.bin_paths or []
+    bin_paths = session.bin_paths or []  # none with --no-venv: PATH as it is
     env["PATH"] = os.pathsep.join([*bin_paths, env.get("PATH", "")])
-    env["VIRTUAL_ENV"] = session.virtualenv.location
-    program = shutil.which(argv[0], path=os.pathsep.join(bin_paths)) or argv[0]
+    location = _location(session)
+    if location:
+        env["VIRTUAL_ENV"] = location
+    program = shutil.which(argv[0], path=env["PATH"]) or argv[0]
     if os.name != "posix":  # pragma: no cover
         session.run(*argv)
         return
