@@ -110,6 +110,8 @@ def _will_install(session: nox.Session) -> bool:
     it). nox has no public flag for this; if its internals move, assume it will."""
     runner = getattr(session, "_runner", None)
     no_install = getattr(getattr(runner, "global_config", None), "no_install", False)
+    if _location(session) is None:  # --no-venv: installs only what it must, never with -R
+        return not no_install
     reused = getattr(getattr(runner, "venv", None), "_reused", False)
     return not (no_install and reused)
 
@@ -163,6 +165,7 @@ def serve(session: nox.Session) -> None:
             args[0],
             args[args.index("--worker") + 1] if "--worker" in args else "",
             silent=True,
+            log=False,
             success_codes=[0, 1, 2],
         )
         if isinstance(backend, str) and backend.strip() == "cuda":

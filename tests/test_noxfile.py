@@ -11,7 +11,6 @@ runs the session's own code on the test environment, so no test installs anythin
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import signal
@@ -23,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from nox_harness import Running, environment, nox_argv, nox_path
 from worker_harness import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,55 +112,9 @@ def _other_python() -> str | None:
     return None
 
 
-def _nox_path(tmp: Path) -> Path:
-    """A directory holding nox and everything it imports, linked from this environment:
-    all pure Python, so any supported interpreter can run nox from it."""
-    out = tmp / "nox-site"
-    out.mkdir()
-    todo, seen = ["nox"], set()
-    from packaging.requirements import Requirement
-
-    while todo:
-        name = todo.pop()
-        if name.lower() in seen:
-            continue
-        seen.add(name.lower())
-        dist = importlib.metadata.distribution(name)
-        for file in dist.files or ():
-            top = file.parts[0]
-            if top.endswith((".dist-info", ".pth")) or top == ".." or top == "__pycache__":
-                continue
-            source = Path(str(dist.locate_file(top)))
-            if not (out / top).exists() and source.exists():
-                (out / top).symlink_to(source)
-        for requirement in dist.requires or ():
-            req = Requirement(requirement)
-            if req.marker is None or req.marker.evaluate({"extra": ""}):
-                todo.append(req.name)
-    return out
-
-
 @pytest.fixture(scope="module")
 def nox_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _nox_path(tmp_path_factory.mktemp("nox"))
-
-
-def _environment(nox_site: Path, **extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("INFERENCE_SERVER_", "REACTANT_", "NOX_", "PYTHONPATH"))
-    }
-    env["PYTHONPATH"] = str(nox_site)
-    # This environment's scripts (reactantserver, python) first: --no-venv runs them.
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), "/usr/bin", "/bin"])
-    env["JAX_PLATFORMS"] = "cpu"
-    env.update(extra)
-    return env
-
-
-def _nox(python: str, *args: str) -> list[str]:
-    return [python, "-m", "nox", "-f", str(ROOT / "noxfile.py"), *args]
+    return nox_path(tmp_path_factory.mktemp("nox"))
 
 
 @pytest.mark.slow
@@ -172,10 +126,10 @@ def test_nox_runs_its_sessions_on_the_python_that_runs_it(nox_site: Path, which:
     if python is None:
         pytest.skip("this machine has no supported Python besides the running one")
     out = subprocess.run(
-        _nox(python, "-l", "--json"),
+        nox_argv(python, "-l", "--json"),
         capture_output=True,
         text=True,
-        env=_environment(nox_site),
+        env=environment(nox_site),
         timeout=120,
         check=True,
     )
@@ -196,41 +150,6 @@ def _node_file(tmp: Path, repo: Path, port: int, metrics: int) -> Path:
         "  models_include: [double]\n"
     )
     return node
-
-
-class Running:
-    """``nox -s serve`` started in a process group of its own, its output in a file."""
-
-    def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
-        self.log = log
-        self._out = log.open("w")
-        self.proc = subprocess.Popen(
-            argv, stdout=self._out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-
-    def text(self) -> str:
-        return self.log.read_text()
-
-    def wait_ready(self, port: int) -> None:
-        from reactantserver.client import Client
-
-        deadline = time.monotonic() + 180
-        with Client(f"127.0.0.1:{port}", timeout=5) as client:
-            while True:
-                assert self.proc.poll() is None, self.text()
-                try:
-                    if client.is_server_ready() and "Try:" in self.text():
-                        return
-                except Exception:  # not listening yet
-                    pass
-                assert time.monotonic() < deadline, self.text()
-                time.sleep(0.2)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        self._out.close()
 
 
 @pytest.fixture
@@ -279,8 +198,8 @@ def test_nox_serve_stops_gracefully_and_leaves_nothing_behind(
         pytest.skip("this machine has no supported Python besides the running one")
     port, metrics = free_port(), free_port()
     node = _node_file(tmp_path, zoo_repo, port, metrics)
-    argv = _nox(interpreter, "-s", "serve", "--no-venv", "--no-install", "--", str(node))
-    run = Running(argv, _environment(nox_site), tmp_path / "nox.log")
+    argv = nox_argv(interpreter, "-s", "serve", "--no-venv", "--no-install", "--", str(node))
+    run = Running(argv, environment(nox_site), tmp_path / "nox.log")
     started.append(run)
     run.wait_ready(port)
 
@@ -313,9 +232,9 @@ def test_nox_serve_fails_with_the_servers_status_when_serving_fails(
     status. A port already taken: one line, and status 1."""
     bad = tmp_path / "bad.yaml"
     bad.write_text("model_repo: nowhere\nglobal:\n  scheduler:\n    discipline: fiar\n")
-    argv = _nox(sys.executable, "-s", "serve", "--no-venv", "--no-install", "--", str(bad))
+    argv = nox_argv(sys.executable, "-s", "serve", "--no-venv", "--no-install", "--", str(bad))
     done = subprocess.run(
-        argv, capture_output=True, text=True, env=_environment(nox_site), timeout=120
+        argv, capture_output=True, text=True, env=environment(nox_site), timeout=120
     )
     assert done.returncode == 2, done.stdout + done.stderr
     assert (
@@ -330,9 +249,9 @@ def test_nox_serve_fails_with_the_servers_status_when_serving_fails(
         taken.listen()
         port = taken.getsockname()[1]
         node = _node_file(tmp_path, zoo_repo, port, 0)
-        argv = _nox(sys.executable, "-s", "serve", "--no-venv", "--no-install", "--", str(node))
+        argv = nox_argv(sys.executable, "-s", "serve", "--no-venv", "--no-install", "--", str(node))
         done = subprocess.run(
-            argv, capture_output=True, text=True, env=_environment(nox_site), timeout=120
+            argv, capture_output=True, text=True, env=environment(nox_site), timeout=120
         )
     assert done.returncode == 1, done.stdout + done.stderr
     assert (
