@@ -39,10 +39,13 @@ import sys
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12 on
 
 from .errors import BundleError, ExecutionFailed, InvalidArgument
 
@@ -82,7 +85,7 @@ class _SourceOnlyLoader(importlib.machinery.SourceFileLoader):
     holds what its author put there (an exported bundle, a read-only repository), and a
     cached ``.pyc`` of some Python version is not part of a bundle."""
 
-    def set_data(self, path: str, data: bytes, *, _mode: int = 0o666) -> None:
+    def set_data(self, path: str, data: Buffer, *, _mode: int = 0o666) -> None:
         return None  # the bytecode cache write; the import itself is unaffected
 
 
