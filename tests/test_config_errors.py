@@ -20,6 +20,7 @@ from reactantserver.config import (
     load_gateway,
     load_node,
     materialize_workers,
+    resolve_gateway,
     resolve_worker,
 )
 from reactantserver.errors import ConfigError
@@ -822,4 +823,40 @@ def test_a_gateway_reports_every_problem(tmp_path: Path, monkeypatch: pytest.Mon
         "gateway.yml:4: scheduling.hysteresis: expected a number in [0, 1); got 1.0",
         "gateway.yml:6: logging.level: expected one of debug, info, warning, error; got 'verbose'",
         "REACTANT_GATEWAY_HEALTH_INTERVAL_SECONDS: expected a number > 0; got 0.0",
+    )
+
+
+def test_an_embedded_gateway_reports_every_problem(tmp_path: Path) -> None:
+    path = tmp_path / "node.yaml"
+    path.write_text(
+        textwrap.dedent(
+            """\
+            model_repo: /m
+            gpus: 2
+            gateway:
+              scheduling:
+                mode: lpt_packing
+                routing_fill_factor: 0
+              worker_client:
+                max_concurrent_streams: 0
+            """
+        )
+    )
+    with pytest.raises(ConfigError) as err:
+        load_node(path, env={}, check_paths=False)
+    assert err.value.problems == (
+        f"{path}:5: gateway.scheduling.mode: expected workers on fifo or edf under lpt_packing; "
+        "worker0 runs fair (by default)",
+        f"{path}:6: gateway.scheduling.routing_fill_factor: expected a number > 0; got 0.0",
+        f"{path}:8: gateway.worker_client.max_concurrent_streams: expected an integer >= 1; got 0",
+    )
+    env = {"REACTANT_GATEWAY_SCHEDULING_MODE": "lpt", "REACTANT_GATEWAY_WEDGE_EXIT_ROUNDS": "-1"}
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("model_repo: /m\ngpus: 2\n")
+    with pytest.raises(ConfigError) as err:
+        resolve_gateway(load_node(ok, env={}, check_paths=False), env=env)
+    assert err.value.problems == (
+        "REACTANT_GATEWAY_SCHEDULING_MODE: expected one of round_robin, least_outstanding, "
+        "lpt_packing; got 'lpt'",
+        "REACTANT_GATEWAY_WEDGE_EXIT_ROUNDS: expected an integer >= 0 (0 = never exit); got -1",
     )
