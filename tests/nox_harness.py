@@ -36,7 +36,8 @@ def nox_path(tmp: Path) -> Path:
         dist = importlib.metadata.distribution(name)
         for file in dist.files or ():
             top = file.parts[0]
-            if top.endswith((".dist-info", ".pth")) or top in ("..", "__pycache__"):
+            # Metadata too (.dist-info): some of nox's dependencies read their own.
+            if top.endswith(".pth") or top in ("..", "__pycache__"):
                 continue
             source = Path(str(dist.locate_file(top)))
             if not (out / top).exists() and source.exists():
