@@ -173,7 +173,10 @@ def test_the_tutorial_as_written(tutorial: Tutorial) -> None:
             tutorial.server = Running(argv, tutorial.env, tutorial.home / "serve.log")
             tutorial.server.wait_ready(tutorial.port)
             # Without a virtualenv of its own, the block names this environment's scripts.
-            scripts = os.path.relpath(Path(sys.executable).parent, ROOT) + "/"
+            # (relative to the checkout when inside it, as the block shows them)
+            here = Path(sys.executable).parent
+            relative = os.path.relpath(here, ROOT)
+            scripts = (str(here) if relative.startswith("..") else relative) + "/"
             wanted = [
                 masked(x.replace(".nox/serve/bin/", scripts))
                 for x in expected
