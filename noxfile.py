@@ -100,6 +100,12 @@ def session(func: Callable[[nox.Session], None]) -> Callable[[nox.Session], None
     return nox.session(python=False, name=func.__name__)(refuse)
 
 
+def _shown(path: str) -> str:
+    """A path as the user reads it: relative to the checkout when inside it."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
+
+
 def _location(session: nox.Session) -> str | None:
     """The session's virtualenv directory; None when it has none (``--no-venv``)."""
     return getattr(session.virtualenv, "location", None)
@@ -159,7 +165,7 @@ def serve(session: nox.Session) -> None:
     """
     args = list(session.posargs)
     location = _location(session)
-    venv = os.path.relpath(location) if location else "the current environment (--no-venv)"
+    venv = _shown(location) if location else "the current environment (--no-venv)"
     if _will_install(session):
         _step(session, 1, installing(venv))
     else:
