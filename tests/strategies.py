@@ -784,3 +784,109 @@ def raw_frames() -> st.SearchStrategy[list[tuple[object, ...]]]:
         st.just("lie"), st.sampled_from([0x0, 0x1, 0x9, 0x4]), stream_id, st.integers(0, 2**24 - 1)
     )
     return st.lists(st.one_of(nonsense, request, message, length_lie), min_size=1, max_size=8)
+
+
+# ============================================================================================
+# Configuration faults (tests/test_config_properties.py)
+# ============================================================================================
+
+#: A node file as lines, each either fixed text or a choice ``(valid, faulty, message)``:
+#: every faulty variant is wrong at its own key, in a way no other variant depends on.
+#: The message is what ``load_node`` must report for it (after ``node.yaml:LINE: ``).
+CONFIG_FAULT_FILE: tuple[str | tuple[str, str, str], ...] = (
+    "model_repo: /m",
+    ("base_port: 8001", "base_port: 0", "base_port: expected a port in 1..65535; got 0"),
+    (
+        "metrics_base_port: 8002",
+        "metrics_base_port: 70000",
+        "metrics_base_port: expected a port in 1..65535, or 0 for off; got 70000",
+    ),
+    (
+        "gpus: 0",
+        "colour: blue",
+        "colour: unknown key; expected one of model_repo, base_port, metrics_base_port, gpus, "
+        "global, workers, models, gateway",
+    ),
+    "global:",
+    (
+        "  model_poll_seconds: 2.0",
+        "  model_poll_seconds: soon",
+        "global.model_poll_seconds: expected a number; got 'soon'",
+    ),
+    "  runtime:",
+    (
+        "    mem_fraction: 0.5",
+        "    mem_fraction: 1.5",
+        "global.runtime.mem_fraction: expected a number in (0, 1]; got 1.5",
+    ),
+    "  scheduler:",
+    (
+        "    discipline: fifo",
+        "    discipline: fiar",
+        "global.scheduler.discipline: expected one of fair, fifo, edf; got 'fiar'",
+    ),
+    (
+        "    max_queue_depth: 8",
+        "    max_queue_depth: 0",
+        "global.scheduler.max_queue_depth: expected an integer >= 1; got 0",
+    ),
+    (
+        "    meta_concurrency: 2",
+        "    meta_concurency: 2",
+        "global.scheduler.meta_concurency: unknown key; expected one of discipline, "
+        "ema_halflife_seconds, max_queue_depth, dispatch_timeout_seconds, compaction_interval, "
+        "cost_ema_alpha, recency_penalty_cap, meta_concurrency, models (did you mean "
+        "meta_concurrency?)",
+    ),
+    "  endpoints:",
+    (
+        "    host: 127.0.0.1",
+        "    host: ''",
+        "global.endpoints.host: expected a non-empty string; got ''",
+    ),
+    "workers:",
+    (
+        "  - name: w0",
+        "  - name: w 0",
+        "workers[0].name: expected a name of letters, digits, '.', '_' and '-'; got 'w 0'",
+    ),
+    ("    port: 9000", "    port: x", "workers[0].port: expected an integer; got 'x'"),
+)
+
+CONFIG_FAULTS: tuple[int, ...] = tuple(
+    i for i, line in enumerate(CONFIG_FAULT_FILE) if isinstance(line, tuple)
+)
+
+
+def config_fault_sets() -> st.SearchStrategy[frozenset[int]]:
+    """Which lines of ``CONFIG_FAULT_FILE`` take their faulty variant (any subset)."""
+    return st.frozensets(st.sampled_from(CONFIG_FAULTS))
+
+
+# ============================================================================================
+# Client array-likes (tests/test_client_coerce.py)
+# ============================================================================================
+
+#: The fixed-width datatypes an array-like can be converted to (BYTES takes text only).
+NUMERIC_DATATYPES: tuple[str, ...] = tuple(d for d in DATATYPES if d != "BYTES")
+
+
+@st.composite
+def client_array_likes(draw: st.DrawFn) -> tuple[list[object], str]:
+    """A flat Python list of one kind of number -- bools, ints (int64 range) or floats
+    (NaN, infinities and subnormals included) -- and a datatype to convert it to. Values
+    cluster around the edges that decide the rules: type ranges, 2**24 and 2**53, 0/1."""
+    target = draw(st.sampled_from(NUMERIC_DATATYPES))
+    kind = draw(st.sampled_from(["bool", "int", "float"]))
+    edges = [0, 1, -1, 2, 127, 128, 255, 256, 2**15, 2**16, 2**24 + 1, 2**31, 2**32, 2**53 + 1]
+    if kind == "bool":
+        item: st.SearchStrategy[object] = st.booleans()
+    elif kind == "int":
+        item = st.integers(-(2**63), 2**63 - 1) | st.sampled_from(edges + [-e for e in edges])
+    else:
+        item = (
+            st.floats(width=64)
+            | st.sampled_from([0.0, 1.0, -1.0, 0.5, 2.5, 1e39, 1e-50, 65504.0, 70000.0, 1e-8])
+            | st.sampled_from(edges).map(float)
+        )
+    return draw(st.lists(item, min_size=1, max_size=6)), target

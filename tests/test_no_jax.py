@@ -46,6 +46,10 @@ JAX_FREE = [
     "reactantserver.gateway.control",
     "reactantserver.scheduling.fleet",
     "reactantserver.node",
+    "reactantserver.client.coerce",
+    "reactantserver.startup",
+    "reactantserver.announce",
+    "reactantserver.config.paths",
 ]
 
 

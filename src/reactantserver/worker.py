@@ -378,6 +378,7 @@ class Worker:
                     raise BundleError(name, _KIND_CHANGE.format(old="meta", new="model"))
                 served, costs = await self._build(bundle)
         except ReactantError as exc:
+            log.debug("model %r: the load failure's traceback", name, exc_info=exc)
             self._load_failed(name, exc.detail if isinstance(exc, BundleError) else str(exc))
             return None
         except Exception as exc:

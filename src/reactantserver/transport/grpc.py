@@ -63,6 +63,7 @@ from functools import partial
 from typing import Any
 
 import grpclib.server
+import grpclib.utils
 import trio
 import trio_asyncio
 from grpclib import GRPCError
@@ -84,6 +85,14 @@ from .server import GuardedServer
 from .status import StatusCode, WireStatus, to_status
 
 log = logging.getLogger(__name__)
+
+# trio-asyncio keeps its running loop in a context variable and, from Python 3.12 on
+# (where asyncio.current_task is C code that cannot see that loop), replaces
+# asyncio.current_task when it is imported. grpclib took its own reference to
+# asyncio.current_task when *it* was imported -- often first (reactantserver.client imports
+# it too) -- and every server call would then fail with "no running event loop"
+# (trio-asyncio issue #83). Point grpclib at the function trio-asyncio installed.
+grpclib.utils._current_task = asyncio.current_task
 
 #: RPC name -> ``Service`` method, for ``inference.GRPCInferenceService``.
 INFERENCE_RPCS: Mapping[str, str] = {
