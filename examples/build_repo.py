@@ -1,13 +1,17 @@
-"""Build the example model repository: the zoo, plus N seeded variants for many-model tests.
+"""Build the example model repository: the zoo and the detector, plus N seeded variants.
 
-    python examples/build_repo.py                        # the zoo into examples/repo
+    python examples/build_repo.py                        # into examples/repo
     python examples/build_repo.py --out /tmp/repo --catalog 40
     python examples/build_repo.py --only mlp,double --force
+    python examples/build_repo.py --no-detector          # the zoo alone
 
 The zoo is five bundles: ``mlp``, ``resnet``, ``surrogate1d``, ``uint8_classifier``
-(with a model.py taking UINT8 images) and ``double``. ``--catalog N`` adds N variants
-named ``<arch>_v<NNN>``: variant ``i`` uses architecture ``VARIANT_ARCHS[i % 4]``, seed
-``1000 + i`` and every other round twice the width, so the catalog mixes sizes.
+(with a model.py taking UINT8 images) and ``double``. The two-stage detector of
+``examples/detector/`` adds three: its compiled stages ``detector_backbone`` and
+``detector_classifier``, and ``detector``, the ``kind: meta`` model whose glue calls them
+(docs/meta_models.md). ``--catalog N`` adds N variants named ``<arch>_v<NNN>``: variant
+``i`` uses architecture ``VARIANT_ARCHS[i % 4]``, seed ``1000 + i`` and every other
+round twice the width, so the catalog mixes sizes.
 
 A variant whose (architecture, width, batch sizes) was already exported reuses that
 artifact: the artifact takes the weights as arguments, so only the weights file
@@ -19,6 +23,7 @@ checked against the original function). Existing bundles are kept unless ``--for
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -38,6 +43,22 @@ ZOO: dict[str, ModuleType] = {
 }
 VARIANT_ARCHS: tuple[str, ...] = ("mlp", "surrogate1d", "resnet", "uint8_classifier")
 DEFAULT_OUT = HERE / "repo"
+
+
+def _detector() -> ModuleType:
+    """``examples/detector/build.py`` (imported by path: ``detector`` is not a package)."""
+    name = "reactantserver_examples_detector_build"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, HERE / "detector" / "build.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+#: The detector's bundles, stages before the meta model that calls them.
+DETECTOR_NAMES: tuple[str, ...] = ("detector_backbone", "detector_classifier", "detector")
 
 
 @attrs.frozen
@@ -60,9 +81,12 @@ class Built:
     seconds: float
 
 
-def plan(catalog: int = 0, only: Sequence[str] = ()) -> list[Planned]:
-    """The zoo (seed 0, default widths) followed by ``catalog`` variants."""
+def plan(catalog: int = 0, only: Sequence[str] = (), *, detector: bool = True) -> list[Planned]:
+    """The zoo (seed 0, default widths), the detector's bundles (``arch`` is the bundle
+    name), then ``catalog`` variants."""
     out = [Planned(name, name, 0, getattr(m, "DEFAULT_WIDTH", 0)) for name, m in ZOO.items()]
+    if detector:
+        out += [Planned(name, name, 0, 0) for name in DETECTOR_NAMES]
     for i in range(catalog):
         arch = VARIANT_ARCHS[i % len(VARIANT_ARCHS)]
         factor = 1 + (i // len(VARIANT_ARCHS)) % 2
@@ -114,13 +138,15 @@ def build(
     catalog: int = 0,
     only: Sequence[str] = (),
     overwrite: bool = False,
+    detector: bool = True,
     batch_sizes: Callable[[str], Sequence[int]] | None = None,
     progress: Callable[[Built], None] | None = None,
+    planned: Sequence[Planned] | None = None,
 ) -> list[Built]:
     """Write the planned bundles into ``out``; returns what was done for each.
 
     ``batch_sizes(arch)`` overrides an architecture's compiled sizes (tests use it to
-    keep builds small).
+    keep builds small); ``planned`` replaces ``plan(catalog, only, detector=detector)``.
     """
     from reactantserver.export import export_spec
 
@@ -128,13 +154,16 @@ def build(
     out.mkdir(parents=True, exist_ok=True)
     templates: dict[tuple[str, int], Path] = {}
     done: list[Built] = []
-    for item in plan(catalog, only):
+    items = plan(catalog, only, detector=detector) if planned is None else planned
+    for item in items:
         target = out / item.name
         start = time.perf_counter()
         key = (item.arch, item.width)
         if target.exists() and not overwrite:
             how = "kept"
             templates.setdefault(key, target)
+        elif item.arch in DETECTOR_NAMES:
+            how = _detector().build_one(item.arch, target, overwrite=overwrite)
         elif key in templates:
             _derive(templates[key], target, item, overwrite)
             how = "derived"
@@ -168,18 +197,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--catalog", type=int, default=0, help="number of extra variants")
     parser.add_argument("--only", default="", help="comma-separated bundle names to build")
     parser.add_argument("--force", action="store_true", help="rebuild existing bundles")
+    parser.add_argument(
+        "--no-detector",
+        dest="detector",
+        action="store_false",
+        help="leave out the two-stage detector (three bundles)",
+    )
     args = parser.parse_args(argv)
     only = [n for n in args.only.split(",") if n]
+    items = plan(args.catalog, only, detector=args.detector)
+    out = Path(args.out)
+    todo = sum(1 for p in items if args.force or not (out / p.name).exists())
+    if not todo:
+        print(f"all {len(items)} bundles are in {args.out} already (--force rebuilds them)")
+        return 0
+    print(
+        f"building {todo} of {len(items)} bundles into {args.out} (each is exported and "
+        "checked against its JAX function; existing ones are kept)",
+        flush=True,
+    )
     started = time.perf_counter()
-    print(f"{'bundle':<24} {'arch':<18} {'seed':>5} {'width':>5}  {'how':<8} {'seconds':>7}")
+    width = len(str(len(items)))
+    print(
+        f"{'':>{2 * width + 3}} {'bundle':<22} {'arch':<20} {'seed':>5} {'width':>5}  "
+        f"{'how':<8} {'seconds':>7}"
+    )
+    count = 0
 
     def show(b: Built) -> None:
+        nonlocal count
+        count += 1
+        size = str(b.width) if b.width else "-"
         print(
-            f"{b.name:<24} {b.arch:<18} {b.seed:>5} {b.width:>5}  {b.how:<8} {b.seconds:>7.2f}",
+            f"[{count:>{width}}/{len(items)}] {b.name:<22} {b.arch:<20} {b.seed:>5} {size:>5}  "
+            f"{b.how:<8} {b.seconds:>7.2f}",
             flush=True,
         )
 
-    done = build(args.out, catalog=args.catalog, only=only, overwrite=args.force, progress=show)
+    done = build(out, overwrite=args.force, progress=show, planned=items)
     print(f"{len(done)} bundles in {args.out} ({time.perf_counter() - started:.1f} s)")
     return 0
 

@@ -2,7 +2,8 @@
 
 ``zoo_repo`` builds ``examples/build_repo.py``'s repository (the five zoo models with
 their real compiled batch sizes, plus four seeded variants that reuse the zoo's
-artifacts) into a temporary directory once per session; every test that needs real
+artifacts; not the detector, which adds ~5 s of exporting and is built by the tests that
+use it) into a temporary directory once per session; every test that needs real
 models reads it. ``zoo_runtime`` is a CPU ``Runtime`` without a persistent cache and
 ``zoo_models`` the zoo bundles compiled on it, so a test file that executes models
 does not compile them again.
@@ -24,6 +25,24 @@ import pytest
 
 # Before anything imports JAX: the suite runs on the CPU (nox sets it too).
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+#: Examples per generator in tests/test_wire_fuzz.py unless ``--fuzz-examples`` says.
+FUZZ_EXAMPLES = 25
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fuzz-examples",
+        type=int,
+        default=FUZZ_EXAMPLES,
+        help="examples per generator of the wire fuzz suite (nox -s fuzz runs a long one)",
+    )
+
+
+@pytest.fixture(scope="session")
+def fuzz_examples(pytestconfig: pytest.Config) -> int:
+    return int(pytestconfig.getoption("--fuzz-examples"))
+
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -51,7 +70,7 @@ def load_build_repo() -> ModuleType:
 def zoo_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A model repository holding the zoo and ``ZOO_CATALOG`` variants (built once)."""
     out = tmp_path_factory.mktemp("zoo") / "repo"
-    load_build_repo().build(out, catalog=ZOO_CATALOG)
+    load_build_repo().build(out, catalog=ZOO_CATALOG, detector=False)
     return out
 
 

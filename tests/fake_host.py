@@ -9,7 +9,9 @@ chosen to drive one path through the transport:
   in-flight caps, client cancellation, graceful shutdown;
 * ``broken``  raises ``RuntimeError`` (a bug): INTERNAL with the fixed message;
 * ``cold``    loaded but not ready ("still compiling"): UNAVAILABLE;
-* ``busy``    its queue is full (``QueueFull``): RESOURCE_EXHAUSTED.
+* ``busy``    its queue is full (``QueueFull``): RESOURCE_EXHAUSTED;
+* ``nap``     sleeps :data:`NAP_SECONDS` (Trio time) and answers ``y = x``: a call that
+  stays in flight for a while without a test's help (a server in a subprocess).
 
 The repository also lists ``spare`` (not loaded; ``load`` loads it) and ``badbundle``
 (loading it raises ``BundleError``). Device statistics are counted for real: rows,
@@ -44,6 +46,8 @@ from reactantserver.service import (
 )
 
 X16 = TensorSpec("x", "FP32", (-1, 16))
+#: How long a ``nap`` request sleeps.
+NAP_SECONDS = 0.2
 
 
 @attrs.define
@@ -103,6 +107,7 @@ def _models() -> dict[str, FakeModel]:
         "broken": FakeModel("broken"),
         "cold": FakeModel("cold", not_ready="still compiling"),
         "busy": FakeModel("busy"),
+        "nap": FakeModel("nap"),
     }
 
 
@@ -164,6 +169,9 @@ class FakeHost:
                 raise
             x = inputs["x"]
             result: dict[str, Any] = {"y": x}
+        elif model == "nap":
+            await trio.sleep(NAP_SECONDS)
+            result = {"y": inputs["x"]}
         elif model == "echo":
             s = inputs["s"]
             result = {"t": np.array([v + b"!" for v in s.ravel()], dtype=object).reshape(s.shape)}

@@ -6,6 +6,8 @@ rather than editing someone else's.
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import strategies as st
 
 from reactantserver.protocol import inference as _ip
@@ -175,6 +177,11 @@ def server_configs() -> st.SearchStrategy[object]:
             metrics_port=st.just(p[1]),
             max_concurrent_requests=st.integers(0, 10**4),
             max_message_bytes=st.integers(1, 2**31),
+            max_connections=st.integers(1, 10**5),
+            max_concurrent_streams=st.integers(1, 2**31 - 1),
+            handshake_timeout_seconds=_positive(),
+            idle_timeout_seconds=_positive(),
+            max_shm_regions=st.integers(1, 10**4),
         )
     )
     return st.builds(
@@ -641,3 +648,245 @@ def child_runs(draw: st.DrawFn, max_runs: int = 30) -> list[float]:
     quick = st.floats(min_value=0.0, max_value=59.9, allow_nan=False)
     long = st.floats(min_value=60.0, max_value=3600.0, allow_nan=False)
     return draw(st.lists(st.one_of(quick, quick, quick, long, st.just(60.0)), max_size=max_runs))
+
+
+# ============================================================================================
+# The gRPC wire: message framing, the fault log, fuzzed HTTP/2 (tests/test_wire_*.py)
+# ============================================================================================
+
+
+def grpc_prefix(length: int, flags: int = 0) -> bytes:
+    """The 5-byte gRPC message prefix: flags byte, 4-byte big-endian length."""
+    return bytes([flags]) + length.to_bytes(4, "big")
+
+
+@st.composite
+def chunked(draw: st.DrawFn, data: bytes) -> list[bytes]:
+    """``data`` split at arbitrary points into DATA payloads (empty ones included)."""
+    cuts = sorted(draw(st.lists(st.integers(0, len(data)), max_size=8)))
+    bounds = [0, *cuts, len(data)]
+    return [data[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def grpc_message_streams(limit: int, *, max_messages: int = 4) -> st.SearchStrategy[bytes]:
+    """Well-formed request bodies: messages of at most ``limit`` bytes, back to back."""
+    payload = st.binary(max_size=min(limit, 64))
+    return st.lists(payload, max_size=max_messages).map(
+        lambda ms: b"".join(grpc_prefix(len(m)) + m for m in ms)
+    )
+
+
+def wire_garbage(limit: int) -> st.SearchStrategy[bytes]:
+    """Bytes a hostile client might send as a request body: prefixes that lie about the
+    length (over and under the limit), unknown flags, truncations, plain noise."""
+    prefix = st.builds(
+        grpc_prefix,
+        st.one_of(st.integers(0, limit), st.integers(limit + 1, 2**32 - 1)),
+        st.sampled_from([0, 0, 0, 1, 2, 0x80, 0xFF]),
+    )
+    piece = st.one_of(prefix, st.binary(max_size=16), prefix.map(lambda p: p[:3]))
+    return st.lists(piece, max_size=6).map(b"".join)
+
+
+def fault_reports() -> st.SearchStrategy[list[tuple[object, float]]]:
+    """(fault kind, seconds since the previous report) sequences for the fault log."""
+    from reactantserver.transport.limits import Fault
+
+    return st.lists(
+        st.tuples(
+            st.sampled_from(list(Fault)[:4]),
+            st.floats(min_value=0, max_value=20, allow_nan=False, allow_infinity=False),
+        ),
+        max_size=40,
+    )
+
+
+def grpc_timeouts() -> st.SearchStrategy[str]:
+    """``grpc-timeout`` values, valid and not: digits (0 to 9 of them) and any unit."""
+    digits = st.text(alphabet="0123456789", min_size=0, max_size=9)
+    unit = st.sampled_from(["H", "M", "S", "m", "u", "n", "s", "x", "", " "])
+    noise = st.text(max_size=6)
+    return st.one_of(st.builds(lambda d, u: d + u, digits, unit), noise)
+
+
+#: What a fuzzed request's body is made of (``tests/test_wire_fuzz.py`` builds the bytes).
+WIRE_BODY_KINDS = (
+    "infer",
+    "echo",
+    "empty_message",
+    "garbage",
+    "oversize",
+    "compressed",
+    "cut",
+    "protobuf_noise",
+    "nothing",
+)
+WIRE_PATHS = ("live", "infer", "config", "unknown", "reflection")
+WIRE_HEADER_VARIANTS = (
+    "plain",
+    "timeout",
+    "timeout_zero",
+    "timeout_tiny",
+    "timeout_bad",
+    "gzip",
+    "content_type",
+    "get",
+    "no_te",
+    "bad_bin_metadata",
+)
+
+
+def h2_actions() -> st.SearchStrategy[list[tuple[object, ...]]]:
+    """A session of a polite HTTP/2 client (h2's state machine) that misbehaves in gRPC:
+    streams opened with odd headers, bodies of every kind, resets, pings, settings,
+    window updates, unknown frame types, all interleaved."""
+    stream = st.integers(0, 7)  # an index into the streams opened so far
+    body = st.tuples(st.sampled_from(WIRE_BODY_KINDS), st.binary(max_size=24))
+    actions = st.one_of(
+        st.tuples(
+            st.just("open"),
+            st.sampled_from(WIRE_PATHS),
+            st.sampled_from(WIRE_HEADER_VARIANTS),
+            body,
+            st.booleans(),
+        ),
+        st.tuples(st.just("data"), stream, body, st.booleans()),
+        st.tuples(st.just("end"), stream),
+        st.tuples(st.just("reset"), stream, st.sampled_from([0, 1, 2, 8, 0xB])),
+        st.tuples(st.just("ping"), st.binary(min_size=8, max_size=8)),
+        st.tuples(
+            st.just("settings"),
+            st.sampled_from([0x4, 0x5, 0x3, 0x6]),
+            st.integers(16384, 2**20),
+        ),
+        st.tuples(st.just("window"), st.integers(1, 2**20)),
+        st.tuples(st.just("unknown"), st.integers(0x0B, 0xFF), st.binary(max_size=16)),
+    )
+    return st.lists(actions, min_size=1, max_size=10)
+
+
+def raw_frames() -> st.SearchStrategy[list[tuple[object, ...]]]:
+    """Raw HTTP/2 frames of any type, flags, stream id and payload -- most of them
+    nonsense -- with now and then a well-formed request's HEADERS or DATA among them."""
+    stream_id = st.sampled_from([0, 1, 2, 3, 5, 7, 2**31 - 1])
+    nonsense = st.tuples(
+        st.just("frame"),
+        st.one_of(st.integers(0, 0xC), st.sampled_from([0x10, 0xFA, 0xFF])),
+        st.integers(0, 0xFF),
+        stream_id,
+        st.binary(max_size=32),
+    )
+    request = st.tuples(st.just("request"), st.sampled_from([1, 3, 5, 7]), st.booleans())
+    message = st.tuples(
+        st.just("message"), st.sampled_from([1, 3, 5, 7]), st.binary(max_size=16), st.booleans()
+    )
+    length_lie = st.tuples(
+        st.just("lie"), st.sampled_from([0x0, 0x1, 0x9, 0x4]), stream_id, st.integers(0, 2**24 - 1)
+    )
+    return st.lists(st.one_of(nonsense, request, message, length_lie), min_size=1, max_size=8)
+
+
+# ============================================================================================
+# Configuration faults (tests/test_config_properties.py)
+# ============================================================================================
+
+#: A node file as lines, each either fixed text or a choice ``(valid, faulty, message)``:
+#: every faulty variant is wrong at its own key, in a way no other variant depends on.
+#: The message is what ``load_node`` must report for it (after ``node.yaml:LINE: ``).
+CONFIG_FAULT_FILE: tuple[str | tuple[str, str, str], ...] = (
+    "model_repo: /m",
+    ("base_port: 8001", "base_port: 0", "base_port: expected a port in 1..65535; got 0"),
+    (
+        "metrics_base_port: 8002",
+        "metrics_base_port: 70000",
+        "metrics_base_port: expected a port in 1..65535, or 0 for off; got 70000",
+    ),
+    (
+        "gpus: 0",
+        "colour: blue",
+        "colour: unknown key; expected one of model_repo, base_port, metrics_base_port, gpus, "
+        "global, workers, models, gateway",
+    ),
+    "global:",
+    (
+        "  model_poll_seconds: 2.0",
+        "  model_poll_seconds: soon",
+        "global.model_poll_seconds: expected a number; got 'soon'",
+    ),
+    "  runtime:",
+    (
+        "    mem_fraction: 0.5",
+        "    mem_fraction: 1.5",
+        "global.runtime.mem_fraction: expected a number in (0, 1]; got 1.5",
+    ),
+    "  scheduler:",
+    (
+        "    discipline: fifo",
+        "    discipline: fiar",
+        "global.scheduler.discipline: expected one of fair, fifo, edf; got 'fiar'",
+    ),
+    (
+        "    max_queue_depth: 8",
+        "    max_queue_depth: 0",
+        "global.scheduler.max_queue_depth: expected an integer >= 1; got 0",
+    ),
+    (
+        "    meta_concurrency: 2",
+        "    meta_concurency: 2",
+        "global.scheduler.meta_concurency: unknown key; expected one of discipline, "
+        "ema_halflife_seconds, max_queue_depth, dispatch_timeout_seconds, compaction_interval, "
+        "cost_ema_alpha, recency_penalty_cap, meta_concurrency, models (did you mean "
+        "meta_concurrency?)",
+    ),
+    "  endpoints:",
+    (
+        "    host: 127.0.0.1",
+        "    host: ''",
+        "global.endpoints.host: expected a non-empty string; got ''",
+    ),
+    "workers:",
+    (
+        "  - name: w0",
+        "  - name: w 0",
+        "workers[0].name: expected a name of letters, digits, '.', '_' and '-'; got 'w 0'",
+    ),
+    ("    port: 9000", "    port: x", "workers[0].port: expected an integer; got 'x'"),
+)
+
+CONFIG_FAULTS: tuple[int, ...] = tuple(
+    i for i, line in enumerate(CONFIG_FAULT_FILE) if isinstance(line, tuple)
+)
+
+
+def config_fault_sets() -> st.SearchStrategy[frozenset[int]]:
+    """Which lines of ``CONFIG_FAULT_FILE`` take their faulty variant (any subset)."""
+    return st.frozensets(st.sampled_from(CONFIG_FAULTS))
+
+
+# ============================================================================================
+# Client array-likes (tests/test_client_coerce.py)
+# ============================================================================================
+
+#: The fixed-width datatypes an array-like can be converted to (BYTES takes text only).
+NUMERIC_DATATYPES: tuple[str, ...] = tuple(d for d in DATATYPES if d != "BYTES")
+
+
+@st.composite
+def client_array_likes(draw: st.DrawFn) -> tuple[list[object], str]:
+    """A flat Python list of one kind of number -- bools, ints (int64 range) or floats
+    (NaN, infinities and subnormals included) -- and a datatype to convert it to. Values
+    cluster around the edges that decide the rules: type ranges, 2**24 and 2**53, 0/1."""
+    target = draw(st.sampled_from(NUMERIC_DATATYPES))
+    kind = draw(st.sampled_from(["bool", "int", "float"]))
+    edges = [0, 1, -1, 2, 127, 128, 255, 256, 2**15, 2**16, 2**24 + 1, 2**31, 2**32, 2**53 + 1]
+    if kind == "bool":
+        item: st.SearchStrategy[object] = st.booleans()
+    elif kind == "int":
+        item = st.integers(-(2**63), 2**63 - 1) | st.sampled_from(edges + [-e for e in edges])
+    else:
+        item = (
+            st.floats(width=64)
+            | st.sampled_from([0.0, 1.0, -1.0, 0.5, 2.5, 1e39, 1e-50, 65504.0, 70000.0, 1e-8])
+            | st.sampled_from(edges).map(float)
+        )
+    return draw(st.lists(item, min_size=1, max_size=6)), target

@@ -1,7 +1,7 @@
 """The examples of docs/client.md, run as written against a real worker.
 
 Each ``<!-- doc-test: python -->`` block is executed in a fresh namespace (with the
-worker's address in place of ``localhost:8080``), and what it prints must equal the
+worker's address in place of ``localhost:8001``), and what it prints must equal the
 ``<!-- doc-test: output -->`` block that follows it.
 """
 
@@ -52,7 +52,7 @@ def test_the_page_has_examples() -> None:
     ids=[f"example{i}" for i in range(len(examples()))],
 )
 def test_example(code: str, output: str, served: WorkerAddress) -> None:
-    source = code.replace("localhost:8080", f"127.0.0.1:{served.grpc_port}")
+    source = code.replace("localhost:8001", f"127.0.0.1:{served.grpc_port}")
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         exec(compile(source, "docs/client.md", "exec"), {"__name__": "__main__"})

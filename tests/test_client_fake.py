@@ -23,6 +23,7 @@ import trio
 from fake_host import FakeHost
 from worker_harness import free_port
 
+from reactantserver.bundle.manifest import TensorSpec
 from reactantserver.client import AsyncClient, Client, RetryPolicy
 from reactantserver.config.schema import EndpointsConfig
 from reactantserver.errors import (
@@ -398,3 +399,65 @@ async def test_async_client_under_trio(nursery: trio.Nursery) -> None:
         np.testing.assert_array_equal(results[i], 2 * (X + i))
     with pytest.raises(RuntimeError, match="closed"):
         await client.is_server_live()
+
+
+# ------------------------------------------------------------------------ array-likes
+
+
+def test_a_plain_list_takes_the_models_datatype_after_one_metadata_read(served: Served) -> None:
+    """The issue's example: ``[[1.0] * 16]`` is float64 to numpy, FP32 to the model."""
+    with Client(served.url) as client:
+        y = client.infer("double", {"x": [[1.0] * 16]})["y"]
+        assert y.dtype == np.float32 and y.tolist() == [[2.0] * 16]
+        assert client.statistics().calls == 2  # ModelMetadata, then ModelInfer
+        client.infer("double", {"x": [[3.0] * 16, [4.0] * 16]})
+        assert client.statistics().calls == 3  # the datatypes are cached
+
+
+def test_numpy_arrays_are_sent_as_they_are_and_cost_no_metadata_read(served: Served) -> None:
+    with Client(served.url) as client:
+        np.testing.assert_array_equal(client.infer("double", {"x": X})["y"], 2 * X)
+        with pytest.raises(InvalidArgument, match="expected datatype FP32, got FP64"):
+            client.infer("double", {"x": X.astype(np.float64)})  # a dtype chosen on purpose
+        assert client.statistics().calls == 2
+    assert infer_calls(served.host) == 1  # the server refused the FP64 one before the model
+
+
+def test_a_lossy_list_is_refused_before_anything_is_sent(served: Served) -> None:
+    with Client(served.url) as client, pytest.raises(InvalidArgument) as err:
+        client.infer("double", {"x": [[1e39] * 16]})
+    assert str(err.value) == (
+        "input 'x': cannot convert to FP32 without loss: 1e+39 is out of FP32's range; pass a "
+        "numpy array to choose the dtype yourself"
+    )
+    assert infer_calls(served.host) == 0
+
+
+def test_a_changed_datatype_is_read_again_and_the_call_made_once_more(served: Served) -> None:
+    """The model is reloaded declaring FP64: the cached FP32 conversion is refused by the
+    server, the client reads the metadata again, converts again and succeeds."""
+    with Client(served.url) as client:
+        client.infer("double", {"x": [[1.0] * 16]})
+        fp64 = TensorSpec("x", "FP64", (-1, 16))
+        served.host.models["double"].inputs = (fp64,)
+        served.host.models["double"].outputs = (attrs.evolve(fp64, name="y"),)
+        y = client.infer("double", {"x": [[1.0] * 16]})["y"]
+        assert y.dtype == np.float64
+        # metadata, infer; then the refused infer, metadata again, infer.
+        assert client.statistics().calls == 5
+        assert client.statistics().failures == {"INVALID_ARGUMENT": 1}  # the refused one
+    assert infer_calls(served.host) == 2  # the refused call never reached the model
+
+
+def test_a_refusal_that_is_not_about_the_datatype_is_not_retried(served: Served) -> None:
+    with Client(served.url) as client:
+        client.infer("double", {"x": [[1.0] * 16]})
+        with pytest.raises(InvalidArgument, match="shape"):
+            client.infer("double", {"x": [[1.0] * 15]})
+        # infer refused; the metadata read again says FP32 still: no second attempt.
+        assert client.statistics().calls == 4
+
+
+def test_an_unknown_model_named_with_a_list_is_not_found(served: Served) -> None:
+    with Client(served.url) as client, pytest.raises(NotFound, match="'nope'"):
+        client.infer("nope", {"x": [1.0]})

@@ -558,6 +558,9 @@ class _Wire(asyncio.Transport):
     def close(self) -> None:
         self.closed = True
 
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return default
 
@@ -571,14 +574,19 @@ def test_a_settings_ack_and_a_large_frame_in_one_read() -> None:
     our SETTINGS; the server must accept a large DATA frame arriving in the same read as
     that acknowledgement (a fresh client sending big requests at once does exactly this)
     instead of failing the connection with a protocol error."""
+    from grpclib.encoding.proto import ProtoCodec
     from h2.config import H2Configuration
     from h2.connection import H2Connection
 
-    from reactantserver.transport.grpc import MAX_FRAME_SIZE, _Servable, _Server
+    from reactantserver.transport.limits import WireLimits
+    from reactantserver.transport.server import GuardedServer
+
+    limits = WireLimits()
+    MAX_FRAME_SIZE = limits.max_frame_size
 
     async def main() -> _Wire:
-        server = _Server([_Servable({})])
-        protocol = server._protocol_factory()
+        server = GuardedServer({}, codec=ProtoCodec(), limits=limits)
+        protocol = server._protocol()
         wire = _Wire()
         protocol.connection_made(wire)
         await asyncio.sleep(0)  # the corked SETTINGS go out at the end of the pass

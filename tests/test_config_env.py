@@ -55,7 +55,7 @@ def test_seed_examples_override_resolved_values(node_file: Path) -> None:
         "INFERENCE_SERVER_RUNTIME_BACKEND": "cpu",
         "INFERENCE_SERVER_RUNTIME_WEIGHT_CACHE_FRACTION": "0.8",
     }
-    cfg = load_server_config(node_file, "worker1", env=env)
+    cfg = load_server_config(node_file, "worker1", env=env, check_paths=False)
     assert cfg.endpoints.port == 9100
     assert cfg.runtime.backend == "cpu"
     assert cfg.runtime.weight_cache_fraction == 0.8
@@ -79,7 +79,7 @@ def test_top_level_scalars_lists_and_booleans(node_file: Path) -> None:
         "INFERENCE_SERVER_RUNTIME_WEIGHT_PREFETCH": "yes",
         "INFERENCE_SERVER_GPU": "1",
     }
-    cfg = load_server_config(node_file, "worker0", env=env)
+    cfg = load_server_config(node_file, "worker0", env=env, check_paths=False)
     assert cfg.model_control_mode == "explicit"
     assert cfg.model_poll_seconds == 2.5
     assert cfg.cache_dir == "/tmp/jax-cache"
@@ -158,13 +158,13 @@ def test_top_level_scalars_lists_and_booleans(node_file: Path) -> None:
 def test_bad_override_is_refused_with_the_variable(
     node_file: Path, var: str, value: str, message: str
 ) -> None:
-    node = load_node(node_file, env={})
+    node = load_node(node_file, env={}, check_paths=False)
     with pytest.raises(ConfigError) as err:
         resolve_worker(node, "worker0", env={var: value})
     assert str(err.value) == message
     # load_node checks the environment too, so a bad override fails before any worker starts.
     with pytest.raises(ConfigError) as err:
-        load_node(node_file, env={var: value})
+        load_node(node_file, env={var: value}, check_paths=False)
     assert str(err.value) == message
 
 
@@ -174,7 +174,7 @@ def test_override_colliding_with_the_file_names_both(tmp_path: Path) -> None:
     path = tmp_path / "node.yaml"
     path.write_text("model_repo: /m\nmetrics_base_port: 9100\n")
     with pytest.raises(ConfigError) as err:
-        load_node(path, env={"INFERENCE_SERVER_ENDPOINTS_PORT": "9100"})
+        load_node(path, env={"INFERENCE_SERVER_ENDPOINTS_PORT": "9100"}, check_paths=False)
     assert str(err.value) == (
         f"{path}:2: metrics_base_port: expected a port other than the gRPC port; got 9100 for "
         "both (the gRPC port comes from INFERENCE_SERVER_ENDPOINTS_PORT)"
@@ -185,11 +185,11 @@ def test_default_environment_is_os_environ(
     node_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("INFERENCE_SERVER_SCHEDULER_DISCIPLINE", "edf")
-    assert load_server_config(node_file, "worker0").scheduler.discipline == "edf"
+    assert load_server_config(node_file, "worker0", check_paths=False).scheduler.discipline == "edf"
 
 
 def test_worker_name_from_the_environment(node_file: Path) -> None:
-    node = load_node(node_file, env={})
+    node = load_node(node_file, env={}, check_paths=False)
     assert resolve_worker(node, env={"REACTANT_WORKER_NAME": "worker1"}).name == "worker1"
     with pytest.raises(ConfigError) as err:
         resolve_worker(node, env={"REACTANT_WORKER_NAME": "worker7"})
@@ -198,7 +198,9 @@ def test_worker_name_from_the_environment(node_file: Path) -> None:
 
 def test_unrelated_variables_are_ignored(node_file: Path) -> None:
     env = {"PATH": "/bin", "REACTANT_GPUS": "2", "INFERENCE_SERVERX": "1"}
-    assert load_server_config(node_file, "worker0", env=env).endpoints.port == 8080
+    assert (
+        load_server_config(node_file, "worker0", env=env, check_paths=False).endpoints.port == 8080
+    )
 
 
 def test_variable_names_come_from_the_schema() -> None:
@@ -253,7 +255,7 @@ def test_gateway_env_overrides_the_file(tmp_path: Path) -> None:
     ("env", "message"),
     [
         (
-            {"REACTANT_GATEWAY_SCHEDULING_MODE": "packing"},
+            {"REACTANT_GATEWAY_WORKERS": "a:1", "REACTANT_GATEWAY_SCHEDULING_MODE": "packing"},
             "REACTANT_GATEWAY_SCHEDULING_MODE: expected one of round_robin, least_outstanding, "
             "lpt_packing; got 'packing'",
         ),
@@ -287,7 +289,9 @@ def test_gateway_env_overrides_the_file(tmp_path: Path) -> None:
         (
             {"REACTANT_GATEWAY_FILE": "/nonexistent/gateway.yml"},
             "REACTANT_GATEWAY_FILE: expected the path of a gateway.yml; got "
-            "'/nonexistent/gateway.yml' (no such file)",
+            "'/nonexistent/gateway.yml' (no such file)\n"
+            "REACTANT_GATEWAY_WORKERS: expected at least one worker host:port (endpoints: or "
+            "REACTANT_GATEWAY_WORKERS); got none",
         ),
     ],
 )
@@ -300,7 +304,7 @@ def test_bad_gateway_override(env: dict[str, str], message: str) -> None:
 def test_embedded_gateway_mode_from_env_checks_worker_disciplines(tmp_path: Path) -> None:
     path = tmp_path / "node.yaml"
     path.write_text("model_repo: /m\ngpus: 2\n")
-    node = load_node(path, env={})
+    node = load_node(path, env={}, check_paths=False)
     env = {"REACTANT_GATEWAY_SCHEDULING_MODE": "lpt_packing"}
     with pytest.raises(ConfigError) as err:
         resolve_gateway(node, env=env)
@@ -333,7 +337,7 @@ def test_embedded_gateway_block_keeps_what_it_sets(tmp_path: Path) -> None:
             """
         )
     )
-    node = materialize_workers(load_node(path, env={}), 2)
+    node = materialize_workers(load_node(path, env={}, check_paths=False), 2)
     gw = resolve_gateway(node, env={})
     assert gw.endpoints == ("[::1]:8080", "[::1]:8081")
     assert gw.metrics_endpoints == ()  # the workers have no admin port

@@ -1,12 +1,16 @@
-"""A bad configuration gets exactly one error: ``file:line: key.path: expected ...; got ...``.
+"""A bad configuration gets one line per problem: ``file:line: key.path: expected ...; got ...``.
 
-Each case is a whole file and the whole message it must produce, so the table doubles as
-the catalogue of what an operator sees. The file is named as the user gave it (here a
-relative ``node.yaml`` / ``gateway.yml``) and the line is that of the offending key.
+Each case of the tables is a whole file and the whole message it must produce, so the
+tables double as the catalogue of what an operator sees. The file is named as the user
+gave it (here a relative ``node.yaml`` / ``gateway.yml``) and the line is that of the
+offending key. The table cases hold one mistake each (their repositories are fictional,
+so they are loaded with ``check_paths=False``); the tests at the end hold several, and
+every one of them must be reported in the same run.
 """
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -16,6 +20,7 @@ from reactantserver.config import (
     load_gateway,
     load_node,
     materialize_workers,
+    resolve_gateway,
     resolve_worker,
 )
 from reactantserver.errors import ConfigError
@@ -425,7 +430,7 @@ NODE_CASES: list[tuple[str, str, str]] = [
         "got 0",
     ),
     (
-        "earliest-line-wins",
+        "every-problem-in-file-order",
         """\
         model_repo: /models
         workers:
@@ -435,7 +440,8 @@ NODE_CASES: list[tuple[str, str, str]] = [
           scheduler:
             discipline: fiar
         """,
-        "node.yaml:4: workers[1].name: expected distinct worker names; 'worker0' is listed twice",
+        "node.yaml:4: workers[1].name: expected distinct worker names; 'worker0' is listed twice\n"
+        "node.yaml:7: global.scheduler.discipline: expected one of fair, fifo, edf; got 'fiar'",
     ),
     (
         "yaml-syntax",
@@ -469,7 +475,7 @@ def test_bad_node_file(
     monkeypatch.chdir(tmp_path)
     Path("node.yaml").write_text(textwrap.dedent(text))
     with pytest.raises(ConfigError) as err:
-        load_node("node.yaml", env={})
+        load_node("node.yaml", env={}, check_paths=False)
     assert str(err.value) == message
 
 
@@ -621,7 +627,7 @@ def test_bad_gateway_file(
 def test_unreadable_file(tmp_path: Path) -> None:
     missing = tmp_path / "nope.yaml"
     with pytest.raises(ConfigError) as err:
-        load_node(missing, env={})
+        load_node(missing, env={}, check_paths=False)
     assert str(err.value) == f"{missing}: cannot read the file: No such file or directory"
 
 
@@ -629,14 +635,14 @@ def test_top_level_must_be_a_mapping(tmp_path: Path) -> None:
     path = tmp_path / "node.yaml"
     path.write_text("- model_repo: /models\n")
     with pytest.raises(ConfigError) as err:
-        load_node(path, env={})
+        load_node(path, env={}, check_paths=False)
     assert str(err.value) == f"{path}:1: expected a mapping of keys at the top level; got a list"
 
 
 def test_unknown_worker_name(tmp_path: Path) -> None:
     path = tmp_path / "node.yaml"
     path.write_text("model_repo: /m\nworkers:\n  - name: a\n  - name: b\n")
-    node = load_node(path, env={})
+    node = load_node(path, env={}, check_paths=False)
     with pytest.raises(ConfigError) as err:
         resolve_worker(node, "c", env={})
     assert str(err.value) == f"{path}:2: workers: expected one of a, b; got 'c'"
@@ -645,10 +651,235 @@ def test_unknown_worker_name(tmp_path: Path) -> None:
 def test_materialize_checks_pins_against_the_detected_workers(tmp_path: Path) -> None:
     path = tmp_path / "node.yaml"
     path.write_text("model_repo: /m\nmodels:\n  resnet50: [worker3]\n")
-    node = load_node(path, env={})  # gpus: auto -- worker3 may exist once devices are known
+    node = load_node(
+        path, env={}, check_paths=False
+    )  # gpus: auto -- worker3 may exist once devices are known
     assert materialize_workers(node, 4).workers[3].name == "worker3"
     with pytest.raises(ConfigError) as err:
         materialize_workers(node, 2)
     assert str(err.value) == (
         f"{path}:3: models.resnet50[0]: expected one of worker0, worker1; got 'worker3'"
+    )
+
+
+# --- every problem in one run ------------------------------------------------------------
+
+
+def test_three_different_errors_are_all_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unknown top-level key (structuring), a bad value in global: (a worker rule) and
+    a missing repository (the disk): three checks of three kinds, one run, three lines.
+    The unknown key does not stop the others: it is dropped and the rest is checked."""
+    monkeypatch.chdir(tmp_path)
+    Path("node.yaml").write_text(
+        textwrap.dedent(
+            """\
+            model_repo: models
+            base_prot: 8001
+            global:
+              scheduler:
+                discipline: fiar
+            """
+        )
+    )
+    with pytest.raises(ConfigError) as err:
+        load_node("node.yaml", env={})
+    assert err.value.problems == (
+        f"node.yaml:1: model_repo: expected a readable directory of model bundles; got "
+        f"'models' ({tmp_path / 'models'}), which does not exist",
+        "node.yaml:2: base_prot: unknown key; expected one of model_repo, base_port, "
+        "metrics_base_port, gpus, global, workers, models, gateway (did you mean base_port?)",
+        "node.yaml:5: global.scheduler.discipline: expected one of fair, fifo, edf; got 'fiar'",
+    )
+    assert str(err.value) == "\n".join(err.value.problems)
+
+
+def test_problems_at_every_level_of_the_file(tmp_path: Path) -> None:
+    """Problems in the node keys, inside a worker entry, in a settings block (two in one
+    block: the first does not hide the second), in a list, in the gateway and in the
+    environment: all reported, in file order, environment last."""
+    (tmp_path / "repo").mkdir()
+    path = tmp_path / "node.yaml"
+    path.write_text(
+        textwrap.dedent(
+            """\
+            model_repo: repo
+            metrics_base_port: 70000
+            gpus: [0, -1]
+            global:
+              scheduler:
+                dscipline: fifo
+                max_queue_depth: 0
+                ema_halflife: 3
+            workers:
+              - name: w0
+                port: "8001"
+              - name: w1
+            gateway:
+              scheduling:
+                hysteresis: 1.5
+            """
+        )
+    )
+    with pytest.raises(ConfigError) as err:
+        load_node(path, env={"INFERENCE_SERVER_SCHEDULER_DISCIPLINE": "fiar"})
+    assert err.value.problems == (
+        f"{path}:2: metrics_base_port: expected a port in 1..65535, or 0 for off; got 70000",
+        f"{path}:3: gpus[1]: expected a device ordinal >= 0; got -1",
+        f"{path}:6: global.scheduler.dscipline: unknown key; expected one of discipline, "
+        "ema_halflife_seconds, max_queue_depth, dispatch_timeout_seconds, compaction_interval, "
+        "cost_ema_alpha, recency_penalty_cap, meta_concurrency, models (did you mean "
+        "discipline?)",
+        f"{path}:7: global.scheduler.max_queue_depth: expected an integer >= 1; got 0",
+        f"{path}:8: global.scheduler.ema_halflife: unknown key; expected one of discipline, "
+        "ema_halflife_seconds, max_queue_depth, dispatch_timeout_seconds, compaction_interval, "
+        "cost_ema_alpha, recency_penalty_cap, meta_concurrency, models (did you mean "
+        "ema_halflife_seconds?)",
+        f"{path}:11: workers[0].port: expected an integer; got '8001'",
+        f"{path}:15: gateway.scheduling.hysteresis: expected a number in [0, 1); got 1.5",
+        "INFERENCE_SERVER_SCHEDULER_DISCIPLINE: expected one of fair, fifo, edf; got 'fiar'",
+    )
+
+
+def test_a_bad_list_item_is_reported_once_and_hides_no_other_item(tmp_path: Path) -> None:
+    """Two bad items of one list are both reported; the list is dropped so the rest of
+    the file can be checked, and nothing is then said about the dropped list (such as
+    'at most N workers per device')."""
+    path = tmp_path / "node.yaml"
+    path.write_text("model_repo: /m\ngpus: [0, true, 2, [3]]\nworkers:\n  - name: a\n")
+    with pytest.raises(ConfigError) as err:
+        load_node(path, env={}, check_paths=False)
+    assert err.value.problems == (
+        f"{path}:2: gpus[1]: expected a device ordinal or UUID; got true",
+        f"{path}:2: gpus[3]: expected a device ordinal or UUID; got a list",
+    )
+
+
+def test_a_missing_required_key_does_not_stop_the_rest(tmp_path: Path) -> None:
+    path = tmp_path / "node.yaml"
+    path.write_text("workers:\n  - port: 9000\n  - name: b\nbase_port: 0\n")
+    with pytest.raises(ConfigError) as err:
+        load_node(path, env={}, check_paths=False)
+    assert err.value.problems == (
+        f"{path}:1: model_repo: required key missing; expected the model repository directory "
+        "(every subdirectory holding a manifest.yaml is a bundle)",
+        f"{path}:2: workers[0].name: required key missing; expected the worker's name",
+        f"{path}:4: base_port: expected a port in 1..65535; got 0",
+    )
+
+
+@pytest.mark.parametrize(
+    ("make", "why"),
+    [
+        (lambda repo: None, "which does not exist"),
+        (lambda repo: repo.write_text("not a directory"), "which is not a directory"),
+    ],
+    ids=["missing", "a-file"],
+)
+def test_model_repo_must_be_a_readable_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make: object, why: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    make(tmp_path / "models")  # type: ignore[operator]
+    Path("node.yaml").write_text("gpus: 0\nmodel_repo: models\n")
+    with pytest.raises(ConfigError) as err:
+        load_node("node.yaml", env={})
+    assert str(err.value) == (
+        "node.yaml:2: model_repo: expected a readable directory of model bundles; got "
+        f"'models' ({tmp_path / 'models'}), {why}"
+    )
+    # Away from the machine it configures, a node file can be checked without its disk.
+    assert load_node("node.yaml", env={}, check_paths=False).model_repo == "models"
+
+
+def test_an_unreadable_model_repo(tmp_path: Path) -> None:
+    if os.geteuid() == 0:
+        pytest.skip("root reads every directory")
+    repo = tmp_path / "models"
+    repo.mkdir(mode=0)
+    path = tmp_path / "node.yaml"
+    path.write_text(f"model_repo: {repo}\n")
+    try:
+        with pytest.raises(ConfigError) as err:
+            load_node(path, env={})
+    finally:
+        repo.chmod(0o755)
+    assert str(err.value) == (
+        f"{path}:1: model_repo: expected a readable directory of model bundles; got "
+        f"'{repo}', which cannot be read (permission denied)"
+    )
+
+
+def test_the_environment_names_the_repository_it_moves(tmp_path: Path) -> None:
+    (tmp_path / "models").mkdir()
+    path = tmp_path / "node.yaml"
+    path.write_text("model_repo: models\n")
+    with pytest.raises(ConfigError) as err:
+        load_node(path, env={"INFERENCE_SERVER_MODEL_DIRS": "/nonexistent/a"})
+    assert str(err.value) == (
+        "INFERENCE_SERVER_MODEL_DIRS: expected a readable directory of model bundles; got "
+        "'/nonexistent/a', which does not exist"
+    )
+
+
+def test_a_gateway_reports_every_problem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("gateway.yml").write_text(
+        textwrap.dedent(
+            """\
+            endpoints: [w:1, w2]
+            scheduling:
+              mode: lpt
+              hysteresis: 1.0
+            logging:
+              level: verbose
+            """
+        )
+    )
+    with pytest.raises(ConfigError) as err:
+        load_gateway("gateway.yml", env={"REACTANT_GATEWAY_HEALTH_INTERVAL_SECONDS": "0"})
+    assert err.value.problems == (
+        "gateway.yml:1: endpoints[1]: expected host:port with a port in 1..65535; got 'w2'",
+        "gateway.yml:3: scheduling.mode: expected one of round_robin, least_outstanding, "
+        "lpt_packing; got 'lpt'",
+        "gateway.yml:4: scheduling.hysteresis: expected a number in [0, 1); got 1.0",
+        "gateway.yml:6: logging.level: expected one of debug, info, warning, error; got 'verbose'",
+        "REACTANT_GATEWAY_HEALTH_INTERVAL_SECONDS: expected a number > 0; got 0.0",
+    )
+
+
+def test_an_embedded_gateway_reports_every_problem(tmp_path: Path) -> None:
+    path = tmp_path / "node.yaml"
+    path.write_text(
+        textwrap.dedent(
+            """\
+            model_repo: /m
+            gpus: 2
+            gateway:
+              scheduling:
+                mode: lpt_packing
+                routing_fill_factor: 0
+              worker_client:
+                max_concurrent_streams: 0
+            """
+        )
+    )
+    with pytest.raises(ConfigError) as err:
+        load_node(path, env={}, check_paths=False)
+    assert err.value.problems == (
+        f"{path}:5: gateway.scheduling.mode: expected workers on fifo or edf under lpt_packing; "
+        "worker0 runs fair (by default)",
+        f"{path}:6: gateway.scheduling.routing_fill_factor: expected a number > 0; got 0.0",
+        f"{path}:8: gateway.worker_client.max_concurrent_streams: expected an integer >= 1; got 0",
+    )
+    env = {"REACTANT_GATEWAY_SCHEDULING_MODE": "lpt", "REACTANT_GATEWAY_WEDGE_EXIT_ROUNDS": "-1"}
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("model_repo: /m\ngpus: 2\n")
+    with pytest.raises(ConfigError) as err:
+        resolve_gateway(load_node(ok, env={}, check_paths=False), env=env)
+    assert err.value.problems == (
+        "REACTANT_GATEWAY_SCHEDULING_MODE: expected one of round_robin, least_outstanding, "
+        "lpt_packing; got 'lpt'",
+        "REACTANT_GATEWAY_WEDGE_EXIT_ROUNDS: expected an integer >= 0 (0 = never exit); got -1",
     )

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from typing import Any
 
 import attrs
 from hypothesis import given
 from ruamel.yaml import YAML
-from strategies import server_configs
+from strategies import CONFIG_FAULT_FILE, config_fault_sets, server_configs
 
-from reactantserver.config import NodeConfig, ServerConfig, dump_config, resolve_worker
+from reactantserver.config import NodeConfig, ServerConfig, dump_config, load_node, resolve_worker
 from reactantserver.config.convert import structure
 from reactantserver.config.env import WORKER_ENV
 from reactantserver.config.rules import WORKER_CROSS, WORKER_RULES, problems
 from reactantserver.config.source import SourceMap
+from reactantserver.errors import ConfigError
 
 
 def _text(value: Any) -> str:
@@ -57,3 +60,35 @@ def test_every_leaf_can_be_set_from_the_environment(cfg: ServerConfig) -> None:
     resolved = resolve_worker(NodeConfig(model_repo="/unused"), env=env)
     expected = attrs.evolve(cfg, name="worker0", scheduler=attrs.evolve(cfg.scheduler, models={}))
     assert resolved == expected
+
+
+@given(config_fault_sets())
+def test_no_fault_hides_another(faults: frozenset[int]) -> None:
+    """However many faults a node file has -- wrong types, unknown keys, values out of
+    range, at the top level, in ``global:`` and in a worker entry -- one load reports
+    each of them, one line each, in file order, and nothing else: a fault never hides
+    the next one, and the repairs made to get past one never produce a false alarm."""
+    lines: list[str] = []
+    expected: list[str] = []
+    for number, line in enumerate(CONFIG_FAULT_FILE, start=1):
+        if isinstance(line, str):
+            lines.append(line)
+            continue
+        valid, faulty, message = line
+        if number - 1 in faults:
+            lines.append(faulty)
+            expected.append(f"node.yaml:{number}: {message}")
+        else:
+            lines.append(valid)
+    source = SourceMap("node.yaml")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "node.yaml")
+        with open(path, "w") as fh:
+            fh.write("\n".join(lines) + "\n")
+        try:
+            load_node(path, env={}, check_paths=False)
+        except ConfigError as exc:
+            reported = [line.replace(path, source.file, 1) for line in exc.problems]
+        else:
+            reported = []
+    assert reported == expected

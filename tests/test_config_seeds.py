@@ -67,7 +67,7 @@ def test_every_seed_example_is_a_fixture() -> None:
 
 
 def test_single_gpu_node() -> None:
-    node = load_node(fixture("seed_single_gpu.node.yaml"), env={})
+    node = load_node(fixture("seed_single_gpu.node.yaml"), env={}, check_paths=False)
     assert node.gpus == "auto"
     assert worker_names(node) == ("worker0",)
     cfg = resolve_worker(node, env={})
@@ -87,7 +87,7 @@ def test_single_gpu_node() -> None:
 
 
 def test_distributed_node_one_worker_per_gpu() -> None:
-    node = load_node(fixture("seed_distributed.node.yaml"), env={})
+    node = load_node(fixture("seed_distributed.node.yaml"), env={}, check_paths=False)
     supervised = materialize_workers(node, 4)
     assert worker_names(supervised) == ("worker0", "worker1", "worker2", "worker3")
     configs = [resolve_worker(supervised, name, env={}) for name in worker_names(supervised)]
@@ -98,7 +98,9 @@ def test_distributed_node_one_worker_per_gpu() -> None:
 
 
 def test_distributed_gateway_embedded_in_front_of_the_node() -> None:
-    node = materialize_workers(load_node(fixture("seed_distributed.node.yaml"), env={}), 2)
+    node = materialize_workers(
+        load_node(fixture("seed_distributed.node.yaml"), env={}, check_paths=False), 2
+    )
     env = {"REACTANT_GATEWAY_FILE": str(fixture("seed_distributed.gateway.yml"))}
     gw = resolve_gateway(node, env=env)
     assert gw.scheduling.mode == "lpt_packing"
@@ -116,7 +118,9 @@ def test_distributed_gateway_embedded_in_front_of_the_node() -> None:
 
 
 def test_lpt_gateway_refuses_the_fair_single_gpu_node(tmp_path: Path) -> None:
-    node = materialize_workers(load_node(fixture("seed_single_gpu.node.yaml"), env={}), 2)
+    node = materialize_workers(
+        load_node(fixture("seed_single_gpu.node.yaml"), env={}, check_paths=False), 2
+    )
     env = {"REACTANT_GATEWAY_FILE": str(fixture("seed_distributed.gateway.yml"))}
     with pytest.raises(ConfigError) as err:
         resolve_gateway(node, env=env)
@@ -183,7 +187,7 @@ def test_gateway_yml_from_the_file_variable() -> None:
 
 def test_top_level_keys_with_empty_blocks() -> None:
     # `global:`, `workers:`, `models:`, `gateway:` with nothing after them mean "not set".
-    node = load_node(fixture("seed_top_level_keys.node.yaml"), env={})
+    node = load_node(fixture("seed_top_level_keys.node.yaml"), env={}, check_paths=False)
     assert node.workers == () and node.models == {} and node.gateway is None
     cfg = resolve_worker(node, env={})
     assert (cfg.name, cfg.endpoints.port, cfg.model_dirs) == ("worker0", 8080, (REPO,))
@@ -192,7 +196,7 @@ def test_top_level_keys_with_empty_blocks() -> None:
 
 def test_global_settings_block(tmp_path: Path) -> None:
     path = compose(tmp_path, f"model_repo: {REPO}\n", "seed_global_settings.fragment.yaml")
-    cfg = load_server_config(path, env={})
+    cfg = load_server_config(path, env={}, check_paths=False)
     assert cfg.cache_dir == "/var/cache/reactantserver"
     assert (cfg.model_control_mode, cfg.model_poll_seconds) == ("dynamic", 15.0)
     rt = cfg.runtime
@@ -211,7 +215,7 @@ def test_global_settings_block(tmp_path: Path) -> None:
 
 def test_workers_list_ports_are_base_port_plus_index(tmp_path: Path) -> None:
     path = compose(tmp_path, f"model_repo: {REPO}\nbase_port: 8080\n", "seed_workers.fragment.yaml")
-    node = load_node(path, env={})
+    node = load_node(path, env={}, check_paths=False)
     assert worker_names(node) == ("worker0", "worker1")
     assert resolve_worker(node, "worker0", env={}).endpoints.port == 8080
     assert resolve_worker(node, "worker1", env={}).endpoints.port == 8081
@@ -229,7 +233,7 @@ def test_models_map_pins_to_device_on_listed_workers(tmp_path: Path) -> None:
         "seed_workers.fragment.yaml",
         "seed_models_pin.fragment.yaml",
     )
-    node = load_node(path, env={})
+    node = load_node(path, env={}, check_paths=False)
     w0 = resolve_worker(node, "worker0", env={}).scheduler
     w1 = resolve_worker(node, "worker1", env={}).scheduler
     assert w0.models == {
@@ -248,6 +252,6 @@ def test_per_model_scheduler_overrides(tmp_path: Path) -> None:
         "seed_scheduler_models.fragment.yaml",
         indent_under="global",
     )
-    models = load_server_config(path, env={}).scheduler.models
+    models = load_server_config(path, env={}, check_paths=False).scheduler.models
     assert models["resnet50"] == ModelSchedConfig(weight=2.0, residency="device", max_batch_size=8)
     assert models["yolo"] == ModelSchedConfig(residency="unpinned")

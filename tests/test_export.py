@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -323,3 +324,66 @@ def test_cli_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     )
     assert main(["export", ref, "--out", str(out), "--force"]) == 0
     assert main(["export", ref, "--out", str(out), "--batch-sizes", "1,x"]) == 2
+
+
+def test_export_writes_only_the_bundle_it_is_told_to(tmp_path: Path) -> None:
+    """With bytecode writing on (as on a user's machine), exporting a spec that lives in a
+    package and ships a model.py writes the named bundle directory and nothing else: no
+    ``__pycache__`` beside the spec's source, none inside the bundle (the exporter imports
+    the bundle's model.py to check it), no leftover temporary directory."""
+    import shutil
+    import subprocess
+    import sys
+
+    source = tmp_path / "src"
+    shutil.copytree(
+        ROOT / "examples" / "zoo", source / "zoo", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    before = {p for p in tmp_path.rglob("*")}
+    out = tmp_path / "repo" / "u8"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["JAX_PLATFORMS"] = "cpu"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reactantserver.cli",
+            "export",
+            f"{source / 'zoo' / 'uint8_classifier.py'}:export_spec",
+            "--out",
+            str(out),
+            "--batch-sizes",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    written = {p.relative_to(tmp_path) for p in tmp_path.rglob("*")} - {
+        p.relative_to(tmp_path) for p in before
+    }
+    assert written == {
+        Path("repo"),
+        Path("repo/u8"),
+        Path("repo/u8/manifest.yaml"),
+        Path("repo/u8/model.jaxexport"),
+        Path("repo/u8/weights.safetensors"),
+        Path("repo/u8/model.py"),
+    }
+
+
+def test_loading_a_bundle_writes_nothing_into_it(
+    tmp_path: Path, zoo_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Importing a bundle's model.py (the exporter's check, every server load) leaves no
+    ``__pycache__`` in the bundle, even where Python would write one."""
+    import shutil
+
+    monkeypatch.setattr("sys.dont_write_bytecode", False)
+    bundle = tmp_path / "uint8_classifier"
+    shutil.copytree(zoo_repo / "uint8_classifier", bundle)
+    before = sorted(p.name for p in bundle.iterdir())
+    assert load_bundle(bundle).hooks is not None
+    assert sorted(p.name for p in bundle.iterdir()) == before

@@ -720,7 +720,8 @@ async def test_is_same_ipc_namespace(server: Running) -> None:
         assert (await off_loop(lambda: ask("/rs_probe_does_not_exist")))[0].same is False
         assert (await off_loop(lambda: ask("/a/b")))[1] == (
             "INVALID_ARGUMENT",
-            "shared memory key '/a/b' is not a POSIX shared memory name (expected '/name')",
+            "shared memory key '/a/b' is not a POSIX shared memory name (expected '/name' "
+            "with letters, digits, '.', '_' or '-')",
         )
     finally:
         tshm.destroy_shared_memory_region(segment)

@@ -29,6 +29,12 @@ JAX_FREE = [
     "reactantserver.service",
     "reactantserver.inferio",
     "reactantserver.transport.status",
+    "reactantserver.transport.limits",
+    "reactantserver.transport.framing",
+    "reactantserver.transport.faultlog",
+    "reactantserver.transport.h2guard",
+    "reactantserver.transport.h2conn",
+    "reactantserver.transport.server",
     "reactantserver.models",
     "reactantserver.shm",
     "reactantserver.admin",
@@ -40,6 +46,10 @@ JAX_FREE = [
     "reactantserver.gateway.control",
     "reactantserver.scheduling.fleet",
     "reactantserver.node",
+    "reactantserver.client.coerce",
+    "reactantserver.startup",
+    "reactantserver.announce",
+    "reactantserver.config.paths",
 ]
 
 
@@ -50,6 +60,30 @@ def test_module_imports_without_jax(module: str) -> None:
         "import sys, importlib\n"
         f"importlib.import_module({module!r})\n"
         "leaked = sorted(m for m in sys.modules if m == 'jax' or m.startswith(('jax.', 'jaxlib')))\n"
+        "print(','.join(leaked))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"importing {module} imported {out.stdout.strip()}"
+
+
+#: The sans-IO halves of the transport: no grpclib, h2 or asyncio either, so a gateway,
+#: the metrics collector and the tests read limits and rules without the wire stack.
+WIRE_STACK_FREE = [
+    "reactantserver.transport.status",
+    "reactantserver.transport.limits",
+    "reactantserver.transport.framing",
+    "reactantserver.transport.faultlog",
+    "reactantserver.transport.reclaim",
+]
+
+
+@pytest.mark.parametrize("module", WIRE_STACK_FREE)
+def test_module_imports_without_the_wire_stack(module: str) -> None:
+    code = (
+        "import sys, importlib\n"
+        f"importlib.import_module({module!r})\n"
+        "leaked = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('grpclib', 'h2', 'hpack', 'asyncio', 'trio_asyncio'))\n"
         "print(','.join(leaked))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

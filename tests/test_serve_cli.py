@@ -10,7 +10,9 @@ end in any other status -- a call cut off mid-flight, INTERNAL, CANCELLED.
 
 from __future__ import annotations
 
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -123,16 +125,141 @@ def test_sigterm_under_load_answers_every_accepted_request(zoo_repo: Path, tmp_p
         log.close()
 
 
-def test_serve_refuses_a_bad_node_file(tmp_path: Path) -> None:
-    node = tmp_path / "node.yaml"
-    node.write_text("model_repo: /nowhere\nglobal:\n  scheduler:\n    discipline: fiar\n")
-    out = subprocess.run(
-        [sys.executable, "-m", "reactantserver.cli", "serve", str(node)],
+def _serve(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "reactantserver.cli", "serve", *args],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
     )
+
+
+def test_serve_refuses_a_bad_node_file_with_every_problem(tmp_path: Path) -> None:
+    """Nothing starts (no port is bound, JAX is not imported): one line per problem, the
+    missing repository among them, exit status 2, no traceback."""
+    node = tmp_path / "node.yaml"
+    node.write_text("model_repo: /nowhere\nglobal:\n  scheduler:\n    discipline: fiar\n")
+    out = _serve(str(node))
     assert out.returncode == 2
-    assert out.stderr.strip() == (
-        f"{node}:4: global.scheduler.discipline: expected one of fair, fifo, edf; got 'fiar'"
+    assert out.stderr.splitlines() == [
+        f"{node}:1: model_repo: expected a readable directory of model bundles; got "
+        "'/nowhere', which does not exist",
+        f"{node}:4: global.scheduler.discipline: expected one of fair, fifo, edf; got 'fiar'",
+    ]
+    assert out.stdout == ""
+
+
+def test_a_missing_model_repo_is_one_line_in_config_and_in_serve(tmp_path: Path) -> None:
+    node = tmp_path / "node.yaml"
+    node.write_text("model_repo: models\n")
+    line = (
+        f"{node}:1: model_repo: expected a readable directory of model bundles; got 'models' "
+        f"({tmp_path / 'models'}), which does not exist\n"
     )
+    for command in ("config", "serve"):
+        out = subprocess.run(
+            [sys.executable, "-m", "reactantserver.cli", command, str(node)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert (out.returncode, out.stderr, out.stdout) == (2, line, ""), command
+
+
+def test_a_port_in_use_is_one_line_before_anything_starts(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        node = tmp_path / "node.yaml"
+        node.write_text(
+            f"model_repo: {tmp_path}\nbase_port: {free_port()}\nmetrics_base_port: {port}\n"
+        )
+        out = _serve(str(node))
+    assert out.returncode == 1
+    assert out.stderr == (
+        f"reactantserver serve: cannot listen for admin HTTP on 127.0.0.1:{port}: address "
+        "already in use; another process is listening there (stop it, or choose another port "
+        "in the node file: base_port / metrics_base_port, or a workers: entry's port / "
+        "metrics_port)\n"
+    )
+
+
+def test_a_failure_inside_the_running_worker_is_one_line_and_debug_shows_why(
+    tmp_path: Path,
+) -> None:
+    """A configuration problem only the runtime sees (a CUDA backend with no GPU and no
+    CPU fallback) is raised from inside Trio's nurseries: one line, exit status 2, and the
+    traceback only at --log-level debug."""
+    node = tmp_path / "node.yaml"
+    node.write_text(
+        f"model_repo: {tmp_path}\nbase_port: {free_port()}\nglobal:\n  runtime:\n"
+        "    backend: cuda\n    allow_cpu_fallback: false\n"
+    )
+    out = _serve(str(node))
+    assert out.returncode == 2
+    assert out.stderr.splitlines()[-2:] == [
+        "reactantserver serve: worker worker0: runtime.backend: cuda: no usable GPU (no CUDA "
+        "device is visible); set runtime.allow_cpu_fallback: true to run on the CPU instead",
+        "reactantserver serve: --log-level debug shows the traceback",
+    ]
+    assert "Traceback" not in out.stderr and "ExceptionGroup" not in out.stderr
+    debug = _serve(str(node), "--log-level", "debug")
+    assert debug.returncode == 2
+    assert "Traceback (most recent call last)" in debug.stderr
+    assert "reactantserver serve: worker worker0: runtime.backend: cuda: " in debug.stderr
+
+
+def test_a_bundle_that_fails_to_load_in_static_mode_is_one_log_line(
+    zoo_repo: Path, tmp_path: Path
+) -> None:
+    """The worker serves the rest; the broken bundle is one ERROR line naming it and what
+    is wrong (its artifact is another model's), with the traceback only at debug."""
+    repo = tmp_path / "repo"
+    shutil.copytree(zoo_repo / "double", repo / "double")
+    shutil.copytree(zoo_repo / "double", repo / "broken")
+    shutil.copyfile(zoo_repo / "mlp" / "model.jaxexport", repo / "broken" / "model.jaxexport")
+    port = free_port()
+    node = tmp_path / "node.yaml"
+    node.write_text(
+        f"model_repo: {repo}\nbase_port: {port}\ngpus: 0\nglobal:\n  model_control_mode: static\n"
+    )
+    for level in ("info", "debug"):
+        log = tmp_path / f"{level}.log"
+        with log.open("w") as sink:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "reactantserver.cli",
+                    "serve",
+                    str(node),
+                    "--log-level",
+                    level,
+                ],
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+            )
+            try:
+                deadline = time.monotonic() + 120
+                while "startup load done" not in log.read_text():
+                    assert proc.poll() is None, log.read_text()
+                    assert time.monotonic() < deadline, log.read_text()
+                    time.sleep(0.1)
+                client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+                assert client.is_model_ready("double") and not client.is_model_ready("broken")
+                proc.send_signal(signal.SIGTERM)
+                assert proc.wait(timeout=60) == 0
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        text = log.read_text()
+        errors = [line for line in text.splitlines() if " ERROR " in line]
+        assert len(errors) == 1, text
+        assert errors[0].endswith(
+            "reactantserver.worker: model 'broken' failed to load: model.jaxexport: the artifact "
+            "takes 7 arguments, but the manifest declares 1 input and weights.safetensors holds "
+            "1 weight (2 arguments in all)"
+        ), errors[0]
+        assert ("Traceback" in text) == (level == "debug"), text

@@ -1,7 +1,9 @@
 """Build the example detector's three bundles into a model repository.
 
-    python examples/detector/build.py --out examples/repo
+    python examples/detector/build.py --out /tmp/repo
     python examples/detector/build.py --out /tmp/repo --force
+
+(``examples/build_repo.py`` builds them into the example repository with the zoo.)
 
 Writes ``detector_backbone`` and ``detector_classifier`` (exported from the JAX
 functions in ``stages.py`` with seeded weights, each checked against its function by
@@ -52,32 +54,33 @@ def write_meta_bundle(out: Path, *, overwrite: bool = False) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def build(out: Path | str, *, overwrite: bool = False) -> dict[str, str]:
-    """Write the three bundles into ``out``; name -> what was done (exported/copied/kept)."""
+def build_one(name: str, target: Path, *, overwrite: bool = False) -> str:
+    """Write bundle ``name`` (one of ``NAMES``) as ``target``; what was done (exported,
+    copied, or kept when it exists and ``overwrite`` is off)."""
     import stages
 
     from reactantserver.export import export_spec
 
+    if target.exists() and not overwrite:
+        return "kept"
+    if name == META:
+        write_meta_bundle(target, overwrite=overwrite)
+        return "copied"
+    spec = {BACKBONE: stages.backbone_spec, CLASSIFIER: stages.classifier_spec}[name]
+    export_spec(
+        spec(),
+        target,
+        overwrite=overwrite,
+        provenance={"source": f"examples/detector/stages.py:{spec.__name__}"},
+    )
+    return "exported"
+
+
+def build(out: Path | str, *, overwrite: bool = False) -> dict[str, str]:
+    """Write the three bundles into ``out``; name -> what was done (exported/copied/kept)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    done: dict[str, str] = {}
-    for name, spec in ((BACKBONE, stages.backbone_spec), (CLASSIFIER, stages.classifier_spec)):
-        if (out / name).exists() and not overwrite:
-            done[name] = "kept"
-            continue
-        export_spec(
-            spec(),
-            out / name,
-            overwrite=overwrite,
-            provenance={"source": f"examples/detector/stages.py:{spec.__name__}"},
-        )
-        done[name] = "exported"
-    if (out / META).exists() and not overwrite:
-        done[META] = "kept"
-    else:
-        write_meta_bundle(out / META, overwrite=overwrite)
-        done[META] = "copied"
-    return done
+    return {name: build_one(name, out / name, overwrite=overwrite) for name in NAMES}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

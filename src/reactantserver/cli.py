@@ -2,8 +2,8 @@
 
 Each subcommand is two functions: ``_add_<name>(subparsers)`` declares its arguments and
 ``_run_<name>(args) -> int`` does the work; ``main`` only parses and dispatches, and turns a
-``ConfigError`` into its one-line message on stderr and exit status 2 (the status argparse
-uses for a bad command line: both mean "what you asked for is wrong, nothing ran").
+``ConfigError`` into its lines (one per problem) on stderr and exit status 2 (the status
+argparse uses for a bad command line: both mean "what you asked for is wrong, nothing ran").
 Subcommands import what they need inside ``_run_<name>``, so ``reactantserver config``
 never imports JAX.
 
@@ -13,11 +13,14 @@ never imports JAX.
         names), or with --gateway the node's embedded gateway. A gateway.yml is recognised
         by its keys and printed as the gateway it configures.
 
-    reactantserver serve FILE [--worker NAME] [--log-level LEVEL]
+    reactantserver serve FILE [--worker NAME] [--log-level LEVEL] [--announce]
         Run one worker of a node file: load and compile its model repository, serve the
         KServe V2 gRPC API (and /healthz, /readyz, /metrics when a metrics port is set)
         until SIGINT or SIGTERM, then refuse new calls, answer the calls in flight and
-        exit 0 (docs/serving.md).
+        exit 0 (docs/serving.md). A failure to start (a port in use, ...) is one line per
+        cause on stderr and exit status 1 (2 for a configuration problem found late);
+        ``--log-level debug`` adds the traceback. ``--announce`` reports startup progress
+        and ends it with where to reach the worker and three commands to try.
 
     reactantserver gateway [FILE] [--log-level LEVEL]
         Run a gateway (docs/gateway.md): one KServe V2 endpoint in front of the workers a
@@ -43,8 +46,12 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .config import ServerConfig
 
 #: Status for a configuration or command-line error (argparse's own is 2 as well).
 EXIT_USAGE = 2
@@ -57,8 +64,8 @@ def _add_config(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         description=(
             "Check a node file (or a gateway.yml) and print the effective configuration as "
             "YAML, with INFERENCE_SERVER_* / REACTANT_GATEWAY_* environment overrides applied. "
-            "A bad configuration prints one 'file:line: key: expected ...' line on stderr and "
-            "exits with status 2."
+            "A bad configuration prints one 'file:line: key: expected ...' line per problem on "
+            "stderr and exits with status 2."
         ),
     )
     parser.add_argument("file", help="node.yaml (or gateway.yml)")
@@ -191,7 +198,15 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error"],
-        help="log verbosity (default: info)",
+        help="log verbosity (default: info); debug also shows the traceback of a failure",
+    )
+    parser.add_argument(
+        "--announce",
+        action="store_true",
+        help=(
+            "for a person at a terminal: log startup progress, then print where the worker "
+            "listens and three commands to try (what `nox -s serve` does)"
+        ),
     )
     parser.set_defaults(run=_run_serve)
 
@@ -201,15 +216,34 @@ def _run_serve(args: argparse.Namespace) -> int:
 
     import trio
 
+    from . import startup
     from .config import load_server_config
-    from .worker import serve
 
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
     )
     config = load_server_config(args.file, worker=args.worker)
-    trio.run(serve, config)
+    taken = startup.listen_problems(config)
+    if taken:
+        for line in taken:
+            print(f"reactantserver serve: {line}", file=sys.stderr)
+        return 1
+    try:
+        trio.run(_serve, config, args.announce)
+    except KeyboardInterrupt:
+        # Ctrl-C before the worker's own signal handling was in place (the runtime was
+        # still starting): nothing was serving yet, so there is nothing to drain.
+        print("reactantserver serve: interrupted while starting", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        # One line per cause instead of Trio's nested groups; the whole story at debug.
+        logging.getLogger("reactantserver.serve").debug("worker failure", exc_info=exc)
+        for line in startup.failure_lines(exc):
+            print(f"reactantserver serve: worker {config.name}: {line}", file=sys.stderr)
+        if args.log_level != "debug":
+            print("reactantserver serve: --log-level debug shows the traceback", file=sys.stderr)
+        return startup.exit_status(exc)
     return 0
 
 
@@ -281,6 +315,35 @@ def _run_node(args: argparse.Namespace) -> int:
         format="[node] %(asctime)s %(levelname)-7s %(name)s: %(message)s",
     )
     return run_node(args.file, runtime_dir=args.runtime_dir, log_level=args.log_level)
+
+
+async def _serve(config: ServerConfig, announce: bool) -> None:
+    """``worker.serve`` until SIGINT/SIGTERM, with ``announce`` beside it when asked for."""
+    import logging
+
+    import trio
+
+    from .worker import WorkerAddress, serve
+
+    async with trio.open_nursery() as nursery:
+
+        async def run(task_status: trio.TaskStatus[WorkerAddress]) -> None:
+            await serve(config, task_status=task_status)
+            nursery.cancel_scope.cancel()  # stopped: nothing left to announce
+
+        address = await nursery.start(run)
+        if announce:
+            from .announce import announce as tell
+
+            async def presenter() -> None:
+                try:
+                    await tell(address.host, address.grpc_port, address.metrics_port)
+                except Exception as exc:  # a courtesy: it never takes the worker down
+                    logging.getLogger("reactantserver.serve").warning(
+                        "could not announce the worker (%s); it keeps serving", exc
+                    )
+
+            nursery.start_soon(presenter)
 
 
 def build_parser() -> argparse.ArgumentParser:

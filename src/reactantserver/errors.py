@@ -39,10 +39,15 @@ class ReactantError(Exception):
 class ConfigError(ReactantError):
     """A configuration file or environment override is invalid.
 
-    The message has the form ``FILE:LINE: key.path: what was expected; got VALUE``
-    (or names the environment variable instead of the file), so an operator can go
-    straight to the offending line.
+    Each problem is one line of the form ``FILE:LINE: key.path: what was expected; got
+    VALUE`` (or names the environment variable instead of the file), so an operator can
+    go straight to the offending line. A load reports every problem it finds at once:
+    ``problems`` holds the lines, and the message is those lines joined by newlines.
     """
+
+    def __init__(self, problem: str, *more: str) -> None:
+        super().__init__("\n".join((problem, *more)))
+        self.problems: tuple[str, ...] = (problem, *more)
 
 
 class BundleError(ReactantError):

@@ -569,7 +569,26 @@ def run_cli(
     platforms: Sequence[str] | None = None,
     force: bool = False,
 ) -> int:
-    """``reactantserver export``: resolve, export, print a summary; exit status."""
+    """``reactantserver export``: resolve, export, print a summary; exit status.
+
+    The command writes the bundle directory it is given and nothing else: importing the
+    spec's module (``examples/zoo/mlp.py``) must not leave a ``__pycache__`` beside it.
+    """
+    writes_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        return _run_cli(ref, out, batch_sizes=batch_sizes, platforms=platforms, force=force)
+    finally:
+        sys.dont_write_bytecode = writes_bytecode
+
+
+def _run_cli(
+    ref: str,
+    out: str,
+    *,
+    batch_sizes: Sequence[int] | None,
+    platforms: Sequence[str] | None,
+    force: bool,
+) -> int:
     try:
         spec = resolve_spec(ref)
         if platforms:

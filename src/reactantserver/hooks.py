@@ -31,6 +31,7 @@ JAX-free: a ``model.py`` may import what it likes, but this module imports no JA
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import inspect
 import itertools
@@ -38,10 +39,13 @@ import sys
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12 on
 
 from .errors import BundleError, ExecutionFailed, InvalidArgument
 
@@ -76,10 +80,21 @@ def _import_failure(bundle: str, path: Path, exc: BaseException) -> BundleError:
     return BundleError(bundle, f"{path.name}: import failed: {last}{where}")
 
 
+class _SourceOnlyLoader(importlib.machinery.SourceFileLoader):
+    """Imports a model.py without writing ``__pycache__`` next to it: a bundle directory
+    holds what its author put there (an exported bundle, a read-only repository), and a
+    cached ``.pyc`` of some Python version is not part of a bundle."""
+
+    def set_data(self, path: str, data: Buffer, *, _mode: int = 0o666) -> None:
+        return None  # the bytecode cache write; the import itself is unaffected
+
+
 def load_hooks(bundle: str, path: Path, *, kind: str) -> Hooks:
     """Import ``path`` (a bundle's model.py) and collect its hooks."""
     module_name = f"reactantserver_bundle_{next(_counter)}_{''.join(c if c.isalnum() else '_' for c in bundle)}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
+    spec = importlib.util.spec_from_file_location(
+        module_name, path, loader=_SourceOnlyLoader(module_name, str(path))
+    )
     if spec is None or spec.loader is None:  # pragma: no cover - only for non-.py paths
         raise BundleError(bundle, f"{path.name}: cannot be imported")
     module = importlib.util.module_from_spec(spec)

@@ -17,7 +17,9 @@ Where an input's bytes come from (per tensor, in this order of precedence)
 1. **System shared memory**: the tensor's parameters name a registered region
    (``shared_memory_region``, string), an offset inside it (``shared_memory_offset``,
    int64, default 0) and a byte count (``shared_memory_byte_size``, int64, required).
-   The array is ``np.frombuffer`` over the registry's ``memoryview``: no copy.
+   The bytes are read (after the byte count is checked against the shape) into a buffer
+   the server owns: one copy, the price of never mapping a file the client can truncate
+   (see :mod:`reactantserver.shm`).
 2. **raw_input_contents**: one entry per input that is *not* in shared memory, in the
    order of ``inputs``; either every such input has an entry or none does (Triton's
    rule). Viewed with ``np.frombuffer`` over the received message: no copy at all.
@@ -54,8 +56,9 @@ into the region, echoed with ``shared_memory_byte_size`` set to the bytes writte
 gets an *empty* entry in ``raw_output_contents``: Triton keeps one raw entry per output
 so that entry ``i`` belongs to output ``i``, and ``tritonclient`` indexes them that way
 (leaving the entry out, as the original system did, shifts every later inline output
-onto the wrong bytes). Its region is checked at decode time and again at encode time
-(it may have been unregistered meanwhile). Every other output is
+onto the wrong bytes). Its region is checked at decode time and again when the result is
+written (it may have been unregistered, or its object changed, meanwhile: then
+FAILED_PRECONDITION). Every other output is
 handed to the codec as a ``memoryview`` of the (C-contiguous) result array, so writing
 the response message is its one copy. A model returning a missing output, a
 wrong dtype or a shape outside its declaration is a server bug, reported as
@@ -282,7 +285,12 @@ def _from_typed(
 
 
 def _from_buffer(
-    spec: TensorSpec, buf: bytes | memoryview, shape: tuple[int, ...], where: str, *, shm: bool
+    spec: TensorSpec,
+    buf: bytes | memoryview | np.ndarray,
+    shape: tuple[int, ...],
+    where: str,
+    *,
+    shm: bool,
 ) -> np.ndarray:
     """View ``buf`` as the tensor (fixed width: no copy; BYTES: decoded elements)."""
     source = "shared memory" if shm else "raw contents"
@@ -296,14 +304,21 @@ def _from_buffer(
                 f"{where}: {source} hold {have} bytes, too few for {count} BYTES elements "
                 "(each needs a 4-byte length)"
             )
-        return tensors.deserialize_bytes(buf, count, what=f"{where}: {source}").reshape(shape)
+        data = buf.data if isinstance(buf, np.ndarray) else buf
+        return tensors.deserialize_bytes(data, count, what=f"{where}: {source}").reshape(shape)
+    _check_byte_size(spec, shape, have, where, shm=shm)
+    return np.frombuffer(buf, dtype=spec.numpy_dtype).reshape(shape)
+
+
+def _check_byte_size(
+    spec: TensorSpec, shape: tuple[int, ...], have: int, where: str, *, shm: bool
+) -> None:
     need = tensors.byte_size(spec.datatype, shape, what=where)
     if have != need:
         got = f"{SHM_BYTE_SIZE} is {have}" if shm else f"raw contents hold {have} bytes"
         raise InvalidArgument(
             f"{where}: {got}, shape {_shape_text(shape)} of {spec.datatype} needs {need}"
         )
-    return np.frombuffer(buf, dtype=spec.numpy_dtype).reshape(shape)
 
 
 def decode_request(
@@ -361,8 +376,11 @@ def decode_request(
         if target is not None:
             if contents is not None:
                 raise InvalidArgument(f"{where}: both contents and shared memory are set")
-            view = registry.view(target.region, target.offset, target.byte_size)
-            arrays[tensor.name] = _from_buffer(spec, view, shape, where, shm=True)
+            if spec.datatype != "BYTES":
+                # Check the size against the shape before reading anything.
+                _check_byte_size(spec, shape, target.byte_size, where, shm=True)
+            data = registry.read(target.region, target.offset, target.byte_size)
+            arrays[tensor.name] = _from_buffer(spec, data, shape, where, shm=True)
         elif raw:
             if contents is not None:
                 raise InvalidArgument(
@@ -419,9 +437,9 @@ def _requested_outputs(
             raise InvalidArgument(f"{where}: the classification parameter is not supported")
         target = _shm_target(wanted.parameters, where)
         if target is not None:
-            # Fail now, before queueing, if the region is unknown or the window is outside
-            # it; the view itself is taken again when the result is written.
-            registry.view(target.region, target.offset, target.byte_size).release()
+            # Fail now, before queueing, if the region is unknown, stale or the window is
+            # outside it; all of it is checked again when the result is written.
+            registry.check(target.region, target.offset, target.byte_size)
         chosen.append(RequestedOutput(spec, target))
     return tuple(chosen)
 
@@ -454,28 +472,19 @@ def _write_shm(
     arr: np.ndarray, spec: TensorSpec, target: ShmTarget, registry: SharedMemoryRegistry, where: str
 ) -> int:
     """Write ``arr`` into the target window; return the bytes written."""
-    data: bytes | None = None
+    data: bytes | np.ndarray
     if spec.datatype == "BYTES":
         data = tensors.serialize_bytes(arr.ravel())
         nbytes = len(data)
     else:
+        data = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
         nbytes = arr.nbytes
     if nbytes > target.byte_size:
         raise InvalidArgument(
             f"{where}: {nbytes} bytes do not fit in {SHM_BYTE_SIZE}={target.byte_size} of "
             f"shared memory region {target.region!r}"
         )
-    view = registry.view(target.region, target.offset, nbytes)
-    try:
-        if data is not None:
-            view[:] = data
-        else:
-            dst = np.frombuffer(view, dtype=arr.dtype, count=arr.size).reshape(arr.shape)
-            np.copyto(dst, arr)
-            del dst
-    finally:
-        view.release()
-    return nbytes
+    return registry.write(target.region, target.offset, data)
 
 
 def encode_response(

@@ -26,6 +26,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from .lifecycle import ModelState
+from .transport.limits import Fault, WireStatistics
 
 if TYPE_CHECKING:
     from .scheduling import ModelStatistics
@@ -65,6 +66,43 @@ _SCHEDULER_SERIES: tuple[tuple[str, type, str, str], ...] = (
     ),
     ("queue_depth", GaugeMetricFamily, "worker_queue_depth", "Requests waiting in the queue."),
 )
+
+
+def wire_metrics(base: dict[str, str], wire: WireStatistics) -> Iterator[Metric]:
+    """The gRPC wire layer's series: connections, streams, client errors by kind."""
+    yield _gauge(
+        "worker_grpc_connections_open", "Open gRPC connections.", base, wire.connections_open
+    )
+    for key, value, doc in (
+        ("accepted", wire.connections_accepted, "gRPC connections accepted."),
+        (
+            "refused",
+            wire.connections_refused,
+            "Connections refused with GOAWAY at endpoints.max_connections.",
+        ),
+        (
+            "evicted",
+            wire.connections_evicted,
+            "Connections closed in their handshake to make room (endpoints.max_connections).",
+        ),
+        (
+            "idle_closed",
+            wire.connections_idle_closed,
+            "Connections closed after endpoints.idle_timeout_seconds without a call.",
+        ),
+    ):
+        yield _counter(f"worker_grpc_connections_{key}", doc, base, value)
+    yield _gauge(
+        "worker_grpc_streams_open", "gRPC calls (HTTP/2 streams) open now.", base, wire.streams_open
+    )
+    errors = CounterMetricFamily(
+        "worker_grpc_client_errors",
+        "Client mistakes caught by the wire layer, by kind (docs/grpc.md).",
+        labels=[*base, "kind"],
+    )
+    for fault in Fault:
+        errors.add_metric([*base.values(), fault.value], wire.faults.get(fault.value, 0))
+    yield errors
 
 
 class WorkerCollector(Collector):
@@ -138,6 +176,7 @@ class WorkerCollector(Collector):
             rpcs.add_metric([*base.values(), rpc, code], n)
         yield rpcs
 
+        yield from wire_metrics(base, w.wire.statistics())
         yield from self._per_model(base, sched.policy.models)
         yield from self._lifecycle(base)
         yield from self._weight_cache(base, status)

@@ -39,7 +39,6 @@ decodes and encodes them without betterproto); a betterproto request is accepted
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -64,7 +63,7 @@ from reactantserver.histogram import LATENCY_BUCKETS, Histogram, HistogramSnapsh
 from reactantserver.inferio import decode_request, encode_response
 from reactantserver.protocol import inference as pb
 from reactantserver.protocol import reactant_control as cpb
-from reactantserver.shm import SHM_ROOT, SharedMemoryRegistry
+from reactantserver.shm import SharedMemoryRegistry, object_exists
 from reactantserver.transport.codec import InferRequest, InferResponse
 from reactantserver.transport.status import StatusCode, code_of
 
@@ -464,20 +463,6 @@ def _enum_name(enum_type: type[cpb.Residency], value: int) -> str:
         return str(int(value))
 
 
-def _shm_object_exists(key: str) -> bool:
-    name = key.lstrip("/")
-    if not name or "/" in name or name in (".", ".."):
-        raise InvalidArgument(
-            f"shared memory key {key!r} is not a POSIX shared memory name (expected '/name')"
-        )
-    try:
-        fd = os.open(os.path.join(SHM_ROOT, name), os.O_RDONLY)
-    except OSError:
-        return False
-    os.close(fd)
-    return True
-
-
 # ------------------------------------------------------------------------------ the service
 
 
@@ -743,7 +728,7 @@ class Service:
     async def is_same_ipc_namespace(
         self, request: pb.IsSameIpcNamespaceRequest, ctx: CallContext
     ) -> pb.IsSameIpcNamespaceResponse:
-        return pb.IsSameIpcNamespaceResponse(same=_shm_object_exists(request.name))
+        return pb.IsSameIpcNamespaceResponse(same=object_exists(request.name))
 
     # -------------------------------------------------------------- not served
 

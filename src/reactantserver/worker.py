@@ -101,7 +101,9 @@ from .service import (
     ModelControlInfo,
     Service,
 )
+from .shm import SharedMemoryRegistry
 from .transport.grpc import serve_grpc
+from .transport.limits import WireCounters
 
 log = logging.getLogger(__name__)
 
@@ -175,8 +177,12 @@ class Worker:
         self._metas: dict[str, MetaModel] = {}
         self.metas = MetaRunner(self, concurrency=config.scheduler.meta_concurrency)
         self.service = Service(
-            self, max_concurrent_requests=config.endpoints.max_concurrent_requests
+            self,
+            max_concurrent_requests=config.endpoints.max_concurrent_requests,
+            registry=SharedMemoryRegistry(max_regions=config.endpoints.max_shm_regions),
         )
+        #: The gRPC wire layer's counters (connections, client errors), for /metrics.
+        self.wire = WireCounters()
 
     # ------------------------------------------------------------------ running
 
@@ -197,7 +203,11 @@ class Worker:
             async def grpc(task_status: trio.TaskStatus[int]) -> None:
                 try:
                     await serve_grpc(
-                        self.service, cfg.endpoints, stop=grpc_stop, task_status=task_status
+                        self.service,
+                        cfg.endpoints,
+                        stop=grpc_stop,
+                        counters=self.wire,
+                        task_status=task_status,
                     )
                 finally:
                     grpc_done.set()
@@ -368,6 +378,7 @@ class Worker:
                     raise BundleError(name, _KIND_CHANGE.format(old="meta", new="model"))
                 served, costs = await self._build(bundle)
         except ReactantError as exc:
+            log.debug("model %r: the load failure's traceback", name, exc_info=exc)
             self._load_failed(name, exc.detail if isinstance(exc, BundleError) else str(exc))
             return None
         except Exception as exc:

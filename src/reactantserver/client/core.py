@@ -26,6 +26,14 @@ inline. When the server answers FAILED_PRECONDITION about the region -- it forgo
 (restarted) or it maps an older object -- and this client registered that region, the
 region is registered again and the call is made once more (once per call).
 
+``infer`` with inputs that are not numpy arrays (lists, tuples, scalars) reads the
+model's ``ModelMetadata`` once (cached per model, dropped like the output layout) and
+converts them to the declared datatypes, refusing any conversion that would lose a
+value (:mod:`.coerce`). When a call with converted inputs is refused with
+INVALID_ARGUMENT and the datatypes came from the cache, the metadata is read again and,
+if the model now declares other datatypes, the inputs are converted again and the call
+made once more.
+
 Everything here runs on one asyncio loop: the caller's own (``AsyncClient`` under
 asyncio) or a private loop thread (``Client``, and ``AsyncClient`` under Trio). The
 statistics counters are plain integers touched only on that loop.
@@ -47,11 +55,19 @@ from grpclib.const import Cardinality
 from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError
 
-from reactantserver.errors import DeadlineExceeded, FailedPrecondition, RequestError, Unavailable
+from reactantserver.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    RequestError,
+    Unavailable,
+)
 from reactantserver.protocol import inference as pb
 from reactantserver.protocol import reactant_control as cpb
 
 from .codec import decode_outputs, encode_request, output_nbytes, wire_array
+from .coerce import to_declared
 from .records import (
     ClientStatistics,
     ModelMetadata,
@@ -177,6 +193,8 @@ class Core:
         self._codec = _CountingCodec()
         self._channel: Channel | None = None
         self._layouts: dict[str, _OutputLayout] = {}
+        #: model -> input name -> declared datatype, for converting array-likes.
+        self._datatypes: dict[str, dict[str, str]] = {}
         self._registered: dict[str, SharedMemoryRegion] = {}
         self._calls = 0
         self._attempts = 0
@@ -329,12 +347,14 @@ class Core:
         )
         return ServerMetadata(reply.name, reply.version, tuple(reply.extensions))
 
-    async def model_metadata(self, name: str, timeout: float | None = None) -> ModelMetadata:
+    async def model_metadata(
+        self, name: str, timeout: float | None = None, *, deadline: float | None = None
+    ) -> ModelMetadata:
         reply = await self.call(
             INFERENCE + "ModelMetadata",
             pb.ModelMetadataRequest(name=name),
             pb.ModelMetadataResponse,
-            deadline=self.deadline(timeout),
+            deadline=deadline if deadline is not None else self.deadline(timeout),
         )
 
         def tensors(specs: Sequence[pb.ModelMetadataResponseTensorMetadata]) -> tuple[Any, ...]:
@@ -384,7 +404,7 @@ class Core:
         return [RepositoryModel(m.name, m.version, m.state, m.reason) for m in reply.models]
 
     async def load_model(self, name: str, timeout: float | None = None) -> None:
-        self._layouts.pop(name, None)
+        self._forget(name)
         await self.call(
             INFERENCE + "RepositoryModelLoad",
             pb.RepositoryModelLoadRequest(model_name=name),
@@ -393,7 +413,7 @@ class Core:
         )
 
     async def unload_model(self, name: str, timeout: float | None = None) -> None:
-        self._layouts.pop(name, None)
+        self._forget(name)
         await self.call(
             INFERENCE + "RepositoryModelUnload",
             pb.RepositoryModelUnloadRequest(model_name=name),
@@ -524,25 +544,81 @@ class Core:
         request_id: str = "",
     ) -> dict[str, np.ndarray]:
         deadline = self.deadline(timeout)
-        wired = {name: wire_array(name, value) for name, value in inputs.items()}
-        if shm is None:
-            request = encode_request(
-                model,
-                {name: arr for name, (_, arr) in wired.items()},
-                outputs=outputs,
-                request_id=request_id,
-            )
-            response = await self.call(
-                INFERENCE + "ModelInfer", request, InferResponseWire, deadline=deadline
-            )
-            return decode_outputs(response)
-        with shm.claim():
-            try:
+        # Array-likes take the model's declared datatypes (read once, then cached); numpy
+        # arrays are sent as they are, and cost no lookup.
+        loose = [name for name, value in inputs.items() if not isinstance(value, np.ndarray)]
+        cached = model in self._datatypes
+        declared = await self._declared(model, deadline) if loose else {}
+        wired = self._wire(inputs, loose, declared)
+        try:
+            if shm is None:
+                return await self._infer_inline(model, wired, outputs, request_id, deadline)
+            with shm.claim():
                 return await self._infer_shm(model, wired, outputs, shm, request_id, deadline)
-            except RequestError:
-                # The model may have been reloaded with other shapes: read them afresh.
-                self._layouts.pop(model, None)
+        except RequestError as exc:
+            # The model may have been reloaded with other shapes: read them afresh next
+            # time; and its datatypes too when the server says the request or the model
+            # name was wrong (not for a full queue or a deadline: nothing changed then).
+            self._layouts.pop(model, None)
+            if isinstance(exc, InvalidArgument | NotFound):
+                self._datatypes.pop(model, None)
+            if not (loose and cached and isinstance(exc, InvalidArgument)):
                 raise
+            # The datatypes converted to came from the cache: if the model changed them,
+            # convert again and try once more (the refused call did not run).
+            fresh = await self._declared(model, deadline)
+            if all(fresh.get(name) == declared.get(name) for name in loose):
+                raise
+            wired = self._wire(inputs, loose, fresh)
+            if shm is None:
+                return await self._infer_inline(model, wired, outputs, request_id, deadline)
+            with shm.claim():
+                return await self._infer_shm(model, wired, outputs, shm, request_id, deadline)
+
+    def _forget(self, model: str) -> None:
+        """Drop what is cached about ``model`` (its output layout, its input datatypes)."""
+        self._layouts.pop(model, None)
+        self._datatypes.pop(model, None)
+
+    async def _declared(self, model: str, deadline: float) -> Mapping[str, str]:
+        """``model``'s input name -> declared datatype, from ModelMetadata (cached)."""
+        found = self._datatypes.get(model)
+        if found is None:
+            meta = await self.model_metadata(model, deadline=deadline)
+            found = self._datatypes[model] = {t.name: t.datatype for t in meta.inputs}
+        return found
+
+    @staticmethod
+    def _wire(
+        inputs: Mapping[str, Any], loose: Sequence[str], declared: Mapping[str, str]
+    ) -> dict[str, tuple[str, np.ndarray]]:
+        """``(datatype, array)`` per input: array-likes converted to what the model
+        declares (an input it does not declare is left to the server to name)."""
+        wired = {}
+        for name, value in inputs.items():
+            if name in loose and name in declared:
+                value = to_declared(name, value, declared[name])
+            wired[name] = wire_array(name, value)
+        return wired
+
+    async def _infer_inline(
+        self,
+        model: str,
+        wired: Mapping[str, tuple[str, np.ndarray]],
+        outputs: Sequence[str] | None,
+        request_id: str,
+        deadline: float,
+    ) -> dict[str, np.ndarray]:
+        request = encode_request(
+            model,
+            {name: arr for name, (_, arr) in wired.items()},
+            outputs=outputs,
+            request_id=request_id,
+        )
+        response = await self.call(
+            INFERENCE + "ModelInfer", request, InferResponseWire, deadline=deadline
+        )
+        return decode_outputs(response)
 
     async def _infer_shm(
         self,

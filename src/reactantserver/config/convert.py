@@ -14,10 +14,14 @@ are lenient, because a config that "works" by accident is worse than one that fa
 * the unions of the schema (``gpus``, replica counts, ``fill_mode``) have their own hooks.
 
 A failure surfaces as cattrs' exception groups, whose notes name the attribute, list
-index or mapping key at each level. ``leaves`` walks them and yields ``(path, message)``
+index or mapping key at each level. ``leaves`` walks them and yields each ``Flaw`` (path and message)
 in the YAML's key space (``global_`` is written ``global``; a worker entry's ``settings``
-are its own keys). ``structure`` turns those into ``Problem``s through a caller-supplied
-``locate`` and raises the earliest as one ``ConfigError``.
+are its own keys). ``try_structure`` turns those into ``Problem``s through a
+caller-supplied ``locate`` and then *keeps going*: it drops each flawed value (a missing
+required key gets a stand-in) and structures again, until the record builds or nothing
+more can be repaired, so every structural problem is found in one load and the record
+can still be held to the value rules. ``structure`` raises them all as one
+``ConfigError``.
 
 The node file's ``global:`` block and worker override keys are structured into
 ``Settings``: their keys and block shapes are checked here (unknown keys, the removed
@@ -52,7 +56,7 @@ from .schema import (
     Settings,
     WorkerEntry,
 )
-from .source import Origin, Path, Problem, raise_first, show
+from .source import Origin, Path, Problem, raise_all, show
 
 T = TypeVar("T")
 
@@ -283,12 +287,14 @@ def _gpus(value: Any, _: Any) -> Gpus:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     if isinstance(value, list | tuple):
-        devices: list[int | str] = []
-        for index, item in enumerate(value):
-            if isinstance(item, bool) or not isinstance(item, int | str):
-                raise expected("a device ordinal or UUID", item, (index,))
-            devices.append(item)
-        return tuple(devices)
+        wrong = [
+            expected("a device ordinal or UUID", item, (index,))
+            for index, item in enumerate(value)
+            if isinstance(item, bool) or not isinstance(item, int | str)
+        ]
+        if wrong:
+            raise ExceptionGroup("While structuring gpus", wrong)
+        return tuple(value)
     raise expected("auto, a GPU count, or a list of devices", value)
 
 
@@ -403,46 +409,161 @@ def _make_converter() -> cattrs.Converter:
 CONVERTER = _make_converter()
 
 
-def leaves(exc: BaseException, path: Path = ()) -> Iterator[tuple[Path, str]]:
-    """Every leaf error under ``exc`` as ``(path in YAML key space, message)``."""
+@attrs.frozen
+class Flaw:
+    """One leaf error of a structuring attempt, in YAML key space.
+
+    ``missing`` is the attribute's type when the flaw is a required key that is absent.
+    """
+
+    path: Path
+    message: str
+    missing: Any = None
+
+
+def leaves(exc: BaseException, path: Path = (), missing: Any = None) -> Iterator[Flaw]:
+    """Every leaf error under ``exc``."""
     if isinstance(exc, BaseExceptionGroup):
         for sub in exc.exceptions:
             step: Path = ()
+            kind: Any = None
             for note in getattr(sub, "__notes__", ()):
                 if isinstance(note, AttributeValidationNote):
                     name = _YAML_NAMES.get(note.name, note.name)
                     step = (name,) if name is not None else ()
+                    kind = note.type
                 elif isinstance(note, IterableValidationNote):
                     step = (note.index,)
-            yield from leaves(sub, path + step)
+            yield from leaves(sub, path + step, kind)
     elif isinstance(exc, ForbiddenExtraKeysError):
         allowed = yaml_keys(exc.cl)
         for key in sorted(exc.extra_fields):
-            yield (*path, key), unknown_key(key, allowed)
+            yield Flaw((*path, key), unknown_key(key, allowed))
     elif isinstance(exc, Invalid):
-        yield path + exc.subpath, exc.message
+        yield Flaw(path + exc.subpath, exc.message)
     elif isinstance(exc, KeyError) and path:
         # detailed validation reports a missing required attribute as KeyError(name),
         # noted with that attribute, so ``path`` already ends with it.
         hint = _REQUIRED_HINTS.get(str(path[-1]))
-        yield path, f"required key missing; {hint}" if hint else "required key missing"
+        message = f"required key missing; {hint}" if hint else "required key missing"
+        yield Flaw(path, message, missing)
     else:
-        yield path, f"invalid value ({exc})"
+        yield Flaw(path, f"invalid value ({exc})")
+
+
+# --- structuring past errors ----------------------------------------------------------------
+
+#: Stand-ins for a missing required key, so the rest of the record can still be checked.
+#: Only these types can be stood in for; a required key of another type ends the attempt.
+_STAND_INS: dict[Any, Any] = {str: "", int: 0, float: 0.0, bool: False}
+
+#: Structuring attempts per record; each one drops at least one bad value, and a record has
+#: far fewer levels of nesting than this.
+_MAX_ATTEMPTS = 64
+
+
+def _target(flaw: Flaw) -> Path | None:
+    """The key to drop (or stand in for) so that structuring gets past ``flaw``.
+
+    Normally the flawed key itself: a key of a mapping is dropped (its default applies),
+    a missing required key gets a stand-in. A flawed *list item* takes its whole list
+    with it: dropping one item would renumber the others, and a later message about
+    ``gpus[2]`` must mean the operator's ``gpus[2]``.
+    """
+    path = flaw.path
+    if path and isinstance(path[-1], int):
+        path = path[:-1]
+        while path and isinstance(path[-1], int):  # an item of a list of lists
+            path = path[:-1]
+    if not path or (flaw.missing is not None and flaw.missing not in _STAND_INS):
+        return None
+    return path
+
+
+def _repair(data: Any, flaw: Flaw, target: Path) -> Any | None:
+    """``data`` with ``target`` dropped or stood in for; None when that changes nothing
+    (the next attempt would fail the same way)."""
+    if flaw.missing is not None and target == flaw.path:
+        return _replace(data, target, _STAND_INS[flaw.missing])
+    if _lookup(data, target) is _ABSENT:
+        return None
+    return _replace(data, target, _ABSENT)
+
+
+_ABSENT = object()
+
+
+def _lookup(data: Any, path: Path) -> Any:
+    node = data
+    for part in path:
+        if isinstance(part, int):
+            if not isinstance(node, list) or not 0 <= part < len(node):
+                return _ABSENT
+        elif not isinstance(node, Mapping) or part not in node:
+            return _ABSENT
+        node = node[part]
+    return node
+
+
+def _replace(data: Any, path: Path, value: Any) -> Any:
+    """A copy of ``data`` (copied along ``path`` only) with ``value`` at ``path``
+    (``_ABSENT``: the key removed). Missing mappings on the way are created."""
+    head, rest = path[0], path[1:]
+    if isinstance(head, int):
+        if not isinstance(data, list) or not 0 <= head < len(data):
+            return data
+        items = list(data)
+        items[head] = _replace(items[head], rest, value) if rest else value
+        return items
+    out = dict(data) if isinstance(data, Mapping) else {}
+    if rest:
+        out[head] = _replace(out.get(head, {}), rest, value)
+    elif value is _ABSENT:
+        out.pop(head, None)
+    else:
+        out[head] = value
+    return out
 
 
 def try_structure(
     cls: type[T], data: Any, locate: Callable[[Path], Origin]
 ) -> tuple[T | None, list[Problem]]:
-    """Structure ``data`` into ``cls``: the record, or ``None`` and what is wrong with it."""
-    try:
-        return CONVERTER.structure(data, cls), []
-    except Exception as exc:
-        return None, [Problem(locate(path), message) for path, message in leaves(exc)]
+    """Structure ``data`` into ``cls``, getting past every error it can.
+
+    Returns the record and every problem found. When structuring fails, each flawed value
+    is dropped (or a missing required key stood in for, see ``_repair``) and structuring
+    tried again, so one bad key does not hide the next: the record returned is then built
+    from the repaired data -- good enough to run the value rules on, with the problems
+    ``covering`` the repaired keys -- and ``None`` only when nothing more can be repaired.
+    """
+    found: list[Problem] = []
+    seen: set[Path] = set()
+    covered: dict[Path, Origin] = {}
+    for _ in range(_MAX_ATTEMPTS):
+        try:
+            return CONVERTER.structure(data, cls), found
+        except Exception as exc:
+            flaws = [f for f in leaves(exc) if f.path not in seen]
+        progress = False
+        for flaw in flaws:
+            seen.add(flaw.path)
+            target = _target(flaw)
+            if target is not None and target not in covered:
+                repaired = _repair(data, flaw, target)
+                if repaired is not None:
+                    data = repaired
+                    covered[target] = locate(target)
+                    progress = True
+            cover = covered.get(target) if target is not None else None
+            found.append(Problem(locate(flaw.path), flaw.message, cover))
+        if not progress:
+            break
+    return None, found
 
 
 def structure(cls: type[T], data: Any, locate: Callable[[Path], Origin]) -> T:
-    """Structure ``data`` into ``cls``, or raise one ``ConfigError`` located by ``locate``."""
+    """Structure ``data`` into ``cls``, or raise one ``ConfigError`` listing every problem."""
     result, problems = try_structure(cls, data, locate)
-    raise_first(problems)
+    raise_all(problems)
     assert result is not None
     return result

@@ -8,6 +8,7 @@ A gateway is configured in layers, each value remembering its origin (``RawTree`
               <-  what the node implies (embedded only)  <-  REACTANT_GATEWAY_*
 
 then structured into a ``GatewayConfig`` and held to the gateway rules of ``rules``.
+Like a node file, a gateway's configuration reports every problem it has at once.
 
 ``load_gateway`` is the standalone gateway: the file is ``path``, else the one
 ``REACTANT_GATEWAY_FILE`` names, else none (defaults and the environment alone, e.g.
@@ -33,53 +34,83 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from . import env as envmod
-from .convert import structure, yaml_keys
+from .convert import try_structure, yaml_keys
 from .dump import to_plain
 from .node import build_worker, environ, lpt_problems, worker_names
 from .rules import GATEWAY_CROSS, GATEWAY_RULES, problems
 from .schema import GatewayConfig, NodeConfig, ServerConfig
-from .source import EnvOrigin, Path, RawTree, fail, raise_first, read_yaml, show
+from .source import (
+    EnvOrigin,
+    Path,
+    Problem,
+    RawTree,
+    SourceMap,
+    fail,
+    raise_all,
+    read_yaml,
+    show,
+)
 
 
-def _read_named(var: str, file: str) -> tuple[dict[str, Any], Any]:
+def _read_named(
+    var: str, file: str, found: list[Problem]
+) -> tuple[dict[str, Any], SourceMap | None]:
+    """The gateway.yml an environment variable names; a missing one is a problem (and no
+    settings), so the rest of the configuration is still checked."""
     if not os.path.isfile(file):
-        fail(EnvOrigin(var), f"expected the path of a gateway.yml; got {show(file)} (no such file)")
+        found.append(
+            Problem(
+                EnvOrigin(var),
+                f"expected the path of a gateway.yml; got {show(file)} (no such file)",
+            )
+        )
+        return {}, None
     return read_yaml(file)
 
 
-def _finish(tree: RawTree, env: Mapping[str, str]) -> GatewayConfig:
+def _finish(tree: RawTree, env: Mapping[str, str], found: list[Problem]) -> GatewayConfig | None:
+    """Apply ``REACTANT_GATEWAY_*``, structure and hold to the gateway rules; every problem
+    goes to ``found``. None when the record cannot be built at all."""
     overrides, wrong = envmod.read(
         env, envmod.GATEWAY_PREFIX, envmod.GATEWAY_ENV, frozenset({envmod.GATEWAY_FILE_VAR})
     )
-    raise_first(wrong)
+    found.extend(wrong)
     for setting, value in overrides:
         tree.set(setting.path, value, EnvOrigin(setting.var))
-    cfg = structure(GatewayConfig, tree.data, tree.locate)
-    raise_first(problems(cfg, GATEWAY_RULES, GATEWAY_CROSS, tree.locate))
+    cfg, structural = try_structure(GatewayConfig, tree.data, tree.locate)
+    found.extend(structural)
+    if cfg is not None:
+        found.extend(problems(cfg, GATEWAY_RULES, GATEWAY_CROSS, tree.locate))
     return cfg
 
 
 def load_gateway(
     path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
 ) -> GatewayConfig:
-    """A standalone gateway's configuration (see the module doc)."""
+    """A standalone gateway's configuration (see the module doc); every problem at once."""
     environment = environ(env)
     workers_var = envmod.GATEWAY_PREFIX + "WORKERS"
+    found: list[Problem] = []
+    source: SourceMap | None = None
+    data: dict[str, Any] = {}
     if path is None and environment.get(envmod.GATEWAY_FILE_VAR):
-        data, source = _read_named(envmod.GATEWAY_FILE_VAR, environment[envmod.GATEWAY_FILE_VAR])
+        var = envmod.GATEWAY_FILE_VAR
+        data, source = _read_named(var, environment[var], found)
     elif path is not None:
         data, source = read_yaml(path)
-    else:
-        data, source = {}, None
     tree = RawTree(source.origin(()) if source else EnvOrigin(workers_var))
     if source is not None:
         tree.overlay(data, source.origin)
-    cfg = _finish(tree, environment)
-    if not cfg.endpoints:
-        fail(
-            tree.locate(("endpoints",)),
-            f"expected at least one worker host:port (endpoints: or {workers_var}); got none",
+    cfg = _finish(tree, environment, found)
+    if cfg is not None and not cfg.endpoints:
+        found.append(
+            Problem(
+                tree.locate(("endpoints",)),
+                f"expected at least one worker host:port (endpoints: or {workers_var}); got none",
+            )
         )
+    raise_all(found)
+    assert cfg is not None
     return cfg
 
 
@@ -104,25 +135,30 @@ def connect_host(bind: str) -> str:
 def resolve_gateway(node: NodeConfig, env: Mapping[str, str] | None = None) -> GatewayConfig:
     """The configuration of the gateway embedded in front of ``node``'s workers."""
     environment = environ(env)
+    found: list[Problem] = []
     workers: list[tuple[ServerConfig, RawTree]] = []
     for index in range(len(worker_names(node))):
         cfg, wrong, tree = build_worker(node, index, environment)
-        raise_first(wrong)
-        assert cfg is not None
-        workers.append((cfg, tree))
+        found.extend(wrong)
+        if cfg is not None:
+            workers.append((cfg, tree))
+    if found:
+        raise_all(found)  # the gateway's defaults are derived from the workers
 
     file = environment.get(envmod.GATEWAY_FILE_VAR)
     explicit: Callable[[Path], bool]
     if file:
         if node.gateway is not None:
+            # Which of the two is meant is unknowable: checking either would be a guess.
             fail(
                 EnvOrigin(envmod.GATEWAY_FILE_VAR),
                 f"expected one gateway configuration; {node.source.file} already has a "
                 "gateway: block (keep one of them)",
             )
-        data, source = _read_named(envmod.GATEWAY_FILE_VAR, file)
-        tree = RawTree(source.origin(()))
-        tree.overlay(data, source.origin)
+        data, source = _read_named(envmod.GATEWAY_FILE_VAR, file, found)
+        tree = RawTree(source.origin(()) if source else EnvOrigin(envmod.GATEWAY_FILE_VAR))
+        if source is not None:
+            tree.overlay(data, source.origin)
         explicit = tree.has
     elif node.gateway is not None:
         tree = RawTree(node.source.origin(("gateway",)))
@@ -157,7 +193,10 @@ def resolve_gateway(node: NodeConfig, env: Mapping[str, str] | None = None) -> G
     if not explicit(("startup_wait_seconds",)):
         tree.set(("startup_wait_seconds",), math.inf, here)
 
-    gateway = _finish(tree, environment)
-    mode_at = tree.locate(("scheduling", "mode"))
-    raise_first(lpt_problems(gateway.scheduling.mode, mode_at, workers))
+    gateway = _finish(tree, environment, found)
+    if gateway is not None:
+        mode_at = tree.locate(("scheduling", "mode"))
+        found.extend(lpt_problems(gateway.scheduling.mode, mode_at, workers))
+    raise_all(found)
+    assert gateway is not None
     return gateway

@@ -12,10 +12,14 @@ Theory of operation
    of the worker entries meets the worker rules of ``rules`` with its own line;
 3. a ``gateway:`` block meets the gateway rules, and under ``lpt_packing`` every worker
    runs ``fifo`` or ``edf``;
-4. finally the ``INFERENCE_SERVER_*`` overrides of the given environment are checked
-   against every worker, so a bad override fails at load rather than in one child.
+4. the ``INFERENCE_SERVER_*`` overrides of the given environment are checked against
+   every worker, so a bad override fails at load rather than in one child;
+5. every worker's model repository is a readable directory (``paths``; the one check
+   that reads the disk, skipped with ``check_paths=False``).
 
-All problems of steps 1-3 are gathered and the earliest line is reported.
+Nothing stops at the first problem: structuring gets past a bad key by dropping it
+(``convert.try_structure``), so the node and its workers can still be checked, and
+every problem of steps 1-5 is reported at once, one line each, in file order.
 
 Resolving worker *i* (``resolve_worker``) assembles a raw tree, layer over layer, each
 value remembering where it came from (``RawTree``):
@@ -37,13 +41,14 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from . import env as envmod
-from .convert import structure, try_structure
+from .convert import try_structure
+from .paths import repository_problems
 from .rules import (
     GATEWAY_CROSS,
     GATEWAY_RULES,
@@ -65,7 +70,7 @@ from .source import (
     RawTree,
     describe,
     fail,
-    raise_first,
+    raise_all,
     read_yaml,
     show,
 )
@@ -361,37 +366,75 @@ def lpt_problems(
     return []
 
 
-def check_node(node: NodeConfig, env: Mapping[str, str]) -> None:
-    """Every check of the module doc, steps 1-4; raises the earliest problem."""
-    found = _node_problems(node)
+def check_node(
+    node: NodeConfig,
+    env: Mapping[str, str],
+    found: Sequence[Problem] = (),
+    *,
+    check_paths: bool = True,
+) -> None:
+    """Every check of the module doc, steps 1-5; raises every problem at once.
+
+    ``found`` are problems already found while structuring the node (they cover the keys
+    that had to be repaired, so nothing here echoes them).
+    """
+    gathered = [*found, *_node_problems(node)]
+    # Workers as the file configures them: every one that could be built (repaired or
+    # not: the repository check needs only model_dirs), and those built cleanly, the only
+    # ones a cross-worker rule can judge without echoing a problem already reported.
+    effective: list[tuple[ServerConfig, RawTree]] = []
     built: list[tuple[ServerConfig, RawTree]] = []
     for index in range(len(_entries(node))):
         cfg, wrong, tree = build_worker(node, index, {})
-        found.extend(wrong)
+        gathered.extend(wrong)
         if cfg is not None:
-            built.append((cfg, tree))
+            effective.append((cfg, tree))
+            if not wrong:
+                built.append((cfg, tree))
     if node.gateway is not None:
 
         def locate(path: Path) -> Origin:
             return node.source.origin(("gateway", *path))
 
-        found.extend(problems(node.gateway, GATEWAY_RULES, GATEWAY_CROSS, locate))
+        gathered.extend(problems(node.gateway, GATEWAY_RULES, GATEWAY_CROSS, locate))
         if len(built) == len(_entries(node)):
             mode_at = locate(("scheduling", "mode"))
-            found.extend(lpt_problems(node.gateway.scheduling.mode, mode_at, built))
-    raise_first(found)
+            gathered.extend(lpt_problems(node.gateway.scheduling.mode, mode_at, built))
     if any(var.startswith(envmod.WORKER_PREFIX) for var in env):
+        # The overrides are checked against every worker; the repository check then
+        # looks at the directories the workers will really use.
+        effective = []
         for index in range(len(_entries(node))):
-            raise_first(build_worker(node, index, env)[1])
+            cfg, wrong, tree = build_worker(node, index, env)
+            gathered.extend(wrong)
+            if cfg is not None:
+                effective.append((cfg, tree))
+    if check_paths:
+        for cfg, tree in effective:
+            gathered.extend(repository_problems(cfg, tree.get, tree.locate))
+    raise_all(gathered)
 
 
-def load_node(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> NodeConfig:
-    """Read and check a node file (see the module doc). ``env`` (default ``os.environ``) is
-    checked for bad ``INFERENCE_SERVER_*`` overrides but not applied: ``resolve_worker``
-    applies it."""
+def load_node(
+    path: str | os.PathLike[str],
+    env: Mapping[str, str] | None = None,
+    *,
+    check_paths: bool = True,
+) -> NodeConfig:
+    """Read and check a node file (see the module doc); every problem is reported at once.
+
+    ``env`` (default ``os.environ``) is checked for bad ``INFERENCE_SERVER_*`` overrides
+    but not applied: ``resolve_worker`` applies it. ``check_paths=False`` skips the one
+    check that reads the disk (``model_repo`` is a readable directory), for a node file
+    checked away from the machine it configures.
+    """
     data, source = read_yaml(path)
-    node = attrs.evolve(structure(NodeConfig, data, source.origin), source=source)
-    check_node(node, environ(env))
+    node, found = try_structure(NodeConfig, data, source.origin)
+    if node is None:
+        raise_all(found)
+    assert node is not None
+    node = attrs.evolve(node, source=source)
+    check_node(node, environ(env), found, check_paths=check_paths)
     return node
 
 
@@ -417,7 +460,7 @@ def resolve_worker(
     if name not in names:
         fail(chosen, f"expected one of {', '.join(names)}; got {show(name)}")
     cfg, found, _ = build_worker(node, names.index(name), environment)
-    raise_first(found)
+    raise_all(found)
     assert cfg is not None
     return cfg
 
@@ -433,7 +476,7 @@ def materialize_workers(node: NodeConfig, count: int) -> NodeConfig:
     grown = attrs.evolve(
         node, workers=tuple(WorkerEntry(name=n) for n in default_worker_names(count))
     )
-    raise_first(_node_problems(grown, devices=False))
+    raise_all(_node_problems(grown, devices=False))
     return grown
 
 
@@ -441,6 +484,8 @@ def load_server_config(
     path: str | os.PathLike[str],
     worker: str | None = None,
     env: Mapping[str, str] | None = None,
+    *,
+    check_paths: bool = True,
 ) -> ServerConfig:
     """``resolve_worker(load_node(path, env), worker, env)``."""
-    return resolve_worker(load_node(path, env), worker, env)
+    return resolve_worker(load_node(path, env, check_paths=check_paths), worker, env)

@@ -59,6 +59,18 @@ def at_least(low: int, meaning: str = "") -> Check:
     return lambda value: None if value >= low else f"expected {what}; got {show(value)}"
 
 
+def at_most(high: int, low: Check) -> Check:
+    """``low``'s check, and at most ``high`` (a protocol field's width)."""
+
+    def check(value: int) -> str | None:
+        found = low(value)
+        if found is None and value > high:
+            return f"expected an integer <= {high}; got {show(value)}"
+        return found
+
+    return check
+
+
 def interval(low: float, high: float, *, open_low: bool = False, open_high: bool = False) -> Check:
     text = f"{'(' if open_low else '['}{low:g}, {high:g}{')' if open_high else ']'}"
 
@@ -193,6 +205,11 @@ WORKER_RULES: tuple[tuple[Path, Check], ...] = (
     (("endpoints", "metrics_port"), port_or_off),
     (("endpoints", "max_concurrent_requests"), at_least(0, "0 = uncapped")),
     (("endpoints", "max_message_bytes"), at_least(1)),
+    (("endpoints", "max_connections"), at_least(1)),
+    (("endpoints", "max_concurrent_streams"), at_most(2**31 - 1, at_least(1))),
+    (("endpoints", "handshake_timeout_seconds"), positive),
+    (("endpoints", "idle_timeout_seconds"), positive),
+    (("endpoints", "max_shm_regions"), at_least(1)),
 )
 
 

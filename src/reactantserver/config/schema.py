@@ -115,8 +115,21 @@ class EndpointsConfig:
     metrics_port: int = 0
     #: In-flight RPC cap; past it requests are shed with RESOURCE_EXHAUSTED. 0 = uncapped.
     max_concurrent_requests: int = 64
-    #: Largest gRPC message accepted or sent, in bytes.
+    #: Largest gRPC message accepted or sent, in bytes. A request is refused (with
+    #: RESOURCE_EXHAUSTED) as soon as its 5-byte length prefix declares more.
     max_message_bytes: int = 512 * 1024 * 1024
+    #: Open gRPC connections at most. Past it, a connection still in its HTTP/2
+    #: handshake is closed to make room, or else the new one is refused with GOAWAY.
+    max_connections: int = 256
+    #: Concurrent calls (HTTP/2 streams) per connection, advertised in SETTINGS; a
+    #: stream past it is refused with REFUSED_STREAM, which clients retry.
+    max_concurrent_streams: int = 128
+    #: A new connection must complete the HTTP/2 preface and SETTINGS within this time.
+    handshake_timeout_seconds: float = 10.0
+    #: A connection with no open call for this long gets GOAWAY and is closed.
+    idle_timeout_seconds: float = 300.0
+    #: Registered system shared-memory regions at most (each holds a file descriptor).
+    max_shm_regions: int = 256
 
 
 @attrs.frozen(kw_only=True)

@@ -9,10 +9,15 @@ then on nothing needs ruamel; validation works on plain data and *paths*.
 
 Every value that reaches a record has an ``Origin``: a line of a file (``FileOrigin``)
 or an environment variable (``EnvOrigin``). A check that fails produces a ``Problem``
-(origin + what was expected); ``raise_first`` turns a batch of problems into exactly one
-``ConfigError``, the one earliest in the file (environment problems after file ones), so
-an operator fixes the first thing first and a file's errors do not depend on the order
-the checks happen to run in.
+(origin + what was expected), and the checks never stop at the first one: a load
+gathers every problem it can find and ``raise_all`` turns them into one
+``ConfigError`` with one line per problem, in file order (environment problems after
+file ones), so an operator fixes everything in one round and the report does not
+depend on the order the checks happen to run in. Two rules keep the report free of
+echoes: a key gets one line, from the first check that flagged it (each worker of a
+node re-checks the shared ``global:`` block, and some keys meet two rules), and a value
+that structuring had to drop or stand in for (its problem ``covers`` it) hides every
+later complaint about that key or what is under it.
 
 Message forms (the whole contract with operators and tests)::
 
@@ -108,10 +113,15 @@ def describe(origin: Origin) -> str:
 
 @attrs.frozen
 class Problem:
-    """One thing wrong with a configuration: where, and what was expected."""
+    """One thing wrong with a configuration: where, and what was expected.
+
+    ``covers`` is set when the value was dropped (or stood in for) so that the other
+    checks could go on: it names the key whose later complaints would only echo this one.
+    """
 
     origin: Origin
     message: str
+    covers: Origin | None = None
 
     def sort_key(self) -> tuple[int, int, str]:
         if isinstance(self.origin, FileOrigin):
@@ -122,15 +132,36 @@ class Problem:
         return self.origin.render(self.message)
 
 
-def raise_first(problems: Iterable[Problem]) -> None:
-    """Raise ``ConfigError`` for the earliest problem, if there is any.
+def _within(origin: Origin, cover: Origin) -> bool:
+    """Whether ``origin`` is the key ``cover`` names or lies under it."""
+    if isinstance(origin, EnvOrigin) or isinstance(cover, EnvOrigin):
+        return origin == cover
+    return origin.file == cover.file and origin.path[: len(cover.path)] == cover.path
 
-    ``min`` keeps the first of equal keys, so when two checks flag the same line the one
-    that ran first (the more specific, by construction of the callers) wins.
+
+def report(problems: Iterable[Problem]) -> list[str]:
+    """The lines of a report of ``problems``: echoes removed (module doc), in file order.
+
+    One line per key: when two checks flag the same key (``base_port`` out of range, and
+    so is ``base_port + 0``), the one that ran first -- the more specific, by construction
+    of the callers -- speaks for it. The sort is stable, so problems on one line keep the
+    order the checks ran in.
     """
     batch = list(problems)
-    if batch:
-        raise ConfigError(min(batch, key=Problem.sort_key).render())
+    covers = [p.covers for p in batch if p.covers is not None]
+    first: dict[Origin, Problem] = {}
+    for p in batch:
+        if p.covers is None and any(_within(p.origin, c) for c in covers):
+            continue
+        first.setdefault(p.origin, p)
+    return [p.render() for p in sorted(first.values(), key=Problem.sort_key)]
+
+
+def raise_all(problems: Iterable[Problem]) -> None:
+    """Raise one ``ConfigError`` listing every problem (``report``), if there is any."""
+    lines = report(problems)
+    if lines:
+        raise ConfigError(*lines)
 
 
 def fail(origin: Origin, message: str) -> NoReturn:
@@ -288,12 +319,19 @@ class RawTree:
             self.origins[(*path, *sub)] = origin_of(sub) if origin_of else origin
 
     def has(self, path: Path) -> bool:
+        return self.get(path) is not _MISSING
+
+    def get(self, path: Path) -> Any:
+        """The value at ``path`` (list positions included), or ``_MISSING``."""
         node: Any = self.data
         for key in path:
-            if not isinstance(node, dict) or key not in node:
-                return False
+            found = (isinstance(node, list) and isinstance(key, int) and 0 <= key < len(node)) or (
+                isinstance(node, dict) and key in node
+            )
+            if not found:
+                return _MISSING
             node = node[key]
-        return True
+        return node
 
     def locate(self, path: Path) -> Origin:
         probe = path
@@ -312,6 +350,9 @@ class RawTree:
                 child = node[str(key)] = {}
             node = child
         return node
+
+
+_MISSING: Any = object()
 
 
 def _copy(value: Any) -> Any:

@@ -35,19 +35,15 @@ received buffer, the response is written with one join); every other message is 
 betterproto message serialized by grpclib's protobuf codec. A ModelInfer request that
 is not valid protobuf is refused with INVALID_ARGUMENT saying where it breaks.
 
-Writes: each connection's transport is wrapped so that everything grpclib writes during
-one pass of the event loop (the headers, message and trailers of every call answered
-by one batch, window updates) leaves in one ``send``; grpclib alone makes three sends
-per unary response. Each send releases the GIL, and while the device thread holds it
-the event loop waits: fewer sends, fewer stalls. Peers may send DATA frames of up to
-:data:`MAX_FRAME_SIZE` (HTTP/2's default is 16 KiB), so a large tensor arrives in a
-few frames instead of thousands, each of which costs h2 Python work.
-
-Limits: HTTP/2 connection and stream flow-control windows are raised well above
-grpclib's 4 MiB defaults so large tensors stream without stalls; messages larger than
-``endpoints.max_message_bytes`` are refused with RESOURCE_EXHAUSTED in both directions
-(grpclib itself has no size limit, so the codec enforces it; the bytes of an oversized
-request have been received by then -- the HTTP/2 windows bound only how fast).
+The wire: the server is a :class:`~reactantserver.transport.server.GuardedServer` over
+:mod:`~reactantserver.transport.h2guard` connections, built from the handler table below
+and the limits of ``endpoints:`` (:class:`~reactantserver.transport.limits.WireLimits`):
+connections, streams per connection, handshake and idle timeouts, and
+``endpoints.max_message_bytes`` checked at each request's 5-byte length prefix (and again
+by the codec, in both directions). Nothing in this module checks the wire itself, so a
+rewrite of the Trio hop cannot weaken it. The asyncio loop gets an exception handler that
+logs instead of re-raising into Trio (trio-asyncio's default): a socket error on one
+connection must not end the server.
 
 Shutdown: cancelling :func:`serve_grpc` stops at once (in-flight calls are cancelled).
 Setting the ``stop`` event stops gracefully: new calls are refused with UNAVAILABLE,
@@ -60,22 +56,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import resource
 import socket
-import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from typing import Any
 
-import attrs
 import grpclib.server
+import grpclib.utils
 import trio
 import trio_asyncio
 from grpclib import GRPCError
-from grpclib.config import Configuration
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.encoding.proto import ProtoCodec
-from grpclib.protocol import H2Protocol
-from h2.settings import SettingCodes
 
 from reactantserver.config.schema import EndpointsConfig
 from reactantserver.errors import DeadlineExceeded, InvalidArgument
@@ -86,10 +79,21 @@ from reactantserver.protocol.reflection import ReflectionAnswerer
 from reactantserver.service import CallContext, Service
 
 from .codec import InferResponse, decode_infer_request, encode_infer_response
+from .h2guard import GuardedProtocol
 from .health import HealthServicer
+from .limits import Fault, WireCounters, WireLimits
+from .server import GuardedServer
 from .status import StatusCode, WireStatus, to_status
 
 log = logging.getLogger(__name__)
+
+# trio-asyncio keeps its running loop in a context variable and, from Python 3.12 on
+# (where asyncio.current_task is C code that cannot see that loop), replaces
+# asyncio.current_task when it is imported. grpclib took its own reference to
+# asyncio.current_task when *it* was imported -- often first (reactantserver.client imports
+# it too) -- and every server call would then fail with "no running event loop"
+# (trio-asyncio issue #83). Point grpclib at the function trio-asyncio installed.
+grpclib.utils._current_task = asyncio.current_task
 
 #: RPC name -> ``Service`` method, for ``inference.GRPCInferenceService``.
 INFERENCE_RPCS: Mapping[str, str] = {
@@ -131,14 +135,6 @@ SERVICES: tuple[str, ...] = (
     "reactant_control.ControlService",
 )
 
-#: Inbound HTTP/2 flow-control windows (grpclib's default is 4 MiB for both). A stream
-#: window this size lets a 16 MiB tensor arrive without waiting for window updates.
-CONNECTION_WINDOW = 64 * 1024 * 1024
-STREAM_WINDOW = 16 * 1024 * 1024
-#: Largest DATA frame peers may send us (HTTP/2 allows up to 16 MiB - 1).
-MAX_FRAME_SIZE = 1024 * 1024
-#: Buffered writes at least this large are sent at once instead of at the end of the pass.
-FLUSH_BYTES = 256 * 1024
 #: How long closing the listener and its connections may take after draining.
 CLOSE_TIMEOUT = 5.0
 #: After GOAWAY, how long connections stay open so the frames (and late refusals) arrive.
@@ -181,154 +177,14 @@ class _SizeLimitedCodec(ProtoCodec):
             except InvalidArgument as exc:
                 status = to_status(exc, rpc="ModelInfer")
                 raise GRPCError(Status(status.code.value), status.message) from None
-        return super().decode(data, message_type)
-
-
-class _CorkedTransport:
-    """The parts of an asyncio transport grpclib uses, with writes gathered per loop pass.
-
-    ``write`` appends to a list and, the first time in a pass, schedules ``flush`` with
-    ``call_soon``: everything written by the callbacks already queued goes out in one
-    ``send``. Past :data:`FLUSH_BYTES` the buffer is sent at once, so big messages are
-    not held (nor copied into one huge join).
-    """
-
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        self._transport = transport
-        self._loop = loop
-        self._pending: list[bytes] = []
-        self._size = 0
-        self._scheduled = False
-
-    def write(self, data: bytes) -> None:
-        if not data:
-            return
-        self._pending.append(data)
-        self._size += len(data)
-        if self._size >= FLUSH_BYTES:
-            self.flush()
-        elif not self._scheduled:
-            self._scheduled = True
-            self._loop.call_soon(self.flush)
-
-    def flush(self) -> None:
-        self._scheduled = False  # a flush still scheduled after an early one is a no-op
-        if not self._pending:
-            return
-        data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
-        self._pending.clear()
-        self._size = 0
-        if not self._transport.is_closing():
-            self._transport.write(data)
-
-    def discard(self) -> None:
-        self._pending.clear()
-        self._size = 0
-
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
-
-    def close(self) -> None:
-        self.flush()  # e.g. a GOAWAY written just before closing
-        self._transport.close()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._transport.get_extra_info(name, default)
-
-
-class _TunedProtocol(asyncio.Protocol):
-    """grpclib's ``H2Protocol`` over a :class:`_CorkedTransport`, with large frames allowed."""
-
-    def __init__(self, inner: H2Protocol) -> None:
-        self.inner = inner
-        self._cork: _CorkedTransport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._cork = _CorkedTransport(transport, asyncio.get_running_loop())
-        self.inner.connection_made(self._cork)  # type: ignore[arg-type]
-        # Sent after grpclib's own SETTINGS. h2 would start accepting the larger frames
-        # only when it reads the peer's acknowledgement, and applies that to the next
-        # read: an ACK and a large frame arriving in one read would then fail as a
-        # protocol error. Accepting them from now on is safe, since the peer sends none
-        # before it has seen these settings.
-        h2_conn = self.inner.connection._connection
-        h2_conn.update_settings({SettingCodes.MAX_FRAME_SIZE: MAX_FRAME_SIZE})
-        h2_conn.max_inbound_frame_size = MAX_FRAME_SIZE
-        self.inner.connection.flush()
-
-    def data_received(self, data: bytes) -> None:
-        self.inner.data_received(data)
-
-    def eof_received(self) -> bool | None:
-        return self.inner.eof_received()
-
-    def pause_writing(self) -> None:
-        self.inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        self.inner.resume_writing()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._cork is not None:
-            self._cork.discard()
-        self.inner.connection_lost(exc)
-
-
-class _Server(grpclib.server.Server):
-    """grpclib's ``Server``, remembering its connections so that shutdown closes them.
-
-    grpclib 0.4's ``close()`` closes the listener and cancels running calls but leaves
-    client connections open (asyncio's ``Server.close_clients`` arrived in Python 3.13),
-    so a stopped worker -- or a test suite starting many servers -- would leak their
-    sockets. Overriding the protocol factory is the one place grpclib lets us see them;
-    it is a private method, which is one reason pyproject.toml keeps grpclib below 0.5.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
-
-    def _protocol_factory(self) -> _TunedProtocol:  # type: ignore[override]
-        protocol = super()._protocol_factory()
-        self._protocols.add(protocol)
-        return _TunedProtocol(protocol)
-
-    def goaway(self) -> None:
-        """Send HTTP/2 GOAWAY on every connection: "open no new streams here".
-
-        A client then sends no further calls on the connection; calls it had already
-        sent past the announced last stream are known to it as unprocessed, which gRPC
-        clients retry on a new connection (where a draining server refuses them). Closing
-        without GOAWAY instead cuts such calls off with "Socket closed", and the client
-        cannot tell whether they ran.
-        """
-        for protocol in list(self._protocols):
-            connection = getattr(protocol, "connection", None)
-            if connection is None or connection.is_closing():
-                continue
-            try:
-                connection._connection.close_connection()
-                connection.flush()
-            except Exception:  # the peer already closed it, or h2 is in a closed state
-                log.debug("GOAWAY not sent on a closing connection", exc_info=True)
-
-    def close_connections(self) -> None:
-        for protocol in list(self._protocols):
-            # ``connection`` exists once the transport is up (``connection_made``).
-            connection = getattr(protocol, "connection", None)
-            if connection is not None:
-                connection.close()
-
-
-@attrs.define
-class _Servable:
-    """What grpclib's ``Server`` takes: anything with ``__mapping__``."""
-
-    mapping: dict[str, Handler]
-
-    def __mapping__(self) -> dict[str, Handler]:
-        return self.mapping
+        try:
+            return super().decode(data, message_type)
+        except Exception as exc:  # betterproto's parser raises whatever it meets
+            raise GRPCError(
+                Status.INVALID_ARGUMENT,
+                f"the request is not a valid {message_type.__name__} message "
+                f"({type(exc).__name__}: {exc})",
+            ) from None
 
 
 def _peer(stream: grpclib.server.Stream[Any, Any]) -> str:
@@ -400,6 +256,8 @@ class _Bridge:
         self._in_flight += 1
         try:
             request = await stream.recv_message() if receive else None
+            if receive and request is None:  # the wire layer refuses this first
+                raise GRPCError(Status.INVALID_ARGUMENT, "the call carries no request message")
             outcome = await self._hop(rpc, method, request, stream)
             if isinstance(outcome, WireStatus):
                 raise GRPCError(Status(outcome.code.value), outcome.message)
@@ -507,11 +365,9 @@ class _Bridge:
 def listen_tcp(host: str, port: int, backlog: int = 128) -> socket.socket:
     """A listening TCP socket on host:port (port 0 picks a free port).
 
-    The socket is created with ``proto=IPPROTO_TCP`` on purpose: grpclib sets
-    ``TCP_NODELAY`` on accepted connections only when their ``proto`` says TCP, and
-    accepted sockets inherit it from the listener. With ``proto=0`` (what
-    ``socket.create_server`` uses) Nagle's algorithm stays on and every small unary
-    call waits ~40 ms for the peer's delayed ACK.
+    Accepted connections get ``TCP_NODELAY`` from the connection layer
+    (:mod:`~reactantserver.transport.h2guard`); the socket is still created with
+    ``proto=IPPROTO_TCP`` so that it says what it is.
     """
     family, kind, proto, _, address = socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP, flags=socket.AI_PASSIVE
@@ -527,39 +383,83 @@ def listen_tcp(host: str, port: int, backlog: int = 128) -> socket.socket:
     return sock
 
 
+def _check_file_limit(endpoints: EndpointsConfig) -> None:
+    """Warn when the process may run out of file descriptors before the limits bite.
+
+    Every connection and every registered shared-memory region holds a descriptor; past
+    ``ulimit -n`` the server cannot even accept a connection to refuse it.
+    """
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = endpoints.max_connections + endpoints.max_shm_regions + 64
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        log.warning(
+            "the open-file limit (ulimit -n) is %d, but endpoints.max_connections (%d) + "
+            "endpoints.max_shm_regions (%d) need about %d descriptors; raise the limit or "
+            "lower them",
+            soft,
+            endpoints.max_connections,
+            endpoints.max_shm_regions,
+            needed,
+        )
+
+
+def _loop_errors(server: GuardedServer) -> Callable[[Any, dict[str, Any]], None]:
+    """An asyncio exception handler that logs instead of ending the Trio run.
+
+    asyncio calls it for errors it has no caller to give to: a socket that failed under
+    a transport (counted as a client's transport error, without a traceback), or an
+    exception in a callback (our bug: logged with its traceback). trio-asyncio's own
+    handler re-raises into the Trio run, which would end the server for one connection.
+    """
+
+    def handle(loop: Any, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        message = context.get("message", "asyncio error")
+        protocol = context.get("protocol")
+        if isinstance(exc, OSError) and isinstance(protocol, GuardedProtocol):
+            server.table.fault(Fault.TRANSPORT_ERROR, protocol.peer, f"{message}: {exc}")
+        else:
+            log.error("asyncio: %s", message, exc_info=exc)
+
+    return handle
+
+
 async def serve_grpc(
     service: Service,
     endpoints: EndpointsConfig,
     *,
     stop: trio.Event | None = None,
     grace_seconds: float = 30.0,
+    counters: WireCounters | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``service`` on ``endpoints.host:endpoints.port`` until cancelled or ``stop``.
 
     Start it with ``port = await nursery.start(serve_grpc, service, endpoints)``: the
-    bound port is reported once the server accepts connections. See the module
-    docstring for shutdown.
+    bound port is reported once the server accepts connections. ``counters`` receives
+    the wire's statistics (connections, refusals, client errors by kind) for the metrics
+    endpoint. See the module docstring for shutdown.
     """
     answerer = ReflectionAnswerer.from_package(services=SERVICES)
+    limits = WireLimits.from_endpoints(endpoints)
+    _check_file_limit(endpoints)
     listener = listen_tcp(endpoints.host, endpoints.port)
     port: int = listener.getsockname()[1]
     sock: socket.socket | None = listener
     try:
         # The calls' nursery closes after the server (the finally below), so no call
         # outlives its handler; both live inside the trio-asyncio loop.
-        async with trio_asyncio.open_loop(), trio.open_nursery() as calls:
+        async with trio_asyncio.open_loop() as loop, trio.open_nursery() as calls:
             bridge = _Bridge(service, answerer, calls)
             health = HealthServicer(service.health)  # grpc.health.v1, answered on asyncio
-            server = _Server(
-                [_Servable({**bridge.mapping(), **health.mapping()})],
+            server = GuardedServer(
+                {**bridge.mapping(), **health.mapping()},
                 codec=_SizeLimitedCodec(endpoints.max_message_bytes),
-                config=Configuration(
-                    http2_connection_window_size=CONNECTION_WINDOW,
-                    http2_stream_window_size=STREAM_WINDOW,
-                ),
+                limits=limits,
+                counters=counters,
             )
-            await trio_asyncio.aio_as_trio(server.start)(sock=sock)
+            loop.set_exception_handler(_loop_errors(server))
+            await trio_asyncio.aio_as_trio(server.start)(sock)
             sock = None  # the server owns it now
             log.info("gRPC listening on %s:%d", endpoints.host, port)
             try:
@@ -583,7 +483,6 @@ async def serve_grpc(
                 # what still runs), so the loop exits without stray transports.
                 with trio.move_on_after(CLOSE_TIMEOUT, shield=True):
                     server.close()
-                    server.close_connections()
                     await trio_asyncio.aio_as_trio(server.wait_closed)()
                     # Let the transports run their connection_lost callbacks.
                     await trio_asyncio.aio_as_trio(asyncio.sleep)(0)

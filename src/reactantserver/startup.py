@@ -1,0 +1,119 @@
+"""Why a worker cannot start (or stopped), said in one line each.
+
+Theory of operation
+-------------------
+After its configuration is checked, ``reactantserver serve`` can still fail to start:
+a port is taken, an address is not this machine's, the device is missing. Raised inside
+``trio.run``, such a failure arrives wrapped in one ``ExceptionGroup`` per nursery it
+crossed, and printing it whole shows an operator sixty lines of Trio internals around
+one ``OSError``. This module gives the command line the two things it needs instead:
+
+* ``listen_problems(config)``: before anything starts (before JAX is even imported),
+  try to bind every address the worker will listen on, the way its listeners will
+  (``SO_REUSEADDR``), and say which one cannot be had and what to change. This is a
+  courtesy, not a guarantee -- another process may take the port in between -- so:
+* ``failure_lines(exc)``: whatever still escapes ``trio.run``, flattened to its leaf
+  exceptions, one line each: our own errors (``ReactantError``) and ``OSError`` as their
+  message, anything else with its type, since it is probably a bug.
+
+The command prints these lines, keeps the traceback for ``--log-level debug``, and
+exits non-zero (``exit_status``): 2 when every cause is a configuration error found
+late (a CUDA backend without a GPU), as for one found at load, else 1.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from collections.abc import Iterator
+
+from .config import ServerConfig
+from .errors import ConfigError, ReactantError
+
+#: What to change, by errno, for an address that cannot be listened on.
+_LISTEN_HINTS: dict[int, str] = {
+    errno.EADDRINUSE: (
+        "another process is listening there (stop it, or choose another port in the node "
+        "file: base_port / metrics_base_port, or a workers: entry's port / metrics_port)"
+    ),
+    errno.EACCES: "ports below 1024 need privileges; choose a port of 1024 or above",
+    errno.EADDRNOTAVAIL: "the host is not an address of this machine (endpoints.host)",
+}
+
+
+def _can_listen(host: str, port: int) -> OSError | None:
+    """Bind (and release) ``host:port`` as the worker's listeners will; the error, if any."""
+    try:
+        infos = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror as exc:
+        return OSError(errno.EADDRNOTAVAIL, f"cannot resolve {host!r} ({exc.strerror})")
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            return exc
+    return None
+
+
+def listen_problems(config: ServerConfig) -> list[str]:
+    """One line for each address of ``config`` the worker could not listen on now."""
+    ep = config.endpoints
+    wanted = [("gRPC", ep.port)]
+    if ep.metrics_port:
+        wanted.append(("admin HTTP", ep.metrics_port))
+    lines = []
+    for what, port in wanted:
+        if port == 0:
+            continue  # any free port: nothing to collide with
+        error = _can_listen(ep.host, port)
+        if error is None:
+            continue
+        hint = _LISTEN_HINTS.get(error.errno or 0)
+        reason = (error.strerror or str(error)).lower()
+        lines.append(
+            f"cannot listen for {what} on {ep.host}:{port}: {reason}"
+            + (f"; {hint}" if hint else "")
+        )
+    return lines
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        for sub in exc.exceptions:
+            yield from _leaves(sub)
+    else:
+        yield exc
+
+
+def causes(exc: BaseException) -> list[BaseException]:
+    """The leaf exceptions of ``exc`` (nested groups flattened), cancellations left out:
+    they are how Trio stops the siblings of the task that failed, not causes."""
+    import trio
+
+    found = [leaf for leaf in _leaves(exc) if not isinstance(leaf, trio.Cancelled)]
+    return found or [exc]
+
+
+def describe(exc: BaseException) -> str:
+    """One line for one cause."""
+    if isinstance(exc, ReactantError):
+        return str(exc)
+    if isinstance(exc, OSError):
+        text = exc.strerror or str(exc)
+        return f"{text}: {exc.filename}" if exc.filename else text
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"unexpected {type(exc).__name__}" + (f": {text}" if text else "")
+
+
+def failure_lines(exc: BaseException) -> list[str]:
+    """One line per distinct cause of ``exc``, in the order they were raised."""
+    return list(dict.fromkeys(describe(leaf) for leaf in causes(exc)))
+
+
+def exit_status(exc: BaseException) -> int:
+    """2 when every cause is a ``ConfigError`` (what was asked for is wrong), else 1."""
+    return 2 if all(isinstance(leaf, ConfigError) for leaf in causes(exc)) else 1

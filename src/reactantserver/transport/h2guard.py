@@ -1,0 +1,557 @@
+"""HTTP/2 connections a hostile peer cannot stop, slow or fool: grpclib's protocol, guarded.
+
+grpclib does the gRPC work (streams, flow-control bookkeeping, message send and receive)
+and h2 does the protocol. Both trust their peer more than a server facing anyone on the
+network may, and this module closes the gaps at the layer where bytes become events --
+below any request handler, so every server built on it (the worker's, a gateway's) gets
+the same protection, whatever the asyncio/Trio bridge above it looks like.
+
+Theory of operation
+-------------------
+One :class:`GuardedProtocol` per accepted socket. It builds h2's connection itself (so
+that every limit is in the first SETTINGS frame), feeds it the bytes, and hands the
+events to :class:`_Processor`, grpclib's ``EventsProcessor`` with these changes:
+
+* **Unknown events are ignored.** grpclib raises ``NotImplementedError`` for an h2 event
+  it has no handler for (``UnknownFrameReceived``: any frame type it does not know, e.g.
+  PRIORITY_UPDATE 0x10, ORIGIN 0xC), which escaped the protocol callback and ended the
+  process. RFC 9113 §4.1 and §5.5: unknown frame types MUST be ignored.
+* **Requests are judged at HEADERS.** Before a stream gets a handler, its headers pass
+  :func:`.framing.request_head` through the sink's ``admit`` (method, content type,
+  encoding, ``grpc-timeout``, known path); a refusal is answered trailers-only at once.
+  A stream past ``max_concurrent_streams`` is reset with REFUSED_STREAM (clients retry
+  it); h2 would instead tear the whole connection down, so its own count is disabled
+  (:class:`.h2conn._Settings`) and the limit is enforced here, per stream.
+* **Messages are judged as DATA arrives.** A :class:`.framing.MessageFramer` per stream
+  reads each 5-byte gRPC prefix the moment it is complete: a declared length over
+  ``max_message_bytes`` (or a bad flag, a second message on a unary call, a stream cut
+  short) is answered, the stream is reset, the bytes buffered for it are dropped and
+  handed back to the connection window, and no more window is granted for it.
+* **Frames are judged by their header.** h2 waits for a whole frame before checking its
+  length, so a DATA frame declaring 16 MiB was buffered although we advertise 1 MiB;
+  :class:`.h2conn._FrameBuffer` checks the 9-byte header first: FRAME_SIZE_ERROR, GOAWAY. It
+  also bounds a header block (HEADERS plus CONTINUATIONs) to ``max_header_list_size``
+  bytes: h2 would buffer up to 64 CONTINUATION frames of any allowed size.
+* **Connections are bounded in number and time.** :class:`ConnectionTable` caps open
+  connections (evicting the oldest one still in its handshake before refusing a new one
+  with GOAWAY); each protocol closes itself when the preface and SETTINGS do not arrive
+  within ``handshake_timeout``, and sends GOAWAY and closes after ``idle_timeout`` with
+  no open stream (both checked by a periodic sweep of the table, not a timer per
+  connection). A peer that stops reading our output stops being read (the protocol
+  pauses reading while the transport's write buffer is full), so PING or SETTINGS
+  floods cannot grow our buffers.
+* **Nothing escapes a callback.** A protocol error in the peer's bytes is a clean
+  connection error (h2's GOAWAY, then close), counted and logged through the rate-limited
+  :class:`~.faultlog.FaultLog`; an exception in our own event handling is logged with its
+  traceback and closes that connection only. (trio-asyncio re-raises anything that
+  escapes an asyncio callback into the Trio run: one bad connection must not end the
+  server.)
+
+The h2 connection itself (its first SETTINGS, the early frame-length check) and the
+corked transport are in :mod:`.h2conn`.
+
+What is deliberately not here: the request handlers (:mod:`.server`), message codecs and
+the Trio bridge (:mod:`.grpc`). This module imports grpclib's ``protocol`` module only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import h2.events
+import h2.exceptions
+from grpclib.config import Configuration
+from grpclib.metadata import encode_grpc_message
+from grpclib.protocol import Connection, EventsProcessor, Stream
+from h2.connection import H2Connection
+from h2.errors import ErrorCodes
+
+from .faultlog import FaultLog
+from .framing import MessageFramer, Refusal
+from .h2conn import CorkedTransport, new_h2_connection
+from .limits import Fault, WireCounters, WireLimits
+
+log = logging.getLogger(__name__)
+
+#: Above this much unsent output the peer is not read from (see ``pause_writing``).
+WRITE_HIGH_WATER = 4 * 1024 * 1024
+#: How long a connection stays open after our GOAWAY, so the frame reaches the peer
+#: before the socket closes (closing with unread input makes the kernel send RST, and
+#: the peer may then lose the GOAWAY).
+GOAWAY_LINGER = 0.25
+#: Refused connections lingering at once at most; past it they are closed at once.
+MAX_LINGERING = 64
+
+
+class Admitted(Protocol):
+    """What a sink's ``admit`` returns for a request it will serve."""
+
+    @property
+    def unary_request(self) -> bool:
+        """Whether the request carries exactly one message (so the framer can check)."""
+        ...
+
+
+class RequestSink(Protocol):
+    """The request layer above a connection (one per connection): :mod:`.server`."""
+
+    def admit(self, headers: Sequence[tuple[str, str]], peer: str) -> Admitted | Refusal:
+        """Judge a request from its headers alone (sync, no I/O)."""
+        ...
+
+    def accept(self, stream: Stream, admitted: Any, release: Callable[[], None]) -> None:
+        """Start serving an admitted stream; call ``release`` once when it is done."""
+        ...
+
+    def cancel(self, stream: Stream) -> None:
+        """Stop serving ``stream`` (reset by the peer, or refused by the framer)."""
+        ...
+
+    def close(self) -> None:
+        """The connection is gone: stop serving every stream."""
+        ...
+
+
+class ConnectionTable:
+    """Every open connection of one server, the connection limit, and the fault tally."""
+
+    def __init__(self, limits: WireLimits, counters: WireCounters, faults: FaultLog) -> None:
+        self.limits = limits
+        self.counters = counters
+        self.faults = faults
+        self._open: dict[GuardedProtocol, None] = {}
+        #: Open connections whose handshake is not complete, oldest first.
+        self._handshaking: dict[GuardedProtocol, None] = {}
+        self._lingering = 0
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def fault(self, fault: Fault, peer: str, detail: str) -> None:
+        self.counters.faults[fault] += 1
+        self.faults.report(fault, peer, detail)
+
+    def admit(self, protocol: GuardedProtocol) -> bool:
+        """Take a new connection in, making room if one is still in its handshake."""
+        if len(self._open) >= self.limits.max_connections:
+            if not self._handshaking:
+                self.counters.connections_refused += 1
+                self.fault(
+                    Fault.TOO_MANY_CONNECTIONS,
+                    protocol.peer,
+                    f"refused: {len(self._open)} connections are open (endpoints.max_connections)",
+                )
+                return False
+            victim = next(iter(self._handshaking))
+            self.counters.connections_evicted += 1
+            self.fault(
+                Fault.TOO_MANY_CONNECTIONS,
+                victim.peer,
+                "closed in its handshake to make room for a new connection "
+                "(endpoints.max_connections)",
+            )
+            victim.abort()
+        self._open[protocol] = None
+        self._handshaking[protocol] = None
+        self.counters.connections_open = len(self._open)
+        self.counters.connections_accepted += 1
+        return True
+
+    def handshaken(self, protocol: GuardedProtocol) -> None:
+        self._handshaking.pop(protocol, None)
+
+    def closed(self, protocol: GuardedProtocol) -> None:
+        self._open.pop(protocol, None)
+        self._handshaking.pop(protocol, None)
+        self.counters.connections_open = len(self._open)
+
+    def sweep(self, now: float) -> None:
+        """Close connections past their handshake or idle timeout (``now``: loop time).
+
+        One periodic sweep instead of a timer per connection: a cancelled asyncio timer
+        stays in the loop's heap until its time comes, so a timer per connection would
+        let a client that churns connections pile up cancelled timers for as long as
+        ``idle_timeout``.
+        """
+        for protocol in list(self._handshaking):
+            if now - protocol.opened_at < self.limits.handshake_timeout:
+                break  # admission order: the rest are younger
+            protocol.handshake_expired()
+        for protocol in list(self._open):
+            if protocol.idle_expired(now):
+                self.counters.connections_idle_closed += 1
+                protocol.goaway()
+
+    def linger(self) -> bool:
+        """Reserve a slot for a refused connection to linger in (False: none left)."""
+        if self._lingering >= MAX_LINGERING:
+            return False
+        self._lingering += 1
+        return True
+
+    def unlinger(self) -> None:
+        self._lingering -= 1
+
+    def goaway(self) -> None:
+        """GOAWAY on every connection: "open no new streams here"."""
+        for protocol in list(self._open):
+            protocol.goaway()
+
+    def close(self) -> None:
+        for protocol in list(self._open):
+            protocol.abort()
+
+
+class _Processor(EventsProcessor):
+    """grpclib's events processor with the checks of the module docstring."""
+
+    handler: RequestSink  # type: ignore[assignment]
+
+    def __init__(self, sink: RequestSink, connection: Connection, guard: GuardedProtocol) -> None:
+        super().__init__(sink, connection)  # type: ignore[arg-type]
+        self._guard = guard
+        self._limits = guard.limits
+        self._counters = guard.table.counters
+        self._h2: H2Connection = connection._connection
+        self._framers: dict[int, MessageFramer] = {}
+
+    def process(self, event: h2.events.Event) -> None:
+        processors = getattr(self, "processors", None)  # grpclib deletes it on close
+        if processors is None:
+            return
+        proc = processors.get(event.__class__)
+        if proc is not None:
+            proc(event)
+        # Anything else -- UnknownFrameReceived above all -- has no meaning for a gRPC
+        # server and is ignored, as RFC 9113 §5.5 requires for unknown frame types.
+
+    # ------------------------------------------------------------------ streams
+
+    def process_request_received(self, event: h2.events.RequestReceived) -> None:
+        sid = event.stream_id
+        if len(self.streams) >= self._limits.max_concurrent_streams:
+            self._h2.reset_stream(sid, ErrorCodes.REFUSED_STREAM)
+            self._guard.fault(
+                Fault.TOO_MANY_STREAMS,
+                f"stream {sid} refused: {len(self.streams)} calls are open on the connection "
+                "(endpoints.max_concurrent_streams)",
+            )
+            return
+        decision = self.handler.admit(event.headers, self._guard.peer)  # type: ignore[arg-type]
+        if isinstance(decision, Refusal):
+            self._answer(sid, decision)
+            self._guard.fault(decision.fault, decision.message)
+            return
+        stream = self.connection.create_stream(stream_id=sid)
+        release = self.register(stream)
+        self._framers[sid] = MessageFramer(
+            self._limits.max_message_bytes, unary=decision.unary_request
+        )
+        self.handler.accept(stream, decision, release)
+
+    def register(self, stream: Stream) -> Callable[[], None]:
+        release = super().register(stream)
+        counters = self._counters
+        counters.streams_open += 1
+        if counters.streams_open > counters.streams_peak:
+            counters.streams_peak = counters.streams_open
+        self._guard.busy()
+        sid = stream.id
+        assert sid is not None
+
+        def release_stream() -> None:
+            self._counters.streams_open -= 1
+            self._framers.pop(sid, None)
+            release()
+            if not self.connection.is_closing():
+                # A handler that finished while the peer is still sending (no END_STREAM
+                # yet) asks it to stop (RFC 9113 §8.1), so that h2 forgets the stream: a
+                # peer could otherwise keep answered streams open past our limit.
+                state = self._h2.streams.get(sid)
+                if state is not None and not state.closed:
+                    self._h2.reset_stream(sid, ErrorCodes.NO_ERROR)
+                    self.connection.flush()
+            if not self.streams:
+                self._guard.idle()
+
+        return release_stream
+
+    def process_data_received(self, event: h2.events.DataReceived) -> None:
+        framer = self._framers.get(event.stream_id)
+        if framer is not None:
+            refusal = framer.feed(event.data)
+            if refusal is not None:
+                self._refuse(event.stream_id, refusal, event.flow_controlled_length)
+                return
+        super().process_data_received(event)
+
+    def process_stream_ended(self, event: h2.events.StreamEnded) -> None:
+        framer = self._framers.pop(event.stream_id, None)
+        if framer is not None:
+            refusal = framer.end()
+            if refusal is not None:
+                self._refuse(event.stream_id, refusal, 0)
+                return
+        super().process_stream_ended(event)
+
+    def process_stream_reset(self, event: h2.events.StreamReset) -> None:
+        self._framers.pop(event.stream_id, None)
+        super().process_stream_reset(event)
+
+    def process_remote_settings_changed(self, event: h2.events.RemoteSettingsChanged) -> None:
+        # The peer's first SETTINGS frame (after its preface) completes the handshake.
+        self._guard.handshake_done()
+        super().process_remote_settings_changed(event)
+
+    # ------------------------------------------------------------------ refusing
+
+    def _refuse(self, sid: int, refusal: Refusal, unacked: int) -> None:
+        """Answer ``refusal`` on a stream with a handler, drop it and what it buffered."""
+        self._framers.pop(sid, None)
+        self._answer(sid, refusal)
+        self._guard.fault(refusal.fault, refusal.message)
+        stream = self.streams.get(sid)
+        if stream is not None:
+            unacked += stream.buffer.unacked_size()  # drains the buffer's queue
+            self.handler.cancel(stream)
+        if unacked:
+            # The stream is closed now, so this opens the connection window only: the
+            # bytes are dropped, not consumed, and the stream gets no more window.
+            self._h2.acknowledge_received_data(unacked, sid)
+
+    def _answer(self, sid: int, refusal: Refusal) -> None:
+        """A trailers-only answer (or trailers, after headers), then "stop sending"."""
+        state = self._h2.streams.get(sid)
+        if state is None or state.closed:
+            return
+        status = [
+            ("grpc-status", str(int(refusal.code))),
+            ("grpc-message", encode_grpc_message(refusal.message)),
+            *refusal.headers,
+        ]
+        if state.state_machine.headers_sent:
+            headers = status
+        else:
+            headers = [
+                (":status", str(refusal.http_status)),
+                ("content-type", "application/grpc+proto"),
+                *status,
+            ]
+        self._h2.send_headers(sid, headers, end_stream=True)
+        if not state.closed:  # the peer may still be sending: RST_STREAM NO_ERROR
+            self._h2.reset_stream(sid, ErrorCodes.NO_ERROR)
+
+
+def _peer_name(transport: asyncio.BaseTransport) -> str:
+    peer = transport.get_extra_info("peername")
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"{peer[0]}:{peer[1]}"
+    return str(peer or "")
+
+
+class GuardedProtocol(asyncio.Protocol):
+    """One server connection; see the module docstring."""
+
+    def __init__(self, table: ConnectionTable, sink: RequestSink) -> None:
+        self.table = table
+        self.limits = table.limits
+        self._sink = sink
+        self.peer = ""
+        self.connection: Connection | None = None
+        self._processor: _Processor | None = None
+        self._transport: asyncio.Transport | None = None
+        self._cork: CorkedTransport | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._handshaken = False
+        #: GOAWAY sent or the connection refused: input is no longer read.
+        self._closing = False
+        self._streams_open = False
+        #: Loop times: when the connection was accepted, and since when it has no stream.
+        self.opened_at = 0.0
+        self._idle_since = 0.0
+
+    # ------------------------------------------------------------------ asyncio callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._loop = loop = asyncio.get_running_loop()
+        self.peer = _peer_name(transport)
+        self.opened_at = self._idle_since = loop.time()
+        try:
+            sock = transport.get_extra_info("socket")
+            if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+                # Small unary answers must not wait ~40 ms for the peer's delayed ACK.
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+            if not self.table.admit(self):
+                self._refuse_connection()
+                return
+            self._cork = CorkedTransport(transport, loop)
+            conn = new_h2_connection(self.limits)
+            conn.initiate_connection()
+            conn.increment_flow_control_window(self.limits.connection_window - 65535)
+            self.connection = Connection(
+                conn,
+                self._cork,  # type: ignore[arg-type]
+                config=Configuration().__for_server__(),
+            )
+            self._processor = _Processor(self._sink, self.connection, self)
+            self.connection.flush()
+        except Exception:
+            log.exception("setting up the connection from %s failed; closing it", self.peer)
+            self.abort()
+
+    def data_received(self, data: bytes) -> None:
+        if self._closing or self.connection is None or self._processor is None:
+            return
+        try:
+            events = self.connection.feed(data)
+        except h2.exceptions.ProtocolError as exc:
+            kind = (
+                Fault.FRAME_TOO_LARGE
+                if isinstance(exc, h2.exceptions.FrameTooLargeError)
+                else Fault.PROTOCOL_ERROR
+            )
+            self.fault(kind, f"{exc or type(exc).__name__}; connection closed with GOAWAY")
+            self.abort()  # h2 has queued its GOAWAY; abort flushes it first
+            return
+        except Exception as exc:
+            # h2 choked on the bytes themselves (a header value that is not ASCII, ...);
+            # its header-compression state is now unknown, so the connection must end.
+            self.fault(
+                Fault.PROTOCOL_ERROR,
+                f"undecodable input ({type(exc).__name__}: {exc}); connection closed with GOAWAY",
+            )
+            try:
+                self.connection._connection.close_connection(ErrorCodes.PROTOCOL_ERROR)
+            except Exception:  # h2 is in a state where it cannot even say so
+                log.debug("no GOAWAY for %s", self.peer, exc_info=True)
+            self.abort()
+            return
+        try:
+            self.connection.flush()
+            for event in events:
+                self._processor.process(event)
+            self.connection.flush()
+        except Exception:
+            log.exception("serving the connection from %s failed; closing it", self.peer)
+            self.abort()
+
+    def pause_writing(self) -> None:
+        # The peer does not read what we write: stop reading what it writes, so that
+        # answers it provokes (PING and SETTINGS ACKs, refusals) cannot pile up here.
+        if self.connection is not None:
+            self.connection.pause_writing()
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.connection is not None:
+            self.connection.resume_writing()
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.table.closed(self)
+        if self._cork is not None:
+            self._cork.discard()
+        if self._processor is not None:
+            try:
+                self._processor.close("Connection lost")
+            except Exception:
+                log.exception("closing the connection from %s failed", self.peer)
+
+    # ------------------------------------------------------------------ processor hooks
+
+    def fault(self, fault: Fault, detail: str) -> None:
+        self.table.fault(fault, self.peer, detail)
+
+    def handshake_done(self) -> None:
+        if not self._handshaken:
+            self._handshaken = True
+            self.table.handshaken(self)
+
+    def busy(self) -> None:
+        self._streams_open = True
+
+    def idle(self) -> None:
+        self._streams_open = False
+        if self._loop is not None:
+            self._idle_since = self._loop.time()
+
+    # ------------------------------------------------------------------ timeouts (swept)
+
+    def handshake_expired(self) -> None:
+        self.fault(
+            Fault.HANDSHAKE_TIMEOUT,
+            f"no HTTP/2 preface and SETTINGS within {self.limits.handshake_timeout:g} s "
+            "(endpoints.handshake_timeout_seconds); connection closed",
+        )
+        self.abort()
+
+    def idle_expired(self, now: float) -> bool:
+        return (
+            self._handshaken
+            and not self._streams_open
+            and not self._closing
+            and now - self._idle_since >= self.limits.idle_timeout
+        )
+
+    # ------------------------------------------------------------------ closing
+
+    def goaway(self, error: ErrorCodes = ErrorCodes.NO_ERROR, debug: bytes | None = None) -> None:
+        """GOAWAY (no new streams), then close after :data:`GOAWAY_LINGER`.
+
+        Streams already running are not cut short by the GOAWAY itself; whoever calls
+        this has let them finish (a graceful stop) or has none (idle).
+        """
+        if self._closing or self.connection is None or self.connection.is_closing():
+            return
+        self._closing = True
+        try:
+            self.connection._connection.close_connection(error, debug)
+            self.connection.flush()
+        except Exception:  # h2 is already in a closed state
+            log.debug("GOAWAY not sent to %s", self.peer, exc_info=True)
+        assert self._loop is not None
+        self._loop.call_later(GOAWAY_LINGER, self.abort)
+
+    def abort(self) -> None:
+        """Close now: cancel the connection's calls, flush what is queued, close."""
+        self._closing = True
+        self.table.closed(self)
+        if self._processor is not None:
+            if self.connection is not None and not self.connection.is_closing():
+                self.connection.flush()
+            self._processor.close("Connection closed by the server")
+        elif self._transport is not None:
+            self._transport.close()
+
+    def _refuse_connection(self) -> None:
+        """Past ``max_connections``: GOAWAY saying why, then close (after a linger)."""
+        assert self._transport is not None and self._loop is not None
+        self._closing = True
+        conn = new_h2_connection(self.limits)
+        conn.initiate_connection()
+        conn.close_connection(
+            ErrorCodes.NO_ERROR,
+            f"too many connections (endpoints.max_connections is "
+            f"{self.limits.max_connections}); retry later".encode(),
+            last_stream_id=0,
+        )
+        self._transport.write(conn.data_to_send())
+        if self.table.linger():
+            transport = self._transport
+
+            def close() -> None:
+                self.table.unlinger()
+                transport.close()
+
+            self._loop.call_later(GOAWAY_LINGER, close)
+        else:
+            self._transport.close()
