@@ -8,9 +8,11 @@ SIGINT/SIGTERM turned into a graceful stop, and returns the exit status.
 
 :func:`serve_gateway` builds one :class:`Gateway` and supervises, in one nursery:
 
-* the gRPC server on ``listen.grpc`` (grpclib, on the asyncio loop). Its handlers are the
-  :class:`~.proxy.Proxy`'s, ``grpc.health.v1.Health`` and server reflection; ModelInfer
-  never leaves the asyncio side;
+* the gRPC server on ``listen.grpc``: the hardened wire of ``transport.server`` (the one a
+  worker serves on: connection and stream limits, handshake and idle timeouts, messages
+  checked at their length prefix, rate-limited fault logs), on the asyncio loop. Its
+  handlers are the :class:`~.proxy.Proxy`'s, ``grpc.health.v1.Health`` and server
+  reflection; ModelInfer never leaves the asyncio side;
 * the :class:`~.prober.Prober` (a Trio task: a probe round every
   ``health_interval_seconds``, and on demand from the request path through a
   :class:`~reactantserver.transport.guest.TrioPortal`);
@@ -32,20 +34,16 @@ Nothing here imports JAX (tests/test_no_jax.py).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import signal
 import socket
-import weakref
 from typing import Any
 
 import attrs
 import grpclib.server
 import trio
-from grpclib.config import Configuration
 from grpclib.const import Cardinality, Handler
-from grpclib.protocol import H2Protocol
 from prometheus_client import CollectorRegistry
 
 from ..admin import AdminApp, serve_admin
@@ -57,6 +55,8 @@ from ..protocol.grpc.reflection import v1alpha as reflection_v1alpha
 from ..protocol.reflection import ReflectionAnswerer
 from ..transport import guest
 from ..transport.health import HealthServicer
+from ..transport.limits import WireCounters, WireLimits
+from ..transport.server import GuardedServer
 from .metrics import GatewayCollector
 from .pool import WorkerClient
 from .prober import GatewayWedged, Prober, Refresher, Registrations
@@ -76,9 +76,6 @@ SERVICES: tuple[str, ...] = (
     "reactant_control.ControlService",
     "reactant_control.GatewayControlService",
 )
-#: Inbound HTTP/2 windows (grpclib's default is 4 MiB): large tensors stream without stalls.
-CONNECTION_WINDOW = 64 * 1024 * 1024
-STREAM_WINDOW = 16 * 1024 * 1024
 #: How long calls in flight may take to finish once stopping (a node supervisor kills the
 #: gateway 10 s after SIGTERM).
 DRAIN_GRACE_SECONDS = 8.0
@@ -112,6 +109,8 @@ class Gateway:
         )
         self.router = make_router(config.scheduling)
         self.stats = GatewayStats()
+        #: The hardened wire's counts (connections, streams, client mistakes by kind).
+        self.wire = WireCounters()
         self.registrations = Registrations()
         self.prober = Prober(
             self.clients,
@@ -130,6 +129,7 @@ class Gateway:
                 router=self.router,
                 prober=self.prober,
                 clients=self.clients,
+                wire=self.wire,
                 workers=self.worker_metrics,
                 mode=config.scheduling.mode,
                 draining=lambda: self.proxy is not None and self.proxy.draining,
@@ -204,115 +204,24 @@ def _metrics_endpoints(
 # ------------------------------------------------------------------------------ gRPC server
 
 
-class _Cork:
-    """The parts of an asyncio transport grpclib uses, with writes gathered per loop pass:
-    grpclib writes a response's headers, message and trailers separately, and each write
-    on an idle socket is a ``send``; gathered, the answers of one pass leave in one."""
-
-    def __init__(self, transport: asyncio.Transport) -> None:
-        self._transport = transport
-        self._loop = asyncio.get_running_loop()
-        self._pending: list[bytes] = []
-        self._size = 0
-
-    def write(self, data: bytes) -> None:
-        if not data:
-            return
-        if not self._pending:
-            self._loop.call_soon(self.flush)
-        self._pending.append(data)
-        self._size += len(data)
-        if self._size >= 256 * 1024:
-            self.flush()
-
-    def flush(self) -> None:
-        if self._pending and not self._transport.is_closing():
-            self._transport.write(b"".join(self._pending))
-        self._pending.clear()
-        self._size = 0
-
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
-
-    def close(self) -> None:
-        self.flush()
-        self._transport.close()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._transport.get_extra_info(name, default)
-
-
-class _CorkedProtocol(asyncio.Protocol):
-    """grpclib's ``H2Protocol`` over a :class:`_Cork`."""
-
-    def __init__(self, inner: H2Protocol) -> None:
-        self.inner = inner
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.inner.connection_made(_Cork(transport))  # type: ignore[arg-type]
-
-    def data_received(self, data: bytes) -> None:
-        self.inner.data_received(data)
-
-    def eof_received(self) -> bool | None:
-        return self.inner.eof_received()
-
-    def pause_writing(self) -> None:
-        self.inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        self.inner.resume_writing()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.inner.connection_lost(exc)
-
-
-class _Server(grpclib.server.Server):
-    """grpclib's server, remembering its connections so that stopping can GOAWAY and close
-    them (grpclib 0.4 closes the listener only), writing through a :class:`_Cork`."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
-
-    def _protocol_factory(self) -> _CorkedProtocol:  # type: ignore[override]
-        protocol = super()._protocol_factory()
-        self._protocols.add(protocol)
-        return _CorkedProtocol(protocol)
-
-    def goaway(self) -> None:
-        for protocol in list(self._protocols):
-            connection = getattr(protocol, "connection", None)
-            if connection is None or connection.is_closing():
-                continue
-            try:
-                connection._connection.close_connection()
-                connection.flush()
-            except Exception:  # the peer closed it already
-                log.debug("GOAWAY not sent on a closing connection", exc_info=True)
-
-    def close_connections(self) -> None:
-        for protocol in list(self._protocols):
-            connection = getattr(protocol, "connection", None)
-            if connection is not None:
-                connection.close()
-
-
-def build_server(mapping: dict[str, Handler], config: GatewayConfig) -> _Server:
-    """The gateway's gRPC server over ``mapping`` (the one place that constructs it)."""
-
-    class Servable:
-        def __mapping__(self) -> dict[str, Handler]:
-            return mapping
-
-    return _Server(
-        [Servable()],
-        codec=RawCodec(config.grpc.max_recv_msg_bytes, config.grpc.max_send_msg_bytes),
-        config=Configuration(
-            http2_connection_window_size=CONNECTION_WINDOW,
-            http2_stream_window_size=STREAM_WINDOW,
-        ),
+def build_server(
+    mapping: dict[str, Handler], config: GatewayConfig, counters: WireCounters
+) -> GuardedServer:
+    """The gateway's gRPC server over ``mapping``: the hardened wire a worker serves on
+    (``transport.server``), with the gateway's ``grpc:`` limits. The one place that builds it."""
+    g = config.grpc
+    limits = WireLimits(
+        max_connections=g.max_connections,
+        max_concurrent_streams=g.max_concurrent_streams,
+        handshake_timeout=g.handshake_timeout_seconds,
+        idle_timeout=g.idle_timeout_seconds,
+        max_message_bytes=g.max_recv_msg_bytes,
+    )
+    return GuardedServer(
+        mapping,
+        codec=RawCodec(g.max_recv_msg_bytes, g.max_send_msg_bytes),
+        limits=limits,
+        counters=counters,
     )
 
 
@@ -354,13 +263,13 @@ async def _serve_grpc(
     port: int = sock.getsockname()[1]
     mapping = gateway.mapping(proxy)
 
-    async def start(sock: socket.socket) -> _Server:
-        # Built on the asyncio side: grpclib binds to the loop it finds running.
-        server = build_server(mapping, config)
-        await server.start(sock=sock)
+    async def start(sock: socket.socket) -> GuardedServer:
+        # Built on the asyncio side, where "the running loop" is the host loop.
+        server = build_server(mapping, config, gateway.wire)
+        await server.start(sock)
         return server
 
-    server: _Server | None = None
+    server: GuardedServer | None = None
     try:
         server = await guest.aio(start(sock))
         sock = None  # the server owns it now
@@ -382,7 +291,6 @@ async def _serve_grpc(
         if server is not None:
             with trio.move_on_after(CLOSE_TIMEOUT, shield=True):
                 server.close()
-                server.close_connections()
                 await guest.aio(server.wait_closed())
         if sock is not None:
             sock.close()

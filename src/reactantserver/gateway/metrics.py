@@ -19,9 +19,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from ..transport.limits import Fault, WireCounters
 from .pool import WorkerClient
 from .prober import Prober
-from .routing import Router
+from .routing import Router, RouterStatistics
 from .scrape import WorkerMetrics
 from .stats import GatewayStats
 
@@ -41,6 +42,7 @@ class GatewayCollector(Collector):
         router: Router,
         prober: Prober,
         clients: Sequence[WorkerClient],
+        wire: WireCounters,
         workers: WorkerMetrics,
         mode: str,
         draining: Callable[[], bool],
@@ -49,6 +51,7 @@ class GatewayCollector(Collector):
         self._router = router
         self._prober = prober
         self._clients = tuple(clients)
+        self._wire = wire
         self._workers = workers
         self._mode = mode
         self._draining = draining
@@ -159,6 +162,7 @@ class GatewayCollector(Collector):
 
         yield from self._routing(routing, names)
         yield from self._clients_series()
+        yield from self._wire_series()
         up = GaugeMetricFamily(
             "gateway_worker_metrics_up",
             "1 when the worker's /metrics answered the last scrape (metrics_endpoints).",
@@ -169,10 +173,7 @@ class GatewayCollector(Collector):
         yield up
         yield from self._workers.collect()
 
-    def _routing(self, routing: object, names: dict[str, str]) -> Iterator[Metric]:
-        from .routing import RouterStatistics
-
-        assert isinstance(routing, RouterStatistics)
+    def _routing(self, routing: RouterStatistics, names: dict[str, str]) -> Iterator[Metric]:
         outstanding = GaugeMetricFamily(
             "gateway_replica_outstanding",
             "Items (batch rows) in flight per model and worker.",
@@ -229,6 +230,33 @@ class GatewayCollector(Collector):
         for outcome, n in sorted(routing.released.items()):
             released.add_metric([outcome], n)
         yield released
+
+    def _wire_series(self) -> Iterator[Metric]:
+        """The hardened wire's counts, as a worker's ``worker_grpc_*`` series."""
+        wire = self._wire.statistics()
+        yield _one(
+            GaugeMetricFamily("gateway_grpc_connections_open", "Open client connections."),
+            wire.connections_open,
+        )
+        for what, value, doc in (
+            ("accepted", wire.connections_accepted, "Client connections accepted."),
+            ("refused", wire.connections_refused, "Connections refused at grpc.max_connections."),
+            ("evicted", wire.connections_evicted, "Connections closed in their handshake to make room."),
+            ("idle_closed", wire.connections_idle_closed, "Connections closed by the idle timeout."),
+        ):  # fmt: skip
+            yield _one(CounterMetricFamily(f"gateway_grpc_connections_{what}", doc), value)
+        yield _one(
+            GaugeMetricFamily("gateway_grpc_streams_open", "Calls (HTTP/2 streams) open now."),
+            wire.streams_open,
+        )
+        errors = CounterMetricFamily(
+            "gateway_grpc_client_errors",
+            "Client mistakes caught by the wire layer, by kind (docs/grpc.md).",
+            labels=["kind"],
+        )
+        for fault in Fault:
+            errors.add_metric([fault.value], wire.faults.get(fault.value, 0))
+        yield errors
 
     def _clients_series(self) -> Iterator[Metric]:
         streams = GaugeMetricFamily(

@@ -426,7 +426,11 @@ class Proxy:
         """NOT_FOUND for a model no worker lists; UNAVAILABLE for one listed but not ready
         anywhere (what one worker answers for a model it is still loading)."""
         table = self.router.table
-        listing = [w.name for w in table.workers.values() if model in w.models]
+        listing = [
+            c.name
+            for c in self.clients.values()
+            if c.address in table.workers and model in table.workers[c.address].models
+        ]
         if listing:
             return Unavailable(
                 f"model {model!r} is not ready on any worker (listed by {', '.join(listing)}); "

@@ -14,8 +14,8 @@ NOT_FOUND, as the protocol asks); ``Watch`` sends it at once (``SERVICE_UNKNOWN`
 unknown name) and then again whenever it changes, re-reading it every ``poll_seconds``,
 until the client hangs up or the server stops. :meth:`HealthServicer.drain` makes every
 answer NOT_SERVING from then on and tells every watcher at once, so load balancers stop
-sending before the server closes; the server awaits :meth:`HealthServicer.wait_told` before
-its GOAWAY (after which nothing more can be sent on a connection).
+sending before the server closes: each watch sends NOT_SERVING and ends (status OK), and the
+server awaits :meth:`HealthServicer.wait_told` before its GOAWAY.
 
 The handlers run on the asyncio loop (grpclib's call tasks) and take no request-path lock;
 ``status_of`` must not block. A watch costs one timer per ``poll_seconds``; polling rather
@@ -74,8 +74,8 @@ class HealthServicer:
             self._told.set()
 
     async def wait_told(self) -> None:
-        """Until every watcher has sent NOT_SERVING (call after :meth:`drain`, before the
-        server sends GOAWAY: h2 sends nothing on a connection after its GOAWAY)."""
+        """Until every watch has sent NOT_SERVING and ended (call after :meth:`drain`,
+        before the server's GOAWAY, after which a client reads nothing more)."""
         await self._told.wait()
 
     def mapping(self) -> dict[str, Handler]:
@@ -126,15 +126,9 @@ class HealthServicer:
                 await stream.send_message(health.HealthCheckResponse(status=_Status(status)))
                 last = status
             if self._draining:
-                # Told NOT_SERVING. Keep the stream open until the server closes, as the
-                # protocol expects of a watch.
-                self._untold -= 1
-                if self._untold == 0:
-                    self._told.set()
-                try:
-                    await asyncio.Event().wait()
-                finally:
-                    self._untold += 1  # balanced by watch()'s finally
+                # Told NOT_SERVING: end the stream (status OK) while the connection can
+                # still carry its trailers; the server's GOAWAY follows.
+                return
             changed = asyncio.ensure_future(self._changed.wait())
             try:
                 await asyncio.wait({changed}, timeout=self._poll)
