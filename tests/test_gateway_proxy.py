@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -456,3 +457,33 @@ def test_lpt_packing_control_is_not_wired_yet(two: list[FakeWorker]) -> None:
         client = grpcclient.InferenceServerClient(gw.grpc)
         np.testing.assert_array_equal(client.infer("double", x_input()).as_numpy("y"), 2 * X)
         client.close()
+
+
+def _documented_gateway_series() -> set[str]:
+    """The names in the first column of docs/monitoring.md's gateway table: ``{a,b}`` is
+    expanded, a ``{label}`` dropped."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "monitoring.md").read_text()
+    section = text.split("## The gateway", 1)[1].split("\n## ", 1)[0]
+    names: set[str] = set()
+    for row in section.splitlines():
+        if not row.startswith("| `gateway_"):
+            continue
+        for token in re.findall(r"`(gateway_[a-z_{},]+)", row.split("|")[1]):
+            match = re.fullmatch(r"(.*)\{([a-z_,]+)\}(.*)", token)
+            if match is None:
+                names.add(token)
+            elif "," in match.group(2):
+                head, choices, tail = match.groups()
+                names.update(head + choice + tail for choice in choices.split(","))
+            else:
+                names.add(match.group(1) + match.group(3))
+    return names
+
+
+def test_every_gateway_series_is_documented_and_exported(gateway: GatewayRun) -> None:
+    """docs/monitoring.md lists exactly the families the gateway exports."""
+    _, text = http_get(gateway.metrics_url + "/metrics")
+    exported = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE gateway_")}
+    assert exported == _documented_gateway_series()
