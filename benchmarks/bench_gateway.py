@@ -51,11 +51,11 @@ from bench_serve import (  # noqa: E402
     BIG_MODEL,
     LoadResult,
     Server,
+    big_array,
     build_repo,
     closed_loop,
     free_port,
     process_cpu,
-    big_array,
     start_ours,
     tensor_input,
     wait_ready,
@@ -131,7 +131,6 @@ async def measure(args: argparse.Namespace, worker: Server, gateway: Server) -> 
 async def big(url: str, repeats: int) -> float:
     """Median seconds of one 38 MB request (inline both ways)."""
     import tritonclient.grpc.aio as aioclient
-
     from bench_serve import CHANNEL_ARGS
 
     x = big_array()
