@@ -33,7 +33,7 @@ from fake_host import FakeHost
 from worker_harness import free_port
 
 from reactantserver.config.schema import EndpointsConfig, GatewayConfig
-from reactantserver.gateway.app import GatewayAddress, serve_gateway
+from reactantserver.gateway.app import Gateway, GatewayAddress, serve_gateway
 from reactantserver.service import Service
 from reactantserver.transport import guest
 from reactantserver.transport.grpc import serve_grpc
@@ -46,6 +46,8 @@ class GatewayRun:
     address: GatewayAddress
     token: trio.lowlevel.TrioToken
     stop_event: trio.Event
+    #: The running gateway's objects (router, stats...): read them, do not change them.
+    gateway: Gateway
 
     def stop(self) -> None:
         """Begin stopping (as SIGTERM does) without waiting for it."""
@@ -65,6 +67,7 @@ def running_gateway(config: GatewayConfig, *, timeout: float = 60.0) -> Iterator
     started: dict[str, Any] = {}
     ready = threading.Event()
     failed: list[BaseException] = []
+    gateway = Gateway(config)
 
     async def main() -> None:
         stop = trio.Event()
@@ -72,7 +75,9 @@ def running_gateway(config: GatewayConfig, *, timeout: float = 60.0) -> Iterator
         started["token"] = trio.lowlevel.current_trio_token()
         async with trio.open_nursery() as nursery:
             started["address"] = await nursery.start(
-                lambda task_status: serve_gateway(config, stop=stop, task_status=task_status)
+                lambda task_status: serve_gateway(
+                    config, stop=stop, gateway=gateway, task_status=task_status
+                )
             )
             ready.set()
 
@@ -90,7 +95,7 @@ def running_gateway(config: GatewayConfig, *, timeout: float = 60.0) -> Iterator
     if failed:
         raise failed[0]
     try:
-        yield GatewayRun(started["address"], started["token"], started["stop"])
+        yield GatewayRun(started["address"], started["token"], started["stop"], gateway)
     finally:
         if thread.is_alive():
             trio.from_thread.run_sync(started["stop"].set, trio_token=started["token"])

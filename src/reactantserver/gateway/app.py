@@ -303,17 +303,19 @@ async def serve_gateway(
     config: GatewayConfig,
     *,
     stop: trio.Event | None = None,
+    gateway: Gateway | None = None,
     task_status: trio.TaskStatus[GatewayAddress] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run one gateway until ``stop`` is set (see the module docstring).
 
-    Must run as Trio's guest of an asyncio loop (:func:`run`, or ``guest.run``).
+    Must run as Trio's guest of an asyncio loop (:func:`run`, or ``guest.run``). ``gateway``
+    is built from ``config`` unless given (an embedder or a test that reads its statistics).
     """
     stop = stop if stop is not None else trio.Event()
     log.info("effective gateway configuration:\n%s", dump_config(config))
     if config.tls.cert_file:
         log.warning("tls: is configured but not enforced yet: the gateway serves cleartext h2c")
-    gateway = Gateway(config)
+    gateway = gateway if gateway is not None else Gateway(config)
     try:
         async with trio.open_nursery() as nursery:
             proxy = gateway.build_proxy(guest.TrioPortal(nursery))
