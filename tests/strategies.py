@@ -540,7 +540,7 @@ def codec_responses(draw: st.DrawFn) -> object:
     (bytes, or a memoryview of a numpy array as ``inferio`` produces)."""
     import numpy as np
 
-    from reactantserver.transport.codec import InferResponse, OutputTensor
+    from reactantserver.records import InferResponse, OutputTensor
 
     response = InferResponse(draw(_NAMES), draw(_NAMES), draw(_NAMES))
     for _ in range(draw(st.integers(0, 3))):

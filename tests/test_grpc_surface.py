@@ -37,7 +37,8 @@ from reactantserver.errors import DeadlineExceeded
 from reactantserver.protocol import inference as pb
 from reactantserver.protocol import reactant_control as cpb
 from reactantserver.protocol.grpc.reflection import v1, v1alpha
-from reactantserver.service import CallContext, Service
+from reactantserver.records import CallContext
+from reactantserver.service import Service
 from reactantserver.transport.grpc import listen_tcp, serve_grpc
 
 T = TypeVar("T")
@@ -374,7 +375,7 @@ async def test_every_error_status_with_its_message(
             error_of(lambda: c.register_system_shared_memory("r", "/rs_missing_key_0", 64)),
         ]
 
-    with caplog.at_level(logging.ERROR, logger="reactantserver.transport.status"):
+    with caplog.at_level(logging.ERROR, logger="reactantserver.status"):
         errors = await off_loop(calls)
     assert errors == [
         (

@@ -27,7 +27,7 @@ JAX_FREE = [
     "reactantserver.weights",
     "reactantserver.service",
     "reactantserver.inferio",
-    "reactantserver.transport.status",
+    "reactantserver.status",
     "reactantserver.models",
     "reactantserver.shm",
     "reactantserver.admin",

@@ -75,8 +75,9 @@ from .errors import (
 )
 
 # The same result check the postprocess hook gets; run's outputs are client tensors too.
-from .hooks import _check_result as check_outputs
-from .service import Duration, ExecutionStatistics, HostedModel, ModelControlInfo
+from .hooks import check_result
+from .host import HostedModel
+from .records import Duration, ExecutionStatistics, ModelControlInfo
 
 log = logging.getLogger(__name__)
 
@@ -524,6 +525,6 @@ class MetaRunner:
                 ) from exc
         finally:
             self._running -= 1
-        outputs = check_outputs(meta.name, "run", result, meta.outputs, None)
+        outputs = check_result(meta.name, "run", result, meta.outputs, None)
         meta.record_run(started - arrived, trio.current_time() - started)
         return outputs

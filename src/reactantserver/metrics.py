@@ -29,7 +29,7 @@ from .lifecycle import ModelState
 
 if TYPE_CHECKING:
     from .scheduling import ModelStatistics
-    from .service import ControlStatus
+    from .records import ControlStatus
     from .worker import Worker
 
 

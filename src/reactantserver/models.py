@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from .bundle import Bundle, TensorSpec
 from .config import ModelSchedConfig
 from .histogram import ROW_BUCKETS, Histogram, HistogramSnapshot
-from .service import BatchStatistics, Duration, ExecutionStatistics
+from .records import BatchStatistics, Duration, ExecutionStatistics
 
 if TYPE_CHECKING:
     from .runtime import LoadedModel

@@ -93,13 +93,8 @@ from .runtime.weight_cache import (
 )
 from .scheduling import Scheduler
 from .scheduling.assemble import request_rows
-from .service import (
-    CompactResult,
-    ControlStatus,
-    IndexEntry,
-    ModelControlInfo,
-    Service,
-)
+from .records import CompactResult, ControlStatus, IndexEntry, ModelControlInfo
+from .service import Service
 from .transport.grpc import serve_grpc
 
 log = logging.getLogger(__name__)
@@ -907,10 +902,6 @@ class Worker:
         swaps; an unload drops the entry and a later load starts from the configuration.
         """
         targets = self._targets(name, "SetModelPolicy")
-        if not math.isfinite(weight) or weight <= 0:
-            raise InvalidArgument(
-                f"model {name!r}: weight must be a finite number > 0; got {weight}"
-            )
         for served in targets:  # a meta model's weight goes to each model it calls
             self.scheduler.set_weight(served.name, weight)
             log.info("model %r: weight set to %g", served.name, weight)

@@ -17,7 +17,7 @@ Nothing here imports JAX.
 
 from .batching import Plan, plan_batch
 from .dispatch import Executor, Health, Prefetcher, Scheduler, SchedulerStatistics
-from .policy import SchedulingPolicy
+from .policy import SchedulingPolicy, check_weight
 from .records import (
     Batch,
     Decision,
@@ -41,5 +41,6 @@ __all__ = [
     "Scheduler",
     "SchedulerStatistics",
     "SchedulingPolicy",
+    "check_weight",
     "plan_batch",
 ]

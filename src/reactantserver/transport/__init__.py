@@ -1,18 +1,14 @@
-"""The gRPC surface: error-to-status mapping and the grpclib listener.
+"""The gRPC listener: grpclib hosted inside the worker's Trio run.
 
-``transport.status``
-    The one mapping from :mod:`reactantserver.errors` categories to gRPC status codes.
-    Imports no grpclib, so it is usable (and tested) anywhere.
 ``transport.grpc``
     :func:`~reactantserver.transport.grpc.serve_grpc`: grpclib hosted inside the current
     Trio run through trio-asyncio, serving :class:`reactantserver.service.Service` plus
-    server reflection. The only module of the project importing asyncio, grpclib or
-    trio-asyncio; import it explicitly (``from reactantserver.transport.grpc import
-    serve_grpc``) so that importing this package stays free of them.
+    server reflection. The only server module that imports asyncio, grpclib or
+    trio-asyncio (the client, ``reactantserver.client``, runs its own asyncio loop);
+    import it explicitly (``from reactantserver.transport.grpc import serve_grpc``).
+
+What the transport reads and writes is defined below it, so that nothing under the
+service depends on the transport: the ModelInfer wire codec is
+:mod:`reactantserver.protocol.codec`, its records :mod:`reactantserver.records`, and the
+one mapping from error categories to gRPC status codes :mod:`reactantserver.status`.
 """
-
-from __future__ import annotations
-
-from .status import INTERNAL_MESSAGE, StatusCode, WireStatus, to_status
-
-__all__ = ["INTERNAL_MESSAGE", "StatusCode", "WireStatus", "to_status"]
