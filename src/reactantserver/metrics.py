@@ -28,8 +28,8 @@ from prometheus_client.registry import Collector
 from .lifecycle import ModelState
 
 if TYPE_CHECKING:
-    from .scheduling import ModelStatistics
     from .records import ControlStatus
+    from .scheduling import ModelStatistics
     from .worker import Worker
 
 

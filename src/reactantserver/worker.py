@@ -83,6 +83,7 @@ from .lifecycle import (
 from .meta import MetaModel, MetaRunner, declared_kind, meta_control_info, weakest_residency
 from .metrics import WorkerCollector
 from .models import ServedModel
+from .records import CompactResult, ControlStatus, IndexEntry, ModelControlInfo
 from .runtime import LoadedModel, Runtime
 from .runtime.executor import DeviceExecutor, ResidentWeights
 from .runtime.weight_cache import (
@@ -93,7 +94,6 @@ from .runtime.weight_cache import (
 )
 from .scheduling import Scheduler
 from .scheduling.assemble import request_rows
-from .records import CompactResult, ControlStatus, IndexEntry, ModelControlInfo
 from .service import Service
 from .transport.grpc import serve_grpc
 

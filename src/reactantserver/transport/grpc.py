@@ -80,10 +80,10 @@ from h2.settings import SettingCodes
 from reactantserver.config.schema import EndpointsConfig
 from reactantserver.errors import DeadlineExceeded, InvalidArgument
 from reactantserver.protocol import inference, reactant_control
+from reactantserver.protocol.codec import decode_infer_request, encode_infer_response
 from reactantserver.protocol.grpc.reflection import v1 as reflection_v1
 from reactantserver.protocol.grpc.reflection import v1alpha as reflection_v1alpha
 from reactantserver.protocol.reflection import ReflectionAnswerer
-from reactantserver.protocol.codec import decode_infer_request, encode_infer_response
 from reactantserver.records import CallContext, InferResponse
 from reactantserver.service import Service
 from reactantserver.status import StatusCode, WireStatus, to_status
