@@ -133,7 +133,7 @@ def test_refusals_say_why() -> None:
     with pytest.raises(Unavailable, match="model 'm' is still loading"):
         versions.admit("m")
     versions.load_failed("m", "weights.safetensors: truncated")
-    with pytest.raises(NotFound, match="model 'm' failed to load: weights.safetensors"):
+    with pytest.raises(NotFound, match=r"model 'm' failed to load: weights\.safetensors"):
         versions.serving("m")
 
 
