@@ -51,6 +51,7 @@ async def inline(fn: Any, *args: Any) -> Any:
     await trio.lowlevel.checkpoint()
     return result
 
+
 # ------------------------------------------------------------------------------ fakes
 
 
