@@ -25,6 +25,7 @@ import grpc
 import numpy as np
 import pytest
 import trio
+import trio.testing
 import tritonclient.grpc as tc
 import tritonclient.grpc.aio as tca
 import tritonclient.utils.shared_memory as tshm
@@ -751,7 +752,8 @@ async def test_stop_drains_in_flight_calls_and_refuses_new_ones() -> None:
         nursery.start_soon(slow_call)
         await wait_until(lambda: service.statistics().in_flight == 1)
         stop.set()
-        await trio.sleep(0.05)
+        # Every task has done what it can: the listener is draining, and still waits.
+        await trio.testing.wait_all_tasks_blocked()
         assert not served.is_set()
         assert await off_loop(lambda: error_of(lambda: client.is_server_live())) == (
             "StatusCode.UNAVAILABLE",

@@ -7,7 +7,7 @@ release) and the control plane around it; the real worker and the real CPU devic
 in ``test_weight_cache_worker.py``.
 
 Time is virtual (``autojump_clock``) and the cache's blocking steps run inline through an
-injected thread runner (:func:`inline`), so "not yet" is exact: after
+injected thread runner (``conftest.inline``), so "not yet" is exact: after
 ``trio.testing.wait_all_tasks_blocked()`` every task has done all it can, and what has
 not happened will not happen until the test acts.
 """
@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 import trio
 import trio.testing
+from conftest import inline
 
 from reactantserver.bundle import read_weight_specs, read_weights, write_weights
 from reactantserver.config.schema import (
@@ -41,16 +42,6 @@ from reactantserver.runtime.host_memory import PinnedHostStaging, copying_alloca
 from reactantserver.runtime.weight_cache import CachedWeights
 from reactantserver.runtime.weight_provider import make_weight_provider, startup_order
 from reactantserver.weights import HostStore
-
-
-async def inline(fn: Any, *args: Any) -> Any:
-    """The cache's thread runner here: the blocking step runs on the event loop between
-    two checkpoints, so virtual time never passes while it is "in flight"."""
-    await trio.lowlevel.checkpoint()
-    result = fn(*args)
-    await trio.lowlevel.checkpoint()
-    return result
-
 
 # ------------------------------------------------------------------------------ fakes
 

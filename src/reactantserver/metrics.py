@@ -232,6 +232,18 @@ def _lifecycle(base: dict[str, str], w: WorkerStatistics) -> Iterator[Metric]:
     for name, n in sorted(w.load_failures.items()):
         failures.add_metric([*base.values(), name], n)
     yield from (states, failures)
+    yield _counter(
+        "worker_repository_polls",
+        "Repository polls the watcher completed (dynamic mode).",
+        base,
+        w.repository_polls,
+    )
+    yield _counter(
+        "worker_repository_poll_failures",
+        "Repository polls that could not list the repository.",
+        base,
+        w.repository_poll_failures,
+    )
 
 
 def _per_model(base: dict[str, str], w: WorkerStatistics) -> Iterator[Metric]:

@@ -63,6 +63,9 @@ class WorkerStatistics:
     #: Every known model name's lifecycle state, and failed loads per name.
     lifecycle: Mapping[str, ModelRecord]
     load_failures: Mapping[str, int]
+    #: Repository polls of dynamic mode's watcher (both 0 in the other modes).
+    repository_polls: int
+    repository_poll_failures: int
     #: Bytes of model weights on the device.
     resident_weight_bytes: int
     #: The on-demand weight cache; ``None`` when it is off.

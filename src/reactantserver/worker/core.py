@@ -225,6 +225,7 @@ class Worker:
             for name, served in sorted(self.served_models().items())
         )
         states = self.versions.states
+        repository = self.repository.statistics()
         return WorkerStatistics(
             name=cfg.name,
             gpu=self.device_ordinal,
@@ -238,6 +239,8 @@ class Worker:
             models=models,
             lifecycle=dict(states.records),
             load_failures=dict(states.load_failures),
+            repository_polls=repository.polls,
+            repository_poll_failures=repository.poll_failures,
             resident_weight_bytes=self.weights.resident_bytes,
             weight_cache=self.weights.statistics(),
             meta=self.serving.metas.statistics(),
