@@ -35,6 +35,14 @@ JAX_FREE = [
     "reactantserver.client",
     "reactantserver.lifecycle",
     "reactantserver.meta",
+    "reactantserver.records",
+    "reactantserver.host",
+    "reactantserver.messages",
+    "reactantserver.statistics",
+    "reactantserver.metrics",
+    "reactantserver.protocol.codec",
+    "reactantserver.changes",
+    "reactantserver.threads",
 ]
 
 
