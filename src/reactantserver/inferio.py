@@ -60,6 +60,9 @@ handed to the codec as a ``memoryview`` of the (C-contiguous) result array, so w
 the response message is its one copy. A model returning a missing output, a
 wrong dtype or a shape outside its declaration is a server bug, reported as
 ``ExecutionFailed`` (INTERNAL) with a message naming the output.
+
+Why one module of this size: decoding and encoding one RPC share the tensor checks and
+the shared-memory rules, and every check has its own precise message.
 """
 
 from __future__ import annotations

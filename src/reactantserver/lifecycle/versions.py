@@ -70,6 +70,9 @@ Invariants (``tests/test_lifecycle_versions.py`` checks each after every step):
 
 Hot path: ``admit``, ``gated`` and ``finish`` are a dictionary lookup and an integer
 update each; ``finish`` allocates nothing unless the version is retiring and drained.
+
+Why one module of this size: one class holds every rule of the version table, and the
+invariants are about its fields together; the states have their own module.
 """
 
 from __future__ import annotations

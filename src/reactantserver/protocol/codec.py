@@ -50,6 +50,9 @@ codec says what is wrong instead, since no correct client sends one), invalid UT
 Python object each (inputs, outputs, raw entries, parameters) are capped at
 :data:`MAX_ENTRIES` per list or map and shapes at :data:`MAX_DIMS`, so that a message
 of millions of empty fields cannot turn into gigabytes of objects.
+
+Why one module of this size: the reader and the writer of one RPC's two messages,
+sharing the wire constants; most of it is the reader's precise error paths.
 """
 
 from __future__ import annotations

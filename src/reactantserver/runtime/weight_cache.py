@@ -56,6 +56,10 @@ run's own scratch, so the largest difference is exactly the worst run's scratch
 (compile-time allocations such as autotuning can only inflate it). :meth:`finish_probe`
 then sizes the budget. The CPU reports no statistics: no probe, scratch 0. A model
 loaded later raises the estimate only if its warm-up raised the peak (the sizer's rule).
+
+Why one module of this size: it is the one driver of a policy with a dozen commands,
+each method a few lines of asking and carrying out; the I/O handles are in
+``weight_io.py`` and the rules in ``weights/policy.py``.
 """
 
 from __future__ import annotations

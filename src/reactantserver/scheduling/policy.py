@@ -77,6 +77,11 @@ the number of models loaded.
 request leaves ``QUEUED`` exactly once; requests of a model are dispatched in
 queue order; batches respect the compiled sizes and the cap and never split a
 request; queues never exceed ``max_queue_depth`` (committed requests aside).
+
+Why one module of this size: the class holds every scheduling rule, and the invariants
+above are about its fields together (h11's ``_state.py`` habit); the parts that stand on
+their own -- batch planning, cost EMAs, queues, the candidate table -- are modules of
+their own.
 """
 
 from __future__ import annotations
