@@ -27,7 +27,8 @@ from .model import MetaModel
 
 __all__ = ["MetaRunner", "MetaStatistics"]
 
-log = logging.getLogger(__name__)
+# One logger for meta models (operators filter on "reactantserver.meta").
+log = logging.getLogger(__package__)
 
 
 @attrs.frozen

@@ -41,7 +41,8 @@ from .metas import MetaGlue
 
 __all__ = ["Version", "VersionBuilder", "batching_of"]
 
-log = logging.getLogger(__name__)
+# One logger for the whole worker package (operators filter on "reactantserver.worker").
+log = logging.getLogger(__package__)
 
 #: A model version as the lifecycle policy tracks it.
 Version = ServedModel | MetaModel

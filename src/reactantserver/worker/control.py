@@ -46,7 +46,8 @@ from .metas import MetaGlue
 
 __all__ = ["ControlPlane"]
 
-log = logging.getLogger(__name__)
+# One logger for the whole worker package (operators filter on "reactantserver.worker").
+log = logging.getLogger(__package__)
 
 
 class ControlPlane:

@@ -67,7 +67,8 @@ from .serving import Serving
 
 __all__ = ["Worker", "WorkerAddress", "serve"]
 
-log = logging.getLogger(__name__)
+# One logger for the whole worker package (operators filter on "reactantserver.worker").
+log = logging.getLogger(__package__)
 
 
 @attrs.frozen

@@ -63,7 +63,8 @@ from .build import Version, VersionBuilder, batching_of
 
 __all__ = ["LifecycleDriver"]
 
-log = logging.getLogger(__name__)
+# One logger for the whole worker package (operators filter on "reactantserver.worker").
+log = logging.getLogger(__package__)
 
 
 class LifecycleDriver:

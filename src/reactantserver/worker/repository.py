@@ -40,7 +40,8 @@ from .lifecycle import LifecycleDriver
 
 __all__ = ["RepositoryDriver", "RepositoryStatistics", "list_signatures"]
 
-log = logging.getLogger(__name__)
+# One logger for the whole worker package (operators filter on "reactantserver.worker").
+log = logging.getLogger(__package__)
 
 #: name -> (bundle directory, signature) of every bundle the repository shows now.
 Listing = Mapping[str, tuple[Path, Signature]]
