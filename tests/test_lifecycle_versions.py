@@ -51,11 +51,10 @@ class Version:
 
 
 class Token:
-    """One admitted request: its version, whether it was gated, whether it was submitted."""
+    """One admitted request: its version, and whether it was submitted."""
 
-    def __init__(self, version: Version, gated: bool) -> None:
+    def __init__(self, version: Version) -> None:
         self.version = version
-        self.gated = gated
         self.submitted = False
 
 
@@ -82,7 +81,7 @@ def test_a_swap_with_the_same_batching_retires_the_old_version_when_it_drains() 
     versions.begin_load("m")
     assert versions.state("m") is S.RELOADING and versions.admit("m") is old
     assert versions.loaded("m", new, batching="b1") == (SeedCosts(new),)
-    assert versions.state("m") is S.READY and not versions.gated("m")
+    assert versions.state("m") is S.READY and not versions.gated(new)
     assert versions.admit("m") is new  # later requests get the new version
     assert versions.finish(new) == ()
     assert versions.finish(old) == ()  # the first admission to old...
@@ -100,14 +99,34 @@ def test_a_swap_with_other_batching_gates_until_the_old_version_drains() -> None
     versions.admit("m")
     versions.begin_load("m")
     assert versions.loaded("m", new, batching="b2") == ()
-    assert versions.gated("m") and versions.state("m") is S.RELOADING
+    assert versions.gated(new) and versions.state("m") is S.RELOADING
     assert not versions.settled("m")
     assert versions.admit("m") is new  # admitted, but it must wait before it is submitted
     assert versions.finish(old) == (Rebatch(new),)
-    assert versions.gated("m")  # until the driver has switched the scheduler entry
+    assert versions.gated(new)  # until the driver has switched the scheduler entry
     assert versions.rebatched(new) == (Retire(old),)
-    assert not versions.gated("m") and versions.state("m") is S.READY
+    assert not versions.gated(new) and versions.state("m") is S.READY
     assert versions.settled("m")
+
+
+def test_a_request_waits_only_for_the_gate_of_its_own_version() -> None:
+    versions: ModelVersions[Version] = ModelVersions()
+    v1, v2, v3 = Version("m", "b1", 1), Version("m", "b2", 2), Version("m", "b1", 3)
+    versions.begin_load("m")
+    versions.loaded("m", v1, batching="b1")
+    versions.admit("m")
+    versions.begin_load("m")
+    versions.loaded("m", v2, batching="b2")
+    assert versions.admit("m") is v2 and versions.gated(v2)  # r2 waits for v1's drain
+    assert versions.finish(v1) == (Rebatch(v2),)
+    assert versions.rebatched(v2) == (Retire(v1),)
+    # Before r2 is queued, v3 (other sizes again) replaces v2: r2 still runs on v2, at
+    # v2's sizes, which the scheduler keeps until v2 drains -- it must not wait for v3.
+    versions.begin_load("m")
+    assert versions.loaded("m", v3, batching="b1") == ()
+    assert versions.gated(v3) and not versions.gated(v2)
+    assert not versions.gate_open("m")
+    assert versions.finish(v2) == (Rebatch(v3),)
 
 
 def test_unload_drains_then_removes_the_entry_then_frees() -> None:
@@ -262,7 +281,7 @@ class VersionsMachine(RuleBasedStateMachine):
         self.ever.append(version)
         self.carry_out(self.versions.loaded(name, version, batching=batching))
         assert self.versions.current[name] is version
-        event("swap: gated" if self.versions.gated(name) else "swap: immediate")
+        event("swap: gated" if self.versions.gated(version) else "swap: immediate")
         self.op = ("settle", name)
         self.progress()
 
@@ -301,7 +320,7 @@ class VersionsMachine(RuleBasedStateMachine):
             return
         version = self.versions.admit(name)
         assert version is serving
-        self.tokens.append(Token(version, self.versions.gated(name)))
+        self.tokens.append(Token(version))
 
     @precondition(lambda self: any(not t.submitted for t in self.tokens))
     @rule(data=st.data())
@@ -310,7 +329,7 @@ class VersionsMachine(RuleBasedStateMachine):
         batches as its version does: it runs on the version that admitted it (1)."""
         token = data.draw(st.sampled_from([t for t in self.tokens if not t.submitted]))
         v = token.version
-        if token.gated and self.versions.gated(v.name):
+        if self.versions.gated(v):
             event("submit: waits at the gate")
             return
         assert v not in self.freed
@@ -372,7 +391,7 @@ class VersionsMachine(RuleBasedStateMachine):
         for name, version in self.versions.current.items():
             if version.batching is not None:
                 assert name in self.sched
-                assert self.sched[name] == version.batching or self.versions.gated(name)
+                assert self.sched[name] == version.batching or self.versions.gated(version)
 
     def teardown(self) -> None:
         """Eventually every replaced or unloaded version is freed (5): answer every

@@ -19,6 +19,7 @@ were replaced or unloaded and still have requests **outstanding** (counted from
     loaded(name, version, batching=...)  the build succeeded: swap it in   -> actions
     unload(name)                         stop admitting, drain, free       -> actions
     admit(name)                          a request arrives                 -> version
+    gated(version)                       must it wait before it is queued?  -> bool
     finish(version)                      that request was answered         -> actions
     rebatched(version)                   the driver switched the batching  -> actions
     retired(version)                     the driver freed a version        -> ()
@@ -40,7 +41,8 @@ memory, a ``kind: meta`` model):
   version admits at once; READY; the old one is retired when it drains.
 * **different batching**: the old version's queued requests must run at the old sizes.
   The new version admits at once, but its requests are **gated**
-  (:meth:`~ModelVersions.gated`): the caller waits until the old version has drained;
+  (:meth:`~ModelVersions.gated` of the version they were admitted to): the caller waits,
+  without being queued, until the old version has drained;
   then ``Rebatch`` switches the scheduler entry, ``rebatched`` opens the gate, the swap
   completes (READY) and the old version is retired. While gated the name stays RELOADING,
   so no other lifecycle operation on it can start.
@@ -182,8 +184,9 @@ class ModelVersions(Generic[V]):
         self._states = ModelTable()
         #: name -> the serving version (only names in READY or RELOADING have one).
         self._serving: dict[str, _Version[V]] = {}
-        #: name -> serving version object, kept in step with ``_serving`` (the read view).
+        #: name -> serving version object, kept in step with ``_serving``, and its view.
         self._current: dict[str, V] = {}
+        self._current_view = MappingProxyType(self._current)
         #: Every live version (serving or retiring) -> its record.
         self._versions: dict[V, _Version[V]] = {}
         #: name -> its live versions, oldest first.
@@ -203,7 +206,7 @@ class ModelVersions(Generic[V]):
     @property
     def current(self) -> Mapping[str, V]:
         """name -> its serving version (a read-only view that follows every change)."""
-        return MappingProxyType(self._current)
+        return self._current_view
 
     def state(self, name: str) -> ModelState:
         return self._states.state(name)
@@ -218,10 +221,26 @@ class ModelVersions(Generic[V]):
             raise self._refusal(name)
         return entry.version
 
-    def gated(self, name: str) -> bool:
-        """Whether requests admitted to ``name`` must wait before they are submitted (the
-        serving version batches differently from an old one that is still draining)."""
-        return name in self._gates
+    def gated(self, version: V) -> bool:
+        """Whether a request admitted to ``version`` must wait before it is queued: the
+        version serves its name, and an older one that batches differently still drains.
+
+        A request waits only for the gate of its own version: once that version has been
+        replaced in turn, its requests run at the batch sizes it was built for, which the
+        scheduler keeps until it has drained.
+        """
+        if not self._gates:  # the usual case: no swap to other batch sizes anywhere
+            return False
+        entry = self._versions.get(version)
+        return (
+            entry is not None
+            and entry.name in self._gates
+            and self._serving.get(entry.name) is entry
+        )
+
+    def gate_open(self, name: str) -> bool:
+        """Whether no swap of ``name`` to other batch sizes is waiting for a drain."""
+        return name not in self._gates
 
     def outstanding(self, version: V) -> int:
         """Requests admitted to ``version`` and not finished yet (0 once it is gone)."""
@@ -247,9 +266,9 @@ class ModelVersions(Generic[V]):
         """Admit one request to the serving version of ``name``; ``finish`` must follow.
 
         Raises the refusal (``NotFound``, ``Unavailable``) when nothing serves the name.
-        When :meth:`gated` is true afterwards, the caller waits for the gate to open
-        before it submits the request (the request already counts as outstanding, so
-        nothing that would free its version can happen meanwhile).
+        When :meth:`gated` is true for the version, the caller waits until it is not before
+        it queues the request (the request already counts as outstanding, so nothing that
+        would free its version can happen meanwhile).
         """
         entry = self._serving.get(name)
         if entry is None:

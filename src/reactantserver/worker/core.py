@@ -206,7 +206,7 @@ class Worker:
             return False, f"loading models ({pending or 'scanning the repository'})"
         if not self.scheduler.ready:
             return False, f"dispatch loop is {self.scheduler.health.value}"
-        if not self.served_models():
+        if not any(isinstance(v, ServedModel) for v in self.versions.current.values()):
             return False, "no model is loaded"
         return True, ""
 

@@ -122,10 +122,10 @@ class LifecycleDriver:
                 self._retire_send.send_nowait(action.version)
         self._changes.notify()
 
-    async def until_open(self, name: str) -> None:
-        """Wait while requests admitted to ``name`` are gated (its previous version,
+    async def until_open(self, version: Version) -> None:
+        """Wait while requests admitted to ``version`` are gated (its previous version,
         batching differently, still drains)."""
-        await self._changes.until(lambda: not self._versions.gated(name))
+        await self._changes.until(lambda: not self._versions.gated(version))
 
     # ------------------------------------------------------------------ commands
 

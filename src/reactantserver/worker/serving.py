@@ -115,8 +115,8 @@ class Serving:
                     rows = request_rows(inputs)
                 except ValueError as exc:
                     raise InvalidArgument(f"model {model!r}: {exc}") from None
-            if versions.gated(model):
-                await self._lifecycle.until_open(model)  # the previous version drains
+            if versions.gated(version):
+                await self._lifecycle.until_open(version)  # the previous version drains
             result = await self._submit(version, inputs, rows, deadline, committed=committed)
         finally:
             actions = versions.finish(version)
