@@ -244,7 +244,7 @@ class Worker:
             repository_poll_failures=repository.poll_failures,
             resident_weight_bytes=self.weights.resident_bytes,
             weight_cache=self.weights.statistics(),
-            meta=self.serving.metas.statistics(),
+            meta=self.serving.meta_runner.statistics(),
             memory=self.runtime.memory_stats(),
         )
 

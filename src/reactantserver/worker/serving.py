@@ -68,7 +68,7 @@ class Serving:
         self._lifecycle = lifecycle
         self._hook_thread = hook_thread
         #: Runs meta requests under the ``meta_concurrency`` gate; its host is this path.
-        self.metas = MetaRunner(self, concurrency=meta_concurrency)
+        self.meta_runner = MetaRunner(self, concurrency=meta_concurrency)
 
     def get(self, name: str) -> HostedModel:
         """The version serving ``name`` (nothing is admitted); the refusal otherwise."""
@@ -108,7 +108,7 @@ class Serving:
                     raise ExecutionFailed(
                         f"model {model!r} is a meta model; it cannot be a sub-call"
                     )
-                return await self.metas.run(version, inputs, deadline)
+                return await self.meta_runner.run(version, inputs, deadline)
             rows: int | None = None
             if version.batched:
                 try:
