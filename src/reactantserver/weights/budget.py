@@ -44,6 +44,11 @@ scratch from a warm-up after the probe that raised the allocator's peak (the onl
 model loaded later moves the estimate). The driver applies each new budget to the
 policy with ``WeightCachePolicy.set_budget``.
 
+Invariants (``tests/test_weights_budget.py``): the split never promises a byte the arena
+does not have (every product is floored); ``on_demand + pinned_bytes <= weight_pool``
+whenever the pinned set fits the pool; the sizer's scratch estimate never shrinks, so a
+re-solve can only keep or lower the budget for the same pinned set.
+
 Nothing here touches a device: the runtime measures, this module decides.
 """
 
@@ -307,7 +312,7 @@ class BudgetSizer:
         (:func:`max_scratch`); later warm-ups may only raise it. Returns how many runs it
         was taken from; call :meth:`resize` to apply it."""
         runs = [m for m in self._measurements if m.model in live]
-        self._max_scratch = max_scratch(runs, pinned_bytes)
+        self._max_scratch = max(self._max_scratch, max_scratch(runs, pinned_bytes))
         self._probed = True
         self._measurements.clear()
         return len(runs)
