@@ -13,7 +13,7 @@ docstring states one in words.
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -407,6 +407,7 @@ class WeightCacheMachine(RuleBasedStateMachine):
         is pinned in use, and every plan handed out has been reported done."""
         alone = not self.running and not any(self.in_use.values()) and not self.pending
         assert self.policy.try_start_command() == alone
+        event("command: started" if alone else "command: waits")
         if alone:
             self.waiting -= 1
             self.running = True
