@@ -35,11 +35,9 @@ closes and the nursery exits.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import attrs
-import numpy as np
 import trio
 
 from ..admin import AdminApp, serve_admin
@@ -127,6 +125,9 @@ class Worker:
             metas,
             thread=thread or default,
         )
+        # ModelHost.infer is Serving.infer itself: the request path is the hot path, and a
+        # delegating coroutine would add a frame to every resume of every request.
+        self.infer = self.serving.infer
         self.service = Service(
             self, max_concurrent_requests=config.endpoints.max_concurrent_requests
         )
@@ -263,15 +264,6 @@ class Worker:
 
     def index(self) -> Sequence[IndexEntry]:
         return self.serving.index()
-
-    async def infer(
-        self,
-        model: str,
-        inputs: Mapping[str, np.ndarray],
-        outputs: Sequence[str],
-        deadline: float,
-    ) -> Mapping[str, Any]:
-        return await self.serving.infer(model, inputs, outputs, deadline)
 
     async def load(self, name: str) -> None:
         await self.control.load(name)
