@@ -36,7 +36,8 @@ from reactantserver.bundle.manifest import TensorSpec
 from reactantserver.config.schema import EndpointsConfig
 from reactantserver.errors import NotFound
 from reactantserver.protocol import inference as pb
-from reactantserver.service import CallContext, ExecutionStatistics, IndexEntry, Service
+from reactantserver.records import CallContext, ExecutionStatistics, IndexEntry
+from reactantserver.service import Service
 from reactantserver.transport.grpc import listen_tcp, serve_grpc
 
 COLS = 16

@@ -9,6 +9,10 @@ models reads it. ``zoo_runtime`` is a CPU ``Runtime`` without a persistent cache
 does not compile them again.
 
 JAX is imported lazily by these fixtures only: JAX-free tests never pay for it.
+
+:func:`inline` is the thread runner the drivers' virtual-time tests inject
+(``reactantserver.threads``): blocking work runs on the event loop, so the
+``autojump_clock`` cannot move while it is "in flight".
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import trio
 
 # Before anything imports JAX: the suite runs on the CPU (nox sets it too).
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -46,6 +51,16 @@ def fuzz_examples(pytestconfig: pytest.Config) -> int:
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
+
+
+async def inline(fn: Callable[..., Any], *args: Any) -> Any:
+    """A ``ThreadRunner`` for tests on virtual time: ``fn(*args)`` on the event loop,
+    between two checkpoints (so other tasks still interleave around it)."""
+    await trio.lowlevel.checkpoint()
+    result = fn(*args)
+    await trio.lowlevel.checkpoint()
+    return result
+
 
 #: Names of the zoo models (the bundles every test can rely on).
 ZOO_NAMES = ("mlp", "resnet", "surrogate1d", "uint8_classifier", "double")

@@ -1,6 +1,6 @@
 """A fake ``ModelHost`` for the gRPC surface tests (test_grpc_surface, test_grpcurl).
 
-It implements the seam of ``reactantserver.service`` with a handful of tiny models, each
+It implements the seam of ``reactantserver.host`` with a handful of tiny models, each
 chosen to drive one path through the transport:
 
 * ``double``  FP32 x [-1, 16] -> y = 2x and z = x + 1, max batch 8 (compiled 1, 4, 8);
@@ -35,7 +35,7 @@ from reactantserver.errors import (
     NotFound,
     QueueFull,
 )
-from reactantserver.service import (
+from reactantserver.records import (
     BatchStatistics,
     CompactResult,
     ControlStatus,

@@ -417,6 +417,16 @@ def repository_polls(draw: st.DrawFn) -> list[dict[str, tuple[tuple[str, int, in
 
 
 # ============================================================================================
+# Model versions (tests/test_lifecycle_versions.py)
+# ============================================================================================
+
+#: How a built version batches, as ``ModelVersions.loaded`` is told: compiled sizes and
+#: whether there is a batch axis, or ``None`` for a meta model (no scheduler entry, no
+#: device memory). Two compiled layouts, so replacements both keep and change batching.
+version_batchings = st.sampled_from([((1, 8), True), ((1, 8), True), ((4, 16), True), None])
+
+
+# ============================================================================================
 # Meta models: the example detector's glue (tests/test_meta_detector.py)
 # ============================================================================================
 
@@ -547,7 +557,7 @@ def codec_responses(draw: st.DrawFn) -> object:
     (bytes, or a memoryview of a numpy array as ``inferio`` produces)."""
     import numpy as np
 
-    from reactantserver.transport.codec import InferResponse, OutputTensor
+    from reactantserver.records import InferResponse, OutputTensor
 
     response = InferResponse(draw(_NAMES), draw(_NAMES), draw(_NAMES))
     for _ in range(draw(st.integers(0, 3))):

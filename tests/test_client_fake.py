@@ -186,7 +186,6 @@ def test_errors_carry_the_servers_message_and_fail_at_once(served: Served) -> No
         ]
         for call, category, message in cases:
             before = client.statistics()
-            started = time.monotonic()
             with pytest.raises(category) as info:
                 call()
             assert message in str(info.value)
@@ -195,7 +194,7 @@ def test_errors_carry_the_servers_message_and_fail_at_once(served: Served) -> No
                 # NOT_FOUND, INVALID_ARGUMENT, DEADLINE_EXCEEDED: one attempt, no pause.
                 assert after.attempts - before.attempts == 1
                 assert after.retries == before.retries
-                assert time.monotonic() - started < 2
+                assert after.backoff_seconds == before.backoff_seconds
             else:
                 assert after.retries - before.retries == QUICK.max_retries
         assert str(info.value) == "model 'cold' is not ready: still compiling"
@@ -230,10 +229,9 @@ def test_backoff_never_sleeps_past_the_deadline(served: Served) -> None:
     slow_policy = RetryPolicy(max_retries=10, base_delay=5.0, max_delay=5.0)
     for seed in range(5):
         with Client(served.url, retry=slow_policy, seed=seed) as client:
-            started = time.monotonic()
             with pytest.raises(ResourceExhausted, match="queue is full"):
                 client.infer("busy", {"x": X}, timeout=0.3)
-            assert time.monotonic() - started < 0.3
+            # Every pause the client slept, summed, ended before the deadline.
             assert client.statistics().backoff_seconds < 0.3
 
 
@@ -253,7 +251,10 @@ def test_a_server_that_comes_up_late_is_reached_by_retrying() -> None:
         answer: list[bool] = []
         caller = threading.Thread(target=lambda: answer.append(client.is_server_live()))
         caller.start()
-        time.sleep(0.3)
+        # The client is refused and retries before the server comes up.
+        give_up = time.monotonic() + 20
+        while client.statistics().retries == 0 and time.monotonic() < give_up:
+            time.sleep(0.01)
         with serving(port):
             caller.join(20)
         assert answer == [True]

@@ -40,7 +40,7 @@ from reactantserver.client.status import CATEGORIES, NEAREST, RETRYABLE, error_f
 from reactantserver.client.wire import InferRequestWire, InferResponseWire
 from reactantserver.protocol import inference as pb
 from reactantserver.shm import SHM_ROOT
-from reactantserver.transport.status import CATEGORY_CODES, StatusCode, code_of
+from reactantserver.status import CATEGORY_CODES, StatusCode, code_of
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -299,7 +299,7 @@ def _kind(value: object) -> str | None:
 
 @pytest.mark.parametrize("code", sorted(CATEGORIES))
 def test_every_category_code_maps_back_onto_itself(code: StatusCode) -> None:
-    """The inverse of transport.status: the error a status becomes has that status, and
+    """The inverse of reactantserver.status: the error a status becomes has that status, and
     carries the server's message unchanged."""
     error = error_for(code, "the server's words")
     assert str(error) == "the server's words"

@@ -36,7 +36,7 @@ from reactantserver.client.shm import NAME_PREFIX
 from reactantserver.config import SchedulerConfig
 from reactantserver.errors import DeadlineExceeded, NotFound, RequestError, ResourceExhausted
 from reactantserver.shm import SHM_ROOT
-from reactantserver.transport.status import code_of
+from reactantserver.status import code_of
 from reactantserver.worker import WorkerAddress
 
 pytestmark = pytest.mark.slow

@@ -29,19 +29,16 @@ from tritonclient.grpc import _utils as triton_utils
 from reactantserver.config.schema import EndpointsConfig
 from reactantserver.errors import InvalidArgument
 from reactantserver.protocol import inference as pb
-from reactantserver.service import Service
-from reactantserver.transport.codec import (
+from reactantserver.protocol.codec import (
     MAX_DIMS,
     MAX_ENTRIES,
     MAX_GROUP_DEPTH,
-    InferRequest,
-    InferResponse,
-    OutputTensor,
-    ParamValue,
     decode_infer_request,
     encode_infer_response,
     from_message,
 )
+from reactantserver.records import InferRequest, InferResponse, OutputTensor, ParamValue
+from reactantserver.service import Service
 from reactantserver.transport.grpc import serve_grpc
 
 # ------------------------------------------------------------------------------ canonical forms

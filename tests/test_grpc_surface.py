@@ -25,6 +25,7 @@ import grpc
 import numpy as np
 import pytest
 import trio
+import trio.testing
 import tritonclient.grpc as tc
 import tritonclient.grpc.aio as tca
 import tritonclient.utils.shared_memory as tshm
@@ -37,7 +38,8 @@ from reactantserver.errors import DeadlineExceeded
 from reactantserver.protocol import inference as pb
 from reactantserver.protocol import reactant_control as cpb
 from reactantserver.protocol.grpc.reflection import v1, v1alpha
-from reactantserver.service import CallContext, Service
+from reactantserver.records import CallContext
+from reactantserver.service import Service
 from reactantserver.transport.grpc import listen_tcp, serve_grpc
 
 T = TypeVar("T")
@@ -374,7 +376,7 @@ async def test_every_error_status_with_its_message(
             error_of(lambda: c.register_system_shared_memory("r", "/rs_missing_key_0", 64)),
         ]
 
-    with caplog.at_level(logging.ERROR, logger="reactantserver.transport.status"):
+    with caplog.at_level(logging.ERROR, logger="reactantserver.status"):
         errors = await off_loop(calls)
     assert errors == [
         (
@@ -752,7 +754,8 @@ async def test_stop_drains_in_flight_calls_and_refuses_new_ones() -> None:
         nursery.start_soon(slow_call)
         await wait_until(lambda: service.statistics().in_flight == 1)
         stop.set()
-        await trio.sleep(0.05)
+        # Every task has done what it can: the listener is draining, and still waits.
+        await trio.testing.wait_all_tasks_blocked()
         assert not served.is_set()
         assert await off_loop(lambda: error_of(lambda: client.is_server_live())) == (
             "StatusCode.UNAVAILABLE",

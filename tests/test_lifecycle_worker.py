@@ -8,7 +8,11 @@ weights', not merely that something answered. A module-scoped persistent compila
 cache makes every start after the first a cache hit.
 
 The in-process tests at the end drive ``Worker`` directly inside the test's Trio run,
-so they can look at the queue at the moment an unload or a swap begins.
+so they can look at the queue at the moment an unload or a swap begins. The last ones
+run the worker's model management on virtual time (``autojump_clock``) with every
+blocking step inline (``conftest.inline``), so "not yet" and "never" are exact: a change
+is not acted on after one poll, a failed version is not retried however many polls
+pass, and without a watcher nothing on disk is ever picked up.
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ import shutil
 import threading
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -31,7 +35,9 @@ import grpc
 import numpy as np
 import pytest
 import trio
+import trio.testing
 import tritonclient.grpc as grpcclient
+from conftest import inline
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 from worker_harness import running_worker, worker_config
@@ -335,7 +341,11 @@ def test_corrupt_new_version_keeps_the_old_one_serving(
         assert sample(scraped, "worker_model_load_failures_total", model="mlp") == 1
         assert sample(scraped, "worker_model_state", model="mlp", state="ready") == 1
         # Polls that see the same broken files do not retry...
-        time.sleep(4 * POLL)
+        polls = sample(metrics(address), "worker_repository_polls_total") or 0
+        wait_until(
+            lambda: (sample(metrics(address), "worker_repository_polls_total") or 0) >= polls + 4,
+            "four more polls saw the broken files",
+        )
         assert sample(metrics(address), "worker_model_load_failures_total", model="mlp") == 1
         # ...fixed files are loaded: the reason clears and the new weights answer.
         replace_file(weights, (zoo_repo / "mlp_v000" / "weights.safetensors").read_bytes())
@@ -456,17 +466,8 @@ def test_control_rpcs_in_each_mode(
                 assert f"needs model_control_mode: explicit; this worker runs in {mode}" in (
                     info.value.message()
                 )
-
-        if mode != "dynamic":
-            # No watcher: a change on disk is not picked up, however long it waits.
-            write_weights(
-                repo / "double" / "weights.safetensors", [("scale", np.array([3.0], np.float32))]
-            )
-            time.sleep(5 * POLL)
-            x = np.ones((1, 16), dtype=np.float32)
-            inp = grpcclient.InferInput("x", [1, 16], "FP32")
-            inp.set_data_from_numpy(x)
-            np.testing.assert_array_equal(c.infer("double", [inp]).as_numpy("y"), 2 * x)
+        # Without a watcher a change on disk is never picked up: on virtual time, below
+        # (test_without_a_watcher_nothing_on_disk_is_ever_picked_up).
 
 
 def test_explicit_mode_loads_what_the_control_plane_asks(
@@ -620,3 +621,89 @@ async def test_swap_to_other_batch_sizes_under_load(
         assert new_sizes and new_sizes <= {4, 16}
 
     await with_worker(config, body)
+
+
+# ------------------------------------------------------------- in process, virtual time
+
+
+@asynccontextmanager
+async def virtual_worker(config: ServerConfig) -> AsyncIterator[Worker]:
+    """The worker's dispatch loop, lifecycle and model management on the test's clock,
+    every blocking step inline (no gRPC or admin listener: nothing here needs them)."""
+    from reactantserver.runtime import Runtime
+
+    worker = Worker(config, Runtime.start(config.runtime, config.cache_dir), thread=inline)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.scheduler.run)
+        await nursery.start(worker.lifecycle.run)
+        nursery.start_soon(worker.manage_models)
+        while not worker.readiness()[0]:
+            await trio.sleep(POLL / 10)
+        yield worker
+        nursery.cancel_scope.cancel()
+
+
+async def next_poll(worker: Worker) -> None:
+    """Wait until the watcher completes one more poll (and everything it set off)."""
+    polls = worker.repository.statistics().polls
+    while worker.repository.statistics().polls == polls:
+        await trio.sleep(POLL / 10)
+    await trio.testing.wait_all_tasks_blocked()
+
+
+async def answer(worker: Worker, model: str = "double") -> np.ndarray:
+    x = np.ones((1, 16), dtype=np.float32)
+    out = await worker.infer(model, {"x": x}, ["y"], math.inf)
+    return np.asarray(out["y"])
+
+
+async def test_the_watcher_acts_on_the_second_identical_poll_and_never_retries_a_failure(
+    zoo_repo: Path, compile_cache: Path, tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    repo = copy_bundles(zoo_repo, tmp_path, "double")
+    weights = repo / "double" / "weights.safetensors"
+    config = dynamic(worker_config(repo, cache_dir=compile_cache, metrics=False))
+    async with virtual_worker(config) as worker:
+        first = worker.served_models()["double"]
+        write_weights(weights, [("scale", np.array([3.0], np.float32))])
+        await next_poll(worker)
+        # Seen once: not yet acted on (it could still be half written).
+        assert worker.served_models()["double"] is first
+        np.testing.assert_array_equal(await answer(worker), np.full((1, 16), 2.0))
+        await next_poll(worker)
+        assert worker.served_models()["double"].generation == first.generation + 1
+        np.testing.assert_array_equal(await answer(worker), np.full((1, 16), 3.0))
+
+        replace_file(weights, weights.read_bytes()[:20])  # truncated
+        await next_poll(worker)
+        await next_poll(worker)
+        assert worker.model_states.load_failures["double"] == 1
+        for _ in range(10):  # the same broken files: never tried again
+            await next_poll(worker)
+        assert worker.model_states.load_failures["double"] == 1
+        state, reason = worker.index()[0].state, worker.index()[0].reason
+        assert state == "READY" and reason.startswith("serving the previous version")
+        np.testing.assert_array_equal(await answer(worker), np.full((1, 16), 3.0))
+
+
+@pytest.mark.parametrize("mode", ["static", "explicit"])
+async def test_without_a_watcher_nothing_on_disk_is_ever_picked_up(
+    zoo_repo: Path,
+    compile_cache: Path,
+    tmp_path: Path,
+    mode: str,
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    repo = copy_bundles(zoo_repo, tmp_path, "double")
+    config = worker_config(repo, cache_dir=compile_cache, mode=mode, metrics=False)
+    config = attrs.evolve(config, model_poll_seconds=POLL)
+    async with virtual_worker(config) as worker:
+        first = worker.served_models()["double"]
+        write_weights(
+            repo / "double" / "weights.safetensors", [("scale", np.array([3.0], np.float32))]
+        )
+        await trio.sleep(1000 * POLL)
+        await trio.testing.wait_all_tasks_blocked()
+        assert worker.served_models()["double"] is first
+        assert worker.repository.statistics().polls == 0
+        np.testing.assert_array_equal(await answer(worker), np.full((1, 16), 2.0))

@@ -311,7 +311,7 @@ def test_an_exhausted_restart_budget_stops_the_node_with_status_1(
             rc = node.proc.wait(180)
             text = node.text()
     assert rc == 1, text
-    assert "Address already in use" in text
+    assert "cannot listen for gRPC on 127.0.0.1:" in text and "address already in use" in text
     assert "restarting worker0 in 1 s (restart 1 in a row)" in text
     assert (
         "worker0 failed 2 times in a row; REACTANT_SUPERVISOR_MAX_RESTARTS=1 allows 1 "
@@ -363,6 +363,7 @@ def test_config_shows_the_devices_and_ports_each_worker_would_get(tmp_path: Path
         "model_repo: models\nbase_port: 8080\nmetrics_base_port: 9100\n"
         "global:\n  runtime: {backend: cuda}\n"
     )
+    (tmp_path / "models").mkdir()
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     for var in ("REACTANT_GPUS", "CUDA_VISIBLE_DEVICES", "REACTANT_ROLE"):
         env.pop(var, None)

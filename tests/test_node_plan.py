@@ -28,6 +28,7 @@ PY = "/usr/bin/python3"
 def node_file(tmp_path: Path, text: str, name: str = "node.yaml") -> Path:
     path = tmp_path / name
     path.write_text(text)
+    (tmp_path / "models").mkdir(exist_ok=True)  # the model_repo every node file names
     return path
 
 

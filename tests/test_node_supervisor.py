@@ -50,6 +50,7 @@ def make_plan(
     """The real plan of ``text``, each child's command replaced by the stand-in."""
     path = tmp_path / "node.yaml"
     path.write_text(text)
+    (tmp_path / "models").mkdir(exist_ok=True)  # the model_repo every node file names
     environment = dict(env)
     plan = plan_node(
         load_node(path, environment),

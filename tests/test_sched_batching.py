@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from reactantserver.scheduling.assemble import gather, request_rows, scatter
+from reactantserver.runtime.assemble import gather, request_rows, scatter
 from reactantserver.scheduling.batching import Plan, plan_batch, shrink_size
 from reactantserver.scheduling.cost import DEFAULT_COST, CostTable, decayed
 

@@ -2,8 +2,8 @@
 
 Three families, each driving ``SchedulingPolicy`` directly with explicit time (no Trio):
 
-* ``SchedulerMachine`` -- a ``RuleBasedStateMachine`` that adds and removes models,
-  submits (with rows, deadlines, groups, committed flags), cancels, advances time,
+* ``SchedulerMachine`` -- a ``RuleBasedStateMachine`` that adds, updates (a version
+  swap to other batching) and removes models, submits (with rows, deadlines, groups, committed flags), cancels, advances time,
   dispatches, completes and reseeds costs in any order, against a plain-list oracle
   of every queue. Each invariant it checks is stated in its method's docstring.
   Settings: ``max_examples=200``, ``stateful_step_count=50``.
@@ -172,6 +172,34 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.queues[name] = []
         self.costs[name] = CostTable(0.2)
         self.generation[name] = self.generation.get(name, 0) + 1
+
+    @rule(name=st.sampled_from(MODELS), spec=sched_models())
+    def update_model(self, name: str, spec: dict[str, Any]) -> None:
+        """A version swap to other batching (``update_model``, what the worker does once
+        the old version has drained): the queue keeps its order, exactly the queued
+        requests the new batching cannot run are refused (REMOVED, answered once), the
+        learned costs restart and the weight carries over."""
+        changes = {k: spec[k] for k in ("compiled_batch_sizes", "coalescable", "max_batch_size")}
+        if name not in self.specs:
+            with pytest.raises(NotFound):
+                self.policy.update_model(name, **changes)
+            return
+        weight = self.specs[name]["weight"]
+        self.specs[name] = {**changes, "weight": weight}
+        expected = [
+            r
+            for r in self.queues[name]
+            if self._expected_admission(name, r.rows, None, committed=True) is not None
+        ]
+        refused = self.policy.update_model(name, **changes)
+        assert list(refused) == expected
+        for request in refused:
+            self.queues[name].remove(request)
+            self._finish(request, RequestState.REMOVED)
+        self.costs[name].clear()
+        event(f"update_model: refused {min(len(refused), 2)}{'+' if len(refused) > 1 else ''}")
+        stats = self.policy.statistics(self.now).models[name]
+        assert stats.weight == weight and stats.costs == ()
 
     @rule(name=st.sampled_from(MODELS))
     def remove_model(self, name: str) -> None:

@@ -6,7 +6,8 @@ from typing import Any
 
 from reactantserver.errors import NotFound, Unavailable
 from reactantserver.protocol import inference as pb
-from reactantserver.service import CallContext, Service
+from reactantserver.records import CallContext
+from reactantserver.service import Service
 
 
 class _Host:

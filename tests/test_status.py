@@ -28,7 +28,7 @@ from reactantserver.errors import (
     Unavailable,
     Unimplemented,
 )
-from reactantserver.transport.status import (
+from reactantserver.status import (
     CATEGORY_CODES,
     INTERNAL_MESSAGE,
     StatusCode,
@@ -81,7 +81,7 @@ def test_every_request_error_category_has_a_code() -> None:
 def test_anything_else_is_internal_with_a_fixed_message(
     exc: Exception, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.ERROR, logger="reactantserver.transport.status"):
+    with caplog.at_level(logging.ERROR, logger="reactantserver.status"):
         status = to_status(exc, rpc="ModelInfer")
     assert status == WireStatus(StatusCode.INTERNAL, INTERNAL_MESSAGE)
     (record,) = caplog.records
@@ -108,7 +108,7 @@ def test_codes_are_grpc_numbers() -> None:
 
 def test_status_module_imports_no_grpc_library() -> None:
     code = (
-        "import sys, reactantserver.transport.status\n"
+        "import sys, reactantserver.status\n"
         "print(sorted(m for m in ('grpclib', 'grpc', 'asyncio', 'trio_asyncio')"
         " if m in sys.modules))\n"
     )

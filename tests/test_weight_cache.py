@@ -5,6 +5,11 @@ live on the "device" and their high-water mark, transfers, frees, and whether an
 was freed while an execution held it. Each test plays the executor (acquire, run,
 release) and the control plane around it; the real worker and the real CPU device are
 in ``test_weight_cache_worker.py``.
+
+Time is virtual (``autojump_clock``) and the cache's blocking steps run inline through an
+injected thread runner (``conftest.inline``), so "not yet" is exact: after
+``trio.testing.wait_all_tasks_blocked()`` every task has done all it can, and what has
+not happened will not happen until the test acts.
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ import attrs
 import numpy as np
 import pytest
 import trio
+import trio.testing
+from conftest import inline
 
-from reactantserver.bundle import read_weight_specs, write_weights
+from reactantserver.bundle import read_weight_specs, read_weights, write_weights
 from reactantserver.config.schema import (
     ModelSchedConfig,
     Residency,
@@ -29,14 +36,11 @@ from reactantserver.config.schema import (
     SchedulerConfig,
     ServerConfig,
 )
-from reactantserver.errors import ExecutionFailed, LifecycleError, NotResident
+from reactantserver.errors import ExecutionFailed, FailedPrecondition, LifecycleError, NotResident
 from reactantserver.runtime import MemoryStats
 from reactantserver.runtime.host_memory import PinnedHostStaging, copying_allocate
-from reactantserver.runtime.weight_cache import (
-    CachedWeights,
-    make_weight_provider,
-    startup_order,
-)
+from reactantserver.runtime.weight_cache import CachedWeights
+from reactantserver.runtime.weight_provider import make_weight_provider, startup_order
 from reactantserver.weights import HostStore
 
 # ------------------------------------------------------------------------------ fakes
@@ -117,6 +121,9 @@ class FakeBundle:
     def weights_nbytes(self) -> int:
         return sum(w.nbytes for w in self.weight_specs)
 
+    def read_weights(self) -> list[np.ndarray]:
+        return read_weights(self.name, self.weights_path, self.weight_specs)
+
 
 @attrs.define(eq=False)
 class FakeLoaded:
@@ -191,6 +198,7 @@ def make_cache(
         arena=budget,
         explicit=explicit,
         compaction_interval=interval,
+        thread=inline,
     )
 
 
@@ -224,7 +232,7 @@ async def run_batch(cache: CachedWeights, device: FakeDevice, model: FakeModel) 
 
 
 async def test_a_miss_loads_the_file_contents_and_the_next_acquire_hits(
-    device: FakeDevice, models: Models
+    device: FakeDevice, models: Models, autojump_clock: trio.testing.MockClock
 ) -> None:
     cache = make_cache(device, 100)
     a = models("a", 40)
@@ -241,7 +249,7 @@ async def test_a_miss_loads_the_file_contents_and_the_next_acquire_hits(
 
 
 async def test_lru_victims_are_freed_before_the_transfer(
-    device: FakeDevice, models: Models
+    device: FakeDevice, models: Models, autojump_clock: trio.testing.MockClock
 ) -> None:
     cache = make_cache(device, 100)
     a, b, c = models("a", 40), models("b", 40), models("c", 40)
@@ -260,7 +268,7 @@ async def test_lru_victims_are_freed_before_the_transfer(
 
 
 async def test_device_floor_loads_at_add_stays_and_comes_off_the_budget(
-    device: FakeDevice, models: Models
+    device: FakeDevice, models: Models, autojump_clock: trio.testing.MockClock
 ) -> None:
     cache = make_cache(device, 100)
     pinned = models("p", 30, "device")
@@ -286,7 +294,7 @@ async def test_device_floor_loads_at_add_stays_and_comes_off_the_budget(
 
 
 async def test_unpinned_maps_the_file_only_while_loading(
-    device: FakeDevice, models: Models
+    device: FakeDevice, models: Models, autojump_clock: trio.testing.MockClock
 ) -> None:
     cache = make_cache(device, 100)
     u = models("u", 40, "unpinned")
@@ -298,7 +306,7 @@ async def test_unpinned_maps_the_file_only_while_loading(
 
 
 async def test_a_load_waits_for_the_model_in_use_then_evicts_it(
-    device: FakeDevice, models: Models
+    device: FakeDevice, models: Models, autojump_clock: trio.testing.MockClock
 ) -> None:
     cache = make_cache(device, 50)
     a, b = models("a", 40), models("b", 40)
@@ -313,7 +321,7 @@ async def test_a_load_waits_for_the_model_in_use_then_evicts_it(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(want_b)
-        await trio.sleep(0.05)
+        await trio.testing.wait_all_tasks_blocked()
         assert not got_b.is_set()  # b does not fit while a runs
         assert not any(x.deleted for x in arrays_a)
         cache.release(a)  # type: ignore[arg-type]
@@ -325,7 +333,7 @@ async def test_a_load_waits_for_the_model_in_use_then_evicts_it(
 
 
 async def test_prefetch_loads_the_next_model_without_touching_the_running_one(
-    device: FakeDevice, models: Models
+    device: FakeDevice, models: Models, autojump_clock: trio.testing.MockClock
 ) -> None:
     cache = make_cache(device, 100)
     a, b, c = models("a", 40), models("b", 40), models("c", 40)
@@ -344,7 +352,9 @@ async def test_prefetch_loads_the_next_model_without_touching_the_running_one(
     assert (stats.prefetches, stats.prefetch_hits, stats.prefetch_wasted) == (1, 1, 0)
 
 
-async def test_prefetch_can_be_turned_off(device: FakeDevice, models: Models) -> None:
+async def test_prefetch_can_be_turned_off(
+    device: FakeDevice, models: Models, autojump_clock: trio.testing.MockClock
+) -> None:
     cache = make_cache(device, 100, weight_prefetch=False)
     a = models("a", 40)
     await cache.add(a)  # type: ignore[arg-type]
@@ -353,7 +363,7 @@ async def test_prefetch_can_be_turned_off(device: FakeDevice, models: Models) ->
 
 
 async def test_a_failed_load_fails_the_batch_and_the_next_acquire_retries(
-    device: FakeDevice, models: Models
+    device: FakeDevice, models: Models, autojump_clock: trio.testing.MockClock
 ) -> None:
     cache = make_cache(device, 100)
     a = models("a", 40)
@@ -368,7 +378,7 @@ async def test_a_failed_load_fails_the_batch_and_the_next_acquire_retries(
 
 
 async def test_compaction_frees_on_demand_copies_and_reloads_the_named_ones(
-    device: FakeDevice, models: Models
+    device: FakeDevice, models: Models, autojump_clock: trio.testing.MockClock
 ) -> None:
     cache = make_cache(device, 200)
     p = models("p", 30, "device")
@@ -387,7 +397,9 @@ async def test_compaction_frees_on_demand_copies_and_reloads_the_named_ones(
     assert stats.compactions == 1 and stats.lru == (f"b#{b.generation}",)
 
 
-async def test_compaction_waits_for_the_running_batch(device: FakeDevice, models: Models) -> None:
+async def test_compaction_waits_for_the_running_batch(
+    device: FakeDevice, models: Models, autojump_clock: trio.testing.MockClock
+) -> None:
     cache = make_cache(device, 100)
     a = models("a", 40)
     await cache.add(a)  # type: ignore[arg-type]
@@ -401,7 +413,7 @@ async def test_compaction_waits_for_the_running_batch(device: FakeDevice, models
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(compact)
-        await trio.sleep(0.05)
+        await trio.testing.wait_all_tasks_blocked()
         assert not done.is_set() and not any(x.deleted for x in arrays)
         device.executing.clear()
         cache.release(a)  # type: ignore[arg-type]
@@ -410,7 +422,7 @@ async def test_compaction_waits_for_the_running_batch(device: FakeDevice, models
 
 
 async def test_automatic_compaction_after_every_interval_loads(
-    device: FakeDevice, models: Models
+    device: FakeDevice, models: Models, autojump_clock: trio.testing.MockClock
 ) -> None:
     cache = make_cache(device, 100, interval=3)
     ms = [models(f"m{i}", 40) for i in range(4)]
@@ -427,7 +439,7 @@ async def test_automatic_compaction_after_every_interval_loads(
 
 
 async def test_remove_waits_for_the_batch_then_frees_both_copies(
-    device: FakeDevice, models: Models
+    device: FakeDevice, models: Models, autojump_clock: trio.testing.MockClock
 ) -> None:
     cache = make_cache(device, 100)
     a = models("a", 40)
@@ -441,7 +453,7 @@ async def test_remove_waits_for_the_batch_then_frees_both_copies(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(remove)
-        await trio.sleep(0.05)
+        await trio.testing.wait_all_tasks_blocked()
         assert not removed.is_set() and not any(x.deleted for x in arrays)
         cache.release(a)  # type: ignore[arg-type]
     assert all(x.deleted for x in arrays) and device.live == 0
@@ -451,7 +463,7 @@ async def test_remove_waits_for_the_batch_then_frees_both_copies(
 
 
 async def test_two_versions_of_one_model_have_their_own_weights(
-    device: FakeDevice, models: Models
+    device: FakeDevice, models: Models, autojump_clock: trio.testing.MockClock
 ) -> None:
     cache = make_cache(device, 100)
     old, new = models("m", 40), models("m", 40)
@@ -464,7 +476,9 @@ async def test_two_versions_of_one_model_have_their_own_weights(
     assert set(cache.statistics().policy.models) == {f"m#{new.generation}"}
 
 
-async def test_explicit_mode_loads_only_on_command(device: FakeDevice, models: Models) -> None:
+async def test_explicit_mode_loads_only_on_command(
+    device: FakeDevice, models: Models, autojump_clock: trio.testing.MockClock
+) -> None:
     cache = make_cache(device, 100, explicit=True)
     a = models("a", 40)
     await cache.add(a)  # type: ignore[arg-type]
@@ -482,7 +496,10 @@ async def test_explicit_mode_loads_only_on_command(device: FakeDevice, models: M
 
 
 async def test_an_oversize_model_loads_alone_with_a_warning(
-    device: FakeDevice, models: Models, caplog: pytest.LogCaptureFixture
+    device: FakeDevice,
+    models: Models,
+    caplog: pytest.LogCaptureFixture,
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
     cache = make_cache(device, 100)
     a, big = models("a", 40), models("big", 150)
@@ -497,12 +514,12 @@ async def test_an_oversize_model_loads_alone_with_a_warning(
 
 
 async def test_the_startup_warm_ups_probe_each_model_alone_and_size_the_budget(
-    tmp_path: Path,
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     device = FakeDevice(stats=True)
     models = Models(tmp_path, device)
     config = RuntimeConfig(weight_cache_fraction=1.0, weight_cache_wiggle_fraction=0.1)
-    cache = CachedWeights(device, config, arena=1000)  # type: ignore[arg-type]
+    cache = CachedWeights(device, config, arena=1000, thread=inline)  # type: ignore[arg-type]
     assert cache.probe_available and cache.policy.budget == 900
     # The big model has the small scratch: without running models alone, in ascending
     # weight size, the probe would read the big model's weights as scratch.
@@ -541,7 +558,9 @@ async def test_the_startup_warm_ups_probe_each_model_alone_and_size_the_budget(
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-async def test_churn_never_runs_a_model_without_its_weights(tmp_path: Path, seed: int) -> None:
+async def test_churn_never_runs_a_model_without_its_weights(
+    tmp_path: Path, seed: int, autojump_clock: trio.testing.MockClock
+) -> None:
     """Zipf traffic over 12 models with a budget for about 3, prefetch on, compaction
     every 7 loads and a control task compacting and re-flooring meanwhile: every batch
     finds its weights (checked byte for byte, before and after it "runs"), no array is
@@ -584,6 +603,78 @@ async def test_churn_never_runs_a_model_without_its_weights(tmp_path: Path, seed
     assert stats.load_failures == 0 and stats.loads > 12 and stats.evictions > 0
     assert stats.compactions >= 1 and stats.prefetches > 0
     assert cache.is_resident(pinned)  # type: ignore[arg-type]
+
+
+async def test_acquires_wait_while_a_command_waits_for_the_running_batch(
+    device: FakeDevice, models: Models, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The command gate: a compaction waiting for a running batch holds back new acquires
+    (and prefetches) until it has run, so it cannot be starved."""
+    cache = make_cache(device, 100)
+    a, b = models("a", 40), models("b", 40)
+    await cache.add(a)  # type: ignore[arg-type]
+    await cache.add(b)  # type: ignore[arg-type]
+    await cache.acquire(a)  # type: ignore[arg-type]  # a batch runs on a
+    order: list[str] = []
+
+    async def compact() -> None:
+        await cache.compact()
+        order.append("compact")
+
+    async def batch_b() -> None:
+        await cache.acquire(b)  # type: ignore[arg-type]
+        order.append("b")
+        cache.release(b)  # type: ignore[arg-type]
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(compact)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(batch_b)
+        await cache.prefetch(b)  # type: ignore[arg-type]  # the gate is closed: nothing
+        await trio.testing.wait_all_tasks_blocked()
+        assert order == [] and device.transfers == 1  # both wait for a's batch
+        cache.release(a)  # type: ignore[arg-type]
+    assert order == ["compact", "b"]
+
+
+async def test_removal_refuses_new_acquires_at_once_and_frees_after_the_batch(
+    device: FakeDevice, models: Models, autojump_clock: trio.testing.MockClock
+) -> None:
+    cache = make_cache(device, 100)
+    a = models("a", 40)
+    await cache.add(a)  # type: ignore[arg-type]
+    await cache.acquire(a)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(cache.remove, a)
+        await trio.testing.wait_all_tasks_blocked()
+        with pytest.raises(LifecycleError, match="being removed"):
+            await cache.acquire(a)  # type: ignore[arg-type]
+        assert device.live == 40  # the running batch keeps its weights
+        cache.release(a)  # type: ignore[arg-type]
+    assert device.live == 0
+
+
+async def test_with_the_cache_off_every_model_stays_on_the_device(
+    device: FakeDevice, models: Models, autojump_clock: trio.testing.MockClock
+) -> None:
+    """``ResidentWeights`` is the one way to say "cache off": loaded at ``add``, freed at
+    ``remove`` (after the last batch), never moved, nothing to compact or report."""
+    from reactantserver.runtime.weight_provider import ResidentWeights
+
+    weights = ResidentWeights(device.to_device, device.free)  # type: ignore[arg-type]
+    a = models("a", 10**3, "unpinned")
+    await weights.add(a)  # type: ignore[arg-type]
+    assert weights.floor(a) == "device" and weights.is_resident(a)  # type: ignore[arg-type]
+    assert await weights.acquire(a) and device.live == 10**3  # type: ignore[arg-type]
+    assert await weights.compact([a]) == (0, 10**3)  # type: ignore[list-item]
+    with pytest.raises(FailedPrecondition, match="cache is off"):
+        await weights.set_floor(a, "system")  # type: ignore[arg-type]
+    assert await weights.set_floor(a, "device") == "device"  # type: ignore[arg-type]
+    assert weights.statistics() is None and weights.on_demand_budget == 0
+    await weights.remove(a)  # type: ignore[arg-type]
+    assert device.live == 10**3  # still in use by the batch
+    weights.release(a)  # type: ignore[arg-type]
+    assert device.live == 0 and not weights.is_resident(a)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------ the real CPU device
@@ -633,7 +724,7 @@ async def test_staged_host_copies_load_and_run_on_the_cpu_device(
 
 @pytest.mark.slow
 def test_make_weight_provider_turns_the_cache_on_with_an_arena(zoo_runtime: Any) -> None:
-    from reactantserver.runtime.executor import ResidentWeights
+    from reactantserver.runtime.weight_provider import ResidentWeights
 
     assert isinstance(make_weight_provider(ServerConfig(), zoo_runtime), ResidentWeights)
     on = ServerConfig(runtime=RuntimeConfig(arena_bytes=1000))

@@ -1,4 +1,5 @@
-"""The budget formula, the arena it is taken from, and the peak-probe arithmetic."""
+"""The budget formula, the arena it is taken from, the peak-probe arithmetic, and the
+sizer that keeps the budget over a worker's life."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 from reactantserver.config.schema import RuntimeConfig
 from reactantserver.errors import ConfigError
 from reactantserver.weights import (
+    BudgetSizer,
     ProbeMeasurement,
     arena_from_device,
     budget_from_config,
@@ -131,3 +133,73 @@ def test_scratch_from_a_session_peak_uses_the_ordering_estimate() -> None:
     # p: 130-100-0 = 30; a: 160-100-10 = 50; b: 240-100-50 = 90
     assert max_scratch(runs, pinned_bytes=100) == 90
     assert max_scratch([], pinned_bytes=100) == 0
+
+
+# ------------------------------------------------------------------------------ the sizer
+
+
+def test_the_sizer_learns_the_scratch_from_the_probe_then_only_from_raised_peaks() -> None:
+    sizer = BudgetSizer(arena=1000, fraction=1.0, wiggle=0.1)
+    assert sizer.budget.on_demand == 900 and sizer.probing(True) and not sizer.probing(False)
+    # Before the probe ends a warm-up never moves the estimate (it is a probe run).
+    assert not sizer.observe_warm_up(peak_before=0, peak_after=500, in_use_before=0)
+    sizer.record_probe(
+        ProbeMeasurement(model="a", weight_nbytes=100, peak_bytes=400, baseline_bytes=100)
+    )
+    sizer.record_probe(
+        ProbeMeasurement(model="gone", weight_nbytes=10, peak_bytes=900, baseline_bytes=0)
+    )
+    assert sizer.finish_probe({"a"}, pinned_bytes=0) == 1  # "gone" was unloaded meanwhile
+    assert sizer.resize(0) is not None and sizer.budget.max_scratch == 300
+    assert sizer.resize(0) is None  # nothing changed
+    # A later warm-up that did not raise the peak says nothing about scratch.
+    assert not sizer.observe_warm_up(peak_before=800, peak_after=800, in_use_before=0)
+    assert sizer.observe_warm_up(peak_before=800, peak_after=900, in_use_before=200)
+    assert sizer.resize(0) is not None and sizer.budget.max_scratch == 700
+
+
+@given(
+    events=st.lists(
+        st.one_of(
+            st.tuples(st.just("resize"), st.integers(0, 2000)),
+            st.tuples(st.just("probe"), st.integers(0, 2000), st.integers(0, 2000)),
+            st.tuples(st.just("finish"), st.integers(0, 2000)),
+            st.tuples(
+                st.just("warm"), st.integers(0, 2000), st.integers(0, 2000), st.integers(0, 2000)
+            ),
+        ),
+        max_size=20,
+    )
+)
+def test_the_sizers_scratch_estimate_never_shrinks(events: list[tuple[object, ...]]) -> None:
+    """Whatever the order of probe runs, the end of the probe, warm-ups and re-solves, the
+    scratch estimate only grows, ``resize`` answers a new split exactly when the split
+    changed, and every split it answers is the budget formula's for its inputs."""
+    sizer = BudgetSizer(arena=1000, fraction=0.9, wiggle=0.1)
+    last_scratch, pinned = 0, 0
+    for event in events:
+        kind = event[0]
+        if kind == "resize":
+            pinned = int(event[1])  # type: ignore[call-overload]
+            before = sizer.budget
+            after = sizer.resize(pinned)
+            assert (after is None) == (sizer.budget == before)
+            assert sizer.budget == weight_budget(
+                arena=1000, fraction=0.9, wiggle=0.1,
+                max_scratch=sizer.budget.max_scratch, pinned_bytes=pinned,
+            )  # fmt: skip
+        elif kind == "probe":
+            peak, baseline = int(event[1]), int(event[2])  # type: ignore[call-overload]
+            sizer.record_probe(
+                ProbeMeasurement(
+                    model="m", weight_nbytes=1, peak_bytes=peak, baseline_bytes=baseline
+                )
+            )
+        elif kind == "finish":
+            sizer.finish_probe({"m"}, pinned_bytes=int(event[1]))  # type: ignore[call-overload]
+        elif kind == "warm":
+            before, after, in_use = (int(v) for v in event[1:])  # type: ignore[call-overload]
+            sizer.observe_warm_up(peak_before=before, peak_after=after, in_use_before=in_use)
+        sizer.resize(pinned)
+        assert sizer.budget.max_scratch >= last_scratch
+        last_scratch = sizer.budget.max_scratch

@@ -9,30 +9,26 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from reactantserver.config.schema import (
-    ModelSchedConfig,
-    SchedulerConfig,
-    ServerConfig,
-)
-from reactantserver.errors import FailedPrecondition, LifecycleError, NotFound, NotResident
-from reactantserver.weights import Hit, Plan, Wait, WeightCachePolicy
+from reactantserver.errors import LifecycleError, NotFound, NotResident
+from reactantserver.weights import CachePlan, Hit, Wait, WeightCachePolicy
 
 
-def load(policy: WeightCachePolicy, name: str, seconds: float = 0.01) -> Plan:
+def load(policy: WeightCachePolicy, name: str, seconds: float = 0.01) -> CachePlan:
     """Acquire ``name``, expect a load plan, and report the load done."""
     plan = policy.acquire(name)
-    assert isinstance(plan, Plan), plan
+    assert isinstance(plan, CachePlan), plan
     assert plan.load == (name,)
     policy.loaded(name, seconds)
     return plan
 
 
-def cache(budget: int | None = 100, **models: tuple[int, str | None]) -> WeightCachePolicy:
+def cache(budget: int = 100, **models: tuple[int, str | None]) -> WeightCachePolicy:
     policy = WeightCachePolicy(budget)
     for name, (nbytes, floor) in models.items():
         plan = policy.register(name, nbytes, floor)  # type: ignore[arg-type]
         for n in plan.load:
             policy.loaded(n, 0.0)
+        policy.done(plan)
     return policy
 
 
@@ -43,9 +39,9 @@ def test_first_acquire_loads_and_later_ones_reuse() -> None:
     policy = cache(100, a=(40, None))
     assert policy.residency("a").device == "absent"
     plan = policy.acquire("a")
-    assert plan == Plan(load=("a",))  # system floor: the host copy exists already
+    assert plan == CachePlan(load=("a",))  # system floor: the host copy exists already
     assert policy.acquire("a") == Wait(name="a", blockers=("a",), reason="loading")
-    assert policy.loaded("a", 0.25) == Plan()  # a system copy is kept, nothing to drop
+    assert policy.loaded("a", 0.25) == CachePlan()  # a system copy is kept, nothing to drop
     assert policy.acquire("a") == Hit("a")
     assert policy.acquire("a") == Hit("a")
     stats = policy.statistics()
@@ -56,13 +52,13 @@ def test_first_acquire_loads_and_later_ones_reuse() -> None:
 
 def test_system_keeps_its_host_copy_and_unpinned_maps_per_load() -> None:
     policy = WeightCachePolicy(100)
-    assert policy.register("sys", 10, "system") == Plan(host_load=("sys",))
-    assert policy.register("unp", 10, "unpinned") == Plan()
+    assert policy.register("sys", 10, "system") == CachePlan(host_load=("sys",))
+    assert policy.register("unp", 10, "unpinned") == CachePlan()
     assert not policy.residency("unp").host
     plan = policy.acquire("unp")
-    assert plan == Plan(host_load=("unp",), load=("unp",))  # map the file for the transfer
+    assert plan == CachePlan(host_load=("unp",), load=("unp",))  # map the file for the transfer
     assert policy.residency("unp").host
-    assert policy.loaded("unp", 0.0) == Plan(host_drop=("unp",))  # ...and unmap it after
+    assert policy.loaded("unp", 0.0) == CachePlan(host_drop=("unp",))  # ...and unmap it after
     assert not policy.residency("unp").host
     assert policy.residency("sys").host
 
@@ -70,11 +66,11 @@ def test_system_keeps_its_host_copy_and_unpinned_maps_per_load() -> None:
 def test_failed_load_leaves_the_model_absent_and_releases_its_budget() -> None:
     policy = cache(100, a=(60, "unpinned"))
     policy.acquire("a")
-    assert policy.load_failed("a") == Plan(host_drop=("a",))
+    assert policy.load_failed("a") == CachePlan(host_drop=("a",))
     stats = policy.statistics()
     assert stats.resident_bytes == 0 and stats.load_failures == 1 and stats.loads == 0
     assert policy.residency("a").device == "absent"
-    assert isinstance(policy.acquire("a"), Plan)  # the next acquire retries
+    assert isinstance(policy.acquire("a"), CachePlan)  # the next acquire retries
 
 
 # ------------------------------------------------------------------------------- LRU
@@ -124,8 +120,8 @@ def test_in_use_models_are_skipped_and_older_idle_ones_go_instead() -> None:
 def test_device_floor_is_loaded_at_start_off_budget_and_never_evicted() -> None:
     policy = WeightCachePolicy(50)
     plan = policy.register("p", 500, "device")
-    assert plan == Plan(host_load=("p",), load=("p",))  # mapped for the transfer only
-    assert policy.loaded("p", 0.0) == Plan(host_drop=("p",))
+    assert plan == CachePlan(host_load=("p",), load=("p",))  # mapped for the transfer only
+    assert policy.loaded("p", 0.0) == CachePlan(host_drop=("p",))
     policy.register("q", 50, None)
     for _ in range(3):
         load(policy, "q")
@@ -172,16 +168,16 @@ def test_explicit_mode_never_loads_on_its_own() -> None:
         policy.acquire("e")
     assert policy.prefetch_plan("e") is None
 
-    assert policy.set_floor("e", "device") == Plan(load=("e",))  # system copy feeds it
+    assert policy.set_floor("e", "device") == CachePlan(load=("e",))  # system copy feeds it
     policy.loaded("e", 0.0)
     assert policy.acquire("e") == Hit("e")
     assert policy.lru == ()  # device floor is off budget
     assert policy.residency("e").host is False  # nothing left to use the host copy for
 
     # Demoted: no evictor runs in explicit mode, so the device copy goes now.
-    assert policy.set_floor("e", "system") == Plan(evict=("e",), host_load=("e",))
+    assert policy.set_floor("e", "system") == CachePlan(evict=("e",), host_load=("e",))
     assert not policy.is_resident("e")
-    assert policy.set_floor("e", "unpinned") == Plan(host_drop=("e",))
+    assert policy.set_floor("e", "unpinned") == CachePlan(host_drop=("e",))
     assert policy.residency("e") == attrs.evolve(policy.residency("e"), host=False)
     with pytest.raises(NotResident):
         policy.acquire("e")
@@ -199,11 +195,11 @@ def test_explicit_mode_retries_a_device_floor_model_whose_load_failed() -> None:
 def test_self_managed_demotion_keeps_the_device_copy_when_it_fits() -> None:
     policy = cache(100, a=(60, None), p=(30, "device"))
     load(policy, "a")
-    assert policy.set_floor("p", "system") == Plan(host_load=("p",))
+    assert policy.set_floor("p", "system") == CachePlan(host_load=("p",))
     assert policy.lru == ("a", "p")  # now an ordinary, evictable, most-recent model
     # Promoted while resident: off budget, and its host copy has no use left.
-    assert policy.set_floor("a", "device") == Plan(host_drop=("a",))
-    assert policy.set_floor("a", "unpinned") == Plan()
+    assert policy.set_floor("a", "device") == CachePlan(host_drop=("a",))
+    assert policy.set_floor("a", "unpinned") == CachePlan()
     # p (30) is resident; a (60) joins it: 90 <= 100, so a stays too.
     assert policy.lru == ("p", "a")
     policy.set_budget(70)
@@ -248,7 +244,7 @@ def test_compaction_rejects_unknown_names_and_busy_moments() -> None:
 def test_compaction_in_explicit_mode_ignores_the_reload_list() -> None:
     policy = WeightCachePolicy(100, explicit=True)
     policy.register("a", 10, None)
-    assert policy.compact(["a"]) == Plan()
+    assert policy.compact(["a"]) == CachePlan()
     assert policy.statistics().compactions == 1
 
 
@@ -273,7 +269,7 @@ def test_prefetch_loads_into_free_budget_and_counts_a_hit_when_used() -> None:
     load(policy, "a")
     policy.pin_in_use("a")
     plan = policy.prefetch_plan("b")
-    assert plan == Plan(load=("b",))
+    assert plan == CachePlan(load=("b",))
     assert policy.acquire("b") == Wait(name="b", blockers=("b",), reason="loading")
     policy.loaded("b", 0.0)
     assert policy.acquire("b") == Hit("b")
@@ -322,7 +318,7 @@ def test_shrinking_the_budget_evicts_lru_idle_models() -> None:
     policy = cache(100, a=(40, None), b=(40, None))
     load(policy, "a")
     load(policy, "b")
-    assert policy.set_budget(50) == Plan(evict=("a",))
+    assert policy.set_budget(50) == CachePlan(evict=("a",))
     assert policy.budget == 50
 
 
@@ -335,23 +331,6 @@ def test_shrinking_below_two_busy_models_is_refused_unchanged() -> None:
     with pytest.raises(LifecycleError, match="in use or loading"):
         policy.set_budget(50)
     assert policy.budget == 100 and policy.lru == ("a", "b")
-
-
-# ------------------------------------------------------------------------ cache off
-
-
-def test_with_the_cache_off_every_model_stays_on_the_device() -> None:
-    policy = WeightCachePolicy(None)
-    assert not policy.enabled
-    assert policy.register("a", 10**12, "unpinned") == Plan(host_load=("a",), load=("a",))
-    policy.loaded("a", 0.0)
-    assert policy.floor("a") == "device"
-    assert policy.acquire("a") == Hit("a")
-    assert policy.compact(["a"]) == Plan()
-    with pytest.raises(FailedPrecondition, match="cache is off"):
-        policy.set_floor("a", "system")
-    stats = policy.statistics()
-    assert not stats.enabled and stats.budget is None and stats.compactions == 0
 
 
 # ----------------------------------------------------- bookkeeping and driver mistakes
@@ -368,22 +347,11 @@ def test_statistics_are_a_frozen_snapshot() -> None:
         stats.models["b"] = stats.models["a"]  # type: ignore[index]
 
 
-def test_rename_keeps_residency_and_lru_position() -> None:
-    policy = cache(100, a=(10, None), b=(10, None))
-    load(policy, "a")
-    load(policy, "b")
-    policy.rename("a", "z")
-    assert policy.lru == ("z", "b")
-    assert policy.acquire("z") == Hit("z")
-    with pytest.raises(LifecycleError):
-        policy.rename("z", "b")
-
-
 def test_unregister_releases_everything() -> None:
     policy = cache(100, a=(10, None), p=(10, "device"))
     load(policy, "a")
-    assert policy.unregister("a") == Plan(evict=("a",), host_drop=("a",))
-    assert policy.unregister("p") == Plan(evict=("p",))
+    assert policy.unregister("a") == CachePlan(evict=("a",), host_drop=("a",))
+    assert policy.unregister("p") == CachePlan(evict=("p",))
     assert policy.statistics().resident_bytes == 0
     assert "a" not in policy
 
@@ -420,16 +388,56 @@ def test_unknown_models_are_not_found() -> None:
         WeightCachePolicy(10).acquire("ghost")
 
 
-def test_from_config_reads_mode_and_interval() -> None:
-    config = ServerConfig(
-        model_control_mode="explicit",
-        scheduler=SchedulerConfig(
-            compaction_interval=7, models={"a": ModelSchedConfig(residency="device")}
-        ),
-    )
-    policy = WeightCachePolicy.from_config(config, 1000)
-    assert policy.explicit and policy.budget == 1000
-    policy.register("a", 10, config.scheduler.for_model("a").residency)
-    policy.register("b", 10, config.scheduler.for_model("b").residency)
-    assert (policy.floor("a"), policy.floor("b")) == ("device", "system")
-    assert policy.statistics().residency_mode == "externally_managed"
+# ------------------------------------------------------------- removal and commands
+
+
+def test_a_model_being_removed_is_never_handed_out_again() -> None:
+    policy = cache(100, a=(10, None), b=(10, None))
+    load(policy, "a")
+    policy.pin_in_use("a")
+    policy.begin_remove("a")
+    assert not policy.removable("a")  # a batch still runs on it
+    with pytest.raises(LifecycleError, match="a is being removed"):
+        policy.acquire("a")
+    assert policy.prefetch_plan("a") is None
+    policy.unpin_in_use("a")
+    assert policy.removable("a")
+    assert policy.unregister("a") == CachePlan(evict=("a",), host_drop=("a",))
+
+
+def test_a_command_waits_for_the_running_batch_and_closes_the_gate_meanwhile() -> None:
+    policy = cache(100, a=(10, None), b=(10, None))
+    plan = load(policy, "a")
+    policy.done(plan)
+    policy.pin_in_use("a")
+    policy.want_command()
+    assert policy.acquire("b") == Wait(name="b", blockers=(), reason="command")
+    assert policy.prefetch_plan("b") is None
+    assert not policy.try_start_command()  # "a" is still in use
+    policy.unpin_in_use("a")
+    assert policy.try_start_command()
+    assert policy.acquire("b", command=True) == CachePlan(load=("b",))  # the command's own
+    policy.end_command(started=True)
+    assert policy.acquire("a") == Hit("a")
+
+
+def test_a_command_waits_for_every_plan_to_be_done() -> None:
+    policy = cache(100, a=(10, None))
+    plan = policy.acquire("a")
+    assert isinstance(plan, CachePlan)
+    policy.loaded("a", 0.0)
+    policy.want_command()
+    assert not policy.try_start_command()  # the load's plan is still being carried out
+    policy.done(plan)
+    assert policy.try_start_command()
+    with pytest.raises(LifecycleError, match="done"):
+        policy.done(plan)  # reported twice
+
+
+def test_evict_idle_frees_every_idle_on_demand_copy_and_keeps_the_budget() -> None:
+    policy = cache(100, a=(10, None), b=(10, None), p=(10, "device"))
+    for name in ("a", "b"):  # p, device-floor, was loaded at registration
+        load(policy, name)
+    policy.pin_in_use("b")
+    assert policy.evict_idle() == CachePlan(evict=("a",))
+    assert policy.budget == 100 and policy.lru == ("b",) and policy.is_resident("p")

@@ -1,17 +1,19 @@
 """The weight-cache policy as an executable spec: a Hypothesis state machine.
 
-The machine plays the driver. It registers and unregisters models, acquires them,
-finishes or fails their loads, brackets executions with pin/unpin, asks for prefetches,
-compacts, moves floors and re-sizes the budget, in any order Hypothesis finds. It carries
-out every plan against its own picture of the device and the host (so a plan that frees
-something absent, or loads without a host copy, fails), and it keeps its own LRU order to
-check the policy's victims against. The invariants are the ``@invariant`` methods below;
-each docstring states one in words.
+The machine plays the driver. It registers, removes and unregisters models, acquires
+them, finishes or fails their loads, brackets executions with pin/unpin, asks for
+prefetches, compacts, moves floors, re-sizes the budget and opens and closes the gate of
+control commands, in any order Hypothesis finds. It carries out every plan against its own
+picture of the device and the host (so a plan that frees something absent, or loads
+without a host copy, fails), reports each plan ``done`` once its loads have finished, as
+the driver does, and keeps its own LRU order to check the policy's victims against. The
+invariants are the ``@invariant`` methods below and the checks in the command rules; each
+docstring states one in words.
 """
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -24,7 +26,7 @@ from strategies import WEIGHT_MODEL_NAMES, weight_budgets, weight_floors, weight
 
 from reactantserver.config.schema import Residency
 from reactantserver.errors import LifecycleError, NotResident
-from reactantserver.weights import Hit, Plan, Wait, WeightCachePolicy
+from reactantserver.weights import CachePlan, Hit, Wait, WeightCachePolicy
 
 _PICK = st.integers(min_value=0, max_value=1_000)
 
@@ -51,6 +53,13 @@ class WeightCacheMachine(RuleBasedStateMachine):
         self.order: list[str] = []
         # device-floor models whose load completed: must stay on the device.
         self.pinned_resident: set[str] = set()
+        # Models being removed (begin_remove): never handed out again.
+        self.removing: set[str] = set()
+        # Control commands waiting for the gate, and whether one runs.
+        self.waiting = 0
+        self.running = False
+        # Plans handed out whose loads have not all finished (the driver's _run in flight).
+        self.pending: list[tuple[CachePlan, set[str]]] = []
 
     @initialize(
         budget=weight_budgets(),
@@ -75,9 +84,11 @@ class WeightCacheMachine(RuleBasedStateMachine):
 
     @property
     def budget(self) -> int:
-        b = self.policy.budget
-        assert b is not None
-        return b
+        return self.policy.budget
+
+    @property
+    def gated(self) -> bool:
+        return bool(self.waiting) or self.running
 
     def busy(self, name: str) -> bool:
         return self.in_use.get(name, 0) > 0 or name in self.loading
@@ -103,7 +114,7 @@ class WeightCacheMachine(RuleBasedStateMachine):
             return victims, not any(self.busy(n) for n in self.order)
         return victims, projected <= room
 
-    def carry_out(self, plan: Plan, *, pinned_may_go: bool = False) -> None:
+    def carry_out(self, plan: CachePlan, *, pinned_may_go: bool = False) -> None:
         """Execute a plan the way the driver does, refusing impossible steps."""
         for n in plan.evict:
             assert n in self.device, f"plan evicts {n!r}, which is not on the device"
@@ -123,7 +134,15 @@ class WeightCacheMachine(RuleBasedStateMachine):
             assert n in self.host, f"plan loads {n!r} with no host copy to transfer from"
             self.loading.add(n)
 
-    def take_load(self, name: str, plan: Plan) -> None:
+    def hand_out(self, plan: CachePlan) -> None:
+        """A plan the policy counts: ``done`` once its loads have finished (at once when it
+        loads nothing), as the driver's ``_run`` reports it."""
+        if plan.load:
+            self.pending.append((plan, set(plan.load)))
+        else:
+            self.policy.done(plan)
+
+    def take_load(self, name: str, plan: CachePlan) -> None:
         """Bookkeeping for a plan that loads ``name`` after evicting LRU victims."""
         for v in plan.evict:
             self.order.remove(v)
@@ -142,6 +161,7 @@ class WeightCacheMachine(RuleBasedStateMachine):
         self.nbytes[name] = nbytes
         self.floor[name] = floor or "system"
         self.carry_out(plan)
+        self.hand_out(plan)
         if self.floor[name] == "device":
             assert plan.load == (name,)
 
@@ -149,19 +169,41 @@ class WeightCacheMachine(RuleBasedStateMachine):
     @rule(i=_PICK)
     def unregister(self, i: int) -> None:
         name = _pick(self.idle_registered(), i)
+        assert self.policy.removable(name)
         plan = self.policy.unregister(name)
         self.carry_out(plan, pinned_may_go=True)
+        self.hand_out(plan)
         assert name not in self.device and name not in self.host
         if name in self.order:
             self.order.remove(name)
         del self.nbytes[name], self.floor[name]
         self.in_use.pop(name, None)
+        self.removing.discard(name)
+
+    @precondition(lambda self: bool(self.nbytes))
+    @rule(i=_PICK)
+    def begin_remove(self, i: int) -> None:
+        """A model being removed is removable exactly when it is idle."""
+        name = _pick(list(self.nbytes), i)
+        self.policy.begin_remove(name)
+        self.removing.add(name)
+        assert self.policy.removable(name) == (not self.busy(name))
 
     @precondition(lambda self: bool(self.nbytes))
     @rule(i=_PICK)
     def acquire(self, i: int) -> None:
         name = _pick(list(self.nbytes), i)
         absent = name not in self.device and name not in self.loading
+        if name in self.removing:
+            try:
+                self.policy.acquire(name)
+            except LifecycleError:
+                return
+            raise AssertionError("a model being removed was handed out")
+        if self.gated:
+            decision = self.policy.acquire(name)
+            assert isinstance(decision, Wait) and decision.reason == "command"
+            return
         if self.explicit and absent:
             try:
                 self.policy.acquire(name)
@@ -193,14 +235,15 @@ class WeightCacheMachine(RuleBasedStateMachine):
                 assert (decision.oversize == name) == oversize
                 assert bool(decision.warnings) == oversize
             self.carry_out(decision)
+            self.hand_out(decision)
             self.take_load(name, decision)
 
-    @precondition(lambda self: bool(self.nbytes))
+    @precondition(lambda self: bool(self.nbytes) and not self.gated)
     @rule(i=_PICK)
     def run_batch(self, i: int) -> None:
         """One whole dispatch-loop step: acquire, load if told to, run (pin/unpin)."""
         name = _pick(list(self.nbytes), i)
-        if self.explicit and name not in self.device:
+        if (self.explicit and name not in self.device) or name in self.removing:
             return
         self.acquire(i)
         if name in self.loading:
@@ -224,11 +267,18 @@ class WeightCacheMachine(RuleBasedStateMachine):
             if name in self.order:
                 self.order.remove(name)
         self.carry_out(plan)
+        for handed, loads in list(self.pending):
+            loads.discard(name)
+            if not loads:
+                self.pending.remove((handed, loads))
+                self.policy.done(handed)
 
-    @precondition(lambda self: bool(self.device))
+    # An execution pins only what an acquire handed out: never while the gate is closed,
+    # never a model being removed.
+    @precondition(lambda self: bool(set(self.device) - self.removing) and not self.gated)
     @rule(i=_PICK)
     def pin(self, i: int) -> None:
-        name = _pick(list(self.device), i)
+        name = _pick(list(self.device - self.removing), i)
         self.policy.pin_in_use(name)
         self.in_use[name] = self.in_use.get(name, 0) + 1
 
@@ -247,6 +297,8 @@ class WeightCacheMachine(RuleBasedStateMachine):
         expected, fits = self.expected_victims(self.budget - nbytes)
         allowed = (
             not self.explicit
+            and not self.gated
+            and name not in self.removing
             and self.floor[name] != "device"
             and name not in self.device
             and name not in self.loading
@@ -260,6 +312,7 @@ class WeightCacheMachine(RuleBasedStateMachine):
             assert list(plan.evict) == expected, "prefetch evicted outside LRU order"
             assert plan.oversize is None
             self.carry_out(plan)
+            self.hand_out(plan)
             self.take_load(name, plan)
 
     @rule(reload=st.lists(st.sampled_from(WEIGHT_MODEL_NAMES), max_size=4))
@@ -275,6 +328,7 @@ class WeightCacheMachine(RuleBasedStateMachine):
         plan = self.policy.compact(reload)
         assert set(plan.evict) == before, "compaction must free every non-pinned device copy"
         self.carry_out(plan)
+        self.hand_out(plan)
         self.order = []
         budget, total = self.budget, 0
         expected_loads = sorted(
@@ -282,6 +336,8 @@ class WeightCacheMachine(RuleBasedStateMachine):
         )
         if not self.explicit:
             for n in dict.fromkeys(reload):
+                if n in self.removing:
+                    continue
                 if self.floor[n] != "device" and total + self.nbytes[n] <= budget:
                     expected_loads.append(n)
                     self.order.append(n)
@@ -298,6 +354,7 @@ class WeightCacheMachine(RuleBasedStateMachine):
         plan = self.policy.set_floor(name, floor)
         self.floor[name] = floor
         self.carry_out(plan, pinned_may_go=True)
+        self.hand_out(plan)
         if floor == "device":
             if name in self.order:
                 self.order.remove(name)
@@ -320,28 +377,52 @@ class WeightCacheMachine(RuleBasedStateMachine):
             return
         assert list(plan.evict) == victims
         self.carry_out(plan)
+        self.hand_out(plan)
         for v in plan.evict:
             self.order.remove(v)
 
-    @precondition(lambda self: bool(self.nbytes))
-    @rule(i=_PICK)
-    def rename(self, i: int) -> None:
-        free = [n for n in WEIGHT_MODEL_NAMES if n not in self.nbytes]
-        if not free:
-            return
-        old, new = _pick(list(self.nbytes), i), _pick(free, i)
-        self.policy.rename(old, new)
+    @rule()
+    def evict_idle(self) -> None:
+        """Every idle on-demand copy goes, oldest first; the budget stays."""
+        budget = self.budget
+        victims = [n for n in self.order if not self.busy(n)]
+        plan = self.policy.evict_idle()
+        assert list(plan.evict) == victims and self.policy.budget == budget
+        self.carry_out(plan)
+        self.hand_out(plan)
+        for v in plan.evict:
+            self.order.remove(v)
 
-        def sub(names: set[str]) -> set[str]:
-            return {new if n == old else n for n in names}
+    # --------------------------------------------------------- control commands
 
-        self.device, self.loading, self.host = sub(self.device), sub(self.loading), sub(self.host)
-        self.pinned_resident = sub(self.pinned_resident)
-        self.order = [new if n == old else n for n in self.order]
-        self.nbytes[new] = self.nbytes.pop(old)
-        self.floor[new] = self.floor.pop(old)
-        if old in self.in_use:
-            self.in_use[new] = self.in_use.pop(old)
+    @rule()
+    def want_command(self) -> None:
+        self.policy.want_command()
+        self.waiting += 1
+
+    @precondition(lambda self: self.waiting > 0)
+    @rule()
+    def try_start_command(self) -> None:
+        """A command starts exactly when it can run alone: no other command runs, nothing
+        is pinned in use, and every plan handed out has been reported done."""
+        alone = not self.running and not any(self.in_use.values()) and not self.pending
+        assert self.policy.try_start_command() == alone
+        event("command: started" if alone else "command: waits")
+        if alone:
+            self.waiting -= 1
+            self.running = True
+
+    @precondition(lambda self: self.running)
+    @rule()
+    def end_running_command(self) -> None:
+        self.policy.end_command(started=True)
+        self.running = False
+
+    @precondition(lambda self: self.waiting > 0)
+    @rule()
+    def give_up_waiting_command(self) -> None:
+        self.policy.end_command(started=False)
+        self.waiting -= 1
 
     # --------------------------------------------------------------- invariants
 

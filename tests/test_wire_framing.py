@@ -20,6 +20,7 @@ from strategies import (
     wire_garbage,
 )
 
+from reactantserver.status import StatusCode
 from reactantserver.transport.framing import (
     MessageFramer,
     Refusal,
@@ -28,7 +29,6 @@ from reactantserver.transport.framing import (
     request_head,
 )
 from reactantserver.transport.limits import Fault, WireLimits
-from reactantserver.transport.status import StatusCode
 
 LIMIT = 100
 

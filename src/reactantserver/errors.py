@@ -110,7 +110,7 @@ class QueueFull(ResourceExhausted):
 
 
 class TooManyRequests(ResourceExhausted):
-    """``endpoints.max_concurrent_requests`` requests are already in flight."""
+    """``endpoints.max_concurrent_requests`` ModelInfer calls are already in flight."""
 
 
 class DeadlineExceeded(RequestError):

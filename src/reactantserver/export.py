@@ -26,6 +26,9 @@ where ``fn(params, *inputs)`` is a JAX function and ``params`` any pytree:
 
 The CLI resolves ``MODULE:CALLABLE`` (a dotted module or a ``.py`` path) to a function
 returning an ``ExportSpec`` (the keyword arguments of ``export_bundle`` as a record).
+
+Why one module of this size: the five steps above are one transaction (nothing is
+written unless every check passed); each step is a function of its own.
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ A bundle may ship a ``model.py`` of plain Python. For ``kind: model`` it may def
 * ``postprocess(outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]``: from the
   executable's outputs to the client-facing ones.
 
-Both are optional and synchronous; they run on the request's own task (never on the
-dispatch thread), so a slow hook delays only its own request. ``preprocess`` of a
+Both are optional and synchronous. The worker runs them in a worker thread of their own
+limiter, on behalf of the request (never on the event loop, the dispatch loop or the
+device thread), so a slow hook delays only its own request. ``preprocess`` of a
 batched model sees one request's rows and must keep the row count.
 
 For ``kind: meta`` it must define ``async def run(inputs, ctx)`` (executed elsewhere).
@@ -144,14 +145,15 @@ def load_hooks(bundle: str, path: Path, *, kind: str) -> Hooks:
     )
 
 
-def _check_result(
+def check_result(
     model: str,
     hook: str,
     result: Any,
     specs: Sequence[Any],
     rows: int | None,
 ) -> Arrays:
-    """Check a hook's result against ``specs`` (TensorSpec-likes) and order it."""
+    """Check a hook's (or a meta model's ``run``'s) result against ``specs``
+    (TensorSpec-likes) and order it; ``ExecutionFailed`` names what is wrong."""
     if not isinstance(result, Mapping):
         raise ExecutionFailed(
             f"model {model!r}: model.py {hook} returned {type(result).__name__}, "
@@ -213,7 +215,7 @@ def run_preprocess(
         raise InvalidArgument(
             f"model {model!r}: preprocess rejected the request: {type(exc).__name__}: {exc}"
         ) from exc
-    return _check_result(model, "preprocess", result, specs, rows)
+    return check_result(model, "preprocess", result, specs, rows)
 
 
 def run_postprocess(
@@ -228,4 +230,4 @@ def run_postprocess(
         raise ExecutionFailed(
             f"model {model!r}: postprocess failed: {type(exc).__name__}: {exc}"
         ) from exc
-    return _check_result(model, "postprocess", result, specs, rows)
+    return check_result(model, "postprocess", result, specs, rows)

@@ -5,10 +5,10 @@ client-facing ``TensorSpec``\\ s, the shared-memory registry and the current tim
 return plain values. Nothing is queued until :func:`decode_request` has returned, so
 every request that reaches the scheduler is well formed.
 
-Requests and responses are the lean records of :mod:`reactantserver.transport.codec`
-(the transport decodes ModelInfer bytes straight into them, and writes the response
-record straight to bytes): parameters are plain values, raw contents are ``memoryview``
-slices of the received buffer. A betterproto ``ModelInferRequest`` (tests, direct
+Requests and responses are the lean records of :mod:`reactantserver.records` (the
+codec, :mod:`reactantserver.protocol.codec`, decodes ModelInfer bytes straight into
+them, and writes the response record straight to bytes): parameters are plain values,
+raw contents are ``memoryview`` slices of the received buffer. A betterproto ``ModelInferRequest`` (tests, direct
 callers) is accepted too and goes through the same codec first, so both are validated
 by exactly the same code.
 
@@ -63,6 +63,9 @@ handed to the codec as a ``memoryview`` of the (C-contiguous) result array, so w
 the response message is its one copy. A model returning a missing output, a
 wrong dtype or a shape outside its declaration is a server bug, reported as
 ``ExecutionFailed`` (INTERNAL) with a message naming the output.
+
+Why one module of this size: decoding and encoding one RPC share the tensor checks and
+the shared-memory rules, and every check has its own precise message.
 """
 
 from __future__ import annotations
@@ -78,15 +81,15 @@ from reactantserver import tensors
 from reactantserver.bundle.manifest import TensorSpec
 from reactantserver.errors import ExecutionFailed, InvalidArgument
 from reactantserver.protocol import inference as pb
-from reactantserver.shm import SharedMemoryRegistry
-from reactantserver.transport.codec import (
+from reactantserver.protocol.codec import from_message
+from reactantserver.records import (
     InferRequest,
     InferResponse,
     OutputTensor,
     ParamValue,
     TensorContents,
-    from_message,
 )
+from reactantserver.shm import SharedMemoryRegistry
 
 #: Highest tensor rank accepted from the wire (numpy's own limit is 64).
 MAX_RANK = 32

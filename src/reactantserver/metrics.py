@@ -1,10 +1,13 @@
 """Prometheus metrics of a worker, read from statistics records at scrape time.
 
 Nothing on the request path touches prometheus-client: the scheduler, the service
-and the models keep plain counters, and ``WorkerCollector.collect`` turns a snapshot
-of them into metric families when ``/metrics`` is scraped. The collector is
-registered on a registry the worker creates (never the process-global one), so
-several workers in one process (tests) do not mix.
+and the models keep plain counters, and ``WorkerCollector.collect`` turns one frozen
+:class:`~reactantserver.statistics.WorkerStatistics` snapshot into metric families
+when ``/metrics`` is scraped. The collector is given the function that takes the
+snapshot (``Worker.statistics``) and reads nothing else, so it knows no worker
+internals and imports nothing above ``reactantserver.statistics``. It is registered on
+a registry the worker creates (never the process-global one), so several workers in
+one process (tests) do not mix.
 
 Every series carries ``worker`` (the worker's name) and ``gpu`` (the device ordinal)
 labels so a gateway or a Prometheus server can merge several workers. Names follow
@@ -14,7 +17,7 @@ full list, with meanings, is in ``docs/monitoring.md``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import (
@@ -26,12 +29,10 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from .lifecycle import ModelState
-from .transport.limits import Fault, WireStatistics
+from .statistics import WorkerStatistics
 
-if TYPE_CHECKING:
-    from .scheduling import ModelStatistics
-    from .service import ControlStatus
-    from .worker import Worker
+if TYPE_CHECKING:  # a plain record of the wire layer, read as data: metrics stays a leaf
+    from .transport.limits import WireStatistics
 
 
 def _gauge(name: str, doc: str, labels: dict[str, str], value: float) -> GaugeMetricFamily:
@@ -100,35 +101,31 @@ def wire_metrics(base: dict[str, str], wire: WireStatistics) -> Iterator[Metric]
         "Client mistakes caught by the wire layer, by kind (docs/grpc.md).",
         labels=[*base, "kind"],
     )
-    for fault in Fault:
-        errors.add_metric([*base.values(), fault.value], wire.faults.get(fault.value, 0))
+    for kind, n in sorted(wire.faults.items()):
+        errors.add_metric([*base.values(), kind], n)
     yield errors
 
 
 class WorkerCollector(Collector):
-    """Collects a worker's metrics from its statistics records."""
+    """Collects a worker's metrics from one statistics snapshot per scrape."""
 
-    def __init__(self, worker: Worker) -> None:
-        self._worker = worker
+    def __init__(self, statistics: Callable[[], WorkerStatistics]) -> None:
+        self._statistics = statistics
 
     def collect(self) -> Iterator[Metric]:
-        w = self._worker
-        base = {"worker": w.config.name, "gpu": str(w.device_ordinal)}
-        sched = w.scheduler.statistics()
-        service = w.service.statistics()
-        status = w.control_status()
+        w = self._statistics()
+        base = {"worker": w.name, "gpu": str(w.gpu)}
+        sched, service = w.scheduler, w.service
 
         info = {
             **base,
             "backend": w.backend,
-            "control_mode": w.config.model_control_mode,
-            "discipline": w.config.scheduler.discipline,
-            "residency_mode": status.residency_mode,
+            "control_mode": w.control_mode,
+            "discipline": w.discipline,
+            "residency_mode": w.control.residency_mode,
         }
         yield _gauge("worker_info", "Static facts about this worker (always 1).", info, 1)
-        yield _gauge(
-            "worker_ready", "1 when the worker is ready to serve.", base, int(w.readiness()[0])
-        )
+        yield _gauge("worker_ready", "1 when the worker is ready to serve.", base, int(w.ready))
         yield _gauge(
             "worker_inflight_requests",
             "ModelInfer calls being served now.",
@@ -159,12 +156,12 @@ class WorkerCollector(Collector):
             base,
             sched.failed_dispatches,
         )
-        yield _gauge("worker_models_loaded", "Models being served.", base, len(w.served_models()))
+        yield _gauge("worker_models_loaded", "Models being served.", base, len(w.models))
         yield _gauge(
             "worker_resident_weight_bytes",
             "Bytes of model weights on the device.",
             base,
-            w.weights.resident_bytes,
+            w.resident_weight_bytes,
         )
 
         rpcs = CounterMetricFamily(
@@ -176,12 +173,12 @@ class WorkerCollector(Collector):
             rpcs.add_metric([*base.values(), rpc, code], n)
         yield rpcs
 
-        yield from wire_metrics(base, w.wire.statistics())
-        yield from self._per_model(base, sched.policy.models)
-        yield from self._lifecycle(base)
-        yield from self._weight_cache(base, status)
+        yield from wire_metrics(base, w.wire)
+        yield from _per_model(base, w)
+        yield from _lifecycle(base, w)
+        yield from _weight_cache(base, w)
 
-        meta = w.metas.statistics()
+        meta = w.meta
         yield _gauge(
             "worker_meta_running", "Meta-model requests running their glue now.", base, meta.running
         )
@@ -198,7 +195,7 @@ class WorkerCollector(Collector):
             meta.run_errors,
         )
 
-        mem = w.runtime.memory_stats()
+        mem = w.memory
         if mem is not None:
             for key, value, doc in (
                 ("in_use", mem.in_use, "Device memory in use."),
@@ -207,126 +204,136 @@ class WorkerCollector(Collector):
             ):
                 yield _gauge(f"worker_device_memory_{key}_bytes", doc, base, value)
 
-    def _weight_cache(self, base: dict[str, str], status: ControlStatus) -> Iterator[Metric]:
-        """The on-demand weight cache (docs/on_demand_weights.md); its series exist only
-        while the cache is on, except ``worker_models_resident``."""
-        w = self._worker
-        served = w.served_models()
-        yield _gauge(
-            "worker_models_resident",
-            "Models whose weights are on the device now.",
-            base,
-            sum(w.weights.is_resident(m) for m in served.values()),
-        )
-        stats = w.weight_cache_statistics()
-        if stats is None:
-            return
-        cache, budget = stats.policy, stats.budget
-        for name, value, doc in (
-            ("cache_resident", cache.resident_bytes, "On-demand weights loading or resident."),
-            ("cache_max", budget.on_demand, "The on-demand budget (the LRU's cap)."),
-            ("cache_pinned", cache.pinned_bytes, "Weights of residency: device models."),
-            ("cache_max_scratch", budget.max_scratch, "Execution scratch held back (probe)."),
-            ("pool", budget.weight_pool, "Bytes for all weights, pinned plus on demand."),
-            ("cache_arena", budget.arena, "The device memory arena the budget is cut from."),
-            ("host", cache.host_bytes, "Weights with a host copy now (system copies, maps)."),
-        ):
-            yield _gauge(f"worker_weight_{name}_bytes", doc, base, value)
-        counters: tuple[tuple[str, float, str], ...] = (
-            ("loads", cache.loads, "Completed on-demand weight loads (prefetches included)."),
-            ("evicts", cache.evictions, "On-demand weights evicted to make room."),
-            ("load_seconds", cache.load_seconds, "Time spent in on-demand weight loads."),
-            ("load_failures", cache.load_failures, "Weight loads that failed."),
-            ("cache_hits", cache.hits, "Acquires that found the weights on the device."),
-            ("cache_misses", cache.misses, "Acquires that had to load the weights."),
-            ("prefetches", cache.prefetches, "Loads started ahead of dispatch."),
-            ("prefetch_hits", cache.prefetch_hits, "Prefetched weights then used."),
-            ("prefetch_wasted", cache.prefetch_wasted, "Prefetched weights evicted unused."),
-            ("oversize_loads", cache.oversize_loads, "Loads of a model larger than the budget."),
-            ("compactions", cache.compactions, "Compactions (interval or CompactMemory)."),
-        )
-        for name, total, doc in counters:
-            yield _counter(f"worker_weight_{name}", doc, base, total)
-        pinned = GaugeMetricFamily(
-            "worker_model_pinned",
-            "1 when the model's residency is device (never evicted).",
-            labels=[*base, "model"],
-        )
-        for info in status.models:
-            pinned.add_metric([*base.values(), info.name], int(info.residency == "device"))
-        yield pinned
 
-    def _lifecycle(self, base: dict[str, str]) -> Iterator[Metric]:
-        """Every known model's lifecycle state (one series per state, 1 = current) and
-        its failed loads, including models that are not serving (failed, unloaded)."""
-        table = self._worker.model_states
-        labels = [*base, "model"]
-        states = GaugeMetricFamily(
-            "worker_model_state",
-            "1 for the lifecycle state each known model is in, 0 for the others "
-            "(unloaded, loading, ready, reloading, draining, failed).",
-            labels=[*labels, "state"],
-        )
-        for name, record in sorted(table.records.items()):
-            for state in ModelState:
-                states.add_metric([*base.values(), name, state.value], int(state is record.state))
-        failures = CounterMetricFamily(
-            "worker_model_load_failures",
-            "Model versions that failed to load (bundle, compile or warm-up errors).",
-            labels=labels,
-        )
-        for name, n in sorted(table.load_failures.items()):
-            failures.add_metric([*base.values(), name], n)
-        yield from (states, failures)
+def _weight_cache(base: dict[str, str], w: WorkerStatistics) -> Iterator[Metric]:
+    """The on-demand weight cache (docs/on_demand_weights.md); its series exist only
+    while the cache is on, except ``worker_models_resident``."""
+    yield _gauge(
+        "worker_models_resident",
+        "Models whose weights are on the device now.",
+        base,
+        sum(m.resident for m in w.models),
+    )
+    stats = w.weight_cache
+    if stats is None:
+        return
+    cache, budget = stats.policy, stats.budget
+    for name, value, doc in (
+        ("cache_resident", cache.resident_bytes, "On-demand weights loading or resident."),
+        ("cache_max", budget.on_demand, "The on-demand budget (the LRU's cap)."),
+        ("cache_pinned", cache.pinned_bytes, "Weights of residency: device models."),
+        ("cache_max_scratch", budget.max_scratch, "Execution scratch held back (probe)."),
+        ("pool", budget.weight_pool, "Bytes for all weights, pinned plus on demand."),
+        ("cache_arena", budget.arena, "The device memory arena the budget is cut from."),
+        ("host", cache.host_bytes, "Weights with a host copy now (system copies, maps)."),
+    ):
+        yield _gauge(f"worker_weight_{name}_bytes", doc, base, value)
+    counters: tuple[tuple[str, float, str], ...] = (
+        ("loads", cache.loads, "Completed on-demand weight loads (prefetches included)."),
+        ("evicts", cache.evictions, "On-demand weights evicted to make room."),
+        ("load_seconds", cache.load_seconds, "Time spent in on-demand weight loads."),
+        ("load_failures", cache.load_failures, "Weight loads that failed."),
+        ("cache_hits", cache.hits, "Acquires that found the weights on the device."),
+        ("cache_misses", cache.misses, "Acquires that had to load the weights."),
+        ("prefetches", cache.prefetches, "Loads started ahead of dispatch."),
+        ("prefetch_hits", cache.prefetch_hits, "Prefetched weights then used."),
+        ("prefetch_wasted", cache.prefetch_wasted, "Prefetched weights evicted unused."),
+        ("oversize_loads", cache.oversize_loads, "Loads of a model larger than the budget."),
+        ("compactions", cache.compactions, "Compactions (interval or CompactMemory)."),
+    )
+    for name, total, doc in counters:
+        yield _counter(f"worker_weight_{name}", doc, base, total)
+    pinned = GaugeMetricFamily(
+        "worker_model_pinned",
+        "1 when the model's residency is device (never evicted).",
+        labels=[*base, "model"],
+    )
+    for info in w.control.models:
+        pinned.add_metric([*base.values(), info.name], int(info.residency == "device"))
+    yield pinned
 
-    def _per_model(
-        self, base: dict[str, str], stats: Mapping[str, ModelStatistics]
-    ) -> Iterator[Metric]:
-        w = self._worker
-        labels = [*base, "model"]
-        from_scheduler = [
-            (attr, kind(name, doc, labels=labels)) for attr, kind, name, doc in _SCHEDULER_SERIES
-        ]
-        max_batch = GaugeMetricFamily(
-            "worker_model_max_batch_size",
-            "Rows one dispatch may carry (largest compiled size, capped).",
-            labels=labels,
-        )
-        weight_bytes = GaugeMetricFamily(
-            "worker_model_weight_bytes", "Bytes of the model's weights.", labels=labels
-        )
-        resident = GaugeMetricFamily(
-            "worker_model_resident", "1 when the model's weights are on the device.", labels=labels
-        )
-        batch_rows = HistogramMetricFamily(
-            "worker_batch_rows", "Rows per device execution, before padding.", labels=labels
-        )
-        latency = HistogramMetricFamily(
-            "worker_request_latency_seconds",
-            "ModelInfer latency from receipt to answer.",
-            labels=labels,
-        )
-        outcomes = CounterMetricFamily(
-            "worker_requests",
-            "Finished ModelInfer calls by gRPC status code (OK, INVALID_ARGUMENT, ...).",
-            labels=[*labels, "status"],
-        )
-        for name, served in sorted(w.served_models().items()):
-            lv = [*base.values(), name]
-            s = stats.get(name)
-            if s is not None:
-                for attr, family in from_scheduler:
-                    family.add_metric(lv, getattr(s, attr))
-            max_batch.add_metric(lv, served.max_batch_size)
-            weight_bytes.add_metric(lv, served.bundle.weights_nbytes)
-            resident.add_metric(lv, int(w.weights.is_resident(served)))
-            rows = served.batch_rows_histogram()
-            batch_rows.add_metric(lv, list(rows.buckets), rows.total)
-            req = w.service.request_statistics(name)
-            for code, n in sorted(req.by_status.items()):
-                outcomes.add_metric([*lv, code], n)
-            if req.latency is not None:
-                latency.add_metric(lv, list(req.latency.buckets), req.latency.total)
-        for _, family in from_scheduler:
-            yield family
-        yield from (max_batch, weight_bytes, resident, batch_rows, latency, outcomes)
+
+def _lifecycle(base: dict[str, str], w: WorkerStatistics) -> Iterator[Metric]:
+    """Every known model's lifecycle state (one series per state, 1 = current) and
+    its failed loads, including models that are not serving (failed, unloaded)."""
+    labels = [*base, "model"]
+    states = GaugeMetricFamily(
+        "worker_model_state",
+        "1 for the lifecycle state each known model is in, 0 for the others "
+        "(unloaded, loading, ready, reloading, draining, failed).",
+        labels=[*labels, "state"],
+    )
+    for name, record in sorted(w.lifecycle.items()):
+        for state in ModelState:
+            states.add_metric([*base.values(), name, state.value], int(state is record.state))
+    failures = CounterMetricFamily(
+        "worker_model_load_failures",
+        "Model versions that failed to load (bundle, compile or warm-up errors).",
+        labels=labels,
+    )
+    for name, n in sorted(w.load_failures.items()):
+        failures.add_metric([*base.values(), name], n)
+    yield from (states, failures)
+    yield _counter(
+        "worker_repository_polls",
+        "Repository polls the watcher completed (dynamic mode).",
+        base,
+        w.repository_polls,
+    )
+    yield _counter(
+        "worker_repository_poll_failures",
+        "Repository polls that could not list the repository.",
+        base,
+        w.repository_poll_failures,
+    )
+
+
+def _per_model(base: dict[str, str], w: WorkerStatistics) -> Iterator[Metric]:
+    labels = [*base, "model"]
+    from_scheduler = [
+        (attr, kind(name, doc, labels=labels)) for attr, kind, name, doc in _SCHEDULER_SERIES
+    ]
+    max_batch = GaugeMetricFamily(
+        "worker_model_max_batch_size",
+        "Rows one dispatch may carry (largest compiled size, capped).",
+        labels=labels,
+    )
+    weight_bytes = GaugeMetricFamily(
+        "worker_model_weight_bytes", "Bytes of the model's weights.", labels=labels
+    )
+    resident = GaugeMetricFamily(
+        "worker_model_resident", "1 when the model's weights are on the device.", labels=labels
+    )
+    batch_rows = HistogramMetricFamily(
+        "worker_batch_rows", "Rows per device execution, before padding.", labels=labels
+    )
+    latency = HistogramMetricFamily(
+        "worker_request_latency_seconds",
+        "ModelInfer latency from receipt to answer.",
+        labels=labels,
+    )
+    outcomes = CounterMetricFamily(
+        "worker_requests",
+        "Finished ModelInfer calls by gRPC status code (OK, INVALID_ARGUMENT, ...).",
+        labels=[*labels, "status"],
+    )
+    stats = w.scheduler.policy.models
+    for model in w.models:
+        lv = [*base.values(), model.name]
+        s = stats.get(model.name)
+        if s is not None:
+            for attr, family in from_scheduler:
+                family.add_metric(lv, getattr(s, attr))
+        max_batch.add_metric(lv, model.max_batch_size)
+        weight_bytes.add_metric(lv, model.weight_nbytes)
+        resident.add_metric(lv, int(model.resident))
+        rows = model.batch_rows
+        batch_rows.add_metric(lv, list(rows.buckets), rows.total)
+        req = model.requests
+        for code, n in sorted(req.by_status.items()):
+            outcomes.add_metric([*lv, code], n)
+        if req.latency is not None:
+            latency.add_metric(lv, list(req.latency.buckets), req.latency.total)
+    for _, family in from_scheduler:
+        yield family
+    yield from (max_batch, weight_bytes, resident, batch_rows, latency, outcomes)

@@ -12,6 +12,9 @@ The counters here are the device side of Triton's ModelStatistics (queue time,
 input assembly, execution, output slicing, rows and executions per batch size);
 they are updated on the event loop thread by the executor after each batch.
 
+Hashable by identity: the lifecycle policy, the weight provider and the scheduler's
+batch groups all key a version by the object itself.
+
 JAX-free: the compiled program is held as an opaque ``LoadedModel``.
 """
 
@@ -23,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from .bundle import Bundle, TensorSpec
 from .config import ModelSchedConfig
 from .histogram import ROW_BUCKETS, Histogram, HistogramSnapshot
-from .service import BatchStatistics, Duration, ExecutionStatistics
+from .records import BatchStatistics, Duration, ExecutionStatistics
 
 if TYPE_CHECKING:
     from .runtime import LoadedModel
@@ -71,6 +74,9 @@ class ServedModel:
         self._executions = 0
         self._per_size: dict[int, _BatchCounters] = {}
         self._batch_rows = Histogram(ROW_BUCKETS)
+        #: Seconds per compiled batch size measured by the warm-up (the scheduler's
+        #: initial cost estimates); set once by the worker right after the warm-up.
+        self.warmup_costs: Mapping[int, float] = {}
 
     # -------------------------------------------------------------- HostedModel
 

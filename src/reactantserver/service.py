@@ -4,23 +4,25 @@ Theory of operation
 -------------------
 :class:`Service` implements each RPC of ``inference.GRPCInferenceService`` and
 ``reactant_control.ControlService`` as an ``async`` method taking the request message
-and a :class:`CallContext` (deadline, peer) and returning the response message. It
-knows no transport: :mod:`reactantserver.transport.grpc` hops each call into Trio and
-back, and errors raised here are the category classes of :mod:`reactantserver.errors`,
-mapped to gRPC status codes in exactly one place (``transport.status``). Tests call
-these methods directly, or through a real server.
+and a :class:`~reactantserver.records.CallContext` (deadline, peer) and returning the
+response message. It knows no transport: :mod:`reactantserver.transport.grpc` hops each
+call into Trio and back, and errors raised here are the category classes of
+:mod:`reactantserver.errors`, mapped to gRPC status codes in exactly one place
+(:mod:`reactantserver.status`). Tests call these methods directly, or through a real
+server.
 
-Behind the service sits a :class:`ModelHost`, the seam the worker implements (runtime,
-weight cache, scheduler, lifecycle). The host speaks in plain records defined here
-(:class:`IndexEntry`, :class:`ExecutionStatistics`, :class:`ControlStatus`...), never in
-protocol messages; this module does the translation both ways.
+Behind the service sits a :class:`~reactantserver.host.ModelHost`, the seam the worker
+implements (runtime, weight cache, scheduler, lifecycle). The host speaks in the plain
+records of :mod:`reactantserver.records`, never in protocol messages; the translations
+both ways are in :mod:`reactantserver.messages`.
 
 What the service owns itself:
 
 * the :class:`~reactantserver.shm.SharedMemoryRegistry` (SystemSharedMemory* RPCs, and
   the regions ModelInfer reads inputs from and writes outputs to);
-* the in-flight cap of ModelInfer, ``endpoints.max_concurrent_requests``: past it a call
-  fails at once with ``TooManyRequests`` (RESOURCE_EXHAUSTED) and counts as shed;
+* the cap on ModelInfer calls in flight, ``endpoints.max_concurrent_requests`` (the
+  other RPCs are not counted): past it a call fails at once with ``TooManyRequests``
+  (RESOURCE_EXHAUSTED) and counts as shed;
 * request-side statistics: per model, successes and failures with their end-to-end
   time, a latency histogram and the time of the last success (the host adds the
   device-side numbers); per RPC, calls by final status (fed by the transport through
@@ -32,8 +34,11 @@ ModelInfer, step by step: cap check; model lookup (``NotFound``); model readines
 and computes the deadline; ``host.infer`` under a cancel scope at that deadline
 (``DeadlineExceeded`` when it passes); :func:`~reactantserver.inferio.encode_response`.
 Cancellation (client gone, server stopping) propagates untouched. ModelInfer takes and
-returns the lean records of :mod:`reactantserver.transport.codec` (the transport
-decodes and encodes them without betterproto); a betterproto request is accepted too.
+returns the lean records (the transport decodes and encodes them without betterproto);
+a betterproto request is accepted too.
+
+Why one module of this size: one short method per RPC of two services (26 RPCs), all
+over the one host seam; the translations to messages are already in ``messages.py``.
 """
 
 from __future__ import annotations
@@ -41,16 +46,11 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal, NoReturn, Protocol
+from typing import NoReturn
 
-import attrs
-import numpy as np
 import trio
 
 import reactantserver
-from reactantserver.bundle.manifest import TensorSpec
-from reactantserver.config.schema import Residency
 from reactantserver.errors import (
     DeadlineExceeded,
     InvalidArgument,
@@ -59,13 +59,31 @@ from reactantserver.errors import (
     Unavailable,
     Unimplemented,
 )
-from reactantserver.histogram import LATENCY_BUCKETS, Histogram, HistogramSnapshot
+from reactantserver.histogram import LATENCY_BUCKETS, Histogram
+from reactantserver.host import ModelHost
 from reactantserver.inferio import decode_request, encode_response
+from reactantserver.messages import (
+    RESIDENCY_FROM_PROTO,
+    RESIDENCY_TO_PROTO,
+    enum_name,
+    model_config,
+    model_statistics,
+    model_status,
+    tensor_metadata,
+)
 from reactantserver.protocol import inference as pb
 from reactantserver.protocol import reactant_control as cpb
+from reactantserver.records import (
+    CallContext,
+    Duration,
+    InferRequest,
+    InferResponse,
+    RequestStatistics,
+    ServiceStatistics,
+)
+from reactantserver.scheduling import check_weight
 from reactantserver.shm import SharedMemoryRegistry, object_exists
-from reactantserver.transport.codec import InferRequest, InferResponse
-from reactantserver.transport.status import StatusCode, code_of
+from reactantserver.status import StatusCode, code_of
 
 SERVER_NAME = "reactantserver"
 #: Triton's names for the protocol extensions this server implements.
@@ -75,72 +93,6 @@ EXTENSIONS: tuple[str, ...] = (
     "statistics",
     "system_shared_memory",
 )
-
-# ------------------------------------------------------------------------------ records
-
-
-@attrs.frozen
-class CallContext:
-    """What the transport knows about one call beyond its request message."""
-
-    #: Absolute ``trio.current_time()`` of the gRPC deadline; ``inf`` when none was sent.
-    deadline: float = math.inf
-    #: The client's address, e.g. ``127.0.0.1:50312`` (for logs).
-    peer: str = ""
-
-
-@attrs.frozen
-class Duration:
-    """A count of events and their accumulated duration, nanoseconds."""
-
-    count: int = 0
-    ns: int = 0
-
-    def plus(self, seconds: float) -> Duration:
-        return Duration(self.count + 1, self.ns + max(0, round(seconds * 1e9)))
-
-    def to_proto(self) -> pb.StatisticDuration:
-        return pb.StatisticDuration(count=self.count, ns=self.ns)
-
-
-@attrs.frozen
-class BatchStatistics:
-    """Executions at one batch size."""
-
-    batch_size: int
-    compute_input: Duration = Duration()
-    compute_infer: Duration = Duration()
-    compute_output: Duration = Duration()
-
-
-@attrs.frozen
-class ExecutionStatistics:
-    """The device side of one model's statistics, as the host counts it."""
-
-    queue: Duration = Duration()
-    compute_input: Duration = Duration()
-    compute_infer: Duration = Duration()
-    compute_output: Duration = Duration()
-    #: Batch rows inferred (a request of 8 rows counts 8).
-    inference_count: int = 0
-    #: Device executions (a coalesced batch counts 1).
-    execution_count: int = 0
-    batches: tuple[BatchStatistics, ...] = ()
-
-
-@attrs.frozen
-class RequestStatistics:
-    """The request side of one model's statistics, as the service counts it."""
-
-    success: Duration = Duration()
-    fail: Duration = Duration()
-    #: Wall-clock time of the last success, ms since the Unix epoch; 0 = never.
-    last_inference_ms: int = 0
-    #: ModelInfer latency from receipt to answer (every outcome), seconds, in
-    #: ``histogram.LATENCY_BUCKETS``; ``None`` before the model's first request.
-    latency: HistogramSnapshot | None = None
-    #: Finished ModelInfer calls by status code name (``OK``, ``INVALID_ARGUMENT``, ...).
-    by_status: Mapping[str, int] = attrs.field(factory=dict)
 
 
 class _ModelCounters:
@@ -179,288 +131,6 @@ class _ModelCounters:
             self.latency.snapshot(),
             {code.name: n for code, n in self.by_code.items()},
         )
-
-
-@attrs.frozen
-class IndexEntry:
-    """One model of the repository, for RepositoryIndex."""
-
-    name: str
-    version: str = ""
-    #: ``READY``, ``UNAVAILABLE``, ``LOADING`` or ``UNLOADING`` (Triton's states).
-    state: str = "READY"
-    reason: str = ""
-
-
-@attrs.frozen
-class ModelControlInfo:
-    """One model as the control plane sees it (``reactant_control.ModelStatus``)."""
-
-    name: str
-    residency: Residency
-    device_resident: bool = False
-    host_resident: bool = False
-    weight_nbytes: int = 0
-    weight: float = 1.0
-    queue_depth: int = 0
-    total_compute_seconds: float = 0.0
-    requests_served: int = 0
-    dispatch_count: int = 0
-    max_batch_size: int = 0
-    batch_input_name: str = ""
-    #: 1-based position of the batch axis in the wire shape; 0 = none.
-    batch_axis: int = 0
-    rows_served: int = 0
-
-
-@attrs.frozen
-class ControlStatus:
-    """The worker as the control plane sees it (``ModelControlStatusResponse``)."""
-
-    residency_mode: Literal["self_managed", "externally_managed"]
-    discipline: str
-    models: tuple[ModelControlInfo, ...] = ()
-    weight_cache_max_bytes: int = 0
-
-
-@attrs.frozen
-class CompactResult:
-    reloaded_models: int = 0
-    resident_bytes_after: int = 0
-
-
-@attrs.frozen
-class ServiceStatistics:
-    """A snapshot of the service's own counters, for the metrics collector."""
-
-    #: ModelInfer calls being served now.
-    in_flight: int
-    #: ``endpoints.max_concurrent_requests`` (0 = uncapped).
-    max_concurrent_requests: int
-    #: ModelInfer calls refused because the cap was reached.
-    shed_total: int
-    #: (RPC name, status name) -> calls that ended with that status, e.g.
-    #: ``("ModelInfer", "OK")``.
-    rpcs: Mapping[tuple[str, str], int]
-
-
-# ------------------------------------------------------------------------------ the seam
-
-
-class HostedModel(Protocol):
-    """A loaded model, as the host presents it to clients."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def version(self) -> str:
-        """Version string; empty for an unversioned bundle."""
-        ...
-
-    @property
-    def platform(self) -> str:
-        """Backend identifier reported as ``platform``/``backend`` (e.g. ``jax_cpu``)."""
-        ...
-
-    @property
-    def inputs(self) -> Sequence[TensorSpec]:
-        """Client-facing inputs, wire order shapes, ``-1`` on batch/variable axes."""
-        ...
-
-    @property
-    def outputs(self) -> Sequence[TensorSpec]: ...
-
-    @property
-    def max_batch_size(self) -> int:
-        """Largest compiled batch size lowered by the per-model cap; 0 = unbatched."""
-        ...
-
-    @property
-    def compiled_batch_sizes(self) -> Sequence[int]: ...
-
-    @property
-    def max_queue_depth(self) -> int: ...
-
-    @property
-    def parameters(self) -> Mapping[str, str]:
-        """Free-form facts published in ModelConfig.parameters (weight, residency)."""
-        ...
-
-    def ready(self) -> tuple[bool, str]:
-        """(ready, reason when not)."""
-        ...
-
-    def statistics(self) -> ExecutionStatistics: ...
-
-
-class ModelHost(Protocol):
-    """What the worker provides behind the RPCs. Errors are ``reactantserver.errors``."""
-
-    @property
-    def backend(self) -> str:
-        """``cpu`` or ``cuda``."""
-        ...
-
-    @property
-    def device_ordinal(self) -> int: ...
-
-    def readiness(self) -> tuple[bool, str]:
-        """(ready to take inference requests, reason when not)."""
-        ...
-
-    def get(self, name: str) -> HostedModel:
-        """The loaded model ``name``; raises ``NotFound`` otherwise."""
-        ...
-
-    def index(self) -> Sequence[IndexEntry]: ...
-
-    async def infer(
-        self,
-        model: str,
-        inputs: Mapping[str, np.ndarray],
-        outputs: Sequence[str],
-        deadline: float,
-    ) -> Mapping[str, Any]:
-        """Run one validated request; ``deadline`` is absolute ``trio.current_time()``.
-
-        Returns at least the named outputs as numpy arrays (object arrays for BYTES).
-        """
-        ...
-
-    async def load(self, name: str) -> None: ...
-
-    async def unload(self, name: str) -> None: ...
-
-    def control_status(self) -> ControlStatus: ...
-
-    async def set_residency(self, name: str, target: Residency) -> Residency:
-        """Apply a residency target; return the model's residency afterwards."""
-        ...
-
-    async def set_policy(self, name: str, weight: float) -> None: ...
-
-    async def compact(self, reload: Sequence[str]) -> CompactResult: ...
-
-
-# ------------------------------------------------------------------------------ conversions
-
-_RESIDENCY_NAMES: dict[Residency, str] = {
-    "unpinned": "UNPINNED",
-    "system": "PINNED_SYSTEM",
-    "device": "PINNED_DEVICE",
-}
-_RESIDENCY_TO_PROTO = {k: cpb.Residency.from_string(v) for k, v in _RESIDENCY_NAMES.items()}
-_RESIDENCY_FROM_PROTO: dict[int, Residency] = {int(v): k for k, v in _RESIDENCY_TO_PROTO.items()}
-
-
-def _data_type(datatype: str) -> pb.DataType:
-    # Triton's config enum calls BYTES "TYPE_STRING"; every other name is TYPE_<datatype>.
-    return pb.DataType.from_string("TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}")
-
-
-def _tensor_metadata(spec: TensorSpec) -> pb.ModelMetadataResponseTensorMetadata:
-    return pb.ModelMetadataResponseTensorMetadata(
-        name=spec.name, datatype=spec.datatype, shape=list(spec.shape)
-    )
-
-
-def model_config(model: HostedModel, *, backend: str, device_ordinal: int) -> pb.ModelConfig:
-    """``ModelConfig`` for ``model`` as docs/protocol.md specifies."""
-    tensors = (*model.inputs, *model.outputs)
-    # Triton's convention drops the batch axis from dims when max_batch_size > 0, which is
-    # only truthful when every tensor has one; otherwise report full shapes.
-    batched = model.max_batch_size > 0 and all(t.shape and t.shape[0] == -1 for t in tensors)
-    skip = 1 if batched else 0
-    config = pb.ModelConfig(
-        name=model.name,
-        platform=model.platform,
-        backend=model.platform,
-        version_policy=pb.ModelVersionPolicy(latest=pb.ModelVersionPolicyLatest(num_versions=1)),
-        max_batch_size=model.max_batch_size if batched else 0,
-        input=[
-            pb.ModelInput(name=t.name, data_type=_data_type(t.datatype), dims=list(t.shape[skip:]))
-            for t in model.inputs
-        ],
-        output=[
-            pb.ModelOutput(name=t.name, data_type=_data_type(t.datatype), dims=list(t.shape[skip:]))
-            for t in model.outputs
-        ],
-        instance_group=[
-            pb.ModelInstanceGroup(
-                name=model.name,
-                count=1,
-                kind=pb.ModelInstanceGroupKind.from_string(
-                    "KIND_GPU" if backend == "cuda" else "KIND_CPU"
-                ),
-                gpus=[device_ordinal] if backend == "cuda" else [],
-            )
-        ],
-        parameters={k: pb.ModelParameter(string_value=v) for k, v in model.parameters.items()},
-        model_transaction_policy=pb.ModelTransactionPolicy(decoupled=False),
-    )
-    if batched and model.compiled_batch_sizes:
-        config.dynamic_batching = pb.ModelDynamicBatching(
-            preferred_batch_size=list(model.compiled_batch_sizes),
-            max_queue_delay_microseconds=0,
-            default_queue_policy=pb.ModelQueuePolicy(max_queue_size=model.max_queue_depth),
-        )
-    return config
-
-
-def model_statistics(model: HostedModel, requests: RequestStatistics) -> pb.ModelStatistics:
-    """Triton's ``ModelStatistics``: the service's request side plus the host's device side."""
-    device = model.statistics()
-    return pb.ModelStatistics(
-        name=model.name,
-        version=model.version,
-        last_inference=requests.last_inference_ms,
-        inference_count=device.inference_count,
-        execution_count=device.execution_count,
-        inference_stats=pb.InferStatistics(
-            success=requests.success.to_proto(),
-            fail=requests.fail.to_proto(),
-            queue=device.queue.to_proto(),
-            compute_input=device.compute_input.to_proto(),
-            compute_infer=device.compute_infer.to_proto(),
-            compute_output=device.compute_output.to_proto(),
-        ),
-        batch_stats=[
-            pb.InferBatchStatistics(
-                batch_size=b.batch_size,
-                compute_input=b.compute_input.to_proto(),
-                compute_infer=b.compute_infer.to_proto(),
-                compute_output=b.compute_output.to_proto(),
-            )
-            for b in device.batches
-        ],
-    )
-
-
-def _model_status(info: ModelControlInfo) -> cpb.ModelStatus:
-    return cpb.ModelStatus(
-        name=info.name,
-        residency=_RESIDENCY_TO_PROTO[info.residency],
-        device_resident=info.device_resident,
-        host_resident=info.host_resident,
-        weight_nbytes=info.weight_nbytes,
-        weight=info.weight,
-        queue_depth=info.queue_depth,
-        total_compute_seconds=info.total_compute_seconds,
-        requests_served=info.requests_served,
-        dispatch_count=info.dispatch_count,
-        max_batch_size=info.max_batch_size,
-        batch_input_name=info.batch_input_name,
-        batch_axis=info.batch_axis,
-        rows_served=info.rows_served,
-    )
-
-
-def _enum_name(enum_type: type[cpb.Residency], value: int) -> str:
-    try:
-        return enum_type(value).name or str(value)
-    except ValueError:
-        return str(int(value))
 
 
 # ------------------------------------------------------------------------------ the service
@@ -563,8 +233,8 @@ class Service:
             name=model.name,
             versions=[model.version] if model.version else [],
             platform=model.platform,
-            inputs=[_tensor_metadata(t) for t in model.inputs],
-            outputs=[_tensor_metadata(t) for t in model.outputs],
+            inputs=[tensor_metadata(t) for t in model.inputs],
+            outputs=[tensor_metadata(t) for t in model.outputs],
         )
 
     async def model_config(
@@ -767,21 +437,21 @@ class Service:
         return cpb.ModelControlStatusResponse(
             residency_mode=status.residency_mode,
             discipline=status.discipline,
-            models=[_model_status(m) for m in sorted(status.models, key=lambda m: m.name)],
+            models=[model_status(m) for m in sorted(status.models, key=lambda m: m.name)],
             weight_cache_max_bytes=status.weight_cache_max_bytes,
         )
 
     async def set_model_residency(
         self, request: cpb.SetModelResidencyRequest, ctx: CallContext
     ) -> cpb.SetModelResidencyResponse:
-        target = _RESIDENCY_FROM_PROTO.get(int(request.target))
+        target = RESIDENCY_FROM_PROTO.get(int(request.target))
         if target is None:
             raise InvalidArgument(
                 f"model {request.name!r}: target must be UNPINNED, PINNED_SYSTEM or "
-                f"PINNED_DEVICE, got {_enum_name(cpb.Residency, request.target)}"
+                f"PINNED_DEVICE, got {enum_name(cpb.Residency, request.target)}"
             )
         after = await self._host.set_residency(request.name, target)
-        return cpb.SetModelResidencyResponse(residency=_RESIDENCY_TO_PROTO[after])
+        return cpb.SetModelResidencyResponse(residency=RESIDENCY_TO_PROTO[after])
 
     async def set_model_policy(
         self, request: cpb.SetModelPolicyRequest, ctx: CallContext
@@ -789,11 +459,8 @@ class Service:
         # Validate the name even when nothing changes, so a typo is reported.
         self._host.get(request.name)
         if request.has_weight:
-            if not (math.isfinite(request.weight) and request.weight > 0):
-                raise InvalidArgument(
-                    f"model {request.name!r}: weight must be finite and > 0, got {request.weight!r}"
-                )
-            await self._host.set_policy(request.name, request.weight)
+            weight = check_weight(request.name, request.weight)
+            await self._host.set_policy(request.name, weight)
         return cpb.SetModelPolicyResponse()
 
     async def compact_memory(

@@ -29,9 +29,11 @@ from .manifest import (
 )
 from .repository import (
     Bundle,
+    BundleListing,
     ScanResult,
     Signature,
     bundle_dirs,
+    find_bundles,
     load_bundle,
     scan_repository,
     signature,
@@ -47,6 +49,7 @@ __all__ = [
     "MANIFEST_FILE",
     "MODEL_PY",
     "Bundle",
+    "BundleListing",
     "Manifest",
     "ScanResult",
     "Signature",
@@ -54,6 +57,7 @@ __all__ = [
     "WeightSpec",
     "bundle_dirs",
     "dump_manifest",
+    "find_bundles",
     "load_bundle",
     "manifest_from_data",
     "parse_manifest",

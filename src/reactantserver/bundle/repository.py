@@ -14,6 +14,9 @@ directories never show up as models.
 artifact matches the manifest (arity, dtypes, shapes) needs JAX and is checked by
 ``reactantserver.runtime`` when the bundle is loaded there.
 
+``find_bundles`` walks the model directories once and names each bundle's directory,
+the first directory that has a name winning; it is the one walk that scanning,
+the repository watcher, RepositoryModelLoad and the meta-model checks share.
 ``scan_repository`` loads every bundle it finds and returns the good ones *and* the
 per-bundle errors: one broken bundle never stops the others.
 
@@ -184,6 +187,16 @@ def _check_hooks_cover(name: str, manifest: Manifest, hooks: Hooks) -> None:
 
 
 @attrs.frozen
+class BundleListing:
+    """Where the bundles of a repository are: the result of :func:`find_bundles`."""
+
+    #: name -> its bundle directory, in the first repository directory that has it.
+    paths: Mapping[str, Path]
+    #: name -> the first *other* repository directory that has it too (ignored).
+    duplicates: Mapping[str, Path]
+
+
+@attrs.frozen
 class ScanResult:
     """The bundles found in a repository: those that loaded, and why the others did not."""
 
@@ -202,6 +215,30 @@ def bundle_dirs(directory: Path) -> list[Path]:
     return out
 
 
+def find_bundles(
+    directories: Sequence[Path | str], *, include: Iterable[str] = ()
+) -> BundleListing:
+    """Every bundle directory of ``directories`` by name; the first directory wins.
+
+    ``include`` (the ``models_include`` allowlist) restricts the names; empty keeps all.
+    Raises ``OSError`` when a directory cannot be listed: a caller must never mistake an
+    unreadable repository for an empty one.
+    """
+    wanted = set(include)
+    paths: dict[str, Path] = {}
+    duplicates: dict[str, Path] = {}
+    for directory in directories:
+        for path in bundle_dirs(Path(directory)):
+            name = path.name
+            if wanted and name not in wanted:
+                continue
+            if name in paths:
+                duplicates.setdefault(name, Path(directory))
+            else:
+                paths[name] = path
+    return BundleListing(paths=paths, duplicates=duplicates)
+
+
 def scan_repository(
     directories: Path | str | Sequence[Path | str], *, include: Iterable[str] = ()
 ) -> ScanResult:
@@ -216,30 +253,25 @@ def scan_repository(
         if isinstance(directories, str | Path)
         else [Path(d) for d in directories]
     )
-    wanted = set(include)
-    bundles: dict[str, Bundle] = {}
-    errors: dict[str, BundleError] = {}
-    first_seen: dict[str, Path] = {}
     for directory in dirs:
         if not directory.is_dir():
             raise ConfigError(f"model_dirs: {directory}: not a directory")
-        for path in bundle_dirs(directory):
-            name = path.name
-            if wanted and name not in wanted:
-                continue
-            if name in first_seen:
-                errors.setdefault(
-                    name,
-                    BundleError(
-                        name,
-                        f"found in both {first_seen[name]} and {directory}; bundle names must "
-                        f"be unique across model_dirs (serving the one in {first_seen[name]})",
-                    ),
-                )
-                continue
-            first_seen[name] = directory
-            try:
-                bundles[name] = load_bundle(path)
-            except BundleError as exc:
-                errors[name] = exc
+    listing = find_bundles(dirs, include=include)
+    bundles: dict[str, Bundle] = {}
+    errors: dict[str, BundleError] = {}
+    for name, path in listing.paths.items():
+        try:
+            bundles[name] = load_bundle(path)
+        except BundleError as exc:
+            errors[name] = exc
+    for name, directory in listing.duplicates.items():
+        first = listing.paths[name].parent
+        errors.setdefault(
+            name,
+            BundleError(
+                name,
+                f"found in both {first} and {directory}; bundle names must be unique across "
+                f"model_dirs (serving the one in {first})",
+            ),
+        )
     return ScanResult(bundles=bundles, errors=errors)

@@ -9,7 +9,7 @@
   asyncio or Trio. Each keeps one HTTP/2 connection.
 * Errors are those of :mod:`reactantserver.errors` (``NotFound``, ``InvalidArgument``,
   ``ResourceExhausted``, ``Unavailable``, ``DeadlineExceeded``, ``FailedPrecondition``,
-  ...), carrying the server's message; ``reactantserver.transport.status.code_of(exc)``
+  ...), carrying the server's message; ``reactantserver.status.code_of(exc)``
   gives the gRPC status code back.
 * RESOURCE_EXHAUSTED and UNAVAILABLE are retried with jittered exponential backoff
   (:class:`RetryPolicy`), never past the call's deadline.

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 The server maps its domain errors to gRPC status codes in exactly one place
-(:mod:`reactantserver.transport.status`). This module is the inverse, and the only place
+(:mod:`reactantserver.status`). This module is the inverse, and the only place
 in the client that looks at a status code or a transport exception: :func:`translate`
 turns whatever a call raised into ``(StatusCode, RequestError)``, and the caller raises
 the error. Everything else in the client speaks in the error tree of
@@ -14,7 +14,7 @@ Invariants
 ----------
 * A status the server sends on purpose maps back onto the category it came from, and the
   error's message is the server's message, unchanged: ``str(exc)`` is what the operator
-  would read in the server's log. ``transport.status.code_of(error_for(code, m))`` is
+  would read in the server's log. ``reactantserver.status.code_of(error_for(code, m))`` is
   ``code`` for every such status (a test checks the round trip).
 * Codes the server never sends on purpose (CANCELLED, ALREADY_EXISTS, ...; a proxy or
   another KServe server may) map onto the nearest category, and the message then starts
@@ -44,7 +44,7 @@ from reactantserver.errors import (
     Unavailable,
     Unimplemented,
 )
-from reactantserver.transport.status import StatusCode, code_of
+from reactantserver.status import StatusCode, code_of
 
 #: Status codes worth asking again after a pause.
 RETRYABLE: frozenset[StatusCode] = frozenset(

@@ -8,7 +8,7 @@ call building and reading these two messages (a dataclass per message, a
 copies every tensor several times on the way. Both messages are small and fixed
 (``proto/inference.proto``), so this module writes the request and reads the response
 directly; every other RPC keeps the generated betterproto messages. (The server reads
-requests and writes responses with its own codec, ``reactantserver.transport.codec``;
+requests and writes responses with its own codec, ``reactantserver.protocol.codec``;
 this is the mirror image, for the client.)
 
 Writing (:meth:`InferRequestWire.SerializeToString`): fields in number order, proto3

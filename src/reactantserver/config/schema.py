@@ -113,7 +113,8 @@ class EndpointsConfig:
     #: Admin HTTP port (/healthz, /readyz, /metrics); 0 = off. In a node file,
     #: worker i gets ``metrics_base_port + i`` when that is set.
     metrics_port: int = 0
-    #: In-flight RPC cap; past it requests are shed with RESOURCE_EXHAUSTED. 0 = uncapped.
+    #: Cap on ModelInfer calls in flight (other RPCs are not counted); past it ModelInfer
+    #: is shed with RESOURCE_EXHAUSTED. 0 = uncapped.
     max_concurrent_requests: int = 64
     #: Largest gRPC message accepted or sent, in bytes. A request is refused (with
     #: RESOURCE_EXHAUSTED) as soon as its 5-byte length prefix declares more.

@@ -25,16 +25,16 @@ returns device arrays, ``free`` releases them. Keeping transfers out of ``load``
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import attrs
 import numpy as np
 
 from ..bundle import Bundle
 from ..config import RuntimeConfig
 from ..errors import BundleError, ConfigError
+from ..weights.records import MemoryStats
 from .artifact import check_artifact, deserialize_artifact
 from .compile import CompileReport, compile_at, configure_cache
 from .environment import EnvironmentReport, apply_environment
@@ -44,17 +44,6 @@ if TYPE_CHECKING:
     from jax import Device
 
 log = logging.getLogger("reactantserver.runtime")
-
-
-@attrs.frozen
-class MemoryStats:
-    """Device allocator statistics in bytes (GPU backends; the CPU reports none)."""
-
-    in_use: int
-    limit: int
-    peak: int
-    #: Everything the device reported, for metrics that want more.
-    raw: Mapping[str, int]
 
 
 def _select_device(cfg: RuntimeConfig, ordinal: int) -> tuple[Device, str, bool]:

@@ -8,16 +8,16 @@ The package is split the sans-IO way (see ``docs/scheduling.md``):
   are its parts.
 * ``dispatch.Scheduler`` -- the thin Trio driver: one device execution at a time,
   dispatch timeout, cancellation, shutdown. ``reactantserver.Scheduler`` is this class.
-* ``assemble`` -- numpy batch assembly (concatenate, pad, split) for executors.
 * ``simulate`` -- a cost-model executor and workload generator to run the real
   ``Scheduler`` under virtual time.
 
-Nothing here imports JAX.
+Nothing here imports JAX. Assembling a batch's data (gather, pad, scatter) is the
+executor's job: ``reactantserver.runtime.assemble``.
 """
 
 from .batching import Plan, plan_batch
 from .dispatch import Executor, Health, Prefetcher, Scheduler, SchedulerStatistics
-from .policy import SchedulingPolicy
+from .policy import SchedulingPolicy, check_weight
 from .records import (
     Batch,
     Decision,
@@ -41,5 +41,6 @@ __all__ = [
     "Scheduler",
     "SchedulerStatistics",
     "SchedulingPolicy",
+    "check_weight",
     "plan_batch",
 ]

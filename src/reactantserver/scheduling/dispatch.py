@@ -24,6 +24,9 @@
 
 Health is an enum with a read-only property, not a flag callers can set. All
 clocks are Trio's, so ``trio.testing.MockClock`` gives exact, instant simulations.
+
+Why one module of this size: the normal path, the dispatch timeout, the failure paths
+and shutdown all answer the same table of waiters, and are only checkable side by side.
 """
 
 from __future__ import annotations

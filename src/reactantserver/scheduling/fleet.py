@@ -53,7 +53,7 @@ from reactantserver.errors import ResourceExhausted
 from reactantserver.gateway.control import LptController
 from reactantserver.gateway.routing import Router, Ticket, make_router
 from reactantserver.gateway.table import ModelSnapshot, RouteTable, WorkerSnapshot, build_table
-from reactantserver.weights.policy import Hit, Plan, WeightCachePolicy
+from reactantserver.weights.policy import CachePlan, Hit, WeightCachePolicy
 
 from .fleet_report import FleetModelReport, FleetReport, FleetWorkerReport, percentile
 from .policy import SchedulingPolicy
@@ -145,13 +145,17 @@ class _Worker:
             for size, seconds in m.costs.items():
                 self.policy.seed_cost(m.name, size, seconds)
             if self.cache is not None:
-                self.cache.register(m.name, m.nbytes)
+                # A host copy is instantaneous here: the registration's plan is done at once.
+                self.cache.done(self.cache.register(m.name, m.nbytes))
         self.batch: Batch | None = None
         self.executing = False
         #: Since when the taken batch waits for its weights (None: not waiting).
         self.waiting_since: float | None = None
         self.engine_free = 0.0
         self.loading: set[str] = set()
+        #: Plans handed out by the cache, by id, with the loads each still waits for: a
+        #: plan is reported ``done`` when its last load finished, as the real driver does.
+        self.plans: dict[int, tuple[CachePlan, int]] = {}
         # Window accounting.
         self.compute = 0.0
         self.loading_only = 0.0
@@ -276,22 +280,33 @@ class FleetSimulation:
             return
         if w.waiting_since is None:
             w.waiting_since = self.now
-        if isinstance(weights, Plan):
+        if isinstance(weights, CachePlan):
             self._transfer(w, weights)
         # Wait: a load that blocks it is in flight; its completion kicks again.
 
-    def _transfer(self, w: _Worker, plan: Plan) -> None:
+    def _transfer(self, w: _Worker, plan: CachePlan) -> None:
+        assert w.cache is not None
+        if not plan.load:  # evictions and host copies take no simulated time
+            w.cache.done(plan)
+            return
+        w.plans[id(plan)] = (plan, len(plan.load))
         for name in plan.load:
             seconds = w.nbytes[name] / w.spec.bandwidth + w.spec.load_latency
             start = max(self.now, w.engine_free)
             w.engine_free = start + seconds
             w.loading.add(name)
-            self.at(w.engine_free, self._loaded, w, name, seconds, start)
+            self.at(w.engine_free, self._loaded, w, plan, name, seconds, start)
 
-    def _loaded(self, w: _Worker, name: str, seconds: float, start: float) -> None:
+    def _loaded(self, w: _Worker, plan: CachePlan, name: str, seconds: float, start: float) -> None:
         assert w.cache is not None
         w.cache.loaded(name, seconds)
         w.loading.discard(name)
+        _, left = w.plans[id(plan)]
+        if left == 1:
+            del w.plans[id(plan)]
+            w.cache.done(plan)
+        else:
+            w.plans[id(plan)] = (plan, left - 1)
         if self.now > self.warmup:
             w.loads += 1
         self._kick(w)
@@ -307,7 +322,7 @@ class FleetSimulation:
             if w.spec.prefetch:
                 upcoming = w.policy.peek_next(self.now)
                 plan = w.cache.prefetch_plan(upcoming) if upcoming is not None else None
-                if plan is not None and plan.load:
+                if plan is not None:
                     self._transfer(w, plan)
         w.executing = True
         self.at(self.now + seconds, self._finished, w, batch, seconds)

@@ -77,6 +77,11 @@ the number of models loaded.
 request leaves ``QUEUED`` exactly once; requests of a model are dispatched in
 queue order; batches respect the compiled sizes and the cap and never split a
 request; queues never exceed ``max_queue_depth`` (committed requests aside).
+
+Why one module of this size: the class holds every scheduling rule, and the invariants
+above are about its fields together (h11's ``_state.py`` habit); the parts that stand on
+their own -- batch planning, cost EMAs, queues, the candidate table -- are modules of
+their own.
 """
 
 from __future__ import annotations
@@ -184,9 +189,14 @@ def _check_sizes(name: str, sizes: Iterable[int]) -> tuple[int, ...]:
     return out
 
 
-def _check_weight(name: str, weight: float) -> float:
+def check_weight(name: str, weight: float) -> float:
+    """``weight`` if it is a valid fair share (finite, > 0), else ``InvalidArgument``.
+
+    The one check of a share weight: the scheduler's registry and SetModelPolicy both
+    call it, so a weight refused over gRPC and one refused here read the same.
+    """
     if not (math.isfinite(weight) and weight > 0):
-        raise InvalidArgument(f"model {name!r}: weight must be a finite number > 0; got {weight}")
+        raise InvalidArgument(f"model {name!r}: weight must be finite and > 0, got {weight!r}")
     return float(weight)
 
 
@@ -258,7 +268,7 @@ class SchedulingPolicy:
             name,
             sizes,
             coalescable and bool(sizes),
-            _check_weight(name, defaults.weight if weight is None else weight),
+            check_weight(name, defaults.weight if weight is None else weight),
             _check_cap(name, defaults.max_batch_size if max_batch_size is None else max_batch_size),
             self.config.cost_ema_alpha,
         )
@@ -309,7 +319,7 @@ class SchedulingPolicy:
     def set_weight(self, name: str, weight: float) -> None:
         """Change ``name``'s fair share (takes effect at the next decision)."""
         m = self._get(name)
-        m.weight = _check_weight(name, weight)
+        m.weight = check_weight(name, weight)
         self._touched(m)
 
     def seed_cost(self, model: str, batch_size: int, seconds: float) -> None:

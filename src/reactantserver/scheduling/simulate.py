@@ -28,6 +28,9 @@ Pieces:
   ``SchedulingPolicy`` backlogged and step it dispatch by dispatch, advancing
   ``now`` by each batch's cost. The property tests use it for share convergence
   and bounded waiting.
+
+Why one module of this size: the pieces above are one tool (``examples/simulate.py``
+and the property tests use them together); each is a few dozen lines.
 """
 
 from __future__ import annotations

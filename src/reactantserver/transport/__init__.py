@@ -1,9 +1,12 @@
-"""The gRPC surface: the wire, the server, the worker's listener and status mapping.
+"""The gRPC surface: the wire, the server, the worker's listener.
+
+What the transport reads and writes is defined below it, so that nothing under the
+service depends on the transport: the ModelInfer wire codec is
+:mod:`reactantserver.protocol.codec`, its records :mod:`reactantserver.records`, and the
+one mapping from error categories to gRPC status codes :mod:`reactantserver.status`.
 
 Sans-IO (no grpclib, h2 or asyncio; importable anywhere):
 
-``transport.status``
-    The one mapping from :mod:`reactantserver.errors` categories to gRPC status codes.
 ``transport.limits``
     ``WireLimits`` (what a peer may do), ``Fault`` (kinds of client mistakes),
     ``WireCounters`` / ``WireStatistics`` (what the wire counted, for /metrics).
@@ -17,6 +20,8 @@ Sans-IO (no grpclib, h2 or asyncio; importable anywhere):
 On asyncio, grpclib and h2 (import them explicitly, so that importing this package
 stays free of them):
 
+``transport.guest``
+    Trio as the guest of a standard asyncio loop: where the two event loops meet.
 ``transport.h2conn``
     The h2 connection with every limit in its first SETTINGS; corked writes.
 ``transport.h2guard``
@@ -30,9 +35,3 @@ stays free of them):
     :class:`reactantserver.service.Service` plus server reflection, with the one
     asyncio <-> Trio hop.
 """
-
-from __future__ import annotations
-
-from .status import INTERNAL_MESSAGE, StatusCode, WireStatus, to_status
-
-__all__ = ["INTERNAL_MESSAGE", "StatusCode", "WireStatus", "to_status"]

@@ -37,8 +37,9 @@ from collections.abc import Sequence
 
 import attrs
 
+from reactantserver.status import StatusCode
+
 from .limits import Fault
-from .status import StatusCode
 
 #: The gRPC content type (``+proto`` is the only subtype served).
 CONTENT_TYPE = "application/grpc"

@@ -1,7 +1,7 @@
 """The gRPC listener: grpclib hosted inside Trio, and the one asyncio <-> Trio bridge.
 
-This is the only module of reactantserver that imports asyncio, grpclib or
-trio-asyncio (grpclib runs on asyncio only). Everything it serves is Trio-native code in
+This is the only server module of reactantserver that imports asyncio, grpclib or
+trio-asyncio (grpclib runs on asyncio only; the client runs its own asyncio loop). Everything it serves is Trio-native code in
 :class:`reactantserver.service.Service`; this module moves bytes and calls.
 
 Theory of operation
@@ -14,11 +14,11 @@ reflection (``grpc.reflection.v1alpha`` and ``v1``, so ``grpcurl list``/``descri
 work without ``.proto`` files).
 
 Every RPC goes through one helper, :meth:`_Bridge.unary`: receive the request (asyncio
-side), build the :class:`~reactantserver.service.CallContext` (the grpc-timeout header
+side), build the :class:`~reactantserver.records.CallContext` (the grpc-timeout header
 becomes an absolute ``trio.current_time()`` deadline) and one ``trio.CancelScope`` at
 that deadline, and hop into Trio: the call runs as a Trio task in the bridge's own
 nursery, under that scope, and any ``Exception`` becomes a status with
-:func:`~reactantserver.transport.status.to_status`; the task resolves an asyncio future
+:func:`~reactantserver.status.to_status`; the task resolves an asyncio future
 that the handler awaits, and back on the asyncio side a status becomes
 ``GRPCError(status, message)``. trio-asyncio hosts both sides in one thread, so the hop
 is a task spawn and a future (about half the CPU of ``trio_asyncio.trio_as_aio``, which
@@ -30,7 +30,7 @@ The handler table is built from the generated service bases' own
 tables below; a generated RPC without a method is an error at startup, not at call time.
 
 Messages: ModelInfer requests and responses go through the hand-written codec of
-:mod:`reactantserver.transport.codec` (the hot path: raw tensors stay slices of the
+:mod:`reactantserver.protocol.codec` (the hot path: raw tensors stay slices of the
 received buffer, the response is written with one join); every other message is a
 betterproto message serialized by grpclib's protobuf codec. A ModelInfer request that
 is not valid protobuf is refused with INVALID_ARGUMENT saying where it breaks.
@@ -73,17 +73,18 @@ from grpclib.encoding.proto import ProtoCodec
 from reactantserver.config.schema import EndpointsConfig
 from reactantserver.errors import DeadlineExceeded, InvalidArgument
 from reactantserver.protocol import inference, reactant_control
+from reactantserver.protocol.codec import decode_infer_request, encode_infer_response
 from reactantserver.protocol.grpc.reflection import v1 as reflection_v1
 from reactantserver.protocol.grpc.reflection import v1alpha as reflection_v1alpha
 from reactantserver.protocol.reflection import ReflectionAnswerer
-from reactantserver.service import CallContext, Service
+from reactantserver.records import CallContext, InferResponse
+from reactantserver.service import Service
+from reactantserver.status import StatusCode, WireStatus, to_status
 
-from .codec import InferResponse, decode_infer_request, encode_infer_response
 from .h2guard import GuardedProtocol
 from .health import HealthServicer
 from .limits import Fault, WireCounters, WireLimits
 from .server import GuardedServer
-from .status import StatusCode, WireStatus, to_status
 
 log = logging.getLogger(__name__)
 

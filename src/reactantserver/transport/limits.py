@@ -146,7 +146,8 @@ class WireStatistics:
     connections_idle_closed: int = 0
     #: Calls (streams with a running handler) now.
     streams_open: int = 0
-    #: Client mistakes by :class:`Fault` value.
+    #: Client mistakes by :class:`Fault` value, every kind present (0 when none was seen),
+    #: so a reader lists the kinds without importing this module.
     faults: Mapping[str, int] = attrs.field(factory=dict)
 
 
@@ -183,5 +184,5 @@ class WireCounters:
             connections_evicted=self.connections_evicted,
             connections_idle_closed=self.connections_idle_closed,
             streams_open=self.streams_open,
-            faults={fault.value: n for fault, n in self.faults.items()},
+            faults={fault.value: self.faults.get(fault, 0) for fault in Fault},
         )

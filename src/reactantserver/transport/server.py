@@ -61,12 +61,13 @@ from grpclib.metadata import Deadline, decode_metadata
 from grpclib.protocol import Stream
 from grpclib.utils import Wrapper
 
+from reactantserver.status import INTERNAL_MESSAGE, StatusCode
+
 from .faultlog import FaultLog
 from .framing import Refusal, RequestHead, request_head
 from .h2guard import ConnectionTable, GuardedProtocol
 from .limits import Fault, WireCounters, WireLimits, WireStatistics
 from .reclaim import ReclaimPolicy, release_memory
-from .status import INTERNAL_MESSAGE, StatusCode
 
 log = logging.getLogger(__name__)
 

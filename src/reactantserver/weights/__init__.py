@@ -3,9 +3,11 @@
 Three JAX-free parts, one concern each:
 
 * ``policy``  -- :class:`WeightCachePolicy`, the sans-IO residency rules (budget, LRU,
-  floors ``unpinned``/``system``/``device``, in-use protection, prefetch, compaction),
-  speaking in the frozen records of ``records`` (plans, decisions, statistics);
-* ``budget``  -- the budget formula and the startup peak-probe arithmetic;
+  floors ``unpinned``/``system``/``device``, in-use protection, prefetch, compaction,
+  removal, the gate for control commands), speaking in the frozen records of ``records``
+  (plans, decisions, statistics);
+* ``budget``  -- the budget formula, the startup peak-probe arithmetic and
+  :class:`BudgetSizer`, which keeps the budget over the worker's life;
 * ``host``    -- ``weights.safetensors`` read into RAM (``system``) or memory-mapped
   (``unpinned``), arrays in the bundle's argument order.
 
@@ -15,6 +17,7 @@ out the plans it returns. See docs/on_demand_weights.md.
 """
 
 from .budget import (
+    BudgetSizer,
     ProbeMeasurement,
     WeightBudget,
     arena_from_device,
@@ -38,32 +41,37 @@ from .host import (
 )
 from .policy import WeightCachePolicy
 from .records import (
+    AcquireDecision,
+    CachePlan,
     CacheStatistics,
-    Decision,
     DeviceState,
     Hit,
+    MemoryStats,
     ModelResidency,
-    Plan,
     Wait,
+    WeightCacheStatistics,
 )
 
 __all__ = [
     "WEIGHTS_FILE",
+    "AcquireDecision",
+    "BudgetSizer",
+    "CachePlan",
     "CacheStatistics",
-    "Decision",
     "DeviceState",
     "Hit",
     "HostStore",
     "HostStoreStatistics",
     "HostWeights",
     "MappedWeights",
+    "MemoryStats",
     "ModelResidency",
-    "Plan",
     "ProbeMeasurement",
     "TensorSpec",
     "Wait",
     "WeightBudget",
     "WeightCachePolicy",
+    "WeightCacheStatistics",
     "WeightsLayout",
     "arena_from_device",
     "budget_from_config",

@@ -38,6 +38,17 @@ backend reports no arena at all, so ``runtime.arena_bytes`` supplies one
 (:func:`resolve_arena`); with neither, the cache is off and every model's weights stay on
 the device (:func:`cache_enabled`).
 
+:class:`BudgetSizer` keeps the budget over a worker's life: it re-solves the formula when
+the pinned set changes, collects the startup probe's measurements, and learns a larger
+scratch from a warm-up after the probe that raised the allocator's peak (the only way a
+model loaded later moves the estimate). The driver applies each new budget to the
+policy with ``WeightCachePolicy.set_budget``.
+
+Invariants (``tests/test_weights_budget.py``): the split never promises a byte the arena
+does not have (every product is floored); ``on_demand + pinned_bytes <= weight_pool``
+whenever the pinned set fits the pool; the sizer's scratch estimate never shrinks, so a
+re-solve can only keep or lower the budget for the same pinned set.
+
 Nothing here touches a device: the runtime measures, this module decides.
 """
 
@@ -52,6 +63,7 @@ from ..config.schema import RuntimeConfig
 from ..errors import ConfigError
 
 __all__ = [
+    "BudgetSizer",
     "ProbeMeasurement",
     "WeightBudget",
     "arena_from_device",
@@ -245,3 +257,83 @@ def max_scratch(measurements: Sequence[ProbeMeasurement], pinned_bytes: int) -> 
             scratch = m.peak_bytes - pinned_bytes - largest
         worst = max(worst, scratch)
     return worst
+
+
+# -------------------------------------------------------------------------- the sizer
+
+
+class BudgetSizer:
+    """The budget over a worker's life, sans-IO (see the module docstring).
+
+    ``fraction`` and ``wiggle`` are ``runtime.weight_cache_fraction`` and
+    ``runtime.weight_cache_wiggle_fraction``. The scratch estimate starts at 0 and only
+    grows: from the probe (:meth:`finish_probe`), then from warm-ups that raise the
+    allocator's peak (:meth:`observe_warm_up`).
+    """
+
+    def __init__(self, *, arena: int, fraction: float, wiggle: float) -> None:
+        self._arena = arena
+        self._fraction = fraction
+        self._wiggle = wiggle
+        self._max_scratch = 0
+        self._probed = False
+        self._measurements: list[ProbeMeasurement] = []
+        self._budget = self._solve(pinned_bytes=0)
+
+    @property
+    def budget(self) -> WeightBudget:
+        """The split in force."""
+        return self._budget
+
+    @property
+    def probed(self) -> bool:
+        """Whether :meth:`finish_probe` has run."""
+        return self._probed
+
+    def probing(self, stats_available: bool) -> bool:
+        """Whether a warm-up now is a probe run (before the probe ends, on a backend that
+        reports allocator statistics)."""
+        return stats_available and not self._probed
+
+    def resize(self, pinned_bytes: int) -> WeightBudget | None:
+        """Re-solve for the current pinned set and scratch; the new split if it changed."""
+        budget = self._solve(pinned_bytes=pinned_bytes)
+        if budget == self._budget:
+            return None
+        self._budget = budget
+        return budget
+
+    def record_probe(self, measurement: ProbeMeasurement) -> None:
+        """One probe run, as the driver measured it (in the order the runs went)."""
+        self._measurements.append(measurement)
+
+    def finish_probe(self, live: Collection[str], pinned_bytes: int) -> int:
+        """End the probe: the scratch is the worst of the runs of models still ``live``
+        (:func:`max_scratch`); later warm-ups may only raise it. Returns how many runs it
+        was taken from; call :meth:`resize` to apply it."""
+        runs = [m for m in self._measurements if m.model in live]
+        self._max_scratch = max(self._max_scratch, max_scratch(runs, pinned_bytes))
+        self._probed = True
+        self._measurements.clear()
+        return len(runs)
+
+    def observe_warm_up(self, *, peak_before: int, peak_after: int, in_use_before: int) -> bool:
+        """A warm-up after the probe: if it raised the allocator's peak, its transient
+        (``peak_after - in_use_before``) may raise the scratch estimate. True when it did;
+        call :meth:`resize` to apply it."""
+        if not self._probed or peak_after <= peak_before:
+            return False
+        scratch = peak_after - in_use_before
+        if scratch <= self._max_scratch:
+            return False
+        self._max_scratch = scratch
+        return True
+
+    def _solve(self, *, pinned_bytes: int) -> WeightBudget:
+        return weight_budget(
+            arena=self._arena,
+            fraction=self._fraction,
+            wiggle=self._wiggle,
+            max_scratch=self._max_scratch,
+            pinned_bytes=pinned_bytes,
+        )

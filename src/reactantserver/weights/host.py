@@ -31,6 +31,9 @@ hostile header cannot make us read or allocate past the file.
 
 ``HostStore`` is shared by the dispatch loop and the transfer thread, so its table is
 guarded by a lock; the slow reads happen outside it.
+
+Why one module of this size: the header check, the two ways to read the data and the
+store that owns the copies share one layout record and one set of bounds checks.
 """
 
 from __future__ import annotations

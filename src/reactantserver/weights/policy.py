@@ -1,10 +1,18 @@
 """The on-demand weight cache policy: sans-IO, every rule of device residency in one place.
 
-This class decides; it never touches a device, a file or a clock. The driver (one Trio
-task on the dispatch loop, in ``reactantserver.runtime``) calls it with events and
-carries out the :class:`Plan` it gets back, then reports how the I/O went. Because it is
-a plain synchronous object, ``reactantserver.Scheduler`` simulations and the Hypothesis
+This class decides; it never touches a device, a file or a clock. Its driver
+(``reactantserver.runtime.weight_cache``) calls it from several Trio tasks of one event
+loop -- the dispatch loop (acquire, release, prefetch), the lifecycle (register,
+remove) and the control RPCs (compact, set_floor) -- carries out the :class:`CachePlan`
+each call returns, and reports how the I/O went (:meth:`loaded`, :meth:`load_failed`,
+:meth:`done`). It is the only place that knows what is resident, loading, pinned, in use
+or being removed: the driver keeps device and host handles, never state. Because it is a
+plain synchronous object, ``reactantserver.Scheduler`` simulations and the Hypothesis
 state machine in ``tests/test_weights_policy_state.py`` run it without JAX.
+
+Why one module of this size: every residency rule and every invariant below is about
+the same few fields of the same entries; split across files they could no longer be
+checked against each other by reading.
 
 Per model, the policy tracks a *floor* and two residencies::
 
@@ -14,13 +22,15 @@ Per model, the policy tracks a *floor* and two residencies::
 
 Floors
     ``device``  loaded at registration and never evicted; off the on-demand budget (its
-                bytes are *pinned*). With the cache off every model is ``device``.
+                bytes are *pinned*).
     ``system``  a host copy is kept for the model's whole life; device loads are pure
                 host->device transfers. The default when the cache is on.
     ``unpinned`` no host copy between loads: each load maps the weights file, transfers,
                 and drops the map.
 
-The decisions and statistics it returns are the frozen records of ``records.py``.
+The decisions and statistics it returns are the frozen records of ``records.py``. There
+is no "cache off" mode: with the cache off the worker uses ``ResidentWeights`` instead
+(``reactantserver.runtime.weight_provider``), and this class is never built.
 
 Transitions (``P`` = the plan returned; the driver runs ``evict`` -> ``host_drop`` ->
 ``host_load`` -> ``load``, then reports each load with :meth:`loaded` or :meth:`load_failed`)
@@ -43,7 +53,17 @@ Transitions (``P`` = the plan returned; the driver runs ``evict`` -> ``host_drop
                            device-floor models and the named models reloaded
     ``set_floor``          move between floors (control RPC SetModelResidency)
     ``set_budget``         re-size after the probe or a hot load; evicts LRU idle
+    ``evict_idle``         free every idle on-demand copy (the probe runs alone)
+    ``begin_remove``       the model is going: acquires refuse it, prefetch skips it;
+                           ``unregister`` once :meth:`removable` (idle)
     =====================  =====================================================
+
+Control commands (compact, set_floor, re-sizing, the probe) run between batches. The
+driver asks with :meth:`want_command`, which closes a gate: from then on ``acquire``
+answers :class:`Wait` (reason ``command``) and ``prefetch_plan`` ``None``;
+:meth:`try_start_command` succeeds once nothing is pinned in use, no plan is being
+carried out (every plan handed out is reported back with :meth:`done`) and no other
+command runs; :meth:`end_command` opens the gate again.
 
 Invariants (the state machine checks each after every step)
 
@@ -60,6 +80,8 @@ Invariants (the state machine checks each after every step)
    it is loading.
 6. Loading models count against the budget from the moment the load is planned, so two
    transfers in flight (a prefetch and a demand load) can never overcommit it.
+7. A control command runs alone: while it runs nothing is pinned in use and no other
+   plan is being carried out, and a model being removed is never handed out again.
 
 LRU order is by use: :meth:`acquire` (hit or load) and :meth:`prefetch_plan` move a
 model to the most-recently-used end. Only non-pinned models are in the LRU.
@@ -74,18 +96,26 @@ from typing import Literal
 
 import attrs
 
-from ..config.schema import RESIDENCIES, Residency, ServerConfig
-from ..errors import FailedPrecondition, LifecycleError, NotFound, NotResident
-from .records import CacheStatistics, Decision, DeviceState, Hit, ModelResidency, Plan, Wait
+from ..config.schema import RESIDENCIES, Residency
+from ..errors import LifecycleError, NotFound, NotResident
+from .records import (
+    AcquireDecision,
+    CachePlan,
+    CacheStatistics,
+    DeviceState,
+    Hit,
+    ModelResidency,
+    Wait,
+)
 
 # The records are re-exported: a driver imports everything it speaks from here.
 __all__ = [
+    "AcquireDecision",
+    "CachePlan",
     "CacheStatistics",
-    "Decision",
     "DeviceState",
     "Hit",
     "ModelResidency",
-    "Plan",
     "Wait",
     "WeightCachePolicy",
 ]
@@ -99,22 +129,23 @@ class _Entry:
     host: bool = False
     in_use: int = 0
     prefetched: bool = False
+    #: ``begin_remove`` was called: never handed out again.
+    removing: bool = False
 
 
 class WeightCachePolicy:
     """The residency rules of one worker's weights (see the module docstring).
 
-    ``budget`` is the on-demand budget in bytes (``budget.WeightBudget.on_demand``), or
-    ``None`` for "cache off": then every model is ``device``-floor, loaded at registration
-    and never released. ``explicit`` is ``model_control_mode: explicit``: the worker never
-    loads on its own; an absent model raises ``NotResident`` until the control plane sets
-    it to ``device``. ``compaction_interval`` is ``scheduler.compaction_interval``.
+    ``budget`` is the on-demand budget in bytes (``budget.WeightBudget.on_demand``).
+    ``explicit`` is ``model_control_mode: explicit``: the worker never loads on its own;
+    an absent model raises ``NotResident`` until the control plane sets it to
+    ``device``. ``compaction_interval`` is ``scheduler.compaction_interval``.
     """
 
     def __init__(
-        self, budget: int | None, *, explicit: bool = False, compaction_interval: int = 0
+        self, budget: int, *, explicit: bool = False, compaction_interval: int = 0
     ) -> None:
-        if budget is not None and budget < 0:
+        if budget < 0:
             raise ValueError(f"weight cache budget must be >= 0 bytes; got {budget}")
         if compaction_interval < 0:
             raise ValueError(f"compaction_interval must be >= 0; got {compaction_interval}")
@@ -139,25 +170,17 @@ class WeightCachePolicy:
         self._prefetches = 0
         self._prefetch_hits = 0
         self._prefetch_wasted = 0
-
-    @classmethod
-    def from_config(cls, config: ServerConfig, budget: int | None) -> WeightCachePolicy:
-        """The policy for one resolved worker, given the budget resolved by ``budget``."""
-        return cls(
-            budget,
-            explicit=config.model_control_mode == "explicit",
-            compaction_interval=config.scheduler.compaction_interval,
-        )
+        # Control commands: how many want to run, whether one runs, and what must reach
+        # zero first (executions pinned in use, plans handed out and not yet done).
+        self._commands = 0
+        self._command_running = False
+        self._in_use = 0
+        self._plans = 0
 
     # ------------------------------------------------------------------ queries
 
     @property
-    def enabled(self) -> bool:
-        """Whether the on-demand cache runs (``False``: everything stays on the device)."""
-        return self._budget is not None
-
-    @property
-    def budget(self) -> int | None:
+    def budget(self) -> int:
         return self._budget
 
     @property
@@ -176,6 +199,18 @@ class WeightCachePolicy:
     def __contains__(self, name: object) -> bool:
         return name in self._entries
 
+    @property
+    def device_bytes(self) -> int:
+        """Bytes of every weight on the device now, pinned and on demand (loads in flight
+        not counted)."""
+        return sum(e.nbytes for e in self._entries.values() if e.device == "resident")
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Bytes of every ``device``-floor model's weights (what the budget formula
+        reserves off the top of the pool)."""
+        return sum(e.nbytes for e in self._entries.values() if e.floor == "device")
+
     def floor(self, name: str) -> Residency:
         return self._get(name).floor
 
@@ -188,17 +223,12 @@ class WeightCachePolicy:
 
     def should_compact(self) -> bool:
         """Whether ``compaction_interval`` on-demand loads happened since the last compaction."""
-        return (
-            self.enabled
-            and self._interval > 0
-            and self._loads - self._compaction_mark >= self._interval
-        )
+        return self._interval > 0 and self._loads - self._compaction_mark >= self._interval
 
     def statistics(self) -> CacheStatistics:
         pinned = sum(e.nbytes for e in self._entries.values() if e.floor == "device")
         host = sum(e.nbytes for e in self._entries.values() if e.host)
         return CacheStatistics(
-            enabled=self.enabled,
             residency_mode="externally_managed" if self._explicit else "self_managed",
             budget=self._budget,
             resident_bytes=self._resident_bytes,
@@ -224,8 +254,8 @@ class WeightCachePolicy:
 
     # ------------------------------------------------------------- registration
 
-    def register(self, name: str, nbytes: int, floor: Residency | None = None) -> Plan:
-        """Add a model. ``floor=None`` takes the default (``system`` with the cache on).
+    def register(self, name: str, nbytes: int, floor: Residency | None = None) -> CachePlan:
+        """Add a model. ``floor=None`` takes the default, ``system``.
 
         A ``system`` model's host copy is made now; a ``device`` model is loaded now.
         """
@@ -234,9 +264,7 @@ class WeightCachePolicy:
         if nbytes < 0:
             raise ValueError(f"weight cache: model {name!r} has a negative size {nbytes}")
         _check_floor(floor, allow_none=True)
-        if not self.enabled:
-            floor = "device"  # cache off: everything stays on the device
-        elif floor is None:
+        if floor is None:
             floor = "system"
         entry = _Entry(nbytes=nbytes, floor=floor)
         self._entries[name] = entry
@@ -248,9 +276,19 @@ class WeightCachePolicy:
         elif floor == "device":
             self._start_load(name, entry, host_load)
             load.append(name)
-        return Plan(host_load=tuple(host_load), load=tuple(load))
+        return self._plan(host_load=tuple(host_load), load=tuple(load))
 
-    def unregister(self, name: str) -> Plan:
+    def begin_remove(self, name: str) -> None:
+        """The model is going: it is never handed out again (``acquire`` refuses it,
+        ``prefetch_plan`` skips it); :meth:`unregister` it once :meth:`removable`."""
+        self._get(name).removing = True
+
+    def removable(self, name: str) -> bool:
+        """Whether ``name`` is idle (nothing pinned in use, no load in flight)."""
+        entry = self._get(name)
+        return entry.in_use == 0 and entry.device != "loading"
+
+    def unregister(self, name: str) -> CachePlan:
         """Remove a model, releasing its device and host copies. It must be idle."""
         entry = self._get(name)
         self._require_idle(name, entry, "unregister")
@@ -259,24 +297,23 @@ class WeightCachePolicy:
         if name in self._lru:
             self._uncount(name, entry)
         del self._entries[name]
-        return Plan(evict=evict, host_drop=host_drop)
-
-    def rename(self, old: str, new: str) -> None:
-        """Rekey a model (a repository rename); its residency and LRU position are kept."""
-        self._get(old)
-        if new in self._entries:
-            raise LifecycleError(f"weight cache: cannot rename {old!r} to {new!r}: name taken")
-        self._entries = {(new if n == old else n): e for n, e in self._entries.items()}
-        self._lru = OrderedDict(((new if n == old else n), None) for n in self._lru)
+        return self._plan(evict=evict, host_drop=host_drop)
 
     # --------------------------------------------------------------- hot path
 
-    def acquire(self, name: str) -> Decision:
-        """Make ``name`` runnable: :class:`Hit`, a load :class:`Plan`, or :class:`Wait`.
+    def acquire(self, name: str, *, command: bool = False) -> AcquireDecision:
+        """Make ``name`` runnable: :class:`Hit`, a load :class:`CachePlan`, or :class:`Wait`.
 
-        Raises ``NotResident`` in explicit mode when the model is not on the device.
+        Raises ``NotResident`` in explicit mode when the model is not on the device, and
+        ``LifecycleError`` for a model being removed. While a control command waits or
+        runs the answer is :class:`Wait` (reason ``command``), except for the command's
+        own acquires (``command=True``: the startup probe's runs).
         """
         entry = self._get(name)
+        if entry.removing:
+            raise LifecycleError(f"weight cache: {name} is being removed")
+        if self._commands and not command:
+            return Wait(name=name, blockers=(), reason="command")
         if entry.device == "resident":
             self._hits += 1
             if entry.prefetched:
@@ -297,9 +334,8 @@ class WeightCachePolicy:
             # A pinned model is absent only after a failed load: retry it, off budget.
             self._misses += 1
             self._start_load(name, entry, host_load)
-            return Plan(host_load=tuple(host_load), load=(name,))
+            return self._plan(host_load=tuple(host_load), load=(name,))
         budget = self._budget
-        assert budget is not None  # cache off makes every model device-floor
         oversize = entry.nbytes > budget
         # An oversize model needs every other on-demand model gone (room -1: nothing left).
         victims, fits, blockers = self._victims(-1 if oversize else budget - entry.nbytes)
@@ -320,7 +356,7 @@ class WeightCachePolicy:
                 f"on-demand budget ({budget} bytes); evicted every other on-demand model and "
                 "loading it alone. Raise the budget or pin it (residency: device)",
             )
-        return Plan(
+        return self._plan(
             evict=tuple(victims),
             host_load=tuple(host_load),
             load=(name,),
@@ -328,7 +364,7 @@ class WeightCachePolicy:
             warnings=warnings,
         )
 
-    def loaded(self, name: str, seconds: float) -> Plan:
+    def loaded(self, name: str, seconds: float) -> CachePlan:
         """A planned load finished. Returns the transient host copy to drop, if any."""
         entry = self._get(name)
         if entry.device != "loading":
@@ -340,9 +376,9 @@ class WeightCachePolicy:
         else:
             self._loads += 1
             self._load_seconds += seconds
-        return Plan(host_drop=self._drop_transient_host(name, entry))
+        return CachePlan(host_drop=self._drop_transient_host(name, entry))
 
-    def load_failed(self, name: str) -> Plan:
+    def load_failed(self, name: str) -> CachePlan:
         """A planned load failed: the model is absent again (the next acquire retries)."""
         entry = self._get(name)
         if entry.device != "loading":
@@ -353,7 +389,7 @@ class WeightCachePolicy:
         entry.prefetched = False
         if name in self._lru:
             self._uncount(name, entry)
-        return Plan(host_drop=self._drop_transient_host(name, entry))
+        return CachePlan(host_drop=self._drop_transient_host(name, entry))
 
     def pin_in_use(self, name: str) -> None:
         """An execution is about to read the model's device weights: never evict them."""
@@ -363,6 +399,7 @@ class WeightCachePolicy:
                 f"weight cache: pin_in_use({name!r}) but its weights are {entry.device}"
             )
         entry.in_use += 1
+        self._in_use += 1
 
     def unpin_in_use(self, name: str) -> None:
         """The execution that pinned the model finished."""
@@ -370,22 +407,32 @@ class WeightCachePolicy:
         if entry.in_use == 0:
             raise LifecycleError(f"weight cache: unpin_in_use({name!r}) without a pin")
         entry.in_use -= 1
+        self._in_use -= 1
 
-    def prefetch_plan(self, name: str) -> Plan | None:
+    def done(self, plan: CachePlan) -> None:
+        """The driver finished carrying out ``plan`` (one this policy handed out; the
+        follow-ups of ``loaded`` and ``load_failed`` are part of their plan)."""
+        if self._plans <= 0:
+            raise LifecycleError("weight cache: done() for a plan that was never handed out")
+        self._plans -= 1
+
+    def prefetch_plan(self, name: str) -> CachePlan | None:
         """Start loading ``name`` ahead of its dispatch, if that is free of risk.
 
         A prefetch is an early demand load with stricter rules, so a wrong guess can cost
         at most what the demand load would have cost anyway: it evicts exactly the least
         recently used idle models that a demand load of ``name`` would evict now, never a
         model in use, loading or pinned, never through the oversize path, only while no
-        other load is in flight, and never in explicit mode. ``None`` means "not now"
-        (unknown names included: prefetch is a hint).
+        other load is in flight, never while a control command waits or runs, and never
+        in explicit mode. ``None`` means "not now" (unknown names and models being removed
+        included: prefetch is a hint).
         """
         entry = self._entries.get(name)
         budget = self._budget
         if (
             entry is None
-            or budget is None
+            or entry.removing
+            or self._commands
             or self._explicit
             or entry.floor == "device"
             or entry.device != "absent"
@@ -402,24 +449,22 @@ class WeightCachePolicy:
         self._start_load(name, entry, host_load)
         entry.prefetched = True
         self._prefetches += 1
-        return Plan(evict=tuple(victims), host_load=tuple(host_load), load=(name,))
+        return self._plan(evict=tuple(victims), host_load=tuple(host_load), load=(name,))
 
     # ---------------------------------------------------------- control commands
 
-    def compact(self, reload: Iterable[str] = ()) -> Plan:
+    def compact(self, reload: Iterable[str] = ()) -> CachePlan:
         """Free every non-pinned device copy, reset the LRU, then reload.
 
         Reloaded: every ``device``-floor model not on the device (pinned ones that are
         stay in place, never freed), then each model named in ``reload``, in order, while
         it fits in the budget (self-managed mode only: in explicit mode the control plane
-        loads what it wants). ``Plan.load`` lists what will be reloaded. A no-op with the
-        cache off. Must run while no execution or load is in flight.
+        loads what it wants). ``CachePlan.load`` lists what will be reloaded. Must run while
+        no execution or load is in flight.
         """
         names = list(dict.fromkeys(reload))
         for n in names:
             self._get(n)
-        if not self.enabled:
-            return Plan()
         busy = sorted(n for n, e in self._entries.items() if e.in_use or e.device == "loading")
         if busy:
             raise LifecycleError(
@@ -442,16 +487,15 @@ class WeightCachePolicy:
                 load.append(n)
         if not self._explicit:
             budget = self._budget
-            assert budget is not None
             for n in names:
                 e = self._entries[n]
-                if e.floor == "device" or self._resident_bytes + e.nbytes > budget:
+                if e.floor == "device" or e.removing or self._resident_bytes + e.nbytes > budget:
                     continue
                 self._start_load(n, e, host_load)
                 load.append(n)
-        return Plan(evict=evict, host_load=tuple(host_load), load=tuple(load))
+        return self._plan(evict=evict, host_load=tuple(host_load), load=tuple(load))
 
-    def set_floor(self, name: str, floor: Residency) -> Plan:
+    def set_floor(self, name: str, floor: Residency) -> CachePlan:
         """Move a model to another floor (SetModelResidency). The model must be idle.
 
         To ``device``: loaded if absent, and taken off the budget. From ``device``: in
@@ -466,15 +510,10 @@ class WeightCachePolicy:
         """
         entry = self._get(name)
         _check_floor(floor, allow_none=False)
-        if not self.enabled:
-            raise FailedPrecondition(
-                f"model {name!r}: the on-demand weight cache is off (weight_cache_fraction=0 "
-                "or no arena), so every model's weights stay on the device"
-            )
         self._require_idle(name, entry, "change the residency of")
         old = entry.floor
         if floor == old and not (floor == "device" and entry.device == "absent"):
-            return Plan()  # (a device-floor model absent after a failed load is retried)
+            return self._plan()  # (a device-floor model absent after a failed load is retried)
         evict: list[str] = []
         host_drop: list[str] = []
         host_load: list[str] = []
@@ -489,10 +528,11 @@ class WeightCachePolicy:
             elif entry.host:
                 entry.host = False  # resident already: the host copy has no use left
                 host_drop.append(name)
-            return Plan(host_drop=tuple(host_drop), host_load=tuple(host_load), load=tuple(load))
+            return self._plan(
+                host_drop=tuple(host_drop), host_load=tuple(host_load), load=tuple(load)
+            )
         if old == "device" and entry.device == "resident":
             budget = self._budget
-            assert budget is not None
             if not self._explicit and self._resident_bytes + entry.nbytes <= budget:
                 self._lru[name] = None
                 self._resident_bytes += entry.nbytes
@@ -506,17 +546,17 @@ class WeightCachePolicy:
         elif floor == "unpinned" and entry.host:
             entry.host = False
             host_drop.append(name)
-        return Plan(evict=tuple(evict), host_drop=tuple(host_drop), host_load=tuple(host_load))
+        return self._plan(
+            evict=tuple(evict), host_drop=tuple(host_drop), host_load=tuple(host_load)
+        )
 
-    def set_budget(self, budget: int) -> Plan:
+    def set_budget(self, budget: int) -> CachePlan:
         """Change the on-demand budget (after the probe, or when a hot load re-sizes it).
 
         Evicts least recently used idle models until the rest fits; refused, with nothing
         changed, if models in use or loading alone exceed the new budget (unless that is a
         single model, the oversize case).
         """
-        if self._budget is None:
-            raise LifecycleError("weight cache: set_budget with the cache off")
         if budget < 0:
             raise ValueError(f"weight cache budget must be >= 0 bytes; got {budget}")
         # When it does not fit, every idle model is a victim already; a lone busy model
@@ -530,9 +570,61 @@ class WeightCachePolicy:
         for v in victims:
             self._evict(v)
         self._budget = budget
-        return Plan(evict=tuple(victims))
+        return self._plan(evict=tuple(victims))
+
+    def evict_idle(self) -> CachePlan:
+        """Free every idle on-demand copy; the budget stays (the startup probe runs each
+        model alone, and it must not count another model's weights as its scratch)."""
+        victims, _, _ = self._victims(-1)  # -1: every idle one, 0-byte models included
+        for v in victims:
+            self._evict(v)
+        return self._plan(evict=tuple(victims))
+
+    # ------------------------------------------------------------- command gate
+
+    def want_command(self) -> None:
+        """A control command waits to run: close the gate (see the module docstring)."""
+        self._commands += 1
+
+    def try_start_command(self) -> bool:
+        """Start a waiting command if it can run alone now (module docstring, invariant 7)."""
+        if self._commands == 0:
+            raise LifecycleError("weight cache: try_start_command() without want_command()")
+        if self._command_running or self._in_use or self._plans:
+            return False
+        self._command_running = True
+        return True
+
+    def end_command(self, *, started: bool) -> None:
+        """The command finished (``started``), or gave up waiting: open the gate."""
+        if self._commands == 0 or (started and not self._command_running):
+            raise LifecycleError("weight cache: end_command() without a command")
+        self._commands -= 1
+        if started:
+            self._command_running = False
 
     # ------------------------------------------------------------------ internals
+
+    def _plan(
+        self,
+        *,
+        evict: tuple[str, ...] = (),
+        host_drop: tuple[str, ...] = (),
+        host_load: tuple[str, ...] = (),
+        load: tuple[str, ...] = (),
+        oversize: str | None = None,
+        warnings: tuple[str, ...] = (),
+    ) -> CachePlan:
+        """A plan handed out to the driver: counted until :meth:`done`."""
+        self._plans += 1
+        return CachePlan(
+            evict=evict,
+            host_drop=host_drop,
+            host_load=host_load,
+            load=load,
+            oversize=oversize,
+            warnings=warnings,
+        )
 
     def _get(self, name: str) -> _Entry:
         entry = self._entries.get(name)

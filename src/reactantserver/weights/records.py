@@ -1,8 +1,11 @@
 """The records the weight-cache policy speaks in: decisions for the driver, statistics out.
 
 Every record is frozen; the policy (``policy.py``) creates them and nothing mutates them,
-so a driver may keep a :class:`Plan` while it runs and a metrics collector may keep a
-:class:`CacheStatistics` snapshot while the policy moves on.
+so a driver may keep a :class:`CachePlan` while it runs and a metrics collector may keep a
+:class:`CacheStatistics` snapshot while the policy moves on. The device-side snapshot
+(:class:`WeightCacheStatistics`, with the budget and the host store) and the allocator's
+numbers (:class:`MemoryStats`) are here too, so that whatever reads them -- the metrics
+collector, tests -- needs neither the runtime nor JAX.
 """
 
 from __future__ import annotations
@@ -13,15 +16,19 @@ from typing import Literal, TypeAlias
 import attrs
 
 from ..config.schema import Residency
+from .budget import WeightBudget
+from .host import HostStoreStatistics
 
 __all__ = [
+    "AcquireDecision",
+    "CachePlan",
     "CacheStatistics",
-    "Decision",
     "DeviceState",
     "Hit",
+    "MemoryStats",
     "ModelResidency",
-    "Plan",
     "Wait",
+    "WeightCacheStatistics",
 ]
 
 DeviceState = Literal["absent", "loading", "resident"]
@@ -31,8 +38,8 @@ DeviceState = Literal["absent", "loading", "resident"]
 
 
 @attrs.frozen(kw_only=True)
-class Plan:
-    """I/O for the driver to carry out, in field order.
+class CachePlan:
+    """I/O for the driver to carry out, in field order, then report with ``done``.
 
     ``evict``: free these device copies. ``host_drop``: release these host copies (a
     ``system`` copy or a transient map). ``host_load``: make a host copy available, by
@@ -68,15 +75,17 @@ class Wait:
 
     ``reason`` is ``loading`` when the model itself is being loaded (a prefetch, or a
     load planned earlier) or only loads in flight stand in the way; ``in_use`` when a
-    model pinned by a running execution does.
+    model pinned by a running execution does; ``command`` when a control command waits
+    or runs (no blockers: retry once it has finished).
     """
 
     name: str
     blockers: tuple[str, ...]
-    reason: Literal["in_use", "loading"]
+    reason: Literal["in_use", "loading", "command"]
 
 
-Decision: TypeAlias = Hit | Wait | Plan
+#: What :meth:`WeightCachePolicy.acquire` answers.
+AcquireDecision: TypeAlias = Hit | Wait | CachePlan
 
 
 # ---------------------------------------------------------------------------- statistics
@@ -100,10 +109,9 @@ class ModelResidency:
 class CacheStatistics:
     """A snapshot of the cache for metrics and ModelControlStatus (byte counts in bytes)."""
 
-    enabled: bool
     residency_mode: Literal["self_managed", "externally_managed"]
-    #: The on-demand budget; ``None`` when the cache is off.
-    budget: int | None
+    #: The on-demand budget.
+    budget: int
     #: Non-pinned weights loading or resident (what the budget bounds).
     resident_bytes: int
     #: Weights of every ``device``-floor model (reserved off the pool).
@@ -129,3 +137,33 @@ class CacheStatistics:
     #: Non-pinned models loading or resident, least recently used first.
     lru: tuple[str, ...]
     models: Mapping[str, ModelResidency]
+
+
+@attrs.frozen(kw_only=True)
+class WeightCacheStatistics:
+    """A snapshot of the cache on a device, for metrics and ModelControlStatus (bytes)."""
+
+    #: The policy's counters and residency (keys are versions: ``name#generation``).
+    policy: CacheStatistics
+    #: The current split of the arena.
+    budget: WeightBudget
+    host: HostStoreStatistics
+    #: Every weight on the device now: device-floor plus on-demand resident copies.
+    device_bytes: int
+    #: ``system`` copies staged in pinned host memory.
+    staged_bytes: int
+    pinned_host: bool
+    prefetch: bool
+    #: Whether the startup probe measured the scratch (``budget.max_scratch``).
+    probed: bool
+
+
+@attrs.frozen
+class MemoryStats:
+    """Device allocator statistics in bytes (GPU backends; the CPU reports none)."""
+
+    in_use: int
+    limit: int
+    peak: int
+    #: Everything the device reported, for metrics that want more.
+    raw: Mapping[str, int]

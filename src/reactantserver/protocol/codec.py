@@ -11,7 +11,9 @@ of ``proto/inference.proto`` by hand; every other message keeps betterproto.
 Theory of operation
 -------------------
 :func:`decode_infer_request` walks the received ``bytes`` once, field by field
-(``tag = field_number << 3 | wire_type``), into plain slotted records:
+(``tag = field_number << 3 | wire_type``), into the plain slotted records of
+:mod:`reactantserver.records` (a leaf module, so ``inferio`` and the service use them
+without importing the transport):
 
 * strings are decoded (UTF-8, as protobuf requires); ``shape`` is a list of ints;
 * ``raw_input_contents`` entries are ``memoryview`` slices of the received buffer --
@@ -48,6 +50,9 @@ codec says what is wrong instead, since no correct client sends one), invalid UT
 Python object each (inputs, outputs, raw entries, parameters) are capped at
 :data:`MAX_ENTRIES` per list or map and shapes at :data:`MAX_DIMS`, so that a message
 of millions of empty fields cannot turn into gigabytes of objects.
+
+Why one module of this size: the reader and the writer of one RPC's two messages,
+sharing the wire constants; most of it is the reader's precise error paths.
 """
 
 from __future__ import annotations
@@ -55,11 +60,19 @@ from __future__ import annotations
 import struct
 import sys
 from array import array
-from collections.abc import Mapping
 from typing import Any
 
 from reactantserver.errors import InvalidArgument
 from reactantserver.protocol import inference as pb
+from reactantserver.records import (
+    InferRequest,
+    InferResponse,
+    InputTensor,
+    OutputTensor,
+    ParamValue,
+    RequestedOutput,
+    TensorContents,
+)
 
 #: Wire types (https://protobuf.dev/programming-guides/encoding/).
 VARINT, I64, LEN, SGROUP, EGROUP, I32 = 0, 1, 2, 3, 4, 5
@@ -76,114 +89,6 @@ _SIGN64 = 1 << 63
 _MASK32 = (1 << 32) - 1
 _SIGN32 = 1 << 31
 _DOUBLE = struct.Struct("<d")
-
-#: A parameter's value: bool, int (int64 or uint64), str, float; None when unset.
-ParamValue = bool | int | str | float | None
-
-
-# ------------------------------------------------------------------------------ records
-
-
-class TensorContents:
-    """``InferTensorContents``: typed elements, flattened in row-major order.
-
-    Numeric lists are ``array.array``\\ s (``np.asarray`` views them without a loop);
-    ``bool_contents`` holds 0 and 1.
-    """
-
-    __slots__ = ("bool_contents", "bytes_contents", "fp32_contents", "fp64_contents",
-                 "int64_contents", "int_contents", "uint64_contents", "uint_contents")  # fmt: skip
-
-    def __init__(self) -> None:
-        self.bool_contents = array("B")
-        self.int_contents = array("i")
-        self.int64_contents = array("q")
-        self.uint_contents = array("I")
-        self.uint64_contents = array("Q")
-        self.fp32_contents = array("f")
-        self.fp64_contents = array("d")
-        self.bytes_contents: list[bytes] = []
-
-
-class InputTensor:
-    """``ModelInferRequest.InferInputTensor``."""
-
-    __slots__ = ("contents", "datatype", "name", "parameters", "shape")
-
-    def __init__(
-        self,
-        name: str = "",
-        datatype: str = "",
-        shape: list[int] | None = None,
-        parameters: dict[str, ParamValue] | None = None,
-        contents: TensorContents | None = None,
-    ) -> None:
-        self.name = name
-        self.datatype = datatype
-        self.shape: list[int] = [] if shape is None else shape
-        self.parameters: dict[str, ParamValue] = {} if parameters is None else parameters
-        #: Typed contents; ``None`` when the field was not sent.
-        self.contents = contents
-
-
-class RequestedOutput:
-    """``ModelInferRequest.InferRequestedOutputTensor``."""
-
-    __slots__ = ("name", "parameters")
-
-    def __init__(self, name: str = "", parameters: dict[str, ParamValue] | None = None) -> None:
-        self.name = name
-        self.parameters: dict[str, ParamValue] = {} if parameters is None else parameters
-
-
-class InferRequest:
-    """``ModelInferRequest``, as decoded by :func:`decode_infer_request`."""
-
-    __slots__ = ("id", "inputs", "model_name", "model_version", "outputs", "parameters",
-                 "raw_input_contents")  # fmt: skip
-
-    def __init__(self) -> None:
-        self.model_name = ""
-        self.model_version = ""
-        self.id = ""
-        self.parameters: dict[str, ParamValue] = {}
-        self.inputs: list[InputTensor] = []
-        self.outputs: list[RequestedOutput] = []
-        #: Slices of the received buffer, one per raw input.
-        self.raw_input_contents: list[memoryview | bytes] = []
-
-
-class OutputTensor:
-    """``ModelInferResponse.InferOutputTensor`` (outputs are always sent raw)."""
-
-    __slots__ = ("datatype", "name", "parameters", "shape")
-
-    def __init__(
-        self,
-        name: str,
-        datatype: str,
-        shape: list[int],
-        parameters: Mapping[str, pb.InferParameter] | None = None,
-    ) -> None:
-        self.name = name
-        self.datatype = datatype
-        self.shape = shape
-        self.parameters: Mapping[str, pb.InferParameter] = parameters or {}
-
-
-class InferResponse:
-    """``ModelInferResponse``, written by :func:`encode_infer_response`."""
-
-    __slots__ = ("id", "model_name", "model_version", "outputs", "raw_output_contents")
-
-    def __init__(self, model_name: str, model_version: str = "", id: str = "") -> None:
-        self.model_name = model_name
-        self.model_version = model_version
-        self.id = id
-        self.outputs: list[OutputTensor] = []
-        #: One entry per output, in order (empty for an output written to shared memory).
-        self.raw_output_contents: list[bytes | memoryview] = []
-
 
 # ------------------------------------------------------------------------------ reading
 

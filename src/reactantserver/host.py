@@ -1,0 +1,128 @@
+"""The seam between the RPCs and the worker: ``ModelHost`` and ``HostedModel``.
+
+Theory of operation
+-------------------
+``reactantserver.service`` implements every RPC over a :class:`ModelHost`; the worker
+implements it over the runtime, the scheduler and the model lifecycle, and the tests'
+fake hosts implement it over a handful of scripted models. The host speaks only the
+plain records of :mod:`reactantserver.records`, never protocol messages, so this
+module -- like ``records`` -- is a leaf: no transport, runtime, betterproto or JAX.
+
+A request's path through a host (``infer``) is the worker's business; what the
+service relies on is stated on each method: errors are the categories of
+:mod:`reactantserver.errors`, deadlines are absolute ``trio.current_time()`` values,
+and ``get`` never blocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from .bundle.manifest import TensorSpec
+from .config.schema import Residency
+from .records import CompactResult, ControlStatus, ExecutionStatistics, IndexEntry
+
+__all__ = ["HostedModel", "ModelHost"]
+
+
+class HostedModel(Protocol):
+    """A loaded model, as the host presents it to clients."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def version(self) -> str:
+        """Version string; empty for an unversioned bundle."""
+        ...
+
+    @property
+    def platform(self) -> str:
+        """Backend identifier reported as ``platform``/``backend`` (e.g. ``jax_cpu``)."""
+        ...
+
+    @property
+    def inputs(self) -> Sequence[TensorSpec]:
+        """Client-facing inputs, wire order shapes, ``-1`` on batch/variable axes."""
+        ...
+
+    @property
+    def outputs(self) -> Sequence[TensorSpec]: ...
+
+    @property
+    def max_batch_size(self) -> int:
+        """Largest compiled batch size lowered by the per-model cap; 0 = unbatched."""
+        ...
+
+    @property
+    def compiled_batch_sizes(self) -> Sequence[int]: ...
+
+    @property
+    def max_queue_depth(self) -> int: ...
+
+    @property
+    def parameters(self) -> Mapping[str, str]:
+        """Free-form facts published in ModelConfig.parameters (weight, residency)."""
+        ...
+
+    def ready(self) -> tuple[bool, str]:
+        """(ready, reason when not)."""
+        ...
+
+    def statistics(self) -> ExecutionStatistics: ...
+
+
+class ModelHost(Protocol):
+    """What the worker provides behind the RPCs. Errors are ``reactantserver.errors``."""
+
+    @property
+    def backend(self) -> str:
+        """``cpu`` or ``cuda``."""
+        ...
+
+    @property
+    def device_ordinal(self) -> int: ...
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ready to take inference requests, reason when not)."""
+        ...
+
+    def get(self, name: str) -> HostedModel:
+        """The model serving as ``name`` now; raises ``NotFound`` (or ``Unavailable``
+        while it loads) otherwise. A lookup only: nothing is admitted."""
+        ...
+
+    def index(self) -> Sequence[IndexEntry]: ...
+
+    async def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        deadline: float,
+    ) -> Mapping[str, Any]:
+        """Run one validated request; ``deadline`` is absolute ``trio.current_time()``.
+
+        Returns at least the named outputs as numpy arrays (object arrays for BYTES).
+        """
+        ...
+
+    async def load(self, name: str) -> None: ...
+
+    async def unload(self, name: str) -> None: ...
+
+    def control_status(self) -> ControlStatus: ...
+
+    async def set_residency(self, name: str, target: Residency) -> Residency:
+        """Apply a residency target; return the model's residency afterwards."""
+        ...
+
+    async def set_policy(self, name: str, weight: float) -> None:
+        """Set the fair-share weight of ``name``; the service has checked it
+        (``scheduling.check_weight``)."""
+        ...
+
+    async def compact(self, reload: Sequence[str]) -> CompactResult: ...
