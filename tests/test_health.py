@@ -1,8 +1,9 @@
 """``grpc.health.v1.Health`` on a worker (``transport.health`` over ``Service.health``).
 
-A real ``serve_grpc`` over the fake host of ``tests/fake_host.py``; the client is grpclib's
-generated stub, run in a thread (``grpc_health_probe`` and Kubernetes speak the same), and
-``grpcurl`` once. The gateway's answers are checked in ``test_gateway_proxy.py``.
+A real ``serve_grpc`` over the fake host of ``tests/fake_host.py``; the clients are grpclib's
+generated stub and grpcio's own health stub (``grpc_health_probe`` and Kubernetes speak the
+same protocol), run in a thread, and ``grpcurl`` once. The gateway's answers are checked in
+``test_gateway_proxy.py``.
 
 Invariants: ``Check`` answers SERVING for the ready server and ready models, NOT_SERVING
 for a known model that is not ready, and the status NOT_FOUND for an unknown name;
@@ -68,6 +69,11 @@ async def test_check_answers_for_the_server_and_each_model(nursery: trio.Nursery
 
 
 async def test_watch_follows_changes_and_the_drain(nursery: trio.Nursery) -> None:
+    """Watched with grpcio's own health stub (the C core, as Envoy-like clients are): it
+    reads an answer sent just before the server's GOAWAY, which grpclib's client drops."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
     host = FakeHost()
     stop = trio.Event()
     port = await nursery.start(
@@ -77,22 +83,24 @@ async def test_watch_follows_changes_and_the_drain(nursery: trio.Nursery) -> Non
         )
     )  # fmt: skip
     token = trio.lowlevel.current_trio_token()
+    names = health_pb2.HealthCheckResponse.ServingStatus.Name
 
-    async def calls(stub: health.HealthStub) -> list[Any]:
-        seen: list[Any] = []
-        async for answer in stub.watch(health.HealthCheckRequest(service="nope")):
-            seen.append(answer.status)
-            break
-        async for answer in stub.watch(health.HealthCheckRequest(service="cold")):
-            seen.append(answer.status)
-            if len(seen) == 2:  # the model finishes loading
-                trio.from_thread.run_sync(setattr, host.models["cold"], "not_ready", "",
-                                          trio_token=token)  # fmt: skip
-            elif len(seen) == 3:  # the server starts to drain
-                trio.from_thread.run_sync(stop.set, trio_token=token)
-            else:
+    def watch() -> list[str]:
+        seen: list[str] = []
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            for answer in stub.Watch(health_pb2.HealthCheckRequest(service="nope"), timeout=30):
+                seen.append(names(answer.status))
                 break
+            for answer in stub.Watch(health_pb2.HealthCheckRequest(service="cold"), timeout=30):
+                seen.append(names(answer.status))
+                if len(seen) == 2:  # the model finishes loading
+                    trio.from_thread.run_sync(setattr, host.models["cold"], "not_ready", "",
+                                              trio_token=token)  # fmt: skip
+                elif len(seen) == 3:  # the server starts to drain
+                    trio.from_thread.run_sync(stop.set, trio_token=token)
         return seen
 
-    seen = await trio.to_thread.run_sync(_client, port, calls)
-    assert seen == [S.SERVICE_UNKNOWN, S.NOT_SERVING, S.SERVING, S.NOT_SERVING]
+    seen = await trio.to_thread.run_sync(watch)
+    # The cold watch ends (status OK) after NOT_SERVING: the iteration stops by itself.
+    assert seen == ["SERVICE_UNKNOWN", "NOT_SERVING", "SERVING", "NOT_SERVING"]

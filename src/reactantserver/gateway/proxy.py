@@ -36,7 +36,7 @@ tracing, log settings and streaming inference are UNIMPLEMENTED, as on a worker.
 
 Statuses: a worker's status is passed through with its message (RESOURCE_EXHAUSTED stays
 RESOURCE_EXHAUSTED, INTERNAL stays INTERNAL); the gateway's own outcomes are errors of
-:mod:`reactantserver.errors`, mapped by ``transport.status``; anything unexpected is
+:mod:`reactantserver.errors`, mapped by ``reactantserver.status``; anything unexpected is
 INTERNAL with the fixed message and a traceback in the log.
 """
 
@@ -69,7 +69,7 @@ from ..errors import (
 )
 from ..protocol import inference as pb
 from ..protocol import reactant_control as cpb
-from ..transport.status import to_status
+from ..status import to_status
 from . import merge
 from .channel import ChannelError, Reply
 from .policy import not_lpt

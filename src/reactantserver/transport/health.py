@@ -126,8 +126,9 @@ class HealthServicer:
                 await stream.send_message(health.HealthCheckResponse(status=_Status(status)))
                 last = status
             if self._draining:
-                # Told NOT_SERVING: end the stream (status OK) while the connection can
-                # still carry its trailers; the server's GOAWAY follows.
+                # Told NOT_SERVING: end the stream (status OK) now, so that its trailers
+                # are written before the server's GOAWAY (wait_told waits for this).
+                await stream.send_trailing_metadata()
                 return
             changed = asyncio.ensure_future(self._changed.wait())
             try:
