@@ -292,7 +292,8 @@ def test_large_messages_both_ways_and_the_reply_limit() -> None:
 
 class ScriptedWorker(asyncio.Protocol):
     """An h2 server that answers each stream per ``script``: "ok", "refuse" (RST_STREAM
-    REFUSED_STREAM), or "goaway" (GOAWAY naming the stream before it as the last)."""
+    REFUSED_STREAM), "goaway" (GOAWAY naming the stream before it as the last), or "drain"
+    (GOAWAY naming this stream as the last, then its answer)."""
 
     def __init__(self, script: list[str]) -> None:
         self.script = script
@@ -321,6 +322,14 @@ class ScriptedWorker(asyncio.Protocol):
                     self.conn.reset_stream(sid, REFUSED_STREAM)
                 elif action == "goaway":
                     self.conn.close_connection(last_stream_id=sid - 2)
+                elif action == "drain":
+                    # GOAWAY naming this stream as the last, then its answer: a graceful
+                    # drain (h2 cannot send on after its own GOAWAY, so the frame is raw).
+                    goaway = sid.to_bytes(4, "big") + (0).to_bytes(4, "big")
+                    self.transport.write(b"\x00\x00\x08\x07\x00\x00\x00\x00\x00" + goaway)
+                    self.conn.send_headers(sid, [(b":status", b"200")])
+                    self.conn.send_data(sid, b"\x00\x00\x00\x00\x05after")
+                    self.conn.send_headers(sid, [(b"grpc-status", b"0")], end_stream=True)
         self.transport.write(self.conn.data_to_send())
 
 
@@ -341,6 +350,28 @@ def test_refused_streams_and_goaway_are_unprocessed() -> None:
         # The GOAWAY'd connection is replaced: a new one answers.
         reply = await client.call(b"/t.T/A", b"", deadline())
         assert isinstance(reply, Reply) and reply.status == 0
+        assert client.statistics().connects == 2
+        await client.wait_closed()
+        server.close()
+        await server.wait_closed()
+
+    run(main)
+
+
+def test_a_graceful_goaway_lets_the_calls_in_flight_finish() -> None:
+    """The worker's GOAWAY names the stream in flight as the last it will process: that call
+    is answered on the old connection, and the next call opens a new one."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        script = ["drain", "ok"]
+        server = await loop.create_server(lambda: ScriptedWorker(script), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = WorkerClient(f"127.0.0.1:{port}")
+        reply = await client.call(b"/t.T/A", b"", deadline())
+        assert (reply.status, bytes(reply.payload)) == (0, b"after")
+        reply = await client.call(b"/t.T/A", b"", deadline())
+        assert bytes(reply.payload) == b"ok"
         assert client.statistics().connects == 2
         await client.wait_closed()
         server.close()

@@ -297,8 +297,9 @@ class WorkerConnection(asyncio.Protocol):
                 call.future.set_exception(reply)
             else:
                 call.future.set_result(reply)
-        if self.closed is None and self._h2.goaway_received and not self._calls:
-            self._fail("the worker sent GOAWAY")  # drained: nothing more will come
+        if self.closed is None and not self._calls and not self.usable:
+            # Drained after the worker's GOAWAY (or with its stream ids spent): close.
+            self._fail("drained")
 
     def _reset(self, call: _Call) -> None:
         """RST_STREAM CANCEL: the worker cancels the call."""

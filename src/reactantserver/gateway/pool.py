@@ -74,6 +74,8 @@ class WorkerClient:
         self._max_streams = max_streams
         self._max_reply = max_reply_bytes
         self._conn: WorkerConnection | None = None
+        #: Replaced connections still finishing their calls.
+        self._draining: set[WorkerConnection] = set()
         self._connecting: asyncio.Future[WorkerConnection] | None = None
         self._active = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
@@ -113,15 +115,16 @@ class WorkerClient:
             self._release()
 
     def close(self) -> None:
-        """Close the connection (calls still open on it fail)."""
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        """Close the connections (calls still open on them fail)."""
+        for conn in (self._conn, *self._draining):
+            if conn is not None:
+                conn.close()
+        self._conn = None
 
     async def wait_closed(self) -> None:
-        conn = self._conn
+        conns = [c for c in (self._conn, *self._draining) if c is not None]
         self.close()
-        if conn is not None:
+        for conn in conns:
             await conn.lost
 
     # ---------------------------------------------------------------- stream slots
@@ -201,8 +204,11 @@ class WorkerClient:
                 ) from None
             old = self._conn
             self._conn = conn
-            if old is not None and old is not conn:
-                old.close()
+            if old is not None and old.closed is None:
+                # The old connection stopped taking new calls (the worker's GOAWAY): its
+                # calls in flight finish there, and it closes itself once they have.
+                self._draining.add(old)
+                old.lost.add_done_callback(lambda _: self._draining.discard(old))
             return conn
         finally:
             self._connecting = None
