@@ -378,3 +378,25 @@ def test_a_graceful_goaway_lets_the_calls_in_flight_finish() -> None:
         await server.wait_closed()
 
     run(main)
+
+
+def test_probes_do_not_wait_for_a_stream_slot() -> None:
+    """A worker holding every slot with slow calls still answers the prober at once."""
+
+    async def main() -> None:
+        worker = Worker()
+        await worker.start()
+        client = WorkerClient(f"127.0.0.1:{worker.port}", max_streams=1)
+        held = asyncio.ensure_future(client.call(b"/t.T/Hold", b"x", deadline()))
+        while worker.active == 0:
+            await asyncio.sleep(0.01)
+        reply = await client.call(b"/t.T/Echo", b"probe", deadline(0.5), probe=True)
+        assert bytes(reply.payload) == b"eborp"
+        with pytest.raises(DeadlineExceeded):  # an ordinary call waits for the slot
+            await client.call(b"/t.T/Echo", b"x", deadline(0.05))
+        worker.release.set()
+        assert bytes((await held).payload) == b"released"
+        await client.wait_closed()
+        await worker.stop()
+
+    run(main)

@@ -102,9 +102,18 @@ class WorkerClient:
             connect_failures=self._connect_failures,
         )
 
-    async def call(self, path: bytes, payload: bytes | memoryview, deadline: float) -> Reply:
-        """One unary call to ``path`` with ``payload``; see :mod:`.channel` for outcomes."""
-        await self._acquire(deadline)
+    async def call(
+        self, path: bytes, payload: bytes | memoryview, deadline: float, *, probe: bool = False
+    ) -> Reply:
+        """One unary call to ``path`` with ``payload``; see :mod:`.channel` for outcomes.
+
+        ``probe`` calls (the prober's) take no stream slot: a worker busy with
+        ``max_concurrent_streams`` slow calls must still answer its probes, or it would be
+        taken out of the route table for being busy. They still count against the worker's
+        own stream limit, which a worker sets above the gateway's (128 against 32).
+        """
+        if not probe:
+            await self._acquire(deadline)
         try:
             self._calls += 1
             conn = self._conn
@@ -112,7 +121,8 @@ class WorkerClient:
                 conn = await self._connection(deadline)
             return await conn.call(path, payload, deadline)
         finally:
-            self._release()
+            if not probe:
+                self._release()
 
     def close(self) -> None:
         """Close the connections (calls still open on them fail)."""

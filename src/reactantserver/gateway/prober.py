@@ -111,7 +111,7 @@ class Registrations:
 
 
 async def _call(client: WorkerClient, path: bytes, payload: bytes, deadline: float) -> Reply:
-    reply = await client.call(path, payload, deadline)
+    reply = await client.call(path, payload, deadline, probe=True)
     if reply.status not in (0, _UNIMPLEMENTED):
         raise ChannelError(f"{path.decode().rsplit('/', 1)[1]}: status {reply.status}: "
                            f"{reply.message}", unprocessed=True)  # fmt: skip
@@ -182,7 +182,7 @@ async def _replay(client: WorkerClient, registrations: Registrations, deadline: 
     if registrations.replayed.get(client.address) == connects:
         return
     for name, request in list(registrations.regions.items()):
-        reply = await client.call(SHM_REGISTER, request, deadline)
+        reply = await client.call(SHM_REGISTER, request, deadline, probe=True)
         if reply.status != 0:
             log.warning(
                 "could not register shared-memory region %r on worker %s (it joined or "
