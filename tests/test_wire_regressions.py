@@ -393,6 +393,87 @@ def test_streams_past_the_advertised_limit_are_refused(
         assert client.connection.goaway is None
 
 
+ENHANCE_YOUR_CALM = 0xB
+
+
+def rst_stream(sid: int, code: int = 0x8) -> bytes:
+    """RST_STREAM (CANCEL by default): what a client sends when it gives up on a call."""
+    return frame(0x3, 0, sid, struct.pack(">I", code))
+
+
+def test_rapid_reset_is_refused_with_enhance_your_calm(server: WireServer) -> None:
+    """HTTP/2 rapid reset (CVE-2023-44487): open calls and reset them at once, for ever.
+    (HEADERS and RST_STREAM in one read start nothing: the call is skipped unseen; here
+    the resets follow a moment later, after the calls started.)
+    The stream limit alone does not bound it (each reset frees a slot); once most of a
+    connection's calls were reset right after they started, the connection gets GOAWAY
+    ENHANCE_YOUR_CALM and is closed, and the server keeps serving everyone else."""
+    with RawClient(server.port) as client:
+        client.handshake()
+        sid = 1
+        for _ in range(8):  # waves: the calls start, then their resets arrive
+            wave = range(sid, sid + 2 * 100, 2)
+            sid += 2 * 100
+            if not client.send(b"".join(client.headers(s, request_headers(LIVE)) for s in wave)):
+                break
+            client.pump(0.05)
+            if not client.send(b"".join(rst_stream(s) for s in wave)):
+                break
+            client.pump(0.05)
+            if client.connection.goaway is not None:
+                break
+        outcome = client.wait_closed(20)
+        assert outcome.goaway is not None and outcome.goaway[0] == ENHANCE_YOUR_CALM, outcome
+        assert outcome.closed
+    assert server_live(server.port)
+    assert "rapid_reset" in server.log() or "reset by the peer" in server.log()
+
+
+def test_headers_and_reset_in_one_read_start_nothing(server: WireServer) -> None:
+    """Found while adding the rapid-reset rule: HEADERS and RST_STREAM arriving in one
+    read, past the stream limit, made the server reset an already closed stream, log a
+    traceback and drop the connection. Such a call is now skipped unseen."""
+    with RawClient(server.port) as client:
+        client.handshake()
+        batch = b"".join(
+            client.headers(sid, request_headers(LIVE)) + rst_stream(sid)
+            for sid in range(1, 2 * 400, 2)
+        )
+        client.send(batch)
+        last = 2 * 400 + 1
+        client.send(client.headers(last, request_headers(LIVE)))
+        client.send(client.data(last, grpc_message(b""), end_stream=True))
+        assert client.wait(last, 10).grpc_status == OK
+        assert client.connection.goaway is None
+    assert "Traceback" not in server.log()
+
+
+def test_a_client_that_cancels_some_calls_keeps_its_connection(server: WireServer) -> None:
+    """The other side of the rule: a client (or a gateway whose deadlines expire under load)
+    cancelling a third of its calls is not mistaken for an attack."""
+    with RawClient(server.port) as client:
+        client.handshake()
+        sids = list(range(1, 2 * 300, 2))
+        for chunk in range(0, len(sids), 30):
+            batch = b""
+            for i, sid in enumerate(sids[chunk : chunk + 30]):
+                batch += client.headers(sid, request_headers(LIVE))
+                if i % 3 == 0:
+                    batch += rst_stream(sid)
+                else:
+                    batch += client.data(sid, grpc_message(b""), end_stream=True)
+            client.send(batch)
+            for i, sid in enumerate(sids[chunk : chunk + 30]):
+                if i % 3:
+                    assert client.wait(sid, 10).grpc_status == OK
+        assert client.connection.goaway is None
+        last = sids[-1] + 2
+        client.send(client.headers(last, request_headers(LIVE)))
+        client.send(client.data(last, grpc_message(b""), end_stream=True))
+        assert client.wait(last, 10).grpc_status == OK
+        assert client.connection.goaway is None
+
+
 def test_handshake_timeout_closes_silent_connections(tmp_path: Path) -> None:
     """Bullet 7, handshake. Before: 300 connections that never finished the preface
     were held forever."""

@@ -29,6 +29,7 @@ from reactantserver import hooks as hooks_mod
 from reactantserver.bundle import load_bundle
 from reactantserver.config import SchedulerConfig
 from reactantserver.worker import WorkerAddress
+from reactantserver.worker.core import gpu_label
 
 pytestmark = pytest.mark.slow
 
@@ -308,3 +309,22 @@ def test_queue_full_is_resource_exhausted(zoo_repo: Path, compile_cache: Path) -
             assert _status(r) == "StatusCode.RESOURCE_EXHAUSTED"
             assert "queue is full" in r.message()
         assert any(not isinstance(r, BaseException) for r in results)
+
+
+def test_gpu_label_names_the_device_the_process_was_given() -> None:
+    """REFERENCE §10: the ``gpu`` label comes from ``CUDA_VISIBLE_DEVICES`` when it names one
+    device (the node supervisor gives each worker exactly one, by index or UUID)."""
+    uuid = "GPU-0a1b2c3d-0000-1111-2222-333344445555"
+    assert gpu_label(None, {"CUDA_VISIBLE_DEVICES": uuid}) == uuid
+    assert gpu_label(0, {"CUDA_VISIBLE_DEVICES": "3"}) == "3"
+    assert gpu_label(1, {"CUDA_VISIBLE_DEVICES": "2,3"}) == "1"  # several: the ordinal
+    assert gpu_label(None, {"CUDA_VISIBLE_DEVICES": ""}) == "0"  # a CPU worker
+    assert gpu_label(2, {}) == "2"
+
+
+def test_metrics_carry_the_visible_device_as_gpu_label(
+    served: WorkerAddress, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5")
+    text = urllib.request.urlopen(f"http://127.0.0.1:{served.metrics_port}/metrics").read()
+    assert b'worker_model_weight_bytes{gpu="5",model="resnet",worker="worker0"}' in text

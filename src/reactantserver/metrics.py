@@ -114,7 +114,7 @@ class WorkerCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         w = self._statistics()
-        base = {"worker": w.name, "gpu": str(w.gpu)}
+        base = {"worker": w.name, "gpu": w.gpu}
         sched, service = w.scheduler, w.service
 
         info = {

@@ -50,9 +50,12 @@ class ServedModelStatistics:
 class WorkerStatistics:
     """A snapshot of one worker (see the module docstring)."""
 
-    #: The worker's name and device ordinal: the labels of every series.
+    #: The worker's name and its device: the labels of every series. ``gpu`` is the
+    #: device this process was given in ``CUDA_VISIBLE_DEVICES`` (an index or a UUID, as
+    #: the node supervisor passes it) when that names one device, else the configured
+    #: ordinal, so workers of one machine never share a label.
     name: str
-    gpu: int
+    gpu: str
     backend: str
     control_mode: str
     discipline: str

@@ -32,6 +32,15 @@ events to :class:`_Processor`, grpclib's ``EventsProcessor`` with these changes:
   :class:`.h2conn._FrameBuffer` checks the 9-byte header first: FRAME_SIZE_ERROR, GOAWAY. It
   also bounds a header block (HEADERS plus CONTINUATIONs) to ``max_header_list_size``
   bytes: h2 would buffer up to 64 CONTINUATION frames of any allowed size.
+* **Premature resets are budgeted.** A peer may reset a call it started (a client
+  cancelling), but a reset frees the stream's slot under ``max_concurrent_streams`` after
+  the server began work on it: HTTP/2 "rapid reset" (CVE-2023-44487) opens and resets
+  streams as fast as it can, burning the server's CPU within the stream limit. A reset that
+  arrives within :data:`PREMATURE_RESET_SECONDS` of the call's start is *premature*; once
+  a connection has started :data:`RESET_MIN_STREAMS` calls, more premature resets than
+  half its calls get GOAWAY ENHANCE_YOUR_CALM and the connection closes (Envoy's rule).
+  A client or gateway that cancels calls now and then, or whose deadlines expire under
+  load, stays far below half.
 * **Connections are bounded in number and time.** :class:`ConnectionTable` caps open
   connections (evicting the oldest one still in its handshake before refusing a new one
   with GOAWAY); each protocol closes itself when the preface and SETTINGS do not arrive
@@ -85,6 +94,10 @@ WRITE_HIGH_WATER = 4 * 1024 * 1024
 GOAWAY_LINGER = 0.25
 #: Refused connections lingering at once at most; past it they are closed at once.
 MAX_LINGERING = 64
+#: A peer's reset this soon after its call started counts as premature.
+PREMATURE_RESET_SECONDS = 1.0
+#: Calls a connection must have started before its premature resets are judged.
+RESET_MIN_STREAMS = 200
 
 
 class Admitted(Protocol):
@@ -218,6 +231,10 @@ class _Processor(EventsProcessor):
         self._counters = guard.table.counters
         self._h2: H2Connection = connection._connection
         self._framers: dict[int, MessageFramer] = {}
+        #: When each running call started (loop time), for the premature-reset rule.
+        self._started: dict[int, float] = {}
+        self._streams_started = 0
+        self._premature_resets = 0
 
     def process(self, event: h2.events.Event) -> None:
         processors = getattr(self, "processors", None)  # grpclib deletes it on close
@@ -233,6 +250,11 @@ class _Processor(EventsProcessor):
 
     def process_request_received(self, event: h2.events.RequestReceived) -> None:
         sid = event.stream_id
+        state = self._h2.streams.get(sid)
+        if state is None or state.closed:
+            # The peer reset it within the same read (HEADERS and RST_STREAM together):
+            # nothing was started, nothing is owed, and h2 would refuse to reset it again.
+            return
         if len(self.streams) >= self._limits.max_concurrent_streams:
             self._h2.reset_stream(sid, ErrorCodes.REFUSED_STREAM)
             self._guard.fault(
@@ -247,6 +269,8 @@ class _Processor(EventsProcessor):
             self._guard.fault(decision.fault, decision.message)
             return
         stream = self.connection.create_stream(stream_id=sid)
+        self._started[sid] = self._guard.now()
+        self._streams_started += 1
         release = self.register(stream)
         self._framers[sid] = MessageFramer(
             self._limits.max_message_bytes, unary=decision.unary_request
@@ -266,6 +290,7 @@ class _Processor(EventsProcessor):
         def release_stream() -> None:
             self._counters.streams_open -= 1
             self._framers.pop(sid, None)
+            self._started.pop(sid, None)
             release()
             if not self.connection.is_closing():
                 # A handler that finished while the peer is still sending (no END_STREAM
@@ -300,7 +325,25 @@ class _Processor(EventsProcessor):
 
     def process_stream_reset(self, event: h2.events.StreamReset) -> None:
         self._framers.pop(event.stream_id, None)
+        started = self._started.pop(event.stream_id, None)
         super().process_stream_reset(event)
+        if (
+            event.remote_reset
+            and started is not None
+            and self._guard.now() - started < PREMATURE_RESET_SECONDS
+        ):
+            self._premature_resets += 1
+            if (
+                self._streams_started >= RESET_MIN_STREAMS
+                and 2 * self._premature_resets > self._streams_started
+            ):
+                self._guard.fault(
+                    Fault.RAPID_RESET,
+                    f"{self._premature_resets} of {self._streams_started} calls reset by the "
+                    f"peer within {PREMATURE_RESET_SECONDS:g} s of their start; connection "
+                    "closed with GOAWAY ENHANCE_YOUR_CALM",
+                )
+                self._guard.goaway(ErrorCodes.ENHANCE_YOUR_CALM, b"too many early stream resets")
 
     def process_remote_settings_changed(self, event: h2.events.RemoteSettingsChanged) -> None:
         # The peer's first SETTINGS frame (after its preface) completes the handshake.
@@ -470,6 +513,10 @@ class GuardedProtocol(asyncio.Protocol):
 
     def fault(self, fault: Fault, detail: str) -> None:
         self.table.fault(fault, self.peer, detail)
+
+    def now(self) -> float:
+        """The loop's clock (the one the timeouts use)."""
+        return self._loop.time() if self._loop is not None else 0.0
 
     def handshake_done(self) -> None:
         if not self._handshaken:

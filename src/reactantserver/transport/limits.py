@@ -113,6 +113,9 @@ class Fault(enum.Enum):
     TOO_MANY_CONNECTIONS = "too_many_connections"
     #: A stream past ``max_concurrent_streams``: RST_STREAM REFUSED_STREAM.
     TOO_MANY_STREAMS = "too_many_streams"
+    #: Most of a connection's calls reset by the peer right after they started ("rapid
+    #: reset"): GOAWAY ENHANCE_YOUR_CALM, connection closed.
+    RAPID_RESET = "rapid_reset"
     #: Not a gRPC request: ``:method``, ``:path``, ``content-type`` or ``te`` wrong.
     BAD_REQUEST = "bad_request"
     #: A ``:path`` no service here implements: UNIMPLEMENTED.

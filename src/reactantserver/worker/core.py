@@ -92,6 +92,16 @@ def hook_threads(env: Mapping[str, str]) -> int:
     return DEFAULT_HOOK_THREADS
 
 
+def gpu_label(ordinal: int | None, env: Mapping[str, str]) -> str:
+    """The ``gpu`` label of every series: the one device ``CUDA_VISIBLE_DEVICES`` gives this
+    process (the node supervisor gives each worker exactly one, by index or UUID), else the
+    configured ordinal (``0`` when none, e.g. on the CPU)."""
+    visible = env.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if visible and "," not in visible:
+        return visible
+    return str(ordinal or 0)
+
+
 @attrs.frozen
 class WorkerAddress:
     """Where a started worker listens (ports are the bound ones, also for port 0)."""
@@ -262,7 +272,7 @@ class Worker:
         repository = self.repository.statistics()
         return WorkerStatistics(
             name=cfg.name,
-            gpu=self.device_ordinal,
+            gpu=gpu_label(cfg.gpu, os.environ),
             backend=self.backend,
             control_mode=cfg.model_control_mode,
             discipline=cfg.scheduler.discipline,
