@@ -30,7 +30,7 @@ from grpclib.encoding.base import CodecBase
 from grpclib.server import Server, Stream
 
 from reactantserver.errors import DeadlineExceeded
-from reactantserver.gateway.channel import ChannelError, Reply
+from reactantserver.gateway.channel import DEADLINE_RESET_GRACE, ChannelError, Reply
 from reactantserver.gateway.http2 import REFUSED_STREAM
 from reactantserver.gateway.pool import WorkerClient
 
@@ -293,10 +293,12 @@ def test_large_messages_both_ways_and_the_reply_limit() -> None:
 class ScriptedWorker(asyncio.Protocol):
     """An h2 server that answers each stream per ``script``: "ok", "refuse" (RST_STREAM
     REFUSED_STREAM), "goaway" (GOAWAY naming the stream before it as the last), or "drain"
-    (GOAWAY naming this stream as the last, then its answer)."""
+    (GOAWAY naming this stream as the last, then its answer), or "silent" (no answer ever);
+    ``resets`` gets the loop time of each RST_STREAM it receives."""
 
-    def __init__(self, script: list[str]) -> None:
+    def __init__(self, script: list[str], resets: list[float] | None = None) -> None:
         self.script = script
+        self.resets = resets if resets is not None else []
         self.conn = h2.connection.H2Connection(
             h2.config.H2Configuration(client_side=False, header_encoding=None)
         )
@@ -311,6 +313,8 @@ class ScriptedWorker(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         assert self.transport is not None
         for event in self.conn.receive_data(data):
+            if isinstance(event, h2.events.StreamReset):
+                self.resets.append(asyncio.get_running_loop().time())
             if isinstance(event, h2.events.StreamEnded):
                 action = self.script.pop(0)
                 sid = event.stream_id
@@ -398,5 +402,33 @@ def test_probes_do_not_wait_for_a_stream_slot() -> None:
         assert bytes((await held).payload) == b"released"
         await client.wait_closed()
         await worker.stop()
+
+    run(main)
+
+
+def test_an_expired_call_is_reset_only_if_the_worker_does_not_end_it() -> None:
+    """At its deadline a call is answered DEADLINE_EXCEEDED at once, but its stream is reset
+    only after DEADLINE_RESET_GRACE -- the worker has the same deadline and normally ends
+    the call itself -- so expired calls do not look like a rapid-reset attack to it."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        resets: list[float] = []
+        server = await loop.create_server(
+            lambda: ScriptedWorker(["silent"], resets), "127.0.0.1", 0
+        )
+        port = server.sockets[0].getsockname()[1]
+        client = WorkerClient(f"127.0.0.1:{port}")
+        started = loop.time()
+        reply = await client.call(b"/t.T/A", b"", deadline(0.05))
+        assert reply.status == 4 and loop.time() - started < 0.5
+        await asyncio.sleep(0.3)
+        assert resets == []  # not yet: the worker may still end it
+        while not resets and loop.time() - started < 5:
+            await asyncio.sleep(0.02)
+        assert resets and resets[0] - started >= DEADLINE_RESET_GRACE
+        await client.wait_closed()
+        server.close()
+        await server.wait_closed()
 
     run(main)

@@ -33,9 +33,10 @@ whether the worker cannot have executed it:
 Deadlines: each call carries an absolute deadline (``loop.time()``). The remaining time is
 sent as ``grpc-timeout`` (:func:`~reactantserver.gateway.wire.encode_grpc_timeout`: the
 finest unit that fits, rounded down) when the stream opens, after any wait for a stream; a
-call still unanswered at its deadline is reset (``RST_STREAM CANCEL``, which cancels it on
-the worker) and answered DEADLINE_EXCEEDED. A cancelled caller resets its stream the same
-way.
+call still unanswered at its deadline is answered DEADLINE_EXCEEDED, and its stream is reset
+(``RST_STREAM CANCEL``) only if the worker -- which has the same deadline -- has not ended
+it within :data:`DEADLINE_RESET_GRACE`. A caller that goes away before its deadline resets
+its stream at once, which cancels the call on the worker.
 
 Writes: the HTTP/2 layer queues frames; the protocol hands them to the socket once per pass
 of the event loop (a large request as it goes), so the calls opened in one pass leave in one
@@ -69,6 +70,11 @@ CONNECTION_WINDOW = 64 * 1024 * 1024
 MAX_FRAME_SIZE = 1024 * 1024
 #: How long opening a connection may take (also bounded by the call's deadline).
 CONNECT_TIMEOUT = 5.0
+#: After a call's deadline, how long the worker has to end the call itself -- it has the
+#: same deadline, from grpc-timeout -- before the gateway resets the stream. Resetting at
+#: once would make every expired call a "premature reset" to the worker, whose rapid-reset
+#: guard closes a connection where most calls are reset within 1 s (docs/grpc.md).
+DEADLINE_RESET_GRACE = 1.0
 
 #: Most request bytes handed to the HTTP/2 layer at once (it frames them by the worker's
 #: SETTINGS_MAX_FRAME_SIZE); a large request is written to the socket as it goes.
@@ -103,13 +109,20 @@ class ChannelError(Exception):
 class _Call:
     """One stream's state, from the request headers to the last frame of the answer."""
 
-    __slots__ = ("body", "chunks", "future", "grpc_message", "grpc_status", "head",
+    __slots__ = ("body", "chunks", "deadline", "future", "grpc_message", "grpc_status", "head",
                  "http_status", "offset", "received", "responded", "sent", "stream_id",
                  "timer")  # fmt: skip
 
-    def __init__(self, stream_id: int, payload: bytes | memoryview, future: asyncio.Future[Reply]):
+    def __init__(
+        self,
+        stream_id: int,
+        payload: bytes | memoryview,
+        future: asyncio.Future[Reply],
+        deadline: float,
+    ):
         self.stream_id = stream_id
         self.future = future
+        self.deadline = deadline
         #: The gRPC length prefix, sent in front of the first chunk of ``body``.
         self.head = b"\x00" + len(payload).to_bytes(4, "big")
         self.body = memoryview(payload)
@@ -211,7 +224,7 @@ class WorkerConnection(asyncio.Protocol):
             prefix = self._prefixes[path] = http2.request_prefix(path, self._authority)
         stream_id = h2c.open_stream(http2.encode_request(prefix, encode_grpc_timeout(remaining)))
         future: asyncio.Future[Reply] = self._loop.create_future()
-        call = _Call(stream_id, payload, future)
+        call = _Call(stream_id, payload, future, deadline)
         self._calls[stream_id] = call
         if not self._push(call):
             self._blocked.append(call)
@@ -307,18 +320,37 @@ class WorkerConnection(asyncio.Protocol):
             self._h2.reset(call.stream_id, http2.CANCEL)
             self._schedule_flush()
 
+    def _reset_later(self, call: _Call) -> None:
+        """Reset ``call``'s stream after :data:`DEADLINE_RESET_GRACE` if the worker has not
+        ended it by then (its own deadline should have)."""
+        stream_id = call.stream_id
+
+        def reset_if_open() -> None:
+            if self.closed is None and self._h2.is_open(stream_id):
+                self._h2.reset(stream_id, http2.CANCEL)
+                self._flush()
+
+        self._loop.call_later(DEADLINE_RESET_GRACE, reset_if_open)
+
     def _expire(self, call: _Call) -> None:
         call.timer = None
         if call.stream_id not in self._calls:
             return
-        self._reset(call)
         self._finish(
             call,
             Reply(_DEADLINE, "deadline exceeded: the worker did not answer before the deadline"),
         )
+        self._reset_later(call)
 
     def _abandon(self, call: _Call) -> None:
-        if call.stream_id in self._calls:
+        """The caller is gone: reset at once, unless its deadline passed (then the worker
+        ends the call itself, see :data:`DEADLINE_RESET_GRACE`)."""
+        if call.stream_id not in self._calls:
+            return
+        if self._loop.time() >= call.deadline:
+            self._finish(call, ChannelError("deadline", unprocessed=not call.sent))
+            self._reset_later(call)
+        else:
             self._reset(call)
             self._finish(call, ChannelError("cancelled", unprocessed=not call.sent))
 

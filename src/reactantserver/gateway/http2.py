@@ -222,6 +222,10 @@ class ClientConnection:
                 self._out.append(_frame(CONTINUATION, END_HEADERS if last else 0, stream_id, chunk))
         return stream_id
 
+    def is_open(self, stream_id: int) -> bool:
+        """Whether ``stream_id`` is open (neither side has ended or reset it yet)."""
+        return stream_id in self._streams
+
     def window(self, stream_id: int) -> int:
         """Bytes of DATA that may be sent on ``stream_id`` now (0 for an unknown stream)."""
         stream = self._streams.get(stream_id)
