@@ -57,10 +57,11 @@ from ..transport import guest
 from ..transport.health import HealthServicer
 from ..transport.limits import WireCounters, WireLimits
 from ..transport.server import GuardedServer
+from .calls import Raw, RawCodec
 from .metrics import GatewayCollector
 from .pool import WorkerClient
 from .prober import GatewayWedged, Prober, Refresher, Registrations
-from .proxy import Proxy, Raw, RawCodec
+from .proxy import Proxy
 from .routing import make_router
 from .scrape import Endpoint, WorkerMetrics
 from .stats import GatewayStats
