@@ -421,12 +421,14 @@ def test_an_expired_call_is_reset_only_if_the_worker_does_not_end_it() -> None:
         client = WorkerClient(f"127.0.0.1:{port}")
         started = loop.time()
         reply = await client.call(b"/t.T/A", b"", deadline(0.05))
-        assert reply.status == 4 and loop.time() - started < 0.5
+        answered = loop.time()
+        assert reply.status == 4
         await asyncio.sleep(0.3)
-        assert resets == []  # not yet: the worker may still end it
+        if loop.time() - answered < DEADLINE_RESET_GRACE:  # (a loaded machine may sleep longer)
+            assert resets == []  # not yet: the worker may still end it
         while not resets and loop.time() - started < 5:
             await asyncio.sleep(0.02)
-        assert resets and resets[0] - started >= DEADLINE_RESET_GRACE
+        assert resets and resets[0] - answered >= DEADLINE_RESET_GRACE - 0.01
         await client.wait_closed()
         server.close()
         await server.wait_closed()
