@@ -294,7 +294,7 @@ class ScriptedWorker(asyncio.Protocol):
     """An h2 server that answers each stream per ``script``: "ok", "refuse" (RST_STREAM
     REFUSED_STREAM), "goaway" (GOAWAY naming the stream before it as the last), or "drain"
     (GOAWAY naming this stream as the last, then its answer), or "silent" (no answer ever);
-    ``resets`` gets the loop time of each RST_STREAM it receives."""
+    ``resets`` gets the time (``time.monotonic``, the loop's clock) of each RST_STREAM."""
 
     def __init__(self, script: list[str], resets: list[float] | None = None) -> None:
         self.script = script
@@ -314,7 +314,7 @@ class ScriptedWorker(asyncio.Protocol):
         assert self.transport is not None
         for event in self.conn.receive_data(data):
             if isinstance(event, h2.events.StreamReset):
-                self.resets.append(asyncio.get_running_loop().time())
+                self.resets.append(time.monotonic())  # the selector loop's clock
             if isinstance(event, h2.events.StreamEnded):
                 action = self.script.pop(0)
                 sid = event.stream_id
