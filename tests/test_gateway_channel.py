@@ -131,7 +131,10 @@ class Worker:
 
 
 def run(test: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(test(), 60))
+    """``test`` on the standard selector loop, as the gateway runs (not the loop
+    trio-asyncio's policy would make, once another test module imported it)."""
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+        runner.run(asyncio.wait_for(test(), 60))
 
 
 def deadline(seconds: float = 10.0) -> float:
