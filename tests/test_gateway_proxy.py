@@ -182,7 +182,8 @@ def _grpclib(gateway: GatewayRun, calls: Any) -> Any:
         finally:
             channel.close()
 
-    return asyncio.run(main())
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+        return runner.run(main())
 
 
 def test_control_rpcs_fan_out_or_refuse(gateway: GatewayRun) -> None:
