@@ -11,7 +11,8 @@ assertions are one-sided and loose ("well under a second"), never tight.
 What is shown (issue 17, "Must show"): every RPC through the gateway; round robin within
 10 % over 300 calls; least_outstanding sending new work to the idle worker while the other
 is busy with a slow model; a 50 ms deadline on the slow model answered DEADLINE_EXCEEDED
-well before a second; a worker that unloads a model answering NOT_FOUND, the gateway
+well before a second; a shared-memory registration one worker refuses (its
+``max_shm_regions`` is full) rolled back on the others; a worker that unloads a model answering NOT_FOUND, the gateway
 failing over and refreshing its table; a worker killed mid-load -- only calls sent to it
 fail, each UNAVAILABLE -- and routing recovering when it restarts, with the shared-memory
 regions registered through the gateway registered on it again; the workers' metrics merged
@@ -135,8 +136,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     (repo / "slow" / "model.py").write_text(SLOW_MODEL)
     grpc = {w: free_port() for w in WORKERS}
     admin = {w: free_port() for w in WORKERS}
+    # w2 holds at most two shared-memory regions: a third registration is refused there,
+    # which the rollback test needs from a real worker.
+    limits = {"w2": ", endpoints: {max_shm_regions: 2}"}
     entries = "".join(
-        f"  - {{name: {w}, port: {grpc[w]}, metrics_port: {admin[w]}}}\n" for w in WORKERS
+        f"  - {{name: {w}, port: {grpc[w]}, metrics_port: {admin[w]}{limits.get(w, '')}}}\n"
+        for w in WORKERS
     )
     node = tmp / "node.yaml"
     node.write_text(
@@ -298,6 +303,27 @@ def _regions(tag: str) -> Iterator[tuple[str, object, str, object]]:
     finally:
         tshm.destroy_shared_memory_region(inp)
         tshm.destroy_shared_memory_region(out)
+
+
+def test_a_registration_one_worker_refuses_is_rolled_back_everywhere(fleet: Fleet) -> None:
+    """w2 holds at most two regions: with two registered, a third is refused there, undone
+    on w0 and w1, and answered with w2's status and message."""
+    with gateway(fleet) as gw, _regions("gw-rollback") as (inp_key, _, out_key, _):
+        client = gw.client()
+        client.register_system_shared_memory("in", inp_key, X.nbytes)
+        client.register_system_shared_memory("out", out_key, X.nbytes)
+        with pytest.raises(InferenceServerException) as caught:
+            client.register_system_shared_memory("third", inp_key, X.nbytes)
+        assert code(caught.value) == "RESOURCE_EXHAUSTED"
+        message = caught.value.message()
+        assert f"worker w2 ({fleet.address('w2')}) refused region 'third'" in message
+        assert "rolled back on w0" in message and "w1" in message
+        for w in WORKERS:
+            direct = fleet.client(w)
+            assert set(direct.get_system_shared_memory_status().regions) == {"in", "out"}, w
+            direct.close()
+        client.unregister_system_shared_memory()
+        client.close()
 
 
 def test_grpcurl_through_the_gateway(fleet: Fleet) -> None:
