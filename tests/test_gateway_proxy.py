@@ -488,3 +488,25 @@ def test_every_gateway_series_is_documented_and_exported(gateway: GatewayRun) ->
     _, text = http_get(gateway.metrics_url + "/metrics")
     exported = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE gateway_")}
     assert exported == _documented_gateway_series()
+
+
+def test_a_taken_port_is_one_line_and_exit_1(tmp_path: Any) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        gw = start_cli(
+            ["gateway"],
+            tmp_path / "gateway.log",
+            REACTANT_GATEWAY_WORKERS="127.0.0.1:1",
+            REACTANT_GATEWAY_LISTEN_GRPC=f"127.0.0.1:{port}",
+            REACTANT_GATEWAY_LISTEN_METRICS="127.0.0.1:0",
+        )
+        assert gw.proc.wait(60) == 1
+    assert (
+        f"reactantserver gateway: cannot listen for gRPC on 127.0.0.1:{port}: address already "
+        "in use (change listen.grpc)"
+    ) in gw.text()
+    assert "Traceback" not in gw.text()

@@ -269,12 +269,30 @@ def _add_gateway(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 def _run_gateway(args: argparse.Namespace) -> int:
+    import logging
+
+    from . import startup
     from .config import load_gateway
-    from .gateway.app import configure_logging, run
+    from .gateway.app import configure_logging, listen_problems, run
 
     config = load_gateway(args.file)
     configure_logging(config.logging, args.log_level)
-    return run(config)
+    taken = listen_problems(config)
+    if taken:
+        for line in taken:
+            print(f"reactantserver gateway: {line}", file=sys.stderr)
+        return 1
+    try:
+        return run(config)
+    except KeyboardInterrupt:
+        print("reactantserver gateway: interrupted while starting", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        # One line per cause instead of Trio's nested groups; the whole story at debug.
+        logging.getLogger("reactantserver.gateway").debug("gateway failure", exc_info=exc)
+        for line in startup.failure_lines(exc):
+            print(f"reactantserver gateway: {line}", file=sys.stderr)
+        return startup.exit_status(exc)
 
 
 def _add_node(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

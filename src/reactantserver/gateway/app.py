@@ -250,6 +250,25 @@ def listen_tcp(address: str) -> socket.socket:
     return sock
 
 
+def listen_problems(config: GatewayConfig) -> list[str]:
+    """One line for each address of ``config`` the gateway could not listen on now (checked
+    before starting, so that a taken port is one line, not a traceback)."""
+    lines = []
+    for what, key, address in (
+        ("gRPC", "listen.grpc", config.listen.grpc),
+        ("admin HTTP", "listen.metrics", config.listen.metrics),
+    ):
+        parsed = split_host_port(address)
+        if parsed is None or parsed[1] == 0:
+            continue  # off, or any free port: nothing to collide with
+        try:
+            listen_tcp(address).close()
+        except OSError as exc:
+            reason = (exc.strerror or str(exc)).lower()
+            lines.append(f"cannot listen for {what} on {address}: {reason} (change {key})")
+    return lines
+
+
 async def _serve_grpc(
     gateway: Gateway,
     proxy: Proxy,
