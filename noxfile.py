@@ -1,6 +1,7 @@
 """Developer sessions; ``nox -s serve`` and ``nox -s tests`` are the two a newcomer needs.
 
-The others: ``lint``, ``proto``, ``bench``, ``bench_peer``, ``fuzz``, ``node``, ``image``.
+The others: ``lint``, ``proto``, ``bench``, ``bench_peer``, ``fuzz``, ``node``, ``gateway``,
+``image``.
 
 Every session installs what it needs into its own virtualenv, so a clean clone on a
 machine with only Python (plus ``pip install nox``) runs all of them.
@@ -255,6 +256,18 @@ def node(session: nox.Session) -> None:
 
 
 @session
+def gateway(session: nox.Session) -> None:
+    """Run a gateway: ``nox -s gateway -- gateway.yml [--log-level LEVEL]`` (docs/gateway.md).
+
+    No JAX: the gateway only forwards. Without a file, REACTANT_GATEWAY_FILE or the
+    REACTANT_GATEWAY_* variables alone configure it.
+    """
+    session.install("-e", ".")
+    # Like serve: the session becomes the gateway, so signals reach it and its status is nox's.
+    become(session, ["reactantserver", "gateway", *session.posargs])
+
+
+@session
 def image(session: nox.Session) -> None:
     """Build the CPU image from the Dockerfile with no registry and run it (slow).
 
@@ -302,8 +315,11 @@ def proto(session: nox.Session) -> None:
 
 @session
 def bench(session: nox.Session) -> None:
-    """Print every benchmark table (``nox -s bench -- scheduler`` picks by name)."""
-    session.install("-e", ".[jax,test]")
+    """Print every benchmark table (``nox -s bench -- scheduler`` picks by name).
+
+    py-spy profiles the gateway in ``nox -s bench -- gateway`` (where the CPU goes).
+    """
+    session.install("-e", ".[jax,test]", "py-spy>=0.3")
     session.env["JAX_PLATFORMS"] = "cpu"
     session.run("python", "benchmarks/run.py", *session.posargs)
 

@@ -338,6 +338,23 @@ def test_least_outstanding_avoids_the_worker_busy_with_a_slow_model() -> None:
     assert firsts == {"a:1", "b:1"}
 
 
+def test_least_outstanding_counts_requests_when_work_is_measured_as_zero() -> None:
+    """A model whose learned cost is 0 (a meta model whose glue only waits) still makes its
+    worker busy: equal work goes to the worker with fewer requests in flight."""
+    table = _table(
+        {"a:1": {"wait": 1, "fast": 8}, "b:1": {"wait": 1, "fast": 8}},
+        costs={("wait", "a:1"): 0.0, ("wait", "b:1"): 0.0},
+    )
+    router = LeastOutstandingRouter(table)
+    held = router.choose("wait", 1, now=0)
+    assert router.load(held.worker) == 0.0  # type: ignore[arg-type]
+    for _ in range(10):
+        ticket = router.choose("fast", 1, now=0)
+        assert ticket.worker != held.worker
+        router.release(ticket)
+    router.release(held)
+
+
 # ---------------------------------------------------------------- fill routing
 
 

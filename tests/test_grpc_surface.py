@@ -693,6 +693,7 @@ async def test_reflection_both_versions(server: Running, package: str) -> None:
     raw = await off_loop(lambda: _reflect(server.url, package, questions))
     listed, found, missing = (rpb.ServerReflectionResponse().parse(r) for r in raw)
     assert [s.name for s in listed.list_services_response.service] == [
+        "grpc.health.v1.Health",
         "grpc.reflection.v1.ServerReflection",
         "grpc.reflection.v1alpha.ServerReflection",
         "inference.GRPCInferenceService",

@@ -82,6 +82,7 @@ def check_infer_output(stdout: str) -> None:
 
 async def test_list_and_describe_through_reflection(address: str) -> None:
     assert (await ok("-plaintext", address, "list")).splitlines() == [
+        "grpc.health.v1.Health",
         "grpc.reflection.v1.ServerReflection",
         "grpc.reflection.v1alpha.ServerReflection",
         "inference.GRPCInferenceService",

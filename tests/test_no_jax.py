@@ -108,12 +108,25 @@ def test_public_scheduler_name_without_jax() -> None:
 
 
 def test_gateway_core_is_sans_io() -> None:
-    """The gateway's core decides without I/O: importing it pulls in no event loop, gRPC
-    library, protobuf runtime or JAX (the gateway's I/O converts to and from messages)."""
+    """The gateway's core decides without I/O: importing it -- and the wire peek, the HTTP/2
+    client state machine and the request counters -- pulls in no event loop, gRPC library,
+    protobuf runtime or JAX (the gateway's I/O converts to and from messages)."""
     code = (
-        "import sys, reactantserver.gateway\n"
+        "import sys, reactantserver.gateway, reactantserver.gateway.wire\n"
+        "import reactantserver.gateway.http2, reactantserver.gateway.stats\n"
         "roots = ('trio', 'asyncio', 'grpclib', 'betterproto', 'google', 'jax', 'jaxlib')\n"
         "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in roots)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_the_gateway_process_has_no_trio_asyncio() -> None:
+    """The gateway runs Trio as asyncio's guest: nothing it imports brings trio-asyncio (whose
+    import patches asyncio's loop lookup process-wide)."""
+    code = (
+        "import sys, reactantserver.gateway.app, reactantserver.cli\n"
+        "print(','.join(sorted(m for m in sys.modules if m.startswith('trio_asyncio'))))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""

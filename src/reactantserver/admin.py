@@ -9,13 +9,14 @@ a connection gets ``CONNECTION_TIMEOUT`` seconds to send it.
 - ``/readyz``: 200 ``ready`` only when the readiness callback says so; otherwise 503
   with the reason as the body (for example which model is still compiling).
 - ``/metrics``: the text exposition of the registry given at construction (never the
-  process-global default registry).
+  process-global default registry). An optional ``before_metrics`` coroutine runs first
+  (the gateway fetches its workers' expositions there).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 
 import trio
@@ -44,9 +45,17 @@ def _response(status: str, body: bytes, content_type: str = "text/plain; charset
 class AdminApp:
     """Maps a request line to a response; no I/O, so it is tested directly."""
 
-    def __init__(self, registry: CollectorRegistry, readiness: ReadinessCheck) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        readiness: ReadinessCheck,
+        *,
+        before_metrics: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self._registry = registry
         self._readiness = readiness
+        #: Awaited by the server before it answers /metrics (not by ``respond``).
+        self.before_metrics = before_metrics
 
     def respond(self, method: str, target: str) -> bytes:
         path = target.split("?", 1)[0]
@@ -97,6 +106,8 @@ async def _handle(app: AdminApp, stream: trio.SocketStream) -> None:
             if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
                 await stream.send_all(_response("400 Bad Request", b"malformed request line\n"))
                 return
+            if app.before_metrics is not None and parts[1].split("?", 1)[0] == "/metrics":
+                await app.before_metrics()
             try:
                 await stream.send_all(app.respond(parts[0], parts[1]))
             except trio.BrokenResourceError:

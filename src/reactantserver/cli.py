@@ -22,6 +22,12 @@ never imports JAX.
         ``--log-level debug`` adds the traceback. ``--announce`` reports startup progress
         and ends it with where to reach the worker and three commands to try.
 
+    reactantserver gateway [FILE] [--log-level LEVEL]
+        Run a gateway (docs/gateway.md): one KServe V2 endpoint in front of the workers a
+        gateway.yml lists (or REACTANT_GATEWAY_* alone), routing each request to a worker
+        serving its model; SIGINT/SIGTERM drain it and exit 0. Exits 1 when no worker has
+        answered for wedge_exit_rounds probe rounds.
+
     reactantserver node FILE [--runtime-dir DIR] [--log-level LEVEL]
         Run a whole machine from a node file: detect its GPUs, start one worker per GPU
         (each seeing only its own device) and, for two or more, the gateway in front;
@@ -241,6 +247,54 @@ def _run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_gateway(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "gateway",
+        help="run a gateway: one gRPC endpoint in front of several workers",
+        description=(
+            "Serve the KServe V2 gRPC API in front of the workers of a gateway.yml until "
+            "SIGINT/SIGTERM. REACTANT_GATEWAY_* environment overrides apply (without FILE, "
+            "REACTANT_GATEWAY_FILE or the variables alone configure it); the effective "
+            "configuration is logged at start."
+        ),
+    )
+    parser.add_argument("file", nargs="?", help="gateway.yml")
+    parser.add_argument(
+        "--log-level",
+        default=None,
+        choices=["debug", "info", "warning", "error"],
+        help="log verbosity (default: gateway.yml's logging.level)",
+    )
+    parser.set_defaults(run=_run_gateway)
+
+
+def _run_gateway(args: argparse.Namespace) -> int:
+    import logging
+
+    from . import startup
+    from .config import load_gateway
+    from .gateway.app import configure_logging, listen_problems, run
+
+    config = load_gateway(args.file)
+    configure_logging(config.logging, args.log_level)
+    taken = listen_problems(config)
+    if taken:
+        for line in taken:
+            print(f"reactantserver gateway: {line}", file=sys.stderr)
+        return 1
+    try:
+        return run(config)
+    except KeyboardInterrupt:
+        print("reactantserver gateway: interrupted while starting", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        # One line per cause instead of Trio's nested groups; the whole story at debug.
+        logging.getLogger("reactantserver.gateway").debug("gateway failure", exc_info=exc)
+        for line in startup.failure_lines(exc):
+            print(f"reactantserver gateway: {line}", file=sys.stderr)
+        return startup.exit_status(exc)
+
+
 def _add_node(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "node",
@@ -318,6 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_config(subparsers)
     _add_serve(subparsers)
+    _add_gateway(subparsers)
     _add_node(subparsers)
     _add_export(subparsers)
     return parser

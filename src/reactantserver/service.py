@@ -212,6 +212,19 @@ class Service:
             name=SERVER_NAME, version=reactantserver.__version__, extensions=list(EXTENSIONS)
         )
 
+    def health(self, name: str) -> bool | None:
+        """grpc.health.v1 (``transport.health``): whether the server (``name`` empty) or the
+        model ``name`` serves; None for a model this worker does not know."""
+        if not name:
+            return self._host.readiness()[0]
+        try:
+            model = self._host.get(name)
+        except NotFound:
+            return None
+        except Unavailable:  # known, but loading or draining
+            return False
+        return model.ready()[0]
+
     async def model_metadata(
         self, request: pb.ModelMetadataRequest, ctx: CallContext
     ) -> pb.ModelMetadataResponse:

@@ -276,6 +276,13 @@ class GatewayGrpcConfig:
     #: Inbound cap is this times the number of workers; 0 = uncapped. Keep it above
     #: ``worker_client.max_concurrent_streams`` so a burst has headroom.
     max_concurrent_requests_per_worker: int = 64
+    #: The hardened wire's bounds per client, as a worker's ``endpoints:`` has them: open
+    #: connections, calls per connection (SETTINGS_MAX_CONCURRENT_STREAMS), the time a new
+    #: connection has for its HTTP/2 handshake and the time one may stay without a call.
+    max_connections: int = 256
+    max_concurrent_streams: int = 128
+    handshake_timeout_seconds: float = 10.0
+    idle_timeout_seconds: float = 300.0
 
 
 @attrs.frozen(kw_only=True)

@@ -34,7 +34,9 @@ Policies (one class each):
     addresses). The failover order is the rest of the rotation.
 ``least_outstanding``
     The replica whose *worker* has the least in-flight work (all models count: a worker
-    busy with a slow model is busy); ties go by a per-model rotation, so equal workers share
+    busy with a slow model is busy); ties go to fewer requests in flight (work measured as
+    zero -- a model whose learned cost is 0, such as a meta model whose glue only waits --
+    still makes its worker busy), then by a per-model rotation, so equal workers share
     evenly and the choice is deterministic. Failover order: by the same key.
 ``lpt_packing`` (fill routing, :class:`FillRouter`)
     Only the model's *placed* replicas (from the packer) are candidates. A replica's
@@ -271,6 +273,11 @@ class Router:
         account = self._workers.get(worker)
         return 0.0 if account is None else account.work
 
+    def requests(self, worker: str) -> int:
+        """Requests in flight on ``worker`` (all models)."""
+        account = self._workers.get(worker)
+        return 0 if account is None else account.requests
+
     def outstanding_items(self, model: str, worker: str) -> int:
         pair = self._pairs.get((model, worker))
         return 0 if pair is None else pair.items
@@ -346,9 +353,10 @@ class LeastOutstandingRouter(Router):
         cursor = self._cursor.get(model, 0)
         self._cursor[model] = cursor + 1
         keyed = sorted(
-            ((self.load(r.worker), (i - cursor) % n, r.worker) for i, r in enumerate(replicas))
+            (self.load(r.worker), self.requests(r.worker), (i - cursor) % n, r.worker)
+            for i, r in enumerate(replicas)
         )
-        return tuple(worker for _, _, worker in keyed)
+        return tuple(key[-1] for key in keyed)
 
 
 @attrs.frozen(kw_only=True)

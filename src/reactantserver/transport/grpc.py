@@ -82,6 +82,7 @@ from reactantserver.service import Service
 from reactantserver.status import StatusCode, WireStatus, to_status
 
 from .h2guard import GuardedProtocol
+from .health import HealthServicer
 from .limits import Fault, WireCounters, WireLimits
 from .server import GuardedServer
 
@@ -128,6 +129,7 @@ CONTROL_RPCS: Mapping[str, str] = {
 }
 #: Fully qualified names of the services served (and listed by reflection).
 SERVICES: tuple[str, ...] = (
+    "grpc.health.v1.Health",
     "grpc.reflection.v1.ServerReflection",
     "grpc.reflection.v1alpha.ServerReflection",
     "inference.GRPCInferenceService",
@@ -450,8 +452,9 @@ async def serve_grpc(
         # outlives its handler; both live inside the trio-asyncio loop.
         async with trio_asyncio.open_loop() as loop, trio.open_nursery() as calls:
             bridge = _Bridge(service, answerer, calls)
+            health = HealthServicer(service.health)  # grpc.health.v1, answered on asyncio
             server = GuardedServer(
-                bridge.mapping(),
+                {**bridge.mapping(), **health.mapping()},
                 codec=_SizeLimitedCodec(endpoints.max_message_bytes),
                 limits=limits,
                 counters=counters,
@@ -468,8 +471,11 @@ async def serve_grpc(
                     await stop.wait()
                 log.info("gRPC draining: refusing new calls, waiting up to %.1f s", grace_seconds)
                 bridge.drain()
+                health.drain()
                 with trio.move_on_after(grace_seconds):
                     await bridge.wait_idle()
+                with trio.move_on_after(1.0):  # watchers hear NOT_SERVING before GOAWAY
+                    await trio_asyncio.aio_as_trio(health.wait_told)()
                 server.goaway()
                 # Let the GOAWAY frames and any last refusals reach the clients.
                 await trio.sleep(GOAWAY_LINGER)

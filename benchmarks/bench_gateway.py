@@ -1,0 +1,311 @@
+"""Gateway benchmark: the same load direct to one worker and through a gateway in front of it.
+
+What it measures (issue 17), side by side in one run:
+
+* one-row ``double`` requests (``y = 2 * x``, FP32 ``[1, 16]``) at 1, 16 and 64 in flight,
+  closed loop (``tritonclient.grpc.aio``, this process): requests/s and p50/p99, direct and
+  through the gateway, and the p50 the gateway adds;
+* CPU per request (user + system, ``psutil``) of the gateway process and of the worker, and
+  their ratio -- the gateway's cost relative to the work it fronts. The worker's CPU is
+  taken in the same window as the gateway's (through the gateway), and also direct;
+* one 38 MB input inline through the gateway and direct (``double_38mb``, as in
+  ``bench_serve``): what the raw-byte path's copies cost a large tensor;
+* where the gateway's CPU goes: a ``py-spy`` profile of the gateway under the 16-in-flight
+  load (samples holding the GIL, by package), when py-spy can attach.
+
+Processes as deployed: ``python -m reactantserver.cli serve node.yaml`` (one CPU worker,
+``fair``, ``max_concurrent_requests: 1024``) and ``python -m reactantserver.cli gateway
+gateway.yml`` (round_robin, one endpoint). Rows are measured ``--runs`` times, direct and
+gateway alternating, and each figure is the median. On a 2-core machine client, gateway
+and worker share the cores: latency and requests/s are properties of the trio; CPU per
+request is each process's own.
+
+    python benchmarks/bench_gateway.py                  # the tables (about 2 minutes)
+    python benchmarks/bench_gateway.py --runs 1 --seconds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from bench_serve import (  # noqa: E402
+    BIG_MODEL,
+    LoadResult,
+    Server,
+    big_array,
+    build_repo,
+    closed_loop,
+    free_port,
+    process_cpu,
+    start_ours,
+    tensor_input,
+    wait_ready,
+)
+
+MODEL = "double"
+CONCURRENCY = (1, 16, 64)
+
+
+@attrs.frozen
+class Pair:
+    """One row: the direct and the gateway windows at one concurrency (medians of runs)."""
+
+    concurrency: int
+    direct: list[LoadResult]
+    gateway: list[LoadResult]
+    gateway_cpu: list[float]  # gateway CPU per request, seconds
+    worker_cpu_via: list[float]  # worker CPU per request through the gateway
+
+    @staticmethod
+    def med(values: Sequence[float]) -> float:
+        return statistics.median(values)
+
+
+def start_gateway(worker: Server, workdir: Path) -> Server:
+    port = free_port()
+    config = {
+        "listen": {"grpc": f"127.0.0.1:{port}", "metrics": "127.0.0.1:0"},
+        "endpoints": [worker.url],
+        "health_interval_seconds": 5.0,
+        "logging": {"level": "warning", "format": "text"},
+    }
+    path = workdir / "gateway.yml"
+    path.write_text(json.dumps(config))
+    log = workdir / "gateway.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "reactantserver.cli", "gateway", str(path)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    return Server("gateway", proc, port, log)
+
+
+async def _window(url: str, n: int, args: argparse.Namespace, pids: Sequence[int]) -> LoadResult:
+    """One closed-loop window; ``cpu`` reads every pid's CPU (numpy array: subtractable)."""
+    return await closed_loop(
+        url,
+        MODEL,
+        n,
+        seconds=args.seconds,
+        warmup=args.warmup,
+        cpu=lambda: np.array([process_cpu(p) for p in pids]),  # type: ignore[arg-type,return-value]
+    )
+
+
+async def measure(args: argparse.Namespace, worker: Server, gateway: Server) -> list[Pair]:
+    pairs = []
+    for n in CONCURRENCY:
+        pair = Pair(n, [], [], [], [])
+        for _ in range(args.runs):
+            direct = await _window(worker.url, n, args, [worker.proc.pid])
+            via = await _window(gateway.url, n, args, [gateway.proc.pid, worker.proc.pid])
+            cpu = np.asarray(via.cpu_seconds) / via.requests
+            pair.direct.append(attrs.evolve(direct, cpu_seconds=float(np.sum(direct.cpu_seconds))))
+            pair.gateway.append(via)
+            pair.gateway_cpu.append(float(cpu[0]))
+            pair.worker_cpu_via.append(float(cpu[1]))
+        pairs.append(pair)
+    return pairs
+
+
+async def big(url: str, repeats: int) -> float:
+    """Median seconds of one 38 MB request (inline both ways)."""
+    import tritonclient.grpc.aio as aioclient
+    from bench_serve import CHANNEL_ARGS
+
+    x = big_array()
+    client = aioclient.InferenceServerClient(url, channel_args=CHANNEL_ARGS)
+    try:
+        times = []
+        for _ in range(repeats):
+            started = time.monotonic()
+            result = await client.infer(BIG_MODEL, [tensor_input("x", x)])
+            times.append(time.monotonic() - started)
+            assert np.array_equal(result.as_numpy("y")[:4], 2 * x[:4])
+        return statistics.median(times)
+    finally:
+        await client.close()
+
+
+# ------------------------------------------------------------------------------ profile
+
+#: Package of a frame's file -> the row it counts in (py-spy shows paths relative to the
+#: entries of sys.path, e.g. ``h2/connection.py``; first match wins).
+_BUCKETS = (
+    ("reactantserver/gateway/http2", "gateway: HTTP/2 client to the worker (http2.py, hpack)"),
+    ("reactantserver/gateway/channel", "gateway: worker connections (channel.py, pool.py)"),
+    ("reactantserver/gateway/pool", "gateway: worker connections (channel.py, pool.py)"),
+    ("reactantserver/gateway", "gateway: proxy, peek, routing, stats"),
+    ("reactantserver/transport", "hardened server wire (transport/h2guard, server, framing)"),
+    ("hpack/", "h2, hpack, hyperframe (the server side's HTTP/2)"),
+    ("hyperframe/", "h2, hpack, hyperframe (the server side's HTTP/2)"),
+    ("h2/", "h2, hpack, hyperframe (the server side's HTTP/2)"),
+    ("grpclib/", "grpclib (server streams and protocol)"),
+    ("asyncio/", "asyncio event loop"),
+    ("selectors", "asyncio event loop"),
+)
+
+
+def _bucket(frame: str) -> str:
+    for needle, label in _BUCKETS:
+        if needle in frame:
+            return label
+    return "other (Python runtime, logging, enum, ...)"
+
+
+def profile(pid: int, seconds: float, workdir: Path) -> Counter[str] | str:
+    """py-spy's GIL-holding samples of ``pid``, by the package of the innermost frame."""
+    spy = shutil.which("py-spy")
+    if spy is None:
+        return "py-spy not found (pip install py-spy): no profile"
+    out = workdir / "gateway.pyspy"
+    proc = subprocess.run(
+        [spy, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "250",
+         "--gil", "--nonblocking", "--format", "raw", "--output", str(out)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if proc.returncode != 0 or not out.exists():
+        return f"py-spy could not profile the gateway: {proc.stderr.strip()[-300:]}"
+    counts: Counter[str] = Counter()
+    for line in out.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not n.isdigit():
+            continue
+        counts[_stack_bucket(stack)] += int(n)
+    return counts
+
+
+def _stack_bucket(stack: str) -> str:
+    """The gateway's client side owns everything below it (its hpack decoding included);
+    any other sample counts where its innermost frame is."""
+    if "reactantserver/gateway/http2" in stack:
+        return _BUCKETS[0][1]
+    if "reactantserver/gateway/channel" in stack or "reactantserver/gateway/pool" in stack:
+        return _BUCKETS[1][1]
+    leaf = stack.rsplit(";", 1)[-1]
+    path = re.search(r"\((.*?):\d+\)", leaf)
+    return _bucket(path.group(1) if path else leaf)
+
+
+async def profiled_load(args: argparse.Namespace, gateway: Server, workdir: Path) -> object:
+    load = asyncio.ensure_future(
+        closed_loop(
+            gateway.url, MODEL, 16, seconds=args.profile_seconds + 1, warmup=0.5, cpu=lambda: 0.0
+        )
+    )
+    await asyncio.sleep(0.7)
+    counts = await asyncio.to_thread(profile, gateway.proc.pid, args.profile_seconds, workdir)
+    await load
+    return counts
+
+
+# ------------------------------------------------------------------------------ report
+
+
+def report(pairs: list[Pair], big_direct: float, big_via: float, counts: object) -> None:
+    print(f"one worker (double, CPU), direct and through one gateway; {os.cpu_count()} CPUs; "
+          "load generator in this process; medians")  # fmt: skip
+    head = (
+        f"{'in flight':>9} | {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'wkr us':>7} | "
+        f"{'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'gw us':>6} {'wkr us':>7} | "
+        f"{'+p50 ms':>7} {'gw/wkr':>6} {'gw/direct':>9}"
+    )
+    print(f"{'':>9} | {'direct to the worker':^31} | {'through the gateway':^38} |")
+    print(head)
+    med = Pair.med
+    for p in pairs:
+        d_rps = med([r.rps for r in p.direct])
+        d_p50 = med([r.p50 for r in p.direct])
+        d_p99 = med([r.p99 for r in p.direct])
+        d_cpu = med([r.cpu_per_request for r in p.direct])
+        g_rps = med([r.rps for r in p.gateway])
+        g_p50 = med([r.p50 for r in p.gateway])
+        g_p99 = med([r.p99 for r in p.gateway])
+        g_cpu = med(p.gateway_cpu)
+        w_cpu = med(p.worker_cpu_via)
+        print(
+            f"{p.concurrency:>9} | {d_rps:>7.0f} {d_p50 * 1e3:>7.2f} {d_p99 * 1e3:>7.2f} "
+            f"{d_cpu * 1e6:>7.0f} | {g_rps:>7.0f} {g_p50 * 1e3:>7.2f} {g_p99 * 1e3:>7.2f} "
+            f"{g_cpu * 1e6:>6.0f} {w_cpu * 1e6:>7.0f} | {(g_p50 - d_p50) * 1e3:>7.2f} "
+            f"{g_cpu / w_cpu:>6.2f} {g_cpu / d_cpu:>9.2f}"
+        )
+    print("wkr us / gw us: CPU per request of the worker / gateway process; gw/wkr: the gateway's")
+    print(
+        "CPU per request over the worker's in the same window; gw/direct: over the worker's direct"
+    )
+    print()
+    print(f"one 38 MB input, inline: direct {big_direct * 1e3:.0f} ms, through the gateway "
+          f"{big_via * 1e3:.0f} ms (x{big_via / big_direct:.2f})")  # fmt: skip
+    print()
+    if isinstance(counts, str):
+        print(counts)
+        return
+    assert isinstance(counts, Counter)
+    total = sum(counts.values()) or 1
+    print("where the gateway's CPU goes (py-spy, GIL-holding samples, 16 in flight):")
+    for label, n in counts.most_common():
+        print(f"  {n / total * 100:5.1f} %  {label}")
+
+
+async def _run(args: argparse.Namespace, workdir: Path) -> None:
+    repo = workdir / "repo"
+    build_repo(repo, zoo=(MODEL,), exported=(BIG_MODEL,))
+    worker = start_ours(repo, workdir, cache_dir=workdir / "cache")
+    gateway: Server | None = None
+    try:
+        await wait_ready(worker, [MODEL, BIG_MODEL])
+        gateway = start_gateway(worker, workdir)
+        await wait_ready(gateway, [MODEL, BIG_MODEL])
+        pairs = await measure(args, worker, gateway)
+        big_direct = await big(worker.url, args.big_repeats)
+        big_via = await big(gateway.url, args.big_repeats)
+        counts = (
+            await profiled_load(args, gateway, workdir) if args.profile_seconds else "no profile"
+        )
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        worker.stop()
+    report(pairs, big_direct, big_via, counts)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3, help="windows per row and side")
+    parser.add_argument("--seconds", type=float, default=3.0, help="measured window")
+    parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured lead-in")
+    parser.add_argument("--big-repeats", type=int, default=3, help="38 MB calls per side")
+    parser.add_argument("--profile-seconds", type=float, default=5.0, help="0: no profile")
+    parser.add_argument("--workdir", help="keep the repository, cache and logs here")
+    args = parser.parse_args(argv)
+    if args.workdir:
+        workdir = Path(args.workdir).resolve()
+        workdir.mkdir(parents=True, exist_ok=True)
+        asyncio.run(_run(args, workdir))
+        return
+    with tempfile.TemporaryDirectory(prefix="rs_bench_gateway_") as tmp:
+        asyncio.run(_run(args, Path(tmp)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,449 @@
+"""The gateway process: Trio supervising a grpclib proxy, the prober and the admin port.
+
+Theory of operation
+-------------------
+:func:`run` is ``reactantserver gateway gateway.yml``: it runs :func:`serve_gateway` as
+Trio's guest on a standard asyncio loop (:mod:`reactantserver.transport.guest`), with
+SIGINT/SIGTERM turned into a graceful stop, and returns the exit status.
+
+:func:`serve_gateway` builds one :class:`Gateway` and supervises, in one nursery:
+
+* the gRPC server on ``listen.grpc``: the hardened wire of ``transport.server`` (the one a
+  worker serves on: connection and stream limits, handshake and idle timeouts, messages
+  checked at their length prefix, rate-limited fault logs), on the asyncio loop. Its
+  handlers are the :class:`~.proxy.Proxy`'s, ``grpc.health.v1.Health`` and server
+  reflection; ModelInfer never leaves the asyncio side;
+* the :class:`~.prober.Prober` (a Trio task: a probe round every
+  ``health_interval_seconds``, and on demand from the request path through a
+  :class:`~reactantserver.transport.guest.TrioPortal`);
+* the admin port on ``listen.metrics`` (``/healthz``, ``/readyz`` = a worker is ready,
+  ``/metrics`` with the workers' expositions merged in), unless its port is 0.
+
+Stopping (the ``stop`` event, or a signal under :func:`run`): new calls are refused with
+UNAVAILABLE and health turns NOT_SERVING; calls in flight get up to
+:data:`DRAIN_GRACE_SECONDS` to finish (less than a node supervisor's 10 s before it
+kills); then GOAWAY on every connection, a short linger so the frames arrive, and the
+connections, the worker connections and the nursery close. A second signal stops at once.
+
+A prober that could reach no worker for ``wedge_exit_rounds`` rounds raises
+:class:`~.prober.GatewayWedged`; :func:`run` then exits with status 1 for a supervisor to
+restart the gateway.
+
+Nothing here imports JAX (tests/test_no_jax.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import socket
+from typing import Any
+
+import attrs
+import grpclib.server
+import trio
+from grpclib.const import Cardinality, Handler
+from prometheus_client import CollectorRegistry
+
+from ..admin import AdminApp, serve_admin
+from ..config.dump import dump_config
+from ..config.rules import split_host_port
+from ..config.schema import GatewayConfig, LoggingConfig
+from ..protocol.grpc.reflection import v1 as reflection_v1
+from ..protocol.grpc.reflection import v1alpha as reflection_v1alpha
+from ..protocol.reflection import ReflectionAnswerer
+from ..transport import guest
+from ..transport.health import HealthServicer
+from ..transport.limits import WireCounters, WireLimits
+from ..transport.server import GuardedServer
+from .calls import Raw, RawCodec
+from .metrics import GatewayCollector
+from .pool import WorkerClient
+from .prober import GatewayWedged, Prober, Refresher, Registrations
+from .proxy import Proxy
+from .routing import make_router
+from .scrape import Endpoint, WorkerMetrics
+from .stats import GatewayStats
+
+log = logging.getLogger("reactantserver.gateway")
+
+#: What the gateway's reflection lists (every service it answers).
+SERVICES: tuple[str, ...] = (
+    "grpc.health.v1.Health",
+    "grpc.reflection.v1.ServerReflection",
+    "grpc.reflection.v1alpha.ServerReflection",
+    "inference.GRPCInferenceService",
+    "reactant_control.ControlService",
+    "reactant_control.GatewayControlService",
+)
+#: How long calls in flight may take to finish once stopping (a node supervisor kills the
+#: gateway 10 s after SIGTERM).
+DRAIN_GRACE_SECONDS = 8.0
+#: After GOAWAY, how long connections stay open so the frames reach the clients.
+GOAWAY_LINGER = 0.25
+CLOSE_TIMEOUT = 5.0
+
+
+@attrs.frozen
+class GatewayAddress:
+    """Where a started gateway listens (ports actually bound; 0 = admin port off)."""
+
+    grpc_port: int
+    metrics_port: int
+
+
+class Gateway:
+    """Everything one gateway process holds, wired together (no I/O at construction)."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        names = config.worker_names or ("",) * len(config.endpoints)
+        self.clients = tuple(
+            WorkerClient(
+                address,
+                name,
+                max_streams=config.worker_client.max_concurrent_streams,
+                max_reply_bytes=config.grpc.max_send_msg_bytes,
+            )
+            for address, name in zip(config.endpoints, names, strict=True)
+        )
+        self.router = make_router(config.scheduling)
+        self.stats = GatewayStats()
+        #: The hardened wire's counts (connections, streams, client mistakes by kind).
+        self.wire = WireCounters()
+        self.registrations = Registrations()
+        self.prober = Prober(
+            self.clients,
+            self.router,
+            interval=config.health_interval_seconds,
+            wedge_exit_rounds=config.wedge_exit_rounds,
+            registrations=self.registrations,
+        )
+        self.worker_metrics = WorkerMetrics(_metrics_endpoints(config, self.clients))
+        self.proxy: Proxy | None = None
+        self.health = HealthServicer(self.health_status)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(
+            GatewayCollector(
+                stats=self.stats,
+                router=self.router,
+                prober=self.prober,
+                clients=self.clients,
+                wire=self.wire,
+                workers=self.worker_metrics,
+                mode=config.scheduling.mode,
+                draining=lambda: self.proxy is not None and self.proxy.draining,
+            )
+        )
+
+    def readiness(self) -> tuple[bool, str]:
+        if self.proxy is not None and self.proxy.draining:
+            return False, "the gateway is shutting down"
+        return self.prober.ready()
+
+    def health_status(self, service: str) -> bool | None:
+        """grpc.health.v1: "" is the gateway (a worker is ready); a model serves when a ready
+        worker serves it, is known but not serving when some worker lists it, else unknown."""
+        if not service:
+            return self.readiness()[0]
+        table = self.router.table
+        if table.serves(service):
+            return True
+        if any(service in w.models for w in table.workers.values()):
+            return False
+        return None
+
+    def build_proxy(self, portal: guest.TrioPortal) -> Proxy:
+        """The proxy, with its refresh path crossing into Trio through ``portal``."""
+        stats = self.stats
+
+        def requested(ran: bool) -> None:
+            stats.refreshes_requested += 1
+            stats.refreshes_run += int(ran)
+
+        refresher = Refresher(lambda: portal.run(self.prober.probe_round), on_request=requested)
+        self.proxy = Proxy(
+            self.config,
+            self.clients,
+            self.router,
+            self.prober,
+            refresh=refresher.refresh,
+            refresh_soon=refresher.soon,
+            stats=stats,
+            registrations=self.registrations,
+        )
+        return self.proxy
+
+    def mapping(self, proxy: Proxy) -> dict[str, Handler]:
+        """Every gRPC handler of the gateway, by path."""
+        table = proxy.mapping()
+        table.update(self.health.mapping())
+        answerer = ReflectionAnswerer.from_package(services=SERVICES)
+
+        async def reflect(stream: grpclib.server.Stream[Any, Any]) -> None:
+            async for request in stream:
+                await stream.send_message(answerer.answer_bytes(request))
+
+        for module in (reflection_v1alpha, reflection_v1):
+            for path in module.ServerReflectionBase().__mapping__():
+                table[path] = Handler(reflect, Cardinality.STREAM_STREAM, Raw, Raw)
+        return table
+
+
+def _metrics_endpoints(
+    config: GatewayConfig, clients: tuple[WorkerClient, ...]
+) -> tuple[Endpoint, ...]:
+    """``metrics_endpoints`` with each one's ``worker`` label: the worker's name when the
+    list lines up with ``endpoints`` (or ``worker_names``), else the admin address."""
+    addresses = config.metrics_endpoints
+    if len(addresses) == len(clients):
+        return tuple(Endpoint(a, c.name) for a, c in zip(addresses, clients, strict=True))
+    return tuple(Endpoint(a, a) for a in addresses)
+
+
+# ------------------------------------------------------------------------------ gRPC server
+
+
+def build_server(
+    mapping: dict[str, Handler], config: GatewayConfig, counters: WireCounters
+) -> GuardedServer:
+    """The gateway's gRPC server over ``mapping``: the hardened wire a worker serves on
+    (``transport.server``), with the gateway's ``grpc:`` limits. The one place that builds it."""
+    g = config.grpc
+    limits = WireLimits(
+        max_connections=g.max_connections,
+        max_concurrent_streams=g.max_concurrent_streams,
+        handshake_timeout=g.handshake_timeout_seconds,
+        idle_timeout=g.idle_timeout_seconds,
+        max_message_bytes=g.max_recv_msg_bytes,
+    )
+    return GuardedServer(
+        mapping,
+        codec=RawCodec(g.max_recv_msg_bytes, g.max_send_msg_bytes),
+        limits=limits,
+        counters=counters,
+    )
+
+
+def listen_tcp(address: str) -> socket.socket:
+    """A listening socket on ``host:port`` (port 0 picks one).
+
+    ``proto=IPPROTO_TCP`` so that accepted connections get TCP_NODELAY (asyncio sets it
+    only when the socket says TCP); without it every small answer waits for a delayed ACK.
+    """
+    parsed = split_host_port(address)
+    if parsed is None:
+        raise ValueError(f"expected host:port, got {address!r}")
+    host, port = parsed[0].strip("[]"), parsed[1]
+    family, kind, proto, _, sockaddr = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(sockaddr)
+        sock.listen(512)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def listen_problems(config: GatewayConfig) -> list[str]:
+    """One line for each address of ``config`` the gateway could not listen on now (checked
+    before starting, so that a taken port is one line, not a traceback)."""
+    lines = []
+    for what, key, address in (
+        ("gRPC", "listen.grpc", config.listen.grpc),
+        ("admin HTTP", "listen.metrics", config.listen.metrics),
+    ):
+        parsed = split_host_port(address)
+        if parsed is None or parsed[1] == 0:
+            continue  # off, or any free port: nothing to collide with
+        try:
+            listen_tcp(address).close()
+        except OSError as exc:
+            reason = (exc.strerror or str(exc)).lower()
+            lines.append(f"cannot listen for {what} on {address}: {reason} (change {key})")
+    return lines
+
+
+async def _serve_grpc(
+    gateway: Gateway,
+    proxy: Proxy,
+    stop: trio.Event,
+    *,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until ``stop``, then drain (see the module docstring) and return."""
+    config = gateway.config
+    sock: socket.socket | None = listen_tcp(config.listen.grpc)
+    assert sock is not None
+    port: int = sock.getsockname()[1]
+    mapping = gateway.mapping(proxy)
+
+    async def start(sock: socket.socket) -> GuardedServer:
+        # Built on the asyncio side, where "the running loop" is the host loop.
+        server = build_server(mapping, config, gateway.wire)
+        await server.start(sock)
+        return server
+
+    server: GuardedServer | None = None
+    try:
+        server = await guest.aio(start(sock))
+        sock = None  # the server owns it now
+        log.info("gateway gRPC listening on %s (port %d)", config.listen.grpc, port)
+        task_status.started(port)
+        await stop.wait()
+        log.info("draining: refusing new calls, waiting up to %.0f s", DRAIN_GRACE_SECONDS)
+        proxy.drain()
+        gateway.health.drain()
+        with trio.move_on_after(DRAIN_GRACE_SECONDS) as waited:
+            await guest.aio(proxy.wait_idle())
+        if waited.cancelled_caught:
+            log.warning("%d calls still in flight after the grace period", proxy.stats.in_flight)
+        with trio.move_on_after(1.0):  # health watchers hear NOT_SERVING before GOAWAY
+            await guest.aio(gateway.health.wait_told())
+        server.goaway()
+        await trio.sleep(GOAWAY_LINGER)
+    finally:
+        if server is not None:
+            with trio.move_on_after(CLOSE_TIMEOUT, shield=True):
+                server.close()
+                await guest.aio(server.wait_closed())
+        if sock is not None:
+            sock.close()
+
+
+# ------------------------------------------------------------------------------ the process
+
+
+async def serve_gateway(
+    config: GatewayConfig,
+    *,
+    stop: trio.Event | None = None,
+    gateway: Gateway | None = None,
+    task_status: trio.TaskStatus[GatewayAddress] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run one gateway until ``stop`` is set (see the module docstring).
+
+    Must run as Trio's guest of an asyncio loop (:func:`run`, or ``guest.run``). ``gateway``
+    is built from ``config`` unless given (an embedder or a test that reads its statistics).
+    """
+    stop = stop if stop is not None else trio.Event()
+    log.info("effective gateway configuration:\n%s", dump_config(config))
+    if config.tls.cert_file:
+        log.warning("tls: is configured but not enforced yet: the gateway serves cleartext h2c")
+    gateway = gateway if gateway is not None else Gateway(config)
+    try:
+        async with trio.open_nursery() as nursery:
+            proxy = gateway.build_proxy(guest.TrioPortal(nursery))
+
+            async def grpc_then_stop(task_status: trio.TaskStatus[int]) -> None:
+                await _serve_grpc(gateway, proxy, stop, task_status=task_status)
+                nursery.cancel_scope.cancel()
+
+            grpc_port = await nursery.start(grpc_then_stop)
+            metrics_port = 0
+            host_port = split_host_port(config.listen.metrics)
+            if host_port is not None and host_port[1] != 0:
+                app = AdminApp(
+                    gateway.registry,
+                    gateway.readiness,
+                    before_metrics=gateway.worker_metrics.refresh,
+                )
+                metrics_port = await nursery.start(
+                    serve_admin, app, host_port[0].strip("[]"), host_port[1]
+                )
+            await nursery.start(gateway.prober.run)
+            ready, reason = gateway.readiness()
+            log.info(
+                "gateway started: %d workers, %s; mode %s",
+                len(gateway.clients),
+                "ready" if ready else f"not ready ({reason})",
+                config.scheduling.mode,
+            )
+            if config.scheduling.mode == "lpt_packing":
+                log.warning(
+                    "scheduling.mode lpt_packing: placement is not wired into this gateway "
+                    "yet; each model is routed round robin over the workers serving it"
+                )
+            task_status.started(GatewayAddress(grpc_port, metrics_port))
+    finally:
+        with trio.CancelScope(shield=True):
+            for client in gateway.clients:
+                await guest.aio(client.wait_closed())
+
+
+async def _main(config: GatewayConfig) -> int:
+    stop = trio.Event()
+    wedged: list[GatewayWedged] = []
+    async with trio.open_nursery() as nursery:
+
+        async def on_signals(task_status: trio.TaskStatus[None]) -> None:
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                task_status.started()
+                async for signum in signals:
+                    if not stop.is_set():
+                        log.info("received %s: draining", signal.Signals(signum).name)
+                        stop.set()
+                    else:
+                        log.warning("received %s again: stopping now", signal.Signals(signum).name)
+                        nursery.cancel_scope.cancel()
+
+        await nursery.start(on_signals)
+        try:
+            await serve_gateway(config, stop=stop)
+        except* GatewayWedged as group:
+            wedged.extend(e for e in group.exceptions if isinstance(e, GatewayWedged))
+        finally:
+            nursery.cancel_scope.cancel()
+    for exc in wedged:
+        log.error("%s", exc)
+    return 1 if wedged else 0
+
+
+def run(config: GatewayConfig) -> int:
+    """``reactantserver gateway``: serve until SIGINT/SIGTERM; the exit status."""
+    return guest.run(_main, config)
+
+
+# ------------------------------------------------------------------------------ logging
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message (and the traceback)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def configure_logging(settings: LoggingConfig, level: str | None = None) -> None:
+    """The root logger as ``logging:`` says (``level`` overrides ``logging.level``)."""
+    handler = logging.StreamHandler()
+    if settings.format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel((level or settings.level).upper())
+
+
+__all__ = [
+    "DRAIN_GRACE_SECONDS",
+    "Gateway",
+    "GatewayAddress",
+    "configure_logging",
+    "run",
+    "serve_gateway",
+]

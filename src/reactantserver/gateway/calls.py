@@ -1,0 +1,115 @@
+"""What the gateway's RPC handlers share: the raw codec, the call record, passed-through
+statuses, and the two seams the proxy is given (the fleet, the lpt_packing control plane).
+
+Every message enters and leaves the gateway as bytes (:class:`RawCodec`): a handler reads
+what it needs from them itself (the ModelInfer peek, a small request's name) and forwards
+them as received. A worker's answer that is not OK reaches the client as the worker sent it
+(:class:`Passthrough`, turned into the gRPC status by the proxy's one handler wrapper);
+the gateway's own outcomes are the errors of :mod:`reactantserver.errors`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from grpclib import GRPCError
+from grpclib.const import Status
+from grpclib.encoding.base import CodecBase
+
+from .pool import WorkerClient
+
+#: gRPC status codes the gateway's handlers compare against.
+OK, CANCELLED, DEADLINE_EXCEEDED, NOT_FOUND, UNIMPLEMENTED, UNAVAILABLE = 0, 1, 4, 5, 12, 14
+#: Worker statuses after which the request cannot have run: fail over.
+FAILOVER_STATUSES = frozenset({NOT_FOUND, UNAVAILABLE})
+
+
+class Raw:
+    """Marks a handler's message types as raw bytes (see :class:`RawCodec`)."""
+
+
+class RawCodec(CodecBase):
+    """Messages as bytes both ways: the proxy decodes only what it needs, itself.
+
+    ``max_recv`` / ``max_send`` are ``grpc.max_recv_msg_bytes`` / ``max_send_msg_bytes``;
+    past them a message is refused with RESOURCE_EXHAUSTED. Messages of other types (the
+    Health service's) are betterproto messages.
+    """
+
+    __content_subtype__ = "proto"
+
+    def __init__(self, max_recv: int, max_send: int) -> None:
+        self._max_recv = max_recv
+        self._max_send = max_send
+
+    def encode(self, message: Any, message_type: Any) -> bytes:
+        data = message if isinstance(message, bytes | memoryview) else bytes(message)
+        if len(data) > self._max_send:
+            raise GRPCError(
+                Status.RESOURCE_EXHAUSTED,
+                f"response message of {len(data)} bytes exceeds the gateway's limit of "
+                f"{self._max_send} bytes (grpc.max_send_msg_bytes)",
+            )
+        return data  # type: ignore[return-value]  # grpclib only concatenates it
+
+    def decode(self, data: bytes, message_type: Any) -> Any:
+        if len(data) > self._max_recv:
+            raise GRPCError(
+                Status.RESOURCE_EXHAUSTED,
+                f"request message of {len(data)} bytes exceeds the gateway's limit of "
+                f"{self._max_recv} bytes (grpc.max_recv_msg_bytes); use shared memory for "
+                "tensors this large",
+            )
+        if message_type is Raw or message_type is None:
+            return data
+        return message_type().parse(data)
+
+
+class Passthrough(Exception):
+    """A worker's status, answered to the client as the worker sent it."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def status_of(code: int) -> Status:
+    """grpclib's ``Status`` for a code number (UNKNOWN for a number gRPC does not define)."""
+    try:
+        return Status(code)
+    except ValueError:
+        return Status.UNKNOWN
+
+
+class CallInfo:
+    """What a handler knows about the call it serves."""
+
+    __slots__ = ("deadline", "model", "rpc")
+
+    def __init__(self, rpc: str, deadline: float) -> None:
+        self.rpc = rpc
+        #: ``loop.time()`` by which the call must be answered.
+        self.deadline = deadline
+        #: The model label of the call's statistics ("" = none or unknown).
+        self.model = ""
+
+
+#: One RPC's implementation: the request's bytes in, the response's bytes out.
+Method = Callable[[bytes, CallInfo], Awaitable[bytes | memoryview]]
+
+
+class FleetView(Protocol):
+    """What the handlers ask the prober: who answers, who is ready."""
+
+    def answering(self) -> tuple[WorkerClient, ...]: ...
+
+    def ready(self) -> tuple[bool, str]: ...
+
+
+class ControlPlane(Protocol):
+    """The seam for ``reactant_control.GatewayControlService`` under lpt_packing: the
+    serialized request in, the serialized response out (errors of ``reactantserver.errors``)."""
+
+    async def call(self, rpc: str, request: bytes, deadline: float) -> bytes: ...

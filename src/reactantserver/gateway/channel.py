@@ -1,0 +1,458 @@
+"""The gateway's connections to its workers: unary gRPC calls as raw bytes over lean HTTP/2.
+
+Why not grpclib's client
+------------------------
+A forwarded call must tell the proxy three things grpclib's client hides: whether the worker
+can have executed the request (to decide failover), the exact ``grpc-timeout`` sent (grpclib
+writes whole seconds above 10 s), and nothing per call that the proxy does not need
+(grpclib's client creates a stream object, a deadline wrapper, metadata events and an
+encoder round trip per call). :class:`WorkerConnection` is an ``asyncio.Protocol`` over
+the sans-IO client of :mod:`.http2` that carries unary calls only: a call is a future,
+resolved by the protocol's event handling; no task is created per call.
+
+Theory of operation
+-------------------
+:class:`WorkerClient` is one worker's pool: one HTTP/2 connection (opened on first use and
+again after it is lost) carrying at most ``worker_client.max_concurrent_streams`` calls at
+once (fewer if the worker advertises fewer); further calls wait for a stream in arrival
+order, at most until their deadline. :meth:`WorkerClient.call` sends ``payload`` (a
+serialized request message) to ``path`` and returns a :class:`Reply`: the worker's gRPC
+status and message, and on OK the response message's bytes, untouched.
+
+A call that gets no gRPC answer raises :class:`ChannelError`, whose ``unprocessed`` says
+whether the worker cannot have executed it:
+
+* ``unprocessed=True``: no connection could be made; the request was not completely sent
+  when the connection failed (a worker never starts a call whose message it has not
+  received in full); the worker refused the stream (``REFUSED_STREAM``); or the worker's
+  GOAWAY named a last stream below it (the calls at or below it are still answered: a
+  worker that drains finishes them). Failing over is safe.
+* ``unprocessed=False``: the request was sent in full and the connection (or the stream)
+  then failed. The worker may have run it; the proxy answers UNAVAILABLE and does not retry.
+
+Deadlines: each call carries an absolute deadline (``loop.time()``). The remaining time is
+sent as ``grpc-timeout`` (:func:`~reactantserver.gateway.wire.encode_grpc_timeout`: the
+finest unit that fits, rounded down) when the stream opens, after any wait for a stream; a
+call still unanswered at its deadline is answered DEADLINE_EXCEEDED, and its stream is reset
+(``RST_STREAM CANCEL``) only if the worker -- which has the same deadline -- has not ended
+it within :data:`DEADLINE_RESET_GRACE`. A caller that goes away before its deadline resets
+its stream at once, which cancels the call on the worker.
+
+Writes: the HTTP/2 layer queues frames; the protocol hands them to the socket once per pass
+of the event loop (a large request as it goes), so the calls opened in one pass leave in one
+``send``. Flow control: inbound windows are large (:data:`STREAM_WINDOW`,
+:data:`CONNECTION_WINDOW`) and replenished as data arrives; outbound data waits for the
+worker's window updates.
+
+Invariants: every call's future is resolved exactly once (answer, failure, deadline or
+cancellation), and its stream slot is returned exactly once; a connection that failed is
+never used again; a reply larger than ``max_reply_bytes`` is reset and answered
+RESOURCE_EXHAUSTED rather than buffered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from urllib.parse import unquote
+
+from ..errors import DeadlineExceeded
+from . import http2
+from .wire import encode_grpc_timeout
+
+log = logging.getLogger(__name__)
+
+#: Inbound windows: a 16 MiB response arrives without waiting for window updates.
+STREAM_WINDOW = 16 * 1024 * 1024
+CONNECTION_WINDOW = 64 * 1024 * 1024
+#: Largest DATA frame we accept from a worker (HTTP/2 allows up to 16 MiB - 1).
+MAX_FRAME_SIZE = 1024 * 1024
+#: How long opening a connection may take (also bounded by the call's deadline).
+CONNECT_TIMEOUT = 5.0
+#: After a call's deadline, how long the worker has to end the call itself -- it has the
+#: same deadline, from grpc-timeout -- before the gateway resets the stream. Resetting at
+#: once would make every expired call a "premature reset" to the worker, whose rapid-reset
+#: guard closes a connection where most calls are reset within 1 s (docs/grpc.md).
+DEADLINE_RESET_GRACE = 1.0
+
+#: Most request bytes handed to the HTTP/2 layer at once (it frames them by the worker's
+#: SETTINGS_MAX_FRAME_SIZE); a large request is written to the socket as it goes.
+MAX_CHUNK = 1024 * 1024
+_OK, _UNKNOWN, _DEADLINE, _RESOURCE, _INTERNAL = 0, 2, 4, 8, 13
+#: HTTP status -> gRPC status, for a worker that answers without gRPC (the gRPC spec's table).
+_HTTP_TO_GRPC = {400: 13, 401: 16, 403: 7, 404: 12, 429: 14, 502: 14, 503: 14, 504: 14}
+
+
+class Reply:
+    """A worker's gRPC answer: status, message, and on OK the response message's bytes."""
+
+    __slots__ = ("message", "payload", "status")
+
+    def __init__(self, status: int, message: str = "", payload: bytes | memoryview = b"") -> None:
+        self.status = status
+        self.message = message
+        self.payload = payload
+
+    def __repr__(self) -> str:
+        return f"Reply(status={self.status}, message={self.message!r}, {len(self.payload)} bytes)"
+
+
+class ChannelError(Exception):
+    """A call got no gRPC answer; ``unprocessed`` when the worker cannot have run it."""
+
+    def __init__(self, message: str, *, unprocessed: bool) -> None:
+        super().__init__(message)
+        self.unprocessed = unprocessed
+
+
+class _Call:
+    """One stream's state, from the request headers to the last frame of the answer."""
+
+    __slots__ = ("body", "chunks", "deadline", "future", "grpc_message", "grpc_status", "head",
+                 "http_status", "offset", "received", "responded", "sent", "stream_id",
+                 "timer")  # fmt: skip
+
+    def __init__(
+        self,
+        stream_id: int,
+        payload: bytes | memoryview,
+        future: asyncio.Future[Reply],
+        deadline: float,
+    ):
+        self.stream_id = stream_id
+        self.future = future
+        self.deadline = deadline
+        #: The gRPC length prefix, sent in front of the first chunk of ``body``.
+        self.head = b"\x00" + len(payload).to_bytes(4, "big")
+        self.body = memoryview(payload)
+        self.offset = 0
+        #: The whole request (END_STREAM included) has been queued for sending.
+        self.sent = False
+        #: The response headers arrived (the next header block is the trailers).
+        self.responded = False
+        self.chunks: list[memoryview] = []
+        self.received = 0
+        self.http_status = 0
+        self.grpc_status: int | None = None
+        self.grpc_message = ""
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class WorkerConnection(asyncio.Protocol):
+    """One HTTP/2 connection carrying unary gRPC calls (see the module docstring)."""
+
+    def __init__(self, authority: str, *, max_reply_bytes: int) -> None:
+        self._authority = authority.encode()
+        self._max_reply = max_reply_bytes
+        self._loop = asyncio.get_running_loop()
+        self._h2 = http2.ClientConnection(
+            stream_window=STREAM_WINDOW,
+            connection_window=CONNECTION_WINDOW,
+            max_frame_size=MAX_FRAME_SIZE,
+        )
+        self._prefixes: dict[bytes, bytes] = {}
+        self._transport: asyncio.Transport | None = None
+        self._calls: dict[int, _Call] = {}
+        #: Calls whose request waits for the worker's flow-control window, in order.
+        self._blocked: collections.deque[_Call] = collections.deque()
+        self._flush_scheduled = False
+        #: Why the connection can no longer be used (None while it can).
+        self.closed: str | None = None
+        self.lost = self._loop.create_future()
+
+    # ---------------------------------------------------------------- asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._h2.initiate()
+        self._flush()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self._h2.receive(data)
+        except http2.ProtocolError as exc:
+            self._fail(f"protocol error from the worker: {exc}")
+            return
+        for kind, stream_id, a, b in events:
+            if kind == "data":
+                self._on_data(stream_id, a, b)  # type: ignore[arg-type]
+            elif kind == "headers":
+                self._on_headers(stream_id, a, b)  # type: ignore[arg-type]
+            elif kind == "window":
+                self._unblock()
+            elif kind == "reset":
+                self._on_reset(stream_id, a)  # type: ignore[arg-type]
+            elif kind == "goaway":
+                self._on_goaway(stream_id, a)  # type: ignore[arg-type]
+        self._flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        reason = f"connection lost ({exc})" if exc is not None else "connection closed"
+        self._fail(reason)
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+    # ---------------------------------------------------------------- calls
+
+    @property
+    def usable(self) -> bool:
+        """New calls may start here (not closed, no GOAWAY, stream ids left)."""
+        return self.closed is None and not self._h2.goaway_received and self._h2.can_open_ids
+
+    @property
+    def remote_max_streams(self) -> int:
+        return self._h2.peer_max_streams
+
+    @property
+    def open_calls(self) -> int:
+        return len(self._calls)
+
+    async def call(self, path: bytes, payload: bytes | memoryview, deadline: float) -> Reply:
+        """Send one unary call and wait for its answer (see the module docstring)."""
+        if self.closed is not None:
+            raise ChannelError(self.closed, unprocessed=True)
+        h2c = self._h2
+        if not h2c.can_open:
+            raise ChannelError("the connection takes no new streams", unprocessed=True)
+        remaining = deadline - self._loop.time()
+        if remaining <= 0:
+            raise DeadlineExceeded("the deadline passed before the call could be sent")
+        prefix = self._prefixes.get(path)
+        if prefix is None:
+            prefix = self._prefixes[path] = http2.request_prefix(path, self._authority)
+        stream_id = h2c.open_stream(http2.encode_request(prefix, encode_grpc_timeout(remaining)))
+        future: asyncio.Future[Reply] = self._loop.create_future()
+        call = _Call(stream_id, payload, future, deadline)
+        self._calls[stream_id] = call
+        if not self._push(call):
+            self._blocked.append(call)
+        call.timer = self._loop.call_at(deadline, self._expire, call)
+        self._schedule_flush()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._abandon(call)
+            raise
+
+    def close(self) -> None:
+        """GOAWAY and close; calls still open fail (as possibly executed)."""
+        if self._transport is not None and self.closed is None:
+            self._h2.close()
+            self._flush()
+        self._fail("the gateway closed the connection")
+
+    # ---------------------------------------------------------------- private: sending
+
+    def _push(self, call: _Call) -> bool:
+        """Queue as much of ``call``'s request as the windows allow; True when all is."""
+        h2c = self._h2
+        size = len(call.body)
+        while True:
+            room = min(h2c.window(call.stream_id), MAX_CHUNK)
+            chunk: bytes | memoryview
+            if call.head:
+                # The prefix rides in the first chunk: a copy of at most one chunk's bytes
+                # (a small message goes out whole, in one DATA frame).
+                if room < 5:
+                    return False
+                take = min(room - 5, size)
+                chunk = call.head + call.body[:take]
+                call.head = b""
+                call.offset = take
+            else:
+                if room <= 0:
+                    return False
+                take = min(room, size - call.offset)
+                chunk = call.body[call.offset : call.offset + take]
+                call.offset += take
+            end = call.offset >= size
+            h2c.send_data(call.stream_id, chunk, end_stream=end)
+            if end:
+                call.sent = True
+                call.body = memoryview(b"")  # drop the reference to the request's bytes
+                return True
+            self._flush()  # a large request: write as it goes
+
+    def _unblock(self) -> None:
+        while self._blocked:
+            call = self._blocked[0]
+            if call.stream_id not in self._calls or call.sent:
+                self._blocked.popleft()
+                continue
+            if not self._push(call):
+                return
+            self._blocked.popleft()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        data = self._h2.data_to_send()
+        if data and self._transport is not None and not self._transport.is_closing():
+            self._transport.write(data)
+
+    # ---------------------------------------------------------------- private: ending calls
+
+    def _finish(self, call: _Call, reply: Reply | ChannelError) -> None:
+        """Resolve ``call`` (once) and forget it."""
+        self._calls.pop(call.stream_id, None)
+        if call.timer is not None:
+            call.timer.cancel()
+            call.timer = None
+        call.chunks = []
+        if not call.future.done():
+            if isinstance(reply, ChannelError):
+                call.future.set_exception(reply)
+            else:
+                call.future.set_result(reply)
+        if self.closed is None and not self._calls and not self.usable:
+            # Drained after the worker's GOAWAY (or with its stream ids spent): close.
+            self._fail("drained")
+
+    def _reset(self, call: _Call) -> None:
+        """RST_STREAM CANCEL: the worker cancels the call."""
+        if self.closed is None:
+            self._h2.reset(call.stream_id, http2.CANCEL)
+            self._schedule_flush()
+
+    def _reset_later(self, call: _Call) -> None:
+        """Reset ``call``'s stream after :data:`DEADLINE_RESET_GRACE` if the worker has not
+        ended it by then (its own deadline should have)."""
+        stream_id = call.stream_id
+
+        def reset_if_open() -> None:
+            if self.closed is None and self._h2.is_open(stream_id):
+                self._h2.reset(stream_id, http2.CANCEL)
+                self._flush()
+
+        self._loop.call_later(DEADLINE_RESET_GRACE, reset_if_open)
+
+    def _expire(self, call: _Call) -> None:
+        call.timer = None
+        if call.stream_id not in self._calls:
+            return
+        self._finish(
+            call,
+            Reply(_DEADLINE, "deadline exceeded: the worker did not answer before the deadline"),
+        )
+        self._reset_later(call)
+
+    def _abandon(self, call: _Call) -> None:
+        """The caller is gone: reset at once, unless its deadline passed (then the worker
+        ends the call itself, see :data:`DEADLINE_RESET_GRACE`)."""
+        if call.stream_id not in self._calls:
+            return
+        if self._loop.time() >= call.deadline:
+            self._finish(call, ChannelError("deadline", unprocessed=not call.sent))
+            self._reset_later(call)
+        else:
+            self._reset(call)
+            self._finish(call, ChannelError("cancelled", unprocessed=not call.sent))
+
+    def _fail(self, reason: str) -> None:
+        """The connection is unusable: every open call fails."""
+        if self.closed is None:
+            self.closed = reason
+        for call in list(self._calls.values()):
+            self._finish(call, ChannelError(reason, unprocessed=not call.sent))
+        self._blocked.clear()
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()
+
+    # ---------------------------------------------------------------- private: events
+
+    def _on_headers(self, stream_id: int, headers: list[tuple[bytes, bytes]], end: bool) -> None:
+        call = self._calls.get(stream_id)
+        if call is None:
+            return
+        for name, value in headers:
+            if name == b"grpc-status":
+                call.grpc_status = int(value)
+            elif name == b"grpc-message":
+                call.grpc_message = unquote(value.decode("ascii", "replace"))
+            elif name == b":status" and not call.responded:
+                call.http_status = int(value)
+        call.responded = True
+        if end:
+            self._finish(call, _reply_of(call))
+
+    def _on_data(self, stream_id: int, data: memoryview, end: bool) -> None:
+        call = self._calls.get(stream_id)
+        if call is None:
+            return
+        call.received += len(data)
+        if call.received > self._max_reply + 5:
+            self._reset(call)
+            self._finish(
+                call,
+                Reply(
+                    _RESOURCE,
+                    f"the worker's response exceeds {self._max_reply} bytes "
+                    "(the gateway's grpc.max_send_msg_bytes); use shared memory for outputs "
+                    "this large",
+                ),
+            )
+            return
+        call.chunks.append(data)
+        if end:  # no trailers: not a gRPC answer
+            self._finish(call, _reply_of(call))
+
+    def _on_reset(self, stream_id: int, code: int) -> None:
+        call = self._calls.get(stream_id)
+        if call is None:
+            return
+        refused = code == http2.REFUSED_STREAM
+        self._finish(
+            call,
+            ChannelError(
+                f"the worker reset the stream ({_code_name(code)})",
+                unprocessed=refused or not call.sent,
+            ),
+        )
+
+    def _on_goaway(self, last: int, code: int) -> None:
+        # Streams above the worker's last one were never processed; the others are
+        # answered as usual, and the connection closes when the last one is.
+        reason = f"the worker sent GOAWAY ({_code_name(code)})"
+        for call in list(self._calls.values()):
+            if call.stream_id > last:
+                self._finish(call, ChannelError(reason, unprocessed=True))
+        if not self._calls:
+            self._fail(reason)
+
+
+_CODE_NAMES = {
+    0x0: "NO_ERROR",
+    0x1: "PROTOCOL_ERROR",
+    0x2: "INTERNAL_ERROR",
+    0x3: "FLOW_CONTROL_ERROR",
+    0x5: "STREAM_CLOSED",
+    0x7: "REFUSED_STREAM",
+    0x8: "CANCEL",
+    0xB: "ENHANCE_YOUR_CALM",
+}
+
+
+def _code_name(code: int) -> str:
+    return _CODE_NAMES.get(code, f"HTTP/2 error code {code:#x}")
+
+
+def _reply_of(call: _Call) -> Reply:
+    """The gRPC answer of a stream that ended."""
+    if call.http_status != 200:
+        status = _HTTP_TO_GRPC.get(call.http_status, _UNKNOWN)
+        return Reply(status, f"the worker answered HTTP status {call.http_status}, not gRPC")
+    if call.grpc_status is None:
+        return Reply(_INTERNAL, "the worker's answer carried no grpc-status")
+    if call.grpc_status != _OK:
+        return Reply(call.grpc_status, call.grpc_message)
+    chunks = call.chunks
+    data = chunks[0] if len(chunks) == 1 else memoryview(b"".join(chunks))
+    if len(data) < 5 or data[0] != 0 or int.from_bytes(data[1:5], "big") != len(data) - 5:
+        return Reply(_INTERNAL, "the worker's answer is not one uncompressed gRPC message")
+    return Reply(_OK, "", data[5:])

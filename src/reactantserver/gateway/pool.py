@@ -1,0 +1,229 @@
+"""One worker as the gateway talks to it: its connection, its stream slots, its counters.
+
+Theory of operation
+-------------------
+A :class:`WorkerClient` owns at most one live :class:`~.channel.WorkerConnection` to its
+worker. The connection is opened on the first call (one attempt at a time: concurrent
+callers wait for the same attempt) and again after it is lost; a failed attempt fails the
+calls that waited for it with ``ChannelError(unprocessed=True)`` -- nothing was sent.
+
+Stream slots bound what is in flight to one worker: at most
+``worker_client.max_concurrent_streams`` calls (or the worker's own advertised
+``SETTINGS_MAX_CONCURRENT_STREAMS``, if lower) hold a slot; the others wait in arrival order
+(first come, first served) until a slot frees or their deadline passes (then
+``DeadlineExceeded``; nothing was sent). The wait is bounded in length too: every caller is
+an inbound gateway call, which the gateway's admission cap already bounds.
+
+Everything runs on the asyncio loop's thread; nothing here locks.
+
+Invariants: a slot is taken and returned exactly once per call that took one (a waiter
+cancelled after being handed a slot gives it back); ``active`` never exceeds the slot
+limit in force when each slot was granted; at most one connection attempt is in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import socket
+
+import attrs
+
+from ..config.rules import split_host_port
+from ..errors import DeadlineExceeded
+from .channel import CONNECT_TIMEOUT, ChannelError, Reply, WorkerConnection
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen(kw_only=True)
+class ClientStatistics:
+    """One worker's connection and stream counts, for metrics."""
+
+    address: str
+    name: str
+    connected: bool
+    active_streams: int
+    waiting: int
+    stream_limit: int
+    calls: int
+    connects: int
+    connect_failures: int
+
+
+class WorkerClient:
+    """One worker's connection and stream slots (see the module docstring)."""
+
+    def __init__(
+        self,
+        address: str,
+        name: str = "",
+        *,
+        max_streams: int = 32,
+        max_reply_bytes: int = 512 * 1024 * 1024,
+    ) -> None:
+        parsed = split_host_port(address)
+        if parsed is None:
+            raise ValueError(f"expected host:port, got {address!r}")
+        host, port = parsed
+        self.address = address
+        self.name = name or address
+        self._host = host.strip("[]")
+        self._port = port
+        self._max_streams = max_streams
+        self._max_reply = max_reply_bytes
+        self._conn: WorkerConnection | None = None
+        #: Replaced connections still finishing their calls.
+        self._draining: set[WorkerConnection] = set()
+        self._connecting: asyncio.Future[WorkerConnection] | None = None
+        self._active = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._calls = 0
+        self._connects = 0
+        self._connect_failures = 0
+
+    @property
+    def label(self) -> str:
+        """How messages name the worker: ``name (address)``, or the address alone."""
+        return self.address if self.name == self.address else f"{self.name} ({self.address})"
+
+    def statistics(self) -> ClientStatistics:
+        conn = self._conn
+        return ClientStatistics(
+            address=self.address,
+            name=self.name,
+            connected=conn is not None and conn.usable,
+            active_streams=self._active,
+            waiting=len(self._waiters),
+            stream_limit=self._limit(),
+            calls=self._calls,
+            connects=self._connects,
+            connect_failures=self._connect_failures,
+        )
+
+    async def call(
+        self, path: bytes, payload: bytes | memoryview, deadline: float, *, probe: bool = False
+    ) -> Reply:
+        """One unary call to ``path`` with ``payload``; see :mod:`.channel` for outcomes.
+
+        ``probe`` calls (the prober's) take no stream slot: a worker busy with
+        ``max_concurrent_streams`` slow calls must still answer its probes, or it would be
+        taken out of the route table for being busy. They still count against the worker's
+        own stream limit, which a worker sets above the gateway's (128 against 32).
+        """
+        if not probe:
+            await self._acquire(deadline)
+        try:
+            self._calls += 1
+            conn = self._conn
+            if conn is None or not conn.usable:
+                conn = await self._connection(deadline)
+            return await conn.call(path, payload, deadline)
+        finally:
+            if not probe:
+                self._release()
+
+    def close(self) -> None:
+        """Close the connections (calls still open on them fail)."""
+        for conn in (self._conn, *self._draining):
+            if conn is not None:
+                conn.close()
+        self._conn = None
+
+    async def wait_closed(self) -> None:
+        conns = [c for c in (self._conn, *self._draining) if c is not None]
+        self.close()
+        for conn in conns:
+            await conn.lost
+
+    # ---------------------------------------------------------------- stream slots
+
+    def _limit(self) -> int:
+        conn = self._conn
+        if conn is None or not conn.usable:
+            return self._max_streams
+        return max(1, min(self._max_streams, conn.remote_max_streams))
+
+    async def _acquire(self, deadline: float) -> None:
+        if self._active < self._limit() and not self._waiters:
+            self._active += 1
+            return
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiters.append(waiter)
+        timer = loop.call_at(deadline, _expire_waiter, waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self._release()  # handed a slot just as we were cancelled: pass it on
+            raise
+        except DeadlineExceeded:
+            raise DeadlineExceeded(
+                f"the deadline passed while waiting for one of the {self._limit()} streams "
+                f"to worker {self.label} (worker_client.max_concurrent_streams)"
+            ) from None
+        finally:
+            timer.cancel()
+            try:
+                self._waiters.remove(waiter)
+            except ValueError:
+                pass  # handed a slot: already taken off the queue
+
+    def _release(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot passes to the waiter, ``active`` unchanged
+                return
+        self._active -= 1
+
+    # ---------------------------------------------------------------- the connection
+
+    async def _connection(self, deadline: float) -> WorkerConnection:
+        if self._connecting is None:
+            self._connecting = asyncio.ensure_future(self._connect())
+        attempt = self._connecting
+        loop = asyncio.get_running_loop()
+        remaining = deadline - loop.time()
+        try:
+            return await asyncio.wait_for(asyncio.shield(attempt), timeout=max(0.0, remaining))
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"the deadline passed while connecting to worker {self.label}"
+            ) from None
+
+    async def _connect(self) -> WorkerConnection:
+        loop = asyncio.get_running_loop()
+        self._connects += 1
+        try:
+            try:
+                async with asyncio.timeout(CONNECT_TIMEOUT):
+                    _, conn = await loop.create_connection(
+                        lambda: WorkerConnection(self.address, max_reply_bytes=self._max_reply),
+                        self._host,
+                        self._port,
+                        proto=socket.IPPROTO_TCP,
+                    )
+            except (OSError, TimeoutError) as exc:
+                self._connect_failures += 1
+                raise ChannelError(
+                    f"cannot connect to worker {self.label}: {exc or type(exc).__name__}",
+                    unprocessed=True,
+                ) from None
+            old = self._conn
+            self._conn = conn
+            if old is not None and old.closed is None:
+                # The old connection stopped taking new calls (the worker's GOAWAY): its
+                # calls in flight finish there, and it closes itself once they have.
+                self._draining.add(old)
+                old.lost.add_done_callback(lambda _: self._draining.discard(old))
+            return conn
+        finally:
+            self._connecting = None
+
+
+def _expire_waiter(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(DeadlineExceeded("deadline"))

@@ -1,0 +1,350 @@
+"""Discovery: which worker serves which model, asked every ``health_interval_seconds``.
+
+Theory of operation
+-------------------
+A probe round asks every worker three questions, all workers at once, each worker within
+:func:`probe_timeout` seconds:
+
+1. ``ServerReady`` -- may it take requests at all?
+2. ``RepositoryIndex`` (every model, with its state) -- which models are ``READY`` there?
+3. ``ModelControlStatus`` -- per model the batch input and axis (to count items), the max
+   batch size, weight bytes and the cumulative compute and rows counters (the learned cost
+   per item). A worker without the control service (a plain Triton server behind the
+   gateway) still routes: its requests count one item each.
+
+The answers become :class:`~.table.WorkerSnapshot`\\ s, :func:`~.table.build_table` makes the
+next immutable :class:`~.table.RouteTable` from them and the previous one, and the router
+gets it with ``update`` -- one assignment, so a request sees the old table or the new one,
+never a mixture. A worker that does not answer, or answers not ready, serves nothing in the
+new table; it comes back on the first round it answers ready. Joins and departures are
+logged once each.
+
+Rounds run one at a time (a lock). Besides the periodic ones, the request path asks for a
+round through :class:`Refresher` when it meets a model the table does not know, a NOT_FOUND
+from a worker, or a connection failure (single flight, at most one a second).
+
+**Wedge exit.** When ``wedge_exit_rounds`` consecutive rounds got no answer from any worker,
+after some worker had answered once, :meth:`Prober.run` raises :class:`GatewayWedged` and
+the gateway exits non-zero, for its supervisor to restart it (a gateway that can reach no
+worker is more likely broken itself -- a lost network namespace, exhausted descriptors --
+than every worker at once). 0 disables it.
+
+**Shared-memory registrations follow the workers.** The gateway remembers every region it
+registered (:class:`Registrations`); when it reaches a worker over a new connection (the
+worker joined or restarted), it registers them all there before the worker is routed to,
+so a region registered through the gateway works on every worker that serves.
+
+The probe calls run on the asyncio loop (:mod:`.pool`); this module's Trio side awaits them
+with :func:`~reactantserver.transport.guest.aio`, once per round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+import attrs
+import trio
+
+from ..protocol import inference as pb
+from ..protocol import reactant_control as cpb
+from ..transport import guest
+from .channel import ChannelError, Reply
+from .pool import WorkerClient
+from .routing import Router
+from .table import ModelSnapshot, RouteTable, WorkerSnapshot, build_table
+
+log = logging.getLogger(__name__)
+
+SERVER_READY = b"/inference.GRPCInferenceService/ServerReady"
+REPOSITORY_INDEX = b"/inference.GRPCInferenceService/RepositoryIndex"
+MODEL_CONTROL_STATUS = b"/reactant_control.ControlService/ModelControlStatus"
+SHM_REGISTER = b"/inference.GRPCInferenceService/SystemSharedMemoryRegister"
+_UNIMPLEMENTED = 12
+#: The least time between two rounds the request path asks for.
+REFRESH_INTERVAL = 1.0
+
+
+class GatewayWedged(Exception):
+    """No worker answered for ``wedge_exit_rounds`` rounds: the gateway should restart."""
+
+
+def probe_timeout(interval: float) -> float:
+    """How long one worker may take to answer a round (the original's 8 s watchdog, less
+    when probes are more frequent, never under 0.5 s)."""
+    return min(8.0, max(0.5, interval))
+
+
+@attrs.frozen(kw_only=True)
+class WorkerProbe:
+    """What the last round learned about one worker (for metrics, fan-out, readiness)."""
+
+    address: str
+    name: str
+    #: It answered the round's questions (ready or not).
+    answered: bool = False
+    ready: bool = False
+    #: Why it did not answer, or why it is not ready.
+    problem: str = "not probed yet"
+
+
+class Registrations:
+    """Shared-memory regions registered through the gateway, to register on newcomers.
+
+    ``replayed`` remembers, per worker, the connection count at the last replay: a higher
+    count means a new connection, possibly a restarted worker with no regions.
+    """
+
+    def __init__(self) -> None:
+        self.regions: dict[str, bytes] = {}
+        self.replayed: dict[str, int] = {}
+
+    def registered(self, name: str, request: bytes) -> None:
+        self.regions[name] = request
+
+    def unregistered(self, name: str) -> None:
+        if name:
+            self.regions.pop(name, None)
+        else:
+            self.regions.clear()
+
+
+async def _call(client: WorkerClient, path: bytes, payload: bytes, deadline: float) -> Reply:
+    reply = await client.call(path, payload, deadline, probe=True)
+    if reply.status not in (0, _UNIMPLEMENTED):
+        raise ChannelError(f"{path.decode().rsplit('/', 1)[1]}: status {reply.status}: "
+                           f"{reply.message}", unprocessed=True)  # fmt: skip
+    return reply
+
+
+async def probe_worker(
+    client: WorkerClient, timeout: float, registrations: Registrations
+) -> tuple[WorkerSnapshot, WorkerProbe]:
+    """One worker's answers as a snapshot (asyncio side; never raises)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    try:
+        ready_reply = await _call(client, SERVER_READY, b"", deadline)
+        ready = pb.ServerReadyResponse().parse(bytes(ready_reply.payload)).ready
+        index_reply = await _call(client, REPOSITORY_INDEX, b"", deadline)
+        index = pb.RepositoryIndexResponse().parse(bytes(index_reply.payload))
+        control_reply = await _call(client, MODEL_CONTROL_STATUS, b"", deadline)
+        if ready and registrations.regions:
+            await _replay(client, registrations, deadline)
+    except Exception as exc:  # the worker is unreachable, or answers nonsense
+        problem = str(exc) or type(exc).__name__
+        return (
+            WorkerSnapshot(address=client.address, name=client.name, ready=False),
+            WorkerProbe(address=client.address, name=client.name, problem=problem),
+        )
+    control = (
+        cpb.ModelControlStatusResponse().parse(bytes(control_reply.payload))
+        if control_reply.status == 0
+        else cpb.ModelControlStatusResponse()
+    )
+    status = {m.name: m for m in control.models}
+    models = []
+    for entry in index.models:
+        known = status.get(entry.name)
+        models.append(
+            ModelSnapshot(
+                name=entry.name,
+                ready=entry.state == "READY",
+                weight_nbytes=known.weight_nbytes if known else 0,
+                max_batch_size=known.max_batch_size if known else 0,
+                batch_input_name=known.batch_input_name if known else "",
+                batch_axis=known.batch_axis if known else 0,
+                queue_depth=known.queue_depth if known else 0,
+                total_compute_seconds=known.total_compute_seconds if known else 0.0,
+                requests_served=known.requests_served if known else 0,
+                rows_served=known.rows_served if known else 0,
+                dispatch_count=known.dispatch_count if known else 0,
+            )
+        )
+    snapshot = WorkerSnapshot(
+        address=client.address,
+        name=client.name,
+        ready=ready,
+        discipline=control.discipline,
+        residency_mode=control.residency_mode or "self_managed",
+        weight_cache_max_bytes=control.weight_cache_max_bytes,
+        models=tuple(models),
+    )
+    problem = "" if ready else "ServerReady answers false (starting, draining or no model)"
+    probe = WorkerProbe(
+        address=client.address, name=client.name, answered=True, ready=ready, problem=problem
+    )
+    return snapshot, probe
+
+
+async def _replay(client: WorkerClient, registrations: Registrations, deadline: float) -> None:
+    connects = client.statistics().connects
+    if registrations.replayed.get(client.address) == connects:
+        return
+    for name, request in list(registrations.regions.items()):
+        reply = await client.call(SHM_REGISTER, request, deadline, probe=True)
+        if reply.status != 0:
+            log.warning(
+                "could not register shared-memory region %r on worker %s (it joined or "
+                "reconnected): status %d: %s",
+                name,
+                client.label,
+                reply.status,
+                reply.message,
+            )
+    registrations.replayed[client.address] = connects
+
+
+class Prober:
+    """The periodic probe and the on-demand round (see the module docstring)."""
+
+    def __init__(
+        self,
+        clients: Sequence[WorkerClient],
+        router: Router,
+        *,
+        interval: float,
+        wedge_exit_rounds: int = 0,
+        registrations: Registrations | None = None,
+        on_table: Callable[[RouteTable], None] | None = None,
+    ) -> None:
+        self.clients = tuple(clients)
+        self.router = router
+        self.interval = interval
+        self.timeout = probe_timeout(interval)
+        self.wedge_exit_rounds = wedge_exit_rounds
+        self.registrations = registrations if registrations is not None else Registrations()
+        self.probes: Mapping[str, WorkerProbe] = {
+            c.address: WorkerProbe(address=c.address, name=c.name) for c in self.clients
+        }
+        self.rounds = 0
+        self._on_table = on_table
+        self._lock = trio.Lock()
+        self._silent_rounds = 0
+        self._ever_answered = False
+
+    @property
+    def table(self) -> RouteTable:
+        return self.router.table
+
+    def answering(self) -> tuple[WorkerClient, ...]:
+        """The workers that answered the last round (ready or not), in configured order."""
+        return tuple(c for c in self.clients if self.probes[c.address].answered)
+
+    def ready(self) -> tuple[bool, str]:
+        """Readiness of the gateway: at least one worker ready (for /readyz and Health)."""
+        if any(p.ready for p in self.probes.values()):
+            return True, ""
+        problems = "; ".join(f"{p.name}: {p.problem}" for p in self.probes.values())
+        return False, f"no worker is ready ({problems})"
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Probe every ``interval`` seconds until cancelled (first round before ``started``)."""
+        await self.probe_round()
+        task_status.started()
+        while True:
+            await trio.sleep(self.interval)
+            await self.probe_round()
+            wedged = self._ever_answered and self._silent_rounds >= self.wedge_exit_rounds > 0
+            if wedged:
+                raise GatewayWedged(
+                    f"no worker answered for {self._silent_rounds} probe rounds "
+                    f"(wedge_exit_rounds: {self.wedge_exit_rounds}); exiting to be restarted"
+                )
+
+    async def probe_round(self) -> RouteTable:
+        """One round now (waits for a round already running, then runs its own)."""
+        async with self._lock:
+            results = await guest.aio(self._gather())
+            snapshots = [snapshot for snapshot, _ in results]
+            probes = {probe.address: probe for _, probe in results}
+            self._log_changes(probes)
+            self.probes = probes
+            table = build_table(self.router.table, snapshots)
+            self.router.update(table)
+            self.rounds += 1
+            answered = sum(p.answered for p in probes.values())
+            self._ever_answered = self._ever_answered or answered > 0
+            self._silent_rounds = 0 if answered else self._silent_rounds + 1
+            if self._on_table is not None:
+                self._on_table(table)
+            return table
+
+    async def _gather(self) -> list[tuple[WorkerSnapshot, WorkerProbe]]:
+        return list(
+            await asyncio.gather(
+                *(probe_worker(c, self.timeout, self.registrations) for c in self.clients)
+            )
+        )
+
+    def _log_changes(self, probes: Mapping[str, WorkerProbe]) -> None:
+        for address, probe in probes.items():
+            before = self.probes.get(address)
+            if before is None or before.ready == probe.ready:
+                continue
+            if probe.ready:
+                log.info("worker %s is ready: routing to it", probe.name)
+            else:
+                log.warning("worker %s left the route table: %s", probe.name, probe.problem)
+
+
+class Refresher:
+    """The request path's way to ask for a probe round: single flight, at most one a second.
+
+    Lives on the asyncio side. ``run_round`` crosses into Trio (a
+    :class:`~reactantserver.transport.guest.TrioPortal` call of :meth:`Prober.probe_round`);
+    callers that arrive while a round runs wait for that round, and a call within
+    :data:`REFRESH_INTERVAL` of the last round's end returns at once.
+    """
+
+    def __init__(
+        self,
+        run_round: Callable[[], Awaitable[object]],
+        *,
+        interval: float = REFRESH_INTERVAL,
+        on_request: Callable[[bool], None] | None = None,
+    ) -> None:
+        self._run_round = run_round
+        self._interval = interval
+        self._on_request = on_request
+        self._running: asyncio.Future[None] | None = None
+        self._last = -float("inf")
+
+    async def refresh(self, deadline: float) -> None:
+        """A round, if due, waited for at most until ``deadline`` (``loop.time()``)."""
+        running = self._start()
+        if running is None:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.wait_for(asyncio.shield(running), max(0.0, deadline - loop.time()))
+        except TimeoutError:
+            return
+
+    def soon(self) -> None:
+        """A round, if due, without waiting for it."""
+        self._start()
+
+    def _start(self) -> asyncio.Future[None] | None:
+        loop = asyncio.get_running_loop()
+        if self._running is not None:
+            if self._on_request is not None:
+                self._on_request(False)
+            return self._running
+        if loop.time() - self._last < self._interval:
+            if self._on_request is not None:
+                self._on_request(False)
+            return None
+        if self._on_request is not None:
+            self._on_request(True)
+        self._running = asyncio.ensure_future(self._round())
+        return self._running
+
+    async def _round(self) -> None:
+        try:
+            await self._run_round()
+        except Exception:
+            log.exception("an on-demand probe round failed")
+        finally:
+            self._last = asyncio.get_running_loop().time()
+            self._running = None

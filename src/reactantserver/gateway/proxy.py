@@ -1,0 +1,489 @@
+"""The gateway's RPCs: ModelInfer forwarded as raw bytes, and the rest of the Triton surface.
+
+Theory of operation
+-------------------
+Every handler runs on the asyncio loop, in the grpclib server's call task, and never
+crosses into Trio on a request's way (the one exception: a route-table refresh, at most
+one a second). Every message arrives and leaves as bytes (:class:`~.calls.RawCodec`); a
+handler reads what it needs and forwards the bytes it received.
+
+**ModelInfer** (:meth:`Proxy.model_infer`): admission cap; :func:`~.wire.peek_infer`
+(model name, id, input shapes); the route table's replicas of the model (none: one
+single-flight refresh, then NOT_FOUND); the batch extent of the batch input gives the item
+count; ``router.choose`` gives a ticket; the bytes go to the ticket's worker with the
+remaining deadline. The worker's answer is passed back as received -- OK with the response
+bytes untouched, any other status with its message. Failover to the ticket's next replica
+happens only when the worker cannot have executed the request: it answered NOT_FOUND (it
+does not serve the model; the table is refreshed too) or UNAVAILABLE (draining, model not
+ready), or the call failed before it was completely sent (no connection, refused stream,
+GOAWAY). A connection lost after the request was sent answers UNAVAILABLE and is not
+retried. ``router.release`` runs exactly once per ticket, in a ``finally``.
+
+**Per-model RPCs** (ModelReady, ModelMetadata, ModelConfig) go to a replica of the model,
+rotating, and fail over on the same conditions (they are reads: nothing to protect).
+ModelReady is true when a replica says so; a model no worker serves is "not ready", as
+Triton answers.
+
+**Fanned-out RPCs** (:mod:`.fanout`) go to every worker that answered the last probe
+round: ModelStatistics (summed), RepositoryIndex (the union, with readiness), the
+SystemSharedMemory calls (registration all or nothing: refused anywhere, it is rolled back
+where it succeeded and the refusal is answered), IsSameIPCNamespace (true only if true
+everywhere), CompactMemory.
+
+**Refused**: RepositoryModelLoad/Unload and the worker control RPCs act on one worker, so
+the gateway answers FAILED_PRECONDITION naming the workers' addresses; CUDA shared memory,
+tracing, log settings and streaming inference are UNIMPLEMENTED, as on a worker.
+
+Statuses: a worker's status is passed through with its message (RESOURCE_EXHAUSTED stays
+RESOURCE_EXHAUSTED, INTERNAL stays INTERNAL); the gateway's own outcomes are errors of
+:mod:`reactantserver.errors`, mapped by ``reactantserver.status``; anything unexpected is
+INTERNAL with the fixed message and a traceback in the log. All three happen in one place,
+the handler wrapper :meth:`Proxy._serve`, which also counts every call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import partial
+from typing import Any
+
+import grpclib.server
+from grpclib import GRPCError
+from grpclib.const import Cardinality, Handler, Status
+
+import reactantserver
+
+from ..config.schema import GatewayConfig
+from ..errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    RequestError,
+    ResourceExhausted,
+    Unavailable,
+    Unimplemented,
+)
+from ..protocol import inference as pb
+from ..protocol import reactant_control as cpb
+from ..status import to_status
+from .calls import (
+    CANCELLED,
+    DEADLINE_EXCEEDED,
+    FAILOVER_STATUSES,
+    NOT_FOUND,
+    OK,
+    CallInfo,
+    ControlPlane,
+    FleetView,
+    Method,
+    Passthrough,
+    Raw,
+    status_of,
+)
+from .channel import ChannelError, Reply
+from .fanout import FanOut
+from .policy import not_lpt
+from .pool import WorkerClient
+from .prober import Registrations
+from .routing import Outcome, Router
+from .stats import GatewayStats
+from .table import items_of
+from .wire import peek_infer, peek_name
+
+log = logging.getLogger(__name__)
+
+INFER_PATH = b"/inference.GRPCInferenceService/ModelInfer"
+
+GATEWAY_CONTROL_RPCS = ("GetSchedulingStatus", "SetSchedulingPolicy", "SetModelPlacement", "Repack")
+
+SERVER_NAME = "reactantserver-gateway"
+#: Triton extensions the gateway implements (as a worker does).
+EXTENSIONS = ("model_configuration", "model_repository", "statistics", "system_shared_memory")
+
+
+class Proxy:
+    """Every RPC of the gateway (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        clients: Sequence[WorkerClient],
+        router: Router,
+        fleet: FleetView,
+        *,
+        refresh: Callable[[float], Awaitable[None]],
+        refresh_soon: Callable[[], None],
+        stats: GatewayStats,
+        registrations: Registrations,
+        control: ControlPlane | None = None,
+    ) -> None:
+        self.config = config
+        self.clients: Mapping[str, WorkerClient] = {c.address: c for c in clients}
+        self.router = router
+        self.fleet = fleet
+        self.stats = stats
+        self.registrations = registrations
+        self.control = control
+        self._refresh = refresh
+        self._refresh_soon = refresh_soon
+        per_worker = config.grpc.max_concurrent_requests_per_worker
+        self.cap = per_worker * len(config.endpoints)
+        stats.max_concurrent = self.cap
+        self._timeout = config.worker_client.request_timeout_seconds
+        self._rotation = itertools.count()
+        self.fanout = FanOut(
+            fleet, stats, registrations, not_served=self._not_served, serves=self._serves
+        )
+        self._draining = False
+        self._idle = asyncio.Event()
+
+    # ------------------------------------------------------------------ the table
+
+    def mapping(self) -> dict[str, Handler]:
+        """grpclib handlers for the three services the proxy serves."""
+        rpcs: dict[str, dict[str, Method | None]] = {
+            "inference.GRPCInferenceService": {
+                "ServerLive": self.server_live,
+                "ServerReady": self.server_ready,
+                "ModelReady": self.model_ready,
+                "ServerMetadata": self.server_metadata,
+                "ModelMetadata": partial(self.per_model, "ModelMetadata"),
+                "ModelInfer": self.model_infer,
+                "ModelStreamInfer": None,
+                "ModelConfig": partial(self.per_model, "ModelConfig"),
+                "ModelStatistics": self.fanout.model_statistics,
+                "RepositoryIndex": self.fanout.repository_index,
+                "RepositoryModelLoad": partial(self.per_worker, "RepositoryModelLoad"),
+                "RepositoryModelUnload": partial(self.per_worker, "RepositoryModelUnload"),
+                "SystemSharedMemoryStatus": self.fanout.shm_status,
+                "SystemSharedMemoryRegister": self.fanout.shm_register,
+                "SystemSharedMemoryUnregister": self.fanout.shm_unregister,
+                "CudaSharedMemoryStatus": self.no_cuda_shm,
+                "CudaSharedMemoryRegister": self.no_cuda_shm,
+                "CudaSharedMemoryUnregister": self.no_cuda_shm,
+                "TraceSetting": partial(self.unimplemented, "TraceSetting"),
+                "LogSettings": partial(self.unimplemented, "LogSettings"),
+                "IsSameIPCNamespace": self.fanout.is_same_ipc_namespace,
+            },
+            "reactant_control.ControlService": {
+                "ModelControlStatus": partial(self.per_worker, "ModelControlStatus"),
+                "SetModelResidency": partial(self.per_worker, "SetModelResidency"),
+                "SetModelPolicy": partial(self.per_worker, "SetModelPolicy"),
+                "CompactMemory": self.fanout.compact_memory,
+            },
+            "reactant_control.GatewayControlService": {
+                name: partial(self.gateway_control, name) for name in GATEWAY_CONTROL_RPCS
+            },
+        }
+        table: dict[str, Handler] = {}
+        for base in (
+            pb.GrpcInferenceServiceBase(),
+            cpb.ControlServiceBase(),
+            cpb.GatewayControlServiceBase(),
+        ):
+            for path, generated in base.__mapping__().items():
+                service, rpc = path.strip("/").split("/")
+                method = rpcs[service][rpc]  # a generated RPC without a handler: KeyError now
+                if method is None or generated.cardinality is not Cardinality.UNARY_UNARY:
+                    handler = partial(self._refuse_stream, rpc)
+                else:
+                    handler = partial(self._serve, rpc, method)
+                table[path] = Handler(handler, generated.cardinality, Raw, Raw)
+        return table
+
+    # ------------------------------------------------------------------ drain
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def drain(self) -> None:
+        """Refuse new calls from now on (UNAVAILABLE); calls in flight continue."""
+        self._draining = True
+        if self.stats.in_flight == 0:
+            self._idle.set()
+
+    async def wait_idle(self) -> None:
+        await self._idle.wait()
+
+    # ------------------------------------------------------------------ one call
+
+    async def _serve(
+        self, rpc: str, method: Method, stream: grpclib.server.Stream[Any, Any]
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        remaining = stream.deadline.time_remaining() if stream.deadline is not None else None
+        call = CallInfo(rpc, started + (remaining if remaining is not None else self._timeout))
+        code = OK
+        stats = self.stats
+        stats.in_flight += 1
+        try:
+            if self._draining:
+                raise Unavailable("the gateway is shutting down; retry (another gateway, or later)")
+            if remaining is not None and remaining <= 0:
+                raise DeadlineExceeded(f"{rpc}: the deadline had passed when the call arrived")
+            if rpc == "ModelInfer":
+                await self._admit_infer(stream, call)
+            else:
+                data = await stream.recv_message()
+                assert data is not None  # a unary request always carries its message
+                await stream.send_message(await method(data, call))
+        except Passthrough as exc:
+            code = exc.code
+            raise GRPCError(status_of(exc.code), exc.message) from None
+        except GRPCError as exc:
+            code = exc.status.value
+            raise
+        except RequestError as exc:
+            status = to_status(exc, rpc=rpc)
+            code = status.code.value
+            raise GRPCError(Status(status.code.value), status.message) from None
+        except asyncio.CancelledError:
+            # The server cancels a call whose deadline passed (and answers it
+            # DEADLINE_EXCEEDED itself), or whose client went away.
+            code = DEADLINE_EXCEEDED if loop.time() >= call.deadline else CANCELLED
+            raise
+        except Exception as exc:
+            status = to_status(exc, rpc=rpc)  # logs the traceback: our bug
+            code = status.code.value
+            raise GRPCError(Status(status.code.value), status.message) from None
+        finally:
+            stats.in_flight -= 1
+            stats.finish(rpc, call.model, code, loop.time() - started)
+            if self._draining and stats.in_flight == 0:
+                self._idle.set()
+
+    async def _refuse_stream(self, rpc: str, stream: grpclib.server.Stream[Any, Any]) -> None:
+        self.stats.finish(rpc, "", 12, 0.0)
+        raise GRPCError(
+            Status.UNIMPLEMENTED,
+            f"{rpc} is not supported: reactantserver answers each request once; call "
+            "ModelInfer per request",
+        )
+
+    # ------------------------------------------------------------------ ModelInfer
+
+    async def _admit_infer(self, stream: grpclib.server.Stream[Any, Any], call: CallInfo) -> None:
+        stats = self.stats
+        if self.cap and stats.infer_in_flight >= self.cap:
+            stats.shed += 1
+            raise ResourceExhausted(
+                f"{stats.infer_in_flight} ModelInfer calls are in flight at the gateway; the "
+                f"limit is {self.cap} (grpc.max_concurrent_requests_per_worker x "
+                f"{len(self.clients)} workers); retry later"
+            )
+        stats.infer_in_flight += 1
+        try:
+            data = await stream.recv_message()
+            assert data is not None
+            await stream.send_message(await self.model_infer(data, call))
+        finally:
+            stats.infer_in_flight -= 1
+
+    async def model_infer(self, data: bytes, call: CallInfo) -> bytes | memoryview:
+        """Forward one ModelInfer (see the module docstring)."""
+        peek = peek_infer(data)
+        model = peek.model
+        if not model:
+            raise InvalidArgument("ModelInfer: model_name is empty")
+        router = self.router
+        replicas = router.table.replicas(model)
+        if not replicas:
+            await self._refresh(call.deadline)
+            replicas = router.table.replicas(model)
+            if not replicas:
+                raise self._not_served(model)
+        call.model = model
+        first = replicas[0]
+        items = items_of(first, peek.shape_of(first.batch_input_name))
+        loop = asyncio.get_running_loop()
+        ticket = router.choose(model, items, loop.time())
+        outcome: Outcome = "error"
+        try:
+            while True:
+                worker = ticket.worker
+                assert worker is not None
+                client = self.clients[worker]
+                sent_at = loop.time()
+                try:
+                    reply = await client.call(INFER_PATH, data, call.deadline)
+                except ChannelError as exc:
+                    self._refresh_soon()
+                    if exc.unprocessed and router.failover(ticket) is not None:
+                        continue
+                    raise Unavailable(self._lost_message(client, exc, peek.id)) from None
+                self.stats.worker_call("ModelInfer", client.name, loop.time() - sent_at)
+                if reply.status == OK:
+                    outcome = "ok"
+                    return reply.payload
+                if reply.status in FAILOVER_STATUSES:
+                    if reply.status == NOT_FOUND:
+                        self._refresh_soon()
+                    if router.failover(ticket) is not None:
+                        continue
+                if reply.status == DEADLINE_EXCEEDED:
+                    outcome = "deadline"
+                raise Passthrough(reply.status, reply.message)
+        except asyncio.CancelledError:
+            outcome = "deadline" if loop.time() >= call.deadline else "cancelled"
+            raise
+        except DeadlineExceeded:
+            outcome = "deadline"
+            raise
+        finally:
+            router.release(ticket, outcome)
+
+    def _lost_message(self, client: WorkerClient, exc: ChannelError, request_id: str) -> str:
+        what = f"request {request_id!r}" if request_id else "the request"
+        if exc.unprocessed:
+            return f"no worker could take {what}; the last, {client.label}, failed: {exc}"
+        return (
+            f"worker {client.label} failed while {what} was in flight ({exc}); it may have "
+            "run, so the gateway did not retry it elsewhere"
+        )
+
+    def _serves(self, model: str) -> bool:
+        return self.router.table.serves(model)
+
+    def _not_served(self, model: str) -> NotFound | Unavailable:
+        """NOT_FOUND for a model no worker lists; UNAVAILABLE for one listed but not ready
+        anywhere (what one worker answers for a model it is still loading)."""
+        table = self.router.table
+        listing = [
+            c.name
+            for c in self.clients.values()
+            if c.address in table.workers and model in table.workers[c.address].models
+        ]
+        if listing:
+            return Unavailable(
+                f"model {model!r} is not ready on any worker (listed by {', '.join(listing)}); "
+                "retry when it has loaded"
+            )
+        return NotFound(
+            f"model {model!r} is not served by any ready worker behind this gateway "
+            f"({len(table.ready_workers)} of {len(self.clients)} workers ready)"
+        )
+
+    # ------------------------------------------------------------------ gateway-local
+
+    async def server_live(self, data: bytes, call: CallInfo) -> bytes:
+        return bytes(pb.ServerLiveResponse(live=True))
+
+    async def server_ready(self, data: bytes, call: CallInfo) -> bytes:
+        ready, _ = self.fleet.ready()
+        return bytes(pb.ServerReadyResponse(ready=ready and not self._draining))
+
+    async def server_metadata(self, data: bytes, call: CallInfo) -> bytes:
+        return bytes(
+            pb.ServerMetadataResponse(
+                name=SERVER_NAME, version=reactantserver.__version__, extensions=list(EXTENSIONS)
+            )
+        )
+
+    # ------------------------------------------------------------------ per model
+
+    def _candidates(self, model: str) -> list[WorkerClient]:
+        """Ready replicas of ``model`` in rotation, then workers listing it but not ready."""
+        table = self.router.table
+        ready = [self.clients[r.worker] for r in table.replicas(model)]
+        if ready:
+            start = next(self._rotation) % len(ready)
+            return ready[start:] + ready[:start]
+        return [
+            self.clients[w.address]
+            for w in table.workers.values()
+            if model in w.models and w.address in self.clients
+        ]
+
+    async def _to_replicas(
+        self, path: bytes, data: bytes, call: CallInfo, model: str
+    ) -> tuple[Reply | None, list[WorkerClient]]:
+        """Ask the model's replicas in turn; the first answer that is not a failover, or the
+        last failover answer (None if no replica answered), and who was asked."""
+        candidates = self._candidates(model)
+        if not candidates:
+            await self._refresh(call.deadline)
+            candidates = self._candidates(model)
+        last: Reply | None = None
+        loop = asyncio.get_running_loop()
+        for client in candidates:
+            started = loop.time()
+            try:
+                reply = await client.call(path, data, call.deadline)
+            except ChannelError:
+                self._refresh_soon()
+                continue
+            self.stats.worker_call(call.rpc, client.name, loop.time() - started)
+            if reply.status not in FAILOVER_STATUSES:
+                return reply, candidates
+            last = reply
+        return last, candidates
+
+    async def model_ready(self, data: bytes, call: CallInfo) -> bytes:
+        model = peek_name(data, what="ModelReadyRequest")
+        candidates = self._candidates(model)
+        if not candidates:
+            await self._refresh(call.deadline)
+            candidates = self._candidates(model)
+        if candidates and self.router.table.serves(model):
+            call.model = model
+        path = b"/inference.GRPCInferenceService/ModelReady"
+        for client in candidates:
+            try:
+                reply = await client.call(path, data, call.deadline)
+            except ChannelError:
+                continue
+            if reply.status == OK and pb.ModelReadyResponse().parse(bytes(reply.payload)).ready:
+                return bytes(reply.payload)
+        return bytes(pb.ModelReadyResponse(ready=False))
+
+    async def per_model(self, rpc: str, data: bytes, call: CallInfo) -> bytes | memoryview:
+        """ModelMetadata and ModelConfig: the answer of one replica."""
+        model = peek_name(data, what=f"{rpc}Request")
+        if not model:
+            raise InvalidArgument(f"{rpc}: name is empty")
+        path = f"/inference.GRPCInferenceService/{rpc}".encode()
+        reply, candidates = await self._to_replicas(path, data, call, model)
+        if candidates and self.router.table.serves(model):
+            call.model = model
+        if reply is None:
+            if not candidates:
+                raise self._not_served(model)
+            raise Unavailable(f"{rpc}: no worker serving {model!r} answered")
+        if reply.status != OK:
+            raise Passthrough(reply.status, reply.message)
+        return reply.payload
+
+    # ------------------------------------------------------------------ refused
+
+    async def per_worker(self, rpc: str, data: bytes, call: CallInfo) -> bytes:
+        workers = ", ".join(c.label for c in self.clients.values())
+        raise FailedPrecondition(
+            f"{rpc} acts on one worker and the gateway fronts {len(self.clients)}: call it on "
+            f"the worker itself ({workers})"
+        )
+
+    async def no_cuda_shm(self, data: bytes, call: CallInfo) -> bytes:
+        raise Unimplemented(
+            "CUDA shared memory is not supported; register system shared memory "
+            "(SystemSharedMemoryRegister) or send tensors inline"
+        )
+
+    async def unimplemented(self, rpc: str, data: bytes, call: CallInfo) -> bytes:
+        raise Unimplemented(f"{rpc} is not supported by the gateway")
+
+    async def gateway_control(self, rpc: str, data: bytes, call: CallInfo) -> bytes:
+        mode = self.config.scheduling.mode
+        if mode != "lpt_packing":
+            raise not_lpt(mode)
+        if self.control is None:
+            raise Unimplemented(
+                f"{rpc}: lpt_packing's control plane is not wired into this gateway yet; "
+                "requests are routed round robin over the workers serving each model"
+            )
+        return await self.control.call(rpc, data, call.deadline)

@@ -1,0 +1,119 @@
+"""The gateway's own counters: plain numbers on the request path, frozen records for metrics.
+
+The proxy calls :meth:`GatewayStats.finish` once per gRPC call it answers (every RPC, every
+outcome) and :meth:`GatewayStats.worker_call` once per call it forwards to a worker; both
+are a dictionary lookup and a histogram bisect. :meth:`GatewayStats.statistics` copies them
+into a frozen :class:`GatewayStatistics` when ``/metrics`` is scraped. No clock is read
+here: callers pass the seconds they measured.
+
+Labels are bounded: ``rpc`` by the protocol, ``status`` by gRPC's codes, ``worker`` by the
+configured endpoints, ``model`` by the models the workers serve -- a request for a model no
+worker serves is counted under ``model=""`` (its status says NOT_FOUND), so a client
+sending random names cannot grow the label set.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from types import MappingProxyType
+
+import attrs
+
+from ..histogram import LATENCY_BUCKETS, Histogram, HistogramSnapshot
+
+
+@attrs.frozen(kw_only=True)
+class GatewayStatistics:
+    """A snapshot of the gateway's request counters."""
+
+    #: (rpc, model, status name) -> calls answered.
+    requests: Mapping[tuple[str, str, str], int]
+    #: (rpc, model) -> gateway-side latency, arrival to answer.
+    latency: Mapping[tuple[str, str], HistogramSnapshot]
+    #: (rpc, worker name) -> latency of the calls forwarded to that worker.
+    worker_latency: Mapping[tuple[str, str], HistogramSnapshot]
+    #: Calls being served now (every RPC).
+    in_flight: int
+    #: ModelInfer calls in flight (what the admission cap counts).
+    infer_in_flight: int
+    #: ModelInfer calls refused by the admission cap.
+    shed: int
+    #: The admission cap (0 = uncapped).
+    max_concurrent: int
+    #: Route table refreshes asked for by the request path (unknown model, NOT_FOUND,
+    #: connection failures), and how many of them ran a probe round.
+    refreshes_requested: int
+    refreshes_run: int
+
+
+_STATUS_NAMES = {
+    0: "OK",
+    1: "CANCELLED",
+    2: "UNKNOWN",
+    3: "INVALID_ARGUMENT",
+    4: "DEADLINE_EXCEEDED",
+    5: "NOT_FOUND",
+    6: "ALREADY_EXISTS",
+    7: "PERMISSION_DENIED",
+    8: "RESOURCE_EXHAUSTED",
+    9: "FAILED_PRECONDITION",
+    10: "ABORTED",
+    11: "OUT_OF_RANGE",
+    12: "UNIMPLEMENTED",
+    13: "INTERNAL",
+    14: "UNAVAILABLE",
+    15: "DATA_LOSS",
+    16: "UNAUTHENTICATED",
+}
+
+
+def status_name(code: int) -> str:
+    return _STATUS_NAMES.get(code, "UNKNOWN")
+
+
+class GatewayStats:
+    """Mutable counters (event-loop thread only); see the module docstring."""
+
+    def __init__(self, max_concurrent: int = 0) -> None:
+        self.max_concurrent = max_concurrent
+        self.in_flight = 0
+        self.infer_in_flight = 0
+        self.shed = 0
+        self.refreshes_requested = 0
+        self.refreshes_run = 0
+        self._requests: Counter[tuple[str, str, str]] = Counter()
+        self._latency: dict[tuple[str, str], Histogram] = {}
+        self._worker_latency: dict[tuple[str, str], Histogram] = {}
+
+    def finish(self, rpc: str, model: str, code: int, seconds: float) -> None:
+        """One call answered with status ``code`` after ``seconds``."""
+        self._requests[(rpc, model, status_name(code))] += 1
+        key = (rpc, model)
+        histogram = self._latency.get(key)
+        if histogram is None:
+            histogram = self._latency[key] = Histogram(LATENCY_BUCKETS)
+        histogram.observe(seconds)
+
+    def worker_call(self, rpc: str, worker: str, seconds: float) -> None:
+        """One forwarded call answered by ``worker`` (any status) after ``seconds``."""
+        key = (rpc, worker)
+        histogram = self._worker_latency.get(key)
+        if histogram is None:
+            histogram = self._worker_latency[key] = Histogram(LATENCY_BUCKETS)
+        histogram.observe(seconds)
+
+    def statistics(self) -> GatewayStatistics:
+        return GatewayStatistics(
+            requests=MappingProxyType(dict(self._requests)),
+            latency=MappingProxyType({k: h.snapshot() for k, h in self._latency.items()}),
+            worker_latency=MappingProxyType(
+                {k: h.snapshot() for k, h in self._worker_latency.items()}
+            ),
+            in_flight=self.in_flight,
+            infer_in_flight=self.infer_in_flight,
+            shed=self.shed,
+            max_concurrent=self.max_concurrent,
+            refreshes_requested=self.refreshes_requested,
+            refreshes_run=self.refreshes_run,
+        )

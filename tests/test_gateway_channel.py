@@ -1,0 +1,439 @@
+"""The gateway's worker connections (``gateway.channel``, ``gateway.pool``) on real sockets.
+
+Two kinds of peer on 127.0.0.1: a grpclib server (what a worker runs) for the normal paths,
+and a scripted h2 server for what a worker does rarely (GOAWAY naming a last stream,
+REFUSED_STREAM). Each test is a plain function running its own asyncio loop.
+
+Invariants checked: answers and statuses come back as sent (non-ASCII messages too); the
+``grpc-timeout`` sent is the remaining time; a deadline resets the stream and answers
+DEADLINE_EXCEEDED; a cancelled caller resets its stream and the server's handler is
+cancelled; at most ``max_streams`` calls are on the wire at once and waiters time out
+without sending; ``unprocessed`` is true exactly when the worker cannot have run the call;
+a lost connection is replaced on the next call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.events
+import pytest
+from grpclib import GRPCError
+from grpclib.const import Cardinality, Handler, Status
+from grpclib.encoding.base import CodecBase
+from grpclib.server import Server, Stream
+
+from reactantserver.errors import DeadlineExceeded
+from reactantserver.gateway.channel import DEADLINE_RESET_GRACE, ChannelError, Reply
+from reactantserver.gateway.http2 import REFUSED_STREAM
+from reactantserver.gateway.pool import WorkerClient
+
+
+class _Raw(CodecBase):
+    __content_subtype__ = "proto"
+
+    def encode(self, message: Any, message_type: Any) -> bytes:
+        return bytes(message)
+
+    def decode(self, data: bytes, message_type: Any) -> Any:
+        return data
+
+
+class _Server(Server):
+    """grpclib's server, keeping its connections so that a test can cut them."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.protocols: list[Any] = []
+
+    def _protocol_factory(self) -> Any:
+        protocol = super()._protocol_factory()
+        self.protocols.append(protocol)
+        return protocol
+
+
+class Worker:
+    """A grpclib server with a few raw-bytes methods; records what it saw."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.peak = 0
+        self.cancelled = 0
+        self.calls = 0
+        self.deadlines: list[float | None] = []
+        self.release = asyncio.Event()
+        self.server: _Server | None = None
+        self.port = 0
+
+    async def echo(self, stream: Stream[Any, Any]) -> None:
+        data = await stream.recv_message()
+        self.calls += 1
+        await stream.send_message(data[::-1])
+
+    async def fail(self, stream: Stream[Any, Any]) -> None:
+        await stream.recv_message()
+        raise GRPCError(Status.RESOURCE_EXHAUSTED, "queue full: réessayez, 100% sûr")
+
+    async def hold(self, stream: Stream[Any, Any]) -> None:
+        await stream.recv_message()
+        self.calls += 1
+        self.deadlines.append(stream.deadline.time_remaining() if stream.deadline else None)
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.active -= 1
+        await stream.send_message(b"released")
+
+    async def big(self, stream: Stream[Any, Any]) -> None:
+        size = int(await stream.recv_message())
+        await stream.send_message(b"b" * size)
+
+    async def start(self, port: int = 0) -> None:
+        methods: dict[str, Callable[[Stream[Any, Any]], Awaitable[None]]] = {
+            "Echo": self.echo,
+            "Fail": self.fail,
+            "Hold": self.hold,
+            "Big": self.big,
+        }
+        mapping = {
+            f"/t.T/{name}": Handler(func, Cardinality.UNARY_UNARY, None, None)
+            for name, func in methods.items()
+        }
+
+        class Servable:
+            def __mapping__(self) -> dict[str, Handler]:
+                return mapping
+
+        self.server = _Server([Servable()], codec=_Raw())
+        await self.server.start("127.0.0.1", port)
+        assert self.server._server is not None
+        self.port = self.server._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        """Stop and cut every connection (what a killed worker looks like to the gateway)."""
+        assert self.server is not None
+        self.server.close()
+        for protocol in self.server.protocols:
+            if getattr(protocol, "connection", None) is not None:
+                protocol.connection.close()
+        await self.server.wait_closed()
+
+
+def run(test: Callable[[], Awaitable[None]]) -> None:
+    """``test`` on the standard selector loop, as the gateway runs (not the loop
+    trio-asyncio's policy would make, once another test module imported it)."""
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+        runner.run(asyncio.wait_for(test(), 60))
+
+
+def deadline(seconds: float = 10.0) -> float:
+    return asyncio.get_running_loop().time() + seconds
+
+
+def test_answers_and_statuses_come_back_as_sent() -> None:
+    async def main() -> None:
+        worker = Worker()
+        await worker.start()
+        client = WorkerClient(f"127.0.0.1:{worker.port}", "w0")
+        reply = await client.call(b"/t.T/Echo", b"hello", deadline())
+        assert (reply.status, bytes(reply.payload)) == (0, b"olleh")
+        reply = await client.call(b"/t.T/Fail", b"x", deadline())
+        assert (reply.status, reply.message) == (8, "queue full: réessayez, 100% sûr")
+        reply = await client.call(b"/t.T/Nope", b"x", deadline())
+        assert reply.status == 12
+        assert client.label == f"w0 (127.0.0.1:{worker.port})"
+        await client.wait_closed()
+        await worker.stop()
+
+    run(main)
+
+
+def test_the_remaining_deadline_is_sent_and_enforced() -> None:
+    """grpc-timeout carries the time left when the stream opens; at the deadline the call is
+    reset (the worker's handler is cancelled) and answered DEADLINE_EXCEEDED."""
+
+    async def main() -> None:
+        worker = Worker()
+        await worker.start()
+        client = WorkerClient(f"127.0.0.1:{worker.port}")
+        await client.call(b"/t.T/Echo", b"warm", deadline())  # connected
+        started = time.monotonic()
+        reply = await client.call(b"/t.T/Hold", b"x", deadline(0.2))
+        took = time.monotonic() - started
+        assert reply.status == 4 and "deadline" in reply.message
+        assert 0.19 <= took < 1.0
+        (sent,) = worker.deadlines
+        assert sent is not None and 0.1 < sent <= 0.2
+        await asyncio.sleep(0.1)
+        assert worker.cancelled == 1
+        await client.wait_closed()
+        await worker.stop()
+
+    run(main)
+
+
+def test_a_cancelled_caller_resets_its_stream() -> None:
+    async def main() -> None:
+        worker = Worker()
+        await worker.start()
+        client = WorkerClient(f"127.0.0.1:{worker.port}")
+        task = asyncio.ensure_future(client.call(b"/t.T/Hold", b"x", deadline()))
+        while worker.active == 0:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        while worker.cancelled == 0:
+            await asyncio.sleep(0.01)
+        assert client.statistics().active_streams == 0
+        await client.wait_closed()
+        await worker.stop()
+
+    run(main)
+
+
+def test_stream_slots_bound_the_calls_on_the_wire() -> None:
+    """With max_streams 2, five calls put at most two on the wire; the others wait in
+    order and go out as slots free; a waiter whose deadline passes is refused without
+    ever being sent."""
+
+    async def main() -> None:
+        worker = Worker()
+        await worker.start()
+        client = WorkerClient(f"127.0.0.1:{worker.port}", max_streams=2)
+        calls = [
+            asyncio.ensure_future(client.call(b"/t.T/Hold", b"x", deadline())) for _ in range(5)
+        ]
+        while worker.active < 2:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        stats = client.statistics()
+        assert (worker.active, stats.active_streams, stats.waiting) == (2, 2, 3)
+        with pytest.raises(DeadlineExceeded, match="max_concurrent_streams"):
+            await client.call(b"/t.T/Echo", b"late", deadline(0.05))
+        assert worker.calls == 2
+        worker.release.set()
+        replies = await asyncio.gather(*calls)
+        assert [bytes(r.payload) for r in replies] == [b"released"] * 5
+        assert worker.peak == 2
+        assert client.statistics().active_streams == 0
+        await client.wait_closed()
+        await worker.stop()
+
+    run(main)
+
+
+def test_no_connection_means_unprocessed() -> None:
+    async def main() -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        client = WorkerClient(f"127.0.0.1:{port}")
+        with pytest.raises(ChannelError, match="cannot connect") as caught:
+            await client.call(b"/t.T/Echo", b"x", deadline())
+        assert caught.value.unprocessed
+        assert client.statistics().connect_failures == 1
+
+    run(main)
+
+
+def test_a_lost_connection_fails_calls_in_flight_as_possibly_run_then_reconnects() -> None:
+    async def main() -> None:
+        worker = Worker()
+        await worker.start()
+        client = WorkerClient(f"127.0.0.1:{worker.port}")
+        task = asyncio.ensure_future(client.call(b"/t.T/Hold", b"x", deadline()))
+        while worker.active == 0:
+            await asyncio.sleep(0.01)
+        port = worker.port
+        await worker.stop()
+        with pytest.raises(ChannelError) as caught:
+            await task
+        assert not caught.value.unprocessed  # sent in full: it may have run
+        with pytest.raises(ChannelError) as refused:
+            await client.call(b"/t.T/Echo", b"x", deadline())
+        assert refused.value.unprocessed
+        again = Worker()
+        await again.start(port)
+        reply = await client.call(b"/t.T/Echo", b"back", deadline())
+        assert bytes(reply.payload) == b"kcab"
+        assert client.statistics().connects == 3
+        await client.wait_closed()
+        await again.stop()
+
+    run(main)
+
+
+def test_large_messages_both_ways_and_the_reply_limit() -> None:
+    async def main() -> None:
+        worker = Worker()
+        await worker.start()
+        client = WorkerClient(f"127.0.0.1:{worker.port}", max_reply_bytes=30_000_000)
+        payload = bytes(range(256)) * 80_000  # 20 MB: past every window
+        reply = await client.call(b"/t.T/Echo", payload, deadline(30))
+        assert reply.status == 0 and bytes(reply.payload) == payload[::-1]
+        reply = await client.call(b"/t.T/Big", b"31000000", deadline(30))
+        assert reply.status == 8 and "grpc.max_send_msg_bytes" in reply.message
+        reply = await client.call(b"/t.T/Echo", b"still fine", deadline())
+        assert bytes(reply.payload) == b"enif llits"
+        await client.wait_closed()
+        await worker.stop()
+
+    run(main)
+
+
+class ScriptedWorker(asyncio.Protocol):
+    """An h2 server that answers each stream per ``script``: "ok", "refuse" (RST_STREAM
+    REFUSED_STREAM), "goaway" (GOAWAY naming the stream before it as the last), or "drain"
+    (GOAWAY naming this stream as the last, then its answer), or "silent" (no answer ever);
+    ``resets`` gets the time (``time.monotonic``, the loop's clock) of each RST_STREAM."""
+
+    def __init__(self, script: list[str], resets: list[float] | None = None) -> None:
+        self.script = script
+        self.resets = resets if resets is not None else []
+        self.conn = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=False, header_encoding=None)
+        )
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.conn.initiate_connection()
+        transport.write(self.conn.data_to_send())
+
+    def data_received(self, data: bytes) -> None:
+        assert self.transport is not None
+        for event in self.conn.receive_data(data):
+            if isinstance(event, h2.events.StreamReset):
+                self.resets.append(time.monotonic())  # the selector loop's clock
+            if isinstance(event, h2.events.StreamEnded):
+                action = self.script.pop(0)
+                sid = event.stream_id
+                if action == "ok":
+                    self.conn.send_headers(sid, [(b":status", b"200")])
+                    self.conn.send_data(sid, b"\x00\x00\x00\x00\x02ok")
+                    self.conn.send_headers(sid, [(b"grpc-status", b"0")], end_stream=True)
+                elif action == "refuse":
+                    self.conn.reset_stream(sid, REFUSED_STREAM)
+                elif action == "goaway":
+                    self.conn.close_connection(last_stream_id=sid - 2)
+                elif action == "drain":
+                    # GOAWAY naming this stream as the last, then its answer: a graceful
+                    # drain (h2 cannot send on after its own GOAWAY, so the frame is raw).
+                    goaway = sid.to_bytes(4, "big") + (0).to_bytes(4, "big")
+                    self.transport.write(b"\x00\x00\x08\x07\x00\x00\x00\x00\x00" + goaway)
+                    self.conn.send_headers(sid, [(b":status", b"200")])
+                    self.conn.send_data(sid, b"\x00\x00\x00\x00\x05after")
+                    self.conn.send_headers(sid, [(b"grpc-status", b"0")], end_stream=True)
+        self.transport.write(self.conn.data_to_send())
+
+
+def test_refused_streams_and_goaway_are_unprocessed() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        script = ["ok", "refuse", "goaway", "ok"]
+        server = await loop.create_server(lambda: ScriptedWorker(script), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = WorkerClient(f"127.0.0.1:{port}")
+        assert bytes((await client.call(b"/t.T/A", b"", deadline())).payload) == b"ok"
+        with pytest.raises(ChannelError, match="REFUSED_STREAM") as refused:
+            await client.call(b"/t.T/A", b"", deadline())
+        assert refused.value.unprocessed
+        with pytest.raises(ChannelError, match="GOAWAY") as goaway:
+            await client.call(b"/t.T/A", b"", deadline())
+        assert goaway.value.unprocessed
+        # The GOAWAY'd connection is replaced: a new one answers.
+        reply = await client.call(b"/t.T/A", b"", deadline())
+        assert isinstance(reply, Reply) and reply.status == 0
+        assert client.statistics().connects == 2
+        await client.wait_closed()
+        server.close()
+        await server.wait_closed()
+
+    run(main)
+
+
+def test_a_graceful_goaway_lets_the_calls_in_flight_finish() -> None:
+    """The worker's GOAWAY names the stream in flight as the last it will process: that call
+    is answered on the old connection, and the next call opens a new one."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        script = ["drain", "ok"]
+        server = await loop.create_server(lambda: ScriptedWorker(script), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = WorkerClient(f"127.0.0.1:{port}")
+        reply = await client.call(b"/t.T/A", b"", deadline())
+        assert (reply.status, bytes(reply.payload)) == (0, b"after")
+        reply = await client.call(b"/t.T/A", b"", deadline())
+        assert bytes(reply.payload) == b"ok"
+        assert client.statistics().connects == 2
+        await client.wait_closed()
+        server.close()
+        await server.wait_closed()
+
+    run(main)
+
+
+def test_probes_do_not_wait_for_a_stream_slot() -> None:
+    """A worker holding every slot with slow calls still answers the prober at once."""
+
+    async def main() -> None:
+        worker = Worker()
+        await worker.start()
+        client = WorkerClient(f"127.0.0.1:{worker.port}", max_streams=1)
+        held = asyncio.ensure_future(client.call(b"/t.T/Hold", b"x", deadline()))
+        while worker.active == 0:
+            await asyncio.sleep(0.01)
+        reply = await client.call(b"/t.T/Echo", b"probe", deadline(0.5), probe=True)
+        assert bytes(reply.payload) == b"eborp"
+        with pytest.raises(DeadlineExceeded):  # an ordinary call waits for the slot
+            await client.call(b"/t.T/Echo", b"x", deadline(0.05))
+        worker.release.set()
+        assert bytes((await held).payload) == b"released"
+        await client.wait_closed()
+        await worker.stop()
+
+    run(main)
+
+
+def test_an_expired_call_is_reset_only_if_the_worker_does_not_end_it() -> None:
+    """At its deadline a call is answered DEADLINE_EXCEEDED at once, but its stream is reset
+    only after DEADLINE_RESET_GRACE -- the worker has the same deadline and normally ends
+    the call itself -- so expired calls do not look like a rapid-reset attack to it."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        resets: list[float] = []
+        server = await loop.create_server(
+            lambda: ScriptedWorker(["silent"], resets), "127.0.0.1", 0
+        )
+        port = server.sockets[0].getsockname()[1]
+        client = WorkerClient(f"127.0.0.1:{port}")
+        started = loop.time()
+        reply = await client.call(b"/t.T/A", b"", deadline(0.05))
+        answered = loop.time()
+        assert reply.status == 4
+        await asyncio.sleep(0.3)
+        if loop.time() - answered < DEADLINE_RESET_GRACE:  # (a loaded machine may sleep longer)
+            assert resets == []  # not yet: the worker may still end it
+        while not resets and loop.time() - started < 5:
+            await asyncio.sleep(0.02)
+        assert resets and resets[0] - started >= DEADLINE_RESET_GRACE
+        await client.wait_closed()
+        server.close()
+        await server.wait_closed()
+
+    run(main)

@@ -1,0 +1,329 @@
+"""The gateway's sans-IO HTTP/2 client (``gateway.http2``), with h2's server side as the oracle.
+
+Every test wires a :class:`ClientConnection` to an h2 ``H2Connection(client_side=False)`` in
+memory: our bytes go into h2 and h2's into ours. h2 is strict about everything a client may
+do wrong (flow-control overruns, oversized frames, malformed header blocks, stream states),
+so "h2 accepted it" is the check that our output is valid HTTP/2, and h2's events say what
+it understood.
+"""
+
+from __future__ import annotations
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.settings
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from reactantserver.gateway.http2 import (
+    CANCEL,
+    REFUSED_STREAM,
+    ClientConnection,
+    Event,
+    ProtocolError,
+    encode_request,
+    request_prefix,
+)
+
+PATH = b"/inference.GRPCInferenceService/ModelInfer"
+
+
+def _server(**settings_: int) -> h2.connection.H2Connection:
+    server = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=False, header_encoding=None)
+    )
+    server.initiate_connection()
+    if settings_:
+        server.update_settings({h2.settings.SettingCodes[k]: v for k, v in settings_.items()})
+    return server
+
+
+def connect(
+    client: ClientConnection | None = None, **server_settings: int
+) -> tuple[ClientConnection, h2.connection.H2Connection]:
+    """A client and an h2 server that have exchanged prefaces and SETTINGS."""
+    client = client if client is not None else ClientConnection()
+    client.initiate()
+    server = _server(**{k.upper(): v for k, v in server_settings.items()})
+    pump(client, server)
+    return client, server
+
+
+def pump(
+    client: ClientConnection, server: h2.connection.H2Connection
+) -> tuple[list[Event], list[h2.events.Event]]:
+    """Exchange bytes until both sides are quiet; the events each side saw."""
+    ours: list[Event] = []
+    theirs: list[h2.events.Event] = []
+    for _ in range(10_000):
+        out, back = client.data_to_send(), server.data_to_send()
+        if not out and not back:
+            return ours, theirs
+        if out:
+            theirs += server.receive_data(out)
+        if back:
+            ours += client.receive(back)
+    raise AssertionError("the connection never went quiet")
+
+
+def request(client: ClientConnection, timeout: str | None = "50m") -> int:
+    return client.open_stream(encode_request(request_prefix(PATH, b"worker:8080"), timeout))
+
+
+def send_all(
+    client: ClientConnection, server: h2.connection.H2Connection, stream_id: int, data: bytes
+) -> list[h2.events.Event]:
+    """Send ``data`` as windows allow, the server consuming as it arrives."""
+    theirs: list[h2.events.Event] = []
+    sent = 0
+    done = False
+    while not done:
+        room = client.window(stream_id)
+        assert room > 0 or not data, "stalled: no window and nothing in flight"
+        chunk = data[sent : sent + room]
+        sent += len(chunk)
+        done = sent == len(data)
+        client.send_data(stream_id, chunk, end_stream=done)
+        out = client.data_to_send()
+        events = server.receive_data(out)
+        theirs += events
+        for event in events:
+            if isinstance(event, h2.events.DataReceived):
+                server.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+        client.receive(server.data_to_send())
+    return theirs
+
+
+def test_settings_are_exchanged_and_acknowledged() -> None:
+    client, server = connect(max_concurrent_streams=7, max_frame_size=32768)
+    assert server.remote_settings.initial_window_size == 16 * 1024 * 1024
+    assert server.remote_settings.max_frame_size == 1024 * 1024
+    assert server.remote_settings.enable_push == 0
+    assert server.outbound_flow_control_window == 64 * 1024 * 1024
+    assert client.peer_max_streams == 7
+    assert client.peer_max_frame == 32768
+
+
+def test_a_unary_call_round_trip() -> None:
+    client, server = connect()
+    sid = request(client)
+    client.send_data(sid, b"\x00\x00\x00\x00\x03abc", end_stream=True)
+    _, events = pump(client, server)
+    received = next(e for e in events if isinstance(e, h2.events.RequestReceived))
+    assert received.headers == [
+        (b":method", b"POST"),
+        (b":scheme", b"http"),
+        (b":path", PATH),
+        (b":authority", b"worker:8080"),
+        (b"te", b"trailers"),
+        (b"content-type", b"application/grpc"),
+        (b"grpc-timeout", b"50m"),
+    ]
+    data = b"".join(e.data for e in events if isinstance(e, h2.events.DataReceived))
+    assert data == b"\x00\x00\x00\x00\x03abc"
+    assert any(isinstance(e, h2.events.StreamEnded) for e in events)
+
+    server.send_headers(sid, [(b":status", b"200"), (b"content-type", b"application/grpc")])
+    server.send_data(sid, b"\x00\x00\x00\x00\x02ok")
+    server.send_headers(sid, [(b"grpc-status", b"0")], end_stream=True)
+    ours, _ = pump(client, server)
+    assert [(e[0], e[1]) for e in ours] == [("headers", sid), ("data", sid), ("headers", sid)]
+    assert ours[0][2] == [(b":status", b"200"), (b"content-type", b"application/grpc")]
+    assert bytes(ours[1][2]) == b"\x00\x00\x00\x00\x02ok"  # type: ignore[arg-type]
+    assert ours[2][2:] == ([(b"grpc-status", b"0")], True)
+    assert client.open_streams == 0
+
+
+def test_requests_without_a_timeout_send_none() -> None:
+    client, server = connect()
+    request(client, timeout=None)
+    client.send_data(1, b"", end_stream=True)
+    _, events = pump(client, server)
+    (received,) = [e for e in events if isinstance(e, h2.events.RequestReceived)]
+    assert b"grpc-timeout" not in dict(received.headers)
+
+
+@settings(deadline=None, max_examples=40)
+@given(
+    st.integers(0, 300_000),
+    st.lists(st.integers(1, 5000), min_size=1, max_size=30),
+)
+@example(300_000, [1, 8, 1, 9, 16384, 3])  # a frame header cut at every byte
+@example(70_000, [65_544])
+def test_any_answer_split_anywhere_decodes_the_same(size: int, splits: list[int]) -> None:
+    """However h2's bytes are cut into reads, the client sees the same headers, the same
+    data (byte for byte) and the same end of stream."""
+    client, server = connect()
+    sid = request(client)
+    client.send_data(sid, b"", end_stream=True)
+    pump(client, server)
+    payload = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+    server.send_headers(sid, [(b":status", b"200"), (b"content-type", b"application/grpc")])
+    sent = 0
+    while sent < size:  # the server obeys our (large) windows
+        n = min(server.local_flow_control_window(sid), server.max_outbound_frame_size, size - sent)
+        server.send_data(sid, payload[sent : sent + n])
+        sent += n
+    server.send_headers(sid, [(b"grpc-status", b"0"), (b"grpc-message", b"")], end_stream=True)
+    wire = server.data_to_send()
+    events: list[Event] = []
+    at = 0
+    for cut in splits:
+        events += client.receive(wire[at : at + cut])
+        at += cut
+    events += client.receive(wire[at:])
+    data = b"".join(bytes(e[2]) for e in events if e[0] == "data")  # type: ignore[arg-type]
+    heads = [e for e in events if e[0] == "headers"]
+    assert data == payload
+    assert heads[0][2] == [(b":status", b"200"), (b"content-type", b"application/grpc")]
+    assert heads[-1][2:] == ([(b"grpc-status", b"0"), (b"grpc-message", b"")], True)
+
+
+@settings(deadline=None, max_examples=25)
+@given(st.integers(0, 600_000), st.sampled_from([16384, 65535, 1 << 20]))
+@example(600_000, 16384)
+@example(200_000, 1 << 20)
+def test_large_requests_never_overrun_the_peers_windows_or_frame_size(
+    size: int, frame: int
+) -> None:
+    """A request of any size reaches h2 intact, framed by h2's SETTINGS_MAX_FRAME_SIZE and
+    within its flow-control windows (h2 raises on any overrun)."""
+    client, server = connect(max_frame_size=frame)
+    sid = request(client)
+    payload = bytes(i % 251 for i in range(size))
+    events = send_all(client, server, sid, payload)
+    frames = [e for e in events if isinstance(e, h2.events.DataReceived)]
+    assert b"".join(e.data for e in frames) == payload
+    assert all(len(e.data) <= frame for e in frames)
+    assert any(isinstance(e, h2.events.StreamEnded) for e in events)
+
+
+def test_a_response_larger_than_our_stream_window_is_let_through() -> None:
+    """Our WINDOW_UPDATEs reopen the windows as data arrives (20 MiB > the 16 MiB stream
+    window), so a large answer never stalls."""
+    client, server = connect()
+    sid = request(client)
+    client.send_data(sid, b"", end_stream=True)
+    pump(client, server)
+    server.send_headers(sid, [(b":status", b"200")])
+    total = 20 * 1024 * 1024
+    sent = received = 0
+    while received < total:
+        room = min(server.local_flow_control_window(sid), total - sent)
+        while room > 0:
+            n = min(room, server.max_outbound_frame_size)
+            server.send_data(sid, b"\x01" * n)
+            sent += n
+            room -= n
+        events = client.receive(server.data_to_send())
+        received += sum(len(e[2]) for e in events if e[0] == "data")  # type: ignore[arg-type]
+        server.receive_data(client.data_to_send())
+        assert events, "the server stalled"
+    assert received == total
+
+
+def test_header_blocks_larger_than_a_frame_use_continuation_both_ways() -> None:
+    client, server = connect(client=ClientConnection(max_frame_size=16384))
+    long_path = b"/" + b"p" * 40_000
+    sid = client.open_stream(encode_request(request_prefix(long_path, b"w:1"), None))
+    client.send_data(sid, b"", end_stream=True)
+    _, events = pump(client, server)
+    (received,) = [e for e in events if isinstance(e, h2.events.RequestReceived)]
+    assert dict(received.headers)[b":path"] == long_path
+    big = b"m" * 30_000
+    server.send_headers(sid, [(b":status", b"200"), (b"grpc-status", b"13"), (b"grpc-message", big)],
+                        end_stream=True)  # fmt: skip
+    ours, _ = pump(client, server)
+    assert ours == [
+        ("headers", sid, [(b":status", b"200"), (b"grpc-status", b"13"), (b"grpc-message", big)], True)
+    ]  # fmt: skip
+
+
+def test_padding_is_stripped() -> None:
+    client, server = connect()
+    sid = request(client)
+    client.send_data(sid, b"", end_stream=True)
+    pump(client, server)
+    server.send_headers(sid, [(b":status", b"200")])
+    server.send_data(sid, b"payload", pad_length=40, end_stream=True)
+    ours, _ = pump(client, server)
+    assert [bytes(e[2]) for e in ours if e[0] == "data"] == [b"payload"]  # type: ignore[arg-type]
+
+
+def test_resets_both_ways_and_late_frames_are_ignored() -> None:
+    client, server = connect()
+    a, b = request(client), request(client)
+    client.send_data(a, b"", end_stream=True)
+    client.send_data(b, b"", end_stream=True)
+    pump(client, server)
+    server.reset_stream(a, REFUSED_STREAM)
+    ours, _ = pump(client, server)
+    assert ours == [("reset", a, REFUSED_STREAM, None)]
+    # We reset b; the server's answer crosses it on the wire and must change nothing --
+    # except that its header block is still decoded (the HPACK table stays in step).
+    server.send_headers(b, [(b":status", b"200"), (b"x-indexed", b"v" * 10)])
+    client.reset(b, CANCEL)
+    ours, theirs = pump(client, server)
+    assert ours == []
+    assert any(isinstance(e, h2.events.StreamReset) and e.error_code == CANCEL for e in theirs)
+    c = request(client)
+    client.send_data(c, b"", end_stream=True)
+    pump(client, server)
+    server.send_headers(c, [(b":status", b"200"), (b"x-indexed", b"v" * 10)], end_stream=True)
+    ours, _ = pump(client, server)
+    assert ours == [("headers", c, [(b":status", b"200"), (b"x-indexed", b"v" * 10)], True)]
+
+
+def test_goaway_names_the_last_stream_and_stops_new_ones() -> None:
+    client, server = connect()
+    a, b = request(client), request(client)
+    client.send_data(a, b"", end_stream=True)
+    client.send_data(b, b"", end_stream=True)
+    pump(client, server)
+    server.close_connection(last_stream_id=a)
+    ours, _ = pump(client, server)
+    assert ours == [("goaway", a, 0, None)]
+    assert client.goaway_received and not client.can_open
+    with pytest.raises(ProtocolError):
+        request(client)
+
+
+def test_ping_is_answered_and_priority_and_unknown_frames_are_ignored() -> None:
+    client, server = connect()
+    server.ping(b"12345678")
+    priority = b"\x00\x00\x05\x02\x00\x00\x00\x00\x03" + b"\x00\x00\x00\x00\x10"
+    unknown = b"\x00\x00\x03\xfa\x00\x00\x00\x00\x00abc"
+    ours = client.receive(server.data_to_send() + priority + unknown)
+    assert ours == []
+    theirs = server.receive_data(client.data_to_send())
+    assert any(isinstance(e, h2.events.PingAckReceived) for e in theirs)
+
+
+def test_stream_limit_and_window_changes_from_settings() -> None:
+    client, server = connect(max_concurrent_streams=2)
+    a = request(client)
+    request(client)
+    assert not client.can_open
+    server.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 100})
+    pump(client, server)
+    assert client.window(a) == 100
+    with pytest.raises(ProtocolError, match="window"):
+        client.send_data(a, b"x" * 101, end_stream=True)
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b"\x00\x00\x04\x05\x04\x00\x00\x00\x01" + b"\x00\x00\x00\x02",  # PUSH_PROMISE
+        b"\x00\x00\x03\x03\x00\x00\x00\x00\x01abc",  # RST_STREAM of 3 bytes
+        b"\x00\x00\x05\x04\x00\x00\x00\x00\x00abcde",  # SETTINGS of 5 bytes
+        b"\x00\x00\x01\x01\x04\x00\x00\x00\x01\xbf",  # an undecodable header block
+    ],
+)
+def test_protocol_errors_raise(frame: bytes) -> None:
+    client, _ = connect()
+    request(client)
+    with pytest.raises(ProtocolError):
+        client.receive(frame)

@@ -1,0 +1,181 @@
+"""The gateway's peek at ModelInfer bytes and its grpc-timeout encoding (``gateway.wire``).
+
+The peek is checked against protobuf's own parser (tritonclient's ``service_pb2``) on
+arbitrary messages, with unknown fields spliced in and with every kind of damage; the
+timeout encoding against grpclib's decoder.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from grpclib.metadata import decode_timeout
+from hypothesis import given
+from hypothesis import strategies as st
+from strategies import codec_unknown_field, model_infer_requests
+from tritonclient.grpc import service_pb2
+
+from reactantserver.errors import InvalidArgument
+from reactantserver.gateway.wire import (
+    InferPeek,
+    decode_grpc_timeout,
+    encode_grpc_timeout,
+    grpc_message,
+    peek_infer,
+    peek_name,
+)
+from reactantserver.protocol import inference as pb
+
+
+def _expected(data: bytes) -> tuple[str, str, list[tuple[str, tuple[int, ...]]]]:
+    message = service_pb2.ModelInferRequest.FromString(data)
+    inputs = [(t.name, tuple(t.shape)) for t in message.inputs]
+    return message.model_name, message.id, inputs
+
+
+def _seen(peek: InferPeek) -> tuple[str, str, list[tuple[str, tuple[int, ...]]]]:
+    return peek.model, peek.id, list(peek.inputs)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    assert number < 16 and len(payload) < 128
+    return bytes([number << 3 | 2, len(payload)]) + payload
+
+
+@given(model_infer_requests())
+def test_the_peek_reads_what_protobuf_reads(request: pb.ModelInferRequest) -> None:
+    """For any ModelInferRequest, the peek's model name, id and input (name, shape) pairs
+    are exactly those protobuf's parser reads from the same bytes."""
+    data = bytes(request)
+    assert _seen(peek_infer(data)) == _expected(data)
+
+
+@given(
+    model_infer_requests(),
+    st.lists(codec_unknown_field(), max_size=3),
+    st.lists(codec_unknown_field(), max_size=3),
+)
+def test_unknown_fields_are_skipped_at_both_levels(
+    request: pb.ModelInferRequest, before: list[bytes], inside: list[bytes]
+) -> None:
+    """Fields the schema does not use, of any wire type (groups too), anywhere -- at the top
+    level or inside an input tensor -- change nothing the peek reads."""
+    tensor = bytes(pb.ModelInferRequestInferInputTensor(name="u", shape=[3, 4]))
+    data = b"".join(before) + bytes(request) + _field(5, tensor + b"".join(inside))
+    assert _seen(peek_infer(data)) == _expected(data)
+
+
+@given(st.binary(max_size=64))
+def test_any_bytes_peek_or_fail_as_invalid_argument(data: bytes) -> None:
+    """Whatever arrives, the peek returns or raises InvalidArgument -- never another error."""
+    try:
+        peek_infer(data)
+    except InvalidArgument:
+        pass
+
+
+@given(model_infer_requests(), st.data())
+def test_a_cut_message_peeks_or_fails_cleanly(
+    request: pb.ModelInferRequest, data: st.DataObject
+) -> None:
+    """Any prefix of a valid message (a stream cut short) is read or refused as
+    InvalidArgument."""
+    raw = bytes(request)
+    cut = data.draw(st.integers(0, len(raw)))
+    try:
+        peek_infer(raw[:cut])
+    except InvalidArgument:
+        pass
+
+
+def test_the_last_model_name_wins_and_shapes_accept_both_encodings() -> None:
+    unpacked = bytes([3 << 3 | 0, 4, 3 << 3 | 0, 16])  # shape 4, 16 as two varints
+    data = (
+        _field(1, b"first")
+        + _field(1, b"double")
+        + _field(3, b"req-7")
+        + _field(5, _field(1, b"x") + unpacked)
+    )
+    peek = peek_infer(data)
+    assert (peek.model, peek.id, peek.inputs) == ("double", "req-7", (("x", (4, 16)),))
+    assert peek.shape_of("x") == (4, 16)
+    assert peek.shape_of("y") is None
+
+
+def test_tensor_bytes_are_skipped_not_read() -> None:
+    big = b"\x00" * 1_000_000
+    message = pb.ModelInferRequest(
+        model_name="m",
+        inputs=[pb.ModelInferRequestInferInputTensor(name="x", datatype="UINT8", shape=[1, 10**6])],
+        raw_input_contents=[big],
+    )
+    assert peek_infer(bytes(message)).inputs == (("x", (1, 10**6)),)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"\x0a\x05abc", "length 5 at byte 1 runs past the end"),
+        (b"\x0a\x02\xff\xfe", "model_name is not valid UTF-8"),
+        (b"\x08\x01", "model_name has wire type 0, expected 2"),
+        (b"\x00\x01", "field number 0 at byte 0"),
+        (b"\x0a" + b"\xff" * 11, "longer than 10 bytes"),
+        (b"\x2a\x05\x1d\x00\x00\x00\x00", "InferInputTensor: shape has wire type 5"),
+        (b"\x7c", "END_GROUP 15 outside any group"),
+    ],
+)
+def test_damage_is_named(data: bytes, message: str) -> None:
+    with pytest.raises(InvalidArgument, match=re.escape(message)):
+        peek_infer(data)
+
+
+def test_peek_name_reads_field_one_of_small_requests() -> None:
+    assert peek_name(bytes(pb.ModelReadyRequest(name="double", version="3"))) == "double"
+    assert peek_name(bytes(pb.ModelStatisticsRequest())) == ""
+    with pytest.raises(InvalidArgument, match="malformed ModelConfigRequest"):
+        peek_name(b"\x0a\x09", what="ModelConfigRequest")
+
+
+@given(st.floats(min_value=1e-9, max_value=1e9, allow_nan=False))
+def test_grpc_timeout_is_exact_to_its_unit_and_never_longer(seconds: float) -> None:
+    """The header has at most eight digits, uses the finest unit that fits them, and reads
+    back (ours and grpclib's decoders agree) within one unit below the time left -- never
+    above it, so forwarding never extends a client's deadline."""
+    text = encode_grpc_timeout(seconds)
+    assert re.fullmatch(r"[0-9]{1,8}[numSMH]", text)
+    value = decode_grpc_timeout(text)
+    assert value == pytest.approx(decode_timeout(text))
+    unit = {"n": 1e-9, "u": 1e-6, "m": 1e-3, "S": 1.0, "M": 60.0, "H": 3600.0}[text[-1]]
+    assert value <= seconds * (1 + 1e-12)
+    assert seconds - value <= unit * (1 + 1e-9)
+    finer = {"u": 1e-9, "m": 1e-6, "S": 1e-3, "M": 1.0, "H": 60.0}.get(text[-1])
+    if finer is not None:  # the finer unit would have needed a ninth digit
+        assert seconds / finer >= 10**8 * (1 - 1e-9)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0.05, "50000000n"),
+        (0.25, "250000u"),
+        (59.9999, "59999900u"),
+        (3600.5, "3600500m"),
+        (10**6, "1000000S"),
+        (0.0, "0n"),
+        (-1.0, "0n"),
+    ],
+)
+def test_grpc_timeout_examples(seconds: float, text: str) -> None:
+    assert encode_grpc_timeout(seconds) == text
+
+
+def test_decode_grpc_timeout_refuses_malformed_values() -> None:
+    for text in ("", "5", "123456789m", "5x", "-5m", "1.5S"):
+        with pytest.raises(ValueError, match="malformed grpc-timeout"):
+            decode_grpc_timeout(text)
+
+
+def test_grpc_message_prefixes_the_length() -> None:
+    assert grpc_message(b"abc") == b"\x00\x00\x00\x00\x03abc"
+    assert grpc_message(memoryview(b"")) == b"\x00\x00\x00\x00\x00"
