@@ -11,8 +11,9 @@
 * :class:`Table` prints a benchmark's table and writes it under the results folder
   (:func:`results_dir`: ``$OUT`` when set, else ``gpu-results/``).
 
-Nothing here imports JAX; ``reactantserver.client`` is the client (it needs no
-tritonclient, which the GPU machine's image lacks).
+Only :func:`start_runtime` and :func:`device_header` import JAX (when called);
+``reactantserver.client`` is the client (it needs no tritonclient, which the GPU
+machine's image lacks).
 """
 
 from __future__ import annotations
@@ -96,6 +97,28 @@ def describe_device() -> str:
         return "no nvidia-smi (no NVIDIA GPU visible to this process)"
     name, memory, driver = (v.strip() for v in text.strip().splitlines()[0].split(","))
     return f"{name}, {memory}, driver {driver}"
+
+
+def start_runtime(backend: str, **runtime: Any) -> Any:
+    """A ``Runtime`` on ``backend`` for an in-process benchmark (no CPU fallback on cuda:
+    a GPU benchmark must not quietly measure the CPU)."""
+    from reactantserver.config import RuntimeConfig
+    from reactantserver.runtime import Runtime
+
+    return Runtime.start(
+        RuntimeConfig(backend=backend, allow_cpu_fallback=backend != "cuda", **runtime), ""
+    )
+
+
+def device_header(runtime: Any = None) -> str:
+    """``device: ...`` for the top of a table: the driver's view of the GPU, JAX's
+    version, and the device the runtime runs on."""
+    import jax
+
+    line = f"device: {describe_device()}; jax {jax.__version__}"
+    if runtime is not None:
+        line += f"; backend {runtime.backend} ({runtime.device.device_kind})"
+    return line
 
 
 # ---------------------------------------------------------------------------- node files
