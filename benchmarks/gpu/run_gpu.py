@@ -270,13 +270,17 @@ def summary(
     outcomes: Sequence[Outcome], out: Path, seconds: float, args: argparse.Namespace
 ) -> str:
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    rev = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
+    try:  # the device tool's copy of the tree may have no .git, the machine no git
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=30,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        rev = ""
     lines = [
         f"nox -s gpu summary, {stamp}, commit {rev or 'unknown'}, backend {args.backend}"
         + (" (quick)" if args.quick else ""),
