@@ -7,13 +7,13 @@ distinct programs and ``--catalogs``' largest number of weight files). One worke
 process serves all of it on the GPU (``reactantserver serve``, defaults except a weight
 budget of ``--budget`` of the largest catalog's weight bytes, so the on-demand cache is
 what makes the catalog fit, as it would with larger models). Its startup time is
-reported: four programs at three batch sizes are compiled, every other model's programs
-come from the persistent compilation cache.
+reported: four programs at three batch sizes are compiled, and every other model runs
+those (bundles with the same artifact share their compiled programs).
 
 For each catalog size N and each rate R, an open-loop load generator (Poisson arrivals,
 ``reactantserver.client.AsyncClient`` over four connections) sends single-row requests
-to models drawn uniformly from the first N for ``--seconds`` -- uniform traffic is the
-worst case for an LRU cache. Latency runs from each request's scheduled send time to
+to models drawn uniformly from the first N for ``--seconds``, after ``--warmup`` seconds
+of the same load unmeasured -- uniform traffic is the worst case for an LRU cache. Latency runs from each request's scheduled send time to
 its answer (so a lagging client cannot hide queueing). From the worker's ``/metrics``
 over the same window: weight loads per second and device utilisation (execution seconds
 per second). A row meets the QoS when p99 <= ``--p99-ms`` and nothing failed.
@@ -63,12 +63,12 @@ MiB = 2**20
 ARCHS = ("mlp", "resnet")
 
 
-def catalog_names(n: int) -> list[str]:
-    """The first ``n`` MLP and ResNet variants of ``build_repo.plan`` (alternating)."""
+def catalog_names(n: int, archs: Sequence[str] = ARCHS) -> list[str]:
+    """The first ``n`` variants of ``build_repo.plan`` of architectures ``archs``."""
     import build_repo
 
     variants = build_repo.plan(4 * n, detector=False)  # every 4th of each architecture
-    return [p.name for p in variants if p.arch in ARCHS and p.name != p.arch][:n]
+    return [p.name for p in variants if p.arch in archs and p.name != p.arch][:n]
 
 
 def build(out: Path, names: Sequence[str]) -> float:
@@ -165,14 +165,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--catalogs", default="100,300,1000", help="catalog sizes N")
     parser.add_argument("--rates", default="200,1000", help="request rates R (requests/s)")
     parser.add_argument("--seconds", type=float, default=10.0, help="measured window per row")
+    parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured load before each row")
     parser.add_argument("--budget", type=float, default=0.1, help="weight budget / catalog bytes")
     parser.add_argument("--p99-ms", type=float, default=100.0)
-    parser.add_argument("--quick", action="store_true", help="catalogs 8,16 at 20/s (smoke test)")
+    parser.add_argument("--archs", default=",".join(ARCHS), help="zoo architectures to vary")
+    parser.add_argument("--quick", action="store_true", help="8 and 16 MLPs at 20/s (smoke test)")
     parser.add_argument("--workdir", type=Path, default=None, help="keep bundles and logs here")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default $OUT)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.catalogs, args.rates, args.seconds, args.budget = "8,16", "20", 2.0, 0.3
+        args.catalogs, args.rates, args.seconds, args.budget = "8,16", "20", 1.5, 0.3
+        args.warmup = 0.5
+        args.archs = "mlp"
     sizes = sorted(int(n) for n in args.catalogs.split(","))
     rates = [float(r) for r in args.rates.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench-catalog-") as tmp:
@@ -182,7 +186,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, sizes: list[int], rates: list[float], work: Path) -> int:
     repo = work / "repo"
-    names = catalog_names(max(sizes))
+    archs = args.archs.split(",")
+    names = catalog_names(max(sizes), archs)
+    if len(names) < max(sizes):
+        raise SystemExit(f"only {len(names)} variants of {archs} are planned")
     build_seconds = build(repo, names)
     bundles = {n: load_bundle(repo / n) for n in names}
     total = sum(b.weights_nbytes for b in bundles.values())
@@ -229,10 +236,10 @@ def run(args: argparse.Namespace, sizes: list[int], rates: list[float], work: Pa
             )
             table.line(f"device: {describe_device()}; worker backend {args.backend}")
             table.line(
-                f"catalog: {len(names)} bundles (MLP and ResNet variants of examples/build_repo.py, "
+                f"catalog: {len(names)} bundles ({', '.join(archs)} variants of examples/build_repo.py, "
                 f"{total / MiB:.1f} MiB of weights), built in {build_seconds:.0f} s; worker ready "
-                f"in {ready_seconds:.1f} s with {loaded} models (4 programs x 3 batch sizes "
-                "compiled, the other models' from the persistent compilation cache)"
+                f"in {ready_seconds:.1f} s with {loaded} models ({2 * len(archs)} programs x 3 "
+                "batch sizes compiled and shared by the others)"
             )
             table.line(
                 f"weight budget {real_budget / MiB:.2f} MiB (about {args.budget:g} of the "
@@ -246,6 +253,10 @@ def run(args: argparse.Namespace, sizes: list[int], rates: list[float], work: Pa
             best: dict[float, int] = {}
             for rate in rates:
                 for n in sizes:
+                    # The same load, unmeasured: first calls, connections, a full cache.
+                    asyncio.run(
+                        open_loop(worker.url, names[:n], inputs, rate, args.warmup, seed=-n)
+                    )
                     before = totals(worker)
                     wall = time.perf_counter()
                     lat, errors, sent = asyncio.run(
