@@ -83,6 +83,10 @@ def fuzz_examples(pytestconfig: pytest.Config) -> int:
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
+# ``harness`` (benchmarks/gpu/harness.py): the worker-process helpers the gpu tests share
+# with the GPU benchmarks.
+if str(ROOT / "benchmarks" / "gpu") not in sys.path:
+    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
 
 
 async def inline(fn: Callable[..., Any], *args: Any) -> Any:
