@@ -1,7 +1,7 @@
 """Developer sessions; ``nox -s serve`` and ``nox -s tests`` are the two a newcomer needs.
 
 The others: ``lint``, ``proto``, ``bench``, ``bench_peer``, ``fuzz``, ``node``, ``gateway``,
-``image``.
+``image``, ``gpu``.
 
 Every session installs what it needs into its own virtualenv, so a clean clone on a
 machine with only Python (plus ``pip install nox``) runs all of them.
@@ -335,3 +335,29 @@ def bench_peer(session: nox.Session) -> None:
     session.install("-e", ".[jax,test]", "mlserver==1.7.*", "uvloop==0.21.0")
     session.env["JAX_PLATFORMS"] = "cpu"
     session.run("python", "benchmarks/peer/bench_peer.py", *session.posargs)
+
+
+#: What ``nox -s gpu`` installs besides the package: the CUDA build of JAX and the test
+#: runner for the gpu tests (not the whole test extra: the GPU tests need no
+#: tritonclient, linters or deployment validators).
+GPU_REQUIREMENTS = (".[cuda]", "pytest>=8", "pytest-trio>=0.8")
+
+
+@session
+def gpu(session: nox.Session) -> None:
+    """The GPU tests and benchmarks on an NVIDIA GPU: ``nox -s gpu [-- --only tests]``.
+
+    Runs ``benchmarks/gpu/run_gpu.py``: a device check, ``pytest -m gpu`` over
+    ``tests/test_gpu_*.py``, then the four GPU benchmarks (cold-load bandwidth, prefetch,
+    models per GPU at a p99, the batch curve), each with a time limit, in about 7-8
+    minutes on an H100. Results (a summary, the test log, the benchmark log and tables)
+    go to ``$OUT`` when set, else ``gpu-results/``. Without a GPU it stops after the
+    device check and fails. On a machine with no package index but JAX's CUDA build
+    already installed, run it in that environment: ``nox -s gpu --no-venv --no-install``
+    (docs/gpu.md).
+    """
+    session.install("-e", *GPU_REQUIREMENTS)
+    # In a virtualenv "python" is the session's; with --no-venv it is whatever PATH
+    # finds first, so use the interpreter running nox (the one holding JAX).
+    python = "python" if _location(session) else sys.executable
+    session.run(python, "benchmarks/gpu/run_gpu.py", *session.posargs, external=True)

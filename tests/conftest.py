@@ -28,7 +28,11 @@ from typing import Any
 import pytest
 import trio
 
-# Before anything imports JAX: the suite runs on the CPU (nox sets it too).
+#: JAX_PLATFORMS as the run was started with: ``gpu_support`` reads it to tell a CPU-only
+#: run (``nox -s tests`` sets ``cpu``) from one that may have a GPU.
+OUTER_JAX_PLATFORMS = os.environ.get("JAX_PLATFORMS")
+# Before anything imports JAX: the suite runs on the CPU (nox sets it too). The gpu tests
+# run their GPU work in worker processes of their own; this process stays on the CPU.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 #: Examples per generator in tests/test_wire_fuzz.py unless ``--fuzz-examples`` says.
@@ -44,6 +48,34 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the ``gpu`` tests, saying why, where no GPU is visible (``gpu_support``)."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    import gpu_support
+
+    if gpu_support.dry_run():
+        config.stash[_GPU_LINE] = "gpu tests: dry run on the CPU backend (REACTANT_GPU_DRY_RUN=1)"
+        return
+    reason, probe = gpu_support.no_gpu_reason(OUTER_JAX_PLATFORMS)
+    if reason is not None:
+        config.stash[_GPU_LINE] = f"gpu tests: skipped, {reason}"
+        skip = pytest.mark.skip(reason=f"no GPU: {reason}")
+        for item in gpu_items:
+            item.add_marker(skip)
+    elif probe is not None:
+        config.stash[_GPU_LINE] = f"gpu tests: on {', '.join(probe.devices)} (jax {probe.jax})"
+
+
+_GPU_LINE = pytest.StashKey[str]()
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
+    line = config.stash.get(_GPU_LINE, None)
+    return [line] if line else []
+
+
 @pytest.fixture(scope="session")
 def fuzz_examples(pytestconfig: pytest.Config) -> int:
     return int(pytestconfig.getoption("--fuzz-examples"))
@@ -51,6 +83,10 @@ def fuzz_examples(pytestconfig: pytest.Config) -> int:
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
+# ``harness`` (benchmarks/gpu/harness.py): the worker-process helpers the gpu tests share
+# with the GPU benchmarks.
+if str(ROOT / "benchmarks" / "gpu") not in sys.path:
+    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
 
 
 async def inline(fn: Callable[..., Any], *args: Any) -> Any:

@@ -10,6 +10,7 @@ to fuse differently.
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -213,8 +214,10 @@ def test_persistent_cache_reports_miss_then_hit(zoo_repo: Path, tmp_path: Path) 
     try:
         bundle = load_bundle(zoo_repo / "double")
         first = runtime.load(bundle)
-        second = runtime.load(bundle)
         assert [r.cache for r in first.compile_reports] == ["miss", "miss", "miss"]
+        del first  # while it lives, a second load shares its programs (no compile at all)
+        gc.collect()
+        second = runtime.load(bundle)
         assert [r.cache for r in second.compile_reports] == ["hit", "hit", "hit"]
         assert any(cache.iterdir())
         x = np.ones((4, 16), np.float32)
@@ -260,3 +263,60 @@ def test_execute_is_safe_from_several_threads_at_once(zoo_models: dict[str, Any]
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         assert all(pool.map(run, range(16)))
+
+
+def test_variants_of_one_artifact_share_their_compiled_programs(
+    zoo_repo: Path, zoo_runtime: Any, zoo_models: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """``mlp_v000`` is ``mlp``'s artifact with its own weights: it runs ``mlp``'s compiled
+    programs (no compile), and each computes with its own weights."""
+    template, template_weights = zoo_models["mlp"]
+    variant_bundle = load_bundle(zoo_repo / "mlp_v000")
+    programs = len(zoo_runtime.programs)
+    with caplog.at_level(logging.INFO, logger="reactantserver.runtime"):
+        variant = zoo_runtime.load(variant_bundle)
+    assert [r.cache for r in variant.compile_reports] == ["shared"] * len(template.sizes)
+    assert "model mlp_v000: batch size(s) 1, 8, 32 run the programs already compiled" in caplog.text
+    assert "compiled mlp_v000" not in caplog.text
+    assert len(zoo_runtime.programs) == programs  # nothing new was compiled
+    x = [np.random.default_rng(3).standard_normal((8, 32)).astype(np.float32)]
+    weights = zoo_runtime.to_device(variant_bundle.read_weights())
+    try:
+        mine = variant.execute(x, weights)
+        theirs = template.execute(x, template_weights)
+        assert not np.allclose(mine[0], theirs[0])  # different weights, different answers
+        np.testing.assert_array_equal(mine[0], template.execute(x, weights)[0])
+    finally:
+        zoo_runtime.free(weights)
+
+
+def test_shared_programs_live_as_long_as_a_model_holds_them(zoo_repo: Path) -> None:
+    from reactantserver.runtime import EnvironmentReport, Runtime
+
+    # A runtime of its own (its own table), on the device the suite already uses.
+    runtime = Runtime(
+        RuntimeConfig(backend="cpu"),
+        zoo_runtime_device(),
+        "cpu",
+        False,
+        "",
+        EnvironmentReport(applied={}, ignored={}, jax_was_initialised=True),
+    )
+    first = runtime.load(load_bundle(zoo_repo / "double"))
+    assert len(runtime.programs) == len(first.sizes)
+    second = runtime.load(load_bundle(zoo_repo / "double"))
+    assert {r.cache for r in second.compile_reports} == {"shared"}
+    del first
+    gc.collect()
+    assert len(runtime.programs) == len(second.sizes)  # the second still holds them
+    del second
+    gc.collect()
+    assert len(runtime.programs) == 0
+    third = runtime.load(load_bundle(zoo_repo / "double"))
+    assert "shared" not in {r.cache for r in third.compile_reports}
+
+
+def zoo_runtime_device() -> Any:
+    import jax
+
+    return jax.devices("cpu")[0]

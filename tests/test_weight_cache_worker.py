@@ -29,10 +29,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 from conftest import load_build_repo
 from prometheus_client.parser import text_string_to_metric_families
+from reference import client_input, expected_outputs
 from tritonclient.utils import InferenceServerException
 from worker_harness import running_worker, worker_config
 
-from reactantserver import hooks as hooks_mod
 from reactantserver.bundle import load_bundle
 from reactantserver.config import RuntimeConfig, SchedulerConfig
 from reactantserver.protocol import reactant_control as cpb
@@ -100,13 +100,6 @@ def served(catalog: Catalog, compile_cache: Path) -> Iterator[tuple[WorkerAddres
         yield address, math.floor(0.9 * arena)
 
 
-def _inputs(spec: Any, rows: int, rng: np.random.Generator) -> np.ndarray:
-    shape = [rows if d == -1 else d for d in spec.shape]
-    if spec.datatype == "UINT8":
-        return rng.integers(0, 256, size=shape, dtype=np.uint8)
-    return rng.standard_normal(shape).astype(spec.numpy_dtype)
-
-
 def _expected(
     catalog: Catalog,
     zoo_models: dict[str, Any],
@@ -115,21 +108,8 @@ def _expected(
     inputs: dict[str, np.ndarray],
 ) -> dict[str, np.ndarray]:
     """The template's compiled program run directly with ``name``'s own weights."""
-    bundle = load_bundle(catalog.repo / name)
     program, _ = zoo_models[catalog.arch[name]]
-    weights = zoo_runtime.to_device(bundle.read_weights())
-    rows = next(iter(inputs.values())).shape[0]
-    exe = hooks_mod.run_preprocess(name, bundle.hooks, inputs, bundle.inputs, rows)
-    size = min(s for s in bundle.compiled_batch_sizes if s >= rows)
-    padded = [
-        np.concatenate(
-            [exe[s.name], np.zeros((size - rows, *exe[s.name].shape[1:]), exe[s.name].dtype)]
-        )
-        for s in bundle.inputs
-    ]
-    outs = program.execute(padded, weights)
-    named = {s.name: out[:rows] for s, out in zip(bundle.outputs, outs, strict=True)}
-    return hooks_mod.run_postprocess(name, bundle.hooks, named, bundle.client_outputs, rows)
+    return expected_outputs(load_bundle(catalog.repo / name), program, zoo_runtime, inputs)
 
 
 def _metrics(address: WorkerAddress) -> dict[str, float]:
@@ -173,7 +153,7 @@ def test_a_catalog_ten_times_the_budget_answers_correctly(
     def call(i: int, name: str) -> tuple[str, dict[str, np.ndarray], dict[str, np.ndarray]]:
         data = np.random.default_rng(i)
         rows = int(data.integers(1, 4))
-        inputs = {s.name: _inputs(s, rows, data) for s in specs[name]}
+        inputs = {s.name: client_input(s, rows, data) for s in specs[name]}
         wire = []
         for s in specs[name]:
             ii = grpcclient.InferInput(s.name, list(inputs[s.name].shape), s.datatype)
@@ -276,7 +256,7 @@ def _infer(client: grpcclient.InferenceServerClient, bundle: Any, rows: int = 2)
     rng = np.random.default_rng(0)
     wire = []
     for s in bundle.client_inputs:
-        arr = _inputs(s, rows, rng)
+        arr = client_input(s, rows, rng)
         ii = grpcclient.InferInput(s.name, list(arr.shape), s.datatype)
         ii.set_data_from_numpy(arr)
         wire.append(ii)

@@ -34,11 +34,13 @@ if TYPE_CHECKING:
     from jax.export import Exported
 
 
-def deserialize_artifact(bundle: Bundle) -> Exported:
-    """The bundle's artifact as an ``Exported`` (BundleError if it is not one)."""
+def deserialize_artifact(bundle: Bundle, data: bytes | None = None) -> Exported:
+    """The bundle's artifact (``data``: its bytes, already read) as an ``Exported``
+    (BundleError if it is not one)."""
     from jax import export
 
-    data = bundle.read_artifact()
+    if data is None:
+        data = bundle.read_artifact()
     try:
         return export.deserialize(bytearray(data))
     except Exception as exc:  # flatbuffers raises assorted low-level errors

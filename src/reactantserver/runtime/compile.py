@@ -40,7 +40,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("reactantserver.runtime")
 
-CacheState = Literal["hit", "miss", "off"]
+#: ``hit``/``miss``: the persistent cache served the compile or not; ``off``: it was not
+#: consulted; ``shared``: no compile at all, the program of another loaded bundle with
+#: the same artifact was reused (``programs.py``).
+CacheState = Literal["hit", "miss", "off", "shared"]
 
 _HIT = "/jax/compilation_cache/cache_hits"
 _MISS = "/jax/compilation_cache/cache_misses"

@@ -15,10 +15,16 @@ otherwise silently cast a float64 array to float32, or fail with a message about
 "args[0]" that says nothing about the model. Outputs come back as numpy arrays via
 ``np.asarray``: on the CPU backend that is a zero-copy, read-only view of the
 device buffer; on a GPU it is the one unavoidable device-to-host copy.
+
+A failed execution is ``ExecutionFailed`` (INTERNAL), except when the device ran out of
+memory for the batch's buffers: that is capacity, not a bug, and becomes
+``ResourceExhausted`` with the settings to change (``device_errors.py``), logged once
+per failed batch for the operator.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -28,9 +34,12 @@ import numpy as np
 from ..bundle import Bundle
 from ..errors import ExecutionFailed, InvalidArgument
 from .compile import CompileReport
+from .device_errors import execution_out_of_memory, is_out_of_memory
 
 if TYPE_CHECKING:
     from jax.stages import Compiled
+
+log = logging.getLogger("reactantserver.runtime")
 
 #: Executable key of an unbatched model's single program.
 UNBATCHED = 0
@@ -108,6 +117,10 @@ class LoadedModel:
             return [np.asarray(r) for r in jax.tree.leaves(results)]
         except Exception as exc:
             what = f"batch size {size}" if size else "its fixed shapes"
+            if is_out_of_memory(exc):
+                error = execution_out_of_memory(self.name, what, exc)
+                log.warning("%s", error)
+                raise error from exc
             raise ExecutionFailed(
                 f"model {self.name!r}: execution at {what} failed: {type(exc).__name__}: {exc}"
             ) from exc

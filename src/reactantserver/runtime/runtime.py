@@ -14,8 +14,10 @@ Theory of operation
 ``load`` turns a validated ``Bundle`` into a ``LoadedModel``: deserialize the
 artifact, check it against the manifest argument by argument, compile every compiled
 batch size ahead of time (logging seconds and cache hits) and check each compiled
-program's concrete result shapes. Loading is synchronous and slow; callers run it in
-a worker thread.
+program's concrete result shapes. A program already compiled for another loaded bundle
+with the same artifact and argument types is shared instead of compiled again
+(``programs.py``: catalogs of variants of one architecture). Loading is synchronous and
+slow; callers run it in a worker thread.
 
 Weights are moved separately: ``to_device`` takes host arrays (argument order) and
 returns device arrays, ``free`` releases them. Keeping transfers out of ``load`` and
@@ -39,6 +41,7 @@ from .artifact import check_artifact, deserialize_artifact
 from .compile import CompileReport, compile_at, configure_cache
 from .environment import EnvironmentReport, apply_environment
 from .model import UNBATCHED, LoadedModel
+from .programs import SharedPrograms, artifact_digest, program_key
 
 if TYPE_CHECKING:
     from jax import Device
@@ -106,6 +109,8 @@ class Runtime:
         self.fell_back = fell_back
         self.cache_dir = cache_dir
         self.environment = environment
+        #: Compiled programs by artifact and argument types, shared between bundles.
+        self.programs = SharedPrograms()
 
     @classmethod
     def start(
@@ -139,7 +144,9 @@ class Runtime:
 
         if bundle.is_meta:
             raise BundleError(bundle.name, "kind: meta bundles run model.py; nothing to compile")
-        exported = deserialize_artifact(bundle)
+        data = bundle.read_artifact()
+        digest = artifact_digest(data)
+        exported = deserialize_artifact(bundle, data)
         check_artifact(
             bundle.name, exported, bundle.manifest, bundle.weight_specs, platform=self.platform
         )
@@ -157,6 +164,7 @@ class Runtime:
         weight_specs = [jax.ShapeDtypeStruct(w.shape, w.dtype) for w in bundle.weight_specs]
         executables = {}
         reports: list[CompileReport] = []
+        shared: list[int] = []
         artifact = bundle.manifest.artifact
         for size in wanted:
             in_specs = [
@@ -165,6 +173,14 @@ class Runtime:
                 )
                 for spec in bundle.inputs
             ]
+            key = program_key(digest, self.platform, size, [*in_specs, *weight_specs])
+            reused = self.programs.get(key)
+            if reused is not None:
+                _check_result_shapes(bundle, reused, size)
+                executables[size] = reused
+                reports.append(CompileReport(bundle.name, size, 0.0, "shared"))
+                shared.append(size)
+                continue
             try:
                 compiled, report = compile_at(
                     bundle.name, exported, [*in_specs, *weight_specs], size
@@ -177,8 +193,16 @@ class Runtime:
                     f"{artifact}: compiling at {at} failed: {type(exc).__name__}: {first}",
                 ) from exc
             _check_result_shapes(bundle, compiled, size)
+            self.programs.put(key, compiled)
             executables[size] = compiled
             reports.append(report)
+        if shared:
+            log.info(
+                "model %s: batch size(s) %s run the programs already compiled for another "
+                "loaded model with the same artifact",
+                bundle.name,
+                ", ".join(str(s) if s else "-" for s in shared),
+            )
         return LoadedModel(bundle, executables, reports)
 
     def to_device(self, host_arrays: Sequence[np.ndarray]) -> list[Any]:

@@ -32,6 +32,13 @@ synchronous step as ``loaded`` (no checkpoint in between, so nothing can evict i
 A version pinned in use is never evicted, so the arrays an execution was handed stay on
 the device until its ``release``.
 
+Out of device memory. A load the allocator refuses although the budget says it fits
+(the free memory is fragmented, or held by something the budget does not know of) is
+retried once after a compaction has freed every idle on-demand copy; if it fails again
+the batch gets ``ResourceExhausted`` saying what to change (``device_errors.py``), the
+version stays absent with its budget released, and the worker serves on. Any other load
+failure is ``ExecutionFailed``; the next acquire tries again either way.
+
 Control commands. Compaction, residency changes, re-sizing the budget and the startup
 probe run between batches (:meth:`CachedWeights._exclusive`): the policy's command gate
 makes new acquires and prefetches wait, and the command starts once nothing is pinned and
@@ -91,6 +98,7 @@ from ..weights import (
     WeightCachePolicy,
     WeightCacheStatistics,
 )
+from .device_errors import first_line, is_out_of_memory, load_out_of_memory
 from .host_memory import PinnedHostStaging
 from .weight_io import (
     DeviceRuntime,
@@ -284,7 +292,12 @@ class CachedWeights:
         """
         key = self.key(model)
         if self._policy.explicit and not self._policy.is_resident(key):
-            arrays = await self._thread(self._io.source(key))
+            try:
+                arrays = await self._thread(self._io.source(key))
+            except RuntimeError as exc:
+                if is_out_of_memory(exc):
+                    raise load_out_of_memory(model.name, self._io.nbytes(key), exc) from exc
+                raise
             try:
                 return await self._thread(model.loaded.warmup, arrays)
             finally:
@@ -382,6 +395,7 @@ class CachedWeights:
     # ----------------------------------------------------------- internals
 
     async def _acquire(self, key: str, *, command: bool = False) -> list[Any]:
+        compacted = False
         while True:
             changed = self._changes.event  # taken before asking: no lost wake-up
             decision = self._policy.acquire(key, command=command)
@@ -400,9 +414,25 @@ class CachedWeights:
                 return self._io.device[key]
             error = outcome.failures[key]
             name = key.rpartition("#")[0]
-            raise ExecutionFailed(
-                f"model {name!r}: loading its weights onto the device failed: {describe(error)}"
-            ) from error
+            if not is_out_of_memory(error):
+                raise ExecutionFailed(
+                    f"model {name!r}: loading its weights onto the device failed: {describe(error)}"
+                ) from error
+            if compacted or command:
+                # Already retried on a compacted arena, or inside a command (the probe),
+                # which runs the version alone: there is nothing more to free.
+                raise load_out_of_memory(name, self._io.nbytes(key), error) from error
+            # The budget said it fits, the allocator disagrees: the free memory is in
+            # pieces (fragmentation), or something outside the budget holds it. Free
+            # every idle on-demand copy so the allocator can coalesce, and try once more.
+            log.warning(
+                "weight cache: the device is out of memory loading %s (%s); freeing every "
+                "idle on-demand copy and trying once more",
+                key,
+                first_line(error),
+            )
+            await self._compact((), reason="out of memory")
+            compacted = True
 
     async def _run(self, plan: CachePlan, *, pin: str | None = None) -> _Outcome:
         """Carry out ``plan`` in field order; report each load, then the plan, to the policy."""

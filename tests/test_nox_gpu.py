@@ -1,0 +1,151 @@
+"""``nox -s gpu`` without a GPU: the session, its driver and the benchmarks' code paths.
+
+The GPU itself is ``test_gpu_*.py``'s business (skipped here). What can be checked on the
+CPU is checked here, in real processes: the nox session runs the driver
+(``benchmarks/gpu/run_gpu.py``) with ``--no-venv --no-install`` on this environment; the
+driver's steps, time limits, budget and summary; and every GPU benchmark end to end at
+its smoke-test sizes on the CPU backend (``--backend cpu --quick``), so a GPU session
+spends its device time running them, not debugging them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from nox_harness import environment, nox_argv, nox_path
+
+ROOT = Path(__file__).resolve().parent.parent
+GPU = ROOT / "benchmarks" / "gpu"
+sys.path.insert(0, str(GPU))
+sys.path.insert(0, str(ROOT))
+import run_gpu  # noqa: E402
+
+import noxfile  # noqa: E402
+
+
+def _driver(*args: str, out: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    return subprocess.run(
+        [sys.executable, str(GPU / "run_gpu.py"), "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def test_the_session_installs_the_cuda_build_and_runs_the_driver() -> None:
+    assert ".[cuda]" in noxfile.GPU_REQUIREMENTS
+    assert "gpu" in noxfile.__doc__  # listed among the sessions
+    assert [s.name for s in run_gpu.STEPS] == [
+        "device",
+        "tests",
+        "bandwidth",
+        "prefetch",
+        "catalog",
+        "batch",
+    ]
+    # Every step fits the device tool's 10 minutes, and the expected total fits the budget.
+    assert all(s.limit <= 600 for s in run_gpu.STEPS)
+    assert sum(s.expected for s in run_gpu.STEPS) < 540
+    # The outputs fit the device tool's limit of eight files.
+    logs = {s.log for s in run_gpu.STEPS}
+    assert len(logs) + len(run_gpu.BENCHES) + 1 <= 8  # + summary.txt
+    tests = run_gpu.command("tests", "cuda", False)
+    assert tests[1:5] == ["-m", "pytest", "-m", "gpu"]
+    assert "tests/test_gpu_serving.py" in tests and "tests/test_gpu_memory.py" in tests
+    assert not any(t.endswith("test_nox_gpu.py") for t in tests)
+
+
+@pytest.mark.slow
+def test_nox_gpu_runs_the_driver_and_writes_its_results(tmp_path: Path) -> None:
+    """The session as the GPU machine runs it (``--no-venv --no-install``: JAX's CUDA
+    build is already there), here with the CPU backend and one quick step."""
+    out = tmp_path / "out"
+    argv = nox_argv(sys.executable, "-s", "gpu", "--no-venv", "--no-install")
+    argv += ["--", "--backend", "cpu", "--quick", "--only", "device,bandwidth"]
+    env = environment(nox_path(tmp_path), OUT=str(out), PYTHONUNBUFFERED="1")
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = (out / "summary.txt").read_text()
+    assert "device     ok" in summary and "bandwidth  ok" in summary
+    assert "(a) cold-load bandwidth" in summary
+    assert sorted(p.name for p in out.iterdir()) == [
+        "bench.log",
+        "bench_gpu_bandwidth.txt",
+        "summary.txt",
+    ]
+    assert "Session gpu was successful" in done.stderr + done.stdout
+
+
+def test_a_step_that_no_longer_fits_the_budget_is_skipped_and_said(tmp_path: Path) -> None:
+    done = _driver("--only", "tests", "--budget", "5", "--backend", "cpu", out=tmp_path)
+    assert done.returncode == 0, done.stderr
+    summary = (tmp_path / "summary.txt").read_text()
+    assert "tests      skipped" in summary
+    assert "5 s of the budget left, it needs about 150 s" in summary
+
+
+def test_a_step_over_its_limit_is_killed_with_everything_it_started(tmp_path: Path) -> None:
+    """The limit kills the step's process group: a worker a test started goes too."""
+    pid_file = tmp_path / "child.pid"
+    code = (
+        "import subprocess, sys, time\n"
+        f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "print('started', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    log = (tmp_path / "log.txt").open("w")
+    start = time.monotonic()
+    rc, last = run_gpu.run_step([sys.executable, "-c", code], log, 3.0, dict(os.environ))
+    log.close()
+    assert rc is None and last == "started"
+    assert time.monotonic() - start < 60
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        # A zombie until init reaps it: look at its state.
+        state = Path(f"/proc/{child}/stat")
+        if state.exists() and state.read_text().split(") ")[-1].startswith("Z"):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the step's child {child} survived the time limit")
+    assert "started" in (tmp_path / "log.txt").read_text()
+
+
+def test_without_a_gpu_the_run_stops_after_the_device_step_and_fails(tmp_path: Path) -> None:
+    done = _driver("--only", "device,bandwidth", out=tmp_path)
+    assert done.returncode == 1
+    summary = (tmp_path / "summary.txt").read_text()
+    assert "device     failed (1)" in summary
+    assert "bandwidth  not run" in summary and "no GPU (see the device step)" in summary
+
+
+@pytest.mark.slow
+def test_every_gpu_benchmark_runs_at_its_smoke_test_sizes_on_the_cpu(tmp_path: Path) -> None:
+    done = _driver(
+        "--backend", "cpu", "--quick", "--only", "bandwidth,prefetch,catalog,batch", out=tmp_path
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    summary = (tmp_path / "summary.txt").read_text()
+    for step in ("bandwidth", "prefetch", "catalog", "batch"):
+        assert f"{step:<10} ok" in summary, summary
+    tables = {p.name: p.read_text() for p in tmp_path.glob("bench_gpu_*.txt")}
+    assert len(tables) == 4
+    assert "ratio = plain device_put time" in tables["bench_gpu_bandwidth.txt"]
+    assert "idle fraction" in tables["bench_gpu_prefetch.txt"]
+    assert "largest catalog meeting the QoS at 20 requests/s" in tables["bench_gpu_catalog.txt"]
+    assert "mlp_wide" in tables["bench_gpu_batch.txt"]
+    for table in tables.values():
+        assert table.splitlines()[1].startswith("device: ")  # the device in every table
