@@ -27,6 +27,13 @@ from typing import Any
 
 import pytest
 import trio
+from hypothesis import settings
+
+# Property tests state invariants, not speed: on a shared 2-core machine one example can
+# take ten times its usual time, and Hypothesis's per-example deadline (200 ms) then fails
+# a correct test. Timings live in benchmarks (nox -s bench), never in tests.
+settings.register_profile("reactantserver", deadline=None)
+settings.load_profile("reactantserver")
 
 #: JAX_PLATFORMS as the run was started with: ``gpu_support`` reads it to tell a CPU-only
 #: run (``nox -s tests`` sets ``cpu``) from one that may have a GPU.
