@@ -10,6 +10,13 @@ does not compile them again.
 
 JAX is imported lazily by these fixtures only: JAX-free tests never pay for it.
 
+**Guest mode.** The server runs Trio as the guest of a standard asyncio loop
+(``reactantserver.transport.guest.run``), and so do the tests that start a real server
+in this process: an async test marked ``guest`` (``pytestmark = pytest.mark.guest`` in
+a module) is run by pytest-trio through ``guest.run`` instead of ``trio.run`` -- its
+fixtures, its nursery and its clock (``autojump_clock`` works) included. Tests of the
+sans-IO cores and drivers stay on plain ``trio.run`` and virtual time.
+
 :func:`inline` is the thread runner the drivers' virtual-time tests inject
 (``reactantserver.threads``): blocking work runs on the event loop, so the
 ``autojump_clock`` cannot move while it is "in flight".
@@ -33,6 +40,28 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 #: Examples per generator in tests/test_wire_fuzz.py unless ``--fuzz-examples`` says.
 FUZZ_EXAMPLES = 25
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "guest: run this async test with Trio as the guest of an asyncio loop, as the server "
+        "runs (transport.guest.run)",
+    )
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Give tests marked ``guest`` pytest-trio's ``run=`` marker, ahead of the plain one
+    that ``trio_mode`` adds (pytest-trio takes the first ``trio`` marker with ``run``)."""
+    from inspect import iscoroutinefunction
+
+    from reactantserver.transport import guest
+
+    for item in items:
+        function = getattr(item, "obj", None)
+        if item.get_closest_marker("guest") is not None and iscoroutinefunction(function):
+            item.add_marker(pytest.mark.trio(run=guest.run), append=False)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

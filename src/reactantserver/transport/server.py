@@ -145,7 +145,7 @@ class _Calls:
             self._tasks.pop(stream, None)
             self._server.tasks.discard(task)
             # Retrieve the outcome: an unretrieved exception would reach the loop's
-            # exception handler (which trio-asyncio turns into a crash of the run).
+            # exception handler as "never retrieved", without the call it belongs to.
             if not task.cancelled() and task.exception() is not None:
                 log.error("a call of %s failed", admitted.head.path, exc_info=task.exception())
             release_once()
