@@ -527,6 +527,7 @@ async def with_worker(config: ServerConfig, body: Callable[[Worker], Awaitable[N
             stop.set()
 
 
+@pytest.mark.guest  # a whole worker, gRPC listener included, as production runs it
 async def test_unload_answers_every_queued_request(
     zoo_repo: Path, compile_cache: Path, tmp_path: Path
 ) -> None:
@@ -569,6 +570,7 @@ async def test_unload_answers_every_queued_request(
     await with_worker(config, body)
 
 
+@pytest.mark.guest
 async def test_swap_to_other_batch_sizes_under_load(
     zoo_repo: Path, compile_cache: Path, tmp_path: Path
 ) -> None:
@@ -636,6 +638,7 @@ async def virtual_worker(config: ServerConfig) -> AsyncIterator[Worker]:
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.scheduler.run)
         await nursery.start(worker.lifecycle.run)
+        await nursery.start(worker.serving.run)
         nursery.start_soon(worker.manage_models)
         while not worker.readiness()[0]:
             await trio.sleep(POLL / 10)
