@@ -443,9 +443,11 @@ async def big_shm(url: str, model: str, *, repeats: int, cpu: Callable[[], float
 
 # ------------------------------------------------------------------------------ profile
 
-#: (category, path fragments of its frames), checked in order; a sample goes to the
-#: innermost frame that matches one. The stdlib's generic helpers match none, so a
-#: ``functools.partial`` or ``contextlib`` frame counts for whoever called it.
+#: (category, path prefixes of its frames), checked in order; a sample goes to the
+#: innermost frame that matches one. py-spy names a frame's file relative to its
+#: ``sys.path`` entry (``h2/connection.py``, ``reactantserver/service.py``). The stdlib's
+#: generic helpers (functools, contextlib, threading...) match none, so such a frame
+#: counts for whoever called it.
 CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ModelInfer codec", ("reactantserver/protocol/codec.py",)),
     ("scheduler: policy, dispatch loop", ("reactantserver/scheduling/", "reactantserver/threads.py")),
@@ -455,20 +457,27 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
                                       "reactantserver/tensors.py", "reactantserver/shm.py")),
     ("our wire layer (transport/)", ("reactantserver/transport/",)),
     ("executor, assemble, JAX, numpy", ("reactantserver/runtime/", "reactantserver/models.py",
-                                        "/jax/", "/jaxlib/", "/numpy/")),
-    ("grpclib", ("/grpclib/",)),
-    ("HTTP/2: h2, hpack, hyperframe", ("/h2/", "/hpack/", "/hyperframe/")),
-    ("Trio: run loop, guest ticks", ("/trio/", "/outcome/", "/sniffio/")),
-    ("asyncio: event loop, selectors", ("/asyncio/", "/selectors.py", "/socket.py")),
+                                        "jax/", "jaxlib/", "numpy/")),
+    ("grpclib", ("grpclib/",)),
+    ("HTTP/2: h2, hpack, hyperframe", ("h2/", "hpack/", "hyperframe/")),
+    ("Trio: run loop, guest ticks", ("trio/", "outcome/", "sniffio/")),
+    ("asyncio: event loop, selectors", ("asyncio/", "selectors.py", "socket.py")),
 )  # fmt: skip
 OTHER = "other (logging, threading, ...)"
+
+
+def frame_path(frame: str) -> str:
+    """``fn (path/file.py:12)`` -> ``path/file.py``."""
+    inner = frame[frame.rfind("(") + 1 :]
+    return inner.rpartition(":")[0] or inner
 
 
 def categorize(stack: str) -> str:
     """The category of one collapsed stack (root first, frames ``fn (file:line)``)."""
     for frame in reversed(stack.split(";")):
-        for name, fragments in CATEGORIES:
-            if any(f in frame for f in fragments):
+        path = frame_path(frame)
+        for name, prefixes in CATEGORIES:
+            if path.startswith(prefixes):
                 return name
     return OTHER
 

@@ -67,6 +67,7 @@ from __future__ import annotations
 import enum
 import logging
 import math
+import time
 from collections.abc import Callable, Hashable, Sequence
 from functools import partial
 from typing import Any, Protocol, runtime_checkable
@@ -490,14 +491,10 @@ class Scheduler:
                 self._fail_batch(batch, _executor_error(batch, "preparing", exc))
                 return
             start = trio.current_time()
-            if self._blocking and batch.cost < self._inline_max:
+            if self._blocking and (batch.cost < self._inline_max or self._inline_max == math.inf):
                 self._inline += 1
-                try:
-                    result: Any = outcome.Value(executor.run(batch))  # type: ignore[union-attr]
-                except Exception as exc:
-                    result = outcome.Error(exc)
-                finally:
-                    executor.ran(batch)  # type: ignore[union-attr]
+                result: Any = _timed(executor.run, batch)  # type: ignore[union-attr]
+                executor.ran(batch)  # type: ignore[union-attr]
             else:
                 self._threaded += 1
                 result = await self._execution(nursery, batch, start)
@@ -505,18 +502,24 @@ class Scheduler:
                     policy.complete(batch, trio.current_time() - start, trio.current_time(), ok=False)
                     return
             now = trio.current_time()
-            self._deliver(batch, result, now - start, now)
+            if self._blocking:
+                # The cost sample is the run itself, timed where it ran: a hand-off to the
+                # device thread and back is not the program's cost (and would keep a tiny
+                # program that once ran on the thread from ever coming back inline).
+                result, elapsed = result
+            else:
+                elapsed = now - start
+            self._deliver(batch, result, elapsed, now)
         finally:
             self._executing = None
 
-    async def _execution(
-        self, nursery: trio.Nursery, batch: Batch, start: float
-    ) -> outcome.Outcome[Sequence[Any]] | None:
-        """Run ``batch`` off the loop and wait for it (see the module docstring); its
-        outcome, or None when it overran ``dispatch_timeout_seconds``."""
+    async def _execution(self, nursery: trio.Nursery, batch: Batch, start: float) -> Any:
+        """Run ``batch`` off the loop and wait for it (see the module docstring); None when
+        it overran ``dispatch_timeout_seconds``, else what it came back with: on the
+        device thread ``(outcome, seconds it ran)``, in a child task the outcome."""
         self._outcome = _PENDING
         if self._device is not None:
-            self._device.submit(partial(self._executor.run, batch), self._returned)  # type: ignore[union-attr]
+            self._device.submit(partial(_timed, self._executor.run, batch), self._returned)  # type: ignore[union-attr]
         else:
             nursery.start_soon(self._execute_async, batch)
         self._maybe_prefetch(nursery)
@@ -532,10 +535,11 @@ class Scheduler:
                     self._overran(batch)
                 until = self._policy.next_deadline()
                 await self._sleep(until if overran else min(until, overrun_at), idle=False)
-        result: outcome.Outcome[Sequence[Any]] = self._outcome
+        result: Any = self._outcome
         self._outcome = _PENDING
         if self._device is not None:
             self._executor.ran(batch)  # type: ignore[union-attr]
+            result = result.unwrap()  # the device thread's job is _timed: it never raises
         if overran:
             if self._health is Health.OVERRUN:
                 self._health = Health.READY
@@ -543,7 +547,7 @@ class Scheduler:
             return None
         return result
 
-    def _returned(self, result: outcome.Outcome[Sequence[Any]]) -> None:
+    def _returned(self, result: outcome.Outcome[Any]) -> None:
         """On the loop: the device thread (or the child task) is done with the batch."""
         self._outcome = result
         self._wakeup.set()
@@ -657,6 +661,18 @@ class Scheduler:
     def _fail_batch(self, batch: Batch, make_error: Callable[[], BaseException]) -> None:
         for request in batch.requests:
             self._fail(request.seq, make_error())
+
+
+def _timed(
+    run: Callable[[Batch], Sequence[Any]], batch: Batch
+) -> tuple[outcome.Outcome[Sequence[Any]], float]:
+    """``run(batch)``'s outcome and how long it took, measured on the thread it ran on."""
+    started = time.perf_counter()
+    try:
+        result: outcome.Outcome[Sequence[Any]] = outcome.Value(run(batch))
+    except Exception as exc:
+        result = outcome.Error(exc)
+    return result, time.perf_counter() - started
 
 
 def _shed_error(request: Request) -> DeadlineExceeded:
