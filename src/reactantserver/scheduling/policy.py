@@ -476,7 +476,7 @@ class SchedulingPolicy:
             if len(survivors) < len(taken):
                 rows = sum(r.rows for r in survivors)
                 size = shrink_size(m.sizes, plan.size, rows) if m.coalescable else plan.size
-            learned = m.costs.measured(size)
+            learned = m.costs.fastest(size)
             self._running = Batch(
                 seq=next(self._batch_seq),
                 model=m.name,

@@ -61,9 +61,10 @@ class Batch:
     group: Hashable
     #: When the core handed it out.
     started: float
-    #: The learned cost of one dispatch of this model at ``size`` (seconds); ``inf``
-    #: when that size was never measured. The driver runs a batch inline on the
-    #: dispatch loop only when this is below ``scheduler.inline_max_seconds``.
+    #: The learned cost of one dispatch of this model at ``size``: its fastest run
+    #: since the size was seeded (seconds; ``inf`` when never measured). The driver
+    #: runs a batch inline on the dispatch loop only when this is below
+    #: ``scheduler.inline_max_seconds``.
     cost: float = float("inf")
 
 
