@@ -546,9 +546,7 @@ def breakdown_table(
             share = counts[name] / total
             cells.append(f"{share * 100:>9.0f}%{share * result.cpu_per_request * 1e6:>12.0f}")
         lines.append(f"{name:<34}" + "".join(cells))
-    totals = "".join(
-        f"{'':>10}{r.cpu_per_request * 1e6:>12.0f}" for _, _, r in profiles
-    )
+    totals = "".join(f"{'':>10}{r.cpu_per_request * 1e6:>12.0f}" for _, _, r in profiles)
     lines.append(f"{'CPU per request in that window':<34}{totals}")
     return lines
 

@@ -35,8 +35,8 @@ from reactantserver.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from reactantserver.service import Service
 from reactantserver.records import Answer
+from reactantserver.service import Service
 from reactantserver.transport import guest
 from reactantserver.transport.grpc import serve_grpc
 

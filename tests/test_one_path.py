@@ -20,9 +20,9 @@ import pytest
 import trio
 import tritonclient.grpc as tc
 import tritonclient.grpc.aio as tca
+from fake_host import FakeModel
 from tritonclient.utils import InferenceServerException
 
-from fake_host import FakeModel
 from reactantserver.config import SchedulerConfig
 from reactantserver.config.schema import EndpointsConfig
 from reactantserver.errors import NotFound
@@ -165,9 +165,7 @@ async def test_a_client_cancel_while_queued_withdraws_the_request_before_it_runs
     outcome: list[str] = []
 
     async def run_second() -> None:
-        outcome.append(
-            await trio.to_thread.run_sync(call_then_give_up, url, 2.0, stop.is_set)
-        )
+        outcome.append(await trio.to_thread.run_sync(call_then_give_up, url, 2.0, stop.is_set))
 
     nursery.start_soon(run_second)
     await wait_until(lambda: scheduler.admitted == 2)  # request 2 is queued

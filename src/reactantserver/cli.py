@@ -208,8 +208,6 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def _run_serve(args: argparse.Namespace) -> int:
     import logging
 
-    import trio
-
     from . import startup
     from .config import load_server_config
 

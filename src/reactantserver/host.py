@@ -19,7 +19,7 @@ block.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 

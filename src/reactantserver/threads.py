@@ -73,7 +73,9 @@ class DeviceThread:
                 self._closed = True
                 self._jobs.put(None)
 
-    def submit(self, job: Callable[[], Any], done: Callable[[outcome.Outcome[Any]], object]) -> None:
+    def submit(
+        self, job: Callable[[], Any], done: Callable[[outcome.Outcome[Any]], object]
+    ) -> None:
         """Run ``job()`` on the thread, then ``done(outcome)`` on Trio's loop."""
         if self._closed or self._token is None:
             raise RuntimeError("the device thread is not running")

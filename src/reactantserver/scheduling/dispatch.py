@@ -499,7 +499,9 @@ class Scheduler:
                 self._threaded += 1
                 result = await self._execution(nursery, batch, start)
                 if result is None:  # overran: its requests were failed already
-                    policy.complete(batch, trio.current_time() - start, trio.current_time(), ok=False)
+                    policy.complete(
+                        batch, trio.current_time() - start, trio.current_time(), ok=False
+                    )
                     return
             now = trio.current_time()
             if self._blocking:
@@ -603,6 +605,7 @@ class Scheduler:
             policy.complete(batch, elapsed, now, ok=False)
             self._fail_batch(batch, _executor_error(batch, "executing", error))
             return
+        assert isinstance(result, outcome.Value)
         values = result.value
         if len(values) != len(batch.requests):
             self._failed += 1

@@ -527,7 +527,7 @@ async def serve_grpc(
                 counters=counters,
             )
             loop.set_exception_handler(_loop_errors(server))
-            await guest.aio(server.start(sock))
+            await guest.aio(server.start(listener))
             sock = None  # the server owns it now
             log.info("gRPC listening on %s:%d", endpoints.host, port)
             try:

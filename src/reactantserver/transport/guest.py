@@ -107,7 +107,6 @@ async def _host(
     return result.unwrap()
 
 
-
 async def aio(awaitable: Awaitable[T]) -> T:
     """From Trio, await an asyncio coroutine or future running on the host loop.
 

@@ -292,7 +292,9 @@ class Serving:
         else:
             self._end(entry, value=value)
 
-    def _end(self, entry: Admitted, *, value: Any = None, error: BaseException | None = None) -> None:
+    def _end(
+        self, entry: Admitted, *, value: Any = None, error: BaseException | None = None
+    ) -> None:
         if entry.stage is _Stage.DONE:
             return  # withdrawn meanwhile
         entry.stage = _Stage.DONE
@@ -309,8 +311,10 @@ class Serving:
             if actions:
                 self._lifecycle.carry_out(actions)
 
-    def withdraw(self, entry: Admitted) -> None:
-        """The caller gave up (module docstring); nothing will settle its answer."""
+    def withdraw(self, entry: object) -> None:
+        """The caller gave up on what :meth:`begin` returned (module docstring); nothing
+        will settle its answer."""
+        assert isinstance(entry, Admitted)
         stage = entry.stage
         entry.stage = _Stage.DONE
         if stage is _Stage.QUEUED and entry.request is not None:
