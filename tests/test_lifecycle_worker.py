@@ -331,7 +331,11 @@ def test_corrupt_new_version_keeps_the_old_one_serving(
             return out
 
         replace_file(weights, good[: len(good) // 2])  # a truncated copy
-        wait_until(lambda: index(c)["mlp"][1] != "", "the failure shows in the index")
+        # (Not just "a reason": while the new version is read, the index says it compiles.)
+        wait_until(
+            lambda: index(c)["mlp"][1].startswith("serving the previous version"),
+            "the failure shows in the index",
+        )
         state, reason = index(c)["mlp"]
         assert state == "READY"
         assert reason.startswith("serving the previous version; the new one failed: ")

@@ -20,7 +20,8 @@ outside a guest run it says so.
 receive and decode the message (the lean codec), then ``Service.begin_infer`` --
 synchronously validate, admit and queue the request in the scheduler's table, handing
 over an answer whose wake-up resolves an asyncio future -- await that future, then
-``Service.finish_infer`` (encode) and send. The dispatch loop resolves the futures of a
+``Service.finish_infer`` and send: the response is encoded into pieces and written
+in one pass, headers, message and trailers (``ServerStream.send_unary_reply``). The dispatch loop resolves the futures of a
 finished batch directly, inside its Trio tick on the same thread: one crossing per
 batch, plus a wake-up crossing when the loop was idle. A client cancel or disconnect
 cancels the handler, which withdraws the request synchronously
@@ -78,18 +79,18 @@ from grpclib.encoding.proto import ProtoCodec
 from reactantserver.config.schema import EndpointsConfig
 from reactantserver.errors import DeadlineExceeded, InvalidArgument
 from reactantserver.protocol import inference, reactant_control
-from reactantserver.protocol.codec import decode_infer_request, encode_infer_response
+from reactantserver.protocol.codec import decode_infer_request, encode_infer_response_parts
 from reactantserver.protocol.grpc.reflection import v1 as reflection_v1
 from reactantserver.protocol.grpc.reflection import v1alpha as reflection_v1alpha
 from reactantserver.protocol.reflection import ReflectionAnswerer
-from reactantserver.records import CallContext, InferResponse
+from reactantserver.records import CallContext
 from reactantserver.service import PendingInfer, Service
 from reactantserver.status import StatusCode, WireStatus, to_status
 
 from . import guest
 from .h2guard import GuardedProtocol
 from .limits import Fault, WireCounters, WireLimits
-from .server import GuardedServer
+from .server import GuardedServer, ServerStream
 
 log = logging.getLogger(__name__)
 
@@ -143,23 +144,23 @@ _Method = Callable[[Any, CallContext], Awaitable[Any]]
 class _SizeLimitedCodec(ProtoCodec):
     """grpclib's protobuf codec (betterproto messages implement its interface), with
     ``endpoints.max_message_bytes`` enforced on every message in and out, and the lean
-    codec for ModelInfer's two messages."""
+    codec for ModelInfer's request (its response is framed by the bridge itself)."""
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
 
     def encode(self, message: Any, message_type: Any) -> bytes:
-        if isinstance(message, InferResponse):
-            data = encode_infer_response(message)
-        else:
-            data = super().encode(message, message_type)
-        if len(data) > self._limit:
+        data: bytes = super().encode(message, message_type)
+        self.check_response(len(data))
+        return data
+
+    def check_response(self, size: int) -> None:
+        if size > self._limit:
             raise GRPCError(
                 Status.RESOURCE_EXHAUSTED,
-                f"response message of {len(data)} bytes exceeds the limit of {self._limit} "
+                f"response message of {size} bytes exceeds the limit of {self._limit} "
                 "bytes (endpoints.max_message_bytes); use shared memory for outputs this large",
             )
-        return data
 
     def decode(self, data: bytes, message_type: Any) -> Any:
         if len(data) > self._limit:
@@ -198,8 +199,15 @@ class _Bridge:
     closes it only after the server, so it outlives every handler.
     """
 
-    def __init__(self, service: Service, answerer: ReflectionAnswerer, calls: trio.Nursery) -> None:
+    def __init__(
+        self,
+        service: Service,
+        answerer: ReflectionAnswerer,
+        calls: trio.Nursery,
+        codec: _SizeLimitedCodec,
+    ) -> None:
         self._service = service
+        self._codec = codec
         self._answerer = answerer
         self._calls = calls
         self._in_flight = 0
@@ -268,10 +276,14 @@ class _Bridge:
                 await future
             done, pending = pending, None
             try:
-                response = service.finish_infer(done)
+                parts = encode_infer_response_parts(service.finish_infer(done))
             except Exception as exc:
                 raise _grpc_error(to_status(exc, rpc="ModelInfer")) from None
-            await stream.send_message(response)
+            self._codec.check_response(
+                sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
+            )
+            assert isinstance(stream, ServerStream)
+            await stream.send_unary_reply(parts)
         except GRPCError as exc:
             code = StatusCode(exc.status.value)
             raise
@@ -519,10 +531,11 @@ async def serve_grpc(
         # The calls' nursery closes after the server (the finally below), so no call
         # outlives its handler.
         async with trio.open_nursery() as calls:
-            bridge = _Bridge(service, answerer, calls)
+            codec = _SizeLimitedCodec(endpoints.max_message_bytes)
+            bridge = _Bridge(service, answerer, calls, codec)
             server = GuardedServer(
                 bridge.mapping(),
-                codec=_SizeLimitedCodec(endpoints.max_message_bytes),
+                codec=codec,
                 limits=limits,
                 counters=counters,
             )
