@@ -35,6 +35,7 @@ version of a name admits; a failed build never replaces a serving version.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -169,6 +170,8 @@ class LifecycleDriver:
             # A swap to other batch sizes completes once the old version has drained.
             await self._changes.until(lambda: self._versions.settled(name))
             _log_loaded(version, current)
+            # The new version's long-lived objects join the frozen heap (worker/core.py).
+            gc.freeze()
             return version
 
     async def unload(self, name: str) -> None:
