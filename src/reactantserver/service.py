@@ -1,12 +1,13 @@
-"""The RPCs, Trio-native: every KServe V2 and control call, over a ``ModelHost``.
+"""The RPCs: every KServe V2 and control call, over a ``ModelHost``.
 
 Theory of operation
 -------------------
 :class:`Service` implements each RPC of ``inference.GRPCInferenceService`` and
 ``reactant_control.ControlService`` as an ``async`` method taking the request message
 and a :class:`~reactantserver.records.CallContext` (deadline, peer) and returning the
-response message. It knows no transport: :mod:`reactantserver.transport.grpc` hops each
-call into Trio and back, and errors raised here are the category classes of
+response message -- ModelInfer also as three steps the transport calls itself (below).
+It knows no transport: :mod:`reactantserver.transport.grpc` runs each other call as a
+Trio task and ModelInfer's steps on the asyncio side, and errors raised here are the category classes of
 :mod:`reactantserver.errors`, mapped to gRPC status codes in exactly one place
 (:mod:`reactantserver.status`). Tests call these methods directly, or through a real
 server.
