@@ -47,6 +47,7 @@ from reactantserver.config import ServerConfig
 from reactantserver.errors import NotFound
 from reactantserver.lifecycle import ModelState
 from reactantserver.protocol import reactant_control as cpb
+from reactantserver.records import Answer
 from reactantserver.worker import Worker, WorkerAddress
 
 pytestmark = pytest.mark.slow
@@ -545,23 +546,22 @@ async def test_unload_answers_every_queued_request(
         before = worker.weights.resident_bytes
         nbytes = worker.served_models()["mlp"].bundle.weights_nbytes
 
-        async def one(i: int) -> None:
-            out = await worker.infer("mlp", {"features": x[i : i + 1]}, ["logits"], math.inf)
-            results[i] = out["logits"]
-
+        # Every request begun with no checkpoint in between: all of them are queued
+        # (or in the first batch) when the unload starts, however fast the device is.
+        answers = [Answer(lambda: None) for _ in range(len(x))]
+        for i, answer in enumerate(answers):
+            worker.begin("mlp", {"features": x[i : i + 1]}, ["logits"], math.inf, answer)
+        assert worker.scheduler.statistics().policy.models["mlp"].queue_depth == len(x)
         async with trio.open_nursery() as nursery:
-            for i in range(len(x)):
-                nursery.start_soon(one, i)
-            queued = 0
-            while queued < 64:  # let the requests reach the queue
-                await trio.sleep(0)
-                queued = worker.scheduler.statistics().policy.models["mlp"].queue_depth
             nursery.start_soon(worker.unload, "mlp")
-            while worker.model_states.state("mlp") is not ModelState.DRAINING:
-                await trio.sleep(0)
+            with trio.fail_after(60):
+                while worker.model_states.state("mlp") is not ModelState.DRAINING:
+                    await trio.sleep(0)
             # Draining: new requests are refused at once, the queued ones still run.
             with pytest.raises(NotFound, match="model 'mlp' is being unloaded"):
                 await worker.infer("mlp", {"features": x[:1]}, ["logits"], math.inf)
+        for i, answer in enumerate(answers):
+            results[i] = answer.result()["logits"]
         assert worker.model_states.state("mlp") is ModelState.UNLOADED
         assert sorted(results) == list(range(len(x)))
         for i, got in results.items():
