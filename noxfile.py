@@ -317,9 +317,10 @@ def proto(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Print every benchmark table (``nox -s bench -- scheduler`` picks by name).
 
-    py-spy profiles the gateway in ``nox -s bench -- gateway`` (where the CPU goes).
+    py-spy samples the server for the CPU breakdowns of ``bench -- serve`` and
+    ``bench -- gateway`` (where the CPU goes).
     """
-    session.install("-e", ".[jax,test]", "py-spy>=0.3")
+    session.install("-e", ".[jax,test]", "py-spy>=0.3.14")
     session.env["JAX_PLATFORMS"] = "cpu"
     session.run("python", "benchmarks/run.py", *session.posargs)
 
@@ -332,7 +333,7 @@ def bench_peer(session: nox.Session) -> None:
     MLServer's parallel workers at start), installed together with this package so that
     pip resolves one consistent set.
     """
-    session.install("-e", ".[jax,test]", "mlserver==1.7.*", "uvloop==0.21.0")
+    session.install("-e", ".[jax,test]", "mlserver==1.7.*", "uvloop==0.21.0", "py-spy>=0.3.14")
     session.env["JAX_PLATFORMS"] = "cpu"
     session.run("python", "benchmarks/peer/bench_peer.py", *session.posargs)
 

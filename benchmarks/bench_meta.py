@@ -42,6 +42,7 @@ import trio
 import tritonclient.grpc as grpcclient
 
 from reactantserver.config import EndpointsConfig, SchedulerConfig, ServerConfig
+from reactantserver.transport import guest
 from reactantserver.worker import WorkerAddress, serve
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,7 +89,8 @@ def _worker(repo: Path, cache: Path) -> Iterator[WorkerAddress]:
             )
             started.set()
 
-    thread = threading.Thread(target=trio.run, args=(main,), daemon=True)
+    # Trio as the guest of an asyncio loop, as ``reactantserver serve`` runs the worker.
+    thread = threading.Thread(target=guest.run, args=(main,), daemon=True)
     thread.start()
     started.wait(300)
     address: WorkerAddress = box["address"]

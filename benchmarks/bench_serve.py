@@ -9,7 +9,16 @@ function, unbatched at ``[593750, 16]``: 38,000,000 bytes; see ``peer/bundles.py
   (``psutil``) over the measured window, divided by the requests answered in it;
 * one 38 MB input answered inline (request and response through gRPC) and through
   system shared memory (input and output in registered regions, ``tritonclient.utils
-  .shared_memory``): latency, MB/s of input and server CPU per request.
+  .shared_memory``): latency, MB/s of input and server CPU per request;
+* where the server's CPU goes at each number in flight: a second window per row during
+  which ``py-spy record --gil`` samples the server (so the figures above are taken
+  without a profiler attached); each sample is attributed to the innermost frame of a
+  known package (Trio, asyncio, h2, grpclib, ours by module...), and the shares times the
+  CPU per request give microseconds per request. Without py-spy (or without the right
+  to attach to a process) this table is skipped, saying why;
+* the scheduler's per-dispatch decision, in-process: ``SchedulingPolicy.submit``,
+  ``next_batch`` and ``complete`` with one model queued (the common case) and with 16
+  models competing, microseconds per call.
 
 The server is ``python -m reactantserver.cli serve node.yaml`` in its own process, as
 deployed; the load generator is this process (one ``grpc.aio`` channel, ``N`` coroutines
@@ -17,8 +26,9 @@ each looping ``infer``). On a small machine the two share the cores, so requests
 property of the pair; CPU per request is the server's alone. Every request's answer is
 checked once against ``2 * x`` before measuring.
 
-    python benchmarks/bench_serve.py                   # the table (about a minute)
+    python benchmarks/bench_serve.py                   # the tables (about two minutes)
     python benchmarks/bench_serve.py --seconds 5       # longer windows
+    python benchmarks/bench_serve.py --no-profile      # without the CPU breakdown
 
 ``benchmarks/peer/bench_peer.py`` imports the pieces below to compare with MLServer.
 """
@@ -27,8 +37,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -429,6 +441,163 @@ async def big_shm(url: str, model: str, *, repeats: int, cpu: Callable[[], float
     return BigResult("shared memory (in + out)", x.nbytes, latencies, cpu_s)
 
 
+# ------------------------------------------------------------------------------ profile
+
+#: (category, path prefixes of its frames), checked in order; a sample goes to the
+#: innermost frame that matches one. py-spy names a frame's file relative to its
+#: ``sys.path`` entry (``h2/connection.py``, ``reactantserver/service.py``). The stdlib's
+#: generic helpers (functools, contextlib, threading...) match none, so such a frame
+#: counts for whoever called it.
+CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("ModelInfer codec", ("reactantserver/protocol/codec.py",)),
+    ("scheduler: policy, dispatch loop", ("reactantserver/scheduling/", "reactantserver/threads.py")),
+    ("worker: admission, versions", ("reactantserver/worker/", "reactantserver/lifecycle/")),
+    ("service, inferio, statistics", ("reactantserver/service.py", "reactantserver/inferio.py",
+                                      "reactantserver/histogram.py", "reactantserver/records.py",
+                                      "reactantserver/tensors.py", "reactantserver/shm.py")),
+    ("our wire layer (transport/)", ("reactantserver/transport/",)),
+    ("executor, assemble, JAX, numpy", ("reactantserver/runtime/", "reactantserver/models.py",
+                                        "jax/", "jaxlib/", "numpy/")),
+    ("grpclib", ("grpclib/",)),
+    ("HTTP/2: h2, hpack, hyperframe", ("h2/", "hpack/", "hyperframe/")),
+    ("Trio: run loop, guest ticks", ("trio/", "outcome/", "sniffio/")),
+    ("asyncio: event loop, selectors", ("asyncio/", "selectors.py", "socket.py")),
+)  # fmt: skip
+OTHER = "other (logging, threading, ...)"
+
+
+def frame_path(frame: str) -> str:
+    """``fn (path/file.py:12)`` -> ``path/file.py``."""
+    inner = frame[frame.rfind("(") + 1 :]
+    return inner.rpartition(":")[0] or inner
+
+
+def categorize(stack: str) -> str:
+    """The category of one collapsed stack (root first, frames ``fn (file:line)``)."""
+    for frame in reversed(stack.split(";")):
+        path = frame_path(frame)
+        for name, prefixes in CATEGORIES:
+            if path.startswith(prefixes):
+                return name
+    return OTHER
+
+
+def read_collapsed(text: str) -> collections.Counter[str]:
+    """Samples per category from ``py-spy record --format raw`` output."""
+    counts: collections.Counter[str] = collections.Counter()
+    for line in text.splitlines():
+        stack, _, number = line.rpartition(" ")
+        if stack and number.isdigit():
+            counts[categorize(stack)] += int(number)
+    return counts
+
+
+def py_spy() -> str | None:
+    """The py-spy executable, next to this interpreter or on PATH."""
+    here = Path(sys.executable).with_name("py-spy")
+    return str(here) if here.exists() else shutil.which("py-spy")
+
+
+async def profiled(
+    server: Server, concurrency: int, *, seconds: float, warmup: float, workdir: Path
+) -> tuple[collections.Counter[str], LoadResult] | str:
+    """One more closed-loop window with py-spy sampling the server; its samples per
+    category and the window's figures, or why there is no profile."""
+    exe = py_spy()
+    if exe is None:
+        return "py-spy is not installed (pip install py-spy)"
+    out = workdir / f"profile_{concurrency}.txt"
+
+    async def record() -> str:
+        await asyncio.sleep(warmup)
+        proc = await asyncio.create_subprocess_exec(
+            exe, "record", "--gil", "--nonblocking", "--format", "raw", "--rate", "250",
+            "--duration", str(max(1, round(seconds))), "--pid", str(server.proc.pid),
+            "--output", str(out),
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        _, err = await proc.communicate()
+        return "" if proc.returncode == 0 else err.decode(errors="replace").strip()[-300:]
+
+    recording = asyncio.ensure_future(record())
+    result = await closed_loop(
+        server.url, SMALL_MODEL, concurrency, seconds=seconds, warmup=warmup, cpu=server.cpu
+    )
+    problem = await recording
+    if problem or not out.exists():
+        return f"py-spy could not sample the server ({problem or 'no output'})"
+    return read_collapsed(out.read_text()), result
+
+
+def breakdown_table(
+    profiles: Sequence[tuple[int, collections.Counter[str], LoadResult]],
+) -> list[str]:
+    """Share of GIL-holding samples per category, and that share of the CPU per request."""
+    names = [name for name, _ in CATEGORIES] + [OTHER]
+    head = f"{'where the server CPU goes':<34}" + "".join(
+        f"{f'{n} in flight':>22}" for n, _, _ in profiles
+    )
+    sub = f"{'':<34}" + "".join(f"{'share':>10}{'us/req':>12}" for _ in profiles)
+    lines = [head, sub]
+    for name in names:
+        cells = []
+        for _, counts, result in profiles:
+            total = sum(counts.values()) or 1
+            share = counts[name] / total
+            cells.append(f"{share * 100:>9.0f}%{share * result.cpu_per_request * 1e6:>12.0f}")
+        lines.append(f"{name:<34}" + "".join(cells))
+    totals = "".join(f"{'':>10}{r.cpu_per_request * 1e6:>12.0f}" for _, _, r in profiles)
+    lines.append(f"{'CPU per request in that window':<34}{totals}")
+    return lines
+
+
+# ------------------------------------------------------------------------------ decisions
+
+
+def decision_costs(dispatches: int = 20_000) -> list[str]:
+    """The scheduling policy's work per dispatch, in-process: one ``submit``, the
+    ``next_batch`` that takes it and the ``complete`` that accounts it, with the
+    ``fair`` discipline, for one model with work and for 16 competing."""
+    from reactantserver.config import SchedulerConfig
+    from reactantserver.scheduling import SchedulingPolicy
+
+    lines = [
+        f"{'policy work per dispatch (fair)':<34} {'submit us':>10} {'next_batch us':>14} "
+        f"{'complete us':>12}"
+    ]
+    for models in (1, 16):
+        policy = SchedulingPolicy(SchedulerConfig(discipline="fair"))
+        names = [f"m{i}" for i in range(models)]
+        for name in names:
+            policy.add_model(name, [1, 4, 8])
+            for size, cost in ((1, 1e-4), (4, 2e-4), (8, 3e-4)):
+                policy.seed_cost(name, size, cost)
+        now = 0.0
+        for name in names[1:]:
+            policy.submit(name, None, now=now)
+        spent = [0.0, 0.0, 0.0]
+        model = names[0]
+        clock = time.perf_counter
+        for _ in range(dispatches):
+            t0 = clock()
+            policy.submit(model, None, now=now)
+            t1 = clock()
+            batch = policy.next_batch(now).batch
+            t2 = clock()
+            assert batch is not None
+            policy.complete(batch, 1e-4, now)
+            t3 = clock()
+            model = batch.model  # keep every model's queue as deep as it was
+            spent[0] += t1 - t0
+            spent[1] += t2 - t1
+            spent[2] += t3 - t2
+            now += 0.001
+        sub, dec, com = (x / dispatches * 1e6 for x in spent)
+        label = "1 model with queued work" if models == 1 else f"{models} models competing"
+        lines.append(f"{label:<34} {sub:>10.1f} {dec:>14.1f} {com:>12.1f}")
+    return lines
+
+
 # ------------------------------------------------------------------------------ the table
 
 
@@ -447,6 +616,8 @@ async def _run(args: argparse.Namespace, workdir: Path) -> None:
     repo = workdir / "repo"
     build_repo(repo)
     server = start_ours(repo, workdir, cache_dir=workdir / "cache")
+    profiles: list[tuple[int, collections.Counter[str], LoadResult]] = []
+    no_profile = "" if args.profile else "--no-profile"
     try:
         await wait_ready(server, [SMALL_MODEL, BIG_MODEL])
         results = [
@@ -462,9 +633,18 @@ async def _run(args: argparse.Namespace, workdir: Path) -> None:
         ]
         inline = await big_inline(server.url, BIG_MODEL, repeats=args.repeats, cpu=server.cpu)
         shm = await big_shm(server.url, BIG_MODEL, repeats=args.repeats * 4, cpu=server.cpu)
+        for n in CONCURRENCY if args.profile else ():
+            got = await profiled(
+                server, n, seconds=args.seconds, warmup=args.warmup, workdir=workdir
+            )
+            if isinstance(got, str):
+                no_profile = got
+                break
+            profiles.append((n, *got))
     finally:
         server.stop()
     print(f"reactantserver {server.url}; {os.cpu_count()} CPUs; load generator in this process")
+    print(f"load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(
         f"{'one-row requests':<26} {'in flight':>9} {'req/s':>9} {'p50 ms':>9} {'p99 ms':>9} "
         f"{'CPU us/req':>11}"
@@ -476,6 +656,14 @@ async def _run(args: argparse.Namespace, workdir: Path) -> None:
     for b in (inline, shm):
         print(big_row(b))
     print(f"{'shared memory speed-up':<26} {inline.p50 / shm.p50:>9.1f}x")
+    print()
+    if profiles:
+        print("\n".join(breakdown_table(profiles)))
+        print("(py-spy --gil samples of the server, one more window per row)")
+    else:
+        print(f"(no CPU breakdown: {no_profile})")
+    print()
+    print("\n".join(decision_costs()))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -484,6 +672,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured lead-in per row")
     parser.add_argument("--repeats", type=int, default=5, help="38 MB inline calls")
     parser.add_argument("--workdir", help="keep the repository, cache and logs here")
+    parser.add_argument(
+        "--no-profile",
+        dest="profile",
+        action="store_false",
+        help="skip the CPU breakdown (py-spy) windows",
+    )
     args = parser.parse_args(argv)
     if args.workdir:
         workdir = Path(args.workdir).resolve()

@@ -10,6 +10,13 @@ does not compile them again.
 
 JAX is imported lazily by these fixtures only: JAX-free tests never pay for it.
 
+**Guest mode.** The server runs Trio as the guest of a standard asyncio loop
+(``reactantserver.transport.guest.run``), and so do the tests that start a real server
+in this process: an async test marked ``guest`` (``pytestmark = pytest.mark.guest`` in
+a module) is run by pytest-trio through ``guest.run`` instead of ``trio.run`` -- its
+fixtures, its nursery and its clock (``autojump_clock`` works) included. Tests of the
+sans-IO cores and drivers stay on plain ``trio.run`` and virtual time.
+
 :func:`inline` is the thread runner the drivers' virtual-time tests inject
 (``reactantserver.threads``): blocking work runs on the event loop, so the
 ``autojump_clock`` cannot move while it is "in flight".
@@ -46,6 +53,30 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 FUZZ_EXAMPLES = 25
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "guest: run this async test with Trio as the guest of an asyncio loop, as the server "
+        "runs (transport.guest.run)",
+    )
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give tests marked ``guest`` pytest-trio's ``run=`` marker, ahead of the plain one
+    that ``trio_mode`` adds (pytest-trio takes the first ``trio`` marker with ``run``); skip
+    the ``gpu`` tests where no GPU is visible (:func:`_skip_gpu_tests`)."""
+    from inspect import iscoroutinefunction
+
+    from reactantserver.transport import guest
+
+    for item in items:
+        function = getattr(item, "obj", None)
+        if item.get_closest_marker("guest") is not None and iscoroutinefunction(function):
+            item.add_marker(pytest.mark.trio(run=guest.run), append=False)
+    _skip_gpu_tests(config, items)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--fuzz-examples",
@@ -55,7 +86,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def _skip_gpu_tests(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip the ``gpu`` tests, saying why, where no GPU is visible (``gpu_support``)."""
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:

@@ -6,7 +6,8 @@ chosen to drive one path through the transport:
 * ``double``  FP32 x [-1, 16] -> y = 2x and z = x + 1, max batch 8 (compiled 1, 4, 8);
 * ``echo``    BYTES s [-1] -> t = s with b"!" appended, max batch 4;
 * ``slow``    waits on ``FakeHost.release`` (never set unless a test sets it): deadlines,
-  in-flight caps, client cancellation, graceful shutdown;
+  in-flight caps, client cancellation, graceful shutdown (``slow`` and ``nap`` run in
+  tasks of :meth:`FakeHost.run`, which a test starts next to the server);
 * ``broken``  raises ``RuntimeError`` (a bug): INTERNAL with the fixed message;
 * ``cold``    loaded but not ready ("still compiling"): UNAVAILABLE;
 * ``busy``    its queue is full (``QueueFull``): RESOURCE_EXHAUSTED;
@@ -31,11 +32,13 @@ from reactantserver.bundle.manifest import TensorSpec
 from reactantserver.config.schema import Residency
 from reactantserver.errors import (
     BundleError,
+    DeadlineExceeded,
     FailedPrecondition,
     NotFound,
     QueueFull,
 )
 from reactantserver.records import (
+    Answer,
     BatchStatistics,
     CompactResult,
     ControlStatus,
@@ -127,6 +130,7 @@ class FakeHost:
     residency: dict[str, Residency] = attrs.field(factory=dict)
     weights: dict[str, float] = attrs.field(factory=dict)
     externally_managed: bool = False
+    _nursery: trio.Nursery | None = None
 
     def readiness(self) -> tuple[bool, str]:
         return True, ""
@@ -147,31 +151,68 @@ class FakeHost:
                 entries.append(IndexEntry(name, state="UNAVAILABLE", reason="unloaded"))
         return sorted(entries, key=lambda e: e.name)
 
-    async def infer(
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the tasks of the models that take time (``slow``, ``nap``)."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    def begin(
         self,
         model: str,
         inputs: Mapping[str, np.ndarray],
         outputs: Sequence[str],
         deadline: float,
-    ) -> Mapping[str, Any]:
+        answer: Answer,
+    ) -> object:
+        """Instant models are answered before this returns; ``slow`` and ``nap`` in a
+        task of :meth:`run` (which fails them at ``deadline``, as the worker's dispatch
+        loop would)."""
         self.calls.append((model, deadline))
         m = self.get(model)
         if model == "busy":
             raise QueueFull(model, m.max_queue_depth)
-        started = trio.current_time()
         if model == "broken":
             raise RuntimeError("secret internal detail")
-        if model == "slow":
-            try:
+        if model in ("slow", "nap"):
+            if self._nursery is None:
+                raise RuntimeError("FakeHost.run is not running (start it in the test)")
+            scope = trio.CancelScope(deadline=deadline)
+            self._nursery.start_soon(self._wait, model, inputs, answer, scope)
+            return scope
+        answer.resolve(self._compute(model, inputs, 0.0))
+        return None
+
+    def withdraw(self, handle: object) -> None:
+        if isinstance(handle, trio.CancelScope):
+            handle.cancel()
+
+    async def _wait(
+        self, model: str, inputs: Mapping[str, np.ndarray], answer: Answer, scope: trio.CancelScope
+    ) -> None:
+        started = trio.current_time()
+        with scope:
+            if model == "slow":
                 await self.release.wait()
-            except trio.Cancelled:
-                self.cancelled.append(model)
-                raise
-            x = inputs["x"]
-            result: dict[str, Any] = {"y": x}
-        elif model == "nap":
-            await trio.sleep(NAP_SECONDS)
-            result = {"y": inputs["x"]}
+            else:
+                await trio.sleep(NAP_SECONDS)
+        if scope.cancelled_caught:
+            self.cancelled.append(model)
+            if trio.current_time() >= scope.deadline:  # else withdrawn: nobody waits
+                answer.fail(
+                    DeadlineExceeded(
+                        f"model {model!r}: deadline passed after "
+                        f"{trio.current_time() - started:.3f} s"
+                    )
+                )
+            return
+        answer.resolve(self._compute(model, inputs, trio.current_time() - started))
+
+    def _compute(self, model: str, inputs: Mapping[str, np.ndarray], seconds: float) -> Any:
+        m = self.get(model)
+        if model in ("slow", "nap"):
+            result: dict[str, Any] = {"y": inputs["x"]}
         elif model == "echo":
             s = inputs["s"]
             result = {"t": np.array([v + b"!" for v in s.ravel()], dtype=object).reshape(s.shape)}
@@ -179,7 +220,7 @@ class FakeHost:
             x = inputs["x"]
             result = {"y": x * 2, "z": x + 1}
         first = next(iter(inputs.values()))
-        m.count(first.shape[0], trio.current_time() - started)
+        m.count(first.shape[0], seconds)
         return result
 
     async def load(self, name: str) -> None:

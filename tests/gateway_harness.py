@@ -143,18 +143,21 @@ def fake_workers(
                 box.update(
                     host=host, service=svc, stop=stop, token=trio.lowlevel.current_trio_token()
                 )
-                async with trio.open_nursery() as nursery:
-                    box["port"] = await nursery.start(
-                        lambda task_status: serve_grpc(
-                            svc, EndpointsConfig(port=0), stop=stop, grace_seconds=5.0,
-                            task_status=task_status,
-                        )
-                    )  # fmt: skip
-                    ready.set()
+                async with trio.open_nursery() as tasks:
+                    await tasks.start(host.run)  # the tasks of slow models
+                    async with trio.open_nursery() as nursery:
+                        box["port"] = await nursery.start(
+                            lambda task_status: serve_grpc(
+                                svc, EndpointsConfig(port=0), stop=stop, grace_seconds=5.0,
+                                task_status=task_status,
+                            )
+                        )  # fmt: skip
+                        ready.set()
+                    tasks.cancel_scope.cancel()  # serve_grpc has drained: end host.run
 
             def run(main: Callable[[], Any] = main, ready: threading.Event = ready) -> None:
                 try:
-                    trio.run(main)
+                    guest.run(main)  # serve_grpc needs Trio as asyncio's guest
                 finally:
                     ready.set()
 

@@ -35,8 +35,13 @@ from reactantserver.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from reactantserver.records import Answer
 from reactantserver.service import Service
+from reactantserver.transport import guest
 from reactantserver.transport.grpc import serve_grpc
+
+# The Trio tests here serve in this process: as the worker does, Trio is asyncio's guest.
+pytestmark = pytest.mark.guest
 
 #: Fast retries for tests: the policy's logic, not its default pace, is under test.
 QUICK = RetryPolicy(max_retries=3, base_delay=0.01, max_delay=0.05)
@@ -49,18 +54,19 @@ class FlakyHost(FakeHost):
 
     refuse: int = 0
 
-    async def infer(
+    def begin(
         self,
         model: str,
         inputs: Mapping[str, np.ndarray],
         outputs: Sequence[str],
         deadline: float,
-    ) -> Mapping[str, Any]:
+        answer: Answer,
+    ) -> object:
         if model == "double" and self.refuse > 0:
             self.refuse -= 1
             self.calls.append((model, deadline))
             raise QueueFull(model, 1)
-        return await super().infer(model, inputs, outputs, deadline)
+        return super().begin(model, inputs, outputs, deadline, answer)
 
 
 @attrs.frozen
@@ -85,14 +91,18 @@ def serving(port: int = 0, *, started: threading.Event | None = None) -> Iterato
         box["stop"] = stop = trio.Event()
         endpoints = EndpointsConfig(host="127.0.0.1", port=port)
         async with trio.open_nursery() as nursery:
-            box["port"] = await nursery.start(
-                lambda task_status: serve_grpc(
+            await nursery.start(host.run)
+
+            async def serve(task_status: trio.TaskStatus[int]) -> None:
+                await serve_grpc(
                     Service(host), endpoints, stop=stop, grace_seconds=1, task_status=task_status
                 )
-            )
+                nursery.cancel_scope.cancel()  # the host's task with it
+
+            box["port"] = await nursery.start(serve)
             ready.set()
 
-    thread = threading.Thread(target=trio.run, args=(main,), daemon=True)
+    thread = threading.Thread(target=guest.run, args=(main,), daemon=True)
     thread.start()
     assert ready.wait(10), "the fake server did not start"
     try:
@@ -372,6 +382,7 @@ def test_an_async_client_belongs_to_one_loop(served: Served) -> None:
 
 async def test_async_client_under_trio(nursery: trio.Nursery) -> None:
     host = FlakyHost(refuse=2)
+    await nursery.start(host.run)
     port = await nursery.start(serve_grpc, Service(host), EndpointsConfig(host="127.0.0.1", port=0))
     results: dict[int, np.ndarray] = {}
     async with AsyncClient(f"127.0.0.1:{port}", retry=QUICK) as client:

@@ -52,6 +52,9 @@ _KIND = {
     "double_param": float,
 }
 
+# Servers started in this process run as the worker does: Trio is asyncio's guest.
+pytestmark = pytest.mark.guest
+
 
 #: InferTensorContents' lists, in field order.
 _CONTENTS = (
@@ -482,7 +485,9 @@ def test_every_truncation_fails_exactly_where_protobuf_fails() -> None:
 async def test_the_server_answers_malformed_requests_with_invalid_argument(
     nursery: trio.Nursery,
 ) -> None:
-    service = Service(FakeHost())
+    host = FakeHost()
+    await nursery.start(host.run)
+    service = Service(host)
     port = await nursery.start(serve_grpc, service, EndpointsConfig(host="127.0.0.1", port=0))
     x = np.arange(16, dtype=np.float32)
     good = bytes(
@@ -518,7 +523,9 @@ async def test_large_frames_are_accepted_from_the_first_read(nursery: trio.Nurse
     """End to end with the large frames the server allows: a fresh connection sends 24
     requests of 256 KiB at once, and every answer is right. (The race this invites is
     pinned down deterministically by the next test.)"""
-    service = Service(FakeHost())
+    host = FakeHost()
+    await nursery.start(host.run)
+    service = Service(host)
     port = await nursery.start(serve_grpc, service, EndpointsConfig(host="127.0.0.1", port=0))
     x = np.arange(4096 * 16, dtype=np.float32).reshape(4096, 16)  # 256 KiB per request
 

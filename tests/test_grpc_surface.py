@@ -1,7 +1,7 @@
 """The gRPC surface end to end: a real server on 127.0.0.1, real Triton clients.
 
-Each test starts ``serve_grpc`` on port 0 inside its own Trio run (cheap: one socket and
-a trio-asyncio loop) over ``Service`` and the fake host of ``tests/fake_host.py``, and
+Each test starts ``serve_grpc`` on port 0 inside its own Trio run -- Trio as the guest
+of an asyncio loop, as in the worker (cheap: one socket) -- over ``Service`` and the fake host of ``tests/fake_host.py``, and
 drives it with ``tritonclient.grpc`` (blocking, so it runs in a worker thread while the
 event loop keeps serving) or ``tritonclient.grpc.aio`` (its own asyncio loop in a worker
 thread). The control service is called with plain grpcio. Every status the surface
@@ -49,6 +49,9 @@ LIMIT = 1 << 20
 #: The fixture's endpoints.max_concurrent_requests.
 CAP = 2
 
+# Servers started in this process run as the worker does: Trio is asyncio's guest.
+pytestmark = pytest.mark.guest
+
 
 @attrs.frozen
 class Running:
@@ -67,6 +70,7 @@ class Running:
 @pytest.fixture
 async def server(nursery: trio.Nursery) -> Running:
     host = FakeHost()
+    await nursery.start(host.run)
     service = Service(host, max_concurrent_requests=CAP)
     endpoints = EndpointsConfig(host="127.0.0.1", port=0, max_message_bytes=LIMIT)
     port = await nursery.start(serve_grpc, service, endpoints)
@@ -744,6 +748,7 @@ async def test_stop_drains_in_flight_calls_and_refuses_new_ones() -> None:
         served.set()
 
     async with trio.open_nursery() as nursery:
+        await nursery.start(host.run)
         port = await nursery.start(run_server)
         client = tc.InferenceServerClient(f"127.0.0.1:{port}")
 
@@ -764,6 +769,7 @@ async def test_stop_drains_in_flight_calls_and_refuses_new_ones() -> None:
         host.release.set()
         with trio.fail_after(5):
             await served.wait()
+        nursery.cancel_scope.cancel()
     np.testing.assert_array_equal(results[0], np.arange(32, dtype=np.float32).reshape(2, 16))
     client.close()
 
@@ -781,8 +787,11 @@ def _slow_request(**params: int) -> pb.ModelInferRequest:
     )
 
 
-async def test_service_deadline_is_exact_in_virtual_time(autojump_clock: trio.abc.Clock) -> None:
+async def test_service_deadline_is_exact_in_virtual_time(
+    autojump_clock: trio.abc.Clock, nursery: trio.Nursery
+) -> None:
     host = FakeHost()
+    await nursery.start(host.run)
     service = Service(host)
     t0 = trio.current_time()
     with pytest.raises(DeadlineExceeded) as info:

@@ -25,6 +25,9 @@ from reactantserver.transport.grpc import serve_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Servers started in this process run as the worker does: Trio is asyncio's guest.
+pytestmark = pytest.mark.guest
+
 
 def _grpcurl() -> str:
     try:
@@ -53,7 +56,9 @@ INFER_JSON = json.dumps(
 
 @pytest.fixture
 async def address(nursery: trio.Nursery) -> str:
-    service = Service(FakeHost())
+    host = FakeHost()
+    await nursery.start(host.run)
+    service = Service(host)
     port = await nursery.start(serve_grpc, service, EndpointsConfig(port=0))
     return f"127.0.0.1:{port}"
 

@@ -18,6 +18,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import pytest
 import trio
 from fake_host import FakeHost
 from grpclib.client import Channel
@@ -27,6 +28,8 @@ from reactantserver.config.schema import EndpointsConfig
 from reactantserver.protocol.grpc.health import v1 as health
 from reactantserver.service import Service
 from reactantserver.transport.grpc import serve_grpc
+
+pytestmark = pytest.mark.guest  # serve_grpc runs with Trio as asyncio's guest
 
 S = health.HealthCheckResponseServingStatus
 T = TypeVar("T")
@@ -40,7 +43,7 @@ def _client(port: int, calls: Callable[[health.HealthStub], Awaitable[T]]) -> T:
         finally:
             channel.close()
 
-    # The standard loop, not the one trio-asyncio's policy would make (the worker uses it).
+    # Its own loop on a worker thread: the test's loop is the server's.
     with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
         return runner.run(main())
 

@@ -47,6 +47,7 @@ from reactantserver.config import ServerConfig
 from reactantserver.errors import NotFound
 from reactantserver.lifecycle import ModelState
 from reactantserver.protocol import reactant_control as cpb
+from reactantserver.records import Answer
 from reactantserver.worker import Worker, WorkerAddress
 
 pytestmark = pytest.mark.slow
@@ -331,7 +332,11 @@ def test_corrupt_new_version_keeps_the_old_one_serving(
             return out
 
         replace_file(weights, good[: len(good) // 2])  # a truncated copy
-        wait_until(lambda: index(c)["mlp"][1] != "", "the failure shows in the index")
+        # (Not just "a reason": while the new version is read, the index says it compiles.)
+        wait_until(
+            lambda: index(c)["mlp"][1].startswith("serving the previous version"),
+            "the failure shows in the index",
+        )
         state, reason = index(c)["mlp"]
         assert state == "READY"
         assert reason.startswith("serving the previous version; the new one failed: ")
@@ -527,6 +532,7 @@ async def with_worker(config: ServerConfig, body: Callable[[Worker], Awaitable[N
             stop.set()
 
 
+@pytest.mark.guest  # a whole worker, gRPC listener included, as production runs it
 async def test_unload_answers_every_queued_request(
     zoo_repo: Path, compile_cache: Path, tmp_path: Path
 ) -> None:
@@ -540,23 +546,22 @@ async def test_unload_answers_every_queued_request(
         before = worker.weights.resident_bytes
         nbytes = worker.served_models()["mlp"].bundle.weights_nbytes
 
-        async def one(i: int) -> None:
-            out = await worker.infer("mlp", {"features": x[i : i + 1]}, ["logits"], math.inf)
-            results[i] = out["logits"]
-
+        # Every request begun with no checkpoint in between: all of them are queued
+        # (or in the first batch) when the unload starts, however fast the device is.
+        answers = [Answer(lambda: None) for _ in range(len(x))]
+        for i, answer in enumerate(answers):
+            worker.begin("mlp", {"features": x[i : i + 1]}, ["logits"], math.inf, answer)
+        assert worker.scheduler.statistics().policy.models["mlp"].queue_depth == len(x)
         async with trio.open_nursery() as nursery:
-            for i in range(len(x)):
-                nursery.start_soon(one, i)
-            queued = 0
-            while queued < 64:  # let the requests reach the queue
-                await trio.sleep(0)
-                queued = worker.scheduler.statistics().policy.models["mlp"].queue_depth
             nursery.start_soon(worker.unload, "mlp")
-            while worker.model_states.state("mlp") is not ModelState.DRAINING:
-                await trio.sleep(0)
+            with trio.fail_after(60):
+                while worker.model_states.state("mlp") is not ModelState.DRAINING:
+                    await trio.sleep(0)
             # Draining: new requests are refused at once, the queued ones still run.
             with pytest.raises(NotFound, match="model 'mlp' is being unloaded"):
                 await worker.infer("mlp", {"features": x[:1]}, ["logits"], math.inf)
+        for i, answer in enumerate(answers):
+            results[i] = answer.result()["logits"]
         assert worker.model_states.state("mlp") is ModelState.UNLOADED
         assert sorted(results) == list(range(len(x)))
         for i, got in results.items():
@@ -569,6 +574,7 @@ async def test_unload_answers_every_queued_request(
     await with_worker(config, body)
 
 
+@pytest.mark.guest
 async def test_swap_to_other_batch_sizes_under_load(
     zoo_repo: Path, compile_cache: Path, tmp_path: Path
 ) -> None:
@@ -636,6 +642,7 @@ async def virtual_worker(config: ServerConfig) -> AsyncIterator[Worker]:
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.scheduler.run)
         await nursery.start(worker.lifecycle.run)
+        await nursery.start(worker.serving.run)
         nursery.start_soon(worker.manage_models)
         while not worker.readiness()[0]:
             await trio.sleep(POLL / 10)

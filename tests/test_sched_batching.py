@@ -7,6 +7,8 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reactantserver.runtime.assemble import gather, request_rows, scatter
 from reactantserver.scheduling.batching import Plan, plan_batch, shrink_size
@@ -163,3 +165,26 @@ def test_round_trip_through_a_doubling_model() -> None:
     for req, part in zip(requests, scatter(outputs, [1, 3, 2]), strict=True):
         np.testing.assert_array_equal(part["y"], req["x"] * 2)
     assert math.isclose(float(outputs["y"][6:].sum()), 0.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    seed=st.floats(1e-6, 1.0),
+    runs=st.lists(st.tuples(st.sampled_from([1, 4]), st.floats(1e-6, 1.0)), max_size=30),
+)
+def test_fastest_is_the_quickest_run_since_the_seed(
+    seed: float, runs: list[tuple[int, float]]
+) -> None:
+    """The inline decision reads ``fastest``: for every size it is exactly the minimum of
+    its seed and every later run at that size (never moved by slow runs, never by runs
+    at another size), ``None`` for a size never seen, and a new seed starts it over."""
+    table = CostTable(alpha=0.2)
+    table.seed(1, seed)
+    seen: dict[int, list[float]] = {1: [seed]}
+    for size, seconds in runs:
+        table.observe(size, seconds)
+        seen.setdefault(size, []).append(seconds)
+    for size in (1, 4, 8):
+        assert table.fastest(size) == (min(seen[size]) if size in seen else None)
+    table.seed(1, 0.5)
+    assert table.fastest(1) == 0.5

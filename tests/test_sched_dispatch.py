@@ -371,3 +371,222 @@ async def test_prefetch_starts_while_a_batch_executes(
     assert [m for _, m in executor.prefetched] == ["c"]
     assert executor.prefetched[0][0] == pytest.approx(1.0)
     assert scheduler.peek_next() is None
+
+
+# ------------------------------------------------- the table: withdraw and deadlines (issue 16)
+
+
+def answers_into(got: dict[str, Any], name: str) -> Callable[[Any, BaseException | None], None]:
+    """An ``answer`` callback recording what the dispatch loop answered for ``name``."""
+
+    def answer(value: Any, error: BaseException | None) -> None:
+        assert name not in got, f"{name} was answered twice"
+        got[name] = error if error is not None else value
+
+    return answer
+
+
+async def test_a_request_withdrawn_while_queued_never_executes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    executor = FakeExecutor()
+    scheduler = make(executor)
+    got: dict[str, Any] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(scheduler.run)
+        scheduler.enqueue("a", "running", answer=answers_into(got, "running"))
+        await trio.sleep(0.1)  # "running" is on the device until t=1
+        queued = scheduler.enqueue("a", "queued", answer=answers_into(got, "queued"))
+        assert scheduler.admitted == 2
+        scheduler.withdraw(queued)  # synchronous: it leaves the table at once
+        assert scheduler.admitted == 1
+        await trio.sleep(5)
+        scheduler.close()
+    assert got == {"running": ("out", "running")}
+    assert executed_payloads(executor) == ["running"]
+    assert scheduler.statistics().policy.models["a"].cancelled == 1
+
+
+async def test_a_request_withdrawn_while_executing_has_its_result_dropped(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    executor = FakeExecutor()
+    scheduler = make(executor)
+    got: dict[str, Any] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(scheduler.run)
+        left = scheduler.enqueue("a", "left", answer=answers_into(got, "left"))
+        scheduler.enqueue("a", "stayed", answer=answers_into(got, "stayed"))
+        await trio.sleep(0.1)
+        assert scheduler.statistics().executing == "a"  # both in one batch on the device
+        scheduler.withdraw(left)
+        assert scheduler.admitted == 1  # its slot is free at once
+        await trio.sleep(5)
+        scheduler.close()
+    assert got == {"stayed": ("out", "stayed")}  # never answered: dropped, not delivered
+    assert executed_payloads(executor) == ["left", "stayed"]
+
+
+async def test_a_deadline_passing_while_queued_is_answered_by_the_loop_at_that_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The loop sleeps until the soonest queued deadline even while the device is busy:
+    the late request is answered DEADLINE_EXCEEDED at its deadline, not when the batch
+    ahead of it returns, and it never executes."""
+    executor = FakeExecutor(cost=lambda b: 10.0)
+    scheduler = make(executor)
+    got: dict[str, Any] = {}
+    answered_at: dict[str, float] = {}
+
+    def timed(name: str) -> Callable[[Any, BaseException | None], None]:
+        record = answers_into(got, name)
+
+        def answer(value: Any, error: BaseException | None) -> None:
+            answered_at[name] = trio.current_time()
+            record(value, error)
+
+        return answer
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(scheduler.run)
+        t0 = trio.current_time()
+        scheduler.enqueue("a", "long", answer=timed("long"))
+        await trio.sleep(0)
+        scheduler.enqueue("b", "late", answer=timed("late"), deadline=t0 + 2.5)
+        scheduler.enqueue("b", "patient", answer=timed("patient"), deadline=t0 + 60)
+        await trio.sleep(30)
+        scheduler.close()
+    assert isinstance(got["late"], DeadlineExceeded)
+    assert str(got["late"]) == "model 'b': deadline passed after 2.500 s waiting for the device"
+    assert answered_at["late"] == pytest.approx(t0 + 2.5)
+    assert got["patient"] == ("out", "patient")
+    assert executed_payloads(executor) == ["long", "patient"]
+    assert scheduler.statistics().policy.models["b"].shed == 1
+
+
+async def test_submit_raises_deadline_exceeded_at_its_deadline_without_a_timer_of_its_own(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``submit`` opens no cancel scope: the loop's answer is what ends the wait."""
+    executor = FakeExecutor(cost=lambda b: 20.0)
+    scheduler = make(executor)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(scheduler.run)
+        nursery.start_soon(scheduler.submit, "a", "blocker")
+        await trio.sleep(0.1)
+        t0 = trio.current_time()
+        with pytest.raises(DeadlineExceeded, match="waiting for the device"):
+            await scheduler.submit("b", "x", deadline=t0 + 1.0)
+        assert trio.current_time() == pytest.approx(t0 + 1.0)
+        scheduler.close()
+
+
+# ------------------------------------------------------------ inline or the device thread
+
+
+class BlockingFake:
+    """A ``BlockingExecutor``: ``run`` blocks (on ``gate`` when set) and notes its thread."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.threads: list[tuple[str, str]] = []
+        self.gate: Any = None
+        self.ran_batches: list[int] = []
+        self._main = threading.main_thread().name
+        self._threading = threading
+
+    async def prepare(self, batch: Batch) -> None:
+        pass
+
+    def run(self, batch: Batch) -> Sequence[Any]:
+        where = self._threading.current_thread().name
+        self.threads.append((batch.model, where))
+        if self.gate is not None and batch.model == "slow":
+            assert self.gate.wait(60), "the test never opened the gate"
+        return [("out", r.payload) for r in batch.requests]
+
+    def ran(self, batch: Batch) -> None:
+        self.ran_batches.append(batch.seq)
+
+
+async def test_tiny_programs_run_inline_and_slow_or_unmeasured_ones_on_the_device_thread() -> None:
+    executor = BlockingFake()
+    scheduler = Scheduler(
+        SchedulerConfig(inline_max_seconds=0.001), executor, inline_max_seconds=None
+    )
+    scheduler.add_model("tiny", [1])
+    scheduler.add_model("slow", [1])
+    scheduler.add_model("unmeasured", [1])
+    scheduler.seed_cost("tiny", 1, 0.0002)
+    scheduler.seed_cost("slow", 1, 0.5)  # learned slow: never inline
+    async with trio.open_nursery() as nursery:
+        await nursery.start(scheduler.run)
+        for name in ("tiny", "slow", "unmeasured"):
+            assert await scheduler.submit(name, name) == ("out", name)
+        scheduler.close()
+    where = dict(executor.threads)
+    assert where["tiny"] == executor._main  # on the dispatch loop's own thread
+    assert where["slow"] == "reactantserver-device"
+    assert where["unmeasured"] == "reactantserver-device"
+    stats = scheduler.statistics()
+    assert (stats.inline_dispatches, stats.threaded_dispatches) == (1, 2)
+    assert len(executor.ran_batches) == 3  # ``ran`` back on the loop after every run
+
+
+async def test_a_program_whose_cost_grows_past_the_threshold_leaves_the_loop() -> None:
+    """The threshold reads the learned cost: one slow run moves the EMA past it, and the
+    next batch goes to the device thread."""
+    executor = BlockingFake()
+    config = SchedulerConfig(inline_max_seconds=0.001, cost_ema_alpha=1.0)
+    scheduler = Scheduler(config, executor)
+    scheduler.add_model("m", [1])
+    scheduler.seed_cost("m", 1, 0.0001)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(scheduler.run)
+        await scheduler.submit("m", 1)
+        scheduler.policy.seed_cost("m", 1, 0.01)  # as if the last run had taken 10 ms
+        await scheduler.submit("m", 2)
+        scheduler.close()
+    assert [where for _, where in executor.threads] == [
+        executor._main,
+        "reactantserver-device",
+    ]
+
+
+async def test_the_dispatch_timeout_fires_for_a_threaded_execution(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The device thread blocks past ``dispatch_timeout_seconds``: the batch's caller gets
+    ExecutionFailed at the timeout, the loop is OVERRUN (new work refused) until the
+    thread returns, and only then does the next batch run."""
+    import threading
+
+    executor = BlockingFake()
+    executor.gate = threading.Event()
+    scheduler = Scheduler(SchedulerConfig(dispatch_timeout_seconds=5.0), executor)
+    scheduler.add_model("slow", [1])
+    scheduler.add_model("tiny", [1])
+    scheduler.seed_cost("slow", 1, 1.0)
+    # Inline: on virtual time a real thread's run may look like any length of time.
+    scheduler.seed_cost("tiny", 1, 1e-6)
+    got: dict[str, Any] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(scheduler.run)
+        t0 = trio.current_time()
+        scheduler.enqueue("slow", "stuck", answer=answers_into(got, "stuck"))
+        while "stuck" not in got:
+            await trio.sleep(0.5)
+        assert trio.current_time() - t0 == pytest.approx(5.0, abs=0.5)
+        assert isinstance(got["stuck"], ExecutionFailed)
+        assert "dispatch_timeout_seconds=5.0" in str(got["stuck"])
+        assert scheduler.health is Health.OVERRUN and not scheduler.ready
+        with pytest.raises(Unavailable, match="still busy"):
+            scheduler.enqueue("tiny", "refused", answer=answers_into(got, "refused"))
+        executor.gate.set()  # the device returns
+        while scheduler.health is not Health.READY:
+            await trio.sleep(0.5)
+        assert await scheduler.submit("tiny", "after") == ("out", "after")
+        scheduler.close()
+    assert [m for m, _ in executor.threads] == ["slow", "tiny"]
+    assert scheduler.statistics().overruns == 1

@@ -269,6 +269,25 @@ class SchedulerMachine(RuleBasedStateMachine):
     def advance(self, dt: float) -> None:
         self.now += dt
 
+    @rule()
+    def expire(self) -> None:
+        """The driver's wake-up at a deadline: ``expire`` removes exactly the queued
+        requests whose deadline is at or before now (they become SHED and are answered
+        once), and leaves every other queued request where it was."""
+        due = [
+            r
+            for q in self.queues.values()
+            for r in q
+            if r.deadline is not None and r.deadline <= self.now
+        ]
+        expired = self.policy.expire(self.now)
+        assert sorted(r.seq for r in expired) == sorted(r.seq for r in due)
+        for request in expired:
+            self.queues[request.model].remove(request)
+            self._finish(request, RequestState.SHED)
+        if expired:
+            event("expire: some")
+
     @rule(
         name=st.sampled_from(MODELS),
         size=st.sampled_from([1, 2, 4, 8]),
@@ -435,6 +454,13 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert list(self.policy.queued_requests(name)) == queue
             assert all(r.state is RequestState.QUEUED for r in queue)
         assert self.policy.queued == sum(len(q) for q in self.queues.values())
+
+    @invariant()
+    def next_deadline_is_the_soonest_queued_one(self) -> None:
+        """The loop sleeps until ``next_deadline``: it is the soonest deadline of any
+        queued request (``inf`` when none has one), so no expiry is ever slept through."""
+        deadlines = [r.deadline for q in self.queues.values() for r in q if r.deadline is not None]
+        assert self.policy.next_deadline() == min(deadlines, default=math.inf)
 
     @invariant()
     def queue_caps_hold(self) -> None:

@@ -73,15 +73,22 @@ def test_sigterm_under_load_answers_every_accepted_request(zoo_repo: Path, tmp_p
 
         sigterm_at: list[float] = []
 
-        def load() -> None:
+        small = np.ones((1, 16), np.float32)
+
+        def load(tiny: bool) -> None:
+            # Both paths of the dispatch loop: ``double`` runs inline on the loop (a tiny
+            # program on the CPU), ``resnet`` on the device thread.
             c = grpcclient.InferenceServerClient(url)
-            ii = grpcclient.InferInput("images", list(x.shape), "FP32")
-            ii.set_data_from_numpy(x)
+            name, output = ("x", "y") if tiny else ("images", "logits")
+            data = small if tiny else x
+            ii = grpcclient.InferInput(name, list(data.shape), "FP32")
+            ii.set_data_from_numpy(data)
+            model, shape = ("double", (1, 16)) if tiny else ("resnet", (2, 10))
             while not stop.is_set():
                 started = time.monotonic()
                 try:
-                    out = c.infer("resnet", [ii]).as_numpy("logits")
-                    kind = "ok" if out.shape == (2, 10) else "bad-shape"
+                    out = c.infer(model, [ii]).as_numpy(output)
+                    kind = "ok" if out.shape == shape else "bad-shape"
                 except InferenceServerException as exc:
                     msg = exc.message() or ""
                     status = str(exc.status())
@@ -99,7 +106,7 @@ def test_sigterm_under_load_answers_every_accepted_request(zoo_repo: Path, tmp_p
                 if kind != "ok":
                     time.sleep(0.01)
 
-        threads = [threading.Thread(target=load) for _ in range(8)]
+        threads = [threading.Thread(target=load, args=(i % 2 == 0,)) for i in range(12)]
         for t in threads:
             t.start()
         time.sleep(1.5)

@@ -133,8 +133,8 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> bool:
 
 def test_unknown_frame_types_are_ignored(tmp_path: Path) -> None:
     """Bullet 1. Before: one 12-byte frame of type 0xFA ended the server process (exit 1),
-    because grpclib has no handler for h2's ``UnknownFrameReceived`` and trio-asyncio
-    re-raises whatever escapes a protocol callback. RFC 9113 §4.1/§5.5: ignore them."""
+    because grpclib has no handler for h2's ``UnknownFrameReceived`` and the event loop
+    then re-raised what escaped the protocol callback into the server's run. RFC 9113 §4.1/§5.5: ignore them."""
     with running_wire_server(tmp_path) as server:
         for kind in (0xFA, 0x10, 0x0C):  # unassigned, PRIORITY_UPDATE, ORIGIN
             with H2Client(server.port) as client:

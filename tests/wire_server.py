@@ -128,6 +128,7 @@ def _main(overrides: dict[str, Any], ports_path: str) -> None:
     from reactantserver.metrics import wire_metrics
     from reactantserver.service import Service
     from reactantserver.shm import SharedMemoryRegistry
+    from reactantserver.transport import guest
     from reactantserver.transport.grpc import serve_grpc
     from reactantserver.transport.limits import WireCounters
 
@@ -135,9 +136,8 @@ def _main(overrides: dict[str, Any], ports_path: str) -> None:
         level=logging.INFO, stream=sys.stdout, format="%(levelname)s %(name)s: %(message)s"
     )
     endpoints = EndpointsConfig(**{"host": "127.0.0.1", "port": 0, **overrides})
-    service = Service(
-        FakeHost(), registry=SharedMemoryRegistry(max_regions=endpoints.max_shm_regions)
-    )
+    host = FakeHost()
+    service = Service(host, registry=SharedMemoryRegistry(max_regions=endpoints.max_shm_regions))
     wire = WireCounters()
 
     class _Collector(Collector):
@@ -152,6 +152,7 @@ def _main(overrides: dict[str, Any], ports_path: str) -> None:
         registry = CollectorRegistry()
         registry.register(_Collector())
         async with trio.open_nursery() as nursery:
+            await nursery.start(host.run)
             port = await nursery.start(partial(serve_grpc, service, endpoints, counters=wire))
             admin = await nursery.start(
                 serve_admin, AdminApp(registry, lambda: (True, "")), "127.0.0.1", 0
@@ -161,7 +162,7 @@ def _main(overrides: dict[str, Any], ports_path: str) -> None:
                 f.write(f"{port} {admin}\n")
             os.replace(tmp, ports_path)
 
-    trio.run(main)
+    guest.run(main)  # as the worker runs: Trio as the guest of an asyncio loop
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Run a real worker in a background thread for synchronous tests.
 
 ``running_worker(config)`` starts ``reactantserver.worker.serve`` in its own Trio run
-on a thread, waits until it listens *and* has finished its startup load, yields its
+on a thread -- Trio as the guest of an asyncio loop, as in production -- waits until it listens *and* has finished its startup load, yields its
 address, and on exit asks it to stop the same way SIGTERM does (drain, then return).
 Tests then talk to it with ordinary blocking clients (tritonclient, urllib), exactly as
 an outside client would.
@@ -20,6 +20,7 @@ import attrs
 import trio
 
 from reactantserver.config import EndpointsConfig, SchedulerConfig, ServerConfig
+from reactantserver.transport import guest
 from reactantserver.worker import WorkerAddress, serve
 
 
@@ -71,7 +72,7 @@ def running_worker(
 
     def run() -> None:
         try:
-            trio.run(main)
+            guest.run(main)  # exactly as ``reactantserver serve`` runs the worker
         except BaseException as exc:  # reported to the test below
             failed.append(exc)
             ready.set()

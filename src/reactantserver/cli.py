@@ -214,8 +214,6 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def _run_serve(args: argparse.Namespace) -> int:
     import logging
 
-    import trio
-
     from . import startup
     from .config import load_server_config
 
@@ -229,8 +227,11 @@ def _run_serve(args: argparse.Namespace) -> int:
         for line in taken:
             print(f"reactantserver serve: {line}", file=sys.stderr)
         return 1
+    from reactantserver.transport import guest
+
     try:
-        trio.run(_serve, config, args.announce)
+        # Trio as the guest of a standard asyncio loop, which hosts grpclib.
+        guest.run(_serve, config, args.announce)
     except KeyboardInterrupt:
         # Ctrl-C before the worker's own signal handling was in place (the runtime was
         # still starting): nothing was serving yet, so there is nothing to drain.

@@ -8,22 +8,24 @@ fake hosts implement it over a handful of scripted models. The host speaks only 
 plain records of :mod:`reactantserver.records`, never protocol messages, so this
 module -- like ``records`` -- is a leaf: no transport, runtime, betterproto or JAX.
 
-A request's path through a host (``infer``) is the worker's business; what the
-service relies on is stated on each method: errors are the categories of
-:mod:`reactantserver.errors`, deadlines are absolute ``trio.current_time()`` values,
-and ``get`` never blocks.
+A request's path through a host is *begin -> wait -> finish*: ``begin`` admits it
+synchronously and the host settles the request's :class:`~reactantserver.records.Answer`
+later (the worker: from its dispatch loop). What the service relies on is stated on
+each method: errors are the categories of :mod:`reactantserver.errors`, deadlines are
+absolute ``trio.current_time()`` values, and ``get``, ``begin`` and ``withdraw`` never
+block.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from .bundle.manifest import TensorSpec
 from .config.schema import Residency
-from .records import CompactResult, ControlStatus, ExecutionStatistics, IndexEntry
+from .records import Answer, CompactResult, ControlStatus, ExecutionStatistics, IndexEntry
 
 __all__ = ["HostedModel", "ModelHost"]
 
@@ -97,17 +99,30 @@ class ModelHost(Protocol):
 
     def index(self) -> Sequence[IndexEntry]: ...
 
-    async def infer(
+    def begin(
         self,
         model: str,
         inputs: Mapping[str, np.ndarray],
         outputs: Sequence[str],
         deadline: float,
-    ) -> Mapping[str, Any]:
-        """Run one validated request; ``deadline`` is absolute ``trio.current_time()``.
+        answer: Answer,
+    ) -> object:
+        """Admit one validated request, synchronously; a handle for :meth:`withdraw`.
 
-        Returns at least the named outputs as numpy arrays (object arrays for BYTES).
+        Raises the refusal (``NotFound``, ``Unavailable``, ``ResourceExhausted``...) at
+        once. Otherwise the host owns the request until it settles ``answer`` exactly
+        once -- with at least the named outputs as numpy arrays (object arrays for
+        BYTES), or with the error -- and it settles it by ``deadline`` (absolute
+        ``trio.current_time()``) at the latest while the request is still queued.
+        May be called from Trio or, when Trio runs as asyncio's guest, from an asyncio
+        handler on the same thread.
         """
+        ...
+
+    def withdraw(self, handle: object) -> None:
+        """The caller gave up on a begun request (synchronous): it will not run if it
+        has not started, its result is dropped otherwise, and ``answer`` is never
+        settled after this."""
         ...
 
     async def load(self, name: str) -> None: ...

@@ -156,6 +156,15 @@ class WorkerCollector(Collector):
             base,
             sched.failed_dispatches,
         )
+        where = CounterMetricFamily(
+            "worker_dispatches_by_place",
+            "Executions run inline on the dispatch loop (tiny programs, CPU) or on the "
+            "device thread.",
+            labels=[*base, "place"],
+        )
+        where.add_metric([*base.values(), "inline"], sched.inline_dispatches)
+        where.add_metric([*base.values(), "device_thread"], sched.threaded_dispatches)
+        yield where
         yield _gauge("worker_models_loaded", "Models being served.", base, len(w.models))
         yield _gauge(
             "worker_resident_weight_bytes",

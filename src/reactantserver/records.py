@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Mapping
-from typing import Literal, SupportsBytes
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, SupportsBytes
 
 import attrs
 
@@ -36,6 +36,7 @@ from .config.schema import Residency
 from .histogram import HistogramSnapshot
 
 __all__ = [
+    "Answer",
     "BatchStatistics",
     "CallContext",
     "CompactResult",
@@ -176,6 +177,52 @@ class InferResponse:
         self.outputs: list[OutputTensor] = []
         #: One entry per output, in order (empty for an output written to shared memory).
         self.raw_output_contents: list[bytes | memoryview] = []
+
+
+class Answer:
+    """Where the outcome of one begun ModelInfer request goes: settled exactly once.
+
+    The request path is *begin -> wait -> finish*: the caller begins a request
+    synchronously, handing the host an ``Answer``; whoever ends the request -- the
+    dispatch loop for a finished batch, a hook or meta task, a refusal at a version gate,
+    shutdown -- settles it with :meth:`resolve` or :meth:`fail` and the answer calls
+    ``wake()`` once. What ``wake`` does is the waiter's business: the gRPC transport
+    resolves an asyncio future (the handler awaits it on the host loop), Trio callers
+    set a ``trio.Event``. A waiter that gives up (client cancel) *withdraws* the request
+    through the host instead, and then nobody settles it.
+    """
+
+    __slots__ = ("error", "settled", "value", "wake")
+
+    def __init__(self, wake: Callable[[], object]) -> None:
+        self.wake = wake
+        self.settled = False
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def resolve(self, value: Any) -> None:
+        self._settle()
+        self.value = value
+        self.wake()
+
+    def fail(self, error: BaseException) -> None:
+        self._settle()
+        self.error = error
+        self.wake()
+
+    def _settle(self) -> None:
+        if self.settled:
+            raise RuntimeError("a request was answered twice (a bug in its owner)")
+        self.settled = True
+
+    def result(self) -> Any:
+        """The value, or raise the error (with a fresh traceback: one executor error may
+        be shared by every request of a batch)."""
+        if self.error is not None:
+            raise self.error.with_traceback(None)
+        if not self.settled:
+            raise RuntimeError("the request has not been answered yet")
+        return self.value
 
 
 # ------------------------------------------------------------------------ statistics

@@ -1,12 +1,13 @@
-"""The RPCs, Trio-native: every KServe V2 and control call, over a ``ModelHost``.
+"""The RPCs: every KServe V2 and control call, over a ``ModelHost``.
 
 Theory of operation
 -------------------
 :class:`Service` implements each RPC of ``inference.GRPCInferenceService`` and
 ``reactant_control.ControlService`` as an ``async`` method taking the request message
 and a :class:`~reactantserver.records.CallContext` (deadline, peer) and returning the
-response message. It knows no transport: :mod:`reactantserver.transport.grpc` hops each
-call into Trio and back, and errors raised here are the category classes of
+response message -- ModelInfer also as three steps the transport calls itself (below).
+It knows no transport: :mod:`reactantserver.transport.grpc` runs each other call as a
+Trio task and ModelInfer's steps on the asyncio side, and errors raised here are the category classes of
 :mod:`reactantserver.errors`, mapped to gRPC status codes in exactly one place
 (:mod:`reactantserver.status`). Tests call these methods directly, or through a real
 server.
@@ -29,11 +30,16 @@ What the service owns itself:
   :meth:`Service.record_rpc`). Failures count only for a model that exists; a call for
   an unknown model shows up in the per-RPC counts as NOT_FOUND.
 
-ModelInfer, step by step: cap check; model lookup (``NotFound``); model readiness
-(``Unavailable``); :func:`~reactantserver.inferio.decode_request` validates everything
-and computes the deadline; ``host.infer`` under a cancel scope at that deadline
-(``DeadlineExceeded`` when it passes); :func:`~reactantserver.inferio.encode_response`.
-Cancellation (client gone, server stopping) propagates untouched. ModelInfer takes and
+ModelInfer is *begin -> wait -> finish*, with no task of its own: :meth:`Service.begin_infer`
+(synchronous: cap check; model lookup, ``NotFound``; readiness, ``Unavailable``;
+:func:`~reactantserver.inferio.decode_request` validates everything and computes the
+deadline; ``host.begin`` admits and queues it, handing over an
+:class:`~reactantserver.records.Answer`), then the caller waits until the host settles
+the answer (the transport: an asyncio future, resolved by the dispatch loop, which also
+enforces the deadline), then :meth:`Service.finish_infer` (synchronous:
+:func:`~reactantserver.inferio.encode_response` and the statistics). A caller that gives
+up calls :meth:`Service.abandon_infer`, which withdraws the request from the host.
+:meth:`Service.model_infer` is the three steps for a Trio caller. ModelInfer takes and
 returns the lean records (the transport decodes and encodes them without betterproto);
 a betterproto request is accepted too.
 
@@ -43,16 +49,15 @@ over the one host seam; the translations to messages are already in ``messages.p
 
 from __future__ import annotations
 
-import math
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import NoReturn
 
 import trio
 
 import reactantserver
 from reactantserver.errors import (
-    DeadlineExceeded,
     InvalidArgument,
     NotFound,
     TooManyRequests,
@@ -60,8 +65,8 @@ from reactantserver.errors import (
     Unimplemented,
 )
 from reactantserver.histogram import LATENCY_BUCKETS, Histogram
-from reactantserver.host import ModelHost
-from reactantserver.inferio import decode_request, encode_response
+from reactantserver.host import HostedModel, ModelHost
+from reactantserver.inferio import InferCall, decode_request, encode_response
 from reactantserver.messages import (
     RESIDENCY_FROM_PROTO,
     RESIDENCY_TO_PROTO,
@@ -74,6 +79,7 @@ from reactantserver.messages import (
 from reactantserver.protocol import inference as pb
 from reactantserver.protocol import reactant_control as cpb
 from reactantserver.records import (
+    Answer,
     CallContext,
     Duration,
     InferRequest,
@@ -131,6 +137,21 @@ class _ModelCounters:
             self.latency.snapshot(),
             {code.name: n for code, n in self.by_code.items()},
         )
+
+
+class PendingInfer:
+    """One begun ModelInfer call: what *finish* needs once its answer is settled."""
+
+    __slots__ = ("answer", "call", "handle", "model", "started")
+
+    def __init__(
+        self, model: HostedModel, call: InferCall, answer: Answer, handle: object, started: float
+    ) -> None:
+        self.model = model
+        self.call = call
+        self.answer = answer
+        self.handle = handle
+        self.started = started
 
 
 # ------------------------------------------------------------------------------ the service
@@ -264,29 +285,26 @@ class Service:
 
     # -------------------------------------------------------------- inference
 
-    async def model_infer(
-        self, request: InferRequest | pb.ModelInferRequest, ctx: CallContext
-    ) -> InferResponse:
+    def begin_infer(
+        self,
+        request: InferRequest | pb.ModelInferRequest,
+        ctx: CallContext,
+        wake: Callable[[], object],
+    ) -> PendingInfer:
+        """ModelInfer's *begin*, synchronous: the cap, the lookup, readiness, validation,
+        and the host's admission. Raises the refusal; otherwise the host settles the
+        call's answer later and calls ``wake()`` then (the transport's future). Follow
+        with :meth:`finish_infer` once woken, or :meth:`abandon_infer` to give up."""
         if self._cap and self._in_flight >= self._cap:
             self._shed += 1
             raise TooManyRequests(
                 f"{self._in_flight} requests are in flight, the limit "
                 f"(endpoints.max_concurrent_requests) is {self._cap}; retry later"
             )
-        self._in_flight += 1
-        try:
-            return await self._infer(request, ctx)
-        finally:
-            self._in_flight -= 1
-
-    async def _infer(
-        self, request: InferRequest | pb.ModelInferRequest, ctx: CallContext
-    ) -> InferResponse:
         if not request.model_name:
             raise InvalidArgument("ModelInfer: model_name is empty")
         model = self._host.get(request.model_name)
         started = trio.current_time()
-        code = StatusCode.OK
         try:
             ready, reason = model.ready()
             if not ready:
@@ -299,30 +317,54 @@ class Service:
                 now=started,
                 deadline=ctx.deadline,
             )
-            if math.isinf(call.deadline):  # no deadline: spare the cancel scope
-                results = await self._host.infer(
-                    call.model, call.inputs, call.output_names, call.deadline
-                )
-            else:
-                with trio.move_on_at(call.deadline) as scope:
-                    results = await self._host.infer(
-                        call.model, call.inputs, call.output_names, call.deadline
-                    )
-                if scope.cancelled_caught:
-                    raise DeadlineExceeded(
-                        f"model {model.name!r}: deadline passed after "
-                        f"{trio.current_time() - started:.3f} s"
-                    )
-            response = encode_response(
-                call, results, model_version=model.version, registry=self.registry
+            answer = Answer(wake)
+            handle = self._host.begin(
+                call.model, call.inputs, call.output_names, call.deadline, answer
             )
-            return response
         except BaseException as exc:
-            # Failures include cancellation (client gone, deadline at the transport).
+            self._record_request(model.name, trio.current_time() - started, code_of(exc))
+            raise
+        self._in_flight += 1
+        return PendingInfer(model, call, answer, handle, started)
+
+    def finish_infer(self, pending: PendingInfer) -> InferResponse:
+        """ModelInfer's *finish*, synchronous, once the answer is settled: the response
+        (or raise the request's error)."""
+        self._in_flight -= 1
+        code = StatusCode.OK
+        model = pending.model
+        try:
+            results = pending.answer.result()
+            return encode_response(
+                pending.call, results, model_version=model.version, registry=self.registry
+            )
+        except BaseException as exc:
             code = code_of(exc)
             raise
         finally:
-            self._record_request(model.name, trio.current_time() - started, code)
+            self._record_request(model.name, trio.current_time() - pending.started, code)
+
+    def abandon_infer(self, pending: PendingInfer, code: StatusCode = StatusCode.CANCELLED) -> None:
+        """The caller gave up (client gone, server closing, its deadline timer fired):
+        withdraw the request; ``code`` is what the call ended with, for the statistics."""
+        self._in_flight -= 1
+        if not pending.answer.settled:
+            self._host.withdraw(pending.handle)
+        self._record_request(pending.model.name, trio.current_time() - pending.started, code)
+
+    async def model_infer(
+        self, request: InferRequest | pb.ModelInferRequest, ctx: CallContext
+    ) -> InferResponse:
+        """begin -> wait -> finish for a Trio caller (tests; the transport calls the
+        three steps itself on the asyncio side)."""
+        done = trio.Event()
+        pending = self.begin_infer(request, ctx, done.set)
+        try:
+            await done.wait()
+        except BaseException:
+            self.abandon_infer(pending)
+            raise
+        return self.finish_infer(pending)
 
     async def model_stream_infer(self, request: None, ctx: CallContext) -> NoReturn:
         raise Unimplemented(

@@ -1,4 +1,4 @@
-"""Where blocking work runs: worker threads, or inline when a test says so.
+"""Where blocking work runs: worker threads, the device thread, or inline when a test says so.
 
 Every Trio driver that has blocking work -- compiling, reading files, transfers, device
 executions, model.py hooks -- calls it through a :data:`ThreadRunner` it was given,
@@ -9,17 +9,26 @@ inject a runner that calls ``fn`` inline between two checkpoints (``tests/confte
 ``inline``): then time cannot pass while work is "in flight", and after
 ``trio.testing.wait_all_tasks_blocked()`` whatever has not happened will not happen
 until the test acts.
+
+Device executions are different: they run one at a time on one long-lived thread,
+:class:`DeviceThread`, owned by a task of the dispatch loop's nursery. A job is handed
+over with :meth:`DeviceThread.submit` (synchronous, no Trio task per job) and its
+outcome comes back as a callback on Trio's loop: one crossing per batch. Keeping one
+thread also keeps every device call on the same OS thread.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
+import outcome
 import trio
 
-__all__ = ["ThreadRunner", "in_threads"]
+__all__ = ["DeviceThread", "ThreadRunner", "in_threads"]
 
 #: ``await run(fn, *args)`` returns ``fn(*args)``, run somewhere that may block.
 ThreadRunner = Callable[..., Awaitable[Any]]
@@ -30,3 +39,53 @@ def in_threads(limiter: trio.CapacityLimiter | None = None) -> ThreadRunner:
     (Trio's default limiter when ``None``)."""
     # A partial, not a wrapping coroutine: no extra frame for every resume on the hot path.
     return partial(trio.to_thread.run_sync, limiter=limiter)
+
+
+class DeviceThread:
+    """One long-lived thread running blocking jobs one at a time, owned by a Trio task.
+
+    Start it with ``await nursery.start(device.run)``; the thread lives as long as that
+    task. :meth:`submit` hands over a job from the loop's thread (Trio or asyncio code);
+    ``done(outcome)`` is then called on Trio's loop when the job has returned.
+    Cancelling the owner lets the job in progress finish (a device call cannot be
+    interrupted), delivers its outcome, then ends the thread: a job is never abandoned.
+    """
+
+    def __init__(self, name: str = "reactantserver-device") -> None:
+        self._name = name
+        self._jobs: queue.SimpleQueue[
+            tuple[Callable[[], Any], Callable[[outcome.Outcome[Any]], object]] | None
+        ] = queue.SimpleQueue()
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._closed = False
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the thread until cancelled; then finish the current job and end it."""
+        self._token = trio.lowlevel.current_trio_token()
+        async with trio.open_nursery() as nursery:
+            # The thread's whole life is one to_thread call, which cannot be abandoned:
+            # the nursery (and so this task) waits for the thread to end.
+            nursery.start_soon(partial(trio.to_thread.run_sync, self._serve))
+            task_status.started()
+            try:
+                await trio.sleep_forever()
+            finally:
+                self._closed = True
+                self._jobs.put(None)
+
+    def submit(
+        self, job: Callable[[], Any], done: Callable[[outcome.Outcome[Any]], object]
+    ) -> None:
+        """Run ``job()`` on the thread, then ``done(outcome)`` on Trio's loop."""
+        if self._closed or self._token is None:
+            raise RuntimeError("the device thread is not running")
+        self._jobs.put((job, done))
+
+    def _serve(self) -> None:
+        threading.current_thread().name = self._name
+        token = self._token
+        assert token is not None
+        while (item := self._jobs.get()) is not None:
+            job, done = item
+            result = outcome.capture(job)
+            token.run_sync_soon(done, result)

@@ -12,10 +12,9 @@ therefore run their :class:`~.core.Core` on a private asyncio loop on a daemon t
   task cancels the asyncio task, which resets the HTTP/2 stream so the server drops the
   request too.
 
-Why not trio-asyncio (which the server uses)? It hosts an asyncio loop *inside* the
-caller's Trio run, so the client would need ``async with trio_asyncio.open_loop()``
-around every use and could not be shared by the blocking ``Client``, which needs a loop
-thread anyway. One mechanism serves both, costs one thread per client and a thread hop
+Why not share the caller's loops (the server runs Trio as the guest of an asyncio
+loop)? A client cannot assume its Trio caller has an asyncio host, and the blocking
+``Client`` needs a loop thread anyway. One mechanism serves both, costs one thread per client and a thread hop
 per call (tens of microseconds, against a gRPC round trip of hundreds), and leaves the
 caller's Trio run untouched.
 
@@ -41,9 +40,8 @@ class LoopThread:
     """A private asyncio event loop running forever on a daemon thread."""
 
     def __init__(self, name: str = "reactantserver-client") -> None:
-        # Not asyncio.new_event_loop(): once trio-asyncio is imported (by a server in the
-        # same process, say) that returns one of its loops, which cannot run on a thread
-        # of its own. A plain selector loop is what grpclib needs.
+        # Not asyncio.new_event_loop(): an installed event loop policy (uvloop's, say)
+        # would decide the loop. A plain selector loop is what grpclib needs.
         self.loop: asyncio.AbstractEventLoop = asyncio.SelectorEventLoop()
         self._closed = False
         started = threading.Event()

@@ -93,6 +93,10 @@ class SchedulerConfig:
     recency_penalty_cap: float = 0.25
     #: Meta-model requests allowed to run their glue code at once.
     meta_concurrency: int = 2
+    #: On the CPU backend, a batch whose learned cost is below this runs on the dispatch
+    #: loop itself instead of the device thread (a thread hand-off costs more than a
+    #: program of tens of microseconds); 0 = never. Ignored on cuda.
+    inline_max_seconds: float = 0.0001
     models: Mapping[str, ModelSchedConfig] = attrs.field(factory=dict)
 
     def for_model(self, name: str) -> ModelSchedConfig:

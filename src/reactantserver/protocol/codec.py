@@ -30,7 +30,8 @@ without importing the transport):
 
 :func:`encode_infer_response` writes an :class:`InferResponse` straight to bytes with
 one ``b"".join``: raw outputs may be ``memoryview``\\ s of result arrays, so the join
-is their only copy. Output parameters (only the echo of shared-memory parameters) are
+is their only copy; :func:`encode_infer_response_parts` leaves the pieces unjoined, for
+the transport to frame directly. Output parameters (only the echo of shared-memory parameters) are
 ``InferParameter`` messages serialized by betterproto.
 
 Protobuf rules kept (what ``tritonclient``'s protobuf runtime does, checked by
@@ -459,6 +460,13 @@ def _output_tensor(tensor: OutputTensor) -> bytes:
 
 def encode_infer_response(response: InferResponse) -> bytes:
     """Serialize ``response`` as a ``ModelInferResponse``: the raw outputs' one copy."""
+    return b"".join(encode_infer_response_parts(response))
+
+
+def encode_infer_response_parts(response: InferResponse) -> list[bytes | memoryview]:
+    """``response`` serialized as pieces whose concatenation is the message: raw outputs
+    stay the views they were given, so a writer that frames the pieces itself copies
+    each byte of them once (into its frames) instead of joining them first."""
     parts: list[Any] = []
     if response.model_name:
         _len_field(parts, _T_MODEL, response.model_name.encode())
@@ -470,4 +478,4 @@ def encode_infer_response(response: InferResponse) -> bytes:
         _len_field(parts, _T_OUTPUT, _output_tensor(tensor))
     for raw in response.raw_output_contents:
         _len_field(parts, _T_RAW, raw)
-    return b"".join(parts)
+    return parts

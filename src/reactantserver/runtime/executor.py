@@ -5,12 +5,14 @@ module runs it. For each batch:
 
 1. ``prepare`` asks the weight provider for the version's device weights. That may
    load them on demand (and evict others); it is not counted as compute time.
-2. ``execute`` hands one function to a worker thread: gather the requests' inputs
-   into one buffer padded to the batch size (the only copy of request data), run
-   the compiled program, and cut the outputs back into per-request views. The
-   event loop keeps serving meanwhile. The thread is never abandoned, so when
-   ``execute`` returns the device really is idle.
-3. The timings of the three steps go to the model's ModelStatistics counters.
+2. ``run`` is one blocking function: gather the requests' inputs into one buffer
+   padded to the batch size (the only copy of request data), run the compiled
+   program, and cut the outputs back into per-request views. The dispatch loop runs
+   it on its long-lived device thread (the event loop keeps serving meanwhile; the
+   thread is never abandoned, so when it returns the device really is idle), or
+   inline when the batch is learned to be tiny.
+3. ``ran``, back on the loop: the weights are released and the timings of the three
+   steps go to the model's ModelStatistics counters.
 
 The batch's scheduler ``group`` is the ``ServedModel`` that admitted its requests,
 so a batch always runs on the version its requests were validated against, even
@@ -28,11 +30,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import trio
 
 from ..models import ServedModel
 from ..scheduling import Batch
-from ..threads import ThreadRunner, in_threads
 from .assemble import gather, scatter
 from .weight_provider import WeightProvider
 
@@ -60,40 +60,47 @@ def _run_batch(
 
 
 class DeviceExecutor:
-    """Implements the scheduler's ``Executor`` (and ``Prefetcher``) protocols."""
+    """Implements the scheduler's ``BlockingExecutor`` (and ``Prefetcher``) protocols.
+
+    ``run`` is the blocking part: the dispatch loop calls it on its device thread, or
+    inline for a batch learned to be tiny (``scheduler.inline_max_seconds``, CPU only).
+    ``ran`` comes back on the loop whatever happened: it releases the weights and
+    records the timings, so that no statistics counter is written from two threads.
+    """
 
     def __init__(
         self,
         weights: WeightProvider,
         lookup: Callable[[str], ServedModel | None],
-        *,
-        thread: ThreadRunner | None = None,
     ) -> None:
         self._weights = weights
         self._lookup = lookup
-        # One device, one execution at a time: the scheduler already guarantees it;
-        # the one-token limiter keeps the thread pool from ever running two device calls.
-        self._device = thread if thread is not None else in_threads(trio.CapacityLimiter(1))
         self._acquired: dict[int, Sequence[Any]] = {}
+        self._timings: dict[int, tuple[float, float, float]] = {}
 
     async def prepare(self, batch: Batch) -> None:
         model: ServedModel = batch.group  # type: ignore[assignment]
         self._acquired[batch.seq] = await self._weights.acquire(model)
 
-    async def execute(self, batch: Batch) -> Sequence[Outputs]:
+    def run(self, batch: Batch) -> Sequence[Outputs]:
         model: ServedModel = batch.group  # type: ignore[assignment]
-        weights = self._acquired.pop(batch.seq)
         payloads = [r.payload for r in batch.requests]
         rows = [r.rows for r in batch.requests]
-        try:
-            per_request, (t_in, t_infer, t_out) = await self._device(
-                _run_batch, model, payloads, rows, batch.size, weights
-            )
-        finally:
-            self._weights.release(model)
-        queued = [batch.started - r.arrival for r in batch.requests]
-        model.record_batch(batch.size, queued, sum(rows), t_in, t_infer, t_out)
+        per_request, timings = _run_batch(
+            model, payloads, rows, batch.size, self._acquired[batch.seq]
+        )
+        self._timings[batch.seq] = timings
         return per_request
+
+    def ran(self, batch: Batch) -> None:
+        model: ServedModel = batch.group  # type: ignore[assignment]
+        self._acquired.pop(batch.seq, None)
+        self._weights.release(model)
+        timings = self._timings.pop(batch.seq, None)
+        if timings is not None:
+            t_in, t_infer, t_out = timings
+            queued = [batch.started - r.arrival for r in batch.requests]
+            model.record_batch(batch.size, queued, batch.rows, t_in, t_infer, t_out)
 
     async def prefetch(self, model: str) -> None:
         served = self._lookup(model)

@@ -15,6 +15,15 @@ the rows). Both are upper bounds under those assumptions, which is the safe side
 EDF's laxity check. A model with no sample at all costs ``DEFAULT_COST`` (10 ms, the
 original's constant).
 
+**Fastest run** (``CostTable.fastest``). Beside the average, the table keeps the fastest
+run seen at each size since the last seed. This is what decides whether a batch is
+tiny enough to run inline on the dispatch loop (``scheduler.inline_max_seconds``):
+noise -- a busy machine, a device thread waiting for the GIL -- only ever adds to a run,
+so the fastest one is the program's own cost, and one slow run cannot move a tiny
+program off the loop for good. (Runs on the device thread contend for the GIL with the
+event loop; their wall time would keep a tiny program that once ran there from ever
+coming back.)
+
 **Usage** (``decayed``). Each model's recent device time is an EMA with half-life
 ``scheduler.ema_halflife_seconds``: stored as ``(value, stamp)`` and decayed lazily
 by ``2 ** (-(now - stamp) / halflife)`` whenever it is read or written, so idle
@@ -43,13 +52,14 @@ def decayed(value: float, stamp: float, now: float, halflife: float) -> float:
 class CostTable:
     """The per-size cost EMA of one model (see the module docstring)."""
 
-    __slots__ = ("_alpha", "_costs", "_sizes")
+    __slots__ = ("_alpha", "_costs", "_fastest", "_sizes")
 
     def __init__(self, alpha: float) -> None:
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"cost_ema_alpha must be in (0, 1]; got {alpha}")
         self._alpha = alpha
         self._costs: dict[int, float] = {}
+        self._fastest: dict[int, float] = {}
         self._sizes: list[int] = []  # measured sizes, ascending
 
     def seed(self, size: int, seconds: float) -> None:
@@ -60,7 +70,7 @@ class CostTable:
             raise ValueError(f"a batch size is at least 1; got {size}")
         if size not in self._costs:
             bisect.insort(self._sizes, size)
-        self._costs[size] = max(seconds, MIN_COST)
+        self._costs[size] = self._fastest[size] = max(seconds, MIN_COST)
 
     def observe(self, size: int, seconds: float) -> None:
         """Feed one measured dispatch: the first sample seeds, later ones smooth."""
@@ -69,10 +79,16 @@ class CostTable:
             self.seed(size, seconds)
         else:
             self._costs[size] = max(old + self._alpha * (seconds - old), MIN_COST)
+            if seconds < self._fastest[size]:
+                self._fastest[size] = max(seconds, MIN_COST)
 
     def measured(self, size: int) -> float | None:
         """The learned cost at ``size``, or ``None`` if never measured."""
         return self._costs.get(size)
+
+    def fastest(self, size: int) -> float | None:
+        """The fastest run seen at ``size`` since it was seeded; ``None`` if never run."""
+        return self._fastest.get(size)
 
     def estimate(self, size: int) -> float:
         """The cost of one dispatch at ``size``: measured, else bounded from neighbours."""
@@ -90,6 +106,7 @@ class CostTable:
     def clear(self) -> None:
         """Forget every sample (the compiled program changed)."""
         self._costs.clear()
+        self._fastest.clear()
         self._sizes.clear()
 
     def items(self) -> list[tuple[int, float]]:

@@ -1,32 +1,65 @@
 """The Trio driver: one device execution at a time, around the sans-IO core.
 
-``Scheduler`` owns a ``SchedulingPolicy`` and an ``Executor`` and does only I/O:
+``Scheduler`` owns a ``SchedulingPolicy``, an executor and the **table of admitted
+requests** (request number -> the callback that answers it), and does only I/O.
 
-* ``submit`` admits a request through the policy (admission errors are raised at
-  once), then waits for its answer. Leaving the wait early -- the caller's cancel
-  scope, or the request's own ``deadline`` -- cancels a queued request (it never
-  executes); a request already in a running batch has its result dropped.
-* ``run`` (start it with ``await nursery.start(scheduler.run)``) is the dispatch
-  loop: ask the policy for the next batch at ``trio.current_time()``, fail what it
-  shed, ``prepare`` (weights resident; not timed), ``execute`` (timed: the learned
-  cost), deliver the per-request results, ``complete``. While a batch executes the
-  loop may start ``prefetch`` for the model the policy expects next.
-* ``dispatch_timeout_seconds``: ``execute`` runs in a child task and the loop waits
-  for it at most that long. On overrun the batch's callers get ``ExecutionFailed``
-  at once, health becomes ``OVERRUN`` (not ready; new submits get ``Unavailable``)
-  and the loop waits for the device to return *before* anything else runs: the
-  device is never given a second execution. The real executor runs JAX with
-  ``trio.to_thread.run_sync`` without abandoning the thread, so "return" means the
-  device really finished.
-* Shutdown (``close``/``aclose``, or cancelling ``run``): queued requests fail with
-  ``Unavailable("server shutting down")``, the running execution is waited for,
-  later submits fail at once.
+Requests: begin -> wait -> finish
+---------------------------------
+* ``enqueue`` is synchronous: it admits a request through the policy (admission
+  errors are raised at once), records the ``answer`` callback and, only when the
+  dispatch loop is asleep with nothing to do (or the new deadline is sooner than the
+  one it sleeps until), wakes it. Callable from any code on the loop's thread -- a
+  Trio task, or an asyncio handler when Trio runs as asyncio's guest -- so a gRPC
+  handler queues its request without a Trio task of its own.
+* From then on the request is owned by this table until the dispatch loop calls its
+  ``answer(value, error)`` exactly once: with its result, with the batch's error, with
+  ``DeadlineExceeded`` (its deadline passed while queued, or before its batch came
+  back), or with ``Unavailable`` at shutdown.
+* ``withdraw`` (the caller gave up: client cancel) is synchronous too: a queued
+  request never runs; one already in a running batch has its result dropped.
+* ``submit`` is the same for Trio callers: enqueue, wait on an event, withdraw if
+  cancelled.
 
-Health is an enum with a read-only property, not a flag callers can set. All
-clocks are Trio's, so ``trio.testing.MockClock`` gives exact, instant simulations.
+No request has a timer or a cancel scope of its own: the loop knows every queued
+deadline (``policy.next_deadline``) and sleeps until the next batch or the soonest
+deadline, whichever comes first; each time it wakes it fails what expired
+(``policy.expire``).
 
-Why one module of this size: the normal path, the dispatch timeout, the failure paths
-and shutdown all answer the same table of waiters, and are only checkable side by side.
+The dispatch loop
+-----------------
+``run`` (start it with ``await nursery.start(scheduler.run)``) asks the policy for the
+next batch at ``trio.current_time()``, fails what it shed, ``prepare``\\ s it (weights
+resident; not timed), runs it (timed: the learned cost), answers the requests and
+``complete``\\ s it. How a batch runs depends on the executor:
+
+* A :class:`BlockingExecutor` (the runtime's) gives a blocking ``run(batch)``. A batch
+  whose learned cost is below ``inline_max_seconds`` (the worker sets it on the CPU
+  backend only) runs **inline** on the loop: for a program of tens of microseconds a
+  thread hand-off costs more than the program. Every other batch goes to the one
+  long-lived **device thread** (:class:`~reactantserver.threads.DeviceThread`), owned
+  by a task of the loop's nursery; its completion is the one crossing back per batch.
+  A batch never measured at its size has cost ``inf``: a slow program never runs inline.
+* Any other :class:`Executor` (the cost model of ``scheduling.simulate``, test fakes)
+  gives an ``async execute(batch)``, run as a child task.
+
+While a batch runs in the thread or a child task, the loop keeps failing expired
+queued requests and waits at most ``dispatch_timeout_seconds``. On overrun the
+batch's callers get ``ExecutionFailed`` at once, health becomes ``OVERRUN`` (not ready;
+new requests get ``Unavailable``) and the loop waits for the execution to return
+*before* anything else runs: the device is never given a second execution. That wait
+is shielded: a cancelled loop never abandons a running batch. (An inline batch cannot
+be timed out: it is known to be tiny.)
+
+Shutdown (``close``/``aclose``, or cancelling ``run``): queued requests fail with
+``Unavailable("server shutting down")``, the running execution is waited for, later
+requests are refused at once.
+
+Health is an enum with a read-only property, not a flag callers can set. All clocks
+are Trio's, so ``trio.testing.MockClock`` gives exact, instant simulations.
+
+Why one module of this size: the normal path, the dispatch timeout, deadlines, the
+failure paths and shutdown all answer the same table, and are only checkable side by
+side.
 """
 
 from __future__ import annotations
@@ -34,10 +67,13 @@ from __future__ import annotations
 import enum
 import logging
 import math
+import time
 from collections.abc import Callable, Hashable, Sequence
+from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
+import outcome
 import trio
 
 from reactantserver.config import SchedulerConfig
@@ -49,6 +85,7 @@ from reactantserver.errors import (
     RequestError,
     Unavailable,
 )
+from reactantserver.threads import DeviceThread
 
 from .policy import SchedulingPolicy
 from .records import Batch, PolicyStatistics, Request
@@ -57,9 +94,12 @@ log = logging.getLogger(__name__)
 
 SHUTTING_DOWN = "server shutting down"
 
+#: ``answer(value, error)``: how the dispatch loop answers one request, exactly once.
+AnswerFn = Callable[[Any, BaseException | None], object]
+
 
 class Executor(Protocol):
-    """What the dispatch loop drives: the runtime, or a simulated cost model."""
+    """What the dispatch loop drives: a simulated cost model, or a test's fake."""
 
     async def prepare(self, batch: Batch) -> None:
         """Make ``batch.model``'s weights resident. Not counted as compute time."""
@@ -67,6 +107,22 @@ class Executor(Protocol):
     async def execute(self, batch: Batch) -> Sequence[Any]:
         """Run ``batch`` on the device; one result per request, in request order."""
         ...
+
+
+@runtime_checkable
+class BlockingExecutor(Protocol):
+    """An executor whose execution is one blocking call: the runtime's."""
+
+    async def prepare(self, batch: Batch) -> None:
+        """Make ``batch.model``'s weights resident. Not counted as compute time."""
+
+    def run(self, batch: Batch) -> Sequence[Any]:
+        """Gather, execute, scatter; blocking. Called on the device thread, or inline on
+        the loop for a tiny program. One result per request, in request order."""
+        ...
+
+    def ran(self, batch: Batch) -> None:
+        """Back on the loop after ``run``, whatever its outcome (release, statistics)."""
 
 
 @runtime_checkable
@@ -97,21 +153,17 @@ class SchedulerStatistics:
     #: Batches whose prepare or execute raised (overruns included).
     failed_dispatches: int
     policy: PolicyStatistics
+    #: Batches run inline on the dispatch loop / on the device thread (or a child task).
+    inline_dispatches: int = 0
+    threaded_dispatches: int = 0
 
     @property
     def ready(self) -> bool:
         return self.health is Health.READY
 
 
-class _Waiter:
-    """The answer slot of one submitted request."""
-
-    __slots__ = ("error", "event", "value")
-
-    def __init__(self) -> None:
-        self.event = trio.Event()
-        self.value: Any = None
-        self.error: BaseException | None = None
+#: The outcome of an execution not back yet.
+_PENDING: Any = object()
 
 
 class Scheduler:
@@ -120,18 +172,32 @@ class Scheduler:
     def __init__(
         self,
         config: SchedulerConfig,
-        executor: Executor,
+        executor: Executor | BlockingExecutor,
         *,
         policy: SchedulingPolicy | None = None,
+        inline_max_seconds: float | None = None,
     ) -> None:
         self.config = config
         self._policy = policy if policy is not None else SchedulingPolicy(config)
         self._executor = executor
+        self._blocking = isinstance(executor, BlockingExecutor)
+        self._device = DeviceThread() if self._blocking else None
+        #: Batches learned to cost less than this run inline (0: never). The worker
+        #: passes 0 off the CPU backend; by default the configured value.
+        self._inline_max = (
+            config.inline_max_seconds if inline_max_seconds is None else inline_max_seconds
+        )
         self._timeout = config.dispatch_timeout_seconds
         if self._timeout <= 0:
             self._timeout = math.inf
-        self._waiters: dict[int, _Waiter] = {}
+        #: The table: request number -> its answer callback, from enqueue to answer.
+        self._answers: dict[int, AnswerFn] = {}
+        # The loop's sleep: the event that ends it, whether it waits for work at all
+        # (``_idle``) and the time it wakes on its own (``_wake_at``; -inf: not asleep).
         self._wakeup = trio.Event()
+        self._idle = False
+        self._wake_at = -math.inf
+        self._outcome: Any = _PENDING
         self._stopped = trio.Event()
         self._started = False
         self._health = Health.STARTING
@@ -139,6 +205,8 @@ class Scheduler:
         self._prefetching = False
         self._overruns = 0
         self._failed = 0
+        self._inline = 0
+        self._threaded = 0
 
     # ------------------------------------------------------------ the registry
 
@@ -203,6 +271,53 @@ class Scheduler:
 
     # ---------------------------------------------------------------- requests
 
+    def enqueue(
+        self,
+        model: str,
+        payload: Any = None,
+        *,
+        answer: AnswerFn,
+        rows: int = 1,
+        deadline: float | None = None,
+        group: Hashable = None,
+        committed: bool = False,
+    ) -> Request:
+        """Admit one request; ``answer(value, error)`` is called exactly once, later.
+
+        Synchronous (see the module docstring). ``deadline`` is an absolute
+        ``trio.current_time()``. Admission errors (``NotFound``, ``BatchTooLarge``,
+        ``QueueFull``, ``DeadlineExceeded``, ``Unavailable``...) are raised here, and
+        then ``answer`` is never called.
+        """
+        if self._health is Health.OVERRUN:
+            raise Unavailable(
+                "the device is still busy with an execution that exceeded "
+                f"scheduler.dispatch_timeout_seconds={self.config.dispatch_timeout_seconds}; "
+                "not ready"
+            )
+        request = self._policy.submit(
+            model,
+            payload,
+            now=trio.current_time(),
+            rows=rows,
+            deadline=deadline,
+            group=group,
+            committed=committed,
+        )
+        self._answers[request.seq] = answer
+        if self._idle or (deadline is not None and deadline < self._wake_at):
+            # The one wake-up crossing, only when the loop sleeps (or must wake sooner).
+            self._idle = False
+            self._wake_at = -math.inf
+            self._wakeup.set()
+        return request
+
+    def withdraw(self, request: Request) -> None:
+        """The caller gave up: a queued request never runs, a running one's result is
+        dropped, and it will not be answered. No effect once answered."""
+        if self._answers.pop(request.seq, None) is not None:
+            self._policy.cancel(request)
+
     async def submit(
         self,
         model: str,
@@ -213,54 +328,39 @@ class Scheduler:
         group: Hashable = None,
         committed: bool = False,
     ) -> Any:
-        """Queue one request and return the executor's result for it.
+        """``enqueue`` for a Trio caller: its result, or raise its error.
 
-        ``deadline`` is an absolute ``trio.current_time()``; when it passes first the
-        request is withdrawn and ``DeadlineExceeded`` is raised. Admission errors
-        (``NotFound``, ``BatchTooLarge``, ``QueueFull``, ``Unavailable``...) are raised
-        before anything is queued.
+        Cancelling the caller withdraws the request. When ``deadline`` passes first the
+        dispatch loop answers ``DeadlineExceeded``.
         """
-        if self._health is Health.OVERRUN:
-            raise Unavailable(
-                "the device is still busy with an execution that exceeded "
-                f"scheduler.dispatch_timeout_seconds={self.config.dispatch_timeout_seconds}; "
-                "not ready"
-            )
-        now = trio.current_time()
-        request = self._policy.submit(
+        done = trio.Event()
+        slot: list[Any] = []
+
+        def answer(value: Any, error: BaseException | None) -> None:
+            slot.append((value, error))
+            done.set()
+
+        request = self.enqueue(
             model,
             payload,
-            now=now,
+            answer=answer,
             rows=rows,
             deadline=deadline,
             group=group,
             committed=committed,
         )
-        waiter = _Waiter()
-        self._waiters[request.seq] = waiter
-        self._wakeup.set()
         try:
-            if deadline is None:  # the common case: no cancel scope to build and tear down
-                await waiter.event.wait()
-            else:
-                with trio.move_on_at(deadline):
-                    await waiter.event.wait()
-        finally:
-            if not waiter.event.is_set():
-                # Cancelled or out of time. Queued: it never runs. Already in a
-                # running batch: without a waiter its result is dropped.
-                self._waiters.pop(request.seq, None)
-                self._policy.cancel(request)
-        if not waiter.event.is_set():
-            raise DeadlineExceeded(
-                f"model {model!r}: deadline passed after "
-                f"{trio.current_time() - now:.3f} s waiting for the device"
-            )
-        if waiter.error is not None:
+            await done.wait()
+        except BaseException:
+            if not done.is_set():
+                self.withdraw(request)
+            raise
+        value, error = slot[0]
+        if error is not None:
             # Shared executor errors are raised by several callers; start each
             # raise with a fresh traceback.
-            raise waiter.error.with_traceback(None)
-        return waiter.value
+            raise error.with_traceback(None)
+        return value
 
     # ------------------------------------------------------------------- state
 
@@ -273,6 +373,11 @@ class Scheduler:
         """True while the loop runs and no execution is overrunning."""
         return self._health is Health.READY
 
+    @property
+    def admitted(self) -> int:
+        """Requests in the table: queued or in the running batch, not answered yet."""
+        return len(self._answers)
+
     def peek_next(self) -> str | None:
         """The model most likely to run after the current batch (see the policy)."""
         return self._policy.peek_next(trio.current_time())
@@ -284,6 +389,8 @@ class Scheduler:
             overruns=self._overruns,
             failed_dispatches=self._failed,
             policy=self._policy.statistics(trio.current_time()),
+            inline_dispatches=self._inline,
+            threaded_dispatches=self._threaded,
         )
 
     # ---------------------------------------------------------------- lifetime
@@ -295,10 +402,13 @@ class Scheduler:
         self._started = True
         try:
             async with trio.open_nursery() as nursery:
+                if self._device is not None:
+                    await nursery.start(self._device.run)
                 if self._health is Health.STARTING:
                     self._health = Health.READY
                 task_status.started()
                 await self._loop(nursery)
+                nursery.cancel_scope.cancel()  # the device thread and any prefetch
         finally:
             self._shut(running=True)
             self._stopped.set()
@@ -322,7 +432,7 @@ class Scheduler:
         if running:
             # run() is exiting: whatever still waits (a batch cut short by
             # cancellation) will never be answered by the device.
-            for seq in list(self._waiters):
+            for seq in list(self._answers):
                 self._fail(seq, Unavailable(SHUTTING_DOWN))
 
     # ---------------------------------------------------------------- the loop
@@ -330,95 +440,200 @@ class Scheduler:
     async def _loop(self, nursery: trio.Nursery) -> None:
         policy = self._policy
         while not policy.closed:
-            decision = policy.next_batch(trio.current_time())
+            now = trio.current_time()
+            self._expire(now)
+            decision = policy.next_batch(now)
             for request in decision.shed:
                 self._fail(request.seq, _shed_error(request))
             if decision.batch is None:
-                # No checkpoint since next_batch: a submit cannot have slipped in.
-                self._wakeup = trio.Event()
-                await self._wakeup.wait()
+                # No checkpoint since next_batch: nothing can have slipped in.
+                await self._sleep(policy.next_deadline(), idle=True)
                 continue
             await self._dispatch(nursery, decision.batch)
 
+    async def _sleep(self, until: float, *, idle: bool) -> None:
+        """Sleep until ``_wakeup`` is set or ``until``. ``idle``: waiting for work, so
+        any new request wakes it; otherwise only a sooner deadline (or the execution
+        returning) does."""
+        self._wakeup = wakeup = trio.Event()
+        self._idle = idle
+        self._wake_at = until
+        try:
+            if until == math.inf:
+                await wakeup.wait()
+            else:
+                with trio.move_on_at(until):
+                    await wakeup.wait()
+        finally:
+            self._idle = False
+            self._wake_at = -math.inf
+
+    def _expire(self, now: float) -> None:
+        for request in self._policy.expire(now):
+            self._fail(
+                request.seq,
+                DeadlineExceeded(
+                    f"model {request.model!r}: deadline passed after "
+                    f"{now - request.arrival:.3f} s waiting for the device"
+                ),
+            )
+
     async def _dispatch(self, nursery: trio.Nursery, batch: Batch) -> None:
         policy = self._policy
+        executor = self._executor
         self._executing = batch
         try:
             try:
-                await self._executor.prepare(batch)
+                await executor.prepare(batch)
             except Exception as exc:
                 self._failed += 1
-                self._fail_batch(batch, _executor_error(batch, "preparing", exc))
                 policy.complete(batch, 0.0, trio.current_time(), ok=False)
+                self._fail_batch(batch, _executor_error(batch, "preparing", exc))
                 return
             start = trio.current_time()
-            done = trio.Event()
-            outcome: list[Any] = []
-            nursery.start_soon(self._execute, batch, outcome, done)
-            self._maybe_prefetch(nursery)
-            with trio.move_on_after(self._timeout):
-                await done.wait()
-            if not done.is_set():
-                self._overruns += 1
-                self._failed += 1
-                self._health = Health.OVERRUN
-                log.error(
-                    "model %r: batch %d (size %d) exceeded dispatch_timeout_seconds=%s; "
-                    "not ready until the device returns",
-                    batch.model,
-                    batch.seq,
-                    batch.size,
-                    self.config.dispatch_timeout_seconds,
-                )
-                self._fail_batch(
-                    batch,
-                    lambda: ExecutionFailed(
-                        f"model {batch.model!r}: execution exceeded "
-                        f"scheduler.dispatch_timeout_seconds="
-                        f"{self.config.dispatch_timeout_seconds}"
-                    ),
-                )
-                # Never hand the device a second execution: wait for this one.
-                await done.wait()
-                if self._health is Health.OVERRUN:
-                    self._health = Health.READY
-                    log.warning("model %r: the overrunning execution returned", batch.model)
-                policy.complete(batch, trio.current_time() - start, trio.current_time(), ok=False)
-                return
-            elapsed = trio.current_time() - start
-            result = outcome[0]
-            if isinstance(result, Exception):
-                self._failed += 1
-                self._fail_batch(batch, _executor_error(batch, "executing", result))
-                policy.complete(batch, elapsed, trio.current_time(), ok=False)
-                return
-            if len(result) != len(batch.requests):
-                self._failed += 1
-                self._fail_batch(
-                    batch,
-                    lambda: ExecutionFailed(
-                        f"model {batch.model!r}: the executor returned {len(result)} results "
-                        f"for {len(batch.requests)} requests"
-                    ),
-                )
-                policy.complete(batch, elapsed, trio.current_time(), ok=False)
-                return
-            for request, value in zip(batch.requests, result, strict=True):
-                waiter = self._waiters.pop(request.seq, None)
-                if waiter is not None:  # None: the caller left; drop the result
-                    waiter.value = value
-                    waiter.event.set()
-            policy.complete(batch, elapsed, trio.current_time())
+            if self._blocking and (batch.cost < self._inline_max or self._inline_max == math.inf):
+                self._inline += 1
+                result: Any = _timed(executor.run, batch)  # type: ignore[union-attr]
+                executor.ran(batch)  # type: ignore[union-attr]
+            else:
+                self._threaded += 1
+                result = await self._execution(nursery, batch, start)
+                if result is None:  # overran: its requests were failed already
+                    policy.complete(
+                        batch, trio.current_time() - start, trio.current_time(), ok=False
+                    )
+                    return
+            now = trio.current_time()
+            if self._blocking:
+                # The cost sample is the run itself, timed where it ran: a hand-off to the
+                # device thread and back is not the program's cost (and would keep a tiny
+                # program that once ran on the thread from ever coming back inline).
+                result, elapsed = result
+            else:
+                elapsed = now - start
+            self._deliver(batch, result, elapsed, now)
         finally:
             self._executing = None
 
-    async def _execute(self, batch: Batch, outcome: list[Any], done: trio.Event) -> None:
+    async def _execution(self, nursery: trio.Nursery, batch: Batch, start: float) -> Any:
+        """Run ``batch`` off the loop and wait for it (see the module docstring); None when
+        it overran ``dispatch_timeout_seconds``, else what it came back with: on the
+        device thread ``(outcome, seconds it ran)``, in a child task the outcome."""
+        self._outcome = _PENDING
+        if self._device is not None:
+            self._device.submit(partial(_timed, self._executor.run, batch), self._returned)  # type: ignore[union-attr]
+        else:
+            nursery.start_soon(self._execute_async, batch)
+        self._maybe_prefetch(nursery)
+        overrun_at = start + self._timeout
+        overran = False
+        # Shielded: a cancelled loop still waits for the device (never two executions).
+        with trio.CancelScope(shield=True):
+            while self._outcome is _PENDING:
+                now = trio.current_time()
+                self._expire(now)
+                if not overran and now >= overrun_at:
+                    overran = True
+                    self._overran(batch)
+                until = self._policy.next_deadline()
+                await self._sleep(until if overran else min(until, overrun_at), idle=False)
+        result: Any = self._outcome
+        self._outcome = _PENDING
+        if self._device is not None:
+            self._executor.ran(batch)  # type: ignore[union-attr]
+            result = result.unwrap()  # the device thread's job is _timed: it never raises
+        if overran:
+            if self._health is Health.OVERRUN:
+                self._health = Health.READY
+                log.warning("model %r: the overrunning execution returned", batch.model)
+            return None
+        return result
+
+    def _returned(self, result: outcome.Outcome[Any]) -> None:
+        """On the loop: the device thread (or the child task) is done with the batch."""
+        self._outcome = result
+        self._wakeup.set()
+
+    async def _execute_async(self, batch: Batch) -> None:
         try:
-            outcome.append(await self._executor.execute(batch))
+            result: outcome.Outcome[Sequence[Any]] = outcome.Value(
+                await self._executor.execute(batch)  # type: ignore[union-attr]
+            )
         except Exception as exc:
-            outcome.append(exc)
-        finally:
-            done.set()
+            result = outcome.Error(exc)
+        except BaseException:
+            # The run is being cancelled (abrupt shutdown): its callers hear so.
+            self._returned(outcome.Error(Unavailable(SHUTTING_DOWN)))
+            raise
+        self._returned(result)
+
+    def _overran(self, batch: Batch) -> None:
+        self._overruns += 1
+        self._failed += 1
+        self._health = Health.OVERRUN
+        log.error(
+            "model %r: batch %d (size %d) exceeded dispatch_timeout_seconds=%s; "
+            "not ready until the device returns",
+            batch.model,
+            batch.seq,
+            batch.size,
+            self.config.dispatch_timeout_seconds,
+        )
+        self._fail_batch(
+            batch,
+            lambda: ExecutionFailed(
+                f"model {batch.model!r}: execution exceeded "
+                f"scheduler.dispatch_timeout_seconds={self.config.dispatch_timeout_seconds}"
+            ),
+        )
+
+    def _deliver(
+        self, batch: Batch, result: outcome.Outcome[Sequence[Any]], elapsed: float, now: float
+    ) -> None:
+        """Account a batch, then answer its requests from its outcome.
+
+        Accounting comes first: an answer may finish the last request of a replaced
+        version, and the version swap it sets off changes the model's batching, which
+        must not receive this batch's cost sample.
+        """
+        policy = self._policy
+        if isinstance(result, outcome.Error):
+            error = result.error
+            if not isinstance(error, Exception):
+                raise error
+            self._failed += 1
+            policy.complete(batch, elapsed, now, ok=False)
+            self._fail_batch(batch, _executor_error(batch, "executing", error))
+            return
+        assert isinstance(result, outcome.Value)
+        values = result.value
+        if len(values) != len(batch.requests):
+            self._failed += 1
+            policy.complete(batch, elapsed, now, ok=False)
+            self._fail_batch(
+                batch,
+                lambda: ExecutionFailed(
+                    f"model {batch.model!r}: the executor returned {len(values)} results "
+                    f"for {len(batch.requests)} requests"
+                ),
+            )
+            return
+        policy.complete(batch, elapsed, now)
+        answers = self._answers
+        for request, value in zip(batch.requests, values, strict=True):
+            answer = answers.pop(request.seq, None)
+            if answer is None:
+                continue  # withdrawn: the caller left; drop the result
+            if request.deadline is not None and now >= request.deadline:
+                answer(
+                    None,
+                    DeadlineExceeded(
+                        f"model {request.model!r}: deadline passed after "
+                        f"{now - request.arrival:.3f} s (the batch came back too late)"
+                    ),
+                )
+            else:
+                answer(value, None)
 
     def _maybe_prefetch(self, nursery: trio.Nursery) -> None:
         executor = self._executor
@@ -442,14 +657,25 @@ class Scheduler:
     # ----------------------------------------------------------------- answers
 
     def _fail(self, seq: int, error: BaseException) -> None:
-        waiter = self._waiters.pop(seq, None)
-        if waiter is not None:
-            waiter.error = error
-            waiter.event.set()
+        answer = self._answers.pop(seq, None)
+        if answer is not None:
+            answer(None, error)
 
     def _fail_batch(self, batch: Batch, make_error: Callable[[], BaseException]) -> None:
         for request in batch.requests:
             self._fail(request.seq, make_error())
+
+
+def _timed(
+    run: Callable[[Batch], Sequence[Any]], batch: Batch
+) -> tuple[outcome.Outcome[Sequence[Any]], float]:
+    """``run(batch)``'s outcome and how long it took, measured on the thread it ran on."""
+    started = time.perf_counter()
+    try:
+        result: outcome.Outcome[Sequence[Any]] = outcome.Value(run(batch))
+    except Exception as exc:
+        result = outcome.Error(exc)
+    return result, time.perf_counter() - started
 
 
 def _shed_error(request: Request) -> DeadlineExceeded:

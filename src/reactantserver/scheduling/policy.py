@@ -10,6 +10,8 @@ Events and decisions::
 
     submit(model, payload, now=...)  -> Request      (or an admission error)
     cancel(request)                  -> bool         (True: it was queued, now it never runs)
+    expire(now)                      -> requests     (queued ones whose deadline has passed)
+    next_deadline()                  -> float        (the soonest deadline still queued; inf)
     next_batch(now)                  -> Decision     (a Batch to run, plus requests shed)
     complete(batch, seconds, now)    -> None         (feeds the usage and cost EMAs)
     peek_next(now)                   -> model | None (for weight prefetch)
@@ -28,6 +30,12 @@ batch under ``edf`` and 0 otherwise (and always 0 for committed requests); the
 survivors run at the smallest compiled size that holds them. If every taken
 request was shed the core decides again, so a decision returns either a batch or
 an empty set of queues.
+
+**Deadlines while queued.** Every queued request with a deadline is also in a heap by
+deadline, so the driver can sleep until the soonest one (``next_deadline``) and fail
+those that passed (``expire``, which marks them ``SHED``) without a timer per request.
+The heap drops entries that left the queue lazily and is rebuilt when they outnumber
+the queued ones.
 
 **Disciplines.** ``fifo``: the model whose head is oldest. ``edf``: the model holding
 the soonest deadline anywhere in its queue (no deadline = least urgent), then the
@@ -230,6 +238,8 @@ class SchedulingPolicy:
         self._table = CandidateTable()
         self._dirty: set[_Model] = set()
         self._committed: list[tuple[int, Request]] = []
+        #: (deadline, seq, request) of queued requests with a deadline (lazy deletion).
+        self._deadlines: list[tuple[float, int, Request]] = []
         self._request_seq = itertools.count()
         self._batch_seq = itertools.count()
         self._running: Batch | None = None
@@ -381,6 +391,12 @@ class SchedulingPolicy:
         self._dirty.add(m)
         if committed:
             heapq.heappush(self._committed, (request.seq, request))
+        if deadline is not None:
+            heap = self._deadlines
+            if len(heap) > 2 * self._queued + 64:
+                heap[:] = [e for e in heap if e[2].state is RequestState.QUEUED]
+                heapq.heapify(heap)
+            heapq.heappush(heap, (deadline, request.seq, request))
         return request
 
     def cancel(self, request: Request) -> bool:
@@ -394,6 +410,36 @@ class SchedulingPolicy:
         self._queued -= 1
         self._touched(m)
         return True
+
+    def expire(self, now: float) -> tuple[Request, ...]:
+        """Remove the queued requests whose deadline is ``<= now`` (now ``SHED``).
+
+        They never run; the driver answers each with DEADLINE_EXCEEDED.
+        """
+        heap = self._deadlines
+        if not heap or heap[0][0] > now:
+            return ()
+        expired: list[Request] = []
+        while heap and heap[0][0] <= now:
+            request = heapq.heappop(heap)[2]
+            if request.state is not RequestState.QUEUED:
+                continue  # already dispatched, cancelled or removed
+            m = self._models[request.model]
+            m.queue.remove(request)
+            request.state = RequestState.SHED
+            m.shed += 1
+            self._totals["shed"] += 1
+            self._queued -= 1
+            self._touched(m)
+            expired.append(request)
+        return tuple(expired)
+
+    def next_deadline(self) -> float:
+        """The soonest deadline among queued requests (``inf`` when none has one)."""
+        heap = self._deadlines
+        while heap and heap[0][2].state is not RequestState.QUEUED:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else math.inf
 
     def next_batch(self, now: float) -> Decision:
         """Choose, plan and take the next batch (see the module docstring)."""
@@ -430,6 +476,7 @@ class SchedulingPolicy:
             if len(survivors) < len(taken):
                 rows = sum(r.rows for r in survivors)
                 size = shrink_size(m.sizes, plan.size, rows) if m.coalescable else plan.size
+            learned = m.costs.fastest(size)
             self._running = Batch(
                 seq=next(self._batch_seq),
                 model=m.name,
@@ -438,6 +485,7 @@ class SchedulingPolicy:
                 rows=rows,
                 group=survivors[0].group,
                 started=now,
+                cost=math.inf if learned is None else learned,
             )
             self._running_model = m
             return Decision(self._running, tuple(shed))
@@ -503,6 +551,7 @@ class SchedulingPolicy:
             request.state = RequestState.REMOVED
         self._dirty.clear()
         self._committed.clear()
+        self._deadlines.clear()
         self._queued = 0
         return tuple(dropped)
 
@@ -638,6 +687,15 @@ class SchedulingPolicy:
 
     def _choose(self, now: float) -> _Model:
         table = self._table
+        if len(table) == 1:
+            # One candidate (the usual case at low load): the discipline has nothing to
+            # compare, and a few vectorised operations on one element cost more than
+            # the rest of the decision. Only ``fair``'s service level needs updating.
+            only: _Model = table.keys[0]
+            if self.discipline == "fair":
+                self._level = decayed(only.usage, only.stamp, now, self._halflife) / only.weight
+                self._level_stamp = now
+            return only
         slot, usage = table.select(self.discipline, now=now, halflife=self._halflife, cap=self._cap)
         if usage is not None:
             n = len(table)

@@ -21,7 +21,7 @@ class RequestState(enum.Enum):
 
     QUEUED = "queued"
     DISPATCHED = "dispatched"  # handed out in a Batch
-    SHED = "shed"  # dropped at dispatch: its deadline could not be met
+    SHED = "shed"  # dropped for its deadline: at dispatch, or when it passed while queued
     CANCELLED = "cancelled"  # the caller gave up while it was queued
     REMOVED = "removed"  # its model was removed or shut down (or refused on update)
 
@@ -61,6 +61,11 @@ class Batch:
     group: Hashable
     #: When the core handed it out.
     started: float
+    #: The learned cost of one dispatch of this model at ``size``: its fastest run
+    #: since the size was seeded (seconds; ``inf`` when never measured). The driver
+    #: runs a batch inline on the dispatch loop only when this is below
+    #: ``scheduler.inline_max_seconds``.
+    cost: float = float("inf")
 
 
 @attrs.frozen

@@ -31,7 +31,7 @@ stays free of them):
     (no ``Service``: a gateway builds its own from it).
 ``transport.grpc``
     :func:`~reactantserver.transport.grpc.serve_grpc`: the worker's listener, a
-    ``GuardedServer`` hosted inside the current Trio run through trio-asyncio, serving
-    :class:`reactantserver.service.Service` plus server reflection, with the one
-    asyncio <-> Trio hop.
+    ``GuardedServer`` on the asyncio loop that hosts Trio as its guest, serving
+    :class:`reactantserver.service.Service` plus server reflection; ModelInfer is
+    queued and answered without a Trio task per call (one crossing per batch).
 """

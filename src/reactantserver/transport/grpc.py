@@ -1,33 +1,42 @@
-"""The gRPC listener: grpclib hosted inside Trio, and the one asyncio <-> Trio bridge.
+"""The gRPC listener: grpclib on the host asyncio loop, and the one asyncio <-> Trio seam.
 
-This is the only server module of reactantserver that imports asyncio, grpclib or
-trio-asyncio (grpclib runs on asyncio only; the client runs its own asyncio loop). Everything it serves is Trio-native code in
+This is the only server module of reactantserver that serves over grpclib (it runs on
+asyncio only; the client runs its own asyncio loop). Everything it serves is in
 :class:`reactantserver.service.Service`; this module moves bytes and calls.
 
 Theory of operation
 -------------------
-:func:`serve_grpc` opens a trio-asyncio loop inside the current Trio run, binds the
-listening socket itself (so it can report the bound port, also for port 0, through
-``task_status.started(port)``), and starts a grpclib ``Server`` on it serving
-``inference.GRPCInferenceService``, ``reactant_control.ControlService`` and server
-reflection (``grpc.reflection.v1alpha`` and ``v1``, so ``grpcurl list``/``describe``
-work without ``.proto`` files).
+The worker runs Trio as the *guest* of a standard asyncio loop
+(:mod:`~reactantserver.transport.guest`): both loops share the main thread, grpclib runs
+natively on asyncio, and Trio owns the structure (nurseries, the dispatch loop,
+signals). :func:`serve_grpc` is a Trio task: it binds the listening socket itself (so it
+can report the bound port, also for port 0, through ``task_status.started(port)``) and
+starts a grpclib ``Server`` on the host loop serving ``inference.GRPCInferenceService``,
+``reactant_control.ControlService`` and server reflection (``grpc.reflection.v1alpha``
+and ``v1``, so ``grpcurl list``/``describe`` work without ``.proto`` files). Called
+outside a guest run it says so.
 
-Every RPC goes through one helper, :meth:`_Bridge.unary`: receive the request (asyncio
-side), build the :class:`~reactantserver.records.CallContext` (the grpc-timeout header
-becomes an absolute ``trio.current_time()`` deadline) and one ``trio.CancelScope`` at
-that deadline, and hop into Trio: the call runs as a Trio task in the bridge's own
-nursery, under that scope, and any ``Exception`` becomes a status with
-:func:`~reactantserver.status.to_status`; the task resolves an asyncio future
-that the handler awaits, and back on the asyncio side a status becomes
-``GRPCError(status, message)``. trio-asyncio hosts both sides in one thread, so the hop
-is a task spawn and a future (about half the CPU of ``trio_asyncio.trio_as_aio``, which
-wraps every call in a handle, a second cancel scope and a queue round trip). Nothing
-is shielded or swallowed: when a client cancels or disconnects, grpclib cancels the
-handler task, which cancels the call's scope, so the scheduler withdraws the request.
-The handler table is built from the generated service bases' own
-``__mapping__`` (paths, cardinalities, message types) and the explicit RPC -> method
-tables below; a generated RPC without a method is an error at startup, not at call time.
+**ModelInfer** never enters a Trio task (:meth:`_Bridge.infer`, on the asyncio side):
+receive and decode the message (the lean codec), then ``Service.begin_infer`` --
+synchronously validate, admit and queue the request in the scheduler's table, handing
+over an answer whose wake-up resolves an asyncio future -- await that future, then
+``Service.finish_infer`` and send: the response is encoded into pieces and written
+in one pass, headers, message and trailers (``ServerStream.send_unary_reply``). The dispatch loop resolves the futures of a
+finished batch directly, inside its Trio tick on the same thread: one crossing per
+batch, plus a wake-up crossing when the loop was idle. A client cancel or disconnect
+cancels the handler, which withdraws the request synchronously
+(``Service.abandon_infer``).
+
+**Every other RPC** (metadata, control, repository, shared memory: none is hot) goes
+through :meth:`_Bridge.unary`: the call runs as a Trio task in the bridge's own nursery
+under one ``trio.CancelScope`` at the call's deadline, and resolves an asyncio future the
+handler awaits; cancelling the handler cancels that scope. In both paths any
+``Exception`` becomes a status with :func:`~reactantserver.status.to_status`, and on the
+asyncio side a status becomes ``GRPCError(status, message)``.
+
+The handler table is built from the generated service bases' own ``__mapping__``
+(paths, cardinalities, message types) and the explicit RPC -> method tables below; a
+generated RPC without a method is an error at startup, not at call time.
 
 Messages: ModelInfer requests and responses go through the hand-written codec of
 :mod:`reactantserver.protocol.codec` (the hot path: raw tensors stay slices of the
@@ -41,9 +50,8 @@ and the limits of ``endpoints:`` (:class:`~reactantserver.transport.limits.WireL
 connections, streams per connection, handshake and idle timeouts, and
 ``endpoints.max_message_bytes`` checked at each request's 5-byte length prefix (and again
 by the codec, in both directions). Nothing in this module checks the wire itself, so a
-rewrite of the Trio hop cannot weaken it. The asyncio loop gets an exception handler that
-logs instead of re-raising into Trio (trio-asyncio's default): a socket error on one
-connection must not end the server.
+change of the bridge cannot weaken it. The host loop gets an exception handler that
+logs: a socket error on one connection must not end the server.
 
 Shutdown: cancelling :func:`serve_grpc` stops at once (in-flight calls are cancelled).
 Setting the ``stop`` event stops gracefully: new calls are refused with UNAVAILABLE,
@@ -63,9 +71,7 @@ from functools import partial
 from typing import Any
 
 import grpclib.server
-import grpclib.utils
 import trio
-import trio_asyncio
 from grpclib import GRPCError
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.encoding.proto import ProtoCodec
@@ -73,28 +79,21 @@ from grpclib.encoding.proto import ProtoCodec
 from reactantserver.config.schema import EndpointsConfig
 from reactantserver.errors import DeadlineExceeded, InvalidArgument
 from reactantserver.protocol import inference, reactant_control
-from reactantserver.protocol.codec import decode_infer_request, encode_infer_response
+from reactantserver.protocol.codec import decode_infer_request, encode_infer_response_parts
 from reactantserver.protocol.grpc.reflection import v1 as reflection_v1
 from reactantserver.protocol.grpc.reflection import v1alpha as reflection_v1alpha
 from reactantserver.protocol.reflection import ReflectionAnswerer
-from reactantserver.records import CallContext, InferResponse
-from reactantserver.service import Service
+from reactantserver.records import CallContext
+from reactantserver.service import PendingInfer, Service
 from reactantserver.status import StatusCode, WireStatus, to_status
 
+from . import guest
 from .h2guard import GuardedProtocol
 from .health import HealthServicer
 from .limits import Fault, WireCounters, WireLimits
-from .server import GuardedServer
+from .server import GuardedServer, ServerStream
 
 log = logging.getLogger(__name__)
-
-# trio-asyncio keeps its running loop in a context variable and, from Python 3.12 on
-# (where asyncio.current_task is C code that cannot see that loop), replaces
-# asyncio.current_task when it is imported. grpclib took its own reference to
-# asyncio.current_task when *it* was imported -- often first (reactantserver.client imports
-# it too) -- and every server call would then fail with "no running event loop"
-# (trio-asyncio issue #83). Point grpclib at the function trio-asyncio installed.
-grpclib.utils._current_task = asyncio.current_task
 
 #: RPC name -> ``Service`` method, for ``inference.GRPCInferenceService``.
 INFERENCE_RPCS: Mapping[str, str] = {
@@ -147,23 +146,23 @@ _Method = Callable[[Any, CallContext], Awaitable[Any]]
 class _SizeLimitedCodec(ProtoCodec):
     """grpclib's protobuf codec (betterproto messages implement its interface), with
     ``endpoints.max_message_bytes`` enforced on every message in and out, and the lean
-    codec for ModelInfer's two messages."""
+    codec for ModelInfer's request (its response is framed by the bridge itself)."""
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
 
     def encode(self, message: Any, message_type: Any) -> bytes:
-        if isinstance(message, InferResponse):
-            data = encode_infer_response(message)
-        else:
-            data = super().encode(message, message_type)
-        if len(data) > self._limit:
+        data: bytes = super().encode(message, message_type)
+        self.check_response(len(data))
+        return data
+
+    def check_response(self, size: int) -> None:
+        if size > self._limit:
             raise GRPCError(
                 Status.RESOURCE_EXHAUSTED,
-                f"response message of {len(data)} bytes exceeds the limit of {self._limit} "
+                f"response message of {size} bytes exceeds the limit of {self._limit} "
                 "bytes (endpoints.max_message_bytes); use shared memory for outputs this large",
             )
-        return data
 
     def decode(self, data: bytes, message_type: Any) -> Any:
         if len(data) > self._limit:
@@ -198,12 +197,19 @@ def _peer(stream: grpclib.server.Stream[Any, Any]) -> str:
 class _Bridge:
     """The handler table, the one call helper, and the in-flight count for draining.
 
-    ``calls`` is the Trio nursery the calls run in; :func:`serve_grpc` opens it inside
-    the trio-asyncio loop, so it outlives every handler.
+    ``calls`` is the Trio nursery the non-ModelInfer calls run in; :func:`serve_grpc`
+    closes it only after the server, so it outlives every handler.
     """
 
-    def __init__(self, service: Service, answerer: ReflectionAnswerer, calls: trio.Nursery) -> None:
+    def __init__(
+        self,
+        service: Service,
+        answerer: ReflectionAnswerer,
+        calls: trio.Nursery,
+        codec: _SizeLimitedCodec,
+    ) -> None:
         self._service = service
+        self._codec = codec
         self._answerer = answerer
         self._calls = calls
         self._in_flight = 0
@@ -223,8 +229,13 @@ class _Bridge:
                 method: _Method = getattr(self._service, rpcs[rpc])
                 # Only ModelStreamInfer streams, and it is refused without reading.
                 unary = generated.cardinality is Cardinality.UNARY_UNARY
+                serve = (
+                    self.infer
+                    if rpc == "ModelInfer"
+                    else partial(self.unary, rpc, method, receive=unary)
+                )
                 table[path] = Handler(
-                    partial(self.unary, rpc, method, receive=unary),
+                    serve,
                     generated.cardinality,
                     generated.request_type,
                     generated.reply_type,
@@ -240,6 +251,58 @@ class _Bridge:
         return table
 
     # ---------------------------------------------------------------- asyncio side
+
+    async def infer(self, stream: grpclib.server.Stream[Any, Any]) -> None:
+        """ModelInfer: begin -> wait -> finish, all on the asyncio side (module docstring)."""
+        service = self._service
+        if self._draining:
+            service.record_rpc("ModelInfer", StatusCode.UNAVAILABLE)
+            raise GRPCError(Status.UNAVAILABLE, "server is shutting down")
+        code = StatusCode.OK
+        self._in_flight += 1
+        pending: PendingInfer | None = None
+        try:
+            request = await stream.recv_message()
+            if request is None:  # the wire layer refuses this first
+                raise GRPCError(Status.INVALID_ARGUMENT, "the call carries no request message")
+            remaining = (
+                stream.deadline.time_remaining() if stream.deadline is not None else math.inf
+            )
+            ctx = CallContext(deadline=trio.current_time() + remaining, peer=_peer(stream))
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            try:
+                pending = service.begin_infer(request, ctx, partial(_wake, future))
+            except Exception as exc:
+                raise _grpc_error(to_status(exc, rpc="ModelInfer")) from None
+            if not pending.answer.settled:
+                await future
+            done, pending = pending, None
+            try:
+                parts = encode_infer_response_parts(service.finish_infer(done))
+            except Exception as exc:
+                raise _grpc_error(to_status(exc, rpc="ModelInfer")) from None
+            self._codec.check_response(
+                sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
+            )
+            assert isinstance(stream, ServerStream)
+            await stream.send_unary_reply(parts)
+        except GRPCError as exc:
+            code = StatusCode(exc.status.value)
+            raise
+        except asyncio.CancelledError:
+            # The client reset the stream or went away, the server is closing, or the
+            # wire layer's deadline timer fired (then the client gets DEADLINE_EXCEEDED).
+            expired = stream.deadline is not None and stream.deadline.time_remaining() <= 0
+            code = StatusCode.DEADLINE_EXCEEDED if expired else StatusCode.CANCELLED
+            if pending is not None:
+                service.abandon_infer(pending, code)
+            raise
+        except Exception:
+            code = StatusCode.UNKNOWN  # transport trouble while sending (see unary)
+            raise
+        finally:
+            service.record_rpc("ModelInfer", code)
+            self._leave()
 
     async def unary(
         self,
@@ -261,7 +324,7 @@ class _Bridge:
                 raise GRPCError(Status.INVALID_ARGUMENT, "the call carries no request message")
             outcome = await self._hop(rpc, method, request, stream)
             if isinstance(outcome, WireStatus):
-                raise GRPCError(Status(outcome.code.value), outcome.message)
+                raise _grpc_error(outcome)
             await stream.send_message(outcome)
         except GRPCError as exc:
             code = StatusCode(exc.status.value)
@@ -304,9 +367,10 @@ class _Bridge:
     ) -> Any:
         """Run ``method`` as a Trio task and wait here (asyncio) for its outcome.
 
-        Both sides run in the Trio thread (trio-asyncio), so the Trio task may resolve
-        the asyncio future directly. The scope is created here so that cancelling this
-        handler (client gone, server closing) can cancel the call even before it starts.
+        Both loops run on one thread (Trio is asyncio's guest), so the task is started
+        from here directly and may resolve the asyncio future directly. The scope is
+        created here so that cancelling this handler (client gone, server closing) can
+        cancel the call even before it starts.
         """
         now = trio.current_time()
         remaining = stream.deadline.time_remaining() if stream.deadline is not None else math.inf
@@ -363,6 +427,16 @@ class _Bridge:
         await self._idle.wait()
 
 
+def _wake(future: asyncio.Future[None]) -> None:
+    """An answer's wake-up: resolve the handler's future (unless the handler is gone)."""
+    if not future.done():
+        future.set_result(None)
+
+
+def _grpc_error(status: WireStatus) -> GRPCError:
+    return GRPCError(Status(status.code.value), status.message)
+
+
 def listen_tcp(host: str, port: int, backlog: int = 128) -> socket.socket:
     """A listening TCP socket on host:port (port 0 picks a free port).
 
@@ -405,12 +479,12 @@ def _check_file_limit(endpoints: EndpointsConfig) -> None:
 
 
 def _loop_errors(server: GuardedServer) -> Callable[[Any, dict[str, Any]], None]:
-    """An asyncio exception handler that logs instead of ending the Trio run.
+    """An asyncio exception handler for the host loop.
 
     asyncio calls it for errors it has no caller to give to: a socket that failed under
     a transport (counted as a client's transport error, without a traceback), or an
-    exception in a callback (our bug: logged with its traceback). trio-asyncio's own
-    handler re-raises into the Trio run, which would end the server for one connection.
+    exception in a callback (our bug: logged with its traceback). Neither may end the
+    server.
     """
 
     def handle(loop: Any, context: dict[str, Any]) -> None:
@@ -441,26 +515,35 @@ async def serve_grpc(
     the wire's statistics (connections, refusals, client errors by kind) for the metrics
     endpoint. See the module docstring for shutdown.
     """
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        raise RuntimeError(
+            "serve_grpc needs Trio running as the guest of an asyncio loop: start the "
+            "process with reactantserver.transport.guest.run(main)"
+        ) from None
     answerer = ReflectionAnswerer.from_package(services=SERVICES)
     limits = WireLimits.from_endpoints(endpoints)
     _check_file_limit(endpoints)
     listener = listen_tcp(endpoints.host, endpoints.port)
     port: int = listener.getsockname()[1]
     sock: socket.socket | None = listener
+    previous_handler = loop.get_exception_handler()
     try:
         # The calls' nursery closes after the server (the finally below), so no call
-        # outlives its handler; both live inside the trio-asyncio loop.
-        async with trio_asyncio.open_loop() as loop, trio.open_nursery() as calls:
-            bridge = _Bridge(service, answerer, calls)
+        # outlives its handler.
+        async with trio.open_nursery() as calls:
+            codec = _SizeLimitedCodec(endpoints.max_message_bytes)
+            bridge = _Bridge(service, answerer, calls, codec)
             health = HealthServicer(service.health)  # grpc.health.v1, answered on asyncio
             server = GuardedServer(
                 {**bridge.mapping(), **health.mapping()},
-                codec=_SizeLimitedCodec(endpoints.max_message_bytes),
+                codec=codec,
                 limits=limits,
                 counters=counters,
             )
             loop.set_exception_handler(_loop_errors(server))
-            await trio_asyncio.aio_as_trio(server.start)(sock)
+            await guest.aio(server.start(listener))
             sock = None  # the server owns it now
             log.info("gRPC listening on %s:%d", endpoints.host, port)
             try:
@@ -475,7 +558,7 @@ async def serve_grpc(
                 with trio.move_on_after(grace_seconds):
                     await bridge.wait_idle()
                 with trio.move_on_after(1.0):  # watchers hear NOT_SERVING before GOAWAY
-                    await trio_asyncio.aio_as_trio(health.wait_told)()
+                    await guest.aio(health.wait_told())
                 server.goaway()
                 # Let the GOAWAY frames and any last refusals reach the clients.
                 await trio.sleep(GOAWAY_LINGER)
@@ -484,9 +567,10 @@ async def serve_grpc(
                 # what still runs), so the loop exits without stray transports.
                 with trio.move_on_after(CLOSE_TIMEOUT, shield=True):
                     server.close()
-                    await trio_asyncio.aio_as_trio(server.wait_closed)()
+                    await guest.aio(server.wait_closed())
                     # Let the transports run their connection_lost callbacks.
-                    await trio_asyncio.aio_as_trio(asyncio.sleep)(0)
+                    await guest.aio(asyncio.sleep(0))
     finally:
+        loop.set_exception_handler(previous_handler)
         if sock is not None:
             sock.close()

@@ -25,13 +25,18 @@ may call any synchronous asyncio API of the running loop (``loop.create_task``,
 cancelling the Trio side cancels the asyncio task and waits for it to finish (so nothing
 it owns outlives the Trio scope), and its result or exception comes back.
 
-Crossing from asyncio to Trio needs Trio's run context, which exists only while a Trio
-tick runs: asyncio code calls :meth:`TrioPortal.call_soon` (a sync function, run on
-Trio's next tick, ordered, safe from any thread) or awaits :meth:`TrioPortal.run`
-(an async function, run as a Trio task in the portal's nursery under its own cancel
-scope; cancelling the asyncio caller cancels that scope). Each crossing into an idle
-Trio wakes its I/O thread once (tens of microseconds), so hot paths cross once per
-*batch* of work, not once per request.
+Crossing from asyncio to Trio: Trio's run state belongs to the thread for the whole
+guest run, so asyncio code on the main thread may call Trio's *synchronous* primitives
+directly -- ``trio.current_time()``, ``Event.set()``, ``CancelScope.cancel()``,
+``Nursery.start_soon`` -- and Trio supports exactly that in guest mode: a task made
+runnable from the host schedules Trio's next tick (when Trio sleeps in its I/O thread,
+that thread is woken: one *wake-up crossing*, 80-110 us on a 2-core machine, paid
+only when Trio was idle). This is how a ModelInfer handler queues a request and wakes
+the dispatch loop without a hop (``transport/grpc.py``). For an ordered call on Trio's
+next tick from any thread, use :meth:`TrioPortal.call_soon`; to run an async function
+as a Trio task and await it, :meth:`TrioPortal.run` (a task in the portal's nursery
+under its own cancel scope; cancelling the asyncio caller cancels that scope). Hot
+paths cross once per *batch* of work, not once per request.
 
 Invariants: every Trio task started through a portal has the portal's nursery as its
 parent; an asyncio task awaited through :func:`aio` has finished before :func:`aio`
@@ -41,8 +46,7 @@ returns or raises; :func:`run` returns only after the Trio run has finished.
 from __future__ import annotations
 
 import asyncio
-import sys
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 import outcome
@@ -53,19 +57,31 @@ T = TypeVar("T")
 __all__ = ["TrioPortal", "aio", "run"]
 
 
-def run(main: Callable[..., Awaitable[T]], *args: Any) -> T:
+def run(
+    main: Callable[..., Awaitable[T]],
+    *args: Any,
+    clock: trio.abc.Clock | None = None,
+    instruments: Sequence[trio.abc.Instrument] = (),
+) -> T:
     """Run ``main(*args)`` as a Trio guest of a new standard asyncio loop; its result.
 
     Blocks until the Trio run has finished, then cancels and awaits whatever asyncio
-    tasks remain and closes the loop (``asyncio.run`` semantics).
+    tasks remain and closes the loop (``asyncio.run`` semantics). ``clock`` and
+    ``instruments`` are ``trio.run``'s, so that pytest-trio can use this as its runner
+    (``tests/conftest.py``: tests marked ``guest`` run exactly as the server does).
     """
-    # An explicit loop factory: whatever event loop policy is installed (trio-asyncio
-    # installs its own on import), the host is the standard selector loop.
+    # An explicit loop factory: whatever event loop policy is installed, the host is the
+    # standard selector loop.
     with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
-        return runner.run(_host(main, *args))
+        return runner.run(_host(main, args, clock, instruments))
 
 
-async def _host(main: Callable[..., Awaitable[T]], *args: Any) -> T:
+async def _host(
+    main: Callable[..., Awaitable[T]],
+    args: tuple[Any, ...],
+    clock: trio.abc.Clock | None,
+    instruments: Sequence[trio.abc.Instrument],
+) -> T:
     loop = asyncio.get_running_loop()
     finished: asyncio.Future[outcome.Outcome[T]] = loop.create_future()
 
@@ -73,7 +89,6 @@ async def _host(main: Callable[..., Awaitable[T]], *args: Any) -> T:
         if not finished.done():
             finished.set_result(result)
 
-    _tell_trio_asyncio(loop)
     trio.lowlevel.start_guest_run(
         main,
         *args,
@@ -83,25 +98,13 @@ async def _host(main: Callable[..., Awaitable[T]], *args: Any) -> T:
         # The standard loop only uses signal.set_wakeup_fd when add_signal_handler is
         # called, which reactantserver never does: Trio owns signal handling.
         host_uses_signal_set_wakeup_fd=False,
+        clock=clock,
+        instruments=instruments,
     )
     # Shielded: an asyncio-side cancellation (Ctrl-C through asyncio.run's handler) must
     # not leave the Trio run behind; Trio's own signal handling decides how to stop.
     result = await asyncio.shield(finished)
     return result.unwrap()
-
-
-def _tell_trio_asyncio(loop: asyncio.AbstractEventLoop) -> None:
-    """Coexistence with trio-asyncio in one process (the worker still uses it; tests mix both).
-
-    Importing trio_asyncio replaces ``asyncio.get_running_loop`` with a version that, inside
-    a Trio task, answers the ``trio_asyncio.current_loop`` context variable instead of the
-    loop that really runs. Trio copies the current context into its tasks when the guest
-    run starts, so setting the variable here makes every Trio task see the host loop.
-    Without trio_asyncio imported this does nothing. Goes away with trio-asyncio.
-    """
-    trio_asyncio = sys.modules.get("trio_asyncio")
-    if trio_asyncio is not None:
-        trio_asyncio.current_loop.set(loop)
 
 
 async def aio(awaitable: Awaitable[T]) -> T:

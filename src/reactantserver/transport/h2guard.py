@@ -52,9 +52,8 @@ events to :class:`_Processor`, grpclib's ``EventsProcessor`` with these changes:
 * **Nothing escapes a callback.** A protocol error in the peer's bytes is a clean
   connection error (h2's GOAWAY, then close), counted and logged through the rate-limited
   :class:`~.faultlog.FaultLog`; an exception in our own event handling is logged with its
-  traceback and closes that connection only. (trio-asyncio re-raises anything that
-  escapes an asyncio callback into the Trio run: one bad connection must not end the
-  server.)
+  traceback and closes that connection only: one bad connection must not end the
+  server.
 
 The h2 connection itself (its first SETTINGS, the early frame-length check) and the
 corked transport are in :mod:`.h2conn`.

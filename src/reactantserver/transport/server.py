@@ -33,6 +33,16 @@ Housekeeping: every :data:`TICK` seconds the server sweeps its connections for
 handshake and idle timeouts, flushes the rate-limited fault log and, once a hostile
 burst is over, gives its memory back (:mod:`.reclaim`).
 
+**Unary answers in one pass.** Handlers get a :class:`ServerStream`, grpclib's server
+stream plus :meth:`ServerStream.send_unary_reply`: the initial headers (a constant list,
+built once), the one message framed straight from its pieces (its 5-byte prefix, then
+the pieces as they are: an encoder's ``memoryview``\\ s of result arrays are copied once,
+into the DATA frames, instead of being joined, prefixed and re-read in chunks first)
+and the OK trailers (constant too), written to h2 back to back and handed to the
+transport once, as far as the peer's flow-control windows allow (beyond them it waits
+for WINDOW_UPDATE, frame by frame). grpclib's own send path makes three passes
+through its events and h2 and copies a large message three times.
+
 Shutdown helpers: :meth:`GuardedServer.goaway` (no new streams, on every connection),
 :meth:`GuardedServer.close` (stop listening, close every connection, cancel every call)
 and :meth:`GuardedServer.wait_closed`. Draining -- refusing new calls while old ones
@@ -43,8 +53,10 @@ from __future__ import annotations
 
 import asyncio
 import binascii
+import collections
 import logging
 import socket
+import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -72,6 +84,9 @@ from .reclaim import ReclaimPolicy, release_memory
 log = logging.getLogger(__name__)
 
 _UNARY_REQUEST = (Cardinality.UNARY_UNARY, Cardinality.UNARY_STREAM)
+#: The initial headers and the OK trailers of every unary answer (built once).
+_ANSWER_HEADERS = [(":status", "200"), ("content-type", "application/grpc+proto")]
+_OK_TRAILERS = [("grpc-status", "0")]
 #: Seconds between two runs of the server's periodic housekeeping.
 TICK = 2.0
 
@@ -89,6 +104,66 @@ class Admission:
     @property
     def unary_request(self) -> bool:
         return self.handler.cardinality in _UNARY_REQUEST
+
+
+class ServerStream(grpclib.server.Stream):
+    """grpclib's server stream, plus the one-pass unary answer (module docstring)."""
+
+    async def send_unary_reply(self, parts: Sequence[bytes | memoryview]) -> None:
+        """Answer a unary call with the message ``b"".join(parts)`` and status OK."""
+        if self._send_initial_metadata_done or self._send_trailing_metadata_done:
+            raise GrpclibProtocolError("the call was already answered")
+        # grpclib's protocol-level stream and its h2 connection: this subclass writes
+        # what grpclib's send_headers/send_data would, without their per-call layers.
+        stream = self._stream
+        h2 = stream._h2_connection
+        write = stream._transport.write
+        connection = stream.connection
+        sid = stream.id
+        size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+        pending = collections.deque(
+            memoryview(p).cast("B") for p in (struct.pack(">?I", False, size), *parts) if len(p)
+        )
+        await connection.write_ready.wait()
+        if sid not in h2.streams:
+            raise StreamTerminatedError("the stream was closed before the answer")
+        h2.send_headers(sid, _ANSWER_HEADERS)
+        connection.headers_send_process()
+        self._send_initial_metadata_done = True
+        while pending:
+            window = min(h2.local_flow_control_window(sid), h2.max_outbound_frame_size)
+            if window <= 0:
+                write(h2.data_to_send())
+                stream.window_updated.clear()
+                await stream.window_updated.wait()
+                await connection.write_ready.wait()
+                if sid not in h2.streams:
+                    raise StreamTerminatedError("the stream was reset during the answer")
+                continue
+            chunk: list[memoryview] = []
+            room = window
+            while pending and room:
+                piece = pending[0]
+                if piece.nbytes <= room:
+                    chunk.append(pending.popleft())
+                    room -= piece.nbytes
+                else:
+                    chunk.append(piece[:room])
+                    pending[0] = piece[room:]
+                    room = 0
+            data = chunk[0] if len(chunk) == 1 else b"".join(chunk)
+            h2.send_data(sid, data)
+            written = window - room
+            stream.data_sent += written
+            connection.data_sent += written
+            connection.data_send_process()
+            if pending:
+                write(h2.data_to_send())  # one frame at a time: bounded memory
+        self._send_message_done = True
+        h2.send_headers(sid, _OK_TRAILERS, end_stream=True)
+        write(h2.data_to_send())
+        connection.headers_send_process()
+        self._send_trailing_metadata_done = True
 
 
 class _Calls:
@@ -145,7 +220,7 @@ class _Calls:
             self._tasks.pop(stream, None)
             self._server.tasks.discard(task)
             # Retrieve the outcome: an unretrieved exception would reach the loop's
-            # exception handler (which trio-asyncio turns into a crash of the run).
+            # exception handler as "never retrieved", without the call it belongs to.
             if not task.cancelled() and task.exception() is not None:
                 log.error("a call of %s failed", admitted.head.path, exc_info=task.exception())
             release_once()
@@ -181,7 +256,7 @@ class _Calls:
     async def _call(self, h2_stream: Stream, admitted: Admission) -> None:
         handler, head = admitted.handler, admitted.head
         server = self._server
-        stream: grpclib.server.Stream[Any, Any] = grpclib.server.Stream(
+        stream = ServerStream(
             h2_stream,
             head.path,
             handler.cardinality,

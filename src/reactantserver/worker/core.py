@@ -28,13 +28,17 @@ startup set only; ``explicit`` loads the startup set and lists every other bundl
 loaded, and only RepositoryModelLoad/Unload change the set. See docs/lifecycle.md.
 
 Shutdown (``stop`` set, e.g. by SIGTERM): the gRPC listener refuses new calls and waits
-for the calls in flight, which the still-running dispatch loop answers; then the loop
-closes and the nursery exits.
+for the calls in flight, which the still-running dispatch loop answers; then whatever is
+still admitted is failed (UNAVAILABLE), the loop closes once the device is idle, and the
+nursery exits. The process runs all this as Trio's guest on a standard asyncio loop
+(``transport.guest.run``; ``reactantserver serve`` does it), which hosts grpclib.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
+import math
 import os
 from collections.abc import Mapping, Sequence
 
@@ -102,6 +106,24 @@ def gpu_label(ordinal: int | None, env: Mapping[str, str]) -> str:
     return str(ordinal or 0)
 
 
+def freeze_heap(*, collect: bool = False) -> None:
+    """Exempt every object alive now from the cyclic garbage collector's later passes.
+
+    After the startup load the heap holds hundreds of thousands of long-lived objects
+    (JAX, the compiled programs, the bundles). Requests leave cyclic garbage (grpclib's
+    stream objects), so the collector runs its oldest generation every few hundred
+    milliseconds under load, and each of those passes walked the whole heap: 40-100 ms
+    with the event loop stopped, the p99 latency at 64 requests in flight
+    (docs/benchmarks.md). ``gc.freeze`` moves what exists now into a permanent
+    generation those passes skip. ``collect`` first: after the startup load, so that no
+    garbage is frozen with it (later loads freeze without it: a pass here would stop
+    serving for as long as the ones avoided).
+    """
+    if collect:
+        gc.collect()
+    gc.freeze()
+
+
 @attrs.frozen
 class WorkerAddress:
     """Where a started worker listens (ports are the bound ones, also for port 0)."""
@@ -130,8 +152,16 @@ class Worker:
         self.versions: ModelVersions[Version] = ModelVersions()
         #: Device weights: the on-demand cache, or every model resident with it off.
         self.weights: WeightProvider = make_weight_provider(config, runtime, thread=thread)
-        self.executor = DeviceExecutor(self.weights, self._compiled, thread=thread)
-        self.scheduler = Scheduler(config.scheduler, self.executor)
+        self.executor = DeviceExecutor(self.weights, self._compiled)
+        # Tiny programs run on the dispatch loop itself, on the CPU backend only (on a GPU
+        # every execution goes to the device thread). Tests on virtual time (``thread``
+        # given) run every execution inline, like the rest of their blocking work.
+        inline_max = config.scheduler.inline_max_seconds if runtime.backend == "cpu" else 0.0
+        self.scheduler = Scheduler(
+            config.scheduler,
+            self.executor,
+            inline_max_seconds=math.inf if thread is not None else inline_max,
+        )
         default = in_threads()
         metas = MetaGlue(config, self.versions, thread=thread or default)
         builder = VersionBuilder(config, runtime, self.weights, metas, thread=thread or default)
@@ -159,8 +189,11 @@ class Worker:
             metas,
             thread=thread or default,
         )
-        # ModelHost.infer is Serving.infer itself: the request path is the hot path, and a
-        # delegating coroutine would add a frame to every resume of every request.
+        # ModelHost.begin and .withdraw are Serving's own methods: the request path is the
+        # hot path, and a delegating method would add a frame to every request.
+        self.begin = self.serving.begin
+        self.withdraw = self.serving.withdraw
+        #: begin -> wait -> finish for Trio callers (tests, tools).
         self.infer = self.serving.infer
         self.service = Service(
             self,
@@ -183,6 +216,7 @@ class Worker:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.scheduler.run)
             await nursery.start(self.lifecycle.run)
+            await nursery.start(self.serving.run)
             grpc_stop = trio.Event()
             grpc_done = trio.Event()
 
@@ -215,6 +249,10 @@ class Worker:
             log.info("stopping: no new calls; answering the calls in flight")
             grpc_stop.set()
             await grpc_done.wait()
+            # Whatever is still admitted (calls past the grace period were withdrawn by
+            # their handlers) is failed with UNAVAILABLE: gated requests here, queued
+            # ones by the scheduler, which waits for the batch on the device.
+            self.serving.close()
             await self.scheduler.aclose()
             nursery.cancel_scope.cancel()
         log.info("worker %s stopped", cfg.name)
@@ -222,6 +260,7 @@ class Worker:
     async def manage_models(self) -> None:
         """Load the startup set; in dynamic mode, then watch the repository."""
         baseline = await self.repository.load_startup_set()
+        freeze_heap(collect=True)
         self._initial_load_done = True
         if self.config.model_control_mode == "dynamic":
             await self.repository.watch(baseline)

@@ -23,8 +23,10 @@ does the I/O around those decisions:
   last batch using them -- and reports it to the policy.
 
 The request path calls :meth:`ModelVersions.finish` itself and hands any actions to
-:meth:`carry_out`; requests that were admitted behind a gate wait in :meth:`until_open`.
-Waits are on :class:`~reactantserver.changes.Changes`, notified after every policy event.
+:meth:`carry_out` (synchronously, possibly from an asyncio handler: nothing here awaits);
+requests admitted behind a gate wait in the request path's gate table, and
+:attr:`gate_opened` tells it when their gate opens. The commands' waits are on
+:class:`~reactantserver.changes.Changes`, notified after every policy event.
 
 Invariants (the policy's, ``lifecycle/versions.py``): a request is answered by the version
 that admitted it; no version is freed while it has requests outstanding; at most one
@@ -33,9 +35,10 @@ version of a name admits; a failed build never replaces a serving version.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -86,6 +89,9 @@ class LifecycleDriver:
         self._thread = thread
         self._changes = Changes()
         self._lock = trio.Lock()
+        #: Called with a version whose gate just opened (the request path registers it:
+        #: the requests it holds at that gate continue).
+        self.gate_opened: Callable[[Version], None] | None = None
         # Unbounded on purpose, and still bounded: at most one Retire per version ever
         # built, and a version is built only under the lifecycle lock.
         self._retire_send, self._retire_recv = trio.open_memory_channel[Version](math.inf)
@@ -116,16 +122,13 @@ class LifecycleDriver:
                 )
                 self._seed(served)
                 self.carry_out(self._versions.rebatched(served))
+                if self.gate_opened is not None:
+                    self.gate_opened(served)
             elif isinstance(action, RemoveFromScheduler):
                 self._scheduler.remove_model(action.name)
             elif isinstance(action, Retire):
                 self._retire_send.send_nowait(action.version)
         self._changes.notify()
-
-    async def until_open(self, version: Version) -> None:
-        """Wait while requests admitted to ``version`` are gated (its previous version,
-        batching differently, still drains)."""
-        await self._changes.until(lambda: not self._versions.gated(version))
 
     # ------------------------------------------------------------------ commands
 
@@ -167,6 +170,8 @@ class LifecycleDriver:
             # A swap to other batch sizes completes once the old version has drained.
             await self._changes.until(lambda: self._versions.settled(name))
             _log_loaded(version, current)
+            # The new version's long-lived objects join the frozen heap (worker/core.py).
+            gc.freeze()
             return version
 
     async def unload(self, name: str) -> None:
