@@ -32,11 +32,11 @@ from reactantserver.protocol import inference as pb
 from reactantserver.protocol.codec import (
     MAX_DIMS,
     MAX_ENTRIES,
-    MAX_GROUP_DEPTH,
     decode_infer_request,
     encode_infer_response,
     from_message,
 )
+from reactantserver.protocol.wire_reader import MAX_GROUP_DEPTH
 from reactantserver.records import InferRequest, InferResponse, OutputTensor, ParamValue
 from reactantserver.service import Service
 from reactantserver.transport.grpc import serve_grpc

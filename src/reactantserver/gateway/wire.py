@@ -32,18 +32,12 @@ most eight digits and reads back within its unit of the original, never above it
 
 from __future__ import annotations
 
-from ..errors import InvalidArgument
+from ..protocol.wire_reader import LEN, VARINT
+from ..protocol.wire_reader import Reader as _Cursor
 
-#: Protobuf wire types.
-VARINT, I64, LEN, SGROUP, EGROUP, I32 = 0, 1, 2, 3, 4, 5
-#: Unknown groups are skipped recursively up to this depth (then refused).
-MAX_GROUP_DEPTH = 32
 #: Inputs and extents the peek keeps at most (numpy's own limit on dimensions is 64).
 MAX_INPUTS = 4096
 MAX_DIMS = 64
-
-_MASK64 = (1 << 64) - 1
-_SIGN64 = 1 << 63
 
 
 class InferPeek:
@@ -68,98 +62,6 @@ class InferPeek:
         return f"InferPeek(model={self.model!r}, id={self.id!r}, inputs={self.inputs!r})"
 
 
-class _Cursor:
-    """A position in ``buf[pos:end]``; errors name ``what``."""
-
-    __slots__ = ("buf", "end", "pos", "what")
-
-    def __init__(self, buf: bytes, pos: int, end: int, what: str) -> None:
-        self.buf = buf
-        self.pos = pos
-        self.end = end
-        self.what = what
-
-    def fail(self, problem: str) -> InvalidArgument:
-        return InvalidArgument(f"malformed {self.what}: {problem}")
-
-    def varint(self) -> int:
-        buf, pos, end = self.buf, self.pos, self.end
-        if pos < end and buf[pos] < 0x80:
-            self.pos = pos + 1
-            return buf[pos]
-        result = shift = 0
-        start = pos
-        while True:
-            if pos >= end:
-                raise self.fail(f"varint at byte {start} is truncated")
-            byte = buf[pos]
-            pos += 1
-            result |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                self.pos = pos
-                return result & _MASK64
-            shift += 7
-            if shift >= 70:
-                raise self.fail(f"varint at byte {start} is longer than 10 bytes")
-
-    def length(self) -> tuple[int, int]:
-        """The ``(start, end)`` of the length-delimited field at the cursor; moves past it."""
-        at = self.pos
-        size = self.varint()
-        start = self.pos
-        if size > self.end - start:
-            raise self.fail(f"length {size} at byte {at} runs past the end ({self.end})")
-        self.pos = start + size
-        return start, start + size
-
-    def string(self, field: str) -> str:
-        start, end = self.length()
-        try:
-            return self.buf[start:end].decode()
-        except UnicodeDecodeError:
-            raise self.fail(f"{field} is not valid UTF-8") from None
-
-    def tag(self) -> tuple[int, int]:
-        at = self.pos
-        key = self.varint()
-        if key >> 3 == 0:
-            raise self.fail(f"field number 0 at byte {at}")
-        return key >> 3, key & 7
-
-    def expect(self, wire: int, expected: int, field: str) -> None:
-        if wire != expected:
-            raise self.fail(f"{field} has wire type {wire}, expected {expected}")
-
-    def skip(self, number: int, wire: int, depth: int = 0) -> None:
-        if wire == VARINT:
-            self.varint()
-        elif wire == LEN:
-            self.length()
-        elif wire in (I64, I32):
-            size = 8 if wire == I64 else 4
-            if self.pos + size > self.end:
-                raise self.fail(f"fixed-width field {number} runs past the end")
-            self.pos += size
-        elif wire == SGROUP:
-            if depth >= MAX_GROUP_DEPTH:
-                raise self.fail(f"groups nested deeper than {MAX_GROUP_DEPTH}")
-            while True:
-                inner, inner_wire = self.tag()
-                if inner_wire == EGROUP:
-                    if inner != number:
-                        raise self.fail(f"group {number} closed by END_GROUP {inner}")
-                    return
-                self.skip(inner, inner_wire, depth + 1)
-        elif wire == EGROUP:
-            raise self.fail(f"END_GROUP {number} outside any group")
-        else:
-            raise self.fail(f"field {number} has invalid wire type {wire}")
-
-
-def _int64(value: int) -> int:
-    return value - (1 << 64) if value & _SIGN64 else value
-
-
 def _input(c: _Cursor) -> tuple[str, tuple[int, ...]]:
     name = ""
     shape: list[int] = []
@@ -173,9 +75,9 @@ def _input(c: _Cursor) -> tuple[str, tuple[int, ...]]:
                 start, end = c.length()
                 packed = _Cursor(c.buf, start, end, c.what)
                 while packed.pos < packed.end:
-                    shape.append(_int64(packed.varint()))
+                    shape.append(packed.int64())
             elif wire == VARINT:  # unpacked: parsers must accept it too
-                shape.append(_int64(c.varint()))
+                shape.append(c.int64())
             else:
                 raise c.fail(f"shape has wire type {wire}, expected {LEN} or {VARINT}")
             if len(shape) > MAX_DIMS:
