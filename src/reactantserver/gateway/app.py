@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import socket
 from typing import Any
 
@@ -53,6 +52,7 @@ from ..config.schema import GatewayConfig, LoggingConfig
 from ..protocol.grpc.reflection import v1 as reflection_v1
 from ..protocol.grpc.reflection import v1alpha as reflection_v1alpha
 from ..protocol.reflection import ReflectionAnswerer
+from ..signals import drain_on_signals
 from ..transport import guest
 from ..transport.health import HealthServicer
 from ..transport.limits import WireCounters, WireLimits
@@ -380,19 +380,7 @@ async def _main(config: GatewayConfig) -> int:
     stop = trio.Event()
     wedged: list[GatewayWedged] = []
     async with trio.open_nursery() as nursery:
-
-        async def on_signals(task_status: trio.TaskStatus[None]) -> None:
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                task_status.started()
-                async for signum in signals:
-                    if not stop.is_set():
-                        log.info("received %s: draining", signal.Signals(signum).name)
-                        stop.set()
-                    else:
-                        log.warning("received %s again: stopping now", signal.Signals(signum).name)
-                        nursery.cancel_scope.cancel()
-
-        await nursery.start(on_signals)
+        await nursery.start(drain_on_signals, stop, nursery.cancel_scope)
         try:
             await serve_gateway(config, stop=stop)
         except* GatewayWedged as group:

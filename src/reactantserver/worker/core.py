@@ -59,6 +59,7 @@ from ..runtime.weight_provider import WeightProvider, make_weight_provider
 from ..scheduling import Scheduler
 from ..service import Service
 from ..shm import SharedMemoryRegistry
+from ..signals import drain_on_signals
 from ..statistics import ServedModelStatistics, WorkerStatistics
 from ..threads import ThreadRunner, in_threads
 from ..transport.grpc import serve_grpc
@@ -379,22 +380,8 @@ async def serve(
     if stop is not None:
         await worker.run(stop=stop, task_status=task_status)
         return
-    import signal
-
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
-
-        async def on_signals(task_status: trio.TaskStatus[None]) -> None:
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                task_status.started()
-                async for signum in signals:
-                    if not stop.is_set():
-                        log.info("received %s: draining", signal.Signals(signum).name)
-                        stop.set()
-                    else:
-                        log.warning("received %s again: stopping now", signal.Signals(signum).name)
-                        nursery.cancel_scope.cancel()
-
-        await nursery.start(on_signals)
+        await nursery.start(drain_on_signals, stop, nursery.cancel_scope)
         await worker.run(stop=stop, task_status=task_status)
         nursery.cancel_scope.cancel()

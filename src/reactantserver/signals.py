@@ -1,0 +1,37 @@
+"""SIGINT and SIGTERM for a serving process: the first drains, the second stops at once.
+
+The worker (:func:`reactantserver.worker.serve`) and the gateway
+(:func:`reactantserver.gateway.app.run`) stop the same way: the first signal sets their
+``stop`` event (new calls are refused, those admitted are answered within the grace
+period), a second one cancels the given scope (what still runs is cancelled, the process
+exits). Each is logged once, at info and warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+import trio
+
+log = logging.getLogger(__name__)
+
+
+async def drain_on_signals(
+    stop: trio.Event,
+    scope: trio.CancelScope,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Set ``stop`` on the first SIGINT/SIGTERM, cancel ``scope`` on the next; started once
+    the handlers are installed (``await nursery.start(drain_on_signals, stop, scope)``)."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        task_status.started()
+        async for signum in signals:
+            name = signal.Signals(signum).name
+            if not stop.is_set():
+                log.info("received %s: draining", name)
+                stop.set()
+            else:
+                log.warning("received %s again: stopping now", name)
+                scope.cancel()
