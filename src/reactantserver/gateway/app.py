@@ -380,7 +380,7 @@ async def _main(config: GatewayConfig) -> int:
     stop = trio.Event()
     wedged: list[GatewayWedged] = []
     async with trio.open_nursery() as nursery:
-        await nursery.start(drain_on_signals, stop, nursery.cancel_scope)
+        await nursery.start(drain_on_signals, stop, nursery.cancel_scope, log)
         try:
             await serve_gateway(config, stop=stop)
         except* GatewayWedged as group:

@@ -382,6 +382,6 @@ async def serve(
         return
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
-        await nursery.start(drain_on_signals, stop, nursery.cancel_scope)
+        await nursery.start(drain_on_signals, stop, nursery.cancel_scope, log)
         await worker.run(stop=stop, task_status=task_status)
         nursery.cancel_scope.cancel()
