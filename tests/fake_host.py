@@ -130,6 +130,9 @@ class FakeHost:
     #: What ModelControlStatus reports (lpt_packing wants fifo or edf).
     discipline: str = "fair"
     weight_cache_max_bytes: int = 1 << 20
+    #: Report each model's infer time as ModelControlStatus ``total_compute_seconds``
+    #: (lpt_packing's repack clock); off by default, so the other tests learn no costs.
+    report_compute: bool = False
     #: The reload list of every CompactMemory call, in order.
     compactions: list[tuple[str, ...]] = attrs.field(factory=list)
 
@@ -217,6 +220,7 @@ class FakeHost:
                     batch_input_name=m.inputs[0].name,
                     batch_axis=1,
                     rows_served=m.rows,
+                    total_compute_seconds=m.infer_time.ns / 1e9 if self.report_compute else 0.0,
                 )
                 for m in reversed(self.models.values())
             ),
