@@ -21,7 +21,14 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from fake_host import FakeHost
-from gateway_harness import FakeWorker, fake_workers, http_get, running_gateway, wait_until
+from gateway_harness import (
+    FakeWorker,
+    fake_workers,
+    http_get,
+    running_gateway,
+    start_cli,
+    wait_until,
+)
 from grpclib.client import Channel
 from test_gateway_proxy import X, _documented_gateway_series, _grpclib, config, x_input
 from worker_harness import free_port
@@ -303,3 +310,24 @@ def test_fleet_compute_drives_repacks(caplog: pytest.LogCaptureFixture) -> None:
         (nap,) = [m for m in report.models if m.name == "nap"]
         assert nap.rate > 0 and nap.cost_seconds == pytest.approx(0.2, rel=0.5)
     assert any("repack (compute)" in r.getMessage() for r in caplog.records)
+
+
+def test_the_gateway_command_exits_1_with_one_line(tmp_path: Any) -> None:
+    """``reactantserver gateway`` in lpt_packing with a worker that never answers: one
+    error line naming it, exit status 1, no traceback."""
+    port = free_port()
+    gw = start_cli(
+        ["gateway"],
+        tmp_path / "gateway.log",
+        REACTANT_GATEWAY_WORKERS=f"127.0.0.1:{port}",
+        REACTANT_GATEWAY_WORKER_NAMES="w0",
+        REACTANT_GATEWAY_SCHEDULING_MODE="lpt_packing",
+        REACTANT_GATEWAY_STARTUP_WAIT_SECONDS="1",
+        REACTANT_GATEWAY_HEALTH_INTERVAL_SECONDS="0.2",
+        REACTANT_GATEWAY_LISTEN_GRPC=f"127.0.0.1:{free_port()}",
+        REACTANT_GATEWAY_LISTEN_METRICS="127.0.0.1:0",
+    )
+    assert gw.proc.wait(60) == 1
+    text = gw.text()
+    assert f"lpt_packing needs every worker: w0 (127.0.0.1:{port}) was not ready within 1 s" in text
+    assert "Traceback" not in text

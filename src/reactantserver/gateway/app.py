@@ -16,6 +16,11 @@ SIGINT/SIGTERM turned into a graceful stop, and returns the exit status.
 * the :class:`~.prober.Prober` (a Trio task: a probe round every
   ``health_interval_seconds``, and on demand from the request path through a
   :class:`~reactantserver.transport.guest.TrioPortal`);
+* under ``scheduling.mode: lpt_packing``, the :class:`~.lpt.LptDriver` (a Trio task fed by
+  the prober's tables; also the proxy's GatewayControlService). Its startup -- every worker
+  ready within ``startup_wait_seconds``, the fleet checked, the first placement -- runs
+  before the gRPC server listens; a fleet it cannot place on is one line and exit 1
+  (:class:`~.lpt.LptRefused`);
 * the admin port on ``listen.metrics`` (``/healthz``, ``/readyz`` = a worker is ready,
   ``/metrics`` with the workers' expositions merged in), unless its port is 0.
 
