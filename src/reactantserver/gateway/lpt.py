@@ -148,7 +148,10 @@ class LptDriver:
                 async with self._lock:
                     trigger = self.controller.due()  # the lock may have waited on a repack
                     if trigger is not None:
-                        await self._repack_locked(trigger)
+                        try:
+                            await self._repack_locked(trigger)
+                        except Exception:  # our bug: keep serving on the last placement
+                            log.exception("lpt_packing: a %s repack failed", trigger)
 
     async def repack(self, trigger: Trigger) -> RepackDone:
         """One repack now, carried out (waits for a repack already running)."""
