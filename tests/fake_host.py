@@ -131,6 +131,14 @@ class FakeHost:
     weights: dict[str, float] = attrs.field(factory=dict)
     externally_managed: bool = False
     _nursery: trio.Nursery | None = None
+    #: What ModelControlStatus reports (lpt_packing wants fifo or edf).
+    discipline: str = "fair"
+    weight_cache_max_bytes: int = 1 << 20
+    #: Report each model's infer time as ModelControlStatus ``total_compute_seconds``
+    #: (lpt_packing's repack clock); off by default, so the other tests learn no costs.
+    report_compute: bool = False
+    #: The reload list of every CompactMemory call, in order.
+    compactions: list[tuple[str, ...]] = attrs.field(factory=list)
 
     def readiness(self) -> tuple[bool, str]:
         return True, ""
@@ -238,7 +246,7 @@ class FakeHost:
     def control_status(self) -> ControlStatus:
         return ControlStatus(
             residency_mode="externally_managed" if self.externally_managed else "self_managed",
-            discipline="fair",
+            discipline=self.discipline,
             models=tuple(
                 ModelControlInfo(
                     name=m.name,
@@ -253,10 +261,11 @@ class FakeHost:
                     batch_input_name=m.inputs[0].name,
                     batch_axis=1,
                     rows_served=m.rows,
+                    total_compute_seconds=m.infer_time.ns / 1e9 if self.report_compute else 0.0,
                 )
                 for m in reversed(self.models.values())
             ),
-            weight_cache_max_bytes=1 << 20,
+            weight_cache_max_bytes=self.weight_cache_max_bytes,
         )
 
     async def set_residency(self, name: str, target: Residency) -> Residency:
@@ -276,4 +285,5 @@ class FakeHost:
     async def compact(self, reload: Sequence[str]) -> CompactResult:
         for name in reload:
             self.get(name)
+        self.compactions.append(tuple(reload))
         return CompactResult(reloaded_models=len(reload), resident_bytes_after=2048)

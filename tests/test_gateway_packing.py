@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from hypothesis import assume, given, settings
+import random
+
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from strategies import pack_problems
 
@@ -130,16 +132,59 @@ def test_every_model_on_min_k_n_distinct_workers(problem: tuple) -> None:  # typ
         assert set(placed) <= addresses
 
 
+#: Hypothesis's find: no arrangement of these fits (any two of the four large models
+#: exceed 600 B), and the repair used to flip w1 and w2's models at every repack, because
+#: only a previous placement that *fits* could be kept.
+_NOTHING_FITS = (
+    [
+        ModelDemand(name="m0", rate=1.0, cost=0.001, nbytes=2),
+        ModelDemand(name="m1", rate=0.0, cost=0.001, nbytes=234),
+        ModelDemand(name="m2", rate=0.0, cost=0.001, nbytes=367),
+        ModelDemand(name="m3", rate=1.0, cost=0.001, nbytes=368),
+        ModelDemand(name="m4", rate=0.0, cost=0.001, nbytes=234),
+    ],
+    [
+        WorkerCapacity(address="w0", budget=300),
+        WorkerCapacity(address="w1", budget=600),
+        WorkerCapacity(address="w2", budget=600),
+    ],
+    PackPolicy(default_replicas=1, hysteresis=0.0, forbid_memory_oversubscription=True),
+)
+
+#: Nothing fits here either (w1 and w2 must hold one copy of each model). The second repack
+#: puts 2 B over w1's budget instead of 3 B over w2's: fewer bytes over at a higher pressure
+#: (302/300 > 603/600) -- a move, then no more.
+_LESS_OVER_AT_A_HIGHER_PRESSURE = (
+    [
+        ModelDemand(name="m0", rate=0.0, cost=0.001, nbytes=56),
+        ModelDemand(name="m1", rate=0.0, cost=0.001, nbytes=193),
+        ModelDemand(name="m2", rate=0.0, cost=0.001, nbytes=246),
+        ModelDemand(name="m3", rate=1.0, cost=0.001, nbytes=164),
+        ModelDemand(name="m4", rate=1.0, cost=0.001, nbytes=193),
+    ],
+    [
+        WorkerCapacity(address="w0", budget=0),
+        WorkerCapacity(address="w1", budget=300),
+        WorkerCapacity(address="w2", budget=600),
+    ],
+    PackPolicy(default_replicas=2, hysteresis=0.1, forbid_memory_oversubscription=True),
+)
+
+
 @settings(max_examples=300, deadline=None)
-@given(problem=pack_problems(), data=st.data())
-def test_packing_is_deterministic(problem: tuple, data: st.DataObject) -> None:  # type: ignore[type-arg]
+@given(problem=pack_problems(), rnd=st.randoms(use_true_random=False))
+@example(problem=_NOTHING_FITS, rnd=random.Random(0))
+@example(problem=_LESS_OVER_AT_A_HIGHER_PRESSURE, rnd=random.Random(0))
+def test_packing_is_deterministic(problem: tuple, rnd: random.Random) -> None:  # type: ignore[type-arg]
     """The result depends only on the input: the same input in any order gives the same
     placement. Packing again from the result changes nothing, unless a repair was needed;
-    then repeated repacks never raise the highest pressure and settle."""
+    then every repeated repack that moves something lowers the placement's (bytes over
+    budgets, highest pressure) -- fewer bytes over, or as many and a highest pressure no
+    higher; fitting comes first, as forbid_memory_oversubscription says -- and they settle."""
     demands, workers, policy = problem
     first = pack(demands, workers, None, policy)
     shuffled = pack(
-        data.draw(st.permutations(demands)), data.draw(st.permutations(workers)), None, policy
+        rnd.sample(demands, len(demands)), rnd.sample(workers, len(workers)), None, policy
     )
     assert first == shuffled
     current = first
@@ -149,10 +194,19 @@ def test_packing_is_deterministic(problem: tuple, data: st.DataObject) -> None: 
             assert again.moved == ()
             break
         assert current.repaired or again.repaired, "moved without a repair"
-        assert _highest(again) <= _highest(current) + 1e-12
+        assert _excess(again) < _excess(current) or (
+            _excess(again) == _excess(current) and _highest(again) <= _highest(current) + 1e-12
+        )
         current = again
     else:
         raise AssertionError("repacking did not settle")
+
+
+def _excess(result: object) -> int:
+    return sum(
+        max(0, w.assigned_bytes - w.budget) if w.budget > 0 else 0
+        for w in result.workers.values()  # type: ignore[attr-defined]
+    )
 
 
 def _highest(result: object) -> float:

@@ -44,6 +44,8 @@ JAX_FREE = [
     "reactantserver.meta",
     "reactantserver.gateway",
     "reactantserver.gateway.control",
+    "reactantserver.gateway.lpt",
+    "reactantserver.gateway.app",
     "reactantserver.scheduling.fleet",
     "reactantserver.node",
     "reactantserver.client.coerce",

@@ -32,9 +32,13 @@ The algorithm (the original's, REFERENCE section 7, made deterministic and expli
    where it fits, or swap it for a smaller replica of another worker that still fits
    afterwards (each step lowers the total excess, so it ends). A greedy in load order places
    large, idle models last, when the room may be scattered; the repair gathers it. Repairs
-   ignore per-model hysteresis, so when a repair was needed the previous placement is kept
-   whole if it still fits and its highest pressure is within ``1 + h`` of the new one's: a
-   tight fleet does not flip between equally good arrangements at every repack.
+   ignore per-model hysteresis, so when a repair was needed, or an oversubscription
+   remains, the new placement must beat the previous one *as a whole*, else the previous
+   one is kept: placements compare by their bytes over budgets first (fitting comes first),
+   then by their highest pressure, which must fall by more than ``1 + h``. So a tight
+   fleet -- one where nothing fits included -- does not flip between equally good
+   arrangements at every repack, and repeated repacks settle: each move lowers
+   ``(bytes over, highest pressure)``.
 6. Afterwards every worker whose assigned bytes still exceed its budget gets one warning.
 
 Why a greedy: it is the original's rule, it is explainable line by line to an operator,
@@ -48,7 +52,8 @@ Invariants (``tests/test_gateway_packing.py``): each model lands on exactly ``mi
 distinct workers; the result depends only on the input (ties are broken by name/address);
 outside repairs, a previous replica is replaced by a new worker only if its pressure exceeded
 the newcomer's by more than ``1 + h``; with forbid on, no single move or swap could undo an
-oversubscription that remains.
+oversubscription that remains, and packing again from a result either keeps it or lowers
+``(bytes over budgets, highest pressure)``.
 """
 
 from __future__ import annotations
@@ -242,13 +247,15 @@ def pack(
     repaired: tuple[str, ...] = ()
     if policy.forbid_memory_oversubscription:
         repaired = _repair(list(bins.values()), shares)
-    if repaired:
-        # Repairs ignore per-model hysteresis, so keep the previous placement as a whole when
-        # it still fits and is within the hysteresis of the new one: a tight fleet must not
-        # flip between equally good repaired placements at every repack.
-        kept = _previous_if_as_good(previous, policy, workers, shares, bins, factor)
-        if kept is not None:
-            bins, repaired = kept, ()
+        if repaired or any(b.excess for b in bins.values()):
+            # Repairs ignore per-model hysteresis, and an oversubscription the repair could
+            # not undo is no reason to move: keep the previous placement as a whole unless
+            # the new one is better -- less excess, or as little excess and a highest
+            # pressure lower by more than the hysteresis. A tight fleet (one where nothing
+            # fits, too) must not flip between equally good arrangements at every repack.
+            kept = _previous_if_as_good(previous, policy, workers, shares, bins, factor)
+            if kept is not None:
+                bins, repaired = kept, ()
     placement = Placement.of(
         {name: [b.address for b in bins.values() if name in b.models] for name in shares}
     )
@@ -313,8 +320,15 @@ def _previous_if_as_good(
     bins: Mapping[str, _Bin],
     factor: float,
 ) -> dict[str, _Bin] | None:
-    """The previous placement's bins, if it is complete, fits, and its highest pressure is
-    within ``factor`` of the new placement's; else None."""
+    """The previous placement's bins, if it is complete and at least as good as the new
+    placement (``bins``) under forbid; else None.
+
+    Under ``forbid_memory_oversubscription`` fitting comes first: placements compare by
+    their total excess bytes, then by their highest pressure. The previous one is kept when
+    its excess is smaller, or equal and its highest pressure is within ``factor`` of the
+    new one's. (Requiring the previous placement to *fit* -- the rule before -- let a fleet
+    where nothing fits flip between two mirror-image repairs forever.) Each move therefore
+    lowers ``(excess, highest pressure)`` strictly, so repeated repacks settle."""
     old = {w.address: _Bin(w.address, w.budget) for w in sorted(workers, key=lambda w: w.address)}
     for name, (load, nbytes) in shares.items():
         held = previous.workers_of(name)
@@ -322,12 +336,16 @@ def _previous_if_as_good(
             return None
         for address in held:
             old[address].add(name, load, nbytes)
-    if any(b.excess for b in old.values()):
-        return None
+
+    def excess(bs: Iterable[_Bin]) -> int:
+        return sum(b.excess for b in bs)
 
     def highest(bs: Iterable[_Bin]) -> float:
         return max((b.pressure(0.0, 0) for b in bs), default=0.0)
 
+    old_excess, new_excess = excess(old.values()), excess(bins.values())
+    if old_excess != new_excess:
+        return old if old_excess < new_excess else None
     return old if highest(old.values()) <= highest(bins.values()) * factor else None
 
 
