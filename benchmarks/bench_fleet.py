@@ -295,21 +295,34 @@ def scheduling(mode: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def predict(
-    mode: str, cal: Calibration, shares: Mapping[str, float], args: argparse.Namespace
+    mode: str,
+    cal: Calibration,
+    shares: Mapping[str, float],
+    args: argparse.Namespace,
+    *,
+    cost_scale: float = 1.0,
+    load_scale: float = 1.0,
 ) -> Prediction:
+    """The simulator's run of ``mode`` on the calibrated fleet; execution costs and load
+    times multiplied by ``cost_scale`` / ``load_scale`` (1: as measured on an idle worker)."""
     from reactantserver.config import GatewaySchedulingConfig
     from reactantserver.scheduling.fleet import ClosedLoop, FleetModel, FleetWorker, simulate_fleet
 
     models = [
-        FleetModel(name=n, costs=dict(cal.costs[n]), nbytes=cal.nbytes[n], rate=shares[n])
+        FleetModel(
+            name=n,
+            costs={size: c * cost_scale for size, c in cal.costs[n].items()},
+            nbytes=cal.nbytes[n],
+            rate=shares[n],
+        )
         for n in sorted(shares)
     ]
     workers = [
         FleetWorker(
             name=f"w{i}",
             budget=cal.budget,
-            bandwidth=1 / cal.seconds_per_byte,
-            load_latency=cal.load_latency,
+            bandwidth=1 / (cal.seconds_per_byte * load_scale),
+            load_latency=cal.load_latency * load_scale,
             discipline="fifo",
         )
         for i in range(args.workers)
@@ -333,6 +346,7 @@ def predict(
         loads_per_second=report.loads_per_second,
         loads_per_1000=report.loads_per_1000,
         mean_batch_rows=report.mean_batch_rows,
+        mean_load_seconds=report.mean_load_seconds,
     )
 
 
@@ -410,6 +424,18 @@ def print_setup(
     print(flush=True)
 
 
+def expected_compute(live: Window, cal: Calibration) -> float:
+    """Device seconds the window's executions would have taken at the idle calibration:
+    per model, its executions x the calibrated cost at its mean rows (on the line through
+    the calibrated sizes)."""
+    total = 0.0
+    for name, (_, dispatches, rows) in live.per_model.items():
+        if dispatches:
+            intercept, slope = fit_line(list(cal.costs[name]), list(cal.costs[name].values()))
+            total += dispatches * (intercept + slope * rows / dispatches)
+    return total
+
+
 def median_window(windows: Sequence[Window]) -> Window:
     """The run whose requests/s is the median (a real window, not a blend)."""
     ordered = sorted(windows, key=lambda w: w.rps)
@@ -435,18 +461,37 @@ def report(
         for line in Goals.of(*chosen).lines():
             print(line)
     print()
-    pairs = []
+    idle_pairs, live_pairs = [], []
     for live in chosen:
         started = time.monotonic()
-        sim = predict(live.mode, cal, shares, args)
-        print(f"({live.mode} simulated in {time.monotonic() - started:.1f} s)")
-        pairs.append((live, sim))
+        idle = predict(live.mode, cal, shares, args)
+        # The workers' own figures for this window: compute per execution and seconds per
+        # weight load, as multiples of the idle calibration (the cores are shared).
+        cost_scale = live.compute_seconds / expected_compute(live, cal)
+        load_scale = (
+            (live.load_seconds / live.loads) / idle.mean_load_seconds
+            if live.loads and idle.mean_load_seconds > 0
+            else cost_scale
+        )
+        under_load = predict(
+            live.mode, cal, shares, args, cost_scale=cost_scale, load_scale=load_scale
+        )
+        print(
+            f"({live.mode}: simulated twice in {time.monotonic() - started:.1f} s; under load "
+            f"an execution took {cost_scale:.2f}x its idle cost, a weight load "
+            f"{load_scale:.2f}x its idle time)"
+        )
+        idle_pairs.append((live, idle))
+        live_pairs.append((live, under_load))
     print(
-        f"simulator fed the calibration above, {args.inflight} closed-loop clients, "
+        f"simulator: {args.workers} workers, {args.inflight} closed-loop clients, "
         f"{args.sim_seconds:g} virtual seconds after {args.sim_warmup:g}; "
         f"network delay {args.network_delay * 1e3:.2f} ms per request"
     )
-    print(prediction_table(pairs, 0.25))
+    print("\nfed the idle calibration:")
+    print(prediction_table(idle_pairs, 0.25))
+    print("\nfed the costs the workers reported in the live window (the goal: within 25%):")
+    print(prediction_table(live_pairs, 0.25))
     print()
     print("per model, live (round_robin | lpt_packing): share, executions, rows/execution, "
           "cost ms per execution, workers")  # fmt: skip

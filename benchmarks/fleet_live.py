@@ -87,12 +87,18 @@ class Window:
     #: Latencies of the requests started and answered inside the window, sorted, seconds.
     latencies: tuple[float, ...]
     loads: float
+    #: Seconds the workers spent in those loads (``worker_weight_load_seconds_total``).
+    load_seconds: float
     dispatches: int
     rows: int
     #: Per model, summed over the workers: (compute seconds, dispatches, rows).
     per_model: Mapping[str, tuple[float, int, int]]
     #: Per model, the workers that executed it in the window.
     model_workers: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
+
+    @property
+    def compute_seconds(self) -> float:
+        return sum(c for c, _, _ in self.per_model.values())
 
     @property
     def requests(self) -> int:
@@ -131,12 +137,13 @@ def window(
     after: Mapping[str, WorkerCounters],
 ) -> Window:
     """The window between two counter snapshots of the same workers (keyed by name)."""
-    loads = 0.0
+    loads = load_seconds = 0.0
     per_model: dict[str, tuple[float, int, int]] = {}
     where: dict[str, list[str]] = {}
     for worker, end in after.items():
         start = before[worker]
         loads += end.loads - start.loads
+        load_seconds += end.load_seconds - start.load_seconds
         for name, m in end.models.items():
             s = start.models.get(name, ModelCounters())
             d_compute = m.compute_seconds - s.compute_seconds
@@ -151,6 +158,7 @@ def window(
         seconds=seconds,
         latencies=tuple(sorted(latencies)),
         loads=loads,
+        load_seconds=load_seconds,
         dispatches=sum(n for _, n, _ in per_model.values()),
         rows=sum(r for _, _, r in per_model.values()),
         per_model=per_model,
@@ -251,6 +259,7 @@ class Prediction:
     loads_per_second: float
     loads_per_1000: float
     mean_batch_rows: float
+    mean_load_seconds: float = math.nan
 
 
 def error(predicted: float, measured: float) -> float:
