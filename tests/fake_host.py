@@ -127,6 +127,11 @@ class FakeHost:
     residency: dict[str, Residency] = attrs.field(factory=dict)
     weights: dict[str, float] = attrs.field(factory=dict)
     externally_managed: bool = False
+    #: What ModelControlStatus reports (lpt_packing wants fifo or edf).
+    discipline: str = "fair"
+    weight_cache_max_bytes: int = 1 << 20
+    #: The reload list of every CompactMemory call, in order.
+    compactions: list[tuple[str, ...]] = attrs.field(factory=list)
 
     def readiness(self) -> tuple[bool, str]:
         return True, ""
@@ -197,7 +202,7 @@ class FakeHost:
     def control_status(self) -> ControlStatus:
         return ControlStatus(
             residency_mode="externally_managed" if self.externally_managed else "self_managed",
-            discipline="fair",
+            discipline=self.discipline,
             models=tuple(
                 ModelControlInfo(
                     name=m.name,
@@ -215,7 +220,7 @@ class FakeHost:
                 )
                 for m in reversed(self.models.values())
             ),
-            weight_cache_max_bytes=1 << 20,
+            weight_cache_max_bytes=self.weight_cache_max_bytes,
         )
 
     async def set_residency(self, name: str, target: Residency) -> Residency:
@@ -235,4 +240,5 @@ class FakeHost:
     async def compact(self, reload: Sequence[str]) -> CompactResult:
         for name in reload:
             self.get(name)
+        self.compactions.append(tuple(reload))
         return CompactResult(reloaded_models=len(reload), resident_bytes_after=2048)

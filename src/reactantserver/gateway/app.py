@@ -58,13 +58,16 @@ from ..transport.health import HealthServicer
 from ..transport.limits import WireCounters, WireLimits
 from ..transport.server import GuardedServer
 from .calls import Raw, RawCodec
+from .control import LptController
+from .lpt import LptDriver, LptRefused
 from .metrics import GatewayCollector
 from .pool import WorkerClient
 from .prober import GatewayWedged, Prober, Refresher, Registrations
 from .proxy import Proxy
-from .routing import make_router
+from .routing import Router, make_router
 from .scrape import Endpoint, WorkerMetrics
 from .stats import GatewayStats
+from .table import RouteTable
 
 log = logging.getLogger("reactantserver.gateway")
 
@@ -108,7 +111,14 @@ class Gateway:
             )
             for address, name in zip(config.endpoints, names, strict=True)
         )
-        self.router = make_router(config.scheduling)
+        #: lpt_packing's driver (None in the other modes); its controller owns the router.
+        self.lpt: LptDriver | None = None
+        controller = None
+        if config.scheduling.mode == "lpt_packing":
+            controller = LptController(config.scheduling)
+            self.router: Router = controller.router
+        else:
+            self.router = make_router(config.scheduling)
         self.stats = GatewayStats()
         #: The hardened wire's counts (connections, streams, client mistakes by kind).
         self.wire = WireCounters()
@@ -119,7 +129,15 @@ class Gateway:
             interval=config.health_interval_seconds,
             wedge_exit_rounds=config.wedge_exit_rounds,
             registrations=self.registrations,
+            on_table=self._on_table,
         )
+        if controller is not None:
+            self.lpt = LptDriver(
+                controller,
+                self.prober,
+                self.clients,
+                startup_wait_seconds=config.startup_wait_seconds,
+            )
         self.worker_metrics = WorkerMetrics(_metrics_endpoints(config, self.clients))
         self.proxy: Proxy | None = None
         self.health = HealthServicer(self.health_status)
@@ -133,9 +151,14 @@ class Gateway:
                 wire=self.wire,
                 workers=self.worker_metrics,
                 mode=config.scheduling.mode,
+                lpt=controller,
                 draining=lambda: self.proxy is not None and self.proxy.draining,
             )
         )
+
+    def _on_table(self, table: RouteTable) -> None:
+        if self.lpt is not None:
+            self.lpt.on_table(table)
 
     def readiness(self) -> tuple[bool, str]:
         if self.proxy is not None and self.proxy.draining:
@@ -163,6 +186,8 @@ class Gateway:
             stats.refreshes_run += int(ran)
 
         refresher = Refresher(lambda: portal.run(self.prober.probe_round), on_request=requested)
+        if self.lpt is not None:
+            self.lpt.portal = portal
         self.proxy = Proxy(
             self.config,
             self.clients,
@@ -172,6 +197,7 @@ class Gateway:
             refresh_soon=refresher.soon,
             stats=stats,
             registrations=self.registrations,
+            control=self.lpt,
         )
         return self.proxy
 
@@ -344,6 +370,18 @@ async def serve_gateway(
                 await _serve_grpc(gateway, proxy, stop, task_status=task_status)
                 nursery.cancel_scope.cancel()
 
+            lpt = gateway.lpt
+            if lpt is not None:
+                # lpt_packing places before it serves: every worker, checked, then placed.
+                await nursery.start(gateway.prober.run)
+                with trio.CancelScope() as waiting:
+                    nursery.start_soon(_cancel_when, stop, waiting)
+                    await lpt.startup()
+                if waiting.cancelled_caught:
+                    log.info("stopped before lpt_packing could place the models")
+                    nursery.cancel_scope.cancel()
+                    return
+                await nursery.start(lpt.run)
             grpc_port = await nursery.start(grpc_then_stop)
             metrics_port = 0
             host_port = split_host_port(config.listen.metrics)
@@ -356,7 +394,8 @@ async def serve_gateway(
                 metrics_port = await nursery.start(
                     serve_admin, app, host_port[0].strip("[]"), host_port[1]
                 )
-            await nursery.start(gateway.prober.run)
+            if lpt is None:
+                await nursery.start(gateway.prober.run)
             ready, reason = gateway.readiness()
             log.info(
                 "gateway started: %d workers, %s; mode %s",
@@ -364,11 +403,6 @@ async def serve_gateway(
                 "ready" if ready else f"not ready ({reason})",
                 config.scheduling.mode,
             )
-            if config.scheduling.mode == "lpt_packing":
-                log.warning(
-                    "scheduling.mode lpt_packing: placement is not wired into this gateway "
-                    "yet; each model is routed round robin over the workers serving it"
-                )
             task_status.started(GatewayAddress(grpc_port, metrics_port))
     finally:
         with trio.CancelScope(shield=True):
@@ -376,9 +410,14 @@ async def serve_gateway(
                 await guest.aio(client.wait_closed())
 
 
+async def _cancel_when(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
 async def _main(config: GatewayConfig) -> int:
     stop = trio.Event()
-    wedged: list[GatewayWedged] = []
+    wedged: list[GatewayWedged | LptRefused] = []
     async with trio.open_nursery() as nursery:
 
         async def on_signals(task_status: trio.TaskStatus[None]) -> None:
@@ -395,8 +434,8 @@ async def _main(config: GatewayConfig) -> int:
         await nursery.start(on_signals)
         try:
             await serve_gateway(config, stop=stop)
-        except* GatewayWedged as group:
-            wedged.extend(e for e in group.exceptions if isinstance(e, GatewayWedged))
+        except* (GatewayWedged, LptRefused) as group:
+            wedged.extend(e for e in group.exceptions if isinstance(e, GatewayWedged | LptRefused))
         finally:
             nursery.cancel_scope.cancel()
     for exc in wedged:

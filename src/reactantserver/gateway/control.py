@@ -20,8 +20,10 @@ It owns the :class:`~reactantserver.gateway.routing.FillRouter`: a repack swaps 
 placement, a policy change its knobs, so routing follows within the call that changed them.
 
 **What a repack sends.** Workers in explicit mode (``residency_mode`` externally managed)
-are told with SetModelResidency: ``device`` for the models newly placed on them, ``system``
-for the models taken off them. Self-managed workers keep deciding residency themselves
+are *reconciled* with SetModelResidency against the pins each one reports: ``system`` for
+the models pinned there and not placed (first, so that the new pins fit), ``device`` for
+the models placed there and not pinned -- so a restarted gateway also takes back the pins
+of its predecessor. Self-managed workers keep deciding residency themselves
 (placement changes routing only); they get CompactMemory on the first placement-changing
 repack at or after ``compaction_interval`` repacks since the last compaction, if their model
 set changed and ``compaction_mode`` is not ``off`` (``eager``: reload nothing, the weights
@@ -50,7 +52,7 @@ from ..config.schema import (
     GatewaySchedulingConfig,
 )
 from ..errors import FailedPrecondition, InvalidArgument, NotFound
-from .estimates import Estimate, LoadEstimator, RepackCadence, Trigger
+from .estimates import LoadEstimator, RepackCadence, Trigger
 from .packing import ModelDemand, PackPolicy, PackResult, Placement, WorkerCapacity, pack
 from .policy import policy_value
 from .routing import FillRouter
@@ -149,8 +151,9 @@ class LptController:
         self.placement = Placement()
         self.last: PackResult | None = None
         self._since_compaction = 0
-        #: Ready workers at the last repack (None before the first).
-        self._fleet: frozenset[str] | None = None
+        #: Ready workers and the models they have loaded, at the last repack (None before
+        #: the first).
+        self._fleet: tuple[frozenset[str], frozenset[str]] | None = None
 
     # ------------------------------------------------------------------ events
 
@@ -184,10 +187,14 @@ class LptController:
         self.router.update(table)
 
     def due(self) -> Trigger | None:
-        """The repack due now: the cadence's, else ``fleet`` when ready workers came or went."""
+        """The repack due now: the cadence's, else ``fleet`` when ready workers came or went
+        or the set of loaded models changed (a model finished loading, or was unloaded)."""
         trigger = self.cadence.due(self.table.fleet_compute_seconds)
-        moved = self._fleet is not None and frozenset(self.table.ready_workers) != self._fleet
+        moved = self._fleet is not None and self._fleet_now() != self._fleet
         return "fleet" if trigger is None and moved else trigger
+
+    def _fleet_now(self) -> tuple[frozenset[str], frozenset[str]]:
+        return frozenset(self.table.ready_workers), frozenset(self.table.catalog())
 
     def request_repack(self) -> None:
         """The operator's Repack RPC: the next :meth:`due` says ``operator``."""
@@ -196,20 +203,20 @@ class LptController:
     def repack(self, now: float, arrivals: Mapping[str, int], trigger: Trigger) -> RepackOutcome:
         """Estimate, pack and swap the placement in. ``arrivals``: cumulative per model."""
         table = self.table
+        catalog = table.catalog()
         estimates = self.estimator.update(
-            now, table.models, arrivals, table.totals, table.fleet_compute_seconds
+            now, catalog, arrivals, table.totals, table.fleet_compute_seconds
         )
         workers = [
             WorkerCapacity(address=w.address, budget=w.weight_cache_max_bytes)
             for w in table.workers.values()
             if w.ready
         ]
-        result = pack(
-            [self._demand(name, estimates[name]) for name in table.models],
-            workers,
-            self.placement,
-            self._pack_policy(),
-        )
+        demands = [
+            ModelDemand(name=name, rate=estimates[name].rate, cost=estimates[name].cost, nbytes=b)
+            for name, b in catalog.items()
+        ]
+        result = pack(demands, workers, self.placement, self._pack_policy())
         before = self.placement
         changes: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
         for w in workers:
@@ -218,12 +225,12 @@ class LptController:
             if old != new:
                 changes[w.address] = (tuple(sorted(new - old)), tuple(sorted(old - new)))
         self._since_compaction += 1
-        compactions, residency = self._actions(changes)
+        compactions, residency = self._actions(changes, result.placement)
         self.placement = result.placement
         self.last = result
         self.router.set_placement(result.placement.models)
         self.cadence.done(trigger, table.fleet_compute_seconds)
-        self._fleet = frozenset(table.ready_workers)
+        self._fleet = self._fleet_now()
         self.generation += 1
         return RepackOutcome(
             trigger=trigger,
@@ -266,7 +273,7 @@ class LptController:
         "" keeps, "inherit" clears; fill_factor < 0 keeps, 0 clears. Repacks at once."""
         if not name:
             raise InvalidArgument("name: expected a model name; got ''")
-        if not allow_unknown_model and not self.table.serves(name):
+        if not allow_unknown_model and name not in self.table.catalog():
             raise NotFound(
                 f"model {name!r} is not served by any ready worker "
                 "(set allow_unknown_model to place it ahead of its loading)"
@@ -307,8 +314,9 @@ class LptController:
     def status(self) -> SchedulingStatus:
         estimates = self.estimator.estimates
         plans = self.last.workers if self.last is not None else {}
+        catalog = self.table.catalog()
         models = []
-        for name in sorted(set(self.table.models) | set(self.placement.models)):
+        for name in sorted(set(catalog) | set(self.placement.models)):
             e = estimates.get(name)
             replicas = self.table.replicas(name)
             stats_q = {
@@ -322,7 +330,7 @@ class LptController:
                     rate=e.rate if e else 0.0,
                     cost=e.cost if e else 0.0,
                     load=e.load if e else 0.0,
-                    weight_nbytes=max((r.weight_nbytes for r in replicas), default=0),
+                    weight_nbytes=catalog.get(name, 0),
                     replicas=self.placement.workers_of(name),
                     fill_quantum=MappingProxyType(stats_q),
                 )
@@ -389,13 +397,17 @@ class LptController:
             forbid_memory_oversubscription=config.forbid_memory_oversubscription,
         )
 
-    def _demand(self, name: str, estimate: Estimate) -> ModelDemand:
-        nbytes = max((r.weight_nbytes for r in self.table.replicas(name)), default=0)
-        return ModelDemand(name=name, rate=estimate.rate, cost=estimate.cost, nbytes=nbytes)
-
     def _actions(
-        self, changes: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]]
+        self,
+        changes: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]],
+        placement: Placement,
     ) -> tuple[tuple[Compaction, ...], tuple[ResidencyChange, ...]]:
+        """What to send. Explicit-mode workers are *reconciled*: the models placed there and
+        not pinned on their device are pinned (``device``), the ones pinned there and not
+        placed are unpinned (``system``) first, so that the pins fit -- compared with what
+        each worker reports, not with the previous placement, so a restarted gateway also
+        takes back the pins of its predecessor. Self-managed workers whose set changed are
+        compacted per ``compaction_mode`` / ``compaction_interval``."""
         config = self.config
         residency: list[ResidencyChange] = []
         compactions: list[Compaction] = []
@@ -404,16 +416,24 @@ class LptController:
             and config.compaction_mode != "off"
             and self._since_compaction >= config.compaction_interval
         )
-        for address, (added, removed) in sorted(changes.items()):
+        for address, info in sorted(self.table.workers.items()):
+            if not info.ready or info.residency_mode != "externally_managed":
+                continue
+            placed = set(placement.models_on(address)) & set(info.loaded)
+            pinned = set(info.pinned)
+            residency.extend(
+                ResidencyChange(worker=address, model=m, target="system")
+                for m in sorted(pinned - placed)
+            )
+            residency.extend(
+                ResidencyChange(worker=address, model=m, target="device")
+                for m in sorted(placed - pinned)
+            )
+        for address, (added, _) in sorted(changes.items()):
             info = self.table.workers[address]
             if info.residency_mode == "externally_managed":
-                residency.extend(
-                    ResidencyChange(worker=address, model=m, target="device") for m in added
-                )
-                residency.extend(
-                    ResidencyChange(worker=address, model=m, target="system") for m in removed
-                )
-            elif compact:
+                continue
+            if compact:
                 reload = added if config.compaction_mode == "scheduled" else ()
                 compactions.append(Compaction(worker=address, reload=reload))
         if compactions:

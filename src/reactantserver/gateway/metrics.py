@@ -20,6 +20,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from ..transport.limits import Fault, WireCounters
+from .control import LptController, SchedulingStatus
 from .pool import WorkerClient
 from .prober import Prober
 from .routing import Router, RouterStatistics
@@ -46,6 +47,7 @@ class GatewayCollector(Collector):
         workers: WorkerMetrics,
         mode: str,
         draining: Callable[[], bool],
+        lpt: LptController | None = None,
     ) -> None:
         self._stats = stats
         self._router = router
@@ -55,6 +57,7 @@ class GatewayCollector(Collector):
         self._workers = workers
         self._mode = mode
         self._draining = draining
+        self._lpt = lpt
 
     def collect(self) -> Iterator[Metric]:
         stats = self._stats.statistics()
@@ -161,6 +164,8 @@ class GatewayCollector(Collector):
         yield ready_g
 
         yield from self._routing(routing, names)
+        if self._lpt is not None:
+            yield from self._placement(self._lpt.status(), names)
         yield from self._clients_series()
         yield from self._wire_series()
         up = GaugeMetricFamily(
@@ -230,6 +235,79 @@ class GatewayCollector(Collector):
         for outcome, n in sorted(routing.released.items()):
             released.add_metric([outcome], n)
         yield released
+
+    def _placement(self, status: SchedulingStatus, names: dict[str, str]) -> Iterator[Metric]:
+        """lpt_packing's placement and repacks (the controller's status record)."""
+        weight = GaugeMetricFamily(
+            "gateway_placement_weight",
+            "Share of the model's traffic the worker is placed to take (1/k; absent where "
+            "it is not placed).",
+            labels=["model", "worker"],
+        )
+        replicas = GaugeMetricFamily(
+            "gateway_model_replicas", "Workers the model is placed on (k).", labels=["model"]
+        )
+        utilization = GaugeMetricFamily(
+            "gateway_model_utilization",
+            "The model's smoothed load: arrival rate x compute seconds per request (the "
+            "fraction of one worker it keeps busy).",
+            labels=["model"],
+        )
+        quantum = GaugeMetricFamily(
+            "gateway_model_fill_quantum",
+            "Fill quantum Q in items per placed replica (routing_fill_factor x max batch).",
+            labels=["model", "worker"],
+        )
+        for m in status.models:
+            replicas.add_metric([m.name], len(m.replicas))
+            utilization.add_metric([m.name], m.load)
+            for address in m.replicas:
+                label = names.get(address, address)
+                weight.add_metric([m.name, label], 1.0 / len(m.replicas))
+            for address, q in sorted(m.fill_quantum.items()):
+                quantum.add_metric([m.name, names.get(address, address)], q)
+        yield weight
+        yield replicas
+        yield utilization
+        yield quantum
+        repacks = CounterMetricFamily(
+            "gateway_repacks", "Repacks by trigger (startup, compute, operator, fleet).",
+            labels=["trigger"],
+        )  # fmt: skip
+        for trigger, n in sorted(status.repacks.items()):
+            repacks.add_metric([trigger], n)
+        yield repacks
+        assigned = GaugeMetricFamily(
+            "gateway_worker_assigned_weight_bytes",
+            "Weight bytes of the models placed on the worker.",
+            labels=["worker"],
+        )
+        over = GaugeMetricFamily(
+            "gateway_worker_oversubscribed",
+            "1 when the weights placed on the worker exceed its weight budget (it will "
+            "load and evict on nearly every request).",
+            labels=["worker"],
+        )
+        for w in status.workers:
+            label = names.get(w.address, w.address)
+            assigned.add_metric([label], w.assigned_bytes)
+            over.add_metric([label], int(w.oversubscribed))
+        yield assigned
+        yield over
+        yield _one(
+            GaugeMetricFamily(
+                "gateway_workers_oversubscribed",
+                "Workers whose placed weights exceed their budget at the last repack.",
+            ),
+            sum(w.oversubscribed for w in status.workers),
+        )
+        yield _one(
+            CounterMetricFamily(
+                "gateway_placement_generation",
+                "Changes of the routing state: repacks and accepted control calls.",
+            ),
+            status.generation,
+        )
 
     def _wire_series(self) -> Iterator[Metric]:
         """The hardened wire's counts, as a worker's ``worker_grpc_*`` series."""

@@ -150,6 +150,8 @@ async def probe_worker(
             ModelSnapshot(
                 name=entry.name,
                 ready=entry.state == "READY",
+                loaded=known is not None,
+                pinned=known is not None and known.residency == cpb.Residency.PINNED_DEVICE,
                 weight_nbytes=known.weight_nbytes if known else 0,
                 max_batch_size=known.max_batch_size if known else 0,
                 batch_input_name=known.batch_input_name if known else "",

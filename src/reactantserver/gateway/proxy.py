@@ -482,8 +482,5 @@ class Proxy:
         if mode != "lpt_packing":
             raise not_lpt(mode)
         if self.control is None:
-            raise Unimplemented(
-                f"{rpc}: lpt_packing's control plane is not wired into this gateway yet; "
-                "requests are routed round robin over the workers serving each model"
-            )
+            raise Unimplemented(f"{rpc}: this proxy was built without lpt_packing's control plane")
         return await self.control.call(rpc, data, call.deadline)

@@ -189,6 +189,8 @@ class Router:
         self._failovers = 0
         self._exhausted = 0
         self._released: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
+        #: Requests routed per model (one per ``choose``): lpt_packing's arrival counts.
+        self._arrivals: dict[str, int] = {}
 
     # ------------------------------------------------------------------ the seam
 
@@ -206,6 +208,7 @@ class Router:
         ticket = Ticket(seq=next(self._seq), model=model, items=items, replicas=order, started=now)
         self._account(ticket)
         self._chosen += 1
+        self._arrivals[model] = self._arrivals.get(model, 0) + 1
         return ticket
 
     def failover(self, ticket: Ticket) -> str | None:
@@ -265,6 +268,11 @@ class Router:
             exhausted=self._exhausted,
             released=MappingProxyType(dict(self._released)),
         )
+
+    def arrivals(self) -> dict[str, int]:
+        """Cumulative requests routed per model (a copy): what lpt_packing's rate EWMA
+        reads at each repack. Failovers do not count again."""
+        return dict(self._arrivals)
 
     # ------------------------------------------------------------ for policies
 

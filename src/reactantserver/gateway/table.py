@@ -11,8 +11,10 @@ lpt_packing controller only ever read a table.
 
 What a table holds:
 
-* per worker (its id is its endpoint address): name, ready, discipline, residency mode and
-  ``weight_cache_max_bytes`` (0 = unlimited);
+* per worker (its id is its endpoint address): name, ready, discipline, residency mode,
+  ``weight_cache_max_bytes`` (0 = unlimited) and the models it has loaded with their weight
+  bytes, ready or not (:meth:`RouteTable.catalog`: what lpt_packing places -- an
+  explicit-mode worker's model is ready only once placed there);
 * per model, the replicas that serve it now (ready workers that report it ready), sorted by
   address, each with the max batch size, batch input name and 1-based wire batch axis that
   worker reports (0 = no batch axis: a request counts as one item);
@@ -49,6 +51,13 @@ class ModelSnapshot:
     name: str
     #: The worker answers ModelReady true for it (it is in RepositoryIndex(ready)).
     ready: bool = True
+    #: ModelControlStatus lists it: the model is loaded there, ready or not (an explicit-mode
+    #: worker's model whose weights are not on the device is loaded and not ready). False
+    #: for a model RepositoryIndex lists but the worker has not loaded (compiling, failed,
+    #: unloaded): it has no weight bytes to place.
+    loaded: bool = True
+    #: Its residency floor there is ``device`` (ModelControlStatus ``PINNED_DEVICE``).
+    pinned: bool = False
     weight_nbytes: int = 0
     max_batch_size: int = 0
     batch_input_name: str = ""
@@ -89,6 +98,12 @@ class WorkerInfo:
     weight_cache_max_bytes: int
     #: Every model the worker reported (ready or not), sorted.
     models: tuple[str, ...] = ()
+    #: The models it has loaded (ready or not), with their weight bytes: what lpt_packing
+    #: may place there.
+    loaded: Mapping[str, int] = attrs.field(factory=lambda: MappingProxyType({}))
+    #: The models pinned on its device (floor ``device``), sorted: what an explicit-mode
+    #: worker holds, for lpt_packing to reconcile with the placement.
+    pinned: tuple[str, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -156,6 +171,19 @@ class RouteTable:
             return cost
         return self.mean_cost if self.mean_cost is not None else 1.0
 
+    def catalog(self) -> dict[str, int]:
+        """Every model a ready worker has loaded, ready or not, with its weight bytes (the
+        largest any worker reports): what lpt_packing places. O(workers x models): read per
+        repack, never per request."""
+        sizes: dict[str, int] = {}
+        for w in self.workers.values():
+            if w.ready:
+                for name, nbytes in w.loaded.items():
+                    sizes[name] = max(sizes.get(name, 0), nbytes)
+        for name, replicas in self.models.items():
+            sizes.setdefault(name, max((r.weight_nbytes for r in replicas), default=0))
+        return dict(sorted(sizes.items()))
+
     def replica(self, model: str, worker: str) -> Replica | None:
         for r in self.models.get(model, ()):
             if r.worker == worker:
@@ -194,6 +222,14 @@ def build_table(
             residency_mode=snap.residency_mode,
             weight_cache_max_bytes=max(0, snap.weight_cache_max_bytes),
             models=tuple(sorted(m.name for m in snap.models)),
+            loaded=MappingProxyType(
+                {
+                    m.name: m.weight_nbytes
+                    for m in sorted(snap.models, key=lambda m: m.name)
+                    if m.loaded
+                }
+            ),
+            pinned=tuple(sorted(m.name for m in snap.models if m.pinned)),
         )
         if not snap.ready:
             continue
