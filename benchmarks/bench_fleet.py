@@ -173,6 +173,8 @@ class Calibration:
     load_latency: float
     #: The cold loads it was fitted on: (bytes, seconds).
     samples: tuple[tuple[int, float], ...]
+    #: Median round trip of a warm one-row request minus its execution: the RPC path.
+    rpc_overhead: float
 
 
 async def calibrate(server: Server, names: Sequence[str], passes: int = 2) -> Calibration:
@@ -181,6 +183,7 @@ async def calibrate(server: Server, names: Sequence[str], passes: int = 2) -> Ca
     nbytes = {m.name: m.weight_nbytes for m in status.models}
     samples: list[tuple[int, float]] = []
     points: dict[str, dict[int, list[float]]] = {n: {} for n in names}
+    overheads: list[float] = []
     try:
         for _ in range(passes):
             for name in names:
@@ -191,13 +194,16 @@ async def calibrate(server: Server, names: Sequence[str], passes: int = 2) -> Ca
                     samples.append((nbytes[name], after.load_seconds - before.load_seconds))
                 for rows in BATCH_SIZES:
                     for _ in range(2):
+                        t0 = time.perf_counter()
                         await client.infer(name, [features(rows)])
+                        took = time.perf_counter() - t0
                         done = await counters(server)
                         s, e = after.models[name], done.models[name]
                         if e.dispatches - s.dispatches == 1:
-                            points[name].setdefault(rows, []).append(
-                                e.compute_seconds - s.compute_seconds
-                            )
+                            cost = e.compute_seconds - s.compute_seconds
+                            points[name].setdefault(rows, []).append(cost)
+                            if rows == 1 and done.loads == after.loads:
+                                overheads.append(took - cost)
                         after = done
     finally:
         await client.close()
@@ -209,7 +215,13 @@ async def calibrate(server: Server, names: Sequence[str], passes: int = 2) -> Ca
         for name, by in points.items()
     }
     return Calibration(
-        costs, nbytes, status.weight_cache_max_bytes, per_byte, max(0.0, latency), tuple(samples)
+        costs,
+        nbytes,
+        status.weight_cache_max_bytes,
+        per_byte,
+        max(0.0, latency),
+        tuple(samples),
+        statistics.median(overheads),
     )
 
 
@@ -302,6 +314,7 @@ def predict(
     *,
     cost_scale: float = 1.0,
     load_scale: float = 1.0,
+    round_trip: float = 0.0,
 ) -> Prediction:
     """The simulator's run of ``mode`` on the calibrated fleet; execution costs and load
     times multiplied by ``cost_scale`` / ``load_scale`` (1: as measured on an idle worker)."""
@@ -336,7 +349,7 @@ def predict(
         warmup=args.sim_warmup,
         seed=args.seed,
         closed_loop=ClosedLoop(clients=args.inflight),
-        network_delay=args.network_delay / 2,
+        network_delay=round_trip / 2,
     )
     return Prediction(
         mode=mode,
@@ -347,6 +360,7 @@ def predict(
         loads_per_1000=report.loads_per_1000,
         mean_batch_rows=report.mean_batch_rows,
         mean_load_seconds=report.mean_load_seconds,
+        workers={w.name: (w.compute, w.models) for w in report.workers},
     )
 
 
@@ -414,7 +428,8 @@ def print_setup(
     print(
         f"calibration (worker w0, idle): a cold load takes {cal.load_latency * 1e3:.2f} ms + "
         f"{cal.seconds_per_byte * 1e9:.3f} ns/byte ({1 / cal.seconds_per_byte / 1e9:.2f} GB/s) "
-        f"over {len(cal.samples)} loads"
+        f"over {len(cal.samples)} loads; a warm one-row request's round trip is "
+        f"{cal.rpc_overhead * 1e3:.2f} ms beyond its execution"
     )
     print(f"{'model':<14} {'share':>6} {'MB':>6}  cost ms at " + " ".join(
         f"{s:>5}" for s in BATCH_SIZES))  # fmt: skip
@@ -473,21 +488,31 @@ def report(
             if live.loads and idle.mean_load_seconds > 0
             else cost_scale
         )
+        # The RPC path (client, gateway, worker) is CPU work on the same shared cores:
+        # the idle round trip, stretched like an execution.
+        round_trip = cal.rpc_overhead * cost_scale if args.rpc_delay else 0.0
         under_load = predict(
-            live.mode, cal, shares, args, cost_scale=cost_scale, load_scale=load_scale
-        )
+            live.mode, cal, shares, args, cost_scale=cost_scale, load_scale=load_scale,
+            round_trip=round_trip,
+        )  # fmt: skip
         print(
             f"({live.mode}: simulated twice in {time.monotonic() - started:.1f} s; under load "
             f"an execution took {cost_scale:.2f}x its idle cost, a weight load "
-            f"{load_scale:.2f}x its idle time)"
+            f"{load_scale:.2f}x its idle time; simulated round trip {round_trip * 1e3:.2f} ms)"
         )
         idle_pairs.append((live, idle))
         live_pairs.append((live, under_load))
     print(
         f"simulator: {args.workers} workers, {args.inflight} closed-loop clients, "
-        f"{args.sim_seconds:g} virtual seconds after {args.sim_warmup:g}; "
-        f"network delay {args.network_delay * 1e3:.2f} ms per request"
+        f"{args.sim_seconds:g} virtual seconds after {args.sim_warmup:g}"
     )
+    for live, sim in live_pairs:
+        print(f"{live.mode}: busy fraction of each worker, live | simulated (its models)")
+        for (name, seconds), (sname, (busy, models)) in zip(
+            sorted(live.worker_compute.items()), sorted(sim.workers.items()), strict=False
+        ):
+            print(f"  {name} {seconds / live.seconds:5.1%} | {sname} {busy:5.1%} "
+                  f"({' '.join(models)})")  # fmt: skip
     print("\nfed the idle calibration:")
     print(prediction_table(idle_pairs, 0.25))
     print("\nfed the costs the workers reported in the live window (the goal: within 25%):")
@@ -526,8 +551,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--sim-seconds", type=float, default=60.0, help="simulated window")
     parser.add_argument("--sim-warmup", type=float, default=15.0)
-    parser.add_argument("--network-delay", type=float, default=0.0,
-                        help="round-trip seconds the simulator adds per request")  # fmt: skip
+    parser.add_argument("--no-rpc-delay", dest="rpc_delay", action="store_false",
+                        help="do not give the simulator the measured RPC round trip")  # fmt: skip
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workdir", help="keep the repository, caches and logs here")
     args = parser.parse_args(argv)

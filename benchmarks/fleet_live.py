@@ -95,6 +95,8 @@ class Window:
     per_model: Mapping[str, tuple[float, int, int]]
     #: Per model, the workers that executed it in the window.
     model_workers: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
+    #: Per worker, its execution seconds in the window.
+    worker_compute: Mapping[str, float] = attrs.field(factory=dict)
 
     @property
     def compute_seconds(self) -> float:
@@ -140,6 +142,7 @@ def window(
     loads = load_seconds = 0.0
     per_model: dict[str, tuple[float, int, int]] = {}
     where: dict[str, list[str]] = {}
+    busy: dict[str, float] = {}
     for worker, end in after.items():
         start = before[worker]
         loads += end.loads - start.loads
@@ -151,6 +154,7 @@ def window(
             d_rows = m.rows - s.rows
             c, n, r = per_model.get(name, (0.0, 0, 0))
             per_model[name] = (c + d_compute, n + d_dispatches, r + d_rows)
+            busy[worker] = busy.get(worker, 0.0) + d_compute
             if d_dispatches:
                 where.setdefault(name, []).append(worker)
     return Window(
@@ -163,6 +167,7 @@ def window(
         rows=sum(r for _, _, r in per_model.values()),
         per_model=per_model,
         model_workers={name: tuple(sorted(ws)) for name, ws in where.items()},
+        worker_compute=busy,
     )
 
 
@@ -260,6 +265,8 @@ class Prediction:
     loads_per_1000: float
     mean_batch_rows: float
     mean_load_seconds: float = math.nan
+    #: Per worker: (fraction of the window executing, models placed on it or served).
+    workers: Mapping[str, tuple[float, tuple[str, ...]]] = attrs.field(factory=dict)
 
 
 def error(predicted: float, measured: float) -> float:
