@@ -80,9 +80,7 @@ class Pair:
         return statistics.median(values)
 
 
-def start_gateway(
-    workers: Server | Sequence[Server], workdir: Path, **extra: object
-) -> Server:
+def start_gateway(workers: Server | Sequence[Server], workdir: Path, **extra: object) -> Server:
     """``reactantserver gateway`` in front of ``workers``; ``extra`` adds or replaces
     top-level keys of its gateway.yml (``scheduling``, ``health_interval_seconds``...)."""
     port = free_port()

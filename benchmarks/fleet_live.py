@@ -242,8 +242,10 @@ class Goals:
         def mark(ok: bool) -> str:
             return "met" if ok else "NOT met"
 
-        loads = "inf (lpt_packing loaded nothing)" if math.isinf(self.fewer_loads) else (
-            f"{self.fewer_loads:.2f}x"
+        loads = (
+            "inf (lpt_packing loaded nothing)"
+            if math.isinf(self.fewer_loads)
+            else (f"{self.fewer_loads:.2f}x")
         )
         return [
             f"weight loads per 1k requests, round_robin / lpt_packing: {loads} "
