@@ -80,17 +80,21 @@ class Pair:
         return statistics.median(values)
 
 
-def start_gateway(worker: Server, workdir: Path) -> Server:
+def start_gateway(workers: Server | Sequence[Server], workdir: Path, **extra: object) -> Server:
+    """``reactantserver gateway`` in front of ``workers``; ``extra`` adds or replaces
+    top-level keys of its gateway.yml (``scheduling``, ``health_interval_seconds``...)."""
     port = free_port()
+    fleet = [workers] if isinstance(workers, Server) else list(workers)
     config = {
         "listen": {"grpc": f"127.0.0.1:{port}", "metrics": "127.0.0.1:0"},
-        "endpoints": [worker.url],
+        "endpoints": [w.url for w in fleet],
         "health_interval_seconds": 5.0,
         "logging": {"level": "warning", "format": "text"},
+        **extra,
     }
-    path = workdir / "gateway.yml"
+    path = workdir / f"gateway_{port}.yml"
     path.write_text(json.dumps(config))
-    log = workdir / "gateway.log"
+    log = workdir / f"gateway_{port}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "reactantserver.cli", "gateway", str(path)],

@@ -192,6 +192,7 @@ NODE_YAML = """\
 # Written by benchmarks/bench_serve.py: one CPU worker serving the benchmark repository.
 model_repo: {repo}
 base_port: {port}
+metrics_base_port: {metrics_port}
 gpus: 0
 workers:
   - name: bench
@@ -200,8 +201,8 @@ global:
   model_control_mode: static
   runtime:
     backend: cpu
-  scheduler:
-    discipline: fair
+{runtime_extra}  scheduler:
+    discipline: {discipline}
 {scheduler_extra}  endpoints:
     host: 127.0.0.1
     max_concurrent_requests: 1024
@@ -216,6 +217,8 @@ class Server:
     proc: subprocess.Popen[bytes]
     port: int
     log: Path
+    #: Admin HTTP port (``/metrics``); 0 = none.
+    metrics_port: int = 0
 
     @property
     def url(self) -> str:
@@ -234,12 +237,33 @@ class Server:
                 self.proc.wait()
 
 
-def start_ours(repo: Path, workdir: Path, *, cache_dir: Path, scheduler_extra: str = "") -> Server:
-    """``reactantserver serve`` on a fresh node file; returns once the process runs."""
+def start_ours(
+    repo: Path,
+    workdir: Path,
+    *,
+    cache_dir: Path,
+    scheduler_extra: str = "",
+    runtime_extra: str = "",
+    discipline: str = "fair",
+    metrics_port: int = 0,
+) -> Server:
+    """``reactantserver serve`` on a fresh node file; returns once the process runs.
+
+    ``scheduler_extra`` / ``runtime_extra``: more YAML lines (indented four spaces) under
+    ``global.scheduler`` / ``global.runtime``; ``metrics_port``: its admin port (0 = off).
+    """
     port = free_port()
     node = workdir / f"node_{port}.yaml"
     node.write_text(
-        NODE_YAML.format(repo=repo, port=port, cache=cache_dir, scheduler_extra=scheduler_extra)
+        NODE_YAML.format(
+            repo=repo,
+            port=port,
+            cache=cache_dir,
+            scheduler_extra=scheduler_extra,
+            runtime_extra=runtime_extra,
+            discipline=discipline,
+            metrics_port=metrics_port,
+        )
     )
     log = workdir / f"ours_{port}.log"
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
@@ -258,7 +282,7 @@ def start_ours(repo: Path, workdir: Path, *, cache_dir: Path, scheduler_extra: s
             stderr=subprocess.STDOUT,
             env=env,
         )
-    return Server("reactantserver", proc, port, log)
+    return Server("reactantserver", proc, port, log, metrics_port)
 
 
 async def wait_ready(server: Server, models: Sequence[str], timeout: float = 180.0) -> None:

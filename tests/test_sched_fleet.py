@@ -130,3 +130,20 @@ def test_example_script_prints_the_comparison(tmp_path: object) -> None:
     for mode in ("round_robin", "least_outstanding", "lpt_packing"):
         assert f"| {mode}" in out
     assert "loads/1k req" in out and "| m00 |" in out
+
+
+def test_mean_load_seconds_is_the_modelled_transfer_time() -> None:
+    """Every load of a model of ``b`` bytes takes ``b / bandwidth + load_latency``: with one
+    model size, the report's mean load time is exactly that (what a live worker's
+    ``worker_weight_load_seconds_total`` per load is compared with)."""
+    models = [
+        FleetModel(name=f"m{i}", costs={1: 0.001}, nbytes=1_000_000, rate=1.0) for i in range(4)
+    ]
+    workers = [FleetWorker(name="w0", budget=2_000_000, bandwidth=1e9, load_latency=0.0005)]
+    report = simulate_fleet(
+        models, workers, GatewaySchedulingConfig(), duration=2.0, warmup=0.5,
+        closed_loop=ClosedLoop(clients=4),
+    )  # fmt: skip
+    assert report.weight_loads > 0
+    assert report.mean_load_seconds == pytest.approx(0.0015)
+    assert report.workers[0].load_seconds == pytest.approx(0.0015 * report.weight_loads)

@@ -160,6 +160,7 @@ class _Worker:
         self.compute = 0.0
         self.loading_only = 0.0
         self.loads = 0
+        self.load_seconds = 0.0
         self.dispatches = 0
         self.rows = 0
         self.served: Counter[str] = Counter()
@@ -309,6 +310,7 @@ class FleetSimulation:
             w.plans[id(plan)] = (plan, left - 1)
         if self.now > self.warmup:
             w.loads += 1
+            w.load_seconds += seconds
         self._kick(w)
 
     def _execute(self, w: _Worker, batch: Batch) -> None:
@@ -412,6 +414,7 @@ class FleetSimulation:
                     loading=loading,
                     idle=max(0.0, 1.0 - compute - loading),
                     weight_loads=w.loads,
+                    load_seconds=w.load_seconds,
                     dispatches=w.dispatches,
                     mean_batch_rows=w.rows / w.dispatches if w.dispatches else 0.0,
                     models=(

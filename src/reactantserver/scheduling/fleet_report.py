@@ -42,6 +42,8 @@ class FleetWorkerReport:
     mean_batch_rows: float
     #: Models placed on it at the end (lpt_packing), or that it served.
     models: tuple[str, ...]
+    #: Copy-engine seconds of the weight loads it finished in the window.
+    load_seconds: float = 0.0
 
 
 @attrs.frozen(kw_only=True)
@@ -67,6 +69,13 @@ class FleetReport:
     @property
     def loads_per_second(self) -> float:
         return self.weight_loads / self.window if self.window > 0 else 0.0
+
+    @property
+    def mean_load_seconds(self) -> float:
+        """Mean duration of one weight load in the window (NaN with none): what to compare
+        with a live worker's ``worker_weight_load_seconds_total`` per load."""
+        loads = sum(w.weight_loads for w in self.workers)
+        return sum(w.load_seconds for w in self.workers) / loads if loads else math.nan
 
     @property
     def loads_per_1000(self) -> float:

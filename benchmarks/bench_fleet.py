@@ -1,0 +1,569 @@
+"""Fleet benchmark (issue 18): three CPU workers behind one gateway, round_robin against
+lpt_packing on a catalog three times one worker's weight budget, and the fleet simulator's
+prediction of both.
+
+Setup. A catalog of ``--models`` MLP variants (``examples/build_repo.py``'s zoo ``mlp``,
+seeded, widths alternating between ``--widths``: one export per width, the rest derived),
+compiled at batch sizes 1, 2, 4, 8. Three workers (``reactantserver serve``, one process
+each, ``fifo`` as lpt_packing requires, ``model_control_mode: static``) each get a weight
+budget through ``runtime.arena_bytes``: the catalog's weight bytes over ``--budget-ratio``
+(default 3). One gateway (``reactantserver gateway``) in front of them, started per mode.
+
+Calibration (direct to the first worker, before any load): every model, cycled in order so
+that the LRU cache misses on each first request, is sent one request of each compiled size.
+The worker's ``worker_weight_load_seconds_total`` per cold load against the model's weight
+bytes gives the transfer time per byte and per load (least squares); its
+ModelControlStatus ``total_compute_seconds`` / ``dispatch_count`` deltas give each model's
+cost at each batch size.
+
+Load. ``--inflight`` closed-loop clients in this process (``tritonclient.grpc.aio``), each
+sending one-row requests back to back to a model drawn from Zipf(``--zipf``) popularity.
+Per mode: ``--warmup`` seconds unmeasured (lpt_packing: the operator ``Repack`` RPC half-way
+through, after the gateway has measured the traffic), then a ``--seconds`` window. Reported
+per mode: requests/s and p50/p99 of the requests inside the window, weight loads (delta of
+the workers' ``worker_weight_loads_total``) per 1,000 requests, mean rows per execution
+(ModelControlStatus ``rows_served`` / ``dispatch_count`` deltas).
+
+Prediction. ``scheduling.fleet.simulate_fleet`` gets the calibrated costs, the weight bytes
+and budgets the workers reported, the fitted transfer time, the same popularity, in-flight
+count and scheduling knobs, and prints its p50 and weight-load rate beside the measurement.
+
+    python benchmarks/bench_fleet.py                 (or: nox -s bench -- fleet; ~3 minutes)
+    python benchmarks/bench_fleet.py --seconds 20 --runs 2 --workdir /tmp/fleet
+
+On a small machine the client, the gateway and the three workers share the cores:
+requests/s and latency are properties of the whole set; ratios side by side are the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT / "examples"))
+
+import build_repo  # noqa: E402
+import tritonclient.grpc.aio as aioclient  # noqa: E402
+from bench_gateway import start_gateway  # noqa: E402
+from bench_serve import CHANNEL_ARGS, Server, free_port, start_ours, wait_ready  # noqa: E402
+from fleet_live import (  # noqa: E402
+    Goals,
+    ModelCounters,
+    ModelDraw,
+    Prediction,
+    Window,
+    WorkerCounters,
+    affine_costs,
+    fit_line,
+    live_table,
+    popularity,
+    prediction_table,
+    window,
+)
+from grpclib.client import Channel  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from tritonclient.grpc import InferInput  # noqa: E402
+
+from reactantserver.protocol import reactant_control as cpb  # noqa: E402
+
+BATCH_SIZES = (1, 2, 4, 8)
+FEATURES = 32  # the zoo mlp's input width
+MODES = ("round_robin", "lpt_packing")
+#: on-demand budget = floor(0.9 x arena) on the CPU (default fractions, no scratch).
+ON_DEMAND_FRACTION = 0.9
+
+
+# ------------------------------------------------------------------------------ catalog
+
+
+def build_catalog(repo: Path, n: int, widths: Sequence[int]) -> list[str]:
+    """``n`` seeded mlp variants, widths alternating over ``widths`` (one export each)."""
+    planned = [
+        build_repo.Planned(f"mlp_w{widths[i % len(widths)]}_{i:02d}", "mlp", 2000 + i,
+                           widths[i % len(widths)])
+        for i in range(n)
+    ]  # fmt: skip
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    build_repo.build(repo, planned=planned, batch_sizes=lambda arch: BATCH_SIZES)
+    return [p.name for p in planned]
+
+
+# ------------------------------------------------------------------------------ workers
+
+
+@contextlib.asynccontextmanager
+async def control(server: Server) -> Any:
+    channel = Channel("127.0.0.1", server.port)
+    try:
+        yield channel
+    finally:
+        channel.close()
+
+
+async def model_status(server: Server) -> cpb.ModelControlStatusResponse:
+    async with control(server) as channel:
+        stub = cpb.ControlServiceStub(channel)
+        return await stub.model_control_status(cpb.ModelControlStatusRequest(), timeout=30)
+
+
+def _metrics(server: Server) -> dict[str, float]:
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    text = urllib.request.urlopen(url, timeout=30).read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if "model" not in sample.labels:
+                out[sample.name] = sample.value
+    return out
+
+
+async def counters(server: Server) -> WorkerCounters:
+    metrics = await asyncio.to_thread(_metrics, server)
+    status = await model_status(server)
+    return WorkerCounters(
+        loads=metrics.get("worker_weight_loads_total", 0.0),
+        load_seconds=metrics.get("worker_weight_load_seconds_total", 0.0),
+        models={
+            m.name: ModelCounters(
+                m.total_compute_seconds, m.requests_served, m.dispatch_count, m.rows_served
+            )
+            for m in status.models
+        },
+    )
+
+
+async def snapshot(workers: Mapping[str, Server]) -> dict[str, WorkerCounters]:
+    values = await asyncio.gather(*(counters(s) for s in workers.values()))
+    return dict(zip(workers, values, strict=True))
+
+
+def features(rows: int, seed: int = 0) -> InferInput:
+    x = np.random.default_rng(seed).standard_normal((rows, FEATURES)).astype(np.float32)
+    inp = InferInput("features", [rows, FEATURES], "FP32")
+    inp.set_data_from_numpy(x)
+    return inp
+
+
+@attrs.frozen
+class Calibration:
+    """What the first worker reported: costs per model and size, and load times."""
+
+    costs: Mapping[str, Mapping[int, float]]
+    nbytes: Mapping[str, int]
+    budget: int
+    #: Fitted load time: ``load_latency + bytes x seconds_per_byte``.
+    seconds_per_byte: float
+    load_latency: float
+    #: The cold loads it was fitted on: (bytes, seconds).
+    samples: tuple[tuple[int, float], ...]
+    #: Median round trip of a warm one-row request minus its execution: the RPC path.
+    rpc_overhead: float
+
+
+async def calibrate(server: Server, names: Sequence[str], passes: int = 2) -> Calibration:
+    client = aioclient.InferenceServerClient(server.url, channel_args=CHANNEL_ARGS)
+    status = await model_status(server)
+    nbytes = {m.name: m.weight_nbytes for m in status.models}
+    samples: list[tuple[int, float]] = []
+    points: dict[str, dict[int, list[float]]] = {n: {} for n in names}
+    overheads: list[float] = []
+    try:
+        for _ in range(passes):
+            for name in names:
+                before = await counters(server)
+                await client.infer(name, [features(1)])
+                after = await counters(server)
+                if after.loads - before.loads == 1:  # exactly one cold load: a clean sample
+                    samples.append((nbytes[name], after.load_seconds - before.load_seconds))
+                for rows in BATCH_SIZES:
+                    for _ in range(2):
+                        t0 = time.perf_counter()
+                        await client.infer(name, [features(rows)])
+                        took = time.perf_counter() - t0
+                        done = await counters(server)
+                        s, e = after.models[name], done.models[name]
+                        if e.dispatches - s.dispatches == 1:
+                            cost = e.compute_seconds - s.compute_seconds
+                            points[name].setdefault(rows, []).append(cost)
+                            if rows == 1 and done.loads == after.loads:
+                                overheads.append(took - cost)
+                        after = done
+    finally:
+        await client.close()
+    if not samples:
+        raise RuntimeError("no clean cold load seen: is the budget smaller than the catalog?")
+    latency, per_byte = fit_line([b for b, _ in samples], [s for _, s in samples])
+    costs = {
+        name: affine_costs({r: statistics.median(v) for r, v in by.items()}, BATCH_SIZES)
+        for name, by in points.items()
+    }
+    return Calibration(
+        costs,
+        nbytes,
+        status.weight_cache_max_bytes,
+        per_byte,
+        max(0.0, latency),
+        tuple(samples),
+        statistics.median(overheads),
+    )
+
+
+# ------------------------------------------------------------------------------ load
+
+
+async def run_mode(
+    mode: str,
+    gateway: Server,
+    workers: Mapping[str, Server],
+    shares: Mapping[str, float],
+    args: argparse.Namespace,
+) -> tuple[Window, str]:
+    """Warm up, (lpt_packing) repack half-way, then measure one window through ``gateway``."""
+    client = aioclient.InferenceServerClient(gateway.url, channel_args=CHANNEL_ARGS)
+    inp = features(1)
+    loop = asyncio.get_running_loop()
+    start = loop.time() + args.warmup
+    end = start + args.seconds
+    latencies: list[float] = []
+    marks: dict[str, dict[str, WorkerCounters]] = {}
+    placement = ""
+
+    async def one(seed: int) -> None:
+        draw = ModelDraw(shares, seed)
+        while (t0 := loop.time()) < end:
+            await client.infer(draw(), [inp])
+            t1 = loop.time()
+            if t0 >= start and t1 <= end:
+                latencies.append(t1 - t0)
+
+    async def edge(name: str, at: float) -> None:
+        await asyncio.sleep(max(0.0, at - loop.time()))
+        marks[name] = await snapshot(workers)
+
+    async def repack() -> None:
+        nonlocal placement
+        await asyncio.sleep(args.warmup / 2)
+        async with control(gateway) as channel:
+            stub = cpb.GatewayControlServiceStub(channel)
+            reply = await stub.repack(cpb.RepackRequest(wait_seconds=30), timeout=60)
+            status = await stub.get_scheduling_status(cpb.GetSchedulingStatusRequest())
+        placement = describe(reply, status)
+
+    tasks = [edge("start", start), edge("end", end), *(one(args.seed * 1000 + i)
+             for i in range(args.inflight))]  # fmt: skip
+    if mode == "lpt_packing":
+        tasks.append(repack())
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        await client.close()
+    return window(mode, args.seconds, latencies, marks["start"], marks["end"]), placement
+
+
+def describe(reply: cpb.RepackResponse, status: cpb.GetSchedulingStatusResponse) -> str:
+    lines = [
+        f"Repack: completed={reply.completed} moved={len(reply.moved_models)} "
+        f"warnings={list(reply.warnings)}; repacks so far {dict(status.repacks)}"
+    ]
+    for w in status.workers:
+        lines.append(
+            f"  {w.name or w.address}: {w.assigned_weight_bytes / 1e6:.1f} of "
+            f"{w.weight_budget_bytes / 1e6:.1f} MB, load {w.compute_load:.2f}"
+            f"{' OVERSUBSCRIBED' if w.oversubscribed else ''}: {' '.join(w.models)}"
+        )
+    return "\n".join(lines)
+
+
+def scheduling(mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The gateway's ``scheduling:`` block for ``mode`` (the simulator gets the same)."""
+    if mode != "lpt_packing":
+        return {"mode": mode}
+    return {
+        "mode": mode,
+        "rebalance_compute_seconds": args.rebalance,
+        "first_rebalance_compute_seconds": args.first_rebalance,
+        "hysteresis": 0.2,
+    }
+
+
+# ------------------------------------------------------------------------------ simulation
+
+
+def predict(
+    mode: str,
+    cal: Calibration,
+    shares: Mapping[str, float],
+    args: argparse.Namespace,
+    *,
+    cost_scale: float = 1.0,
+    load_scale: float = 1.0,
+    round_trip: float = 0.0,
+) -> Prediction:
+    """The simulator's run of ``mode`` on the calibrated fleet; execution costs and load
+    times multiplied by ``cost_scale`` / ``load_scale`` (1: as measured on an idle worker)."""
+    from reactantserver.config import GatewaySchedulingConfig
+    from reactantserver.scheduling.fleet import ClosedLoop, FleetModel, FleetWorker, simulate_fleet
+
+    models = [
+        FleetModel(
+            name=n,
+            costs={size: c * cost_scale for size, c in cal.costs[n].items()},
+            nbytes=cal.nbytes[n],
+            rate=shares[n],
+        )
+        for n in sorted(shares)
+    ]
+    workers = [
+        FleetWorker(
+            name=f"w{i}",
+            budget=cal.budget,
+            bandwidth=1 / (cal.seconds_per_byte * load_scale),
+            load_latency=cal.load_latency * load_scale,
+            discipline="fifo",
+        )
+        for i in range(args.workers)
+    ]
+    knobs = {k: v for k, v in scheduling(mode, args).items() if k != "mode"}
+    report = simulate_fleet(
+        models,
+        workers,
+        GatewaySchedulingConfig(mode=mode, **knobs),  # type: ignore[arg-type]
+        duration=args.sim_seconds + args.sim_warmup,
+        warmup=args.sim_warmup,
+        seed=args.seed,
+        closed_loop=ClosedLoop(clients=args.inflight),
+        network_delay=round_trip / 2,
+    )
+    return Prediction(
+        mode=mode,
+        rps=report.throughput,
+        p50=report.p50,
+        p99=report.p99,
+        loads_per_second=report.loads_per_second,
+        loads_per_1000=report.loads_per_1000,
+        mean_batch_rows=report.mean_batch_rows,
+        mean_load_seconds=report.mean_load_seconds,
+        workers={w.name: (w.compute, w.models) for w in report.workers},
+    )
+
+
+# ------------------------------------------------------------------------------ main
+
+
+async def _run(args: argparse.Namespace, workdir: Path) -> None:
+    repo = workdir / "repo"
+    started = time.monotonic()
+    names = build_catalog(repo, args.models, args.widths)
+    print(f"catalog built in {time.monotonic() - started:.0f} s", flush=True)
+    from reactantserver.bundle import load_bundle
+
+    total = sum(load_bundle(repo / n).weights_nbytes for n in names)
+    budget = int(total / args.budget_ratio)
+    arena = math.ceil(budget / ON_DEMAND_FRACTION)
+    workers: dict[str, Server] = {}
+    gateways: list[Server] = []
+    try:
+        for i in range(args.workers):
+            workers[f"w{i}"] = start_ours(
+                repo, workdir, cache_dir=workdir / "cache", discipline="fifo",
+                runtime_extra=f"    arena_bytes: {arena}\n", metrics_port=free_port(),
+            )  # fmt: skip
+            # One at a time: the first fills the compilation cache the others hit.
+            await wait_ready(workers[f"w{i}"], names, timeout=600)
+        print(f"workers ready at {time.monotonic() - started:.0f} s", flush=True)
+        cal = await calibrate(workers["w0"], names)
+        shares = popularity(names, args.zipf, args.seed)
+        print_setup(args, names, total, cal, shares)
+        results: dict[str, list[Window]] = {m: [] for m in args.modes}
+        for run in range(args.runs):
+            for mode in args.modes:
+                gateway = start_gateway(
+                    list(workers.values()), workdir,
+                    scheduling=scheduling(mode, args), health_interval_seconds=1.0,
+                    worker_names=list(workers), startup_wait_seconds=60.0,
+                )  # fmt: skip
+                gateways.append(gateway)
+                await wait_ready(gateway, names)
+                measured, placement = await run_mode(mode, gateway, workers, shares, args)
+                gateway.stop()
+                results[mode].append(measured)
+                print(f"run {run + 1} {mode}: {measured.rps:.1f} req/s", flush=True)
+                if placement:
+                    print(placement, flush=True)
+    finally:
+        for server in [*gateways, *workers.values()]:
+            server.stop()
+    report(args, results, cal, shares)
+
+
+def print_setup(
+    args: argparse.Namespace,
+    names: Sequence[str],
+    total: int,
+    cal: Calibration,
+    shares: Mapping[str, float],
+) -> None:
+    print(
+        f"catalog: {len(names)} mlp variants, {total / 1e6:.1f} MB of weights = "
+        f"{total / cal.budget:.2f}x one worker's budget ({cal.budget / 1e6:.1f} MB); "
+        f"{args.workers} CPU workers (fifo), Zipf s={args.zipf:g}, {args.inflight} in flight"
+    )
+    print(
+        f"calibration (worker w0, idle): a cold load takes {cal.load_latency * 1e3:.2f} ms + "
+        f"{cal.seconds_per_byte * 1e9:.3f} ns/byte ({1 / cal.seconds_per_byte / 1e9:.2f} GB/s) "
+        f"over {len(cal.samples)} loads; a warm one-row request's round trip is "
+        f"{cal.rpc_overhead * 1e3:.2f} ms beyond its execution"
+    )
+    print(f"{'model':<14} {'share':>6} {'MB':>6}  cost ms at " + " ".join(
+        f"{s:>5}" for s in BATCH_SIZES))  # fmt: skip
+    for n in sorted(names, key=lambda n: -shares[n]):
+        costs = " ".join(f"{cal.costs[n][s] * 1e3:>5.2f}" for s in BATCH_SIZES)
+        print(f"{n:<14} {shares[n]:>6.1%} {cal.nbytes[n] / 1e6:>6.1f}  {'':>11} {costs}")
+    print(flush=True)
+
+
+def expected_compute(live: Window, cal: Calibration) -> float:
+    """Device seconds the window's executions would have taken at the idle calibration:
+    per model, its executions x the calibrated cost at its mean rows (on the line through
+    the calibrated sizes)."""
+    total = 0.0
+    for name, (_, dispatches, rows) in live.per_model.items():
+        if dispatches:
+            intercept, slope = fit_line(list(cal.costs[name]), list(cal.costs[name].values()))
+            total += dispatches * (intercept + slope * rows / dispatches)
+    return total
+
+
+def median_window(windows: Sequence[Window]) -> Window:
+    """The run whose requests/s is the median (a real window, not a blend)."""
+    ordered = sorted(windows, key=lambda w: w.rps)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def report(
+    args: argparse.Namespace,
+    results: Mapping[str, Sequence[Window]],
+    cal: Calibration,
+    shares: Mapping[str, float],
+) -> None:
+    load = os.getloadavg()
+    print(f"\nlive: {args.seconds:g} s windows after {args.warmup:g} s warm-up, "
+          f"{args.runs} run(s) per mode (median run shown); "
+          f"{os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")  # fmt: skip
+    if args.runs > 1:
+        for mode, ws in results.items():
+            print(f"  {mode} req/s per run: " + ", ".join(f"{w.rps:.1f}" for w in ws))
+    chosen = [median_window(results[m]) for m in args.modes]
+    print(live_table(chosen))
+    if len(chosen) == 2:
+        for line in Goals.of(*chosen).lines():
+            print(line)
+    print()
+    idle_pairs, live_pairs = [], []
+    for live in chosen:
+        started = time.monotonic()
+        idle = predict(live.mode, cal, shares, args)
+        # The workers' own figures for this window: compute per execution and seconds per
+        # weight load, as multiples of the idle calibration (the cores are shared).
+        cost_scale = live.compute_seconds / expected_compute(live, cal)
+        load_scale = (
+            (live.load_seconds / live.loads) / idle.mean_load_seconds
+            if live.loads and idle.mean_load_seconds > 0
+            else cost_scale
+        )
+        # The RPC path (client, gateway, worker) is CPU work on the same shared cores:
+        # the idle round trip, stretched like an execution.
+        round_trip = cal.rpc_overhead * cost_scale if args.rpc_delay else 0.0
+        under_load = predict(
+            live.mode, cal, shares, args, cost_scale=cost_scale, load_scale=load_scale,
+            round_trip=round_trip,
+        )  # fmt: skip
+        print(
+            f"({live.mode}: simulated twice in {time.monotonic() - started:.1f} s; under load "
+            f"an execution took {cost_scale:.2f}x its idle cost, a weight load "
+            f"{load_scale:.2f}x its idle time; simulated round trip {round_trip * 1e3:.2f} ms)"
+        )
+        idle_pairs.append((live, idle))
+        live_pairs.append((live, under_load))
+    print(
+        f"simulator: {args.workers} workers, {args.inflight} closed-loop clients, "
+        f"{args.sim_seconds:g} virtual seconds after {args.sim_warmup:g}"
+    )
+    for live, sim in live_pairs:
+        print(f"{live.mode}: busy fraction of each worker, live | simulated (its models)")
+        for (name, seconds), (sname, (busy, models)) in zip(
+            sorted(live.worker_compute.items()), sorted(sim.workers.items()), strict=False
+        ):
+            print(f"  {name} {seconds / live.seconds:5.1%} | {sname} {busy:5.1%} "
+                  f"({' '.join(models)})")  # fmt: skip
+    print("\nfed the idle calibration:")
+    print(prediction_table(idle_pairs, 0.25))
+    print("\nfed the costs the workers reported in the live window (the goal: within 25%):")
+    print(prediction_table(live_pairs, 0.25))
+    print()
+    print("per model, live (round_robin | lpt_packing): share, executions, rows/execution, "
+          "cost ms per execution, workers")  # fmt: skip
+    for n in sorted(shares, key=lambda n: -shares[n]):
+        cells = []
+        for w in chosen:
+            c, d, r = w.per_model.get(n, (0.0, 0, 0))
+            cells.append(
+                f"{d:>5} {r / d if d else 0:>4.2f} {c / d * 1e3 if d else 0:>5.2f} "
+                f"{','.join(w.model_workers.get(n, ())):<8}"
+            )
+        print(f"{n:<14} {shares[n]:>6.1%} | " + " | ".join(cells))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", type=int, default=12, help="catalog size")
+    parser.add_argument("--widths", type=int, nargs="+", default=[1024, 2048],
+                        help="mlp hidden widths, alternating (2048: 16.9 MB of weights)")  # fmt: skip
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--budget-ratio", type=float, default=3.0,
+                        help="catalog weight bytes / one worker's budget")  # fmt: skip
+    parser.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent of popularity")
+    parser.add_argument("--inflight", type=int, default=16, help="closed-loop clients")
+    parser.add_argument("--seconds", type=float, default=15.0, help="measured window per mode")
+    parser.add_argument("--warmup", type=float, default=8.0, help="unmeasured lead-in per mode")
+    parser.add_argument("--runs", type=int, default=1, help="windows per mode, alternating")
+    parser.add_argument("--rebalance", type=float, default=60.0,
+                        help="lpt_packing rebalance_compute_seconds (the bench repacks itself)")  # fmt: skip
+    parser.add_argument("--first-rebalance", type=float, default=2.0,
+                        help="lpt_packing first_rebalance_compute_seconds")  # fmt: skip
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--sim-seconds", type=float, default=60.0, help="simulated window")
+    parser.add_argument("--sim-warmup", type=float, default=15.0)
+    parser.add_argument("--no-rpc-delay", dest="rpc_delay", action="store_false",
+                        help="do not give the simulator the measured RPC round trip")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--workdir", help="keep the repository, caches and logs here")
+    args = parser.parse_args(argv)
+    if args.workdir:
+        workdir = Path(args.workdir).resolve()
+        workdir.mkdir(parents=True, exist_ok=True)
+        asyncio.run(_run(args, workdir))
+        return
+    with tempfile.TemporaryDirectory(prefix="rs_bench_fleet_") as tmp:
+        asyncio.run(_run(args, Path(tmp)))
+
+
+if __name__ == "__main__":
+    main()

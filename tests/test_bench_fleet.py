@@ -1,0 +1,130 @@
+"""The fleet benchmark's pure parts (``benchmarks/fleet_live.py``): workload draws, the
+counter deltas that make a measured window, the load-time fit and the tables. No timing is
+asserted: the benchmark itself (``nox -s bench -- fleet``) is where numbers live."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from collections import Counter
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load() -> ModuleType:
+    name = "reactantserver_bench_fleet_live"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "fleet_live.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+fl = _load()
+
+
+def test_zipf_popularity_is_normalised_ranked_and_seeded() -> None:
+    weights = fl.zipf_weights(4, 1.0)
+    assert math.isclose(sum(weights), 1.0)
+    assert weights == sorted(weights, reverse=True)
+    assert math.isclose(weights[0] / weights[1], 2.0)  # rank 1 twice as popular as rank 2
+    names = [f"m{i}" for i in range(6)]
+    shares = fl.popularity(names, 1.0, seed=3)
+    assert shares == fl.popularity(names, 1.0, seed=3)
+    assert sorted(shares.values()) == sorted(fl.zipf_weights(6, 1.0))
+
+
+def test_draws_follow_the_shares() -> None:
+    shares = {"a": 0.5, "b": 0.3, "c": 0.2}
+    draw = fl.ModelDraw(shares, seed=7)
+    counts = Counter(draw() for _ in range(20_000))
+    for name, share in shares.items():
+        assert abs(counts[name] / 20_000 - share) < 0.02
+    one, two = fl.ModelDraw(shares, seed=9), fl.ModelDraw(shares, seed=9)  # same seed, same draws
+    assert [one() for _ in range(100)] == [two() for _ in range(100)]
+
+
+def _counters(loads: float, load_s: float, **models: tuple[float, int, int, int]) -> object:
+    return fl.WorkerCounters(
+        loads=loads,
+        load_seconds=load_s,
+        models={n: fl.ModelCounters(*values) for n, values in models.items()},
+    )
+
+
+def test_a_window_is_the_delta_of_two_snapshots() -> None:
+    before = {
+        "w0": _counters(10, 1.0, a=(1.0, 5, 4, 5), b=(0.0, 0, 0, 0)),
+        "w1": _counters(3, 0.5, a=(0.5, 2, 2, 2), b=(2.0, 9, 9, 9)),
+    }
+    after = {
+        "w0": _counters(14, 1.4, a=(1.6, 15, 8, 15), b=(0.0, 0, 0, 0)),
+        "w1": _counters(4, 0.6, a=(0.5, 2, 2, 2), b=(2.4, 19, 10, 19)),
+    }
+    latencies = [0.004, 0.001, 0.003, 0.002]
+    w = fl.window("round_robin", 2.0, latencies, before, after)
+    assert w.latencies == (0.001, 0.002, 0.003, 0.004)
+    assert w.requests == 4 and w.rps == 2.0
+    assert w.loads == 5 and math.isclose(w.load_seconds, 0.5)
+    assert w.loads_per_1000 == 1250.0 and w.loads_per_second == 2.5
+    assert w.dispatches == 5 and w.rows == 20 and w.mean_batch_rows == 4.0
+    assert w.per_model["a"] == pytest.approx((0.6, 4, 10))
+    assert w.per_model["b"] == pytest.approx((0.4, 1, 10))
+    assert w.model_workers == {"a": ("w0",), "b": ("w1",)}
+    assert w.p50 == 0.002 and w.p99 == 0.004
+
+
+def test_the_goals_compare_the_two_modes() -> None:
+    def win(mode: str, n: int, loads: float) -> object:
+        return fl.Window(mode, 1.0, tuple([0.01] * n), loads, 0.0, 1, 1, {})
+
+    goals = fl.Goals.of(win("round_robin", 100, 60), win("lpt_packing", 150, 10))
+    assert goals.fewer_loads == pytest.approx(600 / (1000 * 10 / 150))
+    assert goals.throughput == pytest.approx(1.5)
+    assert all(" met" in line for line in goals.lines())
+    none = fl.Goals.of(win("round_robin", 100, 60), win("lpt_packing", 110, 0))
+    assert math.isinf(none.fewer_loads)
+    assert "NOT met" in none.lines()[1]  # 1.1x the throughput
+
+
+@given(
+    intercept=st.floats(0, 1, allow_nan=False),
+    slope=st.floats(0, 1, allow_nan=False),
+    xs=st.lists(st.integers(1, 10**8), min_size=2, max_size=20, unique=True),
+)
+def test_fit_line_recovers_an_exact_line(intercept: float, slope: float, xs: list[int]) -> None:
+    """Points on ``y = a + b x`` (at least two distinct x) fit back to ``a`` and ``b``: the
+    load-time fit (seconds against bytes) is plain least squares."""
+    a, b = fl.fit_line(xs, [intercept + slope * x for x in xs])
+    assert a == pytest.approx(intercept, abs=1e-6 + 1e-6 * slope * max(xs))
+    assert b == pytest.approx(slope, abs=1e-9, rel=1e-6)
+
+
+def test_costs_fill_unmeasured_sizes_from_the_line() -> None:
+    costs = fl.affine_costs({1: 0.001, 8: 0.008}, (1, 2, 4, 8))
+    assert costs == pytest.approx({1: 0.001, 2: 0.002, 4: 0.004, 8: 0.008})
+    # A line that dips below the cheapest measurement is clamped to it.
+    assert fl.affine_costs({4: 0.004, 8: 0.010}, (1, 4))[1] == 0.004
+
+
+def test_prediction_errors_and_table() -> None:
+    assert fl.error(1.2, 1.0) == pytest.approx(0.2)
+    assert fl.error(0.0, 0.0) == 0.0
+    assert math.isinf(fl.error(1.0, 0.0))
+    live = fl.Window("lpt_packing", 1.0, (0.010, 0.020), 2.0, 0.01, 2, 4, {})
+    sim = fl.Prediction("lpt_packing", 2.0, 0.012, 0.03, 3.0, 1500.0, 2.0)
+    table = fl.prediction_table([(live, sim)], 0.25)
+    p50 = next(line for line in table.splitlines() if "p50 ms" in line)
+    assert "+20%" in p50 and "yes" in p50
+    loads = next(line for line in table.splitlines() if "loads/s" in line)
+    assert "+50%" in loads and "NO" in loads
+    assert "lpt_packing" in fl.live_table([live])
