@@ -507,7 +507,7 @@ def report(
         for line in Goals.of(*chosen).lines():
             print(line)
     print()
-    idle_pairs, live_pairs = [], []
+    idle_pairs, live_pairs, delay_pairs = [], [], []
     for live in chosen:
         started = time.monotonic()
         idle = predict(live.mode, cal, shares, args)
@@ -538,6 +538,13 @@ def report(
         )
         idle_pairs.append((live, idle))
         live_pairs.append((live, under_load))
+        if request_seconds > 0:
+            # The same, with the whole RPC path as a delay beside the workers (no worker
+            # CPU per request): what the per-request CPU changes, side by side.
+            delay_pairs.append((live, predict(
+                live.mode, cal, shares, args, cost_scale=cost_scale, load_scale=load_scale,
+                round_trip=cal.rpc_overhead * cost_scale if args.rpc_delay else 0.0,
+            )))  # fmt: skip
     print(
         f"simulator: {args.workers} workers, {args.inflight} closed-loop clients, "
         f"{args.sim_seconds:g} virtual seconds after {args.sim_warmup:g}"
@@ -554,6 +561,9 @@ def report(
     print(prediction_table(idle_pairs, 0.25))
     print("\nfed the costs the workers reported in the live window (the goal: within 25%):")
     print(prediction_table(live_pairs, 0.25))
+    if delay_pairs:
+        print("\nthe same without the workers' per-request CPU (the whole RPC path a delay):")
+        print(prediction_table(delay_pairs, 0.25))
     print()
     print("per model, live (round_robin | lpt_packing): share, executions, rows/execution, "
           "cost ms per execution, workers")  # fmt: skip
