@@ -14,7 +14,10 @@ that the LRU cache misses on each first request, is sent one request of each com
 The worker's ``worker_weight_load_seconds_total`` per cold load against the model's weight
 bytes gives the transfer time per byte and per load (least squares); its
 ModelControlStatus ``total_compute_seconds`` / ``dispatch_count`` deltas give each model's
-cost at each batch size.
+cost at each batch size. Then a run of warm one-row requests to one resident model: the
+worker process's CPU seconds (``bench_serve.process_cpu``) less the compute and load seconds
+it reported, per request, is the worker's per-request CPU (decoding, encoding, its event
+loop): the simulator runs it in series with execution (``FleetWorker.request_seconds``).
 
 Load. ``--inflight`` closed-loop clients in this process (``tritonclient.grpc.aio``), each
 sending one-row requests back to back to a model drawn from Zipf(``--zipf``) popularity.
@@ -175,9 +178,14 @@ class Calibration:
     samples: tuple[tuple[int, float], ...]
     #: Median round trip of a warm one-row request minus its execution: the RPC path.
     rpc_overhead: float
+    #: Worker process CPU seconds per warm one-row request beyond its compute: the part of
+    #: the RPC path spent on the worker, serial with its executions.
+    request_cpu: float = 0.0
 
 
-async def calibrate(server: Server, names: Sequence[str], passes: int = 2) -> Calibration:
+async def calibrate(
+    server: Server, names: Sequence[str], passes: int = 2, cpu_requests: int = 300
+) -> Calibration:
     client = aioclient.InferenceServerClient(server.url, channel_args=CHANNEL_ARGS)
     status = await model_status(server)
     nbytes = {m.name: m.weight_nbytes for m in status.models}
@@ -205,6 +213,23 @@ async def calibrate(server: Server, names: Sequence[str], passes: int = 2) -> Ca
                             if rows == 1 and done.loads == after.loads:
                                 overheads.append(took - cost)
                         after = done
+        # Per-request worker CPU: back-to-back warm requests to the last model calibrated
+        # (resident), the process's CPU against the compute and loads it reported.
+        hot = names[-1]
+        await client.infer(hot, [features(1)])
+        before, cpu0 = await counters(server), server.cpu()
+        for _ in range(cpu_requests):
+            await client.infer(hot, [features(1)])
+        cpu1, after = server.cpu(), await counters(server)
+        busy = (
+            after.load_seconds
+            - before.load_seconds
+            + sum(
+                e.compute_seconds - before.models[n].compute_seconds
+                for n, e in after.models.items()
+            )
+        )
+        request_cpu = max(0.0, (cpu1 - cpu0 - busy) / cpu_requests)
     finally:
         await client.close()
     if not samples:
@@ -222,6 +247,7 @@ async def calibrate(server: Server, names: Sequence[str], passes: int = 2) -> Ca
         max(0.0, latency),
         tuple(samples),
         statistics.median(overheads),
+        request_cpu,
     )
 
 
@@ -315,9 +341,12 @@ def predict(
     cost_scale: float = 1.0,
     load_scale: float = 1.0,
     round_trip: float = 0.0,
+    request_seconds: float = 0.0,
 ) -> Prediction:
     """The simulator's run of ``mode`` on the calibrated fleet; execution costs and load
-    times multiplied by ``cost_scale`` / ``load_scale`` (1: as measured on an idle worker)."""
+    times multiplied by ``cost_scale`` / ``load_scale`` (1: as measured on an idle worker);
+    ``request_seconds`` of worker CPU per request in series with execution, ``round_trip``
+    the rest of the RPC path (a delay beside the workers)."""
     from reactantserver.config import GatewaySchedulingConfig
     from reactantserver.scheduling.fleet import ClosedLoop, FleetModel, FleetWorker, simulate_fleet
 
@@ -337,6 +366,7 @@ def predict(
             bandwidth=1 / (cal.seconds_per_byte * load_scale),
             load_latency=cal.load_latency * load_scale,
             discipline="fifo",
+            request_seconds=request_seconds,
         )
         for i in range(args.workers)
     ]
@@ -360,7 +390,7 @@ def predict(
         loads_per_1000=report.loads_per_1000,
         mean_batch_rows=report.mean_batch_rows,
         mean_load_seconds=report.mean_load_seconds,
-        workers={w.name: (w.compute, w.models) for w in report.workers},
+        workers={w.name: (w.compute, w.request_cpu, w.models) for w in report.workers},
     )
 
 
@@ -429,7 +459,8 @@ def print_setup(
         f"calibration (worker w0, idle): a cold load takes {cal.load_latency * 1e3:.2f} ms + "
         f"{cal.seconds_per_byte * 1e9:.3f} ns/byte ({1 / cal.seconds_per_byte / 1e9:.2f} GB/s) "
         f"over {len(cal.samples)} loads; a warm one-row request's round trip is "
-        f"{cal.rpc_overhead * 1e3:.2f} ms beyond its execution"
+        f"{cal.rpc_overhead * 1e3:.2f} ms beyond its execution, of which the worker "
+        f"spends {cal.request_cpu * 1e3:.2f} ms of CPU per request"
     )
     print(f"{'model':<14} {'share':>6} {'MB':>6}  cost ms at " + " ".join(
         f"{s:>5}" for s in BATCH_SIZES))  # fmt: skip
@@ -476,7 +507,7 @@ def report(
         for line in Goals.of(*chosen).lines():
             print(line)
     print()
-    idle_pairs, live_pairs = [], []
+    idle_pairs, live_pairs, delay_pairs = [], [], []
     for live in chosen:
         started = time.monotonic()
         idle = predict(live.mode, cal, shares, args)
@@ -488,35 +519,51 @@ def report(
             if live.loads and idle.mean_load_seconds > 0
             else cost_scale
         )
-        # The RPC path (client, gateway, worker) is CPU work on the same shared cores:
-        # the idle round trip, stretched like an execution.
-        round_trip = cal.rpc_overhead * cost_scale if args.rpc_delay else 0.0
+        # The RPC path (client, gateway, worker) is CPU work on the same shared cores, each
+        # part stretched like an execution: the worker's own per-request CPU in series with
+        # its executions, the rest of the idle round trip as a delay beside them.
+        request_seconds = cal.request_cpu * cost_scale if args.request_cpu else 0.0
+        round_trip = (
+            max(0.0, cal.rpc_overhead * cost_scale - request_seconds) if args.rpc_delay else 0.0
+        )
         under_load = predict(
             live.mode, cal, shares, args, cost_scale=cost_scale, load_scale=load_scale,
-            round_trip=round_trip,
+            round_trip=round_trip, request_seconds=request_seconds,
         )  # fmt: skip
         print(
             f"({live.mode}: simulated twice in {time.monotonic() - started:.1f} s; under load "
             f"an execution took {cost_scale:.2f}x its idle cost, a weight load "
-            f"{load_scale:.2f}x its idle time; simulated round trip {round_trip * 1e3:.2f} ms)"
+            f"{load_scale:.2f}x its idle time; simulated worker CPU per request "
+            f"{request_seconds * 1e3:.2f} ms, rest of the round trip {round_trip * 1e3:.2f} ms)"
         )
         idle_pairs.append((live, idle))
         live_pairs.append((live, under_load))
+        if request_seconds > 0:
+            # The same, with the whole RPC path as a delay beside the workers (no worker
+            # CPU per request): what the per-request CPU changes, side by side.
+            delay_pairs.append((live, predict(
+                live.mode, cal, shares, args, cost_scale=cost_scale, load_scale=load_scale,
+                round_trip=cal.rpc_overhead * cost_scale if args.rpc_delay else 0.0,
+            )))  # fmt: skip
     print(
         f"simulator: {args.workers} workers, {args.inflight} closed-loop clients, "
         f"{args.sim_seconds:g} virtual seconds after {args.sim_warmup:g}"
     )
     for live, sim in live_pairs:
-        print(f"{live.mode}: busy fraction of each worker, live | simulated (its models)")
-        for (name, seconds), (sname, (busy, models)) in zip(
+        print(f"{live.mode}: compute fraction of each worker, live | simulated "
+              "+ simulated request CPU (its models)")  # fmt: skip
+        for (name, seconds), (sname, (busy, cpu, models)) in zip(
             sorted(live.worker_compute.items()), sorted(sim.workers.items()), strict=False
         ):
-            print(f"  {name} {seconds / live.seconds:5.1%} | {sname} {busy:5.1%} "
+            print(f"  {name} {seconds / live.seconds:5.1%} | {sname} {busy:5.1%} + {cpu:5.1%} "
                   f"({' '.join(models)})")  # fmt: skip
     print("\nfed the idle calibration:")
     print(prediction_table(idle_pairs, 0.25))
     print("\nfed the costs the workers reported in the live window (the goal: within 25%):")
     print(prediction_table(live_pairs, 0.25))
+    if delay_pairs:
+        print("\nthe same without the workers' per-request CPU (the whole RPC path a delay):")
+        print(prediction_table(delay_pairs, 0.25))
     print()
     print("per model, live (round_robin | lpt_packing): share, executions, rows/execution, "
           "cost ms per execution, workers")  # fmt: skip
@@ -553,6 +600,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--sim-warmup", type=float, default=15.0)
     parser.add_argument("--no-rpc-delay", dest="rpc_delay", action="store_false",
                         help="do not give the simulator the measured RPC round trip")  # fmt: skip
+    parser.add_argument("--no-request-cpu", dest="request_cpu", action="store_false",
+                        help="do not charge the workers the measured per-request CPU")  # fmt: skip
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workdir", help="keep the repository, caches and logs here")
     args = parser.parse_args(argv)

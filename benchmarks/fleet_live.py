@@ -267,8 +267,9 @@ class Prediction:
     loads_per_1000: float
     mean_batch_rows: float
     mean_load_seconds: float = math.nan
-    #: Per worker: (fraction of the window executing, models placed on it or served).
-    workers: Mapping[str, tuple[float, tuple[str, ...]]] = attrs.field(factory=dict)
+    #: Per worker: (fraction of the window executing, fraction on per-request worker CPU,
+    #: models placed on it or served).
+    workers: Mapping[str, tuple[float, float, tuple[str, ...]]] = attrs.field(factory=dict)
 
 
 def error(predicted: float, measured: float) -> float:

@@ -147,3 +147,39 @@ def test_mean_load_seconds_is_the_modelled_transfer_time() -> None:
     assert report.weight_loads > 0
     assert report.mean_load_seconds == pytest.approx(0.0015)
     assert report.workers[0].load_seconds == pytest.approx(0.0015 * report.weight_loads)
+
+
+def test_request_seconds_are_worker_cpu_in_series_with_the_device() -> None:
+    """A saturated worker (closed loop, more clients than it can serve, one compiled size so
+    nothing coalesces) serves one request per ``cost + request_seconds``: its throughput falls
+    from 1/c to 1/(c + r), the device is busy c/(c + r) of the time and the request CPU the
+    rest, while the compute the policy records (what ModelControlStatus reports, what the
+    gateway's packer reads) is still c per execution."""
+    from reactantserver.scheduling.fleet import FleetReport, FleetSimulation
+
+    c, r = 0.004, 0.001
+    model = FleetModel(name="a", costs={1: c}, rate=1.0)
+
+    def run(request_seconds: float) -> tuple[FleetSimulation, FleetReport]:
+        sim = FleetSimulation(
+            [model],
+            [FleetWorker(name="w0", request_seconds=request_seconds)],
+            GatewaySchedulingConfig(),
+            duration=20.0,
+            warmup=2.0,
+            closed_loop=ClosedLoop(clients=8),
+        )
+        return sim, sim.run()
+
+    _, free = run(0.0)
+    sim, charged = run(r)
+    assert free.throughput == pytest.approx(1 / c, rel=0.01)
+    assert charged.throughput == pytest.approx(1 / (c + r), rel=0.01)
+    (w,) = charged.workers
+    assert w.compute == pytest.approx(c / (c + r), rel=0.01)
+    assert w.request_cpu == pytest.approx(r / (c + r), rel=0.01)
+    assert w.idle == pytest.approx(0.0, abs=0.01)
+    stats = sim.workers["w0"].policy.statistics(sim.now).models["a"]
+    assert stats.compute_seconds == pytest.approx(c * stats.dispatches)
+    # Latency: 8 clients queue behind each other, each request waits for the 7 ahead.
+    assert charged.p50 == pytest.approx(8 * (c + r), rel=0.05)

@@ -9,7 +9,10 @@ the device and the network are modelled; every decision is made by the real sans
 * each simulated worker runs a real :class:`~reactantserver.scheduling.policy.SchedulingPolicy`
   (its ``discipline``, coalescing at the compiled sizes) and a real
   :class:`~reactantserver.weights.policy.WeightCachePolicy` under the worker's byte budget;
-  a batch costs ``costs[size]`` seconds, a weight load ``bytes / bandwidth + load_latency``
+  a batch costs ``costs[size]`` device seconds, then ``request_seconds`` per request of
+  worker CPU (decoding the requests, encoding the answers) in series with it, during which
+  the worker starts no other batch; the policy and the compute counters see only the device
+  seconds, as a live worker reports only those. A weight load ``bytes / bandwidth + load_latency``
   seconds on the worker's one copy engine (loads queue behind each other and overlap
   execution, like prefetch on a GPU); the worker prefetches the next model's weights while
   a batch runs, as the real one does (``prefetch``);
@@ -31,7 +34,8 @@ compiled batch size and the weight bytes; per worker the weight budget and the h
 bandwidth -- so it can predict a live run (p50 per model, weight loads per second) and be
 compared with it. Output: :class:`~reactantserver.scheduling.fleet_report.FleetReport`.
 
-Not modelled: network and gateway CPU time (``network_delay`` adds a fixed one-way delay),
+Not modelled: network and gateway CPU time (``network_delay`` adds a fixed one-way delay
+beside the workers; the workers' own per-request CPU is ``FleetWorker.request_seconds``),
 failures and failover, deadlines, compaction, and weight loads that evict a model in use.
 """
 
@@ -119,6 +123,11 @@ class FleetWorker:
     discipline: Discipline = "fifo"
     max_queue_depth: int = 1024
     prefetch: bool = True
+    #: Worker CPU seconds per request, serial with execution: the RPC path's decoding and
+    #: encoding on the worker (its event loop shares the GIL and the cores with the device
+    #: thread on a CPU worker). A batch holds the worker for ``costs[size] + request_seconds
+    #: x len(batch.requests)``; 0 = the worker's RPC path is free (a GPU worker, roughly).
+    request_seconds: float = 0.0
 
 
 @attrs.frozen(kw_only=True)
@@ -158,6 +167,7 @@ class _Worker:
         self.plans: dict[int, tuple[CachePlan, int]] = {}
         # Window accounting.
         self.compute = 0.0
+        self.request_cpu = 0.0
         self.loading_only = 0.0
         self.loads = 0
         self.load_seconds = 0.0
@@ -327,16 +337,21 @@ class FleetSimulation:
                 if plan is not None:
                     self._transfer(w, plan)
         w.executing = True
-        self.at(self.now + seconds, self._finished, w, batch, seconds)
+        # The device runs first, then the worker's per-request CPU (answers encoded, the
+        # next requests decoded) before it can start another batch.
+        cpu = w.spec.request_seconds * len(batch.requests)
+        self.at(self.now + seconds + cpu, self._finished, w, batch, seconds, cpu)
 
-    def _finished(self, w: _Worker, batch: Batch, seconds: float) -> None:
+    def _finished(self, w: _Worker, batch: Batch, seconds: float, cpu: float) -> None:
+        start = self.now - cpu - seconds
+        # The policy learns the device cost only: a live worker's counters exclude RPC CPU.
         w.policy.complete(batch, seconds, self.now)
         if w.cache is not None:
             w.cache.unpin_in_use(batch.model)
         w.executing = False
         w.batch = None
-        start = self.now - seconds
-        w.compute += self._clip(start, self.now)
+        w.compute += self._clip(start, start + seconds)
+        w.request_cpu += self._clip(start + seconds, self.now)
         if start >= self.warmup:
             w.dispatches += 1
             w.rows += batch.rows
@@ -406,13 +421,15 @@ class FleetSimulation:
         workers = []
         for name, w in self.workers.items():
             compute = w.compute / window
+            request_cpu = w.request_cpu / window
             loading = w.loading_only / window
             workers.append(
                 FleetWorkerReport(
                     name=name,
                     compute=compute,
                     loading=loading,
-                    idle=max(0.0, 1.0 - compute - loading),
+                    idle=max(0.0, 1.0 - compute - request_cpu - loading),
+                    request_cpu=request_cpu,
                     weight_loads=w.loads,
                     load_seconds=w.load_seconds,
                     dispatches=w.dispatches,

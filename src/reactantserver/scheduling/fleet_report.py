@@ -44,6 +44,9 @@ class FleetWorkerReport:
     models: tuple[str, ...]
     #: Copy-engine seconds of the weight loads it finished in the window.
     load_seconds: float = 0.0
+    #: Fraction of the window spent on per-request worker CPU (``FleetWorker.request_seconds``)
+    #: between executions; ``compute + request_cpu + loading + idle = 1``.
+    request_cpu: float = 0.0
 
 
 @attrs.frozen(kw_only=True)
