@@ -6,6 +6,10 @@ benchmark's JAX or allocator settings cannot leak into the next.
 
     python benchmarks/run.py              # all of them
     python benchmarks/run.py scheduler    # only those whose name contains "scheduler"
+    python benchmarks/run.py fleet --runs 3   # one benchmark, with its own options
+
+Everything from the first argument that starts with ``-`` on is given to the picked
+benchmark (``nox -s bench -- fleet --runs 3``); options need exactly one benchmark.
 """
 
 from __future__ import annotations
@@ -18,17 +22,25 @@ HERE = Path(__file__).resolve().parent
 
 
 def main(argv: list[str]) -> int:
-    wanted = argv
+    split = next((i for i, a in enumerate(argv) if a.startswith("-")), len(argv))
+    wanted, options = argv[:split], argv[split:]
     scripts = sorted(HERE.glob("bench_*.py"))
     picked = [s for s in scripts if not wanted or any(w in s.stem for w in wanted)]
     if not picked:
         names = ", ".join(s.stem.removeprefix("bench_") for s in scripts)
         print(f"no benchmark matches {wanted}; known: {names}", file=sys.stderr)
         return 2
+    if options and len(picked) != 1:
+        names = ", ".join(s.stem.removeprefix("bench_") for s in picked)
+        print(
+            f"options {' '.join(options)} need exactly one benchmark; these match: {names}",
+            file=sys.stderr,
+        )
+        return 2
     failed = []
     for script in picked:
         print(f"\n=== {script.stem.removeprefix('bench_')} ===", flush=True)
-        rc = subprocess.call([sys.executable, str(script)])
+        rc = subprocess.call([sys.executable, str(script), *options])
         if rc != 0:
             failed.append(script.stem)
     if failed:

@@ -128,3 +128,17 @@ def test_prediction_errors_and_table() -> None:
     loads = next(line for line in table.splitlines() if "loads/s" in line)
     assert "+50%" in loads and "NO" in loads
     assert "lpt_packing" in fl.live_table([live])
+
+
+def test_bench_runner_passes_options_to_the_one_benchmark_picked() -> None:
+    """``nox -s bench -- fleet --runs 3`` gives ``--runs 3`` to bench_fleet; options with
+    several benchmarks picked are refused rather than dropped."""
+    import subprocess
+
+    run = [sys.executable, str(ROOT / "benchmarks" / "run.py")]
+    helped = subprocess.run([*run, "fleet", "--help"], capture_output=True, text=True, timeout=120)
+    assert helped.returncode == 0, helped.stderr
+    assert "usage: bench_fleet.py" in helped.stdout and "--runs" in helped.stdout
+    refused = subprocess.run([*run, "--runs", "2"], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2
+    assert "options --runs 2 need exactly one benchmark" in refused.stderr
