@@ -82,6 +82,8 @@ class CallResult:
     headers: dict[str, str] = attrs.field(factory=dict)
     trailers: dict[str, str] = attrs.field(factory=dict)
     data: bytes = b""
+    #: The length of each DATA frame's payload, in arrival order.
+    frames: list[int] = attrs.field(factory=list)
     ended: bool = False
     #: RST_STREAM error code from the server, if it reset the stream.
     reset: int | None = None
@@ -261,6 +263,7 @@ class H2Client:
         elif isinstance(event, h2.events.DataReceived):
             if result is not None:
                 result.data += event.data
+                result.frames.append(len(event.data))
             self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
         elif isinstance(event, h2.events.StreamEnded) and result is not None:
             result.ended = True
