@@ -4,15 +4,21 @@ builds it, driven with bytes (sans-IO, no sockets).
 Invariant: a DATA frame reaches the stream as
 h2's own ``DataReceived`` with its bytes and flow-controlled length unchanged, while its
 ``repr`` (built by h2 for every received frame) stays short and does not depend on the
-payload's size.
+payload's size; every other frame type h2 formats on receipt is handled by h2's own
+handler for it, with the same short ``repr``.
 """
 
 from __future__ import annotations
 
+import itertools
+
 import h2.config
 import h2.connection
 import h2.events
+import h2.settings
 from hyperframe.frame import DataFrame
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reactantserver.config.schema import EndpointsConfig
 from reactantserver.transport.h2conn import new_h2_connection
@@ -61,3 +67,85 @@ def test_data_through_receive_data_is_h2s_own_handling() -> None:
     received = [e for e in events if isinstance(e, h2.events.DataReceived)]
     assert [e.data for e in received] == [b"x" * 1000]
     assert any(isinstance(e, h2.events.StreamEnded) for e in events)
+
+
+def test_every_quiet_frame_type_is_handled_by_h2s_own_handler() -> None:
+    """HEADERS, PING, WINDOW_UPDATE, SETTINGS and RST_STREAM through the quiet classes give
+    the events h2 gives for its own classes."""
+    server, client = _pair()
+    client.send_headers(1, [(":method", "POST"), (":path", "/x"), (":scheme", "http"),
+                            (":authority", "a")])  # fmt: skip
+    client.ping(b"12345678")
+    client.increment_flow_control_window(1000)
+    client.update_settings({h2.settings.SettingCodes.MAX_FRAME_SIZE: 32768})
+    client.reset_stream(1)
+    wire = client.data_to_send()
+    buffer = server.incoming_buffer
+    buffer.add_data(wire)
+    frames = list(buffer)
+    assert [type(f).__name__ for f in frames] == [
+        "QuietHeadersFrame",
+        "QuietPingFrame",
+        "QuietWindowUpdateFrame",
+        "QuietSettingsFrame",
+        "QuietRstStreamFrame",
+    ]
+    assert all(len(repr(f)) < 80 for f in frames)
+    events = [e for f in frames for e in server._receive_frame(f)]
+    kinds = [type(e) for e in events]
+    assert kinds == [
+        h2.events.RequestReceived,
+        h2.events.PingReceived,
+        h2.events.WindowUpdated,
+        h2.events.RemoteSettingsChanged,
+        h2.events.StreamReset,
+    ]
+    assert server.data_to_send()  # the PING and SETTINGS acknowledgements
+
+
+def _frames_of(buffer: object, chunks: list[bytes]) -> list[tuple[str, int, bytes]]:
+    out = []
+    for chunk in chunks:
+        buffer.add_data(chunk)  # type: ignore[attr-defined]
+        for f in buffer:  # type: ignore[attr-defined]
+            base = next(c for c in type(f).__mro__ if c.__module__ == "hyperframe.frame")
+            body = bytes(f.data) if hasattr(f, "data") else f.serialize_body()
+            out.append((base.__name__, f.stream_id, body))
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    payloads=st.lists(st.binary(max_size=3000), min_size=1, max_size=8),
+    pads=st.lists(st.integers(0, 40), min_size=8, max_size=8),
+    cuts=st.lists(st.integers(0, 30000), max_size=12),
+)
+def test_frames_cut_from_reads_are_h2s_frames(
+    payloads: list[bytes], pads: list[int], cuts: list[int]
+) -> None:
+    """Invariant: however the bytes of a connection are split into reads (the preface,
+    then HEADERS, padded and unpadded DATA, PING, WINDOW_UPDATE, SETTINGS), our buffer
+    yields exactly the frames h2's own buffer yields: the same types, streams and bodies."""
+    from h2.frame_buffer import FrameBuffer
+    from hyperframe.frame import HeadersFrame, PingFrame, SettingsFrame, WindowUpdateFrame
+
+    from reactantserver.transport.h2conn import _FrameBuffer
+
+    wire = [b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", SettingsFrame(0).serialize()]
+    wire.append(HeadersFrame(1, b"\x82\x84\x86", flags=["END_HEADERS"]).serialize())
+    for i, payload in enumerate(payloads):
+        d = DataFrame(1, payload)
+        if pads[i]:
+            d.flags.add("PADDED")
+            d.pad_length = pads[i]
+        wire.append(d.serialize())
+        wire.append(PingFrame(0, opaque_data=bytes(8)).serialize())
+        wire.append(WindowUpdateFrame(1, window_increment=i + 1).serialize())
+    stream = b"".join(wire)
+    points = sorted({min(c, len(stream)) for c in cuts} | {0, len(stream)})
+    chunks = [stream[a:b] for a, b in itertools.pairwise(points)]
+    ours = _FrameBuffer(LIMITS.max_header_list_size)
+    ours.max_frame_size = theirs_max = LIMITS.max_frame_size
+    theirs = FrameBuffer(server=True)
+    theirs.max_frame_size = theirs_max
+    assert _frames_of(ours, chunks) == _frames_of(theirs, chunks)
