@@ -70,6 +70,7 @@ from ..errors import (
 from ..protocol import inference as pb
 from ..protocol import reactant_control as cpb
 from ..status import to_status
+from ..transport.server import ServerStream
 from .calls import (
     CANCELLED,
     DEADLINE_EXCEEDED,
@@ -232,7 +233,8 @@ class Proxy:
             else:
                 data = await stream.recv_message()
                 assert data is not None  # a unary request always carries its message
-                await stream.send_message(await method(data, call))
+                assert isinstance(stream, ServerStream)
+                await stream.send_unary_message(await method(data, call))
         except Passthrough as exc:
             code = exc.code
             raise GRPCError(status_of(exc.code), exc.message) from None
@@ -281,7 +283,8 @@ class Proxy:
         try:
             data = await stream.recv_message()
             assert data is not None
-            await stream.send_message(await self.model_infer(data, call))
+            assert isinstance(stream, ServerStream)
+            await stream.send_unary_message(await self.model_infer(data, call))
         finally:
             stats.infer_in_flight -= 1
 
