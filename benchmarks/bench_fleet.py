@@ -29,7 +29,16 @@ the workers' ``worker_weight_loads_total``) per 1,000 requests, mean rows per ex
 
 Prediction. ``scheduling.fleet.simulate_fleet`` gets the calibrated costs, the weight bytes
 and budgets the workers reported, the fitted transfer time, the same popularity, in-flight
-count and scheduling knobs, and prints its p50 and weight-load rate beside the measurement.
+count and scheduling knobs, and the live run's schedule in virtual time (the same warm-up and
+window; lpt_packing: the operator Repack at the same point of the warm-up, so its repack
+cadence, counted in fleet compute seconds, runs as the live gateway's did). It prints its p50
+and weight-load rate beside the measurement, and what each lpt_packing controller did
+(repacks by trigger, models moved: GetSchedulingStatus at the start of the warm-up and at both
+edges of the window, the Repack reply; the simulator's repack log). A load count is within
+when the predicted loads over the window are within 25% of the live count or within one load
+of it (``fleet_live.count_within``: a relative error of 0 live loads means nothing).
+``--save FILE`` keeps what the live part measured; ``--replay FILE`` predicts it again
+without starting a process.
 
     python benchmarks/bench_fleet.py                 (or: nox -s bench -- fleet; ~3 minutes)
     python benchmarks/bench_fleet.py --seconds 20 --runs 2 --workdir /tmp/fleet
@@ -43,6 +52,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import math
 import os
 import statistics
@@ -67,6 +77,7 @@ import tritonclient.grpc.aio as aioclient  # noqa: E402
 from bench_gateway import start_gateway  # noqa: E402
 from bench_serve import CHANNEL_ARGS, Server, free_port, start_ours, wait_ready  # noqa: E402
 from fleet_live import (  # noqa: E402
+    Control,
     Goals,
     ModelCounters,
     ModelDraw,
@@ -74,17 +85,21 @@ from fleet_live import (  # noqa: E402
     Window,
     WorkerCounters,
     affine_costs,
+    control_lines,
     fit_line,
     live_table,
     popularity,
     prediction_table,
     window,
+    window_from_json,
+    window_to_json,
 )
 from grpclib.client import Channel  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from tritonclient.grpc import InferInput  # noqa: E402
 
 from reactantserver.protocol import reactant_control as cpb  # noqa: E402
+from reactantserver.scheduling.fleet_report import moved_models  # noqa: E402
 
 BATCH_SIZES = (1, 2, 4, 8)
 FEATURES = 32  # the zoo mlp's input width
@@ -254,6 +269,17 @@ async def calibrate(
 # ------------------------------------------------------------------------------ load
 
 
+async def scheduling_status(gateway: Server) -> cpb.GetSchedulingStatusResponse:
+    async with control(gateway) as channel:
+        stub = cpb.GatewayControlServiceStub(channel)
+        return await stub.get_scheduling_status(cpb.GetSchedulingStatusRequest(), timeout=30)
+
+
+def placement_of(status: cpb.GetSchedulingStatusResponse) -> dict[str, tuple[str, ...]]:
+    """Model -> the workers it is placed on, from GetSchedulingStatus."""
+    return {m.name: tuple(sorted(m.workers)) for m in status.models if m.workers}
+
+
 async def run_mode(
     mode: str,
     gateway: Server,
@@ -261,15 +287,21 @@ async def run_mode(
     shares: Mapping[str, float],
     args: argparse.Namespace,
 ) -> tuple[Window, str]:
-    """Warm up, (lpt_packing) repack half-way, then measure one window through ``gateway``."""
+    """Warm up, (lpt_packing) repack half-way, then measure one window through ``gateway``.
+    Under lpt_packing, GetSchedulingStatus at the start of the warm-up and at both edges of
+    the window says what the controller did (:class:`fleet_live.Control`)."""
     client = aioclient.InferenceServerClient(gateway.url, channel_args=CHANNEL_ARGS)
     inp = features(1)
     loop = asyncio.get_running_loop()
+    lpt = mode == "lpt_packing"
+    begin = await scheduling_status(gateway) if lpt else None
     start = loop.time() + args.warmup
     end = start + args.seconds
     latencies: list[float] = []
     marks: dict[str, dict[str, WorkerCounters]] = {}
+    statuses: dict[str, cpb.GetSchedulingStatusResponse] = {}
     placement = ""
+    by_operator: tuple[str, ...] = ()
 
     async def one(seed: int) -> None:
         draw = ModelDraw(shares, seed)
@@ -282,25 +314,40 @@ async def run_mode(
     async def edge(name: str, at: float) -> None:
         await asyncio.sleep(max(0.0, at - loop.time()))
         marks[name] = await snapshot(workers)
+        if lpt:
+            statuses[name] = await scheduling_status(gateway)
 
     async def repack() -> None:
-        nonlocal placement
+        nonlocal placement, by_operator
         await asyncio.sleep(args.warmup / 2)
         async with control(gateway) as channel:
             stub = cpb.GatewayControlServiceStub(channel)
             reply = await stub.repack(cpb.RepackRequest(wait_seconds=30), timeout=60)
             status = await stub.get_scheduling_status(cpb.GetSchedulingStatusRequest())
         placement = describe(reply, status)
+        by_operator = tuple(sorted(reply.moved_models))
 
     tasks = [edge("start", start), edge("end", end), *(one(args.seed * 1000 + i)
              for i in range(args.inflight))]  # fmt: skip
-    if mode == "lpt_packing":
+    if lpt:
         tasks.append(repack())
     try:
         await asyncio.gather(*tasks)
     finally:
         await client.close()
-    return window(mode, args.seconds, latencies, marks["start"], marks["end"]), placement
+    measured = window(mode, args.seconds, latencies, marks["start"], marks["end"])
+    if begin is not None:
+        at = {name: placement_of(st) for name, st in statuses.items()}
+        measured = attrs.evolve(
+            measured,
+            control=Control(
+                repacks={k: int(v) for k, v in statuses["end"].repacks.items()},
+                moved_by_operator=by_operator,
+                moved_in_warmup=moved_models(placement_of(begin), at["start"]),
+                moved_in_window=moved_models(at["start"], at["end"]),
+            ),
+        )
+    return measured, placement
 
 
 def describe(reply: cpb.RepackResponse, status: cpb.GetSchedulingStatusResponse) -> str:
@@ -371,16 +418,30 @@ def predict(
         for i in range(args.workers)
     ]
     knobs = {k: v for k, v in scheduling(mode, args).items() if k != "mode"}
+    # The live run's schedule: the same warm-up and window, the operator Repack at the
+    # same point of the warm-up (lpt_packing), the same knobs, on virtual time.
+    lpt = mode == "lpt_packing"
     report = simulate_fleet(
         models,
         workers,
         GatewaySchedulingConfig(mode=mode, **knobs),  # type: ignore[arg-type]
-        duration=args.sim_seconds + args.sim_warmup,
-        warmup=args.sim_warmup,
+        duration=args.warmup + args.seconds,
+        warmup=args.warmup,
         seed=args.seed,
         closed_loop=ClosedLoop(clients=args.inflight),
         network_delay=round_trip / 2,
+        operator_repacks=(args.warmup / 2,) if lpt else (),
     )
+    control = None
+    if lpt:
+        control = Control(
+            repacks=dict(report.repacks),
+            moved_by_operator=tuple(
+                sorted({m for e in report.repack_log if e.trigger == "operator" for m in e.moved})
+            ),
+            moved_in_warmup=report.moved_between(0.0, args.warmup),
+            moved_in_window=report.moved_between(args.warmup, args.warmup + args.seconds),
+        )
     return Prediction(
         mode=mode,
         rps=report.throughput,
@@ -391,6 +452,9 @@ def predict(
         mean_batch_rows=report.mean_batch_rows,
         mean_load_seconds=report.mean_load_seconds,
         workers={w.name: (w.compute, w.request_cpu, w.models) for w in report.workers},
+        window=report.window,
+        weight_loads=report.weight_loads,
+        control=control,
     )
 
 
@@ -440,7 +504,43 @@ async def _run(args: argparse.Namespace, workdir: Path) -> None:
     finally:
         for server in [*gateways, *workers.values()]:
             server.stop()
+    if args.save:
+        save(Path(args.save), cal, shares, results)
     report(args, results, cal, shares)
+
+
+def save(
+    path: Path,
+    cal: Calibration,
+    shares: Mapping[str, float],
+    results: Mapping[str, Sequence[Window]],
+) -> None:
+    """What the live part measured, as JSON: ``--replay`` predicts it again without
+    starting a process (to study the simulator on a recorded run)."""
+    data = {
+        "calibration": attrs.asdict(cal),
+        "shares": dict(shares),
+        "results": {m: [window_to_json(w) for w in ws] for m, ws in results.items()},
+    }
+    path.write_text(json.dumps(data))
+    print(f"measurements saved to {path}", flush=True)
+
+
+def load(path: Path) -> tuple[Calibration, dict[str, float], dict[str, list[Window]]]:
+    data = json.loads(path.read_text())
+    c = data["calibration"]
+    cal = Calibration(
+        costs={n: {int(k): v for k, v in by.items()} for n, by in c["costs"].items()},
+        nbytes=c["nbytes"],
+        budget=c["budget"],
+        seconds_per_byte=c["seconds_per_byte"],
+        load_latency=c["load_latency"],
+        samples=tuple((b, s) for b, s in c["samples"]),
+        rpc_overhead=c["rpc_overhead"],
+        request_cpu=c["request_cpu"],
+    )
+    results = {m: [window_from_json(w) for w in ws] for m, ws in data["results"].items()}
+    return cal, data["shares"], results
 
 
 def print_setup(
@@ -495,9 +595,13 @@ def report(
     shares: Mapping[str, float],
 ) -> None:
     load = os.getloadavg()
+    where = (
+        f"replayed from {args.replay}"
+        if args.replay
+        else f"{os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
+    )
     print(f"\nlive: {args.seconds:g} s windows after {args.warmup:g} s warm-up, "
-          f"{args.runs} run(s) per mode (median run shown); "
-          f"{os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")  # fmt: skip
+          f"{args.runs} run(s) per mode (median run shown); {where}")  # fmt: skip
     if args.runs > 1:
         for mode, ws in results.items():
             print(f"  {mode} req/s per run: " + ", ".join(f"{w.rps:.1f}" for w in ws))
@@ -546,9 +650,15 @@ def report(
                 round_trip=cal.rpc_overhead * cost_scale if args.rpc_delay else 0.0,
             )))  # fmt: skip
     print(
-        f"simulator: {args.workers} workers, {args.inflight} closed-loop clients, "
-        f"{args.sim_seconds:g} virtual seconds after {args.sim_warmup:g}"
+        f"simulator: {args.workers} workers, {args.inflight} closed-loop clients, the live "
+        f"schedule in virtual time: a {args.seconds:g} s window after {args.warmup:g} s of "
+        f"warm-up (lpt_packing: the operator Repack at {args.warmup / 2:g} s)"
     )
+    lines = control_lines(live_pairs)
+    if lines:
+        print("what the lpt_packing controllers did, live and simulated (whole run):")
+        for line in lines:
+            print("  " + line)
     for live, sim in live_pairs:
         print(f"{live.mode}: compute fraction of each worker, live | simulated "
               "+ simulated request CPU (its models)")  # fmt: skip
@@ -596,15 +706,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--first-rebalance", type=float, default=2.0,
                         help="lpt_packing first_rebalance_compute_seconds")  # fmt: skip
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    parser.add_argument("--sim-seconds", type=float, default=60.0, help="simulated window")
-    parser.add_argument("--sim-warmup", type=float, default=15.0)
     parser.add_argument("--no-rpc-delay", dest="rpc_delay", action="store_false",
                         help="do not give the simulator the measured RPC round trip")  # fmt: skip
     parser.add_argument("--no-request-cpu", dest="request_cpu", action="store_false",
                         help="do not charge the workers the measured per-request CPU")  # fmt: skip
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workdir", help="keep the repository, caches and logs here")
+    parser.add_argument("--save", help="write what the live part measured to this JSON file")
+    parser.add_argument("--replay", help="predict a --save file again (no live run; give "
+                        "the same --seconds, --warmup and knobs as the recorded run)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.replay:
+        cal, shares, results = load(Path(args.replay))
+        args.modes = [m for m in args.modes if m in results]
+        args.runs = len(next(iter(results.values())))
+        report(args, results, cal, shares)
+        return
     if args.workdir:
         workdir = Path(args.workdir).resolve()
         workdir.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,17 @@
 Nothing here starts a process or opens a socket, so ``tests/test_bench_fleet.py`` can check
 the arithmetic: the Zipf draw, the counter deltas that make a measured window (weight loads
 per 1,000 requests, mean batch rows, per-model cost), the least-squares fit of load time
-against bytes, and the side-by-side tables.
+against bytes, what the lpt_packing controller did (repacks by trigger, models moved), the
+rule that compares a predicted event count with a measured one, and the side-by-side tables.
+
+**Comparing counts.** A weight-load rate is a count of events over the window. Its relative
+error is meaningless when the live count is 0 (any prediction but 0 is "inf") and noisy when
+it is a handful (one event more is +100% of one). So a count is *within* when the predicted
+events over the same window are within the tolerance of the live count **or within one
+event** of it: ``|predicted - live| <= max(tolerance x live, 1)``. The one-event floor only
+matters below ``1 / tolerance`` live events (4 at 25%); above that the relative rule alone
+decides, so a rate of hundreds per second is held to 25% as before. The table prints both
+counts beside the rates, so a reader can apply a stricter rule.
 """
 
 from __future__ import annotations
@@ -11,6 +21,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -79,6 +90,30 @@ class WorkerCounters:
 
 
 @attrs.frozen
+class Control:
+    """What the lpt_packing controller did over one run (live: GetSchedulingStatus and the
+    Repack reply; simulated: the simulator's repack log), in the same terms on both sides."""
+
+    #: Repacks by trigger over the whole run (startup, compute, operator, fleet).
+    repacks: Mapping[str, int]
+    #: Models whose worker set the operator Repack changed.
+    moved_by_operator: tuple[str, ...] = ()
+    #: Models whose worker set differs between the start of the warm-up (after the startup
+    #: repack) and the start of the window, and between the start and the end of the window.
+    moved_in_warmup: tuple[str, ...] = ()
+    moved_in_window: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(self.repacks.items()) if v)
+        return (
+            f"repacks {counts or 'none'}; moved by the operator Repack: "
+            f"{' '.join(self.moved_by_operator) or 'none'}; moved in the warm-up: "
+            f"{' '.join(self.moved_in_warmup) or 'none'}; in the window: "
+            f"{' '.join(self.moved_in_window) or 'none'}"
+        )
+
+
+@attrs.frozen
 class Window:
     """One measured window of one mode: client-side latencies and worker counter deltas."""
 
@@ -97,6 +132,8 @@ class Window:
     model_workers: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
     #: Per worker, its execution seconds in the window.
     worker_compute: Mapping[str, float] = attrs.field(factory=dict)
+    #: What the lpt_packing controller did (None in the other modes).
+    control: Control | None = None
 
     @property
     def compute_seconds(self) -> float:
@@ -270,6 +307,11 @@ class Prediction:
     #: Per worker: (fraction of the window executing, fraction on per-request worker CPU,
     #: models placed on it or served).
     workers: Mapping[str, tuple[float, float, tuple[str, ...]]] = attrs.field(factory=dict)
+    #: The simulated window, seconds, and the weight loads in it.
+    window: float = 0.0
+    weight_loads: int = 0
+    #: What the simulated lpt_packing controller did (None in the other modes).
+    control: Control | None = None
 
 
 def error(predicted: float, measured: float) -> float:
@@ -279,29 +321,95 @@ def error(predicted: float, measured: float) -> float:
     return (predicted - measured) / measured
 
 
+def count_within(live: float, predicted: float, tolerance: float) -> bool:
+    """The count rule of the module docstring: ``predicted`` events within ``tolerance`` of
+    the ``live`` count, or within one event of it."""
+    return abs(predicted - live) <= max(tolerance * live, 1.0)
+
+
+def predicted_events(live: Window, sim: Prediction) -> float:
+    """The simulated weight loads over the live window's length (the simulated count when
+    the two windows are equally long, as the benchmark runs them)."""
+    return sim.loads_per_second * live.seconds
+
+
 def prediction_table(pairs: Sequence[tuple[Window, Prediction]], tolerance: float) -> str:
     """Predicted beside measured per mode: p50 and weight-load rate (the goal), and the
-    figures that explain them."""
+    figures that explain them. The load rate is a count: its ``events`` column gives the
+    live and the predicted loads over the live window, and it is within by
+    :func:`count_within`."""
     head = (
         f"| {'mode':<12} | {'figure':<13} | {'live':>8} | {'simulated':>9} | {'error':>7} | "
-        f"{'within':>6} |"
+        f"{'events live / sim':>17} | {'within':>6} |"
     )
     out = [head, "|" + "|".join("-" * len(c) for c in head.split("|")[1:-1]) + "|"]
     for live, sim in pairs:
+        events = (live.loads, predicted_events(live, sim))
         rows = (
-            ("p50 ms", live.p50 * 1e3, sim.p50 * 1e3, True),
-            ("loads/s", live.loads_per_second, sim.loads_per_second, True),
-            ("loads/1k req", live.loads_per_1000, sim.loads_per_1000, False),
-            ("req/s", live.rps, sim.rps, False),
-            ("p99 ms", live.p99 * 1e3, sim.p99 * 1e3, False),
-            ("rows/batch", live.mean_batch_rows, sim.mean_batch_rows, False),
+            ("p50 ms", live.p50 * 1e3, sim.p50 * 1e3, True, None),
+            ("loads/s", live.loads_per_second, sim.loads_per_second, True, events),
+            ("loads/1k req", live.loads_per_1000, sim.loads_per_1000, False, None),
+            ("req/s", live.rps, sim.rps, False, None),
+            ("p99 ms", live.p99 * 1e3, sim.p99 * 1e3, False, None),
+            ("rows/batch", live.mean_batch_rows, sim.mean_batch_rows, False, None),
         )
-        for figure, measured, predicted, goal in rows:
+        for figure, measured, predicted, goal, counts in rows:
             e = error(predicted, measured)
             shown = f"{e:+.0%}" if math.isfinite(e) else "inf"
-            within = ("yes" if abs(e) <= tolerance else "NO") if goal else ""
+            if counts is None:
+                ok = abs(e) <= tolerance
+                count_cell = ""
+            else:
+                ok = count_within(counts[0], counts[1], tolerance)
+                count_cell = f"{counts[0]:.0f} / {counts[1]:.1f}"
+            within = ("yes" if ok else "NO") if goal else ""
             out.append(
                 f"| {live.mode:<12} | {figure:<13} | {measured:>8.2f} | {predicted:>9.2f} | "
-                f"{shown:>7} | {within:>6} |"
+                f"{shown:>7} | {count_cell:>17} | {within:>6} |"
             )
     return "\n".join(out)
+
+
+def control_lines(pairs: Sequence[tuple[Window, Prediction]]) -> list[str]:
+    """What each lpt_packing controller did, live beside simulated."""
+    out = []
+    for live, sim in pairs:
+        if live.control is None and sim.control is None:
+            continue
+        for side, control in (("live", live.control), ("simulated", sim.control)):
+            shown = control.describe() if control is not None else "not reported"
+            out.append(f"{live.mode} {side:>9}: {shown}")
+    return out
+
+
+# ------------------------------------------------------------------------------ records
+
+
+def window_to_json(w: Window) -> dict[str, Any]:
+    """A window as JSON-ready values (``bench_fleet.py --save``)."""
+    return attrs.asdict(w, recurse=True)
+
+
+def window_from_json(data: Mapping[str, Any]) -> Window:
+    """The inverse of :func:`window_to_json`."""
+    control = data["control"]
+    return Window(
+        mode=data["mode"],
+        seconds=data["seconds"],
+        latencies=tuple(data["latencies"]),
+        loads=data["loads"],
+        load_seconds=data["load_seconds"],
+        dispatches=data["dispatches"],
+        rows=data["rows"],
+        per_model={k: tuple(v) for k, v in data["per_model"].items()},
+        model_workers={k: tuple(v) for k, v in data["model_workers"].items()},
+        worker_compute=dict(data["worker_compute"]),
+        control=None
+        if control is None
+        else Control(
+            repacks=dict(control["repacks"]),
+            moved_by_operator=tuple(control["moved_by_operator"]),
+            moved_in_warmup=tuple(control["moved_in_warmup"]),
+            moved_in_window=tuple(control["moved_in_window"]),
+        ),
+    )

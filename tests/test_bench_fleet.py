@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 from types import ModuleType
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -126,8 +127,84 @@ def test_prediction_errors_and_table() -> None:
     p50 = next(line for line in table.splitlines() if "p50 ms" in line)
     assert "+20%" in p50 and "yes" in p50
     loads = next(line for line in table.splitlines() if "loads/s" in line)
-    assert "+50%" in loads and "NO" in loads
+    # 3 predicted loads against 2: +50%, but within one event of the live count.
+    assert "+50%" in loads and "2 / 3.0" in loads and "yes" in loads
     assert "lpt_packing" in fl.live_table([live])
+    # Many events: the relative rule decides (40 against 20 over the window).
+    busy = fl.Window("round_robin", 10.0, (0.010, 0.020), 20.0, 0.01, 2, 4, {})
+    table = fl.prediction_table([(busy, fl.Prediction("round_robin", 2.0, 0.012, 0.03,
+                                                      4.0, 1.0, 2.0))], 0.25)  # fmt: skip
+    loads = next(line for line in table.splitlines() if "loads/s" in line)
+    assert "+100%" in loads and "20 / 40.0" in loads and "NO" in loads
+
+
+def test_a_count_is_within_by_the_tolerance_or_one_event() -> None:
+    """The count rule: within when |predicted - live| <= max(tolerance x live, 1)."""
+    assert fl.count_within(0, 0.0, 0.25) and fl.count_within(0, 1.0, 0.25)
+    assert not fl.count_within(0, 1.5, 0.25)
+    assert fl.count_within(3, 4.0, 0.25) and not fl.count_within(3, 4.5, 0.25)
+    assert fl.count_within(100, 125.0, 0.25) and not fl.count_within(100, 126.0, 0.25)
+    assert not fl.count_within(100, 74.0, 0.25)
+    # A zero live window against a simulated 5 loads in the same window: NO, with the
+    # counts printed (not "inf" alone).
+    live = fl.Window("lpt_packing", 15.0, (0.010,), 0.0, 0.0, 1, 1, {})
+    sim = fl.Prediction("lpt_packing", 2.0, 0.010, 0.03, 5 / 15, 1.0, 2.0)
+    loads = next(line for line in fl.prediction_table([(live, sim)], 0.25).splitlines()
+                 if "loads/s" in line)  # fmt: skip
+    assert "inf" in loads and "0 / 5.0" in loads and "NO" in loads
+
+
+@given(
+    live=st.integers(0, 10_000),
+    predicted=st.floats(0, 20_000, allow_nan=False),
+    tolerance=st.floats(0, 1, allow_nan=False),
+)
+def test_the_count_rule_is_the_relative_rule_above_one_over_tolerance(
+    live: int, predicted: float, tolerance: float
+) -> None:
+    """Whenever the tolerance band holds at least one event (live x tolerance >= 1), the
+    count rule is exactly the relative-error rule; below it, it accepts exactly the
+    predictions within one event. It never rejects what the relative rule accepts."""
+    relative = live > 0 and abs(fl.error(predicted, live)) <= tolerance
+    rule = fl.count_within(live, predicted, tolerance)
+    if relative:
+        assert rule
+    if live * tolerance >= 1:
+        assert rule == (abs(predicted - live) <= tolerance * live)
+    else:
+        assert rule == (abs(predicted - live) <= 1)
+
+
+def test_the_controllers_are_described_side_by_side() -> None:
+    control = fl.Control(
+        repacks={"startup": 1, "compute": 1, "operator": 1, "fleet": 0},
+        moved_by_operator=("a", "b"),
+    )
+    text = control.describe()
+    assert "compute 1, operator 1, startup 1" in text and "fleet" not in text
+    assert "moved by the operator Repack: a b" in text and "in the window: none" in text
+    live = fl.Window("lpt_packing", 1.0, (0.01,), 0.0, 0.0, 1, 1, {}, control=control)
+    sim = fl.Prediction("lpt_packing", 1.0, 0.01, 0.01, 0.0, 0.0, 1.0, control=control)
+    rr = fl.Window("round_robin", 1.0, (0.01,), 0.0, 0.0, 1, 1, {})
+    rr_sim = fl.Prediction("round_robin", 1.0, 0.01, 0.01, 0.0, 0.0, 1.0)
+    lines = fl.control_lines([(live, sim), (rr, rr_sim)])
+    assert [line.split(":")[0] for line in lines] == [
+        "lpt_packing      live",
+        "lpt_packing simulated",
+    ]
+
+
+def test_a_window_survives_json() -> None:
+    import json
+
+    w = fl.Window(
+        "lpt_packing", 2.0, (0.01, 0.02), 3.0, 0.1, 4, 5, {"a": (0.5, 4, 5)},
+        model_workers={"a": ("w0",)}, worker_compute={"w0": 0.5},
+        control=fl.Control(repacks={"startup": 1}, moved_in_window=("a",)),
+    )  # fmt: skip
+    assert fl.window_from_json(json.loads(json.dumps(fl.window_to_json(w)))) == w
+    plain = attrs.evolve(w, control=None)
+    assert fl.window_from_json(json.loads(json.dumps(fl.window_to_json(plain)))) == plain
 
 
 def test_bench_runner_passes_options_to_the_one_benchmark_picked() -> None:

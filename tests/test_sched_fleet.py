@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -183,3 +184,53 @@ def test_request_seconds_are_worker_cpu_in_series_with_the_device() -> None:
     assert stats.compute_seconds == pytest.approx(c * stats.dispatches)
     # Latency: 8 clients queue behind each other, each request waits for the 7 ahead.
     assert charged.p50 == pytest.approx(8 * (c + r), rel=0.05)
+
+
+def test_an_operator_repack_runs_at_its_virtual_time_and_is_logged() -> None:
+    """``operator_repacks`` are Repack RPCs at virtual times: each runs once, at that time,
+    with trigger ``operator``, beside the startup repack at 0 and the compute repacks of the
+    cadence; the repack log holds every repack in time order, with the fleet compute it ran
+    at (non-decreasing) and the placement after it, and the report's repack counts are the
+    log's counts by trigger."""
+    report = _run("lpt_packing", operator_repacks=(1.5, 7.25))
+    log = report.repack_log
+    names = sorted(m.name for m in report.models)
+    # Startup places every model (from nothing): all of them "moved".
+    assert log[0].trigger == "startup" and log[0].at == 0.0 and list(log[0].moved) == names
+    operator = [e for e in log if e.trigger == "operator"]
+    assert [e.at for e in operator] == [1.5, 7.25]
+    assert [e.at for e in log] == sorted(e.at for e in log)
+    assert all(a.fleet_compute <= b.fleet_compute for a, b in itertools.pairwise(log))
+    counts = {t: sum(e.trigger == t for e in log) for t in ("startup", "compute", "operator")}
+    assert {t: report.repacks[t] for t in counts} == counts
+    # Each placement places every model once (replicas 1), and ``moved`` is the difference
+    # from the placement before.
+    for before, after in itertools.pairwise(log):
+        assert sorted(after.placement) == names
+        assert all(len(ws) == 1 for ws in after.placement.values())
+        assert after.moved == tuple(
+            sorted(n for n in names if before.placement.get(n) != after.placement[n])
+        )
+    # The placement at a time is the last repack's at or before it.
+    assert report.placement_at(7.25) == operator[1].placement
+    assert report.placement_at(-1.0) == {}
+    assert report.moved_between(0.0, 0.0) == ()
+
+
+def test_operator_repacks_need_lpt_packing() -> None:
+    with pytest.raises(ValueError, match="lpt_packing"):
+        _run("round_robin", operator_repacks=(1.0,))
+
+
+def test_the_load_log_is_the_window_weight_loads() -> None:
+    """Every weight load finished in the window is logged once (when, which worker, which
+    model), and nothing before the warm-up ended: the log's length is ``weight_loads`` and
+    its per-worker counts are the workers' ``weight_loads``."""
+    report = _run("round_robin")
+    assert len(report.load_log) == report.weight_loads > 0
+    assert all(3.0 < e.at <= 12.0 for e in report.load_log)
+    per_worker = {w.name: 0 for w in report.workers}
+    for e in report.load_log:
+        per_worker[e.worker] += 1
+    assert per_worker == {w.name: w.weight_loads for w in report.workers}
+    assert {e.model for e in report.load_log} <= {m.name for m in report.models}

@@ -22,7 +22,9 @@ the device and the network are modelled; every decision is made by the real sans
   repack cadence). Every ``health_interval`` seconds the simulator builds the same
   ``WorkerSnapshot`` records the prober builds from ``ModelControlStatus`` (cumulative
   compute, requests, rows per model; the weight budget), so costs per item, fleet compute
-  and repacks come from the same code path as in production.
+  and repacks come from the same code path as in production. ``operator_repacks`` are the
+  virtual times of the operator's Repack RPC: the controller repacks at once on the last
+  probe round's table, with trigger ``operator``, as the live gateway's driver does.
 
 Traffic is open loop (each model a Poisson process at its ``rate``) or closed loop
 (``ClosedLoop``: a fixed number of clients, each sending its next request when the last is
@@ -55,11 +57,20 @@ from reactantserver.config import GatewaySchedulingConfig, SchedulerConfig
 from reactantserver.config.schema import Discipline
 from reactantserver.errors import ResourceExhausted
 from reactantserver.gateway.control import LptController
+from reactantserver.gateway.estimates import Trigger
 from reactantserver.gateway.routing import Router, Ticket, make_router
 from reactantserver.gateway.table import ModelSnapshot, RouteTable, WorkerSnapshot, build_table
 from reactantserver.weights.policy import CachePlan, Hit, WeightCachePolicy
 
-from .fleet_report import FleetModelReport, FleetReport, FleetWorkerReport, percentile
+from .fleet_report import (
+    FleetModelReport,
+    FleetReport,
+    FleetWorkerReport,
+    LoadEvent,
+    RepackEvent,
+    moved_models,
+    percentile,
+)
 from .policy import SchedulingPolicy
 from .records import Batch
 from .simulate import ModelSpec
@@ -72,6 +83,8 @@ __all__ = [
     "FleetSimulation",
     "FleetWorker",
     "FleetWorkerReport",
+    "LoadEvent",
+    "RepackEvent",
     "offered_fleet_load",
     "simulate_fleet",
     "zipf_fleet_catalog",
@@ -191,7 +204,10 @@ class FleetSimulation:
         health_interval: float = 1.0,
         closed_loop: ClosedLoop | None = None,
         network_delay: float = 0.0,
+        operator_repacks: Sequence[float] = (),
     ) -> None:
+        if operator_repacks and gateway.mode != "lpt_packing":
+            raise ValueError(f"operator repacks need mode lpt_packing; got {gateway.mode}")
         self.models = {m.name: m for m in models}
         self.workers = {w.name: _Worker(w, models) for w in workers}
         self.gateway = gateway
@@ -213,6 +229,9 @@ class FleetSimulation:
         self.model_batches: Counter[str] = Counter()
         self.model_workers: dict[str, set[str]] = {m: set() for m in self.models}
         self.warnings: list[str] = []
+        self.operator_repacks = tuple(sorted(operator_repacks))
+        self.repack_log: list[RepackEvent] = []
+        self.load_log: list[LoadEvent] = []
         self._events: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self._seq = itertools.count()
         self.now = 0.0
@@ -224,6 +243,8 @@ class FleetSimulation:
 
     def run(self) -> FleetReport:
         self._probe()
+        for t in self.operator_repacks:
+            self.at(t, self._repack, "operator")
         if self.closed_loop is None:
             for name, model in sorted(self.models.items()):
                 if model.rate > 0:
@@ -321,6 +342,7 @@ class FleetSimulation:
         if self.now > self.warmup:
             w.loads += 1
             w.load_seconds += seconds
+            self.load_log.append(LoadEvent(at=self.now, worker=w.spec.name, model=name))
         self._kick(w)
 
     def _execute(self, w: _Worker, batch: Batch) -> None:
@@ -407,11 +429,27 @@ class FleetSimulation:
             self.controller.update(self.table)
             trigger = self.controller.due()
             if trigger is not None:
-                outcome = self.controller.repack(self.now, self.arrivals, trigger)
-                self.warnings.extend(outcome.warnings)
+                self._repack(trigger)
         else:
             self.router.update(self.table)
         self.at(self.now + self.health_interval, self._probe)
+
+    def _repack(self, trigger: Trigger) -> None:
+        """One repack of the controller on its current table, logged."""
+        assert self.controller is not None
+        before = self.controller.placement.models
+        outcome = self.controller.repack(self.now, self.arrivals, trigger)
+        self.warnings.extend(outcome.warnings)
+        after = dict(outcome.placement.models)
+        self.repack_log.append(
+            RepackEvent(
+                at=self.now,
+                trigger=trigger,
+                fleet_compute=self.controller.table.fleet_compute_seconds,
+                moved=moved_models(before, after),
+                placement=after,
+            )
+        )
 
     # ------------------------------------------------------------------ report
 
@@ -478,6 +516,8 @@ class FleetSimulation:
             warnings=tuple(dict.fromkeys(self.warnings)),
             p50=percentile(everything, 0.5),
             p99=percentile(everything, 0.99),
+            repack_log=tuple(self.repack_log),
+            load_log=tuple(self.load_log),
         )
 
 
@@ -492,6 +532,7 @@ def simulate_fleet(
     health_interval: float = 1.0,
     closed_loop: ClosedLoop | None = None,
     network_delay: float = 0.0,
+    operator_repacks: Sequence[float] = (),
 ) -> FleetReport:
     """Run one fleet simulation and return its report (see the module docstring)."""
     return FleetSimulation(
@@ -504,6 +545,7 @@ def simulate_fleet(
         health_interval=health_interval,
         closed_loop=closed_loop,
         network_delay=network_delay,
+        operator_repacks=operator_repacks,
     ).run()
 
 

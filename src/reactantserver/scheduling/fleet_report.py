@@ -3,7 +3,10 @@
 ``FleetReport`` is the whole run (throughput, latency percentiles, weight loads, idle time,
 repacks, the packer's warnings), with one ``FleetWorkerReport`` per worker and one
 ``FleetModelReport`` per model. Statistics cover the window ``[warmup, duration)``: device
-time is clipped to it; latencies and loads count events that happened in it.
+time is clipped to it; latencies and loads count events that happened in it. Two logs say
+what happened when: ``repack_log`` every lpt_packing repack of the whole run (warm-up
+included: when, why, which models moved, the placement after it) and ``load_log`` every
+weight load finished in the window (when, on which worker, which model).
 """
 
 from __future__ import annotations
@@ -13,7 +16,48 @@ from collections.abc import Mapping
 
 import attrs
 
-__all__ = ["FleetModelReport", "FleetReport", "FleetWorkerReport", "percentile"]
+__all__ = [
+    "FleetModelReport",
+    "FleetReport",
+    "FleetWorkerReport",
+    "LoadEvent",
+    "RepackEvent",
+    "moved_models",
+    "percentile",
+]
+
+
+@attrs.frozen(kw_only=True)
+class RepackEvent:
+    """One repack of the simulated lpt_packing controller."""
+
+    #: Virtual time, seconds from the start of the run.
+    at: float
+    #: ``startup``, ``compute``, ``operator`` or ``fleet``.
+    trigger: str
+    #: The fleet compute seconds on the controller's clock when it ran.
+    fleet_compute: float
+    #: Models whose worker set this repack changed, sorted.
+    moved: tuple[str, ...]
+    #: Model -> workers after it.
+    placement: Mapping[str, tuple[str, ...]]
+
+
+@attrs.frozen(kw_only=True)
+class LoadEvent:
+    """One weight load finished in the window."""
+
+    at: float
+    worker: str
+    model: str
+
+
+def moved_models(
+    before: Mapping[str, tuple[str, ...]], after: Mapping[str, tuple[str, ...]]
+) -> tuple[str, ...]:
+    """Models whose worker set differs between two placements, sorted."""
+    names = set(before) | set(after)
+    return tuple(sorted(n for n in names if set(before.get(n, ())) != set(after.get(n, ()))))
 
 
 @attrs.frozen(kw_only=True)
@@ -63,6 +107,26 @@ class FleetReport:
     #: Latency percentiles over every request of the window, seconds.
     p50: float = math.nan
     p99: float = math.nan
+    #: Every repack of the run, in order (lpt_packing; empty in the other modes).
+    repack_log: tuple[RepackEvent, ...] = ()
+    #: Every weight load finished in the window, in order.
+    load_log: tuple[LoadEvent, ...] = ()
+
+    def placement_at(self, t: float) -> Mapping[str, tuple[str, ...]]:
+        """The lpt_packing placement in force at virtual time ``t`` (after every repack at
+        or before ``t``; empty before the first)."""
+        placement: Mapping[str, tuple[str, ...]] = {}
+        for event in self.repack_log:
+            if event.at > t:
+                break
+            placement = event.placement
+        return placement
+
+    def moved_between(self, start: float, end: float) -> tuple[str, ...]:
+        """Models whose worker set differs between the placements at ``start`` and ``end``
+        (a model moved away and back counts as not moved, as two snapshots of a live
+        gateway's placement see it)."""
+        return moved_models(self.placement_at(start), self.placement_at(end))
 
     @property
     def throughput(self) -> float:
