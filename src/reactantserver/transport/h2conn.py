@@ -166,11 +166,11 @@ class _FrameBuffer(FrameBuffer):
         self._head = bytearray()
         #: A frame whose body is split between reads: its header, and its body,
         #: allocated once at its declared length and filled as reads arrive.
-        self._header = b""
+        self._header: bytes | memoryview = b""
         self._body: bytearray | None = None
         self._filled = 0
 
-    def add_data(self, data: bytes) -> None:
+    def add_data(self, data: Any) -> None:  # any bytes-like object, as h2's
         if self._preamble_len:  # the client's preface: h2 checks it ...
             super().add_data(data)
             if self._preamble_len or not self._data:
@@ -181,7 +181,7 @@ class _FrameBuffer(FrameBuffer):
             data = self._rest.tobytes() + data
         self._rest = memoryview(data if isinstance(data, bytes) else bytes(data))
 
-    def _judge(self, header: memoryview | bytearray) -> int:
+    def _judge(self, header: bytes | bytearray | memoryview) -> int:
         """The frame length a 9-byte header declares, refusing what we never accept."""
         length = int.from_bytes(header[:3], "big")
         if length > self.max_frame_size:
