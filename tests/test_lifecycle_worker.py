@@ -43,7 +43,7 @@ from tritonclient.utils import InferenceServerException
 from worker_harness import running_worker, worker_config
 
 from reactantserver.bundle import load_bundle, write_weights
-from reactantserver.config import ServerConfig
+from reactantserver.config import SchedulerConfig, ServerConfig
 from reactantserver.errors import NotFound
 from reactantserver.lifecycle import ModelState
 from reactantserver.protocol import reactant_control as cpb
@@ -537,7 +537,16 @@ async def test_unload_answers_every_queued_request(
     zoo_repo: Path, compile_cache: Path, tmp_path: Path
 ) -> None:
     repo = copy_bundles(zoo_repo, tmp_path, "mlp", "double")
-    config = worker_config(repo, cache_dir=compile_cache, mode="explicit", metrics=False)
+    # Every batch on the device thread: inline batches run back to back on the dispatch
+    # loop without a checkpoint, so on a fast machine all 256 requests could be answered
+    # before the unload even began draining, and DRAINING would never be seen.
+    config = worker_config(
+        repo,
+        cache_dir=compile_cache,
+        mode="explicit",
+        metrics=False,
+        scheduler=SchedulerConfig(inline_max_seconds=0.0),
+    )
     x = np.random.default_rng(3).standard_normal((256, 32)).astype(np.float32)
     want = mlp_logits(repo / "mlp", x)
     results: dict[int, np.ndarray] = {}
@@ -555,8 +564,9 @@ async def test_unload_answers_every_queued_request(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(worker.unload, "mlp")
             with trio.fail_after(60):
-                while worker.model_states.state("mlp") is not ModelState.DRAINING:
+                while worker.model_states.state("mlp") is ModelState.READY:
                     await trio.sleep(0)
+            assert worker.model_states.state("mlp") is ModelState.DRAINING
             # Draining: new requests are refused at once, the queued ones still run.
             with pytest.raises(NotFound, match="model 'mlp' is being unloaded"):
                 await worker.infer("mlp", {"features": x[:1]}, ["logits"], math.inf)
