@@ -22,12 +22,10 @@ h2 or asyncio with the reason beside it:
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import h2.config
 import h2.exceptions
 import h2.settings
-from h2.connection import H2Connection
 from h2.frame_buffer import FrameBuffer
 from h2.settings import SettingCodes
 from hyperframe.exceptions import InvalidDataError, InvalidFrameError, InvalidPaddingError
@@ -46,17 +44,11 @@ from hyperframe.frame import (
 
 from .limits import WireLimits
 
+if TYPE_CHECKING:
+    from .h2lean import ServerConnection
+
 #: Buffered writes at least this large are sent at once instead of at the end of the pass.
 FLUSH_BYTES = 256 * 1024
-#: h2's configuration for a server, as grpclib sets it (header validation is ours).
-H2_CONFIG = h2.config.H2Configuration(
-    client_side=False,
-    header_encoding="ascii",
-    validate_inbound_headers=False,
-    validate_outbound_headers=False,
-    normalize_inbound_headers=False,
-    normalize_outbound_headers=False,
-)
 #: What h2 sees as our stream limit: never reached, since we enforce ours per stream.
 _UNCOUNTED = 2**32 + 1
 _HEADER_FRAMES = (0x1, 0x5, 0x9)  # HEADERS, PUSH_PROMISE, CONTINUATION
@@ -259,32 +251,16 @@ class _FrameBuffer(FrameBuffer):
         return whole if whole is not None else self.__next__()
 
 
-def new_h2_connection(limits: WireLimits) -> H2Connection:
-    """An h2 server connection whose first SETTINGS frame carries every limit.
+def new_h2_connection(limits: WireLimits) -> ServerConnection:
+    """The server side of one HTTP/2 connection, every limit in its first SETTINGS frame.
 
-    The values are h2's *current* settings from the start, not pending ones: a peer
-    that sends before it has read them is held to limits it could not know, which only
-    ever makes us more permissive (larger frames and windows than it assumes), never
-    stricter.
+    The values are current settings from the start, not pending ones: a peer that sends
+    before it has read them is held to limits it could not know, which only ever makes us
+    more permissive (larger frames and windows than it assumes), never stricter.
     """
-    conn = H2Connection(config=H2_CONFIG)
-    conn.local_settings = _Settings(
-        client=False,
-        initial_values={
-            SettingCodes.MAX_CONCURRENT_STREAMS: limits.max_concurrent_streams,
-            SettingCodes.MAX_HEADER_LIST_SIZE: limits.max_header_list_size,
-            SettingCodes.MAX_FRAME_SIZE: limits.max_frame_size,
-            SettingCodes.INITIAL_WINDOW_SIZE: limits.stream_window,
-            SettingCodes.ENABLE_PUSH: 0,
-        },
-    )
-    conn.max_inbound_frame_size = limits.max_frame_size
-    conn.decoder.max_header_list_size = limits.max_header_list_size
-    conn.incoming_buffer = _FrameBuffer(limits.max_header_list_size)
-    dispatch = conn._frame_dispatch_table
-    for base, quiet in _QUIET.items():
-        dispatch[quiet] = dispatch[base]
-    return conn
+    from .h2lean import ServerConnection  # h2lean builds on this module's frame buffer
+
+    return ServerConnection(limits)
 
 
 class CorkedTransport:

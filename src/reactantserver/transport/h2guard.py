@@ -75,12 +75,12 @@ import h2.exceptions
 from grpclib.config import Configuration
 from grpclib.metadata import encode_grpc_message
 from grpclib.protocol import Connection, EventsProcessor, Stream
-from h2.connection import H2Connection
 from h2.errors import ErrorCodes
 
 from .faultlog import FaultLog
 from .framing import MessageFramer, Refusal
 from .h2conn import CorkedTransport, new_h2_connection
+from .h2lean import ServerConnection
 from .limits import Fault, WireCounters, WireLimits
 
 log = logging.getLogger(__name__)
@@ -228,7 +228,7 @@ class _Processor(EventsProcessor):
         self._guard = guard
         self._limits = guard.limits
         self._counters = guard.table.counters
-        self._h2: H2Connection = connection._connection
+        self._h2: ServerConnection = connection._connection  # type: ignore[assignment]
         self._framers: dict[int, MessageFramer] = {}
         #: When each running call started (loop time), for the premature-reset rule.
         self._started: dict[int, float] = {}

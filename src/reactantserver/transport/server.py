@@ -87,6 +87,7 @@ from reactantserver.status import INTERNAL_MESSAGE, StatusCode
 from .faultlog import FaultLog
 from .framing import Refusal, RequestHead, request_head
 from .h2guard import ConnectionTable, GuardedProtocol
+from .h2lean import CONSTANT_BLOCKS
 from .limits import Fault, WireCounters, WireLimits, WireStatistics
 from .reclaim import ReclaimPolicy, release_memory
 
@@ -96,6 +97,9 @@ _UNARY_REQUEST = (Cardinality.UNARY_UNARY, Cardinality.UNARY_STREAM)
 #: The initial headers and the OK trailers of every unary answer (built once).
 _ANSWER_HEADERS = [(":status", "200"), ("content-type", "application/grpc+proto")]
 _OK_TRAILERS = [("grpc-status", "0")]
+# Sent on every call: their (table-independent) HPACK blocks are encoded once.
+CONSTANT_BLOCKS.remember(_ANSWER_HEADERS)
+CONSTANT_BLOCKS.remember(_OK_TRAILERS)
 #: The most answer bytes handed to h2 as one DATA frame (see ``send_unary_reply``).
 SEND_CHUNK = 256 * 1024
 #: Seconds between two runs of the server's periodic housekeeping.
