@@ -337,7 +337,7 @@ class _ConnectionStateMachine:
     __slots__ = ("state",)
 
     def __init__(self) -> None:
-        self.state = ConnectionState.SERVER_OPEN
+        self.state = ConnectionState.IDLE
 
 
 # ---------------------------------------------------------------------- the connection
@@ -424,9 +424,7 @@ class ServerConnection:
             raise h2.exceptions.ProtocolError("the connection is closed (GOAWAY)")
         stream = self.streams.get(stream_id)
         if stream is None:
-            if stream_id > self.highest_inbound_stream_id:
-                raise h2.exceptions.NoSuchStreamError(stream_id)
-            raise h2.exceptions.StreamClosedError(stream_id)
+            raise self._missing(stream_id)
         state = stream.state_machine.state
         if state is StreamState.HALF_CLOSED_LOCAL or state is StreamState.CLOSED:
             raise h2.exceptions.StreamClosedError(stream_id)
@@ -510,18 +508,14 @@ class ServerConnection:
             raise h2.exceptions.ProtocolError("the connection is closed (GOAWAY)")
         stream = self.streams.get(stream_id)
         if stream is None:
-            if stream_id > self.highest_inbound_stream_id:
-                raise h2.exceptions.NoSuchStreamError(stream_id)
-            raise h2.exceptions.StreamClosedError(stream_id)
+            raise self._missing(stream_id)
         self._out.append(_rst(stream_id, error_code))
         self._close(stream, ClosedBy.RESET)
 
     def local_flow_control_window(self, stream_id: int) -> int:
         stream = self.streams.get(stream_id)
         if stream is None:
-            if stream_id > self.highest_inbound_stream_id:
-                raise h2.exceptions.NoSuchStreamError(stream_id)
-            raise h2.exceptions.StreamClosedError(stream_id)
+            raise self._missing(stream_id)
         return min(self.outbound_flow_control_window, stream.send_window)
 
     def remote_flow_control_window(self, stream_id: int) -> int:
@@ -593,10 +587,19 @@ class ServerConnection:
         return events
 
     def _dispatch(self, frame: Frame, events: list[Event]) -> None:
-        if self.state_machine.state is ConnectionState.CLOSED and not isinstance(
-            frame, GoAwayFrame
-        ):
-            raise h2.exceptions.ProtocolError(f"{type(frame).__name__} received after GOAWAY")
+        state = self.state_machine.state
+        if state is not ConnectionState.SERVER_OPEN:
+            # h2's connection states: after GOAWAY either way only GOAWAY (and frames of
+            # unknown type) may arrive; before the first request, no DATA or RST_STREAM.
+            if state is ConnectionState.CLOSED:
+                if not isinstance(frame, GoAwayFrame | ExtensionFrame):
+                    raise h2.exceptions.ProtocolError(
+                        f"{type(frame).__name__} received after GOAWAY"
+                    )
+            elif isinstance(frame, DataFrame | RstStreamFrame):
+                raise h2.exceptions.ProtocolError(
+                    f"{type(frame).__name__} received before any stream was opened"
+                )
         self._frame_dispatch_table[frame.__class__](frame, events)
 
     def _receive_frame(self, frame: Frame) -> list[Event]:
@@ -618,9 +621,16 @@ class ServerConnection:
         if len(closed) > MAX_CLOSED_STREAMS:
             del closed[next(iter(closed))]
 
-    def _closed_stream(self, sid: int) -> h2.exceptions.ProtocolError:
-        """The error for a frame on a stream not in :attr:`streams` (idle or closed)."""
-        if sid > self.highest_inbound_stream_id:
+    def _is_idle(self, sid: int) -> bool:
+        """Whether a stream not in :attr:`streams` was never opened (else: closed).
+
+        Even ids are ours to open, and we never do: each of them is idle.
+        """
+        return not sid % 2 or sid > self.highest_inbound_stream_id
+
+    def _missing(self, sid: int) -> h2.exceptions.ProtocolError:
+        """h2's error for a stream not in :attr:`streams`: idle, or closed."""
+        if self._is_idle(sid):
             return h2.exceptions.NoSuchStreamError(sid)
         return h2.exceptions.StreamClosedError(sid)
 
@@ -671,6 +681,8 @@ class ServerConnection:
                 raise h2.exceptions.ProtocolError("Invalid stream ID for peer.")
             headers = self._decode(frame.data)
             self.highest_inbound_stream_id = sid
+            if self.state_machine.state is ConnectionState.IDLE:
+                self.state_machine.state = ConnectionState.SERVER_OPEN
             stream = ServerStream(sid, self.remote_settings.initial_window_size, self._stream_window)
             self.streams[sid] = stream
             event: Event = RequestReceived(stream_id=sid, headers=headers)
@@ -718,7 +730,7 @@ class ServerConnection:
         self._recv_window.consumed(length)
         stream = self.streams.get(sid)
         if stream is None or stream.state_machine.state is StreamState.HALF_CLOSED_REMOTE:
-            if stream is None and sid > self.highest_inbound_stream_id:
+            if stream is None and self._is_idle(sid):
                 raise h2.exceptions.NoSuchStreamError(sid)
             # Closed or half-closed (remote): its bytes go back to the connection window.
             increment = self._recv_window.processed_bytes(length)
@@ -766,7 +778,7 @@ class ServerConnection:
             return
         stream = self.streams.get(sid)
         if stream is None:
-            if sid > self.highest_inbound_stream_id:
+            if self._is_idle(sid):
                 raise h2.exceptions.NoSuchStreamError(sid)
             return  # closed: ignored
         window = stream.send_window + increment
