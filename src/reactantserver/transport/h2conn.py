@@ -1,19 +1,17 @@
-"""The HTTP/2 connection as a hardened server configures it, and its corked writes.
+"""The pieces the server's HTTP/2 connection is built from, and its corked writes.
 
-Two pieces the connection layer (:mod:`.h2guard`) builds on, each a small adjustment of
-h2 or asyncio with the reason beside it:
-
-* :func:`new_h2_connection`: an h2 server connection whose *first* SETTINGS frame
-  carries every limit of :class:`~.limits.WireLimits` (stream count, header list size,
-  frame size, stream window), in force from the first byte. Two h2 behaviours are
-  changed, each in one small subclass: :class:`_Settings` hides our stream limit from
-  h2's own check (h2 treats one stream too many as a connection error; the guard
-  refuses just that stream), and :class:`_FrameBuffer` judges a frame's length from its
-  9-byte header (h2 waits for the whole frame first, so a DATA frame declaring 16 MiB
-  was buffered although we advertise 1 MiB) and bounds a header block; it also hands h2
-  its frames as quiet subclasses (:func:`_quiet`) whose ``repr`` does not copy and
-  hex-encode the payload (h2 builds every received frame's ``repr`` for a trace log that
-  is off).
+* :func:`new_h2_connection`: the server side of one connection
+  (:class:`.h2lean.ServerConnection`) whose *first* SETTINGS frame carries every limit of
+  :class:`~.limits.WireLimits` (stream count, header list size, frame size, stream
+  window), in force from the first byte.
+* :class:`_Settings`: h2's settings record, except that it hides our stream limit from
+  a connection-level check (h2 treats one stream too many as a connection error; the
+  guard refuses just that stream).
+* :class:`_FrameBuffer`: cuts received bytes into frames, judging a frame's length from
+  its 9-byte header (h2's own buffer waits for the whole frame first, so a DATA frame
+  declaring 16 MiB was buffered although we advertise 1 MiB), bounding a header block,
+  joining CONTINUATIONs, copying each frame's body once; the frames are quiet subclasses
+  (:func:`_quiet`) whose ``repr`` does not copy and hex-encode the payload.
 * :class:`CorkedTransport`: everything written during one pass of the event loop leaves
   in one ``send`` (grpclib alone makes three per unary response; each ``send`` releases
   the GIL, and the event loop then waits on the device thread).
@@ -82,9 +80,11 @@ def _quiet(frame_class: type[Frame]) -> type[Frame]:
     (a copy) and hex-encodes all of it to show 20 characters: 15-30 us per 16 KiB frame, a
     third of the server's work for a 38 MB inline tensor; for HEADERS, SETTINGS, PING and
     WINDOW_UPDATE frames it formats the flags and hex-encodes the body, a few microseconds
-    per frame and per small request (docs/benchmarks.md has the upstream fix). h2
-    dispatches on the exact class, so :func:`new_h2_connection` routes each quiet class
-    to h2's own handler of its base; nothing else changes.
+    per frame and per small request (docs/benchmarks.md has the upstream fix). Our own
+    connection (:mod:`.h2lean`) builds no ``repr``; the quiet classes stay because the
+    DATA one parses its body without a copy, and because h2's connection, the reference
+    in tests and benchmarks, is given the same frames (it dispatches on the exact class,
+    so each quiet class is routed to h2's handler of its base).
     """
 
     def __repr__(self: Frame) -> str:
