@@ -43,7 +43,7 @@ from reactantserver.transport.h2lean import CONSTANT_BLOCKS, ServerConnection
 from reactantserver.transport.limits import WireLimits
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_serve as bs  # noqa: E402
+import bench_serve as bs
 
 LIMITS = WireLimits.from_endpoints(EndpointsConfig())
 ANSWER = [(":status", "200"), ("content-type", "application/grpc+proto")]
@@ -166,9 +166,14 @@ def worker(against: Path, rounds: int, seconds: float) -> None:
             node = work / f"node_{name}.yaml"
             node.write_text(
                 bs.NODE_YAML.format(
-                    repo=repo, port=port, cache=work / "cache", scheduler_extra="",
-                    runtime_extra="", discipline="fair", metrics_port=0,
-                )  # fmt: skip
+                    repo=repo,
+                    port=port,
+                    cache=work / "cache",
+                    scheduler_extra="",
+                    runtime_extra="",
+                    discipline="fair",
+                    metrics_port=0,
+                )
             )
             env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(src)}
             log = work / f"{name}.log"

@@ -941,7 +941,9 @@ _h2_actions = st.one_of(
     ),
     st.tuples(st.just("rst"), _h2_sids, st.sampled_from([0, 8, 2])),
     st.tuples(
-        st.just("window"), st.sampled_from([0, 0, 1, 3, 9]), st.sampled_from([1, 1000, 2**31 - 1, 0])
+        st.just("window"),
+        st.sampled_from([0, 0, 1, 3, 9]),
+        st.sampled_from([1, 1000, 2**31 - 1, 0]),
     ),
     st.tuples(st.just("settings"), _h2_settings),
     st.tuples(st.just("settings_ack")),
@@ -959,9 +961,9 @@ def h2_client_scripts(draw: st.DrawFn) -> list[list[tuple[object, ...]]]:
     """Reads of a client session: each read a few actions (frames, or server actions
     between them). A polite request/answer cycle is mixed in so that most scripts open
     streams and exercise their states before misbehaving."""
-    polite = [
-        [("headers", sid, False, None, []), ("data", sid, 5, True, 0)] for sid in (1, 3)
-    ] + [[("answer", 1)]]
+    polite = [[("headers", sid, False, None, []), ("data", sid, 5, True, 0)] for sid in (1, 3)] + [
+        [("answer", 1)]
+    ]
     reads = draw(st.lists(st.lists(_h2_actions, min_size=1, max_size=4), max_size=10))
     if draw(st.booleans()):
         reads = polite + reads

@@ -17,8 +17,6 @@ import h2.exceptions
 import hpack
 import pytest
 from h2.settings import SettingCodes
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from hyperframe.frame import (
     DataFrame,
     ExtensionFrame,
@@ -29,8 +27,8 @@ from hyperframe.frame import (
     PushPromiseFrame,
     RstStreamFrame,
     SettingsFrame,
-    WindowUpdateFrame,
 )
+from hypothesis import given, settings
 
 from reactantserver.config.schema import EndpointsConfig
 from reactantserver.transport.h2conn import _QUIET, _FrameBuffer, _Settings
@@ -112,8 +110,7 @@ def _summary(event: h2.events.Event) -> tuple[Any, ...]:
         return (kind, event.stream_id, event.delta)
     if isinstance(event, h2.events.RemoteSettingsChanged | h2.events.SettingsAcknowledged):
         changes = {
-            int(code): (c.original_value, c.new_value)
-            for code, c in event.changed_settings.items()
+            int(code): (c.original_value, c.new_value) for code, c in event.changed_settings.items()
         }
         return (kind, changes)
     if isinstance(event, h2.events.PingReceived | h2.events.PingAckReceived):
@@ -180,7 +177,9 @@ class _Client:
             return frame.serialize()
         if kind == "goaway":
             (code,) = args
-            return GoAwayFrame(0, last_stream_id=0, error_code=code, additional_data=b"x").serialize()
+            return GoAwayFrame(
+                0, last_stream_id=0, error_code=code, additional_data=b"x"
+            ).serialize()
         if kind == "unknown":
             return ExtensionFrame(0x10, 0, 0, b"hello").serialize()
         raise AssertionError(kind)
@@ -198,7 +197,7 @@ def _serve(conn: Any, action: tuple[Any, ...]) -> str:
             conn.send_headers(sid, TRAILERS, end_stream=True)
         else:
             conn.reset_stream(sid, 8)
-    except Exception as exc:  # noqa: BLE001 -- compared, not handled
+    except Exception as exc:  # compared, not handled
         return type(exc).__name__
     return ""
 
@@ -246,7 +245,7 @@ def _differential(reads: list[list[tuple[Any, ...]]]) -> list[tuple[Any, ...]]:
                 events = conn.receive_data(wire)
             except h2.exceptions.ProtocolError as exc:
                 outcomes.append(("raised", "ProtocolError", int(exc.error_code)))
-            except Exception as exc:  # noqa: BLE001 -- compared, not handled
+            except Exception as exc:  # compared, not handled
                 outcomes.append(("raised", type(exc).__name__))
             else:
                 outcomes.append(tuple(_summary(e) for e in events))
@@ -323,7 +322,12 @@ def test_header_blocks_stay_table_independent_when_the_peer_shrinks_its_table() 
 
 @pytest.mark.parametrize(
     ("block", "indexed"),
-    [(b"\x82\x86", True), (b"\xff\x05\x82", True), (b"\x82\x40\x01a\x01b", False), (b"\x3f\x01", False)],
+    [
+        (b"\x82\x86", True),
+        (b"\xff\x05\x82", True),
+        (b"\x82\x40\x01a\x01b", False),
+        (b"\x3f\x01", False),
+    ],
 )
 def test_indexed_only_blocks_are_recognised(block: bytes, indexed: bool) -> None:
     assert _indexed_only(block) is indexed

@@ -438,7 +438,7 @@ class GuardedProtocol(asyncio.Protocol):
             conn.initiate_connection()
             conn.increment_flow_control_window(self.limits.connection_window - 65535)
             self.connection = Connection(
-                conn,
+                conn,  # type: ignore[arg-type]  # the subset of H2Connection grpclib uses
                 self._cork,  # type: ignore[arg-type]
                 config=Configuration().__for_server__(),
             )

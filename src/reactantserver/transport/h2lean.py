@@ -137,9 +137,7 @@ _END_STREAM, _ACK, _END_HEADERS = 0x1, 0x1, 0x4
 
 def _head(kind: int, flags: int, stream_id: int, length: int) -> bytes:
     """A frame's 9-byte header."""
-    return (
-        length.to_bytes(3, "big") + bytes((kind, flags)) + stream_id.to_bytes(4, "big")
-    )
+    return length.to_bytes(3, "big") + bytes((kind, flags)) + stream_id.to_bytes(4, "big")
 
 
 def _window_update(stream_id: int, increment: int) -> bytes:
@@ -208,10 +206,8 @@ def _literal(name: str | bytes, value: str | bytes) -> bytes:
     n = name.encode("ascii") if isinstance(name, str) else name
     v = value.encode("utf-8") if isinstance(value, str) else value
     index = _STATIC_NAMES.get(n)
-    if index is not None:
-        head = _hpack_int(index, 4, 0x00)
-    else:
-        head = b"\x00" + _hpack_int(len(n), 7, 0x00) + n
+    # The name: its static-table index, else a literal string (RFC 7541 §6.2.2).
+    head = _hpack_int(index, 4, 0) if index is not None else b"\x00" + _hpack_int(len(n), 7, 0) + n
     return head + _hpack_int(len(v), 7, 0x00) + v
 
 
@@ -262,7 +258,7 @@ class ClosedBy(IntEnum):
 class _Window:
     """Our receive window, reopened as h2's ``WindowManager`` does (half-window rule)."""
 
-    __slots__ = ("size", "max_size", "processed")
+    __slots__ = ("max_size", "processed", "size")
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -312,7 +308,7 @@ class _StateMachine:
 class ServerStream:
     """One stream's state: the subset of h2's ``H2Stream`` its callers read."""
 
-    __slots__ = ("stream_id", "state_machine", "send_window", "recv_window")
+    __slots__ = ("recv_window", "send_window", "state_machine", "stream_id")
 
     def __init__(self, stream_id: int, send_window: int, recv_window: int) -> None:
         self.stream_id = stream_id
@@ -551,7 +547,7 @@ class ServerConnection:
 
     def ping(self, opaque_data: bytes) -> None:
         if len(opaque_data) != 8:
-            raise ValueError("Invalid value for ping data: %r" % opaque_data)
+            raise ValueError(f"PING data must be 8 bytes, not {opaque_data!r}")
         self._out.append(_head(_PING, 0, 0, 8) + bytes(opaque_data))
 
     def close_connection(
@@ -683,9 +679,12 @@ class ServerConnection:
             self.highest_inbound_stream_id = sid
             if self.state_machine.state is ConnectionState.IDLE:
                 self.state_machine.state = ConnectionState.SERVER_OPEN
-            stream = ServerStream(sid, self.remote_settings.initial_window_size, self._stream_window)
+            stream = ServerStream(
+                sid, self.remote_settings.initial_window_size, self._stream_window
+            )
             self.streams[sid] = stream
-            event: Event = RequestReceived(stream_id=sid, headers=headers)
+            # h2 declares bytes pairs; with header_encoding set (grpclib's) it gives str.
+            event: Event = RequestReceived(stream_id=sid, headers=headers)  # type: ignore[arg-type]
         else:
             headers = self._decode(frame.data)
             if stream.state_machine.state is StreamState.HALF_CLOSED_REMOTE:
@@ -693,7 +692,7 @@ class ServerConnection:
                 return
             if "END_STREAM" not in frame.flags:
                 raise h2.exceptions.ProtocolError("Trailers must have END_STREAM set")
-            event = TrailersReceived(stream_id=sid, headers=headers)
+            event = TrailersReceived(stream_id=sid, headers=headers)  # type: ignore[arg-type]
         events.append(event)
         if "END_STREAM" in frame.flags:
             ended = StreamEnded(stream_id=sid)
@@ -742,9 +741,7 @@ class ServerConnection:
                 self._out.append(_rst(sid, ErrorCodes.STREAM_CLOSED))
             return
         stream.recv_window.consumed(length)
-        event = DataReceived(
-            stream_id=sid, data=frame.data, flow_controlled_length=length
-        )
+        event = DataReceived(stream_id=sid, data=frame.data, flow_controlled_length=length)
         events.append(event)
         if "END_STREAM" in frame.flags:
             ended = StreamEnded(stream_id=sid)
@@ -842,9 +839,7 @@ class ServerConnection:
 
     def _priority(self, frame: HeadersFrame | PriorityFrame) -> PriorityUpdated:
         if frame.depends_on == frame.stream_id:
-            raise h2.exceptions.ProtocolError(
-                f"Stream {frame.stream_id} may not depend on itself"
-            )
+            raise h2.exceptions.ProtocolError(f"Stream {frame.stream_id} may not depend on itself")
         event = PriorityUpdated()
         event.stream_id = frame.stream_id
         event.depends_on = frame.depends_on

@@ -151,9 +151,7 @@ class ServerStream(grpclib.server.Stream):
         connection.headers_send_process()
         self._send_initial_metadata_done = True
         while pending:
-            window = min(
-                h2.local_flow_control_window(sid), h2.max_outbound_frame_size, SEND_CHUNK
-            )
+            window = min(h2.local_flow_control_window(sid), h2.max_outbound_frame_size, SEND_CHUNK)
             if window <= 0:
                 write(h2.data_to_send())
                 stream.window_updated.clear()
