@@ -29,6 +29,7 @@ from hyperframe.frame import (
     SettingsFrame,
 )
 from hypothesis import given, settings
+from strategies import h2_client_scripts
 
 from reactantserver.config.schema import EndpointsConfig
 from reactantserver.transport.h2conn import _QUIET, _FrameBuffer, _Settings
@@ -38,7 +39,6 @@ from reactantserver.transport.h2lean import (
     encode_headers,
 )
 from reactantserver.transport.limits import WireLimits
-from tests.strategies import h2_client_scripts
 
 LIMITS = WireLimits.from_endpoints(EndpointsConfig())
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
