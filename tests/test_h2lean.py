@@ -331,3 +331,76 @@ def test_header_blocks_stay_table_independent_when_the_peer_shrinks_its_table() 
 )
 def test_indexed_only_blocks_are_recognised(block: bytes, indexed: bool) -> None:
     assert _indexed_only(block) is indexed
+
+
+def _connected() -> tuple[ServerConnection, h2.connection.H2Connection]:
+    server = ServerConnection(LIMITS)
+    server.initiate_connection()
+    server.increment_flow_control_window(LIMITS.connection_window - 65535)
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    server.receive_data(client.data_to_send())
+    client.receive_data(server.data_to_send())
+    server.receive_data(client.data_to_send())
+    return server, client
+
+
+def test_megabytes_flow_both_ways_within_the_windows() -> None:
+    """A 3 MB request and a 3 MB answer on one stream, each side sending only what the
+    other's windows allow and acknowledging what it consumed: every byte arrives, and the
+    server's WINDOW_UPDATEs (half-window rule) keep the client going."""
+    server, client = _connected()
+    body = bytes(range(256)) * (3 * 4096)  # 3 MiB
+    client.send_headers(1, REQUEST)
+    received = bytearray()
+    sent = 0
+    for _ in range(10_000):
+        if sent < len(body):
+            room = min(client.local_flow_control_window(1), client.max_outbound_frame_size)
+            if room:
+                piece = body[sent : sent + room]
+                sent += len(piece)
+                client.send_data(1, piece, end_stream=sent == len(body))
+        events = server.receive_data(client.data_to_send())
+        for event in events:
+            if isinstance(event, h2.events.DataReceived):
+                received += event.data
+                server.acknowledge_received_data(event.flow_controlled_length, 1)
+        client.receive_data(server.data_to_send())
+        if any(isinstance(e, h2.events.StreamEnded) for e in events):
+            break
+    assert bytes(received) == body
+    server.send_headers(1, ANSWER)
+    answered = bytearray()
+    offset = 0
+    for _ in range(10_000):
+        room = min(server.local_flow_control_window(1), server.max_outbound_frame_size)
+        if offset < len(body) and room:
+            server.send_data(1, memoryview(body)[offset : offset + room])
+            offset += min(room, len(body) - offset)
+            if offset == len(body):
+                server.send_headers(1, TRAILERS, end_stream=True)
+        events = client.receive_data(server.data_to_send())
+        for event in events:
+            if isinstance(event, h2.events.DataReceived):
+                answered += event.data
+                client.acknowledge_received_data(event.flow_controlled_length, 1)
+        server.receive_data(client.data_to_send())
+        if any(isinstance(e, h2.events.StreamEnded) for e in events):
+            break
+    assert bytes(answered) == body
+    assert 1 not in server.streams
+
+
+def test_a_peer_past_the_connection_window_gets_flow_control_error() -> None:
+    server, client = _connected()
+    client.send_headers(1, REQUEST)
+    server.receive_data(client.data_to_send())
+    server.data_to_send()
+    too_much = DataFrame(1, b"x" * 16_000)
+    wire = too_much.serialize() * (LIMITS.stream_window // 16_000 + 1)
+    with pytest.raises(h2.exceptions.FlowControlError):
+        server.receive_data(wire)
+    goaway = server.data_to_send()
+    assert goaway[3] == 0x7 and int.from_bytes(goaway[13:17], "big") == 0x3
+    assert server.state_machine.state is h2.connection.ConnectionState.CLOSED

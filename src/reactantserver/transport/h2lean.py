@@ -324,10 +324,6 @@ class ServerStream:
     def closed(self) -> bool:
         return self.state_machine.state is StreamState.CLOSED
 
-    @property
-    def outbound_flow_control_window(self) -> int:
-        return self.send_window
-
 
 class _ConnectionStateMachine:
     __slots__ = ("state",)
@@ -400,19 +396,14 @@ class ServerConnection:
         )
         self._out.append(_head(_SETTINGS, 0, 0, len(body)) + body)
 
-    def data_to_send(self, amount: int | None = None) -> bytes:
+    def data_to_send(self) -> bytes:
+        """Everything queued to send, in order, as one ``bytes`` (then forgotten)."""
         out = self._out
         if not out:
             return b""
         data = b"".join(out) if len(out) > 1 or not isinstance(out[0], bytes) else out[0]
         out.clear()
-        if amount is not None and len(data) > amount:
-            out.append(data[amount:])
-            data = data[:amount]
         return data
-
-    def clear_outbound_data_buffer(self) -> None:
-        self._out.clear()
 
     def _sendable(self, stream_id: int) -> ServerStream:
         """The stream we may send on now, or h2's exception for why not."""
@@ -514,12 +505,6 @@ class ServerConnection:
             raise self._missing(stream_id)
         return min(self.outbound_flow_control_window, stream.send_window)
 
-    def remote_flow_control_window(self, stream_id: int) -> int:
-        stream = self.streams.get(stream_id)
-        if stream is None:
-            raise h2.exceptions.StreamClosedError(stream_id)
-        return min(self._recv_window.size, stream.recv_window.size)
-
     def increment_flow_control_window(self, increment: int, stream_id: int | None = None) -> None:
         if not 1 <= increment <= MAX_WINDOW:
             raise ValueError("Flow control increment must be between 1 and 2^31-1")
@@ -561,10 +546,6 @@ class ServerConnection:
         body = last.to_bytes(4, "big") + int(error_code).to_bytes(4, "big") + extra
         self._out.append(_head(_GOAWAY, 0, 0, len(body)) + body)
         self.state_machine.state = ConnectionState.CLOSED
-
-    @property
-    def open_inbound_streams(self) -> int:
-        return len(self.streams)
 
     # ------------------------------------------------------------------ input
 
