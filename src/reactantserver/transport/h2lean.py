@@ -65,6 +65,7 @@ fields) and whether a connection error was raised are those of h2's ``H2Connecti
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from enum import IntEnum
 from typing import Any
@@ -353,7 +354,6 @@ class ServerConnection:
         self.state_machine = _ConnectionStateMachine()
         self.streams: dict[int, ServerStream] = {}
         self.highest_inbound_stream_id = 0
-        self.max_inbound_frame_size = limits.max_frame_size
         self.max_outbound_frame_size = self.remote_settings.max_frame_size
         self.outbound_flow_control_window = DEFAULT_WINDOW
         self._recv_window = _Window(DEFAULT_WINDOW)
@@ -364,7 +364,7 @@ class ServerConnection:
         self.incoming_buffer = _FrameBuffer(limits.max_header_list_size)
         self.incoming_buffer.max_frame_size = limits.max_frame_size
         self._out: list[bytes | memoryview] = []
-        self._closed_by: dict[int, ClosedBy] = {}
+        self._closed_by: OrderedDict[int, ClosedBy] = OrderedDict()
         #: A dynamic table size update owed at the start of our next header block.
         self._table_update: bytes = b""
         self._table_size = DEFAULT_TABLE
@@ -596,7 +596,8 @@ class ServerConnection:
         closed = self._closed_by
         closed[sid] = how
         if len(closed) > MAX_CLOSED_STREAMS:
-            del closed[next(iter(closed))]
+            # O(1): a dict's first key after many deletions is found by a scan.
+            closed.popitem(last=False)
 
     def _is_idle(self, sid: int) -> bool:
         """Whether a stream not in :attr:`streams` was never opened (else: closed).
