@@ -43,8 +43,6 @@ from hyperframe.frame import (
 from .limits import WireLimits
 
 if TYPE_CHECKING:
-    from typing_extensions import Buffer
-
     from .h2lean import ServerConnection
 
 #: Buffered writes at least this large are sent at once instead of at the end of the pass.
@@ -160,11 +158,11 @@ class _FrameBuffer(FrameBuffer):
         self._head = bytearray()
         #: A frame whose body is split between reads: its header, and its body,
         #: allocated once at its declared length and filled as reads arrive.
-        self._header: memoryview | bytes = b""
+        self._header: bytes | memoryview = b""
         self._body: bytearray | None = None
         self._filled = 0
 
-    def add_data(self, data: Buffer) -> None:
+    def add_data(self, data: Any) -> None:  # any bytes-like object, as h2's
         if self._preamble_len:  # the client's preface: h2 checks it ...
             super().add_data(data)
             if self._preamble_len or not self._data:
@@ -172,10 +170,10 @@ class _FrameBuffer(FrameBuffer):
             data = bytes(self._data)  # ... and what followed it in the same read is ours
             self._data.clear()
         if self._rest:  # h2 always iterates to the end; stay correct if not
-            data = self._rest.tobytes() + bytes(data)
+            data = self._rest.tobytes() + data
         self._rest = memoryview(data if isinstance(data, bytes) else bytes(data))
 
-    def _judge(self, header: memoryview | bytes | bytearray) -> int:
+    def _judge(self, header: bytes | bytearray | memoryview) -> int:
         """The frame length a 9-byte header declares, refusing what we never accept."""
         length = int.from_bytes(header[:3], "big")
         if length > self.max_frame_size:

@@ -47,10 +47,9 @@ A large answer leaves in DATA frames of at most :data:`SEND_CHUNK` (256 KiB) eve
 the peer allows 16 MiB frames and windows (gRPC's C core does): the frame is copied on
 its way to the socket (five or six times under h2, which this was measured with;
 :mod:`.h2lean` joins a frame's header and payload once, then the transport), and a
-256 KiB frame is copied while it sits in the
-CPU's cache, a 16 MiB one from main memory into freshly mapped pages every time. Each
-frame is handed to the transport at once, and the next waits while the transport's
-buffer is over its high-water mark. Measured on a 38 MB answer: server CPU per call
+256 KiB frame is copied while it sits in the CPU's cache, a 16 MiB one from main memory
+into freshly mapped pages every time. Each frame is handed to the transport at once, and
+the next waits while the transport's buffer is over its high-water mark. Measured on a 38 MB answer: server CPU per call
 0.75-0.8x, median latency 0.85x (docs/benchmarks.md).
 
 Shutdown helpers: :meth:`GuardedServer.goaway` (no new streams, on every connection),
