@@ -900,3 +900,71 @@ def client_array_likes(draw: st.DrawFn) -> tuple[list[object], str]:
             | st.sampled_from(edges).map(float)
         )
     return draw(st.lists(item, min_size=1, max_size=6)), target
+
+
+# ---------------------------------------------------------------- h2lean (tests/test_h2lean.py)
+
+#: Client stream ids: mostly odd and increasing in use; 2 is a server-only (even) id.
+_h2_sids = st.sampled_from([1, 1, 3, 3, 5, 7, 2])
+_h2_settings = st.lists(
+    st.sampled_from(
+        [
+            (0x4, 0),  # INITIAL_WINDOW_SIZE: shifts every open stream's send window
+            (0x4, 1_000_000),
+            (0x4, 2**31 - 1),
+            (0x4, 2**31),  # invalid: FLOW_CONTROL_ERROR
+            (0x5, 32768),  # MAX_FRAME_SIZE
+            (0x5, 100),  # invalid: PROTOCOL_ERROR
+            (0x1, 0),  # HEADER_TABLE_SIZE
+            (0x2, 1),  # ENABLE_PUSH from a client: allowed
+            (0x2, 7),  # invalid
+            (0x3, 10),  # MAX_CONCURRENT_STREAMS
+            (0x99, 5),  # unknown: ignored
+        ]
+    ),
+    max_size=3,
+)
+_h2_actions = st.one_of(
+    st.tuples(
+        st.just("headers"),
+        _h2_sids,
+        st.booleans(),
+        st.none() | st.tuples(st.sampled_from([0, 1, 3]), st.integers(0, 255), st.booleans()),
+        st.sampled_from([[], [("grpc-timeout", "1S")], [("x-a", "b" * 40)]]),
+    ),
+    st.tuples(
+        st.just("data"),
+        _h2_sids,
+        st.sampled_from([0, 5, 100, 16_000]),
+        st.booleans(),
+        st.sampled_from([0, 0, 3]),
+    ),
+    st.tuples(st.just("rst"), _h2_sids, st.sampled_from([0, 8, 2])),
+    st.tuples(
+        st.just("window"),
+        st.sampled_from([0, 0, 1, 3, 9]),
+        st.sampled_from([1, 1000, 2**31 - 1, 0]),
+    ),
+    st.tuples(st.just("settings"), _h2_settings),
+    st.tuples(st.just("settings_ack")),
+    st.tuples(st.just("ping"), st.booleans()),
+    st.tuples(st.just("priority"), _h2_sids, st.sampled_from([0, 1, 3])),
+    st.tuples(st.just("push"), st.sampled_from([1, 3])),
+    st.tuples(st.just("goaway"), st.sampled_from([0, 2])),
+    st.tuples(st.just("unknown")),
+    st.tuples(st.sampled_from(["answer", "reset"]), st.sampled_from([1, 3, 5, 7])),
+)
+
+
+@st.composite
+def h2_client_scripts(draw: st.DrawFn) -> list[list[tuple[object, ...]]]:
+    """Reads of a client session: each read a few actions (frames, or server actions
+    between them). A polite request/answer cycle is mixed in so that most scripts open
+    streams and exercise their states before misbehaving."""
+    polite = [[("headers", sid, False, None, []), ("data", sid, 5, True, 0)] for sid in (1, 3)] + [
+        [("answer", 1)]
+    ]
+    reads = draw(st.lists(st.lists(_h2_actions, min_size=1, max_size=4), max_size=10))
+    if draw(st.booleans()):
+        reads = polite + reads
+    return reads

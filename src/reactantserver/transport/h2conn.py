@@ -1,19 +1,17 @@
-"""The HTTP/2 connection as a hardened server configures it, and its corked writes.
+"""The pieces the server's HTTP/2 connection is built from, and its corked writes.
 
-Two pieces the connection layer (:mod:`.h2guard`) builds on, each a small adjustment of
-h2 or asyncio with the reason beside it:
-
-* :func:`new_h2_connection`: an h2 server connection whose *first* SETTINGS frame
-  carries every limit of :class:`~.limits.WireLimits` (stream count, header list size,
-  frame size, stream window), in force from the first byte. Two h2 behaviours are
-  changed, each in one small subclass: :class:`_Settings` hides our stream limit from
-  h2's own check (h2 treats one stream too many as a connection error; the guard
-  refuses just that stream), and :class:`_FrameBuffer` judges a frame's length from its
-  9-byte header (h2 waits for the whole frame first, so a DATA frame declaring 16 MiB
-  was buffered although we advertise 1 MiB) and bounds a header block; it also hands h2
-  its frames as quiet subclasses (:func:`_quiet`) whose ``repr`` does not copy and
-  hex-encode the payload (h2 builds every received frame's ``repr`` for a trace log that
-  is off).
+* :func:`new_h2_connection`: the server side of one connection
+  (:class:`.h2lean.ServerConnection`) whose *first* SETTINGS frame carries every limit of
+  :class:`~.limits.WireLimits` (stream count, header list size, frame size, stream
+  window), in force from the first byte.
+* :class:`_Settings`: h2's settings record, except that it hides our stream limit from
+  a connection-level check (h2 treats one stream too many as a connection error; the
+  guard refuses just that stream).
+* :class:`_FrameBuffer`: cuts received bytes into frames, judging a frame's length from
+  its 9-byte header (h2's own buffer waits for the whole frame first, so a DATA frame
+  declaring 16 MiB was buffered although we advertise 1 MiB), bounding a header block,
+  joining CONTINUATIONs, copying each frame's body once; the frames are quiet subclasses
+  (:func:`_quiet`) whose ``repr`` does not copy and hex-encode the payload.
 * :class:`CorkedTransport`: everything written during one pass of the event loop leaves
   in one ``send`` (grpclib alone makes three per unary response; each ``send`` releases
   the GIL, and the event loop then waits on the device thread).
@@ -22,12 +20,10 @@ h2 or asyncio with the reason beside it:
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import h2.config
 import h2.exceptions
 import h2.settings
-from h2.connection import H2Connection
 from h2.frame_buffer import FrameBuffer
 from h2.settings import SettingCodes
 from hyperframe.exceptions import InvalidDataError, InvalidFrameError, InvalidPaddingError
@@ -46,17 +42,11 @@ from hyperframe.frame import (
 
 from .limits import WireLimits
 
+if TYPE_CHECKING:
+    from .h2lean import ServerConnection
+
 #: Buffered writes at least this large are sent at once instead of at the end of the pass.
 FLUSH_BYTES = 256 * 1024
-#: h2's configuration for a server, as grpclib sets it (header validation is ours).
-H2_CONFIG = h2.config.H2Configuration(
-    client_side=False,
-    header_encoding="ascii",
-    validate_inbound_headers=False,
-    validate_outbound_headers=False,
-    normalize_inbound_headers=False,
-    normalize_outbound_headers=False,
-)
 #: What h2 sees as our stream limit: never reached, since we enforce ours per stream.
 _UNCOUNTED = 2**32 + 1
 _HEADER_FRAMES = (0x1, 0x5, 0x9)  # HEADERS, PUSH_PROMISE, CONTINUATION
@@ -90,9 +80,11 @@ def _quiet(frame_class: type[Frame]) -> type[Frame]:
     (a copy) and hex-encodes all of it to show 20 characters: 15-30 us per 16 KiB frame, a
     third of the server's work for a 38 MB inline tensor; for HEADERS, SETTINGS, PING and
     WINDOW_UPDATE frames it formats the flags and hex-encodes the body, a few microseconds
-    per frame and per small request (docs/benchmarks.md has the upstream fix). h2
-    dispatches on the exact class, so :func:`new_h2_connection` routes each quiet class
-    to h2's own handler of its base; nothing else changes.
+    per frame and per small request (docs/benchmarks.md has the upstream fix). Our own
+    connection (:mod:`.h2lean`) builds no ``repr``; the quiet classes stay because the
+    DATA one parses its body without a copy, and because h2's connection, the reference
+    in tests and benchmarks, is given the same frames (it dispatches on the exact class,
+    so each quiet class is routed to h2's handler of its base).
     """
 
     def __repr__(self: Frame) -> str:
@@ -259,32 +251,16 @@ class _FrameBuffer(FrameBuffer):
         return whole if whole is not None else self.__next__()
 
 
-def new_h2_connection(limits: WireLimits) -> H2Connection:
-    """An h2 server connection whose first SETTINGS frame carries every limit.
+def new_h2_connection(limits: WireLimits) -> ServerConnection:
+    """The server side of one HTTP/2 connection, every limit in its first SETTINGS frame.
 
-    The values are h2's *current* settings from the start, not pending ones: a peer
-    that sends before it has read them is held to limits it could not know, which only
-    ever makes us more permissive (larger frames and windows than it assumes), never
-    stricter.
+    The values are current settings from the start, not pending ones: a peer that sends
+    before it has read them is held to limits it could not know, which only ever makes us
+    more permissive (larger frames and windows than it assumes), never stricter.
     """
-    conn = H2Connection(config=H2_CONFIG)
-    conn.local_settings = _Settings(
-        client=False,
-        initial_values={
-            SettingCodes.MAX_CONCURRENT_STREAMS: limits.max_concurrent_streams,
-            SettingCodes.MAX_HEADER_LIST_SIZE: limits.max_header_list_size,
-            SettingCodes.MAX_FRAME_SIZE: limits.max_frame_size,
-            SettingCodes.INITIAL_WINDOW_SIZE: limits.stream_window,
-            SettingCodes.ENABLE_PUSH: 0,
-        },
-    )
-    conn.max_inbound_frame_size = limits.max_frame_size
-    conn.decoder.max_header_list_size = limits.max_header_list_size
-    conn.incoming_buffer = _FrameBuffer(limits.max_header_list_size)
-    dispatch = conn._frame_dispatch_table
-    for base, quiet in _QUIET.items():
-        dispatch[quiet] = dispatch[base]
-    return conn
+    from .h2lean import ServerConnection  # h2lean builds on this module's frame buffer
+
+    return ServerConnection(limits)
 
 
 class CorkedTransport:

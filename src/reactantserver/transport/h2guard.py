@@ -1,14 +1,15 @@
 """HTTP/2 connections a hostile peer cannot stop, slow or fool: grpclib's protocol, guarded.
 
 grpclib does the gRPC work (streams, flow-control bookkeeping, message send and receive)
-and h2 does the protocol. Both trust their peer more than a server facing anyone on the
+and our lean HTTP/2 connection (:mod:`.h2lean`, h2's events and errors) does the protocol.
+Both trust their peer more than a server facing anyone on the
 network may, and this module closes the gaps at the layer where bytes become events --
 below any request handler, so every server built on it (the worker's, a gateway's) gets
 the same protection, whatever the asyncio/Trio bridge above it looks like.
 
 Theory of operation
 -------------------
-One :class:`GuardedProtocol` per accepted socket. It builds h2's connection itself (so
+One :class:`GuardedProtocol` per accepted socket. It builds the HTTP/2 connection itself (so
 that every limit is in the first SETTINGS frame), feeds it the bytes, and hands the
 events to :class:`_Processor`, grpclib's ``EventsProcessor`` with these changes:
 
@@ -55,8 +56,8 @@ events to :class:`_Processor`, grpclib's ``EventsProcessor`` with these changes:
   traceback and closes that connection only: one bad connection must not end the
   server.
 
-The h2 connection itself (its first SETTINGS, the early frame-length check) and the
-corked transport are in :mod:`.h2conn`.
+The HTTP/2 connection itself is :mod:`.h2lean`; its first SETTINGS, the early
+frame-length check and the corked transport are in :mod:`.h2conn`.
 
 What is deliberately not here: the request handlers (:mod:`.server`), message codecs and
 the Trio bridge (:mod:`.grpc`). This module imports grpclib's ``protocol`` module only.
@@ -75,12 +76,12 @@ import h2.exceptions
 from grpclib.config import Configuration
 from grpclib.metadata import encode_grpc_message
 from grpclib.protocol import Connection, EventsProcessor, Stream
-from h2.connection import H2Connection
 from h2.errors import ErrorCodes
 
 from .faultlog import FaultLog
 from .framing import MessageFramer, Refusal
 from .h2conn import CorkedTransport, new_h2_connection
+from .h2lean import ServerConnection
 from .limits import Fault, WireCounters, WireLimits
 
 log = logging.getLogger(__name__)
@@ -228,7 +229,7 @@ class _Processor(EventsProcessor):
         self._guard = guard
         self._limits = guard.limits
         self._counters = guard.table.counters
-        self._h2: H2Connection = connection._connection
+        self._h2: ServerConnection = connection._connection  # type: ignore[assignment]
         self._framers: dict[int, MessageFramer] = {}
         #: When each running call started (loop time), for the premature-reset rule.
         self._started: dict[int, float] = {}
@@ -438,7 +439,7 @@ class GuardedProtocol(asyncio.Protocol):
             conn.initiate_connection()
             conn.increment_flow_control_window(self.limits.connection_window - 65535)
             self.connection = Connection(
-                conn,
+                conn,  # type: ignore[arg-type]  # the subset of H2Connection grpclib uses
                 self._cork,  # type: ignore[arg-type]
                 config=Configuration().__for_server__(),
             )

@@ -44,12 +44,12 @@ for WINDOW_UPDATE, frame by frame). grpclib's own send path makes three passes
 through its events and h2 and copies a large message three times.
 
 A large answer leaves in DATA frames of at most :data:`SEND_CHUNK` (256 KiB) even when
-the peer allows 16 MiB frames and windows (gRPC's C core does): h2 and asyncio copy each
-frame five or six times on its way to the socket (hyperframe's body and header joins,
-h2's output buffer, the transport's), and a 256 KiB frame is copied while it sits in the
-CPU's cache, a 16 MiB one from main memory into freshly mapped pages every time. Each
-frame is handed to the transport at once, and the next waits while the transport's
-buffer is over its high-water mark. Measured on a 38 MB answer: server CPU per call
+the peer allows 16 MiB frames and windows (gRPC's C core does): the frame is copied on
+its way to the socket (five or six times under h2, which this was measured with;
+:mod:`.h2lean` joins a frame's header and payload once, then the transport), and a
+256 KiB frame is copied while it sits in the CPU's cache, a 16 MiB one from main memory
+into freshly mapped pages every time. Each frame is handed to the transport at once, and
+the next waits while the transport's buffer is over its high-water mark. Measured on a 38 MB answer: server CPU per call
 0.75-0.8x, median latency 0.85x (docs/benchmarks.md).
 
 Shutdown helpers: :meth:`GuardedServer.goaway` (no new streams, on every connection),
@@ -87,6 +87,7 @@ from reactantserver.status import INTERNAL_MESSAGE, StatusCode
 from .faultlog import FaultLog
 from .framing import Refusal, RequestHead, request_head
 from .h2guard import ConnectionTable, GuardedProtocol
+from .h2lean import CONSTANT_BLOCKS
 from .limits import Fault, WireCounters, WireLimits, WireStatistics
 from .reclaim import ReclaimPolicy, release_memory
 
@@ -96,6 +97,9 @@ _UNARY_REQUEST = (Cardinality.UNARY_UNARY, Cardinality.UNARY_STREAM)
 #: The initial headers and the OK trailers of every unary answer (built once).
 _ANSWER_HEADERS = [(":status", "200"), ("content-type", "application/grpc+proto")]
 _OK_TRAILERS = [("grpc-status", "0")]
+# Sent on every call: their (table-independent) HPACK blocks are encoded once.
+CONSTANT_BLOCKS.remember(_ANSWER_HEADERS)
+CONSTANT_BLOCKS.remember(_OK_TRAILERS)
 #: The most answer bytes handed to h2 as one DATA frame (see ``send_unary_reply``).
 SEND_CHUNK = 256 * 1024
 #: Seconds between two runs of the server's periodic housekeeping.

@@ -1,0 +1,845 @@
+"""A lean server-side HTTP/2 connection: what grpclib drives, without h2's per-frame layers.
+
+Why
+---
+h2's ``H2Connection`` implements all of HTTP/2 for either side and pays for it on every
+frame: two state machines stepped per event (connection and stream), a frame object built
+and serialized for every frame we send, an HPACK encoder that searches its table and
+Huffman-codes every header we send, and trace logging whose arguments are built although
+the logger is off. For a small unary gRPC call that was ~100 us of the worker's ~280-840 us
+of CPU (docs/benchmarks.md, Table 3). :class:`ServerConnection` does the same job for a
+gRPC *server* in plain Python: see docs/benchmarks.md ("The lean HTTP/2 connection") for
+the measured gain.
+
+What it is
+----------
+A drop-in for the part of ``H2Connection`` that grpclib's ``protocol``/``server`` modules
+and :mod:`.h2guard` / :mod:`.server` use, emitting **h2's own event classes** (so grpclib's
+``EventsProcessor`` and our ``_Processor`` need no change) and raising **h2's own
+exceptions** (``h2.exceptions.ProtocolError`` and subclasses, which :mod:`.h2guard`
+catches). Received bytes are cut into frames by :class:`.h2conn._FrameBuffer` (preface
+check, frame length judged from the header, header blocks bounded, CONTINUATION joined);
+frames we send are written as bytes directly.
+
+Semantics (RFC 9113, server side; as h2 behaves, except where noted):
+
+* streams: client-initiated, odd and increasing ids (else PROTOCOL_ERROR); idle -> open ->
+  half-closed (remote) on END_STREAM -> closed when we end it too or on RST_STREAM either
+  way. A closed stream leaves :attr:`streams` at once (h2 keeps it until its next new
+  stream) and how it closed is remembered (bounded), so a frame on it gets h2's answer:
+  DATA -> RST_STREAM STREAM_CLOSED (its bytes still count against, and are returned to,
+  the connection window); HEADERS -> RST_STREAM STREAM_CLOSED after a reset, connection
+  error STREAM_CLOSED after END_STREAM; WINDOW_UPDATE and RST_STREAM -> ignored.
+  HEADERS or DATA on a half-closed (remote) stream -> RST_STREAM STREAM_CLOSED.
+  Trailers without END_STREAM -> PROTOCOL_ERROR.
+* flow control both ways: inbound DATA past a window -> FLOW_CONTROL_ERROR; our windows are
+  reopened by :meth:`ServerConnection.acknowledge_received_data` once half a window is
+  consumed (h2's ``WindowManager`` rule); WINDOW_UPDATE past 2^31-1 -> FLOW_CONTROL_ERROR
+  (a stream error on a stream, a connection error on the connection); a zero increment ->
+  PROTOCOL_ERROR. We never send more than the peer's windows allow.
+* SETTINGS applied and acknowledged at once (INITIAL_WINDOW_SIZE shifts every open
+  stream's send window; MAX_FRAME_SIZE bounds our frames; HEADER_TABLE_SIZE: see HPACK);
+  PING answered; PRIORITY reported; PUSH_PROMISE -> PROTOCOL_ERROR; unknown frame types
+  reported (UnknownFrameReceived) and otherwise ignored; ALTSVC ignored; padding stripped.
+* GOAWAY either way closes the connection state: any later frame but GOAWAY is a
+  PROTOCOL_ERROR, and nothing more may be sent but GOAWAY.
+* a connection error queues GOAWAY (last stream id, error code) and raises.
+
+What it refuses or leaves out: opening streams (a server never does; no push), priority
+trees (reported, not kept), SETTINGS_MAX_CONCURRENT_STREAMS as a connection error (the
+guard refuses one stream too many with REFUSED_STREAM, see :class:`.h2conn._Settings`),
+header validation (ours is :func:`.framing.request_head`, as with h2's ``H2_CONFIG``),
+and the stream-level WINDOW_UPDATE on a half-closed (remote) stream (h2 sends one; the
+peer may send nothing more on it).
+
+HPACK: received blocks are decoded by ``hpack.Decoder`` (bounded by
+SETTINGS_MAX_HEADER_LIST_SIZE). Our header blocks are literals that never enter the dynamic
+table (static-table name index where there is one, raw strings), so no table is searched,
+the peer's decoder table never changes, and a block does not depend on what was sent
+before. When the peer lowers SETTINGS_HEADER_TABLE_SIZE below the 4096 bytes an encoder
+starts with, the next block begins with a dynamic table size update (RFC 7541 §4.2).
+
+Invariant (tests/test_h2lean.py): for the same client bytes, the events (types and key
+fields) and whether a connection error was raised are those of h2's ``H2Connection``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from enum import IntEnum
+from typing import Any
+
+import h2.errors
+import h2.exceptions
+import h2.settings
+from h2.connection import ConnectionState
+from h2.errors import ErrorCodes
+from h2.events import (
+    ConnectionTerminated,
+    DataReceived,
+    Event,
+    PingAckReceived,
+    PingReceived,
+    PriorityUpdated,
+    RemoteSettingsChanged,
+    RequestReceived,
+    SettingsAcknowledged,
+    StreamEnded,
+    StreamReset,
+    TrailersReceived,
+    UnknownFrameReceived,
+    WindowUpdated,
+)
+from h2.settings import SettingCodes
+from hpack import Decoder, HPACKError, OversizedHeaderListError
+from hyperframe.exceptions import InvalidPaddingError
+from hyperframe.frame import (
+    AltSvcFrame,
+    ContinuationFrame,
+    DataFrame,
+    ExtensionFrame,
+    Frame,
+    GoAwayFrame,
+    HeadersFrame,
+    PingFrame,
+    PriorityFrame,
+    PushPromiseFrame,
+    RstStreamFrame,
+    SettingsFrame,
+    WindowUpdateFrame,
+)
+
+from .h2conn import _QUIET, _FrameBuffer, _Settings
+from .limits import WireLimits
+
+MAX_WINDOW = 2**31 - 1
+DEFAULT_WINDOW = 65535
+#: The dynamic table size an HPACK encoder starts with (SETTINGS_HEADER_TABLE_SIZE default).
+DEFAULT_TABLE = 4096
+#: Header blocks of indexed fields only remembered per connection (see ``_decode``).
+MAX_CACHED_BLOCKS = 64
+#: How many closed streams' endings are remembered (h2 keeps as many).
+MAX_CLOSED_STREAMS = 2**16
+
+# Frame types and flags we write.
+_DATA, _HEADERS, _RST, _SETTINGS, _PING, _GOAWAY, _WINDOW, _CONTINUATION = (
+    0x0,
+    0x1,
+    0x3,
+    0x4,
+    0x6,
+    0x7,
+    0x8,
+    0x9,
+)
+_END_STREAM, _ACK, _END_HEADERS = 0x1, 0x1, 0x4
+
+
+def _head(kind: int, flags: int, stream_id: int, length: int) -> bytes:
+    """A frame's 9-byte header."""
+    return length.to_bytes(3, "big") + bytes((kind, flags)) + stream_id.to_bytes(4, "big")
+
+
+def _window_update(stream_id: int, increment: int) -> bytes:
+    return _head(_WINDOW, 0, stream_id, 4) + increment.to_bytes(4, "big")
+
+
+def _rst(stream_id: int, code: int) -> bytes:
+    return _head(_RST, 0, stream_id, 4) + int(code).to_bytes(4, "big")
+
+
+def _indexed_only(block: bytes) -> bool:
+    """Whether a header block holds indexed fields only (RFC 7541 §6.1): no literal and no
+    table size update, so decoding it leaves the dynamic table unchanged."""
+    i, end = 0, len(block)
+    while i < end:
+        byte = block[i]
+        if not byte & 0x80:
+            return False
+        i += 1
+        if byte & 0x7F == 0x7F:  # a multi-byte index: continuation bytes, then the last
+            while i < end and block[i] & 0x80:
+                i += 1
+            i += 1
+    return i == end
+
+
+def _error_code(value: int) -> ErrorCodes | int:
+    try:
+        return ErrorCodes(value)
+    except ValueError:
+        return value
+
+
+# ---------------------------------------------------------------------- HPACK (ours)
+
+
+def _hpack_int(value: int, prefix_bits: int, first: int) -> bytes:
+    """RFC 7541 §5.1 integer with ``first``'s high bits as the pattern."""
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes((first | value,))
+    out = bytearray((first | limit,))
+    value -= limit
+    while value >= 128:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _static_names() -> dict[bytes, int]:
+    from hpack.table import HeaderTable
+
+    names: dict[bytes, int] = {}
+    for index, (name, _value) in enumerate(HeaderTable.STATIC_TABLE, start=1):
+        names.setdefault(name, index)
+    return names
+
+
+#: The static table's first index for each header name (RFC 7541 Appendix A).
+_STATIC_NAMES = _static_names()
+
+
+def _literal(name: str | bytes, value: str | bytes) -> bytes:
+    """One header as "literal without indexing" (RFC 7541 §6.2.2), no Huffman."""
+    n = name.encode("ascii") if isinstance(name, str) else name
+    v = value.encode("utf-8") if isinstance(value, str) else value
+    index = _STATIC_NAMES.get(n)
+    # The name: its static-table index, else a literal string (RFC 7541 §6.2.2).
+    head = _hpack_int(index, 4, 0) if index is not None else b"\x00" + _hpack_int(len(n), 7, 0) + n
+    return head + _hpack_int(len(v), 7, 0x00) + v
+
+
+def encode_headers(headers: Iterable[tuple[str | bytes, str | bytes]]) -> bytes:
+    """A header block that never touches the dynamic table (table-independent)."""
+    return b"".join([_literal(name, value) for name, value in headers])
+
+
+class _BlockCache:
+    """Encoded blocks of the constant header lists (keyed by the list object itself).
+
+    ``server._ANSWER_HEADERS`` and ``_OK_TRAILERS`` are module constants sent on every
+    call; their blocks are table-independent, so each is encoded once. A list is keyed by
+    identity and kept alive here, so an id is never reused by another list; only lists
+    passed to :meth:`remember` are cached.
+    """
+
+    def __init__(self) -> None:
+        self._blocks: dict[int, tuple[object, bytes]] = {}
+
+    def remember(self, headers: Sequence[tuple[str, str]]) -> None:
+        self._blocks[id(headers)] = (headers, encode_headers(headers))
+
+    def get(self, headers: object) -> bytes | None:
+        hit = self._blocks.get(id(headers))
+        return hit[1] if hit is not None and hit[0] is headers else None
+
+
+#: Header lists sent on every call, registered by their owners (:mod:`.server`).
+CONSTANT_BLOCKS = _BlockCache()
+
+
+# ---------------------------------------------------------------------- streams
+
+
+class StreamState(IntEnum):
+    OPEN = 1
+    HALF_CLOSED_REMOTE = 2
+    HALF_CLOSED_LOCAL = 3
+    CLOSED = 4
+
+
+class ClosedBy(IntEnum):
+    END = 1  # END_STREAM both ways
+    RESET = 2  # RST_STREAM either way
+
+
+class _Window:
+    """Our receive window, reopened as h2's ``WindowManager`` does (half-window rule)."""
+
+    __slots__ = ("max_size", "processed", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.max_size = size
+        self.processed = 0
+
+    def consumed(self, n: int) -> None:
+        self.size -= n
+        if self.size < 0:
+            raise h2.exceptions.FlowControlError(
+                f"flow control window exceeded by {-self.size} bytes"
+            )
+
+    def opened(self, n: int) -> None:
+        self.size += n
+        if self.size > MAX_WINDOW:
+            raise h2.exceptions.FlowControlError(f"window of {self.size} bytes past 2^31-1")
+        if self.size > self.max_size:
+            self.max_size = self.size
+
+    def processed_bytes(self, n: int) -> int:
+        """The increment to announce after the application processed ``n`` bytes."""
+        self.processed += n
+        processed = self.processed
+        if not processed:
+            return 0
+        if (self.size == 0 and processed > min(1024, self.max_size // 4)) or (
+            processed >= self.max_size // 2
+        ):
+            increment = min(processed, self.max_size - self.size)
+            self.processed = 0
+            self.size += increment
+            return increment
+        return 0
+
+
+class _StateMachine:
+    """Where ``headers_sent`` lives for h2's callers (``stream.state_machine``)."""
+
+    __slots__ = ("headers_sent", "state")
+
+    def __init__(self) -> None:
+        self.headers_sent = False
+        self.state = StreamState.OPEN
+
+
+class ServerStream:
+    """One stream's state: the subset of h2's ``H2Stream`` its callers read."""
+
+    __slots__ = ("recv_window", "send_window", "state_machine", "stream_id")
+
+    def __init__(self, stream_id: int, send_window: int, recv_window: int) -> None:
+        self.stream_id = stream_id
+        self.state_machine = _StateMachine()
+        self.send_window = send_window
+        self.recv_window = _Window(recv_window)
+
+    @property
+    def open(self) -> bool:
+        return self.state_machine.state is not StreamState.CLOSED
+
+    @property
+    def closed(self) -> bool:
+        return self.state_machine.state is StreamState.CLOSED
+
+
+class _ConnectionStateMachine:
+    __slots__ = ("state",)
+
+    def __init__(self) -> None:
+        self.state = ConnectionState.IDLE
+
+
+# ---------------------------------------------------------------------- the connection
+
+
+class ServerConnection:
+    """The server side of one HTTP/2 connection (module docstring)."""
+
+    def __init__(self, limits: WireLimits) -> None:
+        self.local_settings = _Settings(
+            client=False,
+            initial_values={
+                SettingCodes.MAX_CONCURRENT_STREAMS: limits.max_concurrent_streams,
+                SettingCodes.MAX_HEADER_LIST_SIZE: limits.max_header_list_size,
+                SettingCodes.MAX_FRAME_SIZE: limits.max_frame_size,
+                SettingCodes.INITIAL_WINDOW_SIZE: limits.stream_window,
+                SettingCodes.ENABLE_PUSH: 0,
+            },
+        )
+        self.remote_settings = h2.settings.Settings(client=True)
+        self.state_machine = _ConnectionStateMachine()
+        self.streams: dict[int, ServerStream] = {}
+        self.highest_inbound_stream_id = 0
+        self.max_outbound_frame_size = self.remote_settings.max_frame_size
+        self.outbound_flow_control_window = DEFAULT_WINDOW
+        self._recv_window = _Window(DEFAULT_WINDOW)
+        self._stream_window = limits.stream_window
+        self.decoder = Decoder()
+        self._header_cache: dict[bytes, tuple[tuple[str, str], ...]] = {}
+        self.decoder.max_header_list_size = limits.max_header_list_size
+        self.incoming_buffer = _FrameBuffer(limits.max_header_list_size)
+        self.incoming_buffer.max_frame_size = limits.max_frame_size
+        self._out: list[bytes | memoryview] = []
+        self._closed_by: OrderedDict[int, ClosedBy] = OrderedDict()
+        #: A dynamic table size update owed at the start of our next header block.
+        self._table_update: bytes = b""
+        self._table_size = DEFAULT_TABLE
+        # grpclib deletes this attribute on close (to break h2's reference cycles).
+        self._frame_dispatch_table: dict[type[Frame], Any] = {
+            DataFrame: self._on_data,
+            HeadersFrame: self._on_headers,
+            RstStreamFrame: self._on_rst_stream,
+            WindowUpdateFrame: self._on_window_update,
+            SettingsFrame: self._on_settings,
+            PingFrame: self._on_ping,
+            GoAwayFrame: self._on_goaway,
+            PriorityFrame: self._on_priority,
+            PushPromiseFrame: self._on_push_promise,
+            ContinuationFrame: self._on_continuation,
+            AltSvcFrame: self._on_ignored,
+            ExtensionFrame: self._on_unknown,
+        }
+        dispatch = self._frame_dispatch_table
+        for base, quiet in _QUIET.items():
+            dispatch[quiet] = dispatch[base]
+
+    # ------------------------------------------------------------------ output
+
+    def initiate_connection(self) -> None:
+        body = b"".join(
+            int(code).to_bytes(2, "big") + value.to_bytes(4, "big")
+            for code, value in self.local_settings.items()
+        )
+        self._out.append(_head(_SETTINGS, 0, 0, len(body)) + body)
+
+    def data_to_send(self) -> bytes:
+        """Everything queued to send, in order, as one ``bytes`` (then forgotten)."""
+        out = self._out
+        if not out:
+            return b""
+        data = b"".join(out) if len(out) > 1 or not isinstance(out[0], bytes) else out[0]
+        out.clear()
+        return data
+
+    def _sendable(self, stream_id: int) -> ServerStream:
+        """The stream we may send on now, or h2's exception for why not."""
+        if self.state_machine.state is ConnectionState.CLOSED:
+            raise h2.exceptions.ProtocolError("the connection is closed (GOAWAY)")
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            raise self._missing(stream_id)
+        state = stream.state_machine.state
+        if state is StreamState.HALF_CLOSED_LOCAL or state is StreamState.CLOSED:
+            raise h2.exceptions.StreamClosedError(stream_id)
+        return stream
+
+    def _end_local(self, stream: ServerStream) -> None:
+        sm = stream.state_machine
+        if sm.state is StreamState.HALF_CLOSED_REMOTE:
+            self._close(stream, ClosedBy.END)
+        else:
+            sm.state = StreamState.HALF_CLOSED_LOCAL
+
+    def send_headers(
+        self,
+        stream_id: int,
+        headers: Iterable[tuple[str, str]],
+        end_stream: bool = False,
+        priority_weight: int | None = None,
+        priority_depends_on: int | None = None,
+        priority_exclusive: bool | None = None,
+    ) -> None:
+        stream = self._sendable(stream_id)
+        sm = stream.state_machine
+        if sm.headers_sent and not end_stream:
+            raise h2.exceptions.ProtocolError("Trailers must have END_STREAM set")
+        block = CONSTANT_BLOCKS.get(headers)
+        if block is None:
+            block = encode_headers(headers)
+        if self._table_update:
+            block = self._table_update + block
+            self._table_update = b""
+        flags = _END_STREAM if end_stream else 0
+        limit = self.max_outbound_frame_size
+        if len(block) <= limit:
+            self._out.append(_head(_HEADERS, flags | _END_HEADERS, stream_id, len(block)))
+            self._out.append(block)
+        else:
+            first, rest = block[:limit], block[limit:]
+            self._out.append(_head(_HEADERS, flags, stream_id, len(first)) + first)
+            while rest:
+                piece, rest = rest[:limit], rest[limit:]
+                last = _END_HEADERS if not rest else 0
+                self._out.append(_head(_CONTINUATION, last, stream_id, len(piece)) + piece)
+        sm.headers_sent = True
+        if end_stream:
+            self._end_local(stream)
+
+    def send_data(
+        self,
+        stream_id: int,
+        data: bytes | memoryview,
+        end_stream: bool = False,
+        pad_length: Any = None,
+    ) -> None:
+        if pad_length is not None:
+            raise ValueError("this connection does not pad what it sends")
+        stream = self._sendable(stream_id)
+        size = len(data) if isinstance(data, bytes) else memoryview(data).nbytes
+        if size > self.max_outbound_frame_size:
+            raise h2.exceptions.FrameTooLargeError(
+                f"Cannot send frame size {size}, max is {self.max_outbound_frame_size}"
+            )
+        if size > stream.send_window or size > self.outbound_flow_control_window:
+            raise h2.exceptions.FlowControlError(
+                f"Cannot send {size} bytes, flow control window is "
+                f"{min(stream.send_window, self.outbound_flow_control_window)}"
+            )
+        stream.send_window -= size
+        self.outbound_flow_control_window -= size
+        self._out.append(_head(_DATA, _END_STREAM if end_stream else 0, stream_id, size))
+        if size:
+            self._out.append(data)
+        if end_stream:
+            self._end_local(stream)
+
+    def end_stream(self, stream_id: int) -> None:
+        self.send_data(stream_id, b"", end_stream=True)
+
+    def reset_stream(self, stream_id: int, error_code: ErrorCodes | int = 0) -> None:
+        if self.state_machine.state is ConnectionState.CLOSED:
+            raise h2.exceptions.ProtocolError("the connection is closed (GOAWAY)")
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            raise self._missing(stream_id)
+        self._out.append(_rst(stream_id, error_code))
+        self._close(stream, ClosedBy.RESET)
+
+    def local_flow_control_window(self, stream_id: int) -> int:
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            raise self._missing(stream_id)
+        return min(self.outbound_flow_control_window, stream.send_window)
+
+    def increment_flow_control_window(self, increment: int, stream_id: int | None = None) -> None:
+        if not 1 <= increment <= MAX_WINDOW:
+            raise ValueError("Flow control increment must be between 1 and 2^31-1")
+        if stream_id:
+            stream = self.streams.get(stream_id)
+            if stream is None:
+                raise h2.exceptions.StreamClosedError(stream_id)
+            stream.recv_window.opened(increment)
+        else:
+            self._recv_window.opened(increment)
+        self._out.append(_window_update(stream_id or 0, increment))
+
+    def acknowledge_received_data(self, acknowledged_size: int, stream_id: int) -> None:
+        if acknowledged_size < 0:
+            raise ValueError("Cannot acknowledge negative data")
+        increment = self._recv_window.processed_bytes(acknowledged_size)
+        if increment:
+            self._out.append(_window_update(0, increment))
+        stream = self.streams.get(stream_id)
+        # No WINDOW_UPDATE for a stream the peer has ended: it may send nothing more.
+        if stream is not None and stream.state_machine.state is not StreamState.HALF_CLOSED_REMOTE:
+            increment = stream.recv_window.processed_bytes(acknowledged_size)
+            if increment:
+                self._out.append(_window_update(stream_id, increment))
+
+    def ping(self, opaque_data: bytes) -> None:
+        if len(opaque_data) != 8:
+            raise ValueError(f"PING data must be 8 bytes, not {opaque_data!r}")
+        self._out.append(_head(_PING, 0, 0, 8) + bytes(opaque_data))
+
+    def close_connection(
+        self,
+        error_code: ErrorCodes | int = 0,
+        additional_data: bytes | None = None,
+        last_stream_id: int | None = None,
+    ) -> None:
+        last = self.highest_inbound_stream_id if last_stream_id is None else last_stream_id
+        extra = additional_data or b""
+        body = last.to_bytes(4, "big") + int(error_code).to_bytes(4, "big") + extra
+        self._out.append(_head(_GOAWAY, 0, 0, len(body)) + body)
+        self.state_machine.state = ConnectionState.CLOSED
+
+    # ------------------------------------------------------------------ input
+
+    def receive_data(self, data: bytes) -> list[Event]:
+        events: list[Event] = []
+        self.incoming_buffer.add_data(data)
+        try:
+            for frame in self.incoming_buffer:
+                self._dispatch(frame, events)
+        except InvalidPaddingError as err:
+            self._terminate(ErrorCodes.PROTOCOL_ERROR)
+            raise h2.exceptions.ProtocolError("Received frame with invalid padding.") from err
+        except h2.exceptions.ProtocolError as err:
+            self._terminate(err.error_code)
+            raise
+        return events
+
+    def _dispatch(self, frame: Frame, events: list[Event]) -> None:
+        state = self.state_machine.state
+        if state is not ConnectionState.SERVER_OPEN:
+            # h2's connection states: after GOAWAY either way only GOAWAY (and frames of
+            # unknown type) may arrive; before the first request, no DATA or RST_STREAM.
+            if state is ConnectionState.CLOSED:
+                if not isinstance(frame, GoAwayFrame | ExtensionFrame):
+                    raise h2.exceptions.ProtocolError(
+                        f"{type(frame).__name__} received after GOAWAY"
+                    )
+            elif isinstance(frame, DataFrame | RstStreamFrame):
+                raise h2.exceptions.ProtocolError(
+                    f"{type(frame).__name__} received before any stream was opened"
+                )
+        self._frame_dispatch_table[frame.__class__](frame, events)
+
+    def _receive_frame(self, frame: Frame) -> list[Event]:
+        """One frame's events (h2's name; :meth:`receive_data` is the way in)."""
+        events: list[Event] = []
+        self._dispatch(frame, events)
+        return events
+
+    def _terminate(self, error_code: ErrorCodes | int) -> None:
+        """A connection error: GOAWAY with its code (h2's ``_terminate_connection``)."""
+        self.close_connection(error_code)
+
+    def _close(self, stream: ServerStream, how: ClosedBy) -> None:
+        stream.state_machine.state = StreamState.CLOSED
+        sid = stream.stream_id
+        self.streams.pop(sid, None)
+        closed = self._closed_by
+        closed[sid] = how
+        if len(closed) > MAX_CLOSED_STREAMS:
+            # O(1): a dict's first key after many deletions is found by a scan.
+            closed.popitem(last=False)
+
+    def _is_idle(self, sid: int) -> bool:
+        """Whether a stream not in :attr:`streams` was never opened (else: closed).
+
+        Even ids are ours to open, and we never do: each of them is idle.
+        """
+        return not sid % 2 or sid > self.highest_inbound_stream_id
+
+    def _missing(self, sid: int) -> h2.exceptions.ProtocolError:
+        """h2's error for a stream not in :attr:`streams`: idle, or closed."""
+        if self._is_idle(sid):
+            return h2.exceptions.NoSuchStreamError(sid)
+        return h2.exceptions.StreamClosedError(sid)
+
+    def _decode(self, block: bytes) -> list[tuple[str, str]]:
+        """A header block's headers; h2's errors for a bad or oversized block.
+
+        A block of indexed fields only (a gRPC client repeating a call's headers, once
+        they are in its table) leaves the decoder's table as it was, so its headers are
+        those of the same bytes last time, for as long as no other block changed the
+        table: they are remembered per block, and forgotten whenever one does.
+        """
+        cache = self._header_cache
+        hit = cache.get(block)
+        if hit is not None:
+            return list(hit)
+        headers = self._decode_block(block)
+        if _indexed_only(block):
+            if len(cache) >= MAX_CACHED_BLOCKS:
+                cache.clear()
+            cache[bytes(block)] = tuple(headers)
+        else:
+            cache.clear()  # the table may have changed: every remembered block is stale
+        return headers
+
+    def _decode_block(self, block: bytes) -> list[tuple[str, str]]:
+        try:
+            raw = self.decoder.decode(block, raw=True)
+        except OversizedHeaderListError as err:
+            raise h2.exceptions.DenialOfServiceError(f"Oversized header block: {err}") from err
+        except (HPACKError, IndexError, TypeError, UnicodeDecodeError) as err:
+            raise h2.exceptions.ProtocolError(f"Error decoding header block: {err}") from err
+        return [(name.decode("ascii"), value.decode("ascii")) for name, value in raw]
+
+    def _on_headers(self, frame: HeadersFrame, events: list[Event]) -> None:
+        sid = frame.stream_id
+        stream = self.streams.get(sid)
+        if stream is None:
+            if sid <= self.highest_inbound_stream_id:
+                how = self._closed_by.get(sid)
+                if how is ClosedBy.RESET:
+                    self._decode(frame.data)  # keep the decoder's table in step
+                    self._out.append(_rst(sid, ErrorCodes.STREAM_CLOSED))
+                    return
+                if how is ClosedBy.END:
+                    raise h2.exceptions.StreamClosedError(sid)
+                raise h2.exceptions.StreamIDTooLowError(sid, self.highest_inbound_stream_id)
+            if not sid % 2:
+                raise h2.exceptions.ProtocolError("Invalid stream ID for peer.")
+            headers = self._decode(frame.data)
+            self.highest_inbound_stream_id = sid
+            if self.state_machine.state is ConnectionState.IDLE:
+                self.state_machine.state = ConnectionState.SERVER_OPEN
+            stream = ServerStream(
+                sid, self.remote_settings.initial_window_size, self._stream_window
+            )
+            self.streams[sid] = stream
+            # h2 declares bytes pairs; with header_encoding set (grpclib's) it gives str.
+            event: Event = RequestReceived(stream_id=sid, headers=headers)  # type: ignore[arg-type]
+        else:
+            headers = self._decode(frame.data)
+            if stream.state_machine.state is StreamState.HALF_CLOSED_REMOTE:
+                self._reset_on_error(stream, events)
+                return
+            if "END_STREAM" not in frame.flags:
+                raise h2.exceptions.ProtocolError("Trailers must have END_STREAM set")
+            event = TrailersReceived(stream_id=sid, headers=headers)  # type: ignore[arg-type]
+        events.append(event)
+        if "END_STREAM" in frame.flags:
+            ended = StreamEnded(stream_id=sid)
+            event.stream_ended = ended  # type: ignore[attr-defined]
+            events.append(ended)
+            self._end_remote(stream)
+        if "PRIORITY" in frame.flags:
+            priority = self._priority(frame)
+            event.priority_updated = priority  # type: ignore[attr-defined]
+            events.append(priority)
+
+    def _end_remote(self, stream: ServerStream) -> None:
+        sm = stream.state_machine
+        if sm.state is StreamState.HALF_CLOSED_LOCAL:
+            self._close(stream, ClosedBy.END)
+        else:
+            sm.state = StreamState.HALF_CLOSED_REMOTE
+
+    def _reset_on_error(self, stream: ServerStream, events: list[Event]) -> None:
+        """A frame the stream's state forbids: RST_STREAM STREAM_CLOSED (a stream error)."""
+        self._out.append(_rst(stream.stream_id, ErrorCodes.STREAM_CLOSED))
+        self._close(stream, ClosedBy.RESET)
+        events.append(
+            StreamReset(
+                stream_id=stream.stream_id,
+                error_code=ErrorCodes.STREAM_CLOSED,
+                remote_reset=False,
+            )
+        )
+
+    def _on_data(self, frame: DataFrame, events: list[Event]) -> None:
+        sid = frame.stream_id
+        length = frame.flow_controlled_length
+        self._recv_window.consumed(length)
+        stream = self.streams.get(sid)
+        if stream is None or stream.state_machine.state is StreamState.HALF_CLOSED_REMOTE:
+            if stream is None and self._is_idle(sid):
+                raise h2.exceptions.NoSuchStreamError(sid)
+            # Closed or half-closed (remote): its bytes go back to the connection window.
+            increment = self._recv_window.processed_bytes(length)
+            if increment:
+                self._out.append(_window_update(0, increment))
+            if stream is not None:
+                self._reset_on_error(stream, events)
+            else:
+                self._out.append(_rst(sid, ErrorCodes.STREAM_CLOSED))
+            return
+        stream.recv_window.consumed(length)
+        event = DataReceived(stream_id=sid, data=frame.data, flow_controlled_length=length)
+        events.append(event)
+        if "END_STREAM" in frame.flags:
+            ended = StreamEnded(stream_id=sid)
+            event.stream_ended = ended
+            events.append(ended)
+            self._end_remote(stream)
+
+    def _on_rst_stream(self, frame: RstStreamFrame, events: list[Event]) -> None:
+        stream = self.streams.get(frame.stream_id)
+        if stream is None:
+            return  # idle (h2 ignores it too) or already closed (RFC 9113 §5.1: ignore)
+        self._close(stream, ClosedBy.RESET)
+        events.append(
+            StreamReset(
+                stream_id=frame.stream_id,
+                error_code=_error_code(frame.error_code),
+                remote_reset=True,
+            )
+        )
+
+    def _on_window_update(self, frame: WindowUpdateFrame, events: list[Event]) -> None:
+        sid, increment = frame.stream_id, frame.window_increment
+        if not sid:
+            window = self.outbound_flow_control_window + increment
+            if window > MAX_WINDOW:
+                raise h2.exceptions.FlowControlError(
+                    f"connection send window of {window} bytes past 2^31-1"
+                )
+            self.outbound_flow_control_window = window
+            events.append(WindowUpdated(stream_id=0, delta=increment))
+            return
+        stream = self.streams.get(sid)
+        if stream is None:
+            if self._is_idle(sid):
+                raise h2.exceptions.NoSuchStreamError(sid)
+            return  # closed: ignored
+        window = stream.send_window + increment
+        if window > MAX_WINDOW:  # a stream error (RFC 9113 §6.9.1)
+            self._out.append(_rst(sid, ErrorCodes.FLOW_CONTROL_ERROR))
+            self._close(stream, ClosedBy.RESET)
+            events.append(
+                StreamReset(
+                    stream_id=sid, error_code=ErrorCodes.FLOW_CONTROL_ERROR, remote_reset=False
+                )
+            )
+            return
+        stream.send_window = window
+        events.append(WindowUpdated(stream_id=sid, delta=increment))
+
+    def _on_settings(self, frame: SettingsFrame, events: list[Event]) -> None:
+        if "ACK" in frame.flags:
+            ack = SettingsAcknowledged()
+            ack.changed_settings = self.local_settings.acknowledge()
+            events.append(ack)
+            return
+        remote = self.remote_settings
+        for code, value in frame.settings.items():
+            remote.validate_received_setting(code, value)  # h2's errors and codes
+        remote.update(frame.settings)
+        events.append(RemoteSettingsChanged.from_settings(remote, frame.settings))
+        changes = remote.acknowledge()
+        window = changes.get(SettingCodes.INITIAL_WINDOW_SIZE)
+        if window is not None:
+            delta = window.new_value - (window.original_value or DEFAULT_WINDOW)
+            for stream in self.streams.values():
+                stream.send_window += delta
+                if stream.send_window > MAX_WINDOW:
+                    raise h2.exceptions.FlowControlError(
+                        f"SETTINGS_INITIAL_WINDOW_SIZE takes stream {stream.stream_id}'s "
+                        "window past 2^31-1"
+                    )
+        if SettingCodes.MAX_FRAME_SIZE in changes:
+            self.max_outbound_frame_size = remote.max_frame_size
+        table = changes.get(SettingCodes.HEADER_TABLE_SIZE)
+        if table is not None and table.new_value < self._table_size:
+            self._table_size = table.new_value
+            self._table_update = _hpack_int(table.new_value, 5, 0x20)
+        self._out.append(_head(_SETTINGS, _ACK, 0, 0))
+
+    def _on_ping(self, frame: PingFrame, events: list[Event]) -> None:
+        if "ACK" in frame.flags:
+            events.append(PingAckReceived(ping_data=frame.opaque_data))
+            return
+        events.append(PingReceived(ping_data=frame.opaque_data))
+        self._out.append(_head(_PING, _ACK, 0, 8) + frame.opaque_data)
+
+    def _on_goaway(self, frame: GoAwayFrame, events: list[Event]) -> None:
+        self.state_machine.state = ConnectionState.CLOSED
+        self._out.clear()  # nothing more may be sent (h2 drops its unsent output too)
+        event = ConnectionTerminated()
+        event.error_code = _error_code(frame.error_code)
+        event.last_stream_id = frame.last_stream_id
+        event.additional_data = frame.additional_data or None
+        events.append(event)
+
+    def _priority(self, frame: HeadersFrame | PriorityFrame) -> PriorityUpdated:
+        if frame.depends_on == frame.stream_id:
+            raise h2.exceptions.ProtocolError(f"Stream {frame.stream_id} may not depend on itself")
+        event = PriorityUpdated()
+        event.stream_id = frame.stream_id
+        event.depends_on = frame.depends_on
+        event.exclusive = frame.exclusive
+        event.weight = frame.stream_weight + 1  # the byte holds weight - 1
+        return event
+
+    def _on_priority(self, frame: PriorityFrame, events: list[Event]) -> None:
+        events.append(self._priority(frame))
+
+    def _on_push_promise(self, frame: PushPromiseFrame, events: list[Event]) -> None:
+        raise h2.exceptions.ProtocolError("Received pushed stream")
+
+    def _on_continuation(self, frame: ContinuationFrame, events: list[Event]) -> None:
+        raise h2.exceptions.ProtocolError("Received a CONTINUATION frame outside a header block")
+
+    def _on_ignored(self, frame: Frame, events: list[Event]) -> None:
+        pass
+
+    def _on_unknown(self, frame: ExtensionFrame, events: list[Event]) -> None:
+        events.append(UnknownFrameReceived(frame=frame))

@@ -1,0 +1,406 @@
+"""The lean server connection (:mod:`reactantserver.transport.h2lean`) against h2's own.
+
+The same client bytes -- a polite client's requests and a misbehaving one's frames --
+are fed to our :class:`ServerConnection` and to h2's ``H2Connection`` (server side, as
+grpclib configured it before), with the same server actions (answers, resets) between
+reads, and what each reports is compared.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
+import hpack
+import pytest
+from h2.settings import SettingCodes
+from hyperframe.frame import (
+    DataFrame,
+    ExtensionFrame,
+    GoAwayFrame,
+    HeadersFrame,
+    PingFrame,
+    PriorityFrame,
+    PushPromiseFrame,
+    RstStreamFrame,
+    SettingsFrame,
+)
+from hypothesis import given, settings
+from strategies import h2_client_scripts
+
+from reactantserver.config.schema import EndpointsConfig
+from reactantserver.transport.h2conn import _QUIET, _FrameBuffer, _Settings
+from reactantserver.transport.h2lean import (
+    ServerConnection,
+    _indexed_only,
+    encode_headers,
+)
+from reactantserver.transport.limits import WireLimits
+
+LIMITS = WireLimits.from_endpoints(EndpointsConfig())
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+ANSWER = [(":status", "200"), ("content-type", "application/grpc+proto")]
+TRAILERS = [("grpc-status", "0")]
+REQUEST = [
+    (":method", "POST"),
+    (":scheme", "http"),
+    (":path", "/inference.GRPCInferenceService/ModelInfer"),
+    (":authority", "127.0.0.1:1"),
+    ("content-type", "application/grpc"),
+    ("te", "trailers"),
+]
+
+
+def _h2_server() -> h2.connection.H2Connection:
+    """h2's server connection exactly as ``new_h2_connection`` built it before h2lean."""
+    conn = h2.connection.H2Connection(
+        config=h2.config.H2Configuration(
+            client_side=False,
+            header_encoding="ascii",
+            validate_inbound_headers=False,
+            validate_outbound_headers=False,
+            normalize_inbound_headers=False,
+            normalize_outbound_headers=False,
+        )
+    )
+    conn.local_settings = _Settings(
+        client=False,
+        initial_values={
+            SettingCodes.MAX_CONCURRENT_STREAMS: LIMITS.max_concurrent_streams,
+            SettingCodes.MAX_HEADER_LIST_SIZE: LIMITS.max_header_list_size,
+            SettingCodes.MAX_FRAME_SIZE: LIMITS.max_frame_size,
+            SettingCodes.INITIAL_WINDOW_SIZE: LIMITS.stream_window,
+            SettingCodes.ENABLE_PUSH: 0,
+        },
+    )
+    conn.max_inbound_frame_size = LIMITS.max_frame_size
+    conn.decoder.max_header_list_size = LIMITS.max_header_list_size
+    conn.incoming_buffer = _FrameBuffer(LIMITS.max_header_list_size)
+    dispatch = conn._frame_dispatch_table
+    for base, quiet in _QUIET.items():
+        dispatch[quiet] = dispatch[base]
+    return conn
+
+
+def _summary(event: h2.events.Event) -> tuple[Any, ...]:
+    """An event's type and the fields grpclib and the guard read."""
+    kind = type(event).__name__
+    if isinstance(event, h2.events.RequestReceived | h2.events.TrailersReceived):
+        return (
+            kind,
+            event.stream_id,
+            tuple(tuple(h) for h in event.headers),
+            event.stream_ended is not None,
+            event.priority_updated is not None,
+        )
+    if isinstance(event, h2.events.DataReceived):
+        return (
+            kind,
+            event.stream_id,
+            bytes(event.data),
+            event.flow_controlled_length,
+            event.stream_ended is not None,
+        )
+    if isinstance(event, h2.events.StreamReset):
+        return (kind, event.stream_id, int(event.error_code), event.remote_reset)
+    if isinstance(event, h2.events.WindowUpdated):
+        return (kind, event.stream_id, event.delta)
+    if isinstance(event, h2.events.RemoteSettingsChanged | h2.events.SettingsAcknowledged):
+        changes = {
+            int(code): (c.original_value, c.new_value) for code, c in event.changed_settings.items()
+        }
+        return (kind, changes)
+    if isinstance(event, h2.events.PingReceived | h2.events.PingAckReceived):
+        return (kind, bytes(event.ping_data))
+    if isinstance(event, h2.events.ConnectionTerminated):
+        return (kind, int(event.error_code), event.last_stream_id, event.additional_data)
+    if isinstance(event, h2.events.PriorityUpdated):
+        return (kind, event.stream_id, event.depends_on, event.weight, event.exclusive)
+    if isinstance(event, h2.events.StreamEnded):
+        return (kind, event.stream_id)
+    return (kind,)
+
+
+class _Client:
+    """Turns script actions into bytes (one HPACK encoder, as a real client has)."""
+
+    def __init__(self) -> None:
+        self.encoder = hpack.Encoder()
+
+    def bytes_of(self, action: tuple[Any, ...]) -> bytes:
+        kind, *args = action
+        if kind == "headers":
+            sid, end, priority, extra = args
+            frame = HeadersFrame(sid, self.encoder.encode(REQUEST + extra))
+            frame.flags.add("END_HEADERS")
+            if end:
+                frame.flags.add("END_STREAM")
+            if priority is not None:
+                frame.flags.add("PRIORITY")
+                frame.depends_on, frame.stream_weight, frame.exclusive = priority
+            return frame.serialize()
+        if kind == "data":
+            sid, size, end, pad = args
+            frame = DataFrame(sid, b"\x07" * size)
+            if end:
+                frame.flags.add("END_STREAM")
+            if pad:
+                frame.flags.add("PADDED")
+                frame.pad_length = pad
+            return frame.serialize()
+        if kind == "rst":
+            sid, code = args
+            return RstStreamFrame(sid, error_code=code).serialize()
+        if kind == "window":
+            sid, increment = args
+            # hyperframe refuses to build a zero increment; the wire may carry one.
+            body = increment.to_bytes(4, "big")
+            return len(body).to_bytes(3, "big") + b"\x08\x00" + sid.to_bytes(4, "big") + body
+        if kind == "settings":
+            (values,) = args
+            return SettingsFrame(0, settings=dict(values)).serialize()
+        if kind == "settings_ack":
+            return SettingsFrame(0, flags=["ACK"]).serialize()
+        if kind == "ping":
+            (ack,) = args
+            return PingFrame(0, b"12345678", flags=["ACK"] if ack else []).serialize()
+        if kind == "priority":
+            sid, depends_on = args
+            return PriorityFrame(sid, depends_on=depends_on, stream_weight=15).serialize()
+        if kind == "push":
+            (sid,) = args
+            frame = PushPromiseFrame(sid, promised_stream_id=sid + 1, data=b"")
+            frame.flags.add("END_HEADERS")
+            return frame.serialize()
+        if kind == "goaway":
+            (code,) = args
+            return GoAwayFrame(
+                0, last_stream_id=0, error_code=code, additional_data=b"x"
+            ).serialize()
+        if kind == "unknown":
+            return ExtensionFrame(0x10, 0, 0, b"hello").serialize()
+        raise AssertionError(kind)
+
+
+def _serve(conn: Any, action: tuple[Any, ...]) -> str:
+    """A server action on ``conn``; the name of what it raised ("" if nothing)."""
+    kind, sid = action
+    try:
+        if kind == "answer":
+            conn.send_headers(sid, ANSWER)
+            window = conn.local_flow_control_window(sid)
+            if window >= 5:
+                conn.send_data(sid, b"\0\0\0\0\0")
+            conn.send_headers(sid, TRAILERS, end_stream=True)
+        else:
+            conn.reset_stream(sid, 8)
+    except Exception as exc:  # compared, not handled
+        return type(exc).__name__
+    return ""
+
+
+def _ambiguous(h2c: h2.connection.H2Connection, action: tuple[Any, ...]) -> bool:
+    """Actions whose h2 outcome depends on when h2 forgets a closed stream (lazily, at
+    its next new stream) rather than on the protocol: a RST_STREAM, or a server action,
+    on a stream that is already closed. RFC 9113 §5.1 lets the receiver ignore the
+    former; the callers (grpclib, the guard) check a stream before the latter."""
+    kind, *args = action
+    if kind not in ("rst", "answer", "reset"):
+        return False
+    stream = h2c.streams.get(args[0])
+    if kind == "rst":
+        return (stream is None or stream.closed) and args[0] <= h2c.highest_inbound_stream_id
+    return stream is None or stream.closed
+
+
+def _differential(reads: list[list[tuple[Any, ...]]]) -> list[tuple[Any, ...]]:
+    ours = ServerConnection(LIMITS)
+    theirs = _h2_server()
+    client = _Client()
+    ours.initiate_connection()
+    theirs.initiate_connection()
+    assert ours.data_to_send() == theirs.data_to_send()  # the same first SETTINGS
+    start = PREFACE + SettingsFrame(0).serialize() + SettingsFrame(0, flags=["ACK"]).serialize()
+    log: list[tuple[Any, ...]] = []
+    for conn in (ours, theirs):
+        conn.receive_data(start)
+    for read in reads:
+        wire = b""
+        for action in read:
+            if _ambiguous(theirs, action):
+                continue
+            if action[0] in ("answer", "reset"):
+                ours_error, theirs_error = _serve(ours, action), _serve(theirs, action)
+                assert ours_error == theirs_error, (action, ours_error, theirs_error)
+                continue
+            wire += client.bytes_of(action)
+        if not wire:
+            continue
+        outcomes = []
+        for conn in (ours, theirs):
+            try:
+                events = conn.receive_data(wire)
+            except h2.exceptions.ProtocolError as exc:
+                outcomes.append(("raised", "ProtocolError", int(exc.error_code)))
+            except Exception as exc:  # compared, not handled
+                outcomes.append(("raised", type(exc).__name__))
+            else:
+                outcomes.append(tuple(_summary(e) for e in events))
+        assert outcomes[0] == outcomes[1], (read, outcomes)
+        log.append(outcomes[0])
+        if outcomes[0] and outcomes[0][0] == "raised":
+            break
+    return log
+
+
+@settings(max_examples=400, deadline=None)
+@given(reads=h2_client_scripts())
+def test_same_events_as_h2_for_the_same_bytes(reads: list[list[tuple[Any, ...]]]) -> None:
+    """Invariant: fed the same client bytes (a polite client's requests and a
+    misbehaving client's frames: bad stream ids, DATA and HEADERS on closed streams,
+    flow-control overruns, window overflows, zero increments, bad SETTINGS, PUSH_PROMISE,
+    GOAWAY, unknown frames) with the same server answers and resets in between, our
+    connection reports the same events as h2's -- the same types in the same order with
+    the same stream ids, headers, data, lengths, error codes and settings -- and raises a
+    connection error (with the same error code) on exactly the reads h2 raises on."""
+    _differential(reads)
+
+
+def test_a_request_and_its_answer_round_trip_with_h2_as_the_client() -> None:
+    server = ServerConnection(LIMITS)
+    server.initiate_connection()
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    server.receive_data(client.data_to_send())
+    client.receive_data(server.data_to_send())
+    server.receive_data(client.data_to_send())
+    for sid in (1, 3, 5):  # the repeated header block is remembered after the first
+        client.send_headers(sid, REQUEST)
+        client.send_data(sid, b"\0\0\0\0\x02hi", end_stream=True)
+        kinds = [type(e) for e in server.receive_data(client.data_to_send())]
+        assert kinds == [h2.events.RequestReceived, h2.events.DataReceived, h2.events.StreamEnded]
+        server.send_headers(sid, ANSWER)
+        server.send_data(sid, b"\0\0\0\0\x02ok")
+        server.send_headers(sid, TRAILERS, end_stream=True)
+        events = client.receive_data(server.data_to_send())
+        assert [type(e) for e in events] == [
+            h2.events.ResponseReceived,
+            h2.events.DataReceived,
+            h2.events.TrailersReceived,
+            h2.events.StreamEnded,
+        ]
+        assert [tuple(h) for h in events[0].headers] == [
+            (b":status", b"200"),
+            (b"content-type", b"application/grpc+proto"),
+        ]
+        assert sid not in server.streams  # closed both ways: forgotten at once
+
+
+def test_header_blocks_stay_table_independent_when_the_peer_shrinks_its_table() -> None:
+    """Our blocks never use the dynamic table; a lowered HEADER_TABLE_SIZE is signalled."""
+    server = ServerConnection(LIMITS)
+    server.initiate_connection()
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    client.update_settings({SettingCodes.HEADER_TABLE_SIZE: 0})
+    server.receive_data(client.data_to_send())
+    client.receive_data(server.data_to_send())
+    client.send_headers(1, REQUEST, end_stream=True)
+    server.receive_data(client.data_to_send())
+    server.send_headers(1, ANSWER)
+    wire = server.data_to_send()
+    assert wire[9] == 0x20  # a dynamic table size update to 0 opens the block
+    (event,) = client.receive_data(wire)
+    assert isinstance(event, h2.events.ResponseReceived)
+    decoder = hpack.Decoder()
+    assert decoder.decode(encode_headers(ANSWER)) == ANSWER
+    assert len(decoder.header_table.dynamic_entries) == 0
+
+
+@pytest.mark.parametrize(
+    ("block", "indexed"),
+    [
+        (b"\x82\x86", True),
+        (b"\xff\x05\x82", True),
+        (b"\x82\x40\x01a\x01b", False),
+        (b"\x3f\x01", False),
+    ],
+)
+def test_indexed_only_blocks_are_recognised(block: bytes, indexed: bool) -> None:
+    assert _indexed_only(block) is indexed
+
+
+def _connected() -> tuple[ServerConnection, h2.connection.H2Connection]:
+    server = ServerConnection(LIMITS)
+    server.initiate_connection()
+    server.increment_flow_control_window(LIMITS.connection_window - 65535)
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    server.receive_data(client.data_to_send())
+    client.receive_data(server.data_to_send())
+    server.receive_data(client.data_to_send())
+    return server, client
+
+
+def test_megabytes_flow_both_ways_within_the_windows() -> None:
+    """A 3 MB request and a 3 MB answer on one stream, each side sending only what the
+    other's windows allow and acknowledging what it consumed: every byte arrives, and the
+    server's WINDOW_UPDATEs (half-window rule) keep the client going."""
+    server, client = _connected()
+    body = bytes(range(256)) * (3 * 4096)  # 3 MiB
+    client.send_headers(1, REQUEST)
+    received = bytearray()
+    sent = 0
+    for _ in range(10_000):
+        if sent < len(body):
+            room = min(client.local_flow_control_window(1), client.max_outbound_frame_size)
+            if room:
+                piece = body[sent : sent + room]
+                sent += len(piece)
+                client.send_data(1, piece, end_stream=sent == len(body))
+        events = server.receive_data(client.data_to_send())
+        for event in events:
+            if isinstance(event, h2.events.DataReceived):
+                received += event.data
+                server.acknowledge_received_data(event.flow_controlled_length, 1)
+        client.receive_data(server.data_to_send())
+        if any(isinstance(e, h2.events.StreamEnded) for e in events):
+            break
+    assert bytes(received) == body
+    server.send_headers(1, ANSWER)
+    answered = bytearray()
+    offset = 0
+    for _ in range(10_000):
+        room = min(server.local_flow_control_window(1), server.max_outbound_frame_size)
+        if offset < len(body) and room:
+            server.send_data(1, memoryview(body)[offset : offset + room])
+            offset += min(room, len(body) - offset)
+            if offset == len(body):
+                server.send_headers(1, TRAILERS, end_stream=True)
+        events = client.receive_data(server.data_to_send())
+        for event in events:
+            if isinstance(event, h2.events.DataReceived):
+                answered += event.data
+                client.acknowledge_received_data(event.flow_controlled_length, 1)
+        server.receive_data(client.data_to_send())
+        if any(isinstance(e, h2.events.StreamEnded) for e in events):
+            break
+    assert bytes(answered) == body
+    assert 1 not in server.streams
+
+
+def test_a_peer_past_the_connection_window_gets_flow_control_error() -> None:
+    server, client = _connected()
+    client.send_headers(1, REQUEST)
+    server.receive_data(client.data_to_send())
+    server.data_to_send()
+    too_much = DataFrame(1, b"x" * 16_000)
+    wire = too_much.serialize() * (LIMITS.stream_window // 16_000 + 1)
+    with pytest.raises(h2.exceptions.FlowControlError):
+        server.receive_data(wire)
+    goaway = server.data_to_send()
+    assert goaway[3] == 0x7 and int.from_bytes(goaway[13:17], "big") == 0x3
+    assert server.state_machine.state is h2.connection.ConnectionState.CLOSED
