@@ -129,6 +129,26 @@ def test_a_request_waits_only_for_the_gate_of_its_own_version() -> None:
     assert versions.finish(v2) == (Rebatch(v3),)
 
 
+def test_a_swap_to_other_sizes_waits_for_every_older_version() -> None:
+    """Found by the state machine below: v1 (sizes b1) has requests admitted, not yet
+    queued; v2 (b1 too) replaces it, so v1 keeps draining at b1; then v3 (b2) replaces v2,
+    which has nothing outstanding. The batching must not switch to b2 while v1's requests
+    can still be queued at b1: the gate waits for v1 as well."""
+    versions: ModelVersions[Version] = ModelVersions()
+    v1, v2, v3 = Version("m", "b1", 1), Version("m", "b1", 2), Version("m", "b2", 3)
+    versions.begin_load("m")
+    versions.loaded("m", v1, batching="b1")
+    versions.admit("m")
+    versions.begin_load("m")
+    assert versions.loaded("m", v2, batching="b1") == (SeedCosts(v2),)
+    versions.begin_load("m")
+    assert versions.loaded("m", v3, batching="b2") == ()  # v2 is drained, v1 is not
+    assert versions.gated(v3) and not versions.gated(v1)
+    assert versions.finish(v1) == (Retire(v1), Rebatch(v3))
+    assert versions.rebatched(v3) == (Retire(v2),)
+    assert versions.state("m") is S.READY and not versions.gated(v3)
+
+
 def test_unload_drains_then_removes_the_entry_then_frees() -> None:
     versions: ModelVersions[Version] = ModelVersions()
     v = Version("m", "b1", 1)

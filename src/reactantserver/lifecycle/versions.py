@@ -42,7 +42,9 @@ memory, a ``kind: meta`` model):
 * **different batching**: the old version's queued requests must run at the old sizes.
   The new version admits at once, but its requests are **gated**
   (:meth:`~ModelVersions.gated` of the version they were admitted to): the caller waits,
-  without being queued, until the old version has drained;
+  without being queued, until every older version has drained (not only the one it
+  replaced: one replaced before it by a version that batches the same way may still have
+  requests to queue at the old sizes);
   then ``Rebatch`` switches the scheduler entry, ``rebatched`` opens the gate, the swap
   completes (READY) and the old version is retired. While gated the name stays RELOADING,
   so no other lifecycle operation on it can start.
@@ -351,16 +353,20 @@ class ModelVersions(Generic[V]):
             self._states.apply(name, _E.LOADED)
             actions: tuple[VersionAction[V], ...] = (SeedCosts(version),)
             return actions + self._drained(old) if not old.outstanding else actions
-        # Different batching: gated until the old version drains (RELOADING meanwhile).
+        # Different batching: gated until every older version drains (RELOADING meanwhile).
         self._gates[name] = old
-        return self._drained(old) if not old.outstanding else _NONE
+        return _NONE if self._still_draining(name) else self._drained(old)
 
     def rebatched(self, version: V) -> tuple[VersionAction[V], ...]:
         """The driver switched the scheduler entry to ``version``'s batching (``Rebatch``):
         the gate opens, the swap is complete, and the drained old version is retired."""
         entry = self._versions[version]
         old = self._gates.pop(entry.name, None)
-        if old is None or self._serving.get(entry.name) is not entry or old.outstanding:
+        if (
+            old is None
+            or self._serving.get(entry.name) is not entry
+            or self._still_draining(entry.name)
+        ):
             raise LifecycleError(f"model {entry.name!r}: rebatched() without a drained gate")
         self._states.apply(entry.name, _E.LOADED)
         return (Retire(old.version),)
@@ -413,9 +419,16 @@ class ModelVersions(Generic[V]):
         if entry.batching is None:
             self._forget_version(entry)
             return _NONE
-        if self._gates.get(name) is entry:
-            # The gate's drain: switch the batching first; rebatched() retires it.
-            return (Rebatch(self._serving[name].version),)
+        gate = self._gates.get(name)
+        if gate is not None:
+            # A swap to other batch sizes waits for *every* older version, not only the
+            # one it replaced: a version replaced earlier by one that batches the same
+            # way may still have requests to queue at the old sizes. Once none is left,
+            # switch the batching; rebatched() retires the gate's own version.
+            retire: tuple[VersionAction[V], ...] = () if entry is gate else (Retire(entry.version),)
+            if self._still_draining(name):
+                return retire
+            return (*retire, Rebatch(self._serving[name].version))
         actions: tuple[VersionAction[V], ...] = (Retire(entry.version),)
         if self._unloading.get(name) is False and not any(
             v.outstanding for v in self._by_name[name]
@@ -423,6 +436,10 @@ class ModelVersions(Generic[V]):
             self._unloading[name] = True
             actions = (RemoveFromScheduler(name), *actions)
         return actions
+
+    def _still_draining(self, name: str) -> bool:
+        """Whether a retiring version of ``name`` still has requests outstanding."""
+        return any(v.retiring and v.outstanding for v in self._by_name[name])
 
     def _forget_version(self, entry: _Version[V]) -> None:
         del self._versions[entry.version]
