@@ -33,11 +33,8 @@ from strategies import h2_client_scripts
 
 from reactantserver.config.schema import EndpointsConfig
 from reactantserver.transport.h2conn import _QUIET, _FrameBuffer, _Settings
-from reactantserver.transport.h2lean import (
-    ServerConnection,
-    _indexed_only,
-    encode_headers,
-)
+from reactantserver.transport.h2lean import ServerConnection
+from reactantserver.transport.hpack_blocks import encode_headers
 from reactantserver.transport.limits import WireLimits
 
 LIMITS = WireLimits.from_endpoints(EndpointsConfig())
@@ -318,19 +315,6 @@ def test_header_blocks_stay_table_independent_when_the_peer_shrinks_its_table() 
     decoder = hpack.Decoder()
     assert decoder.decode(encode_headers(ANSWER)) == ANSWER
     assert len(decoder.header_table.dynamic_entries) == 0
-
-
-@pytest.mark.parametrize(
-    ("block", "indexed"),
-    [
-        (b"\x82\x86", True),
-        (b"\xff\x05\x82", True),
-        (b"\x82\x40\x01a\x01b", False),
-        (b"\x3f\x01", False),
-    ],
-)
-def test_indexed_only_blocks_are_recognised(block: bytes, indexed: bool) -> None:
-    assert _indexed_only(block) is indexed
 
 
 def _connected() -> tuple[ServerConnection, h2.connection.H2Connection]:

@@ -18,10 +18,12 @@ written; PRIORITY and unknown frame types ignored; PUSH_PROMISE refused
 (push is disabled in our SETTINGS); padding stripped; the peer's SETTINGS_MAX_FRAME_SIZE,
 SETTINGS_INITIAL_WINDOW_SIZE and SETTINGS_MAX_CONCURRENT_STREAMS obeyed.
 
-HPACK: our request headers are written as literals that never enter the dynamic table
+HPACK (:mod:`reactantserver.transport.hpack_blocks`, shared with the worker's server side):
+our request headers are written as literals that never enter the dynamic table
 (:func:`encode_request`), so nothing is searched and the worker's decoder table never
 changes; the worker's header blocks are decoded with the ``hpack`` library (every block,
-also those of streams we reset, so that the decoder's table stays in step).
+also those of streams we reset, so that the decoder's table stays in step), and a block that
+cannot change the table -- the worker's answers are literals too -- once per connection.
 
 Theory of operation
 -------------------
@@ -47,6 +49,9 @@ windows allow, nor a frame larger than its maximum frame size.
 from __future__ import annotations
 
 import hpack
+from hpack.hpack import DEFAULT_MAX_HEADER_LIST_SIZE
+
+from ..transport.hpack_blocks import BlockDecoder, encode_headers, literal
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -84,48 +89,21 @@ def _frame(kind: int, flags: int, stream_id: int, payload: bytes | memoryview = 
     return _head(kind, flags, stream_id, len(payload)) + payload
 
 
-def _hpack_int(value: int, prefix_bits: int, first: int) -> bytes:
-    """HPACK integer ``value`` with an N-bit prefix; ``first`` holds the byte's other bits."""
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes((first | value,))
-    out = bytearray((first | limit,))
-    value -= limit
-    while value >= 128:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _literal(name_index: int, value: bytes) -> bytes:
-    """Literal header field without indexing, name from the static table (RFC 7541 6.2.2)."""
-    return _hpack_int(name_index, 4, 0x00) + _hpack_int(len(value), 7, 0x00) + value
-
-
-def _literal_name(name: bytes, value: bytes) -> bytes:
-    """Literal header field without indexing, literal name."""
-    return b"\x00" + _hpack_int(len(name), 7, 0) + name + _hpack_int(len(value), 7, 0) + value
-
-
 def request_prefix(path: bytes, authority: bytes) -> bytes:
     """The constant part of a gRPC request's header block for ``path`` (RFC 7541 static
     table: 0x83 ``:method POST``, 0x86 ``:scheme http``, names 4 ``:path``, 1 ``:authority``,
     31 ``content-type``)."""
-    return (
-        b"\x83\x86"
-        + _literal(4, path)
-        + _literal(1, authority)
-        + _literal_name(b"te", b"trailers")
-        + _literal(31, b"application/grpc")
-    )
+    return b"\x83\x86" + encode_headers(
+        ((b":path", path), (b":authority", authority), (b"te", b"trailers"),
+         (b"content-type", b"application/grpc"))
+    )  # fmt: skip
 
 
 def encode_request(prefix: bytes, grpc_timeout: str | None) -> bytes:
     """A request header block: ``prefix`` (:func:`request_prefix`) and ``grpc-timeout``."""
     if grpc_timeout is None:
         return prefix
-    return prefix + _literal_name(b"grpc-timeout", grpc_timeout.encode("ascii"))
+    return prefix + literal(b"grpc-timeout", grpc_timeout.encode("ascii"))
 
 
 class _Stream:
@@ -149,7 +127,9 @@ class ClientConnection:
         self._out: list[bytes | memoryview] = []
         self._in = bytearray()  # a frame split across reads, until its end arrives
         self._need = 0  # ... and how many bytes that takes
-        self._decoder = hpack.Decoder()
+        self._decoder: BlockDecoder[tuple[tuple[bytes, bytes], ...]] = BlockDecoder(
+            tuple, DEFAULT_MAX_HEADER_LIST_SIZE
+        )
         self._streams: dict[int, _Stream] = {}
         self._next_id = 1
         # What we advertise: our receive windows and frame size.
@@ -402,7 +382,7 @@ class ClientConnection:
         self._block = None
         block = fragments[0] if len(fragments) == 1 else b"".join(fragments)
         try:
-            headers = self._decoder.decode(block, raw=True)
+            headers = list(self._decoder.decode(block))
         except hpack.HPACKError as exc:
             raise ProtocolError(f"undecodable header block: {exc}") from None
         if stream_id not in self._streams:

@@ -52,11 +52,12 @@ header validation (ours is :func:`.framing.request_head`, as with h2's ``H2_CONF
 and the stream-level WINDOW_UPDATE on a half-closed (remote) stream (h2 sends one; the
 peer may send nothing more on it).
 
-HPACK: received blocks are decoded by ``hpack.Decoder`` (bounded by
-SETTINGS_MAX_HEADER_LIST_SIZE). Our header blocks are literals that never enter the dynamic
-table (static-table name index where there is one, raw strings), so no table is searched,
-the peer's decoder table never changes, and a block does not depend on what was sent
-before. When the peer lowers SETTINGS_HEADER_TABLE_SIZE below the 4096 bytes an encoder
+HPACK (:mod:`.hpack_blocks`, shared with the gateway's client): received blocks are
+decoded by ``hpack.Decoder`` (bounded by SETTINGS_MAX_HEADER_LIST_SIZE), a block that cannot
+change the dynamic table once per connection while the table stays as it was. Our header
+blocks are literals that never enter the dynamic table (static-table name index where there
+is one, raw strings), so no table is searched, the peer's decoder table never changes, and
+a block does not depend on what was sent before. When the peer lowers SETTINGS_HEADER_TABLE_SIZE below the 4096 bytes an encoder
 starts with, the next block begins with a dynamic table size update (RFC 7541 §4.2).
 
 Invariant (tests/test_h2lean.py): for the same client bytes, the events (types and key
@@ -92,7 +93,7 @@ from h2.events import (
     WindowUpdated,
 )
 from h2.settings import SettingCodes
-from hpack import Decoder, HPACKError, OversizedHeaderListError
+from hpack import HPACKError, OversizedHeaderListError
 from hyperframe.exceptions import InvalidPaddingError
 from hyperframe.frame import (
     AltSvcFrame,
@@ -111,14 +112,13 @@ from hyperframe.frame import (
 )
 
 from .h2conn import _QUIET, _FrameBuffer, _Settings
+from .hpack_blocks import BlockDecoder, encode_headers, hpack_int
 from .limits import WireLimits
 
 MAX_WINDOW = 2**31 - 1
 DEFAULT_WINDOW = 65535
 #: The dynamic table size an HPACK encoder starts with (SETTINGS_HEADER_TABLE_SIZE default).
 DEFAULT_TABLE = 4096
-#: Header blocks of indexed fields only remembered per connection (see ``_decode``).
-MAX_CACHED_BLOCKS = 64
 #: How many closed streams' endings are remembered (h2 keeps as many).
 MAX_CLOSED_STREAMS = 2**16
 
@@ -149,20 +149,10 @@ def _rst(stream_id: int, code: int) -> bytes:
     return _head(_RST, 0, stream_id, 4) + int(code).to_bytes(4, "big")
 
 
-def _indexed_only(block: bytes) -> bool:
-    """Whether a header block holds indexed fields only (RFC 7541 §6.1): no literal and no
-    table size update, so decoding it leaves the dynamic table unchanged."""
-    i, end = 0, len(block)
-    while i < end:
-        byte = block[i]
-        if not byte & 0x80:
-            return False
-        i += 1
-        if byte & 0x7F == 0x7F:  # a multi-byte index: continuation bytes, then the last
-            while i < end and block[i] & 0x80:
-                i += 1
-            i += 1
-    return i == end
+def _ascii_headers(raw: Iterable[tuple[bytes, bytes]]) -> tuple[tuple[str, str], ...]:
+    """Header names and values as text (grpclib's ``header_encoding``); UnicodeDecodeError
+    for a byte that is not ASCII."""
+    return tuple((name.decode("ascii"), value.decode("ascii")) for name, value in raw)
 
 
 def _error_code(value: int) -> ErrorCodes | int:
@@ -173,48 +163,6 @@ def _error_code(value: int) -> ErrorCodes | int:
 
 
 # ---------------------------------------------------------------------- HPACK (ours)
-
-
-def _hpack_int(value: int, prefix_bits: int, first: int) -> bytes:
-    """RFC 7541 §5.1 integer with ``first``'s high bits as the pattern."""
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes((first | value,))
-    out = bytearray((first | limit,))
-    value -= limit
-    while value >= 128:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _static_names() -> dict[bytes, int]:
-    from hpack.table import HeaderTable
-
-    names: dict[bytes, int] = {}
-    for index, (name, _value) in enumerate(HeaderTable.STATIC_TABLE, start=1):
-        names.setdefault(name, index)
-    return names
-
-
-#: The static table's first index for each header name (RFC 7541 Appendix A).
-_STATIC_NAMES = _static_names()
-
-
-def _literal(name: str | bytes, value: str | bytes) -> bytes:
-    """One header as "literal without indexing" (RFC 7541 §6.2.2), no Huffman."""
-    n = name.encode("ascii") if isinstance(name, str) else name
-    v = value.encode("utf-8") if isinstance(value, str) else value
-    index = _STATIC_NAMES.get(n)
-    # The name: its static-table index, else a literal string (RFC 7541 §6.2.2).
-    head = _hpack_int(index, 4, 0) if index is not None else b"\x00" + _hpack_int(len(n), 7, 0) + n
-    return head + _hpack_int(len(v), 7, 0x00) + v
-
-
-def encode_headers(headers: Iterable[tuple[str | bytes, str | bytes]]) -> bytes:
-    """A header block that never touches the dynamic table (table-independent)."""
-    return b"".join([_literal(name, value) for name, value in headers])
 
 
 class _BlockCache:
@@ -358,9 +306,7 @@ class ServerConnection:
         self.outbound_flow_control_window = DEFAULT_WINDOW
         self._recv_window = _Window(DEFAULT_WINDOW)
         self._stream_window = limits.stream_window
-        self.decoder = Decoder()
-        self._header_cache: dict[bytes, tuple[tuple[str, str], ...]] = {}
-        self.decoder.max_header_list_size = limits.max_header_list_size
+        self._blocks = BlockDecoder(_ascii_headers, limits.max_header_list_size)
         self.incoming_buffer = _FrameBuffer(limits.max_header_list_size)
         self.incoming_buffer.max_frame_size = limits.max_frame_size
         self._out: list[bytes | memoryview] = []
@@ -613,34 +559,15 @@ class ServerConnection:
         return h2.exceptions.StreamClosedError(sid)
 
     def _decode(self, block: bytes) -> list[tuple[str, str]]:
-        """A header block's headers; h2's errors for a bad or oversized block.
-
-        A block of indexed fields only (a gRPC client repeating a call's headers, once
-        they are in its table) leaves the decoder's table as it was, so its headers are
-        those of the same bytes last time, for as long as no other block changed the
-        table: they are remembered per block, and forgotten whenever one does.
-        """
-        cache = self._header_cache
-        hit = cache.get(block)
-        if hit is not None:
-            return list(hit)
-        headers = self._decode_block(block)
-        if _indexed_only(block):
-            if len(cache) >= MAX_CACHED_BLOCKS:
-                cache.clear()
-            cache[bytes(block)] = tuple(headers)
-        else:
-            cache.clear()  # the table may have changed: every remembered block is stale
-        return headers
-
-    def _decode_block(self, block: bytes) -> list[tuple[str, str]]:
+        """A header block's headers (remembered per block while the table cannot have
+        changed: :class:`.hpack_blocks.BlockDecoder`); h2's errors for a bad or oversized
+        block."""
         try:
-            raw = self.decoder.decode(block, raw=True)
+            return list(self._blocks.decode(block))
         except OversizedHeaderListError as err:
             raise h2.exceptions.DenialOfServiceError(f"Oversized header block: {err}") from err
         except (HPACKError, IndexError, TypeError, UnicodeDecodeError) as err:
             raise h2.exceptions.ProtocolError(f"Error decoding header block: {err}") from err
-        return [(name.decode("ascii"), value.decode("ascii")) for name, value in raw]
 
     def _on_headers(self, frame: HeadersFrame, events: list[Event]) -> None:
         sid = frame.stream_id
@@ -800,7 +727,7 @@ class ServerConnection:
         table = changes.get(SettingCodes.HEADER_TABLE_SIZE)
         if table is not None and table.new_value < self._table_size:
             self._table_size = table.new_value
-            self._table_update = _hpack_int(table.new_value, 5, 0x20)
+            self._table_update = hpack_int(table.new_value, 5, 0x20)
         self._out.append(_head(_SETTINGS, _ACK, 0, 0))
 
     def _on_ping(self, frame: PingFrame, events: list[Event]) -> None:
