@@ -32,7 +32,7 @@ from hypothesis import given, settings
 from strategies import h2_client_scripts
 
 from reactantserver.config.schema import EndpointsConfig
-from reactantserver.transport.h2conn import _QUIET, _FrameBuffer, _Settings
+from reactantserver.transport.h2conn import h2_reference_connection
 from reactantserver.transport.h2lean import ServerConnection
 from reactantserver.transport.hpack_blocks import encode_headers
 from reactantserver.transport.limits import WireLimits
@@ -53,33 +53,7 @@ REQUEST = [
 
 def _h2_server() -> h2.connection.H2Connection:
     """h2's server connection exactly as ``new_h2_connection`` built it before h2lean."""
-    conn = h2.connection.H2Connection(
-        config=h2.config.H2Configuration(
-            client_side=False,
-            header_encoding="ascii",
-            validate_inbound_headers=False,
-            validate_outbound_headers=False,
-            normalize_inbound_headers=False,
-            normalize_outbound_headers=False,
-        )
-    )
-    conn.local_settings = _Settings(
-        client=False,
-        initial_values={
-            SettingCodes.MAX_CONCURRENT_STREAMS: LIMITS.max_concurrent_streams,
-            SettingCodes.MAX_HEADER_LIST_SIZE: LIMITS.max_header_list_size,
-            SettingCodes.MAX_FRAME_SIZE: LIMITS.max_frame_size,
-            SettingCodes.INITIAL_WINDOW_SIZE: LIMITS.stream_window,
-            SettingCodes.ENABLE_PUSH: 0,
-        },
-    )
-    conn.max_inbound_frame_size = LIMITS.max_frame_size
-    conn.decoder.max_header_list_size = LIMITS.max_header_list_size
-    conn.incoming_buffer = _FrameBuffer(LIMITS.max_header_list_size)
-    dispatch = conn._frame_dispatch_table
-    for base, quiet in _QUIET.items():
-        dispatch[quiet] = dispatch[base]
-    return conn
+    return h2_reference_connection(LIMITS)
 
 
 def _summary(event: h2.events.Event) -> tuple[Any, ...]:

@@ -43,6 +43,8 @@ from hyperframe.frame import (
 from .limits import WireLimits
 
 if TYPE_CHECKING:
+    from h2.connection import H2Connection
+
     from .h2lean import ServerConnection
 
 #: Buffered writes at least this large are sent at once instead of at the end of the pass.
@@ -261,6 +263,44 @@ def new_h2_connection(limits: WireLimits) -> ServerConnection:
     from .h2lean import ServerConnection  # h2lean builds on this module's frame buffer
 
     return ServerConnection(limits)
+
+
+def h2_reference_connection(limits: WireLimits) -> H2Connection:
+    """h2's own server connection, configured as ours was before :mod:`.h2lean`: the
+    oracle ``tests/test_h2lean.py`` holds :class:`~.h2lean.ServerConnection` to, and the
+    baseline of ``benchmarks/bench_h2lean.py``. Not used to serve."""
+    from h2.config import H2Configuration
+    from h2.connection import H2Connection
+
+    conn = H2Connection(
+        config=H2Configuration(
+            client_side=False,
+            header_encoding="ascii",
+            validate_inbound_headers=False,  # ours: framing.request_head
+            validate_outbound_headers=False,
+            normalize_inbound_headers=False,
+            normalize_outbound_headers=False,
+        )
+    )
+    conn.local_settings = _Settings(client=False, initial_values=_local_settings(limits))
+    conn.max_inbound_frame_size = limits.max_frame_size
+    conn.decoder.max_header_list_size = limits.max_header_list_size
+    conn.incoming_buffer = _FrameBuffer(limits.max_header_list_size)
+    dispatch = conn._frame_dispatch_table
+    for base, quiet in _QUIET.items():
+        dispatch[quiet] = dispatch[base]
+    return conn
+
+
+def _local_settings(limits: WireLimits) -> dict[SettingCodes, int]:
+    """Our SETTINGS: every limit, in the first SETTINGS frame."""
+    return {
+        SettingCodes.MAX_CONCURRENT_STREAMS: limits.max_concurrent_streams,
+        SettingCodes.MAX_HEADER_LIST_SIZE: limits.max_header_list_size,
+        SettingCodes.MAX_FRAME_SIZE: limits.max_frame_size,
+        SettingCodes.INITIAL_WINDOW_SIZE: limits.stream_window,
+        SettingCodes.ENABLE_PUSH: 0,
+    }
 
 
 class CorkedTransport:

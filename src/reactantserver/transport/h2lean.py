@@ -111,7 +111,7 @@ from hyperframe.frame import (
     WindowUpdateFrame,
 )
 
-from .h2conn import _QUIET, _FrameBuffer, _Settings
+from .h2conn import _QUIET, _FrameBuffer, _local_settings, _Settings
 from .hpack_blocks import BlockDecoder, encode_headers, hpack_int
 from .limits import WireLimits
 
@@ -288,16 +288,7 @@ class ServerConnection:
     """The server side of one HTTP/2 connection (module docstring)."""
 
     def __init__(self, limits: WireLimits) -> None:
-        self.local_settings = _Settings(
-            client=False,
-            initial_values={
-                SettingCodes.MAX_CONCURRENT_STREAMS: limits.max_concurrent_streams,
-                SettingCodes.MAX_HEADER_LIST_SIZE: limits.max_header_list_size,
-                SettingCodes.MAX_FRAME_SIZE: limits.max_frame_size,
-                SettingCodes.INITIAL_WINDOW_SIZE: limits.stream_window,
-                SettingCodes.ENABLE_PUSH: 0,
-            },
-        )
+        self.local_settings = _Settings(client=False, initial_values=_local_settings(limits))
         self.remote_settings = h2.settings.Settings(client=True)
         self.state_machine = _ConnectionStateMachine()
         self.streams: dict[int, ServerStream] = {}
