@@ -31,8 +31,8 @@ from grpclib.server import Server, Stream
 
 from reactantserver.errors import DeadlineExceeded
 from reactantserver.gateway.channel import DEADLINE_RESET_GRACE, ChannelError, Reply
-from reactantserver.gateway.http2 import REFUSED_STREAM
 from reactantserver.gateway.pool import WorkerClient
+from reactantserver.transport.h2wire import REFUSED_STREAM
 
 
 class _Raw(CodecBase):

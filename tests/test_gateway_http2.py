@@ -18,14 +18,13 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from reactantserver.gateway.http2 import (
-    CANCEL,
-    REFUSED_STREAM,
     ClientConnection,
     Event,
     ProtocolError,
     encode_request,
     request_prefix,
 )
+from reactantserver.transport.h2wire import CANCEL, REFUSED_STREAM
 
 PATH = b"/inference.GRPCInferenceService/ModelInfer"
 

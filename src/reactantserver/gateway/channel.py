@@ -58,6 +58,7 @@ import logging
 from urllib.parse import unquote
 
 from ..errors import DeadlineExceeded
+from ..transport.h2wire import CANCEL, REFUSED_STREAM
 from . import http2
 from .wire import encode_grpc_timeout
 
@@ -317,7 +318,7 @@ class WorkerConnection(asyncio.Protocol):
     def _reset(self, call: _Call) -> None:
         """RST_STREAM CANCEL: the worker cancels the call."""
         if self.closed is None:
-            self._h2.reset(call.stream_id, http2.CANCEL)
+            self._h2.reset(call.stream_id, CANCEL)
             self._schedule_flush()
 
     def _reset_later(self, call: _Call) -> None:
@@ -327,7 +328,7 @@ class WorkerConnection(asyncio.Protocol):
 
         def reset_if_open() -> None:
             if self.closed is None and self._h2.is_open(stream_id):
-                self._h2.reset(stream_id, http2.CANCEL)
+                self._h2.reset(stream_id, CANCEL)
                 self._flush()
 
         self._loop.call_later(DEADLINE_RESET_GRACE, reset_if_open)
@@ -406,7 +407,7 @@ class WorkerConnection(asyncio.Protocol):
         call = self._calls.get(stream_id)
         if call is None:
             return
-        refused = code == http2.REFUSED_STREAM
+        refused = code == REFUSED_STREAM
         self._finish(
             call,
             ChannelError(

@@ -51,42 +51,44 @@ from __future__ import annotations
 import hpack
 from hpack.hpack import DEFAULT_MAX_HEADER_LIST_SIZE
 
+from ..transport.h2wire import (
+    ACK,
+    CANCEL,
+    CONTINUATION,
+    DATA,
+    DEFAULT_FRAME,
+    DEFAULT_WINDOW,
+    END_HEADERS,
+    END_STREAM,
+    GOAWAY,
+    HEADERS,
+    MAX_FRAME_CEILING,
+    MAX_STREAM_ID,
+    MAX_WINDOW,
+    NO_ERROR,
+    PADDED,
+    PING,
+    PREFACE,
+    PRIORITY_FLAG,
+    PUSH_PROMISE,
+    RST_STREAM,
+    SETTINGS,
+    SETTINGS_ENABLE_PUSH,
+    SETTINGS_HEADER_TABLE_SIZE,
+    SETTINGS_INITIAL_WINDOW_SIZE,
+    SETTINGS_MAX_CONCURRENT_STREAMS,
+    SETTINGS_MAX_FRAME_SIZE,
+    WINDOW_UPDATE,
+    frame,
+    frame_head,
+)
 from ..transport.hpack_blocks import BlockDecoder, encode_headers, literal
-
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-
-DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS = 0x0, 0x1, 0x2, 0x3, 0x4
-PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0x5, 0x6, 0x7, 0x8, 0x9
-END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
-
-SETTINGS_HEADER_TABLE_SIZE, SETTINGS_ENABLE_PUSH, SETTINGS_MAX_CONCURRENT_STREAMS = 1, 2, 3
-SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE = 4, 5
-
-NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, CANCEL = 0x0, 0x1, 0x3, 0x8
-REFUSED_STREAM = 0x7
-
-#: HTTP/2's defaults before the peer's SETTINGS say otherwise.
-DEFAULT_WINDOW = 65535
-DEFAULT_FRAME = 16384
-MAX_WINDOW = 2**31 - 1
-MAX_STREAM_ID = 2**31 - 1
-#: A frame longer than this is refused whatever the peer claims (HTTP/2's own ceiling).
-MAX_FRAME_CEILING = 2**24 - 1
 
 Event = tuple[str, int, object, object]
 
 
 class ProtocolError(Exception):
     """The peer broke HTTP/2; the connection cannot continue."""
-
-
-def _head(kind: int, flags: int, stream_id: int, length: int) -> bytes:
-    """A frame's 9-byte header."""
-    return length.to_bytes(3, "big") + bytes((kind, flags)) + stream_id.to_bytes(4, "big")
-
-
-def _frame(kind: int, flags: int, stream_id: int, payload: bytes | memoryview = b"") -> bytes:
-    return _head(kind, flags, stream_id, len(payload)) + payload
 
 
 def request_prefix(path: bytes, authority: bytes) -> bytes:
@@ -160,10 +162,10 @@ class ClientConnection:
             )
         )
         self._out.append(PREFACE)
-        self._out.append(_frame(SETTINGS, 0, 0, settings))
+        self._out.append(frame(SETTINGS, 0, 0, settings))
         grow = self._connection_window - DEFAULT_WINDOW
         if grow > 0:
-            self._out.append(_frame(WINDOW_UPDATE, 0, 0, grow.to_bytes(4, "big")))
+            self._out.append(frame(WINDOW_UPDATE, 0, 0, grow.to_bytes(4, "big")))
 
     @property
     def open_streams(self) -> int:
@@ -193,14 +195,14 @@ class ClientConnection:
         limit = self.peer_max_frame
         flags = END_STREAM if end_stream else 0
         if len(header_block) <= limit:
-            self._out.append(_frame(HEADERS, flags | END_HEADERS, stream_id, header_block))
+            self._out.append(frame(HEADERS, flags | END_HEADERS, stream_id, header_block))
         else:
             view = memoryview(header_block)
-            self._out.append(_frame(HEADERS, flags, stream_id, view[:limit]))
+            self._out.append(frame(HEADERS, flags, stream_id, view[:limit]))
             for start in range(limit, len(view), limit):
                 last = start + limit >= len(view)
                 chunk = view[start : start + limit]
-                self._out.append(_frame(CONTINUATION, END_HEADERS if last else 0, stream_id, chunk))
+                self._out.append(frame(CONTINUATION, END_HEADERS if last else 0, stream_id, chunk))
         return stream_id
 
     def is_open(self, stream_id: int) -> bool:
@@ -227,25 +229,27 @@ class ClientConnection:
         limit = self.peer_max_frame
         out = self._out
         if size <= limit:
-            out.append(_head(DATA, END_STREAM if end_stream else 0, stream_id, size))
+            out.append(frame_head(DATA, END_STREAM if end_stream else 0, stream_id, size))
             out.append(data)  # not copied here: data_to_send joins everything once
             return
         view = memoryview(data)
         for start in range(0, size, limit):
             last = start + limit >= size
             chunk = view[start : start + limit]
-            out.append(_head(DATA, END_STREAM if end_stream and last else 0, stream_id, len(chunk)))
+            out.append(
+                frame_head(DATA, END_STREAM if end_stream and last else 0, stream_id, len(chunk))
+            )
             out.append(chunk)
 
     def reset(self, stream_id: int, code: int = CANCEL) -> None:
         """RST_STREAM: we are done with ``stream_id`` (late frames for it are ignored)."""
         if self._streams.pop(stream_id, None) is not None:
-            self._out.append(_frame(RST_STREAM, 0, stream_id, code.to_bytes(4, "big")))
+            self._out.append(frame(RST_STREAM, 0, stream_id, code.to_bytes(4, "big")))
 
     def close(self, code: int = NO_ERROR) -> None:
         """GOAWAY: we open no more streams (the peer learns our last stream was none)."""
         payload = (0).to_bytes(4, "big") + code.to_bytes(4, "big")
-        self._out.append(_frame(GOAWAY, 0, 0, payload))
+        self._out.append(frame(GOAWAY, 0, 0, payload))
 
     def data_to_send(self) -> bytes:
         """Everything queued to send, as one buffer (empty when nothing is)."""
@@ -328,7 +332,7 @@ class ClientConnection:
                 self._settings_in(payload, events)
         elif kind == PING:
             if not flags & ACK:
-                self._out.append(_frame(PING, ACK, 0, bytes(payload)))
+                self._out.append(frame(PING, ACK, 0, bytes(payload)))
         elif kind == GOAWAY:
             if len(payload) < 8:
                 raise ProtocolError("GOAWAY too short")
@@ -359,7 +363,7 @@ class ClientConnection:
         flow = len(payload)  # padding counts against the windows too
         self._recv_unacked += flow
         if self._recv_unacked >= self._connection_window // 2:
-            self._out.append(_frame(WINDOW_UPDATE, 0, 0, self._recv_unacked.to_bytes(4, "big")))
+            self._out.append(frame(WINDOW_UPDATE, 0, 0, self._recv_unacked.to_bytes(4, "big")))
             self._recv_unacked = 0
         stream = self._streams.get(stream_id)
         if stream is None:
@@ -372,7 +376,7 @@ class ClientConnection:
             stream.recv_unacked += flow
             if stream.recv_unacked >= self._stream_window // 2:
                 increment = stream.recv_unacked.to_bytes(4, "big")
-                self._out.append(_frame(WINDOW_UPDATE, 0, stream_id, increment))
+                self._out.append(frame(WINDOW_UPDATE, 0, stream_id, increment))
                 stream.recv_unacked = 0
         events.append(("data", stream_id, data, end))
 
@@ -412,7 +416,7 @@ class ClientConnection:
                 self.peer_max_streams = value
             elif key == SETTINGS_HEADER_TABLE_SIZE:
                 pass  # limits an encoder table we never use
-        self._out.append(_frame(SETTINGS, ACK, 0))
+        self._out.append(frame(SETTINGS, ACK, 0))
         events.append(("window", 0, None, None))
 
 

@@ -112,41 +112,37 @@ from hyperframe.frame import (
 )
 
 from .h2conn import _QUIET, _FrameBuffer, _local_settings, _Settings
+from .h2wire import (
+    ACK,
+    CONTINUATION,
+    DATA,
+    DEFAULT_WINDOW,
+    END_HEADERS,
+    END_STREAM,
+    GOAWAY,
+    HEADERS,
+    MAX_WINDOW,
+    PING,
+    RST_STREAM,
+    SETTINGS,
+    WINDOW_UPDATE,
+    frame_head,
+)
 from .hpack_blocks import BlockDecoder, encode_headers, hpack_int
 from .limits import WireLimits
 
-MAX_WINDOW = 2**31 - 1
-DEFAULT_WINDOW = 65535
 #: The dynamic table size an HPACK encoder starts with (SETTINGS_HEADER_TABLE_SIZE default).
 DEFAULT_TABLE = 4096
 #: How many closed streams' endings are remembered (h2 keeps as many).
 MAX_CLOSED_STREAMS = 2**16
 
-# Frame types and flags we write.
-_DATA, _HEADERS, _RST, _SETTINGS, _PING, _GOAWAY, _WINDOW, _CONTINUATION = (
-    0x0,
-    0x1,
-    0x3,
-    0x4,
-    0x6,
-    0x7,
-    0x8,
-    0x9,
-)
-_END_STREAM, _ACK, _END_HEADERS = 0x1, 0x1, 0x4
-
-
-def _head(kind: int, flags: int, stream_id: int, length: int) -> bytes:
-    """A frame's 9-byte header."""
-    return length.to_bytes(3, "big") + bytes((kind, flags)) + stream_id.to_bytes(4, "big")
-
 
 def _window_update(stream_id: int, increment: int) -> bytes:
-    return _head(_WINDOW, 0, stream_id, 4) + increment.to_bytes(4, "big")
+    return frame_head(WINDOW_UPDATE, 0, stream_id, 4) + increment.to_bytes(4, "big")
 
 
 def _rst(stream_id: int, code: int) -> bytes:
-    return _head(_RST, 0, stream_id, 4) + int(code).to_bytes(4, "big")
+    return frame_head(RST_STREAM, 0, stream_id, 4) + int(code).to_bytes(4, "big")
 
 
 def _ascii_headers(raw: Iterable[tuple[bytes, bytes]]) -> tuple[tuple[str, str], ...]:
@@ -331,7 +327,7 @@ class ServerConnection:
             int(code).to_bytes(2, "big") + value.to_bytes(4, "big")
             for code, value in self.local_settings.items()
         )
-        self._out.append(_head(_SETTINGS, 0, 0, len(body)) + body)
+        self._out.append(frame_head(SETTINGS, 0, 0, len(body)) + body)
 
     def data_to_send(self) -> bytes:
         """Everything queued to send, in order, as one ``bytes`` (then forgotten)."""
@@ -380,18 +376,18 @@ class ServerConnection:
         if self._table_update:
             block = self._table_update + block
             self._table_update = b""
-        flags = _END_STREAM if end_stream else 0
+        flags = END_STREAM if end_stream else 0
         limit = self.max_outbound_frame_size
         if len(block) <= limit:
-            self._out.append(_head(_HEADERS, flags | _END_HEADERS, stream_id, len(block)))
+            self._out.append(frame_head(HEADERS, flags | END_HEADERS, stream_id, len(block)))
             self._out.append(block)
         else:
             first, rest = block[:limit], block[limit:]
-            self._out.append(_head(_HEADERS, flags, stream_id, len(first)) + first)
+            self._out.append(frame_head(HEADERS, flags, stream_id, len(first)) + first)
             while rest:
                 piece, rest = rest[:limit], rest[limit:]
-                last = _END_HEADERS if not rest else 0
-                self._out.append(_head(_CONTINUATION, last, stream_id, len(piece)) + piece)
+                last = END_HEADERS if not rest else 0
+                self._out.append(frame_head(CONTINUATION, last, stream_id, len(piece)) + piece)
         sm.headers_sent = True
         if end_stream:
             self._end_local(stream)
@@ -418,7 +414,7 @@ class ServerConnection:
             )
         stream.send_window -= size
         self.outbound_flow_control_window -= size
-        self._out.append(_head(_DATA, _END_STREAM if end_stream else 0, stream_id, size))
+        self._out.append(frame_head(DATA, END_STREAM if end_stream else 0, stream_id, size))
         if size:
             self._out.append(data)
         if end_stream:
@@ -470,7 +466,7 @@ class ServerConnection:
     def ping(self, opaque_data: bytes) -> None:
         if len(opaque_data) != 8:
             raise ValueError(f"PING data must be 8 bytes, not {opaque_data!r}")
-        self._out.append(_head(_PING, 0, 0, 8) + bytes(opaque_data))
+        self._out.append(frame_head(PING, 0, 0, 8) + bytes(opaque_data))
 
     def close_connection(
         self,
@@ -481,7 +477,7 @@ class ServerConnection:
         last = self.highest_inbound_stream_id if last_stream_id is None else last_stream_id
         extra = additional_data or b""
         body = last.to_bytes(4, "big") + int(error_code).to_bytes(4, "big") + extra
-        self._out.append(_head(_GOAWAY, 0, 0, len(body)) + body)
+        self._out.append(frame_head(GOAWAY, 0, 0, len(body)) + body)
         self.state_machine.state = ConnectionState.CLOSED
 
     # ------------------------------------------------------------------ input
@@ -719,14 +715,14 @@ class ServerConnection:
         if table is not None and table.new_value < self._table_size:
             self._table_size = table.new_value
             self._table_update = hpack_int(table.new_value, 5, 0x20)
-        self._out.append(_head(_SETTINGS, _ACK, 0, 0))
+        self._out.append(frame_head(SETTINGS, ACK, 0, 0))
 
     def _on_ping(self, frame: PingFrame, events: list[Event]) -> None:
         if "ACK" in frame.flags:
             events.append(PingAckReceived(ping_data=frame.opaque_data))
             return
         events.append(PingReceived(ping_data=frame.opaque_data))
-        self._out.append(_head(_PING, _ACK, 0, 8) + frame.opaque_data)
+        self._out.append(frame_head(PING, ACK, 0, 8) + frame.opaque_data)
 
     def _on_goaway(self, frame: GoAwayFrame, events: list[Event]) -> None:
         self.state_machine.state = ConnectionState.CLOSED

@@ -1,0 +1,39 @@
+"""HTTP/2's wire numbers and frame headers, as our own HTTP/2 code writes them.
+
+Shared by the two ends we implement ourselves: the server side under grpclib
+(:mod:`.h2lean`) and the gateway's client to its workers
+(:mod:`reactantserver.gateway.http2`). RFC 9113 §4.1 (frame layout), §6 (frame types and
+flags), §6.5.2 (settings), §7 (error codes).
+"""
+
+from __future__ import annotations
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS = 0x0, 0x1, 0x2, 0x3, 0x4
+PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0x5, 0x6, 0x7, 0x8, 0x9
+END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
+
+SETTINGS_HEADER_TABLE_SIZE, SETTINGS_ENABLE_PUSH, SETTINGS_MAX_CONCURRENT_STREAMS = 1, 2, 3
+SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE = 4, 5
+
+NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, CANCEL = 0x0, 0x1, 0x3, 0x8
+REFUSED_STREAM = 0x7
+
+#: HTTP/2's defaults before the peer's SETTINGS say otherwise.
+DEFAULT_WINDOW = 65535
+DEFAULT_FRAME = 16384
+MAX_WINDOW = 2**31 - 1
+MAX_STREAM_ID = 2**31 - 1
+#: A frame longer than this is refused whatever the peer claims (HTTP/2's own ceiling).
+MAX_FRAME_CEILING = 2**24 - 1
+
+
+def frame_head(kind: int, flags: int, stream_id: int, length: int) -> bytes:
+    """A frame's 9-byte header."""
+    return length.to_bytes(3, "big") + bytes((kind, flags)) + stream_id.to_bytes(4, "big")
+
+
+def frame(kind: int, flags: int, stream_id: int, payload: bytes | memoryview = b"") -> bytes:
+    """A whole frame: its header, then ``payload``."""
+    return frame_head(kind, flags, stream_id, len(payload)) + payload
