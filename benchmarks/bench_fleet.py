@@ -57,10 +57,10 @@ import math
 import os
 import statistics
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +75,14 @@ sys.path.insert(0, str(ROOT / "examples"))
 import build_repo  # noqa: E402
 import tritonclient.grpc.aio as aioclient  # noqa: E402
 from bench_gateway import start_gateway  # noqa: E402
-from bench_serve import CHANNEL_ARGS, Server, free_port, start_ours, wait_ready  # noqa: E402
+from bench_serve import (  # noqa: E402
+    CHANNEL_ARGS,
+    Server,
+    free_port,
+    run_in_workdir,
+    start_ours,
+    wait_ready,
+)
 from fleet_live import (  # noqa: E402
     Control,
     Goals,
@@ -722,13 +729,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.runs = len(next(iter(results.values())))
         report(args, results, cal, shares)
         return
-    if args.workdir:
-        workdir = Path(args.workdir).resolve()
-        workdir.mkdir(parents=True, exist_ok=True)
-        asyncio.run(_run(args, workdir))
-        return
-    with tempfile.TemporaryDirectory(prefix="rs_bench_fleet_") as tmp:
-        asyncio.run(_run(args, Path(tmp)))
+    run_in_workdir(args.workdir, "rs_bench_fleet_", partial(_run, args))
 
 
 if __name__ == "__main__":

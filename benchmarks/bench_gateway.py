@@ -35,10 +35,10 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import attrs
@@ -56,6 +56,7 @@ from bench_serve import (  # noqa: E402
     closed_loop,
     free_port,
     process_cpu,
+    run_in_workdir,
     start_ours,
     tensor_input,
     wait_ready,
@@ -302,13 +303,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--profile-seconds", type=float, default=5.0, help="0: no profile")
     parser.add_argument("--workdir", help="keep the repository, cache and logs here")
     args = parser.parse_args(argv)
-    if args.workdir:
-        workdir = Path(args.workdir).resolve()
-        workdir.mkdir(parents=True, exist_ok=True)
-        asyncio.run(_run(args, workdir))
-        return
-    with tempfile.TemporaryDirectory(prefix="rs_bench_gateway_") as tmp:
-        asyncio.run(_run(args, Path(tmp)))
+    run_in_workdir(args.workdir, "rs_bench_gateway_", partial(_run, args))
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 
 import attrs
@@ -690,6 +691,20 @@ async def _run(args: argparse.Namespace, workdir: Path) -> None:
     print("\n".join(decision_costs()))
 
 
+def run_in_workdir(
+    workdir: str | None, prefix: str, run: Callable[[Path], Awaitable[None]]
+) -> None:
+    """``asyncio.run(run(directory))``: ``workdir`` when given (created, kept afterwards),
+    else a temporary directory named ``prefix...`` (removed afterwards)."""
+    if workdir:
+        path = Path(workdir).resolve()
+        path.mkdir(parents=True, exist_ok=True)
+        asyncio.run(run(path))
+        return
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        asyncio.run(run(Path(tmp)))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="measured window per row")
@@ -703,13 +718,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="skip the CPU breakdown (py-spy) windows",
     )
     args = parser.parse_args(argv)
-    if args.workdir:
-        workdir = Path(args.workdir).resolve()
-        workdir.mkdir(parents=True, exist_ok=True)
-        asyncio.run(_run(args, workdir))
-        return
-    with tempfile.TemporaryDirectory(prefix="rs_bench_serve_") as tmp:
-        asyncio.run(_run(args, Path(tmp)))
+    run_in_workdir(args.workdir, "rs_bench_serve_", partial(_run, args))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ Table 2, ours only: a compute-heavy model at 64 in flight with coalescing on aga
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib.metadata
 import json
 import os
@@ -35,9 +34,9 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
@@ -306,13 +305,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--skip-batching", action="store_true", help="only the peer table")
     parser.add_argument("--workdir", help="keep the repositories, caches and logs here")
     args = parser.parse_args(argv)
-    if args.workdir:
-        workdir = Path(args.workdir).resolve()
-        workdir.mkdir(parents=True, exist_ok=True)
-        asyncio.run(_run(args, workdir))
-        return
-    with tempfile.TemporaryDirectory(prefix="rs_bench_peer_") as tmp:
-        asyncio.run(_run(args, Path(tmp)))
+    bs.run_in_workdir(args.workdir, "rs_bench_peer_", partial(_run, args))
 
 
 if __name__ == "__main__":
