@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import math
 import os
-import random
 import statistics
 import sys
 import tempfile
@@ -59,13 +58,16 @@ from reactantserver.bundle import (
     read_weights,
     write_weights,
 )
-from reactantserver.config import ModelSchedConfig, RuntimeConfig, SchedulerConfig
+from reactantserver.config import ModelSchedConfig, RuntimeConfig
 from reactantserver.runtime import Runtime
 from reactantserver.runtime.host_memory import PinnedHostStaging, copying_allocate
 from reactantserver.runtime.weight_cache import (
     CachedWeights,
 )
 from reactantserver.weights import HostStore
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from catalog_run import zipf_catalog_run
 
 MiB = 1024 * 1024
 BW_MIB = 64
@@ -342,73 +344,24 @@ class _ModelledProgram:
 async def _zipf_run(
     device: Any, bundles: Sequence[Any], program: Any, prefetch: bool, seed: int
 ) -> dict[str, float]:
-    from reactantserver.models import ServedModel
-    from reactantserver.runtime.executor import DeviceExecutor
-    from reactantserver.scheduling import Scheduler
-
     total = sum(b.weights_nbytes for b in bundles)
     arena = math.ceil(total / RATIO / 0.9)  # on_demand = floor(0.9 * arena), no scratch
     config = RuntimeConfig(arena_bytes=arena, weight_prefetch=prefetch)
     # The CPU's host copies, as the worker makes them (so that loads really copy).
     host = HostStore(allocate=copying_allocate)
     cache = CachedWeights(device, config, arena=arena, host=host)
-    served = {
-        b.name: ServedModel(
-            b,
-            program,
-            ModelSchedConfig(),
-            platform="jax_cpu",
-            generation=i + 1,
-            max_queue_depth=1024,
-        )
-        for i, b in enumerate(bundles)
-    }
-    executor = DeviceExecutor(cache, served.get)
-    scheduler = Scheduler(SchedulerConfig(), executor)
-    for name, model in served.items():
-        await cache.add(model)
-        scheduler.add_model(name, BATCH_SIZES, coalescable=True)
-        for size, seconds in (await cache.warm_up(model)).items():
-            scheduler.seed_cost(name, size, seconds)
-    await cache.finish_probe()
-    names = list(served)
-    weights = [1 / (k + 1) ** ZIPF_S for k in range(len(names))]
-    rng = random.Random(seed)
-    plan = rng.choices(names, weights, k=REQUESTS)
-    x = np.ones((1, LAYER_N), np.float32)
-    before = cache.statistics().policy
-    async with trio.open_nursery() as nursery:
-        await nursery.start(scheduler.run)
-        queue = iter(plan)
-
-        async def client() -> None:
-            for name in queue:
-                await scheduler.submit(name, {"x": x}, rows=1, group=served[name])
-
-        start = trio.current_time()
-        async with trio.open_nursery() as clients:
-            for _ in range(CLIENTS):
-                clients.start_soon(client)
-        wall = trio.current_time() - start
-        await scheduler.aclose()
-    stats = scheduler.statistics().policy
-    busy = sum(m.compute_seconds for m in stats.models.values())
-    after = cache.statistics().policy
-    dispatches = sum(m.dispatches for m in stats.models.values())
-    return {
-        "throughput": REQUESTS / wall,
-        "idle": 1.0 - busy / wall,
-        "wall": wall,
-        "dispatches": dispatches,
-        "loads": after.loads - before.loads,
-        "misses": after.misses - before.misses,
-        "prefetches": after.prefetches - before.prefetches,
-        "prefetch_hits": after.prefetch_hits - before.prefetch_hits,
-        "prefetch_wasted": after.prefetch_wasted - before.prefetch_wasted,
-        "load_ms": 1e3
-        * (after.load_seconds - before.load_seconds)
-        / max(1, after.loads - before.loads),
-    }
+    return await zipf_catalog_run(
+        cache,
+        bundles,
+        program,
+        "jax_cpu",
+        batch_sizes=BATCH_SIZES,
+        requests=REQUESTS,
+        zipf=ZIPF_S,
+        clients=CLIENTS,
+        width=LAYER_N,
+        seed=seed,
+    )
 
 
 def prefetch_table(runtime: Runtime, root: Path) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import random
 import statistics
 import sys
 import tempfile
@@ -38,10 +37,13 @@ import trio
 from harness import Table, device_header, start_runtime
 
 from reactantserver.bundle import load_bundle
-from reactantserver.config import ModelSchedConfig, RuntimeConfig, SchedulerConfig
+from reactantserver.config import RuntimeConfig
 from reactantserver.runtime.host_memory import PinnedHostStaging, copying_allocate
 from reactantserver.runtime.weight_cache import CachedWeights
 from reactantserver.weights import HostStore
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
+from catalog_run import zipf_catalog_run
 
 MiB = 2**20
 BATCH_SIZES = (1, 4, 8)
@@ -150,10 +152,6 @@ async def zipf_run(
     seed: int,
     args: argparse.Namespace,
 ) -> dict[str, float]:
-    from reactantserver.models import ServedModel
-    from reactantserver.runtime.executor import DeviceExecutor
-    from reactantserver.scheduling import Scheduler
-
     total = sum(b.weights_nbytes for b in bundles)
     arena = math.ceil(total / RATIO / 0.9)  # on_demand = floor(0.9 * arena): a tenth
     config = RuntimeConfig(arena_bytes=arena, weight_prefetch=prefetch)
@@ -166,61 +164,18 @@ async def zipf_run(
         host=HostStore() if cuda else HostStore(allocate=copying_allocate),
         memory=lambda: None,  # the budget is the benchmark's: no probe
     )
-    served = {
-        b.name: ServedModel(
-            b,
-            program,
-            ModelSchedConfig(),
-            platform=f"jax_{runtime.backend}",
-            generation=i + 1,
-            max_queue_depth=1024,
-        )
-        for i, b in enumerate(bundles)
-    }
-    executor = DeviceExecutor(cache, served.get)
-    scheduler = Scheduler(SchedulerConfig(), executor)
-    for name, model in served.items():
-        await cache.add(model)
-        scheduler.add_model(name, BATCH_SIZES, coalescable=True)
-        for size, seconds in (await cache.warm_up(model)).items():
-            scheduler.seed_cost(name, size, seconds)
-    await cache.finish_probe()
-    names = list(served)
-    weights = [1 / (k + 1) ** args.zipf for k in range(len(names))]
-    plan = random.Random(seed).choices(names, weights, k=args.requests)
-    x = np.ones((1, args.width), np.float32)
-    before = cache.statistics().policy
-    async with trio.open_nursery() as nursery:
-        await nursery.start(scheduler.run)
-        queue = iter(plan)
-
-        async def client() -> None:
-            for name in queue:
-                await scheduler.submit(name, {"x": x}, rows=1, group=served[name])
-
-        start = trio.current_time()
-        async with trio.open_nursery() as clients:
-            for _ in range(args.clients):
-                clients.start_soon(client)
-        wall = trio.current_time() - start
-        await scheduler.aclose()
-    stats = scheduler.statistics().policy
-    busy = sum(m.compute_seconds for m in stats.models.values())
-    after = cache.statistics().policy
-    for model in served.values():
-        await cache.remove(model)
-    loads = after.loads - before.loads
-    return {
-        "throughput": args.requests / wall,
-        "idle": 1.0 - busy / wall,
-        "dispatches": sum(m.dispatches for m in stats.models.values()),
-        "loads": loads,
-        "misses": after.misses - before.misses,
-        "prefetches": after.prefetches - before.prefetches,
-        "prefetch_hits": after.prefetch_hits - before.prefetch_hits,
-        "prefetch_wasted": after.prefetch_wasted - before.prefetch_wasted,
-        "load_ms": 1e3 * (after.load_seconds - before.load_seconds) / max(1, loads),
-    }
+    return await zipf_catalog_run(
+        cache,
+        bundles,
+        program,
+        f"jax_{runtime.backend}",
+        batch_sizes=BATCH_SIZES,
+        requests=args.requests,
+        zipf=args.zipf,
+        clients=args.clients,
+        width=args.width,
+        seed=seed,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
