@@ -30,13 +30,12 @@ from reactantserver.config.schema import EndpointsConfig
 from reactantserver.errors import InvalidArgument
 from reactantserver.protocol import inference as pb
 from reactantserver.protocol.codec import (
-    MAX_DIMS,
     MAX_ENTRIES,
     decode_infer_request,
     encode_infer_response,
     from_message,
 )
-from reactantserver.protocol.wire_reader import MAX_GROUP_DEPTH
+from reactantserver.protocol.wire_reader import MAX_DIMS, MAX_GROUP_DEPTH
 from reactantserver.records import InferRequest, InferResponse, OutputTensor, ParamValue
 from reactantserver.service import Service
 from reactantserver.transport.grpc import serve_grpc

@@ -32,12 +32,11 @@ most eight digits and reads back within its unit of the original, never above it
 
 from __future__ import annotations
 
-from ..protocol.wire_reader import LEN, VARINT
+from ..protocol.wire_reader import LEN
 from ..protocol.wire_reader import Reader as _Cursor
 
-#: Inputs and extents the peek keeps at most (numpy's own limit on dimensions is 64).
+#: Inputs the peek keeps at most (extents: ``wire_reader.MAX_DIMS``).
 MAX_INPUTS = 4096
-MAX_DIMS = 64
 
 
 class InferPeek:
@@ -71,17 +70,7 @@ def _input(c: _Cursor) -> tuple[str, tuple[int, ...]]:
             c.expect(wire, LEN, "input name")
             name = c.string("input name")
         elif number == 3:
-            if wire == LEN:  # packed: what every client sends
-                start, end = c.length()
-                packed = _Cursor(c.buf, start, end, c.what)
-                while packed.pos < packed.end:
-                    shape.append(packed.int64())
-            elif wire == VARINT:  # unpacked: parsers must accept it too
-                shape.append(c.int64())
-            else:
-                raise c.fail(f"shape has wire type {wire}, expected {LEN} or {VARINT}")
-            if len(shape) > MAX_DIMS:
-                raise c.fail(f"shape has more than {MAX_DIMS} extents")
+            c.shape(wire, shape)
         else:
             c.skip(number, wire)
     return name, tuple(shape)

@@ -49,7 +49,7 @@ known field with the wrong wire type (protobuf's runtimes skip it as unknown; th
 codec says what is wrong instead, since no correct client sends one), invalid UTF-8. Memory stays proportional to the message (which
 ``endpoints.max_message_bytes`` bounds) with a small factor: fields that become a
 Python object each (inputs, outputs, raw entries, parameters) are capped at
-:data:`MAX_ENTRIES` per list or map and shapes at :data:`MAX_DIMS`, so that a message
+:data:`MAX_ENTRIES` per list or map and shapes at ``wire_reader.MAX_DIMS``, so that a message
 of millions of empty fields cannot turn into gigabytes of objects.
 
 Why one module of this size: the reader and the writer of one RPC's two messages,
@@ -83,8 +83,6 @@ from reactantserver.records import (
 
 #: Most inputs, outputs, raw entries or parameters one list or map may hold.
 MAX_ENTRIES = 4096
-#: Most extents a shape may hold (numpy's own limit; inferio refuses above 32).
-MAX_DIMS = 64
 
 _MASK64 = (1 << 64) - 1
 _SIGN64 = 1 << 63
@@ -140,19 +138,6 @@ def _map_entry(r: _Reader, params: dict[str, ParamValue]) -> None:
     if key not in params and len(params) >= MAX_ENTRIES:
         raise r.fail(f"more than {MAX_ENTRIES} parameters")
     params[key] = value
-
-
-def _shape(r: _Reader, wire: int, shape: list[int]) -> None:
-    if wire == LEN:  # packed: the usual encoding
-        sub = r.sub("shape")
-        while sub.pos < sub.end:
-            shape.append(sub.int64())
-    elif wire == VARINT:  # unpacked: parsers must accept it too
-        shape.append(r.int64())
-    else:
-        raise r.fail(f"shape has wire type {wire}, expected {LEN} or {VARINT}")
-    if len(shape) > MAX_DIMS:
-        raise r.fail(f"shape has more than {MAX_DIMS} extents")
 
 
 #: InferTensorContents: field number -> (attribute, wire type of one element, decode).
@@ -221,7 +206,7 @@ def _input(r: _Reader) -> InputTensor:
             r.expect(wire, LEN, "input datatype")
             tensor.datatype = r.string("input datatype")
         elif number == 3:
-            _shape(r, wire, tensor.shape)
+            r.shape(wire, tensor.shape)
         elif number == 4:
             r.expect(wire, LEN, "input parameters")
             _map_entry(r, tensor.parameters)

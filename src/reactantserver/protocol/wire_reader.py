@@ -19,6 +19,8 @@ VARINT, I64, LEN, SGROUP, EGROUP, I32 = 0, 1, 2, 3, 4, 5
 
 #: Unknown groups are skipped recursively; deeper nesting is refused, not a RecursionError.
 MAX_GROUP_DEPTH = 32
+#: Most extents a tensor shape may hold (numpy's own limit; inferio refuses above 32).
+MAX_DIMS = 64
 
 _MASK64 = (1 << 64) - 1
 _SIGN64 = 1 << 63
@@ -123,3 +125,18 @@ class Reader:
         """A reader over the length-delimited field at the cursor."""
         start, end = self.length()
         return Reader(self.buf, start, end, what)
+
+    def shape(self, wire: int, shape: list[int]) -> None:
+        """Append a tensor shape field's extents to ``shape``: packed (what every client
+        sends) or one unpacked element (parsers must accept it too); at most
+        :data:`MAX_DIMS` in all."""
+        if wire == LEN:
+            sub = self.sub("shape")
+            while sub.pos < sub.end:
+                shape.append(sub.int64())
+        elif wire == VARINT:
+            shape.append(self.int64())
+        else:
+            raise self.fail(f"shape has wire type {wire}, expected {LEN} or {VARINT}")
+        if len(shape) > MAX_DIMS:
+            raise self.fail(f"shape has more than {MAX_DIMS} extents")
