@@ -250,7 +250,7 @@ class _StateMachine:
         self.state = StreamState.OPEN
 
 
-class ServerStream:
+class H2Stream:
     """One stream's state: the subset of h2's ``H2Stream`` its callers read."""
 
     __slots__ = ("recv_window", "send_window", "state_machine", "stream_id")
@@ -287,7 +287,7 @@ class ServerConnection:
         self.local_settings = _Settings(client=False, initial_values=_local_settings(limits))
         self.remote_settings = h2.settings.Settings(client=True)
         self.state_machine = _ConnectionStateMachine()
-        self.streams: dict[int, ServerStream] = {}
+        self.streams: dict[int, H2Stream] = {}
         self.highest_inbound_stream_id = 0
         self.max_outbound_frame_size = self.remote_settings.max_frame_size
         self.outbound_flow_control_window = DEFAULT_WINDOW
@@ -338,7 +338,7 @@ class ServerConnection:
         out.clear()
         return data
 
-    def _sendable(self, stream_id: int) -> ServerStream:
+    def _sendable(self, stream_id: int) -> H2Stream:
         """The stream we may send on now, or h2's exception for why not."""
         if self.state_machine.state is ConnectionState.CLOSED:
             raise h2.exceptions.ProtocolError("the connection is closed (GOAWAY)")
@@ -350,7 +350,7 @@ class ServerConnection:
             raise h2.exceptions.StreamClosedError(stream_id)
         return stream
 
-    def _end_local(self, stream: ServerStream) -> None:
+    def _end_local(self, stream: H2Stream) -> None:
         sm = stream.state_machine
         if sm.state is StreamState.HALF_CLOSED_REMOTE:
             self._close(stream, ClosedBy.END)
@@ -522,7 +522,7 @@ class ServerConnection:
         """A connection error: GOAWAY with its code (h2's ``_terminate_connection``)."""
         self.close_connection(error_code)
 
-    def _close(self, stream: ServerStream, how: ClosedBy) -> None:
+    def _close(self, stream: H2Stream, how: ClosedBy) -> None:
         stream.state_machine.state = StreamState.CLOSED
         sid = stream.stream_id
         self.streams.pop(sid, None)
@@ -575,9 +575,7 @@ class ServerConnection:
             self.highest_inbound_stream_id = sid
             if self.state_machine.state is ConnectionState.IDLE:
                 self.state_machine.state = ConnectionState.SERVER_OPEN
-            stream = ServerStream(
-                sid, self.remote_settings.initial_window_size, self._stream_window
-            )
+            stream = H2Stream(sid, self.remote_settings.initial_window_size, self._stream_window)
             self.streams[sid] = stream
             # h2 declares bytes pairs; with header_encoding set (grpclib's) it gives str.
             event: Event = RequestReceived(stream_id=sid, headers=headers)  # type: ignore[arg-type]
@@ -600,14 +598,14 @@ class ServerConnection:
             event.priority_updated = priority  # type: ignore[attr-defined]
             events.append(priority)
 
-    def _end_remote(self, stream: ServerStream) -> None:
+    def _end_remote(self, stream: H2Stream) -> None:
         sm = stream.state_machine
         if sm.state is StreamState.HALF_CLOSED_LOCAL:
             self._close(stream, ClosedBy.END)
         else:
             sm.state = StreamState.HALF_CLOSED_REMOTE
 
-    def _reset_on_error(self, stream: ServerStream, events: list[Event]) -> None:
+    def _reset_on_error(self, stream: H2Stream, events: list[Event]) -> None:
         """A frame the stream's state forbids: RST_STREAM STREAM_CLOSED (a stream error)."""
         self._out.append(_rst(stream.stream_id, ErrorCodes.STREAM_CLOSED))
         self._close(stream, ClosedBy.RESET)
