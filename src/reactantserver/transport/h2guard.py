@@ -74,7 +74,6 @@ from typing import Any, Protocol
 import h2.events
 import h2.exceptions
 from grpclib.config import Configuration
-from grpclib.metadata import encode_grpc_message
 from grpclib.protocol import Connection, EventsProcessor, Stream
 from h2.errors import ErrorCodes
 
@@ -83,6 +82,7 @@ from .framing import MessageFramer, Refusal
 from .h2conn import CorkedTransport, new_h2_connection
 from .h2lean import ServerConnection
 from .limits import Fault, WireCounters, WireLimits
+from .unary import DirectAdmission, DirectCalls, status_headers
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +230,8 @@ class _Processor(EventsProcessor):
         self._limits = guard.limits
         self._counters = guard.table.counters
         self._h2: ServerConnection = connection._connection  # type: ignore[assignment]
+        #: Calls to direct methods (:mod:`.unary`): no grpclib stream, no task.
+        self.direct = DirectCalls(self._h2, connection, guard.peer)
         self._framers: dict[int, MessageFramer] = {}
         #: When each running call started (loop time), for the premature-reset rule.
         self._started: dict[int, float] = {}
@@ -255,11 +257,12 @@ class _Processor(EventsProcessor):
             # The peer reset it within the same read (HEADERS and RST_STREAM together):
             # nothing was started, nothing is owed, and h2 would refuse to reset it again.
             return
-        if len(self.streams) >= self._limits.max_concurrent_streams:
+        open_calls = len(self.streams) + len(self.direct)
+        if open_calls >= self._limits.max_concurrent_streams:
             self._h2.reset_stream(sid, ErrorCodes.REFUSED_STREAM)
             self._guard.fault(
                 Fault.TOO_MANY_STREAMS,
-                f"stream {sid} refused: {len(self.streams)} calls are open on the connection "
+                f"stream {sid} refused: {open_calls} calls are open on the connection "
                 "(endpoints.max_concurrent_streams)",
             )
             return
@@ -267,6 +270,12 @@ class _Processor(EventsProcessor):
         if isinstance(decision, Refusal):
             self._answer(sid, decision)
             self._guard.fault(decision.fault, decision.message)
+            return
+        if isinstance(decision, DirectAdmission):
+            self._started[sid] = self._guard.now()
+            self._streams_started += 1
+            self._framers[sid] = MessageFramer(self._limits.max_message_bytes, unary=True)
+            self.direct.open(sid, decision, self._opened(sid))
             return
         stream = self.connection.create_stream(stream_id=sid)
         self._started[sid] = self._guard.now()
@@ -278,20 +287,24 @@ class _Processor(EventsProcessor):
         self.handler.accept(stream, decision, release)
 
     def register(self, stream: Stream) -> Callable[[], None]:
-        release = super().register(stream)
+        sid = stream.id
+        assert sid is not None
+        return self._opened(sid, super().register(stream))
+
+    def _opened(self, sid: int, release: Callable[[], None] | None = None) -> Callable[[], None]:
+        """Count a stream that got a handler; its release (``release``: grpclib's part)."""
         counters = self._counters
         counters.streams_open += 1
         if counters.streams_open > counters.streams_peak:
             counters.streams_peak = counters.streams_open
         self._guard.busy()
-        sid = stream.id
-        assert sid is not None
 
         def release_stream() -> None:
             self._counters.streams_open -= 1
             self._framers.pop(sid, None)
             self._started.pop(sid, None)
-            release()
+            if release is not None:
+                release()
             if not self.connection.is_closing():
                 # A handler that finished while the peer is still sending (no END_STREAM
                 # yet) asks it to stop (RFC 9113 §8.1), so that h2 forgets the stream: a
@@ -300,32 +313,47 @@ class _Processor(EventsProcessor):
                 if state is not None and not state.closed:
                     self._h2.reset_stream(sid, ErrorCodes.NO_ERROR)
                     self.connection.flush()
-            if not self.streams:
+            if not self.streams and not self.direct:
                 self._guard.idle()
 
         return release_stream
 
     def process_data_received(self, event: h2.events.DataReceived) -> None:
-        framer = self._framers.get(event.stream_id)
+        sid = event.stream_id
+        framer = self._framers.get(sid)
         if framer is not None:
             refusal = framer.feed(event.data)
             if refusal is not None:
-                self._refuse(event.stream_id, refusal, event.flow_controlled_length)
+                self._refuse(sid, refusal, event.flow_controlled_length)
                 return
+        if sid in self.direct:
+            self.direct.data(sid, event.data, event.flow_controlled_length)  # type: ignore[arg-type]
+            self.connection.data_received += len(event.data)
+            return
         super().process_data_received(event)
 
     def process_stream_ended(self, event: h2.events.StreamEnded) -> None:
-        framer = self._framers.pop(event.stream_id, None)
+        sid = event.stream_id
+        framer = self._framers.pop(sid, None)
         if framer is not None:
             refusal = framer.end()
             if refusal is not None:
-                self._refuse(event.stream_id, refusal, 0)
+                self._refuse(sid, refusal, 0)
                 return
+        if sid in self.direct:
+            self.connection.streams_succeeded += 1
+            self.direct.ended(sid, self._guard.now())
+            return
         super().process_stream_ended(event)
+
+    def process_window_updated(self, event: h2.events.WindowUpdated) -> None:
+        super().process_window_updated(event)
+        self.direct.window(event.stream_id)
 
     def process_stream_reset(self, event: h2.events.StreamReset) -> None:
         self._framers.pop(event.stream_id, None)
         started = self._started.pop(event.stream_id, None)
+        self.direct.cancel(event.stream_id)
         super().process_stream_reset(event)
         if (
             event.remote_reset
@@ -349,6 +377,15 @@ class _Processor(EventsProcessor):
         # The peer's first SETTINGS frame (after its preface) completes the handshake.
         self._guard.handshake_done()
         super().process_remote_settings_changed(event)
+        self.direct.resume()  # its initial window may have grown
+
+    def resume(self) -> None:
+        """The transport drained: answers waiting for it go on."""
+        self.direct.resume()
+
+    def close(self, reason: str = "Connection closed") -> None:
+        super().close(reason)
+        self.direct.close()
 
     # ------------------------------------------------------------------ refusing
 
@@ -361,6 +398,7 @@ class _Processor(EventsProcessor):
         if stream is not None:
             unacked += stream.buffer.unacked_size()  # drains the buffer's queue
             self.handler.cancel(stream)
+        self.direct.cancel(sid)  # its DATA was acknowledged as it came
         if unacked:
             # The stream is closed now, so this opens the connection window only: the
             # bytes are dropped, not consumed, and the stream gets no more window.
@@ -371,19 +409,13 @@ class _Processor(EventsProcessor):
         state = self._h2.streams.get(sid)
         if state is None or state.closed:
             return
-        status = [
-            ("grpc-status", str(int(refusal.code))),
-            ("grpc-message", encode_grpc_message(refusal.message)),
-            *refusal.headers,
-        ]
-        if state.state_machine.headers_sent:
-            headers = status
-        else:
-            headers = [
-                (":status", str(refusal.http_status)),
-                ("content-type", "application/grpc+proto"),
-                *status,
-            ]
+        headers = status_headers(
+            refusal.code,
+            refusal.message,
+            headers_sent=state.state_machine.headers_sent,
+            http_status=refusal.http_status,
+            extra=refusal.headers,
+        )
         self._h2.send_headers(sid, headers, end_stream=True)
         if not state.closed:  # the peer may still be sending: RST_STREAM NO_ERROR
             self._h2.reset_stream(sid, ErrorCodes.NO_ERROR)
@@ -496,6 +528,8 @@ class GuardedProtocol(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self.connection is not None:
             self.connection.resume_writing()
+        if self._processor is not None:
+            self._processor.resume()
         if self._transport is not None and not self._transport.is_closing():
             self._transport.resume_reading()
 

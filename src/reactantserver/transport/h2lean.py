@@ -164,7 +164,7 @@ def _error_code(value: int) -> ErrorCodes | int:
 class _BlockCache:
     """Encoded blocks of the constant header lists (keyed by the list object itself).
 
-    ``server._ANSWER_HEADERS`` and ``_OK_TRAILERS`` are module constants sent on every
+    ``unary.ANSWER_HEADERS`` and ``OK_TRAILERS`` are module constants sent on every
     call; their blocks are table-independent, so each is encoded once. A list is keyed by
     identity and kept alive here, so an id is never reused by another list; only lists
     passed to :meth:`remember` are cached.

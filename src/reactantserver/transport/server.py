@@ -62,10 +62,8 @@ from __future__ import annotations
 
 import asyncio
 import binascii
-import collections
 import logging
 import socket
-import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -87,21 +85,21 @@ from reactantserver.status import INTERNAL_MESSAGE, StatusCode
 from .faultlog import FaultLog
 from .framing import Refusal, RequestHead, request_head
 from .h2guard import ConnectionTable, GuardedProtocol
-from .h2lean import CONSTANT_BLOCKS
 from .limits import Fault, WireCounters, WireLimits, WireStatistics
 from .reclaim import ReclaimPolicy, release_memory
+from .unary import (
+    ANSWER_HEADERS,
+    OK_TRAILERS,
+    SEND_CHUNK,
+    DirectAdmission,
+    DirectHandler,
+    frame_pieces,
+    message_pieces,
+)
 
 log = logging.getLogger(__name__)
 
 _UNARY_REQUEST = (Cardinality.UNARY_UNARY, Cardinality.UNARY_STREAM)
-#: The initial headers and the OK trailers of every unary answer (built once).
-_ANSWER_HEADERS = [(":status", "200"), ("content-type", "application/grpc+proto")]
-_OK_TRAILERS = [("grpc-status", "0")]
-# Sent on every call: their (table-independent) HPACK blocks are encoded once.
-CONSTANT_BLOCKS.remember(_ANSWER_HEADERS)
-CONSTANT_BLOCKS.remember(_OK_TRAILERS)
-#: The most answer bytes handed to h2 as one DATA frame (see ``send_unary_reply``).
-SEND_CHUNK = 256 * 1024
 #: Seconds between two runs of the server's periodic housekeeping.
 TICK = 2.0
 
@@ -140,14 +138,11 @@ class ServerStream(grpclib.server.Stream):
         write = stream._transport.write
         connection = stream.connection
         sid = stream.id
-        size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
-        pending = collections.deque(
-            memoryview(p).cast("B") for p in (struct.pack(">?I", False, size), *parts) if len(p)
-        )
+        pending = message_pieces(parts)
         await connection.write_ready.wait()
         if sid not in h2.streams:
             raise StreamTerminatedError("the stream was closed before the answer")
-        h2.send_headers(sid, _ANSWER_HEADERS)
+        h2.send_headers(sid, ANSWER_HEADERS)
         connection.headers_send_process()
         self._send_initial_metadata_done = True
         while pending:
@@ -160,20 +155,8 @@ class ServerStream(grpclib.server.Stream):
                 if sid not in h2.streams:
                     raise StreamTerminatedError("the stream was reset during the answer")
                 continue
-            chunk: list[memoryview] = []
-            room = window
-            while pending and room:
-                piece = pending[0]
-                if piece.nbytes <= room:
-                    chunk.append(pending.popleft())
-                    room -= piece.nbytes
-                else:
-                    chunk.append(piece[:room])
-                    pending[0] = piece[room:]
-                    room = 0
-            data = chunk[0] if len(chunk) == 1 else b"".join(chunk)
+            data, written = frame_pieces(pending, window)
             h2.send_data(sid, data)
-            written = window - room
             stream.data_sent += written
             connection.data_sent += written
             connection.data_send_process()
@@ -184,7 +167,7 @@ class ServerStream(grpclib.server.Stream):
                     if sid not in h2.streams:
                         raise StreamTerminatedError("the stream was reset during the answer")
         self._send_message_done = True
-        h2.send_headers(sid, _OK_TRAILERS, end_stream=True)
+        h2.send_headers(sid, OK_TRAILERS, end_stream=True)
         write(h2.data_to_send())
         connection.headers_send_process()
         self._send_trailing_metadata_done = True
@@ -201,7 +184,9 @@ class _Calls:
 
     # ---------------------------------------------------------------- RequestSink
 
-    def admit(self, headers: Sequence[tuple[str, str]], peer: str) -> Admission | Refusal:
+    def admit(
+        self, headers: Sequence[tuple[str, str]], peer: str
+    ) -> Admission | DirectAdmission | Refusal:
         self._peer = peer
         head = request_head(headers)
         if isinstance(head, Refusal):
@@ -213,6 +198,10 @@ class _Calls:
                 f"method {head.path!r} is not served here",
                 Fault.UNKNOWN_METHOD,
             )
+        if isinstance(handler, DirectHandler):
+            # Its deadline in loop time: the clock its handler's timers use.
+            due = None if head.timeout is None else self._loop.time() + head.timeout
+            return DirectAdmission(handler, head, due)
         try:
             metadata = decode_metadata(headers)
         except (ValueError, binascii.Error) as exc:
@@ -360,7 +349,7 @@ class GuardedServer:
 
     def __init__(
         self,
-        mapping: Mapping[str, Handler],
+        mapping: Mapping[str, Handler | DirectHandler],
         *,
         codec: CodecBase,
         limits: WireLimits,

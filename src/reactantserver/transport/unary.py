@@ -1,0 +1,363 @@
+"""Unary calls served by the connection's event handling: no task, no grpclib stream.
+
+A *direct* method (a :class:`DirectHandler` in the server's mapping, next to grpclib
+``Handler``\\ s) is served without the per-call machinery of the task path
+(:mod:`.server`): no asyncio task, no grpclib stream with its buffer and events, no
+deadline wrapper. The connection's events processor (:mod:`.h2guard`) collects the request
+message as its DATA arrives and, when the stream ends, calls the handler synchronously
+with a :class:`UnaryCall` and the message; the handler answers later -- from any callback
+on the loop -- with :meth:`UnaryCall.answer` or :meth:`UnaryCall.fail`, exactly once. It
+is made for a handler that only passes the call on (the gateway forwarding ModelInfer to a
+worker: the answer arrives in the worker connection's ``data_received``), where the task
+path's machinery was a third of the work per call.
+
+Theory of operation
+-------------------
+One :class:`DirectCalls` per connection holds its direct calls by stream id. Everything
+the wire checks (:mod:`.h2guard`: the stream limit, the headers, the message framing and
+size, premature resets) applies unchanged; this module adds, per call:
+
+* **Receiving.** DATA payloads are kept as the views the connection parsed (no copy) and
+  acknowledged at once: the framer has already bounded the stream to one message of at
+  most ``max_message_bytes``. At END_STREAM the views are joined once (a single view is
+  used as it is) and the handler gets the message without its 5-byte prefix.
+* **Deadlines.** A call whose deadline passed before its message was complete is answered
+  DEADLINE_EXCEEDED without reaching the handler. After that the deadline
+  (:attr:`UnaryCall.deadline`, loop time) is the handler's to keep: the gateway's worker
+  connection already runs a timer per call, and a second one here would double the cost.
+* **Answering.** :meth:`UnaryCall.answer` writes the initial headers, the message framed
+  from its pieces in DATA frames of at most :data:`SEND_CHUNK` bytes and the OK trailers,
+  as far as the peer's flow-control windows allow; the rest waits, without a task, for
+  WINDOW_UPDATE (:meth:`DirectCalls.window`) or for the transport to drain
+  (:meth:`DirectCalls.resume`). :meth:`UnaryCall.fail` answers trailers-only.
+* **Cancelling.** When the peer resets the stream or the connection goes, the call's
+  :attr:`UnaryCall.on_cancel` runs (once, if the handler set one and had not answered):
+  the handler drops its work. Nothing is written for such a call.
+* **Releasing.** Every call is released exactly once -- answered in full, failed,
+  cancelled or refused -- through the release callback the processor gave it, which
+  frees its slot under ``max_concurrent_streams``.
+
+Exceptions from a handler or its ``on_cancel`` are our bugs: logged with their traceback,
+the call answered INTERNAL with the fixed message; they never reach the connection.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import h2.exceptions
+from grpclib.const import Cardinality
+from grpclib.metadata import encode_grpc_message
+
+from reactantserver.status import INTERNAL_MESSAGE, StatusCode
+
+from .framing import RequestHead
+from .h2lean import CONSTANT_BLOCKS
+
+if TYPE_CHECKING:
+    from grpclib.protocol import Connection
+
+    from .h2lean import ServerConnection
+
+log = logging.getLogger(__name__)
+
+#: The initial headers and the OK trailers of every unary answer (built once).
+ANSWER_HEADERS = [(":status", "200"), ("content-type", "application/grpc+proto")]
+OK_TRAILERS = [("grpc-status", "0")]
+# Sent on every call: their (table-independent) HPACK blocks are encoded once.
+CONSTANT_BLOCKS.remember(ANSWER_HEADERS)
+CONSTANT_BLOCKS.remember(OK_TRAILERS)
+#: The most answer bytes handed to the connection as one DATA frame (see server.py).
+SEND_CHUNK = 256 * 1024
+
+
+@attrs.frozen
+class DirectHandler:
+    """A mapping entry served without a task (module docstring): ``func(call, message)``
+    starts the work and returns; the call is answered later through ``call``."""
+
+    func: Callable[[UnaryCall, memoryview], None]
+    #: What grpclib's ``Handler`` records say about a method (for reflection and tests).
+    cardinality: Cardinality = Cardinality.UNARY_UNARY
+    request_type: Any = None
+    reply_type: Any = None
+
+
+@attrs.frozen(eq=False)
+class DirectAdmission:
+    """A request for a direct method whose headers passed."""
+
+    handler: DirectHandler
+    head: RequestHead
+    #: Loop time by which the call must be answered (None: the client set no deadline).
+    deadline: float | None
+
+    @property
+    def unary_request(self) -> bool:
+        return True
+
+
+def frame_pieces(
+    pending: collections.deque[memoryview], room: int
+) -> tuple[bytes | memoryview, int]:
+    """The next DATA frame's payload, at most ``room`` bytes taken off the front of
+    ``pending`` (a piece that does not fit is split), and its length. One piece is sent as
+    the view it is; several are joined (a small message and its 5-byte prefix)."""
+    chunk: list[memoryview] = []
+    left = room
+    while pending and left:
+        piece = pending[0]
+        if piece.nbytes <= left:
+            chunk.append(pending.popleft())
+            left -= piece.nbytes
+        else:
+            chunk.append(piece[:left])
+            pending[0] = piece[left:]
+            left = 0
+    data = chunk[0] if len(chunk) == 1 else b"".join(chunk)
+    return data, room - left
+
+
+def message_pieces(parts: Sequence[bytes | memoryview]) -> collections.deque[memoryview]:
+    """A gRPC message (5-byte prefix, then ``parts`` as they are) as byte views."""
+    size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+    prefix = b"\x00" + size.to_bytes(4, "big")
+    return collections.deque(memoryview(p).cast("B") for p in (prefix, *parts) if len(p))
+
+
+def status_headers(code: int, message: str, *, headers_sent: bool, http_status: int = 200,
+                   extra: Sequence[tuple[str, str]] = ()) -> list[tuple[str, str]]:  # fmt: skip
+    """The header block that ends a call with ``code``: trailers after the initial
+    headers, or a trailers-only answer (``:status`` and content type first)."""
+    status = [
+        ("grpc-status", str(int(code))),
+        ("grpc-message", encode_grpc_message(message)),
+        *extra,
+    ]
+    if headers_sent:
+        return status
+    return [(":status", str(http_status)), ("content-type", "application/grpc+proto"), *status]
+
+
+class UnaryCall:
+    """One direct call, from its complete request to its answer (module docstring)."""
+
+    __slots__ = ("_calls", "_chunks", "_done", "_pending", "deadline", "on_cancel", "path",
+                 "peer", "stream_id")  # fmt: skip
+
+    def __init__(
+        self,
+        calls: DirectCalls,
+        stream_id: int,
+        path: str,
+        deadline: float | None,
+        peer: str,
+    ) -> None:
+        self._calls = calls
+        self.stream_id = stream_id
+        self.path = path
+        #: Loop time by which the call must be answered (None: no deadline).
+        self.deadline = deadline
+        self.peer = peer
+        #: Set by the handler: runs once if the call is cancelled before it is answered.
+        self.on_cancel: Callable[[], None] | None = None
+        self._chunks: list[memoryview] = []
+        #: The answer's bytes not yet handed to the connection (flow control).
+        self._pending: collections.deque[memoryview] | None = None
+        self._done = False
+
+    def __repr__(self) -> str:
+        return f"UnaryCall({self.path}, stream {self.stream_id} of {self.peer})"
+
+    @property
+    def done(self) -> bool:
+        """Answered (or being answered), failed or cancelled: nothing more may be sent."""
+        return self._done
+
+    def answer(self, parts: Sequence[bytes | memoryview]) -> None:
+        """Answer OK with the message ``b"".join(parts)`` (the pieces are not joined)."""
+        if self._done:
+            return  # cancelled meanwhile: nobody to answer
+        self._done = True
+        self._calls.answer(self, message_pieces(parts))
+
+    def fail(self, code: int, message: str) -> None:
+        """Answer ``code`` with ``message`` (trailers-only)."""
+        if self._done:
+            return
+        self._done = True
+        self._calls.fail(self, code, message)
+
+
+class DirectCalls:
+    """The direct calls of one connection (module docstring)."""
+
+    def __init__(self, h2: ServerConnection, connection: Connection, peer: str) -> None:
+        self._h2 = h2
+        self._connection = connection
+        self._peer = peer
+        self._calls: dict[int, UnaryCall] = {}
+        self._handlers: dict[int, DirectHandler] = {}
+        self._release: dict[int, Callable[[], None]] = {}
+        #: Answers waiting for the peer's window or a drained transport, in order.
+        self._blocked: dict[int, UnaryCall] = {}
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def __contains__(self, stream_id: int) -> bool:
+        return stream_id in self._calls
+
+    # ---------------------------------------------------------------- the processor's side
+
+    def open(self, stream_id: int, admitted: DirectAdmission, release: Callable[[], None]) -> None:
+        """A stream whose headers admitted it to a direct method."""
+        self._calls[stream_id] = UnaryCall(
+            self, stream_id, admitted.head.path, admitted.deadline, self._peer
+        )
+        self._handlers[stream_id] = admitted.handler
+        self._release[stream_id] = release
+
+    def data(self, stream_id: int, data: memoryview, flow_controlled_length: int) -> None:
+        """A DATA payload the framer accepted: kept, and acknowledged at once."""
+        self._calls[stream_id]._chunks.append(data)
+        if flow_controlled_length:
+            self._h2.acknowledge_received_data(flow_controlled_length, stream_id)
+
+    def ended(self, stream_id: int, now: float) -> None:
+        """END_STREAM after a whole message: hand it to the handler."""
+        call = self._calls[stream_id]
+        handler = self._handlers.pop(stream_id)
+        chunks, call._chunks = call._chunks, []
+        if call.deadline is not None and now >= call.deadline:
+            call.fail(
+                StatusCode.DEADLINE_EXCEEDED,
+                f"{call.path}: the deadline passed while the request was being received",
+            )
+            return
+        body = chunks[0] if len(chunks) == 1 else memoryview(b"".join(chunks))
+        try:
+            handler.func(call, body[5:])
+        except Exception:
+            log.exception("%s failed with an unexpected error", call.path)
+            call.fail(StatusCode.INTERNAL, INTERNAL_MESSAGE)
+
+    def cancel(self, stream_id: int) -> None:
+        """The peer reset the stream, or it was refused: the handler drops its work."""
+        call = self._calls.get(stream_id)
+        if call is None:
+            return
+        already = call._done
+        call._done = True
+        self._forget(call)
+        if not already and call.on_cancel is not None:
+            try:
+                call.on_cancel()
+            except Exception:
+                log.exception("cancelling %s failed", call.path)
+
+    def window(self, stream_id: int) -> None:
+        """The peer's window grew (stream 0: the connection's): blocked answers go on."""
+        if not self._blocked:
+            return
+        if stream_id:
+            call = self._blocked.pop(stream_id, None)
+            if call is not None:
+                self._pump(call)
+        else:
+            self.resume()
+
+    def resume(self) -> None:
+        """The transport drained (or a window grew): every blocked answer goes on."""
+        blocked, self._blocked = self._blocked, {}
+        for call in blocked.values():
+            if call.stream_id in self._calls:
+                self._pump(call)
+
+    def close(self) -> None:
+        """The connection is gone: every call still open is cancelled."""
+        for stream_id in list(self._calls):
+            self.cancel(stream_id)
+
+    # ---------------------------------------------------------------- answering
+
+    def answer(self, call: UnaryCall, pending: collections.deque[memoryview]) -> None:
+        if call.stream_id not in self._calls:
+            return
+        try:
+            self._h2.send_headers(call.stream_id, ANSWER_HEADERS)
+        except h2.exceptions.ProtocolError:
+            self._gone(call)
+            return
+        call._pending = pending
+        self._pump(call)
+
+    def fail(self, call: UnaryCall, code: int, message: str) -> None:
+        if call.stream_id not in self._calls:
+            return
+        try:
+            self._h2.send_headers(
+                call.stream_id, status_headers(code, message, headers_sent=False), end_stream=True
+            )
+        except h2.exceptions.ProtocolError:
+            self._gone(call)
+            return
+        self._connection.flush()
+        self._forget(call)
+
+    def _gone(self, call: UnaryCall) -> None:
+        """The stream or the connection closed under an answer (our GOAWAY, a reset the
+        processor has not seen yet): nobody to answer; the call is only released."""
+        log.debug("%r: closed before its answer", call)
+        self._forget(call)
+
+    def _pump(self, call: UnaryCall) -> None:
+        """Send what the windows allow of ``call``'s answer; its trailers once all is out."""
+        try:
+            self._pump_frames(call)
+        except h2.exceptions.ProtocolError:
+            self._gone(call)
+
+    def _pump_frames(self, call: UnaryCall) -> None:
+        conn = self._h2
+        sid = call.stream_id
+        pending = call._pending
+        assert pending is not None
+        while pending:
+            room = min(
+                conn.local_flow_control_window(sid), conn.max_outbound_frame_size, SEND_CHUNK
+            )
+            if room <= 0:
+                self._connection.flush()
+                self._blocked[sid] = call
+                return
+            data, size = frame_pieces(pending, room)
+            conn.send_data(sid, data)
+            self._connection.data_sent += size
+            if pending:
+                self._connection.flush()  # one frame at a time: bounded memory
+                if not self._connection.write_ready.is_set():
+                    self._blocked[sid] = call  # the peer reads slower than we write
+                    return
+        call._pending = None
+        conn.send_headers(sid, OK_TRAILERS, end_stream=True)
+        self._connection.flush()
+        self._forget(call)
+
+    def _forget(self, call: UnaryCall) -> None:
+        sid = call.stream_id
+        if self._calls.pop(sid, None) is None:
+            return
+        self._handlers.pop(sid, None)
+        self._blocked.pop(sid, None)
+        call._pending = None
+        call._chunks = []
+        release = self._release.pop(sid)
+        try:
+            release()
+        except Exception:
+            log.exception("releasing stream %d of %s failed", sid, self._peer)
