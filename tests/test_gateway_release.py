@@ -3,7 +3,9 @@
 ``tests/test_gateway_routing.py`` checks the Router's invariants sans-IO. Here the same
 invariants are checked where they can break -- in the proxy's handling of real calls over
 real sockets: answered, refused by a worker, failed over, past their deadline, cancelled by
-their client mid-flight. The workers are the fake-host gRPC servers of
+their client mid-flight -- both when a call goes straight to its worker and when it first
+waits for one of the worker's stream slots (``worker_client.max_concurrent_streams: 1``,
+where most calls of a burst wait). The workers are the fake-host gRPC servers of
 ``tests/gateway_harness.py``; the client is grpclib's generated stub, so a call can be
 cancelled while it is in flight (the client resets its stream).
 """
@@ -20,19 +22,25 @@ from grpclib.client import Channel
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reactantserver.config.schema import GatewayConfig, ListenConfig, LoggingConfig
+from reactantserver.config.schema import (
+    GatewayConfig,
+    ListenConfig,
+    LoggingConfig,
+    WorkerClientConfig,
+)
 from reactantserver.protocol import inference as pb
 
 OPS = ("ok", "internal", "exhausted", "invalid", "unknown", "deadline", "cancel", "gone")
 
 
-@pytest.fixture(scope="module")
-def fleet() -> Iterator[tuple[list[FakeWorker], GatewayRun]]:
+@pytest.fixture(scope="module", params=[32, 1], ids=["streams-free", "one-stream-slot"])
+def fleet(request: pytest.FixtureRequest) -> Iterator[tuple[list[FakeWorker], GatewayRun]]:
     with fake_workers(2) as workers:
         config = GatewayConfig(
             listen=ListenConfig(grpc="127.0.0.1:0", metrics=f"127.0.0.1:{free_port()}"),
             endpoints=tuple(w.address for w in workers),
             health_interval_seconds=60.0,
+            worker_client=WorkerClientConfig(max_concurrent_streams=request.param),
             logging=LoggingConfig(format="text"),
         )
         with running_gateway(config) as gw:

@@ -62,6 +62,7 @@ from ..transport import guest
 from ..transport.health import HealthServicer
 from ..transport.limits import WireCounters, WireLimits
 from ..transport.server import GuardedServer
+from ..transport.unary import DirectHandler
 from .calls import Raw, RawCodec
 from .control import LptController
 from .lpt import LptDriver, LptRefused
@@ -206,7 +207,7 @@ class Gateway:
         )
         return self.proxy
 
-    def mapping(self, proxy: Proxy) -> dict[str, Handler]:
+    def mapping(self, proxy: Proxy) -> dict[str, Handler | DirectHandler]:
         """Every gRPC handler of the gateway, by path."""
         table = proxy.mapping()
         table.update(self.health.mapping())
@@ -237,7 +238,7 @@ def _metrics_endpoints(
 
 
 def build_server(
-    mapping: dict[str, Handler], config: GatewayConfig, counters: WireCounters
+    mapping: dict[str, Handler | DirectHandler], config: GatewayConfig, counters: WireCounters
 ) -> GuardedServer:
     """The gateway's gRPC server over ``mapping``: the hardened wire a worker serves on
     (``transport.server``), with the gateway's ``grpc:`` limits. The one place that builds it."""

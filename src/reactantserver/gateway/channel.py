@@ -7,8 +7,11 @@ can have executed the request (to decide failover), the exact ``grpc-timeout`` s
 writes whole seconds above 10 s), and nothing per call that the proxy does not need
 (grpclib's client creates a stream object, a deadline wrapper, metadata events and an
 encoder round trip per call). :class:`WorkerConnection` is an ``asyncio.Protocol`` over
-the sans-IO client of :mod:`.http2` that carries unary calls only: a call is a future,
-resolved by the protocol's event handling; no task is created per call.
+the sans-IO client of :mod:`.http2` that carries unary calls only: a call is started
+synchronously (:meth:`WorkerConnection.start`) with a callback that the protocol's event
+handling runs once with the outcome -- the gateway's ModelInfer answers its own client
+from there, so no task and no future exist per forwarded call -- or awaited
+(:meth:`WorkerConnection.call`, a future over the same callback).
 
 Theory of operation
 -------------------
@@ -44,7 +47,7 @@ of the event loop (a large request as it goes), so the calls opened in one pass 
 :data:`CONNECTION_WINDOW`) and replenished as data arrives; outbound data waits for the
 worker's window updates.
 
-Invariants: every call's future is resolved exactly once (answer, failure, deadline or
+Invariants: every call's callback runs exactly once (answer, failure, deadline or
 cancellation), and its stream slot is returned exactly once; a connection that failed is
 never used again; a reply larger than ``max_reply_bytes`` is reset and answered
 RESOURCE_EXHAUSTED rather than buffered.
@@ -55,6 +58,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+from collections.abc import Callable
 from urllib.parse import unquote
 
 from ..errors import DeadlineExceeded
@@ -107,22 +111,29 @@ class ChannelError(Exception):
         self.unprocessed = unprocessed
 
 
-class _Call:
+#: A call's callback: given the worker's answer, or why there is none.
+OnDone = Callable[[Reply | ChannelError], None]
+
+
+class Call:
     """One stream's state, from the request headers to the last frame of the answer."""
 
-    __slots__ = ("body", "chunks", "deadline", "future", "grpc_message", "grpc_status", "head",
-                 "http_status", "offset", "received", "responded", "sent", "stream_id",
-                 "timer")  # fmt: skip
+    __slots__ = ("body", "chunks", "deadline", "grpc_message", "grpc_status", "head",
+                 "http_status", "offset", "on_done", "owner", "received", "responded", "sent",
+                 "stream_id", "timer")  # fmt: skip
 
     def __init__(
         self,
+        owner: WorkerConnection,
         stream_id: int,
         payload: bytes | memoryview,
-        future: asyncio.Future[Reply],
+        on_done: OnDone | None,
         deadline: float,
     ):
+        self.owner = owner
         self.stream_id = stream_id
-        self.future = future
+        #: Runs once with the outcome (then set to None).
+        self.on_done = on_done
         self.deadline = deadline
         #: The gRPC length prefix, sent in front of the first chunk of ``body``.
         self.head = b"\x00" + len(payload).to_bytes(4, "big")
@@ -139,6 +150,10 @@ class _Call:
         self.grpc_message = ""
         self.timer: asyncio.TimerHandle | None = None
 
+    def cancel(self) -> None:
+        """The caller is gone: the worker cancels the call (see ``WorkerConnection``)."""
+        self.owner._abandon(self)
+
 
 class WorkerConnection(asyncio.Protocol):
     """One HTTP/2 connection carrying unary gRPC calls (see the module docstring)."""
@@ -154,9 +169,9 @@ class WorkerConnection(asyncio.Protocol):
         )
         self._prefixes: dict[bytes, bytes] = {}
         self._transport: asyncio.Transport | None = None
-        self._calls: dict[int, _Call] = {}
+        self._calls: dict[int, Call] = {}
         #: Calls whose request waits for the worker's flow-control window, in order.
-        self._blocked: collections.deque[_Call] = collections.deque()
+        self._blocked: collections.deque[Call] = collections.deque()
         self._flush_scheduled = False
         #: Why the connection can no longer be used (None while it can).
         self.closed: str | None = None
@@ -212,6 +227,29 @@ class WorkerConnection(asyncio.Protocol):
 
     async def call(self, path: bytes, payload: bytes | memoryview, deadline: float) -> Reply:
         """Send one unary call and wait for its answer (see the module docstring)."""
+        future: asyncio.Future[Reply] = self._loop.create_future()
+
+        def resolve(outcome: Reply | ChannelError) -> None:
+            if not future.done():
+                if isinstance(outcome, ChannelError):
+                    future.set_exception(outcome)
+                else:
+                    future.set_result(outcome)
+
+        call = self.start(path, payload, deadline, resolve)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._abandon(call)
+            raise
+
+    def start(self, path: bytes, payload: bytes | memoryview, deadline: float,
+              on_done: OnDone) -> Call:  # fmt: skip
+        """Send one unary call; ``on_done`` runs once, from the loop, with its outcome.
+
+        Raises ``ChannelError`` (unprocessed) when the connection takes no new stream and
+        ``DeadlineExceeded`` when ``deadline`` has passed; nothing was sent then.
+        """
         if self.closed is not None:
             raise ChannelError(self.closed, unprocessed=True)
         h2c = self._h2
@@ -224,18 +262,13 @@ class WorkerConnection(asyncio.Protocol):
         if prefix is None:
             prefix = self._prefixes[path] = http2.request_prefix(path, self._authority)
         stream_id = h2c.open_stream(http2.encode_request(prefix, encode_grpc_timeout(remaining)))
-        future: asyncio.Future[Reply] = self._loop.create_future()
-        call = _Call(stream_id, payload, future, deadline)
+        call = Call(self, stream_id, payload, on_done, deadline)
         self._calls[stream_id] = call
         if not self._push(call):
             self._blocked.append(call)
         call.timer = self._loop.call_at(deadline, self._expire, call)
         self._schedule_flush()
-        try:
-            return await future
-        except asyncio.CancelledError:
-            self._abandon(call)
-            raise
+        return call
 
     def close(self) -> None:
         """GOAWAY and close; calls still open fail (as possibly executed)."""
@@ -246,7 +279,7 @@ class WorkerConnection(asyncio.Protocol):
 
     # ---------------------------------------------------------------- private: sending
 
-    def _push(self, call: _Call) -> bool:
+    def _push(self, call: Call) -> bool:
         """Queue as much of ``call``'s request as the windows allow; True when all is."""
         h2c = self._h2
         size = len(call.body)
@@ -299,29 +332,30 @@ class WorkerConnection(asyncio.Protocol):
 
     # ---------------------------------------------------------------- private: ending calls
 
-    def _finish(self, call: _Call, reply: Reply | ChannelError) -> None:
-        """Resolve ``call`` (once) and forget it."""
+    def _finish(self, call: Call, reply: Reply | ChannelError) -> None:
+        """Forget ``call`` and run its callback (once)."""
         self._calls.pop(call.stream_id, None)
         if call.timer is not None:
             call.timer.cancel()
             call.timer = None
         call.chunks = []
-        if not call.future.done():
-            if isinstance(reply, ChannelError):
-                call.future.set_exception(reply)
-            else:
-                call.future.set_result(reply)
+        on_done, call.on_done = call.on_done, None
+        if on_done is not None:
+            try:
+                on_done(reply)
+            except Exception:  # the caller's bug: it must not end this connection
+                log.exception("handling the answer of stream %d failed", call.stream_id)
         if self.closed is None and not self._calls and not self.usable:
             # Drained after the worker's GOAWAY (or with its stream ids spent): close.
             self._fail("drained")
 
-    def _reset(self, call: _Call) -> None:
+    def _reset(self, call: Call) -> None:
         """RST_STREAM CANCEL: the worker cancels the call."""
         if self.closed is None:
             self._h2.reset(call.stream_id, CANCEL)
             self._schedule_flush()
 
-    def _reset_later(self, call: _Call) -> None:
+    def _reset_later(self, call: Call) -> None:
         """Reset ``call``'s stream after :data:`DEADLINE_RESET_GRACE` if the worker has not
         ended it by then (its own deadline should have)."""
         stream_id = call.stream_id
@@ -333,7 +367,7 @@ class WorkerConnection(asyncio.Protocol):
 
         self._loop.call_later(DEADLINE_RESET_GRACE, reset_if_open)
 
-    def _expire(self, call: _Call) -> None:
+    def _expire(self, call: Call) -> None:
         call.timer = None
         if call.stream_id not in self._calls:
             return
@@ -343,7 +377,7 @@ class WorkerConnection(asyncio.Protocol):
         )
         self._reset_later(call)
 
-    def _abandon(self, call: _Call) -> None:
+    def _abandon(self, call: Call) -> None:
         """The caller is gone: reset at once, unless its deadline passed (then the worker
         ends the call itself, see :data:`DEADLINE_RESET_GRACE`)."""
         if call.stream_id not in self._calls:
@@ -443,7 +477,7 @@ def _code_name(code: int) -> str:
     return _CODE_NAMES.get(code, f"HTTP/2 error code {code:#x}")
 
 
-def _reply_of(call: _Call) -> Reply:
+def _reply_of(call: Call) -> Reply:
     """The gRPC answer of a stream that ended."""
     if call.http_status != 200:
         status = _HTTP_TO_GRPC.get(call.http_status, _UNKNOWN)

@@ -32,7 +32,7 @@ import attrs
 
 from ..config.rules import split_host_port
 from ..errors import DeadlineExceeded
-from .channel import CONNECT_TIMEOUT, ChannelError, Reply, WorkerConnection
+from .channel import CONNECT_TIMEOUT, Call, ChannelError, OnDone, Reply, WorkerConnection
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +123,53 @@ class WorkerClient:
         finally:
             if not probe:
                 self._release()
+
+    def start(
+        self, path: bytes, payload: bytes | memoryview, deadline: float, on_done: OnDone
+    ) -> Call | None:
+        """Start a call at once, if a stream slot and the connection are free; None if it
+        would have to wait for either (then :meth:`start_when_ready`). ``on_done`` runs once
+        with the outcome; raises as :meth:`.WorkerConnection.start` (nothing sent)."""
+        conn = self._conn
+        if self._waiters or self._active >= self._limit() or conn is None or not conn.usable:
+            return None
+        self._active += 1
+        return self._start(conn, path, payload, deadline, on_done)
+
+    async def start_when_ready(
+        self, path: bytes, payload: bytes | memoryview, deadline: float, on_done: OnDone
+    ) -> Call:
+        """:meth:`start`, after waiting (until ``deadline``) for a slot and a connection."""
+        await self._acquire(deadline)
+        try:
+            conn = self._conn
+            if conn is None or not conn.usable:
+                conn = await self._connection(deadline)
+        except BaseException:
+            self._release()
+            raise
+        return self._start(conn, path, payload, deadline, on_done)
+
+    def _start(
+        self,
+        conn: WorkerConnection,
+        path: bytes,
+        payload: bytes | memoryview,
+        deadline: float,
+        on_done: OnDone,
+    ) -> Call:
+        """Start a call holding a slot; the slot is returned before ``on_done`` runs."""
+        self._calls += 1
+
+        def done(outcome: Reply | ChannelError) -> None:
+            self._release()
+            on_done(outcome)
+
+        try:
+            return conn.start(path, payload, deadline, done)
+        except BaseException:
+            self._release()
+            raise
 
     def close(self) -> None:
         """Close the connections (calls still open on them fail)."""

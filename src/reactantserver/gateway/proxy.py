@@ -7,17 +7,10 @@ crosses into Trio on a request's way (the one exception: a route-table refresh, 
 one a second). Every message arrives and leaves as bytes (:class:`~.calls.RawCodec`); a
 handler reads what it needs and forwards the bytes it received.
 
-**ModelInfer** (:meth:`Proxy.model_infer`): admission cap; :func:`~.wire.peek_infer`
-(model name, id, input shapes); the route table's replicas of the model (none: one
-single-flight refresh, then NOT_FOUND); the batch extent of the batch input gives the item
-count; ``router.choose`` gives a ticket; the bytes go to the ticket's worker with the
-remaining deadline. The worker's answer is passed back as received -- OK with the response
-bytes untouched, any other status with its message. Failover to the ticket's next replica
-happens only when the worker cannot have executed the request: it answered NOT_FOUND (it
-does not serve the model; the table is refreshed too) or UNAVAILABLE (draining, model not
-ready), or the call failed before it was completely sent (no connection, refused stream,
-GOAWAY). A connection lost after the request was sent answers UNAVAILABLE and is not
-retried. ``router.release`` runs exactly once per ticket, in a ``finally``.
+**ModelInfer** is served without a task (:mod:`reactantserver.transport.unary`): the
+connection hands the whole request to :meth:`Proxy.infer`, and :class:`~.forward.Forward`
+routes it, sends it to a worker and answers from the worker connection's event handling
+(admission cap, peek, routing, failover and deadlines: :mod:`.forward`).
 
 **Per-model RPCs** (ModelReady, ModelMetadata, ModelConfig) go to a replica of the model,
 rotating, and fail over on the same conditions (they are reads: nothing to protect).
@@ -37,8 +30,9 @@ tracing, log settings and streaming inference are UNIMPLEMENTED, as on a worker.
 Statuses: a worker's status is passed through with its message (RESOURCE_EXHAUSTED stays
 RESOURCE_EXHAUSTED, INTERNAL stays INTERNAL); the gateway's own outcomes are errors of
 :mod:`reactantserver.errors`, mapped by ``reactantserver.status``; anything unexpected is
-INTERNAL with the fixed message and a traceback in the log. All three happen in one place,
-the handler wrapper :meth:`Proxy._serve`, which also counts every call.
+INTERNAL with the fixed message and a traceback in the log. All three happen in one place
+per path -- the handler wrapper :meth:`Proxy._serve` for the task path,
+:class:`~.forward.Forward` for ModelInfer -- which also counts every call.
 """
 
 from __future__ import annotations
@@ -63,7 +57,6 @@ from ..errors import (
     InvalidArgument,
     NotFound,
     RequestError,
-    ResourceExhausted,
     Unavailable,
     Unimplemented,
 )
@@ -71,11 +64,11 @@ from ..protocol import inference as pb
 from ..protocol import reactant_control as cpb
 from ..status import to_status
 from ..transport.server import ServerStream
+from ..transport.unary import DirectHandler, UnaryCall
 from .calls import (
     CANCELLED,
     DEADLINE_EXCEEDED,
     FAILOVER_STATUSES,
-    NOT_FOUND,
     OK,
     CallInfo,
     ControlPlane,
@@ -87,17 +80,15 @@ from .calls import (
 )
 from .channel import ChannelError, Reply
 from .fanout import FanOut
+from .forward import Forward
 from .policy import not_lpt
 from .pool import WorkerClient
 from .prober import Registrations
-from .routing import Outcome, Router
+from .routing import Router
 from .stats import GatewayStats
-from .table import items_of
-from .wire import peek_infer, peek_name
+from .wire import peek_name
 
 log = logging.getLogger(__name__)
-
-INFER_PATH = b"/inference.GRPCInferenceService/ModelInfer"
 
 GATEWAY_CONTROL_RPCS = ("GetSchedulingStatus", "SetSchedulingPolicy", "SetModelPlacement", "Repack")
 
@@ -129,23 +120,28 @@ class Proxy:
         self.stats = stats
         self.registrations = registrations
         self.control = control
-        self._refresh = refresh
-        self._refresh_soon = refresh_soon
+        #: Refresh the route table now (single-flight) / soon (from a callback).
+        self.refresh = refresh
+        self.refresh_soon = refresh_soon
         per_worker = config.grpc.max_concurrent_requests_per_worker
         self.cap = per_worker * len(config.endpoints)
         stats.max_concurrent = self.cap
-        self._timeout = config.worker_client.request_timeout_seconds
+        #: A call's deadline when its client set none.
+        self.timeout = config.worker_client.request_timeout_seconds
+        self.loop = asyncio.get_running_loop()
+        #: ModelInfer calls waiting in a task (a refresh, a stream slot, a connection).
+        self.tasks: set[asyncio.Task[None]] = set()
         self._rotation = itertools.count()
         self.fanout = FanOut(
-            fleet, stats, registrations, not_served=self._not_served, serves=self._serves
+            fleet, stats, registrations, not_served=self.not_served, serves=self._serves
         )
         self._draining = False
         self._idle = asyncio.Event()
 
     # ------------------------------------------------------------------ the table
 
-    def mapping(self) -> dict[str, Handler]:
-        """grpclib handlers for the three services the proxy serves."""
+    def mapping(self) -> dict[str, Handler | DirectHandler]:
+        """Handlers for the three services the proxy serves (ModelInfer's is direct)."""
         rpcs: dict[str, dict[str, Method | None]] = {
             "inference.GRPCInferenceService": {
                 "ServerLive": self.server_live,
@@ -153,7 +149,7 @@ class Proxy:
                 "ModelReady": self.model_ready,
                 "ServerMetadata": self.server_metadata,
                 "ModelMetadata": partial(self.per_model, "ModelMetadata"),
-                "ModelInfer": self.model_infer,
+                "ModelInfer": None,  # direct: below
                 "ModelStreamInfer": None,
                 "ModelConfig": partial(self.per_model, "ModelConfig"),
                 "ModelStatistics": self.fanout.model_statistics,
@@ -180,7 +176,7 @@ class Proxy:
                 name: partial(self.gateway_control, name) for name in GATEWAY_CONTROL_RPCS
             },
         }
-        table: dict[str, Handler] = {}
+        table: dict[str, Handler | DirectHandler] = {}
         for base in (
             pb.GrpcInferenceServiceBase(),
             cpb.ControlServiceBase(),
@@ -194,6 +190,9 @@ class Proxy:
                 else:
                     handler = partial(self._serve, rpc, method)
                 table[path] = Handler(handler, generated.cardinality, Raw, Raw)
+        table["/inference.GRPCInferenceService/ModelInfer"] = DirectHandler(
+            self.infer, request_type=Raw, reply_type=Raw
+        )
         return table
 
     # ------------------------------------------------------------------ drain
@@ -205,7 +204,11 @@ class Proxy:
     def drain(self) -> None:
         """Refuse new calls from now on (UNAVAILABLE); calls in flight continue."""
         self._draining = True
-        if self.stats.in_flight == 0:
+        self.call_ended()
+
+    def call_ended(self) -> None:
+        """A call was answered: the last one of a drain sets the gateway idle."""
+        if self._draining and self.stats.in_flight == 0:
             self._idle.set()
 
     async def wait_idle(self) -> None:
@@ -219,7 +222,7 @@ class Proxy:
         loop = asyncio.get_running_loop()
         started = loop.time()
         remaining = stream.deadline.time_remaining() if stream.deadline is not None else None
-        call = CallInfo(rpc, started + (remaining if remaining is not None else self._timeout))
+        call = CallInfo(rpc, started + (remaining if remaining is not None else self.timeout))
         code = OK
         stats = self.stats
         stats.in_flight += 1
@@ -228,13 +231,10 @@ class Proxy:
                 raise Unavailable("the gateway is shutting down; retry (another gateway, or later)")
             if remaining is not None and remaining <= 0:
                 raise DeadlineExceeded(f"{rpc}: the deadline had passed when the call arrived")
-            if rpc == "ModelInfer":
-                await self._admit_infer(stream, call)
-            else:
-                data = await stream.recv_message()
-                assert data is not None  # a unary request always carries its message
-                assert isinstance(stream, ServerStream)
-                await stream.send_unary_message(await method(data, call))
+            data = await stream.recv_message()
+            assert data is not None  # a unary request always carries its message
+            assert isinstance(stream, ServerStream)
+            await stream.send_unary_message(await method(data, call))
         except Passthrough as exc:
             code = exc.code
             raise GRPCError(status_of(exc.code), exc.message) from None
@@ -257,8 +257,7 @@ class Proxy:
         finally:
             stats.in_flight -= 1
             stats.finish(rpc, call.model, code, loop.time() - started)
-            if self._draining and stats.in_flight == 0:
-                self._idle.set()
+            self.call_ended()
 
     async def _refuse_stream(self, rpc: str, stream: grpclib.server.Stream[Any, Any]) -> None:
         self.stats.finish(rpc, "", 12, 0.0)
@@ -270,78 +269,11 @@ class Proxy:
 
     # ------------------------------------------------------------------ ModelInfer
 
-    async def _admit_infer(self, stream: grpclib.server.Stream[Any, Any], call: CallInfo) -> None:
-        stats = self.stats
-        if self.cap and stats.infer_in_flight >= self.cap:
-            stats.shed += 1
-            raise ResourceExhausted(
-                f"{stats.infer_in_flight} ModelInfer calls are in flight at the gateway; the "
-                f"limit is {self.cap} (grpc.max_concurrent_requests_per_worker x "
-                f"{len(self.clients)} workers); retry later"
-            )
-        stats.infer_in_flight += 1
-        try:
-            data = await stream.recv_message()
-            assert data is not None
-            assert isinstance(stream, ServerStream)
-            await stream.send_unary_message(await self.model_infer(data, call))
-        finally:
-            stats.infer_in_flight -= 1
+    def infer(self, call: UnaryCall, data: memoryview) -> None:
+        """ModelInfer, served without a task (see :mod:`.forward`)."""
+        Forward(self, call, data, self.loop.time()).begin()
 
-    async def model_infer(self, data: bytes, call: CallInfo) -> bytes | memoryview:
-        """Forward one ModelInfer (see the module docstring)."""
-        peek = peek_infer(data)
-        model = peek.model
-        if not model:
-            raise InvalidArgument("ModelInfer: model_name is empty")
-        router = self.router
-        replicas = router.table.replicas(model)
-        if not replicas:
-            await self._refresh(call.deadline)
-            replicas = router.table.replicas(model)
-            if not replicas:
-                raise self._not_served(model)
-        call.model = model
-        first = replicas[0]
-        items = items_of(first, peek.shape_of(first.batch_input_name))
-        loop = asyncio.get_running_loop()
-        ticket = router.choose(model, items, loop.time())
-        outcome: Outcome = "error"
-        try:
-            while True:
-                worker = ticket.worker
-                assert worker is not None
-                client = self.clients[worker]
-                sent_at = loop.time()
-                try:
-                    reply = await client.call(INFER_PATH, data, call.deadline)
-                except ChannelError as exc:
-                    self._refresh_soon()
-                    if exc.unprocessed and router.failover(ticket) is not None:
-                        continue
-                    raise Unavailable(self._lost_message(client, exc, peek.id)) from None
-                self.stats.worker_call("ModelInfer", client.name, loop.time() - sent_at)
-                if reply.status == OK:
-                    outcome = "ok"
-                    return reply.payload
-                if reply.status in FAILOVER_STATUSES:
-                    if reply.status == NOT_FOUND:
-                        self._refresh_soon()
-                    if router.failover(ticket) is not None:
-                        continue
-                if reply.status == DEADLINE_EXCEEDED:
-                    outcome = "deadline"
-                raise Passthrough(reply.status, reply.message)
-        except asyncio.CancelledError:
-            outcome = "deadline" if loop.time() >= call.deadline else "cancelled"
-            raise
-        except DeadlineExceeded:
-            outcome = "deadline"
-            raise
-        finally:
-            router.release(ticket, outcome)
-
-    def _lost_message(self, client: WorkerClient, exc: ChannelError, request_id: str) -> str:
+    def lost_message(self, client: WorkerClient, exc: ChannelError, request_id: str) -> str:
         what = f"request {request_id!r}" if request_id else "the request"
         if exc.unprocessed:
             return f"no worker could take {what}; the last, {client.label}, failed: {exc}"
@@ -353,7 +285,7 @@ class Proxy:
     def _serves(self, model: str) -> bool:
         return self.router.table.serves(model)
 
-    def _not_served(self, model: str) -> NotFound | Unavailable:
+    def not_served(self, model: str) -> NotFound | Unavailable:
         """NOT_FOUND for a model no worker lists; UNAVAILABLE for one listed but not ready
         anywhere (what one worker answers for a model it is still loading)."""
         table = self.router.table
@@ -410,7 +342,7 @@ class Proxy:
         last failover answer (None if no replica answered), and who was asked."""
         candidates = self._candidates(model)
         if not candidates:
-            await self._refresh(call.deadline)
+            await self.refresh(call.deadline)
             candidates = self._candidates(model)
         last: Reply | None = None
         loop = asyncio.get_running_loop()
@@ -419,7 +351,7 @@ class Proxy:
             try:
                 reply = await client.call(path, data, call.deadline)
             except ChannelError:
-                self._refresh_soon()
+                self.refresh_soon()
                 continue
             self.stats.worker_call(call.rpc, client.name, loop.time() - started)
             if reply.status not in FAILOVER_STATUSES:
@@ -431,7 +363,7 @@ class Proxy:
         model = peek_name(data, what="ModelReadyRequest")
         candidates = self._candidates(model)
         if not candidates:
-            await self._refresh(call.deadline)
+            await self.refresh(call.deadline)
             candidates = self._candidates(model)
         if candidates and self.router.table.serves(model):
             call.model = model
@@ -456,7 +388,7 @@ class Proxy:
             call.model = model
         if reply is None:
             if not candidates:
-                raise self._not_served(model)
+                raise self.not_served(model)
             raise Unavailable(f"{rpc}: no worker serving {model!r} answered")
         if reply.status != OK:
             raise Passthrough(reply.status, reply.message)

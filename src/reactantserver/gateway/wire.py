@@ -76,7 +76,7 @@ def _input(c: _Cursor) -> tuple[str, tuple[int, ...]]:
     return name, tuple(shape)
 
 
-def peek_infer(data: bytes) -> InferPeek:
+def peek_infer(data: bytes | memoryview) -> InferPeek:
     """Read the model name, id and input shapes of a serialized ``ModelInferRequest``."""
     c = _Cursor(data, 0, len(data), "ModelInferRequest")
     model = ""

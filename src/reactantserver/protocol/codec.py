@@ -162,7 +162,7 @@ def _contents(r: _Reader, contents: TensorContents) -> None:
         if number == 8:
             r.expect(wire, LEN, "bytes_contents")
             start, end = r.length()
-            contents.bytes_contents.append(r.buf[start:end])
+            contents.bytes_contents.append(bytes(r.buf[start:end]))
             continue
         known = _CONTENTS.get(number)
         if known is None:

@@ -31,7 +31,7 @@ class Reader:
 
     __slots__ = ("buf", "end", "pos", "what")
 
-    def __init__(self, buf: bytes, pos: int, end: int, what: str) -> None:
+    def __init__(self, buf: bytes | memoryview, pos: int, end: int, what: str) -> None:
         self.buf = buf
         self.pos = pos
         self.end = end
@@ -79,7 +79,7 @@ class Reader:
     def string(self, field: str) -> str:
         start, end = self.length()
         try:
-            return self.buf[start:end].decode()
+            return str(self.buf[start:end], "utf-8")  # bytes or a view of them
         except UnicodeDecodeError:
             raise self.fail(f"{field} is not valid UTF-8") from None
 

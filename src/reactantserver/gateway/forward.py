@@ -1,0 +1,257 @@
+"""One ModelInfer on its way through the gateway: from the client's call to a worker's answer.
+
+ModelInfer is the gateway's one hot RPC, and it does no work of its own: read the routing
+facts, pick a worker, pass the bytes on, pass the answer back. So it is served without a
+task (:mod:`reactantserver.transport.unary`): the connection's event handling hands the
+whole request to :meth:`Forward.begin`, which starts the call to the worker
+(:meth:`.WorkerClient.start`) and returns; the worker connection's event handling runs
+:meth:`Forward._on_reply` with the outcome, which answers the client -- or fails over and
+starts again. Per call that is one object here and one record per side, where the task
+path (grpclib's server stream, an asyncio task, a deadline wrapper, a future) cost about a
+third of the gateway's CPU per request (docs/benchmarks.md, "The gateway").
+
+Theory of operation
+-------------------
+:meth:`Forward.begin`: refuse when draining (UNAVAILABLE) or over the admission cap
+(RESOURCE_EXHAUSTED); :func:`~.wire.peek_infer` (model name, id, input shapes); the route
+table's replicas of the model; the batch extent of the batch input gives the item count;
+``router.choose`` gives a ticket; the bytes go to the ticket's worker with the remaining
+deadline. Three things can make a call wait, and only those run in a task (rare): the model
+is unknown (one single-flight refresh of the route table, then NOT_FOUND), the worker's
+stream slots are all taken, or its connection is being (re)opened.
+
+The worker's answer is passed back as received: OK with the response bytes untouched, any
+other status with its message. Failover to the ticket's next replica happens only when the
+worker cannot have executed the request: it answered NOT_FOUND (it does not serve the
+model; the table is refreshed too) or UNAVAILABLE (draining, model not ready), or the call
+failed before it was completely sent (no connection, refused stream, GOAWAY). A connection
+lost after the request was sent answers UNAVAILABLE and is not retried.
+
+The deadline is the client's ``grpc-timeout`` (or ``worker_client.request_timeout_seconds``
+when it sent none). The worker connection's timer per call is the one timer: a worker that
+has not answered by then makes the call DEADLINE_EXCEEDED (its stream is reset after a
+grace); a wait for a slot or a connection ends at the deadline too.
+
+Invariants: the client's call is answered at most once and, unless the client went away,
+exactly once; ``router.release`` runs exactly once per ticket; the gateway's in-flight
+counts go up once and down once per call (:meth:`Forward._close`); when the client goes
+away (reset, lost connection) the worker's call is cancelled and no answer is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from ..errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
+from ..status import to_status
+from ..transport.unary import UnaryCall
+from .calls import CANCELLED, DEADLINE_EXCEEDED, FAILOVER_STATUSES, NOT_FOUND, OK
+from .channel import Call, ChannelError, Reply
+from .routing import Outcome, Ticket
+from .table import items_of
+from .wire import InferPeek, peek_infer
+
+if TYPE_CHECKING:
+    from .pool import WorkerClient
+    from .proxy import Proxy
+
+log = logging.getLogger(__name__)
+
+INFER_PATH = b"/inference.GRPCInferenceService/ModelInfer"
+RPC = "ModelInfer"
+
+
+class Forward:
+    """One ModelInfer through the gateway (module docstring)."""
+
+    __slots__ = ("_admitted", "_call", "_client", "_closed", "_data", "_deadline", "_model",
+                 "_peek", "_pending", "_proxy", "_sent_at", "_started", "_task",
+                 "_ticket")  # fmt: skip
+
+    def __init__(self, proxy: Proxy, call: UnaryCall, data: memoryview, now: float) -> None:
+        self._proxy = proxy
+        self._call = call
+        self._data = data
+        self._started = now
+        self._deadline = call.deadline if call.deadline is not None else now + proxy.timeout
+        self._model = ""
+        self._peek: InferPeek | None = None
+        self._ticket: Ticket | None = None
+        self._client: WorkerClient | None = None
+        #: The worker call in flight (to cancel if the client goes away).
+        self._pending: Call | None = None
+        #: The task of a call that has to wait (refresh, slot, connection).
+        self._task: asyncio.Task[None] | None = None
+        self._sent_at = 0.0
+        #: Counted in ``infer_in_flight`` (past the admission cap).
+        self._admitted = False
+        self._closed = False
+
+    # ---------------------------------------------------------------- the call's steps
+
+    def begin(self) -> None:
+        """Admit, route and send (or hand the wait to a task)."""
+        proxy = self._proxy
+        stats = proxy.stats
+        stats.in_flight += 1
+        self._call.on_cancel = self._cancelled
+        try:
+            if proxy.draining:
+                raise Unavailable("the gateway is shutting down; retry (another gateway, or later)")
+            if proxy.cap and stats.infer_in_flight >= proxy.cap:
+                stats.shed += 1
+                raise ResourceExhausted(
+                    f"{stats.infer_in_flight} ModelInfer calls are in flight at the gateway; "
+                    f"the limit is {proxy.cap} (grpc.max_concurrent_requests_per_worker x "
+                    f"{len(proxy.clients)} workers); retry later"
+                )
+            stats.infer_in_flight += 1
+            self._admitted = True
+            self._peek = peek = peek_infer(self._data)
+            if not peek.model:
+                raise InvalidArgument("ModelInfer: model_name is empty")
+            if proxy.router.table.replicas(peek.model):
+                self._route()
+            else:
+                self._wait(self._refresh_then_route())
+        except Exception as exc:
+            self._fail(exc)
+
+    async def _refresh_then_route(self) -> None:
+        """The model is not in the table: one refresh (single-flight), then route or fail."""
+        proxy = self._proxy
+        await proxy.refresh(self._deadline)
+        assert self._peek is not None
+        if not proxy.router.table.replicas(self._peek.model):
+            raise proxy.not_served(self._peek.model)
+        self._route()
+
+    def _route(self) -> None:
+        proxy = self._proxy
+        peek = self._peek
+        assert peek is not None
+        router = proxy.router
+        replicas = router.table.replicas(peek.model)
+        self._model = peek.model
+        first = replicas[0]
+        items = items_of(first, peek.shape_of(first.batch_input_name))
+        self._ticket = router.choose(peek.model, items, proxy.loop.time())
+        self._send()
+
+    def _send(self) -> None:
+        """Start the call on the ticket's worker (a task if it must wait for it)."""
+        ticket = self._ticket
+        assert ticket is not None and ticket.worker is not None
+        proxy = self._proxy
+        self._client = client = proxy.clients[ticket.worker]
+        self._sent_at = proxy.loop.time()
+        try:
+            pending = client.start(INFER_PATH, self._data, self._deadline, self._on_reply)
+        except ChannelError as exc:
+            self._on_reply(exc)
+            return
+        if pending is None:
+            self._wait(self._send_when_ready(client))
+        else:
+            self._pending = pending
+
+    async def _send_when_ready(self, client: WorkerClient) -> None:
+        try:
+            self._pending = await client.start_when_ready(
+                INFER_PATH, self._data, self._deadline, self._on_reply
+            )
+        except ChannelError as exc:
+            self._on_reply(exc)
+
+    def _on_reply(self, outcome: Reply | ChannelError) -> None:
+        """The worker's answer (or why there is none): answer the client, or fail over."""
+        self._pending = None
+        if self._closed:
+            return  # the client went away; the call was cancelled
+        proxy = self._proxy
+        ticket, client = self._ticket, self._client
+        assert ticket is not None and client is not None
+        try:
+            if isinstance(outcome, ChannelError):
+                proxy.refresh_soon()
+                if outcome.unprocessed and proxy.router.failover(ticket) is not None:
+                    self._send()
+                    return
+                assert self._peek is not None
+                raise Unavailable(proxy.lost_message(client, outcome, self._peek.id))
+            proxy.stats.worker_call(RPC, client.name, proxy.loop.time() - self._sent_at)
+            status = outcome.status
+            if status == OK:
+                self._close(OK, "ok")
+                self._call.answer((outcome.payload,))
+                return
+            if status in FAILOVER_STATUSES:
+                if status == NOT_FOUND:
+                    proxy.refresh_soon()
+                if proxy.router.failover(ticket) is not None:
+                    self._send()
+                    return
+            self._close(status, "deadline" if status == DEADLINE_EXCEEDED else "error")
+            self._call.fail(status, outcome.message)
+        except Exception as exc:
+            self._fail(exc)
+
+    # ---------------------------------------------------------------- waiting
+
+    def _wait(self, step: object) -> None:
+        """Run ``step`` (a coroutine that continues the call) in a task of its own."""
+        assert asyncio.iscoroutine(step)
+        self._task = task = self._proxy.loop.create_task(self._guarded(step))
+        self._proxy.tasks.add(task)
+        task.add_done_callback(self._proxy.tasks.discard)
+
+    async def _guarded(self, step: object) -> None:
+        assert asyncio.iscoroutine(step)
+        try:
+            await step
+        except asyncio.CancelledError:
+            pass  # the client went away (_cancelled) or the gateway is closing
+        except Exception as exc:
+            self._fail(exc)
+        finally:
+            self._task = None
+
+    # ---------------------------------------------------------------- endings
+
+    def _fail(self, exc: Exception) -> None:
+        """End the call with the status of ``exc`` (the gateway's own outcome)."""
+        if self._closed:
+            return
+        status = to_status(exc, rpc=RPC)  # INTERNAL, with the traceback, if not ours
+        code = status.code.value
+        self._close(code, "deadline" if isinstance(exc, DeadlineExceeded) else "error")
+        self._call.fail(code, status.message)
+
+    def _cancelled(self) -> None:
+        """The client reset the call or its connection went: cancel the worker's call."""
+        if self._closed:
+            return
+        expired = self._proxy.loop.time() >= self._deadline
+        self._close(
+            DEADLINE_EXCEEDED if expired else CANCELLED, "deadline" if expired else "cancelled"
+        )
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.cancel()
+        if self._task is not None:
+            self._task.cancel()
+
+    def _close(self, code: int, outcome: Outcome) -> None:
+        """Account the call's end, once: the ticket, the counts, the statistics."""
+        self._closed = True
+        proxy = self._proxy
+        stats = proxy.stats
+        if self._ticket is not None:
+            proxy.router.release(self._ticket, outcome)
+        if self._admitted:
+            stats.infer_in_flight -= 1
+        stats.in_flight -= 1
+        stats.finish(RPC, self._model, code, proxy.loop.time() - self._started)
+        proxy.call_ended()
