@@ -323,9 +323,11 @@ class Router:
         self._workers[worker].remove(ticket.items, ticket.work)
 
 
-def _rotation(addresses: tuple[str, ...], start: int) -> tuple[str, ...]:
-    n = len(addresses)
-    return tuple(addresses[(start + i) % n] for i in range(n))
+def _rotation(replicas: tuple[Replica, ...], start: int) -> tuple[str, ...]:
+    """The replicas' workers in table order, beginning at ``start`` (modulo their number)."""
+    workers = [r.worker for r in replicas]
+    k = start % len(workers)
+    return tuple(workers[k:] + workers[:k])
 
 
 class RoundRobinRouter(Router):
@@ -342,7 +344,7 @@ class RoundRobinRouter(Router):
     def _order(self, model: str, replicas: tuple[Replica, ...], items: int) -> tuple[str, ...]:
         cursor = self._cursor.get(model, 0)
         self._cursor[model] = cursor + 1
-        return _rotation(tuple(r.worker for r in replicas), cursor)
+        return _rotation(replicas, cursor)
 
 
 class LeastOutstandingRouter(Router):
@@ -452,7 +454,7 @@ class FillRouter(Router):
         if not candidates:
             cursor = self._cursor.get(model, 0)
             self._cursor[model] = cursor + 1
-            return _rotation(tuple(r.worker for r in replicas), cursor)
+            return _rotation(replicas, cursor)
         policy = self.policy_of(model)
         n = len(candidates)
         out = [self.outstanding_items(model, r.worker) for r in candidates]
