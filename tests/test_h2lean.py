@@ -177,13 +177,19 @@ def _ambiguous(h2c: h2.connection.H2Connection, action: tuple[Any, ...]) -> bool
     """Actions whose h2 outcome depends on when h2 forgets a closed stream (lazily, at
     its next new stream) rather than on the protocol: a RST_STREAM, or a server action,
     on a stream that is already closed. RFC 9113 §5.1 lets the receiver ignore the
-    former; the callers (grpclib, the guard) check a stream before the latter."""
+    former; the callers (grpclib, the guard) check a stream before the latter. And a
+    second answer on one stream, which no caller sends."""
     kind, *args = action
     if kind not in ("rst", "answer", "reset"):
         return False
     stream = h2c.streams.get(args[0])
     if kind == "rst":
         return (stream is None or stream.closed) and args[0] <= h2c.highest_inbound_stream_id
+    if kind == "answer" and stream is not None and stream.state_machine.trailers_sent:
+        # A second answer on a stream we ended: both refuse it (ProtocolError), but h2 then
+        # marks the stream closed and ours keeps it half-closed; no caller does this
+        # (answers are sent once: ServerStream and UnaryCall refuse a second).
+        return True
     return stream is None or stream.closed
 
 

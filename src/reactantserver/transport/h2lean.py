@@ -346,7 +346,9 @@ class ServerConnection:
         if stream is None:
             raise self._missing(stream_id)
         state = stream.state_machine.state
-        if state is StreamState.HALF_CLOSED_LOCAL or state is StreamState.CLOSED:
+        if state is StreamState.HALF_CLOSED_LOCAL:  # we ended it: h2's error, too
+            raise h2.exceptions.ProtocolError(f"stream {stream_id} was ended by this side")
+        if state is StreamState.CLOSED:
             raise h2.exceptions.StreamClosedError(stream_id)
         return stream
 
