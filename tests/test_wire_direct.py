@@ -58,31 +58,31 @@ class DirectServer:
 
     # ------------------------------------------------------------------ handlers
 
-    def echo(self, call: UnaryCall, message: memoryview) -> None:
+    def echo(self, call: UnaryCall, message: bytes | memoryview) -> None:
         self.seen.append(bytes(message))
         call.answer((message,))
 
-    def later(self, call: UnaryCall, message: memoryview) -> None:
+    def later(self, call: UnaryCall, message: bytes | memoryview) -> None:
         assert self.loop is not None
         self.loop.call_later(0.05, call.answer, (b"later:", bytes(message)))
 
-    def big(self, call: UnaryCall, message: memoryview) -> None:
+    def big(self, call: UnaryCall, message: bytes | memoryview) -> None:
         size = int(bytes(message))
         call.answer((_pattern(size // 2), _pattern(size - size // 2)))
 
-    def hold(self, call: UnaryCall, message: memoryview) -> None:
+    def hold(self, call: UnaryCall, message: bytes | memoryview) -> None:
         self.held.append(call)
         call.on_cancel = lambda: self.cancelled.append(call.path)
 
-    def fail(self, call: UnaryCall, message: memoryview) -> None:
+    def fail(self, call: UnaryCall, message: bytes | memoryview) -> None:
         call.fail(StatusCode.NOT_FOUND, "no such thing: ask for another")
 
-    def twice(self, call: UnaryCall, message: memoryview) -> None:
+    def twice(self, call: UnaryCall, message: bytes | memoryview) -> None:
         call.answer((b"first",))
         call.fail(StatusCode.INTERNAL, "second")
         call.answer((b"third",))
 
-    def boom(self, call: UnaryCall, message: memoryview) -> None:
+    def boom(self, call: UnaryCall, message: bytes | memoryview) -> None:
         raise RuntimeError("a bug in the handler")
 
     # ------------------------------------------------------------------ the server

@@ -70,7 +70,7 @@ class Forward:
                  "_peek", "_pending", "_proxy", "_sent_at", "_started", "_task",
                  "_ticket")  # fmt: skip
 
-    def __init__(self, proxy: Proxy, call: UnaryCall, data: memoryview, now: float) -> None:
+    def __init__(self, proxy: Proxy, call: UnaryCall, data: bytes | memoryview, now: float) -> None:
         self._proxy = proxy
         self._call = call
         self._data = data

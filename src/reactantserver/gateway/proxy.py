@@ -269,7 +269,7 @@ class Proxy:
 
     # ------------------------------------------------------------------ ModelInfer
 
-    def infer(self, call: UnaryCall, data: memoryview) -> None:
+    def infer(self, call: UnaryCall, data: bytes | memoryview) -> None:
         """ModelInfer, served without a task (see :mod:`.forward`)."""
         Forward(self, call, data, self.loop.time()).begin()
 

@@ -240,10 +240,15 @@ def _room(r: _Reader, entries: list[Any], what: str) -> None:
         raise r.fail(f"more than {MAX_ENTRIES} {what}")
 
 
-def decode_infer_request(data: bytes) -> InferRequest:
+#: A message handed over as a view is copied to ``bytes`` up to this size (indexing bytes
+#: is fastest); a larger one is read in place, so its tensors are never copied here.
+COPY_BELOW = 64 * 1024
+
+
+def decode_infer_request(data: bytes | memoryview) -> InferRequest:
     """Decode a serialized ``ModelInferRequest`` (see the module docstring)."""
-    if not isinstance(data, bytes):
-        data = bytes(data)  # indexing bytes is fastest; grpclib hands us bytes anyway
+    if not isinstance(data, bytes) and len(data) < COPY_BELOW:
+        data = bytes(data)
     view = memoryview(data)
     r = _Reader(data, 0, len(data), "ModelInferRequest")
     request = InferRequest()

@@ -16,15 +16,17 @@ starts a grpclib ``Server`` on the host loop serving ``inference.GRPCInferenceSe
 and ``v1``, so ``grpcurl list``/``describe`` work without ``.proto`` files). Called
 outside a guest run it says so.
 
-**ModelInfer** never enters a Trio task (:meth:`_Bridge.infer`, on the asyncio side):
-receive and decode the message (the lean codec), then ``Service.begin_infer`` --
-synchronously validate, admit and queue the request in the scheduler's table, handing
-over an answer whose wake-up resolves an asyncio future -- await that future, then
-``Service.finish_infer`` and send: the response is encoded into pieces and written
-in one pass, headers, message and trailers (``ServerStream.send_unary_reply``). The dispatch loop resolves the futures of a
-finished batch directly, inside its Trio tick on the same thread: one crossing per
-batch, plus a wake-up crossing when the loop was idle. A client cancel or disconnect
-cancels the handler, which withdraws the request synchronously
+**ModelInfer** is served without a task (:mod:`.unary`, a direct method): when its
+message is complete the connection calls :meth:`_Bridge.infer`, which decodes it (the
+lean codec) and calls ``Service.begin_infer`` -- synchronously validate, admit and queue
+the request in the scheduler's table, with a wake-up callback -- and returns. The
+dispatch loop settles the answers of a finished batch inside its Trio tick on the same
+thread and calls their wake-ups; each runs ``Service.finish_infer``, encodes the response
+into pieces and writes it in one pass, headers, message and trailers
+(:meth:`.unary.UnaryCall.answer`): one crossing per batch, no task, no future and no
+grpclib stream per request. A call with a deadline gets one timer: past it, the request is
+withdrawn and answered DEADLINE_EXCEEDED at once (a result that comes later is dropped).
+A client cancel or disconnect, or the server closing, withdraws the request synchronously
 (``Service.abandon_infer``).
 
 **Every other RPC** (metadata, control, repository, shared memory: none is hot) goes
@@ -91,7 +93,8 @@ from . import guest
 from .h2guard import GuardedProtocol
 from .health import HealthServicer
 from .limits import Fault, WireCounters, WireLimits
-from .server import GuardedServer, ServerStream
+from .server import GuardedServer
+from .unary import DirectHandler, UnaryCall
 
 log = logging.getLogger(__name__)
 
@@ -216,8 +219,8 @@ class _Bridge:
         self._draining = False
         self._idle = trio.Event()
 
-    def mapping(self) -> dict[str, Handler]:
-        table: dict[str, Handler] = {}
+    def mapping(self) -> dict[str, Handler | DirectHandler]:
+        table: dict[str, Handler | DirectHandler] = {}
         for base, rpcs in (
             (inference.GrpcInferenceServiceBase(), INFERENCE_RPCS),
             (reactant_control.ControlServiceBase(), CONTROL_RPCS),
@@ -229,13 +232,15 @@ class _Bridge:
                 method: _Method = getattr(self._service, rpcs[rpc])
                 # Only ModelStreamInfer streams, and it is refused without reading.
                 unary = generated.cardinality is Cardinality.UNARY_UNARY
-                serve = (
-                    self.infer
-                    if rpc == "ModelInfer"
-                    else partial(self.unary, rpc, method, receive=unary)
-                )
+                if rpc == "ModelInfer":
+                    table[path] = DirectHandler(
+                        self.infer,
+                        request_type=generated.request_type,
+                        reply_type=generated.reply_type,
+                    )
+                    continue
                 table[path] = Handler(
-                    serve,
+                    partial(self.unary, rpc, method, receive=unary),
                     generated.cardinality,
                     generated.request_type,
                     generated.reply_type,
@@ -252,57 +257,14 @@ class _Bridge:
 
     # ---------------------------------------------------------------- asyncio side
 
-    async def infer(self, stream: grpclib.server.Stream[Any, Any]) -> None:
-        """ModelInfer: begin -> wait -> finish, all on the asyncio side (module docstring)."""
-        service = self._service
+    def infer(self, call: UnaryCall, message: bytes | memoryview) -> None:
+        """ModelInfer: begin -> wait -> finish without a task (module docstring)."""
         if self._draining:
-            service.record_rpc("ModelInfer", StatusCode.UNAVAILABLE)
-            raise GRPCError(Status.UNAVAILABLE, "server is shutting down")
-        code = StatusCode.OK
+            self._service.record_rpc("ModelInfer", StatusCode.UNAVAILABLE)
+            call.fail(StatusCode.UNAVAILABLE, "server is shutting down")
+            return
         self._in_flight += 1
-        pending: PendingInfer | None = None
-        try:
-            request = await stream.recv_message()
-            if request is None:  # the wire layer refuses this first
-                raise GRPCError(Status.INVALID_ARGUMENT, "the call carries no request message")
-            remaining = (
-                stream.deadline.time_remaining() if stream.deadline is not None else math.inf
-            )
-            ctx = CallContext(deadline=trio.current_time() + remaining, peer=_peer(stream))
-            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            try:
-                pending = service.begin_infer(request, ctx, partial(_wake, future))
-            except Exception as exc:
-                raise _grpc_error(to_status(exc, rpc="ModelInfer")) from None
-            if not pending.answer.settled:
-                await future
-            done, pending = pending, None
-            try:
-                parts = encode_infer_response_parts(service.finish_infer(done))
-            except Exception as exc:
-                raise _grpc_error(to_status(exc, rpc="ModelInfer")) from None
-            self._codec.check_response(
-                sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
-            )
-            assert isinstance(stream, ServerStream)
-            await stream.send_unary_reply(parts)
-        except GRPCError as exc:
-            code = StatusCode(exc.status.value)
-            raise
-        except asyncio.CancelledError:
-            # The client reset the stream or went away, the server is closing, or the
-            # wire layer's deadline timer fired (then the client gets DEADLINE_EXCEEDED).
-            expired = stream.deadline is not None and stream.deadline.time_remaining() <= 0
-            code = StatusCode.DEADLINE_EXCEEDED if expired else StatusCode.CANCELLED
-            if pending is not None:
-                service.abandon_infer(pending, code)
-            raise
-        except Exception:
-            code = StatusCode.UNKNOWN  # transport trouble while sending (see unary)
-            raise
-        finally:
-            service.record_rpc("ModelInfer", code)
-            self._leave()
+        _Infer(self, call).begin(message)
 
     async def unary(
         self,
@@ -427,10 +389,98 @@ class _Bridge:
         await self._idle.wait()
 
 
-def _wake(future: asyncio.Future[None]) -> None:
-    """An answer's wake-up: resolve the handler's future (unless the handler is gone)."""
-    if not future.done():
-        future.set_result(None)
+class _Infer:
+    """One ModelInfer: begun when its message is complete, answered when the dispatch
+    loop settles it (module docstring). Ends exactly once: answered, failed, expired or
+    cancelled, each recorded once and leaving the bridge's in-flight count once."""
+
+    __slots__ = ("_bridge", "_call", "_ended", "_pending", "_timer")
+
+    def __init__(self, bridge: _Bridge, call: UnaryCall) -> None:
+        self._bridge = bridge
+        self._call = call
+        self._pending: PendingInfer | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._ended = False
+
+    def begin(self, message: bytes | memoryview) -> None:
+        call = self._call
+        service = self._bridge._service
+        loop = asyncio.get_running_loop()
+        try:
+            request = decode_infer_request(message)
+            remaining = math.inf if call.deadline is None else call.deadline - loop.time()
+            ctx = CallContext(deadline=trio.current_time() + remaining, peer=call.peer)
+            pending = service.begin_infer(request, ctx, self._woken)
+        except Exception as exc:
+            self._fail(to_status(exc, rpc="ModelInfer"))
+            return
+        self._pending = pending
+        call.on_cancel = self._cancelled
+        if pending.answer.settled:  # settled within begin (its wake-up found no pending)
+            self._finish()
+        elif call.deadline is not None:
+            self._timer = loop.call_at(call.deadline, self._expired)
+
+    def _woken(self) -> None:
+        """The dispatch loop settled the answer (inside its tick, on this thread)."""
+        if self._pending is not None:
+            self._finish()
+
+    def _finish(self) -> None:
+        pending, self._pending = self._pending, None
+        assert pending is not None
+        self._stop_timer()
+        bridge = self._bridge
+        try:
+            parts = encode_infer_response_parts(bridge._service.finish_infer(pending))
+            size = sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
+            bridge._codec.check_response(size)
+        except GRPCError as exc:
+            self._fail(WireStatus(StatusCode(exc.status.value), exc.message or ""))
+            return
+        except Exception as exc:
+            self._fail(to_status(exc, rpc="ModelInfer"))
+            return
+        self._end(StatusCode.OK)
+        self._call.answer(parts)
+
+    def _expired(self) -> None:
+        """The deadline passed with the request still queued or executing: withdraw it
+        (a result that comes later is dropped) and answer DEADLINE_EXCEEDED now."""
+        self._timer = None
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        self._bridge._service.abandon_infer(pending, StatusCode.DEADLINE_EXCEEDED)
+        self._fail(WireStatus(StatusCode.DEADLINE_EXCEEDED, "deadline exceeded"))
+
+    def _cancelled(self) -> None:
+        """The client reset the call or went away, or the server is closing."""
+        self._stop_timer()
+        pending, self._pending = self._pending, None
+        call = self._call
+        expired = call.deadline is not None and asyncio.get_running_loop().time() >= call.deadline
+        code = StatusCode.DEADLINE_EXCEEDED if expired else StatusCode.CANCELLED
+        if pending is not None:
+            self._bridge._service.abandon_infer(pending, code)
+        self._end(code)
+
+    def _fail(self, status: WireStatus) -> None:
+        self._end(status.code)
+        self._call.fail(status.code, status.message)
+
+    def _end(self, code: StatusCode) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        self._bridge._service.record_rpc("ModelInfer", code)
+        self._bridge._leave()
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 def _grpc_error(status: WireStatus) -> GRPCError:

@@ -231,7 +231,7 @@ class _Processor(EventsProcessor):
         self._counters = guard.table.counters
         self._h2: ServerConnection = connection._connection  # type: ignore[assignment]
         #: Calls to direct methods (:mod:`.unary`): no grpclib stream, no task.
-        self.direct = DirectCalls(self._h2, connection, guard.peer)
+        self.direct = DirectCalls(self._h2, connection, guard.peer, guard.fault)
         self._framers: dict[int, MessageFramer] = {}
         #: When each running call started (loop time), for the premature-reset rule.
         self._started: dict[int, float] = {}

@@ -19,8 +19,8 @@ size, premature resets) applies unchanged; this module adds, per call:
 
 * **Receiving.** DATA payloads are kept as the views the connection parsed (no copy) and
   acknowledged at once: the framer has already bounded the stream to one message of at
-  most ``max_message_bytes``. At END_STREAM the views are joined once (a single view is
-  used as it is) and the handler gets the message without its 5-byte prefix.
+  most ``max_message_bytes``. At END_STREAM the handler gets the message without its
+  5-byte prefix: a view of the one payload that holds it, or the payloads joined once.
 * **Deadlines.** A call whose deadline passed before its message was complete is answered
   DEADLINE_EXCEEDED without reaching the handler. After that the deadline
   (:attr:`UnaryCall.deadline`, loop time) is the handler's to keep: the gateway's worker
@@ -57,6 +57,7 @@ from reactantserver.status import INTERNAL_MESSAGE, StatusCode
 
 from .framing import RequestHead
 from .h2lean import CONSTANT_BLOCKS
+from .limits import Fault
 
 if TYPE_CHECKING:
     from grpclib.protocol import Connection
@@ -80,7 +81,7 @@ class DirectHandler:
     """A mapping entry served without a task (module docstring): ``func(call, message)``
     starts the work and returns; the call is answered later through ``call``."""
 
-    func: Callable[[UnaryCall, memoryview], None]
+    func: Callable[[UnaryCall, bytes | memoryview], None]
     #: What grpclib's ``Handler`` records say about a method (for reflection and tests).
     cardinality: Cardinality = Cardinality.UNARY_UNARY
     request_type: Any = None
@@ -122,6 +123,22 @@ def frame_pieces(
     return data, room - left
 
 
+def _message(chunks: list[memoryview]) -> bytes | memoryview:
+    """The message of a stream's DATA payloads, without its 5-byte prefix: a view of the
+    one payload that holds it, else the payloads after the prefix joined once."""
+    if len(chunks) == 1:
+        return chunks[0][5:]
+    skip = 5
+    parts: list[memoryview] = []
+    for chunk in chunks:
+        if skip >= len(chunk):
+            skip -= len(chunk)
+            continue
+        parts.append(chunk[skip:] if skip else chunk)
+        skip = 0
+    return b"".join(parts)
+
+
 def message_pieces(parts: Sequence[bytes | memoryview]) -> collections.deque[memoryview]:
     """A gRPC message (5-byte prefix, then ``parts`` as they are) as byte views."""
     size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
@@ -146,29 +163,33 @@ def status_headers(code: int, message: str, *, headers_sent: bool, http_status: 
 class UnaryCall:
     """One direct call, from its complete request to its answer (module docstring)."""
 
-    __slots__ = ("_calls", "_chunks", "_done", "_pending", "deadline", "on_cancel", "path",
-                 "peer", "stream_id")  # fmt: skip
+    __slots__ = ("_calls", "_chunks", "_done", "_pending", "deadline", "head", "on_cancel",
+                 "stream_id")  # fmt: skip
 
     def __init__(
-        self,
-        calls: DirectCalls,
-        stream_id: int,
-        path: str,
-        deadline: float | None,
-        peer: str,
+        self, calls: DirectCalls, stream_id: int, head: RequestHead, deadline: float | None
     ) -> None:
         self._calls = calls
         self.stream_id = stream_id
-        self.path = path
+        #: What the request's headers said (path, timeout as sent, user agent).
+        self.head = head
         #: Loop time by which the call must be answered (None: no deadline).
         self.deadline = deadline
-        self.peer = peer
         #: Set by the handler: runs once if the call is cancelled before it is answered.
         self.on_cancel: Callable[[], None] | None = None
         self._chunks: list[memoryview] = []
         #: The answer's bytes not yet handed to the connection (flow control).
         self._pending: collections.deque[memoryview] | None = None
         self._done = False
+
+    @property
+    def path(self) -> str:
+        return self.head.path
+
+    @property
+    def peer(self) -> str:
+        """The client's address (``host:port``)."""
+        return self._calls.peer
 
     def __repr__(self) -> str:
         return f"UnaryCall({self.path}, stream {self.stream_id} of {self.peer})"
@@ -196,15 +217,27 @@ class UnaryCall:
 class DirectCalls:
     """The direct calls of one connection (module docstring)."""
 
-    def __init__(self, h2: ServerConnection, connection: Connection, peer: str) -> None:
+    def __init__(
+        self,
+        h2: ServerConnection,
+        connection: Connection,
+        peer: str,
+        fault: Callable[[Fault, str], None],
+    ) -> None:
         self._h2 = h2
         self._connection = connection
         self._peer = peer
+        #: Reports a client's mistake (the connection's fault log and counters).
+        self._fault = fault
         self._calls: dict[int, UnaryCall] = {}
         self._handlers: dict[int, DirectHandler] = {}
         self._release: dict[int, Callable[[], None]] = {}
         #: Answers waiting for the peer's window or a drained transport, in order.
         self._blocked: dict[int, UnaryCall] = {}
+
+    @property
+    def peer(self) -> str:
+        return self._peer
 
     def __len__(self) -> int:
         return len(self._calls)
@@ -216,9 +249,7 @@ class DirectCalls:
 
     def open(self, stream_id: int, admitted: DirectAdmission, release: Callable[[], None]) -> None:
         """A stream whose headers admitted it to a direct method."""
-        self._calls[stream_id] = UnaryCall(
-            self, stream_id, admitted.head.path, admitted.deadline, self._peer
-        )
+        self._calls[stream_id] = UnaryCall(self, stream_id, admitted.head, admitted.deadline)
         self._handlers[stream_id] = admitted.handler
         self._release[stream_id] = release
 
@@ -234,14 +265,15 @@ class DirectCalls:
         handler = self._handlers.pop(stream_id)
         chunks, call._chunks = call._chunks, []
         if call.deadline is not None and now >= call.deadline:
-            call.fail(
-                StatusCode.DEADLINE_EXCEEDED,
-                f"{call.path}: the deadline passed while the request was being received",
+            text = (
+                "deadline exceeded before the call started "
+                f"(grpc-timeout {call.head.timeout_text!r})"
             )
+            self._fault(Fault.EXPIRED_ON_ARRIVAL, text)
+            call.fail(StatusCode.DEADLINE_EXCEEDED, text)
             return
-        body = chunks[0] if len(chunks) == 1 else memoryview(b"".join(chunks))
         try:
-            handler.func(call, body[5:])
+            handler.func(call, _message(chunks))
         except Exception:
             log.exception("%s failed with an unexpected error", call.path)
             call.fail(StatusCode.INTERNAL, INTERNAL_MESSAGE)
