@@ -14,6 +14,7 @@
   in one ``send`` (grpclib alone makes three per unary response; each ``send`` releases
   the GIL, and the event loop then waits on the device thread).
 """
+
 from __future__ import annotations
 
 import asyncio
