@@ -418,6 +418,26 @@ async def big_inline(url: str, model: str, *, repeats: int, cpu: Callable[[], fl
     return BigResult("inline", x.nbytes, latencies, cpu_s)
 
 
+async def big_inline_ours_client(
+    url: str, model: str, *, repeats: int, cpu: Callable[[], float]
+) -> BigResult:
+    """:func:`big_inline` with ``reactantserver.client.AsyncClient`` as the client: the
+    same tensor and checks, a client whose own cost per 38 MB call is small (docs/client.md)."""
+    from reactantserver.client import AsyncClient
+
+    x = big_array()
+    async with AsyncClient(url, timeout=120) as client:
+        first = await client.infer(model, {"x": x})
+        if not np.array_equal(first["y"], 2 * x):
+            raise AssertionError(f"{model}: wrong answer for the 38 MB input")
+
+        async def call() -> None:
+            await client.infer(model, {"x": x})
+
+        latencies, cpu_s = await _repeat(call, repeats, cpu)
+    return BigResult("inline, reactantserver.client", x.nbytes, latencies, cpu_s)
+
+
 @contextlib.contextmanager
 def _region(name: str, nbytes: int) -> Iterator[tuple[str, object]]:
     key = f"/rs_bench_{name}_{uuid.uuid4().hex[:8]}"

@@ -968,3 +968,18 @@ def h2_client_scripts(draw: st.DrawFn) -> list[list[tuple[object, ...]]]:
     if draw(st.booleans()):
         reads = polite + reads
     return reads
+
+
+# ============================================================================================
+# The client's HTTP/2 connection (tests/test_client_channel.py)
+# ============================================================================================
+
+
+@st.composite
+def message_sends(draw: st.DrawFn) -> tuple[list[list[bytes]], list[int]]:
+    """Messages to send on one stream, each as the pieces it is given in (some empty),
+    and the frame sizes to cut them into (cycled; within HTTP/2's default 16 KiB)."""
+    piece = st.binary(min_size=0, max_size=3000)
+    messages = draw(st.lists(st.lists(piece, min_size=1, max_size=5), min_size=1, max_size=4))
+    frames = draw(st.lists(st.integers(1, 16384), min_size=1, max_size=6))
+    return messages, frames

@@ -129,7 +129,7 @@ def test_frames_cut_from_reads_are_h2s_frames(
     from h2.frame_buffer import FrameBuffer
     from hyperframe.frame import HeadersFrame, PingFrame, SettingsFrame, WindowUpdateFrame
 
-    from reactantserver.transport.h2conn import _FrameBuffer
+    from reactantserver.transport.h2frames import FrameCutter
 
     wire = [b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", SettingsFrame(0).serialize()]
     wire.append(HeadersFrame(1, b"\x82\x84\x86", flags=["END_HEADERS"]).serialize())
@@ -144,7 +144,7 @@ def test_frames_cut_from_reads_are_h2s_frames(
     stream = b"".join(wire)
     points = sorted({min(c, len(stream)) for c in cuts} | {0, len(stream)})
     chunks = [stream[a:b] for a, b in itertools.pairwise(points)]
-    ours = _FrameBuffer(LIMITS.max_header_list_size)
+    ours = FrameCutter(LIMITS.max_header_list_size)
     ours.max_frame_size = theirs_max = LIMITS.max_frame_size
     theirs = FrameBuffer(server=True)
     theirs.max_frame_size = theirs_max

@@ -14,7 +14,11 @@ alternating run by run (ours, peer, ours, peer, ...): requests/s, p50 and p99 at
 and 64 one-row requests in flight; server CPU per request; one 38 MB input inline (both)
 and through system shared memory (ours; MLServer has no shared-memory data plane);
 ratios ours/peer (above 1 is better for requests/s, below 1 for the rest; the shared
-memory row compares with the peer's inline time).
+memory row compares with the peer's inline time). The 38 MB inline row is measured twice,
+with ``tritonclient`` and with ``reactantserver.client`` (``bench_serve
+.big_inline_ours_client``) against both servers, alternating likewise: the second
+client's own cost per call is a third of the first's, so its ratio shows more of the
+servers' difference.
 
 Table 2, ours only: a compute-heavy model at 64 in flight with coalescing on against
 ``scheduler.models.<name>.max_batch_size: 1`` (two servers, alternating likewise).
@@ -216,6 +220,18 @@ async def _peer_table(args: argparse.Namespace, repo: Path, workdir: Path) -> li
         )
         ours_inline, peer_inline = (big_figures(r) for r in inline)
         rows.append(("38 MB input, inline", ours_inline, peer_inline))
+        own_client = await alternate(
+            args.runs,
+            servers,
+            lambda s: bs.big_inline_ours_client(
+                s.url,
+                bs.BIG_MODEL if s is ours else PEER_MODEL,
+                repeats=args.big_repeats,
+                cpu=s.cpu,
+            ),
+        )
+        ours_own, peer_own = (big_figures(r) for r in own_client)
+        rows.append(("38 MB inline, our client", ours_own, peer_own))
         shm = [
             await bs.big_shm(ours.url, bs.BIG_MODEL, repeats=args.big_repeats * 4, cpu=ours.cpu)
             for _ in range(args.runs)

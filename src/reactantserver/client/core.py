@@ -2,10 +2,13 @@
 
 Theory of operation
 -------------------
-:class:`Core` owns one ``grpclib.client.Channel`` -- one HTTP/2 connection, opened on
-the first call and reopened after the server goes away -- with flow-control windows
-raised well above grpclib's 4 MiB defaults so large tensors stream without waiting for
-window updates. Every RPC goes through :meth:`Core.call`:
+:class:`Core` owns one :class:`~.channel.ClientChannel` (grpclib's ``Channel``, with
+large messages cheap both ways) -- one HTTP/2 connection, opened on the first call and
+reopened after the server goes away -- with flow-control windows raised well above
+grpclib's 4 MiB defaults so large tensors stream without waiting for window updates.
+A request is sent as the pieces its encoder made (:func:`.channel.send_unary`): a
+ModelInfer request's tensors go from the caller's arrays to the socket uncopied. Every
+RPC goes through :meth:`Core.call`:
 
 1. The budget: ``timeout`` seconds (the client's default when not given) fixes an
    absolute deadline on the loop's monotonic clock. Each attempt is sent with the time
@@ -49,7 +52,6 @@ from typing import Any, TypeVar
 
 import attrs
 import numpy as np
-from grpclib.client import Channel
 from grpclib.config import Configuration
 from grpclib.const import Cardinality
 from grpclib.encoding.proto import ProtoCodec
@@ -66,6 +68,7 @@ from reactantserver.errors import (
 from reactantserver.protocol import inference as pb
 from reactantserver.protocol import reactant_control as cpb
 
+from .channel import ClientChannel, send_unary
 from .codec import decode_outputs, encode_request, output_nbytes, wire_array
 from .coerce import to_declared
 from .records import (
@@ -79,7 +82,7 @@ from .records import (
 from .retry import RetryPolicy
 from .shm import SharedMemoryRegion
 from .status import RETRYABLE, translate
-from .wire import InferResponseWire
+from .wire import InferRequestWire, InferResponseWire
 
 _Reply = TypeVar("_Reply")
 
@@ -119,6 +122,15 @@ class _CountingCodec(ProtoCodec):
         data = super().encode(message, message_type)
         self.sent += len(data)
         return data
+
+    def encode_parts(self, message: Any) -> list[bytes | memoryview]:
+        """``message`` as pieces to send unjoined (:func:`.channel.send_unary`): a
+        ModelInfer request's own pieces (its tensors not copied), else its encoding."""
+        if not isinstance(message, InferRequestWire):
+            return [self.encode(message, type(message))]
+        parts = message.parts()
+        self.sent += sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+        return parts
 
     def decode(self, data: bytes, message_type: Any) -> Any:
         self.received += len(data)
@@ -191,7 +203,7 @@ class Core:
         self.retry = retry if retry is not None else RetryPolicy()
         self._rng = random.Random(seed)
         self._codec = _CountingCodec()
-        self._channel: Channel | None = None
+        self._channel: ClientChannel | None = None
         self._layouts: dict[str, _OutputLayout] = {}
         #: model -> input name -> declared datatype, for converting array-likes.
         self._datatypes: dict[str, dict[str, str]] = {}
@@ -218,9 +230,9 @@ class Core:
             bytes_received=self._codec.received,
         )
 
-    def _connection(self) -> Channel:
+    def _connection(self) -> ClientChannel:
         if self._channel is None:
-            self._channel = Channel(
+            self._channel = ClientChannel(
                 self.host,
                 self.port,
                 codec=self._codec,
@@ -303,7 +315,7 @@ class Core:
             reply_type,
             timeout=None if math.isinf(remaining) else remaining,
         ) as stream:
-            await stream.send_message(request, end=True)
+            await send_unary(stream, self._codec.encode_parts(request))
             reply = await stream.recv_message()
         if reply is None:
             raise Unavailable(f"{rpc}: {self.target} closed the call without an answer")

@@ -15,7 +15,8 @@ Writing (:meth:`InferRequestWire.SerializeToString`): fields in number order, pr
 defaults (empty strings, empty lists) left out, ``shape`` packed, a parameter's oneof
 member written even when it holds its default (that is how presence works for oneofs),
 and the raw contents -- ``bytes`` or ``memoryview`` of the caller's arrays -- appended as
-repeated field 7 at the end. Everything is joined once.
+repeated field 7 at the end. :meth:`InferRequestWire.parts` leaves the pieces unjoined
+(the client sends them as they are, :mod:`.channel`); ``SerializeToString`` joins them once.
 
 Reading (:meth:`InferResponseWire.FromString`): one pass over the received bytes; strings
 decoded, ``shape`` accepted packed or not, int64 read as two's complement, unknown fields
@@ -152,7 +153,9 @@ class InferRequestWire:
         #: raw_input_contents entries, in the order of the inline inputs.
         self.raw: list[bytes | memoryview] = []
 
-    def SerializeToString(self) -> bytes:  # the name grpclib's codec calls
+    def parts(self) -> list[bytes | memoryview]:
+        """The message as pieces whose concatenation is its encoding: the raw contents
+        are the caller's buffers, not copies (the client sends them as they are)."""
         parts: list[bytes | memoryview] = [
             _string(1, self.model_name),
             _string(3, self.id),
@@ -165,7 +168,10 @@ class InferRequestWire:
             parts.append(raw_key)
             parts.append(_varint(len(data)))
             parts.append(data)
-        return b"".join(parts)
+        return parts
+
+    def SerializeToString(self) -> bytes:  # the name grpclib's codec calls
+        return b"".join(self.parts())
 
     def to_message(self) -> pb.ModelInferRequest:
         """The equivalent betterproto message (copies the raw contents; for tests)."""

@@ -17,7 +17,7 @@ A drop-in for the part of ``H2Connection`` that grpclib's ``protocol``/``server`
 and :mod:`.h2guard` / :mod:`.server` use, emitting **h2's own event classes** (so grpclib's
 ``EventsProcessor`` and our ``_Processor`` need no change) and raising **h2's own
 exceptions** (``h2.exceptions.ProtocolError`` and subclasses, which :mod:`.h2guard`
-catches). Received bytes are cut into frames by :class:`.h2conn._FrameBuffer` (preface
+catches). Received bytes are cut into frames by :class:`.h2frames.FrameCutter` (preface
 check, frame length judged from the header, header blocks bounded, CONTINUATION joined);
 frames we send are written as bytes directly.
 
@@ -111,7 +111,8 @@ from hyperframe.frame import (
     WindowUpdateFrame,
 )
 
-from .h2conn import _QUIET, _FrameBuffer, _local_settings, _Settings
+from .h2conn import _local_settings, _Settings
+from .h2frames import QUIET, FrameCutter
 from .h2wire import (
     ACK,
     CONTINUATION,
@@ -294,7 +295,7 @@ class ServerConnection:
         self._recv_window = _Window(DEFAULT_WINDOW)
         self._stream_window = limits.stream_window
         self._blocks = BlockDecoder(_ascii_headers, limits.max_header_list_size)
-        self.incoming_buffer = _FrameBuffer(limits.max_header_list_size)
+        self.incoming_buffer = FrameCutter(limits.max_header_list_size)
         self.incoming_buffer.max_frame_size = limits.max_frame_size
         self._out: list[bytes | memoryview] = []
         self._closed_by: OrderedDict[int, ClosedBy] = OrderedDict()
@@ -317,7 +318,7 @@ class ServerConnection:
             ExtensionFrame: self._on_unknown,
         }
         dispatch = self._frame_dispatch_table
-        for base, quiet in _QUIET.items():
+        for base, quiet in QUIET.items():
             dispatch[quiet] = dispatch[base]
 
     # ------------------------------------------------------------------ output
