@@ -233,7 +233,10 @@ def test_every_rpc_through_the_gateway(fleet: Fleet) -> None:
         assert client.get_server_metadata().name == "reactantserver-gateway"
         assert client.is_model_ready("double") and client.is_model_ready("slow")
         assert not client.is_model_ready("absent")
-        assert [t.name for t in client.get_model_metadata("double").inputs] == ["x"]
+        metadata = client.get_model_metadata("double")
+        assert [t.name for t in metadata.inputs] == ["x"]
+        # One version, numbered as Triton numbers them (perf_analyzer parses it).
+        assert list(metadata.versions) == ["1"]
         assert client.get_model_config("double").config.max_batch_size == 8
         before = sum(fleet.served(w) for w in WORKERS)
         x4 = np.arange(64, dtype=np.float32).reshape(4, 16)
@@ -241,7 +244,9 @@ def test_every_rpc_through_the_gateway(fleet: Fleet) -> None:
             result = client.infer("double", x_input(x4), request_id=f"id-{i}")
             np.testing.assert_array_equal(result.as_numpy("y"), 2 * x4)
             assert result.get_response().id == f"id-{i}"
+            assert result.get_response().model_version == "1"
         (stats,) = client.get_inference_statistics("double").model_stats
+        assert stats.version == "1"
         assert stats.inference_count == sum(fleet.served(w) for w in WORKERS) == before + 24
         index = {m.name: m.state for m in client.get_model_repository_index().models}
         assert index == {"double": "READY", "slow": "READY"}

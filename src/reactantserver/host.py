@@ -38,7 +38,8 @@ class HostedModel(Protocol):
 
     @property
     def version(self) -> str:
-        """Version string; empty for an unversioned bundle."""
+        """The version reported to clients (``records.REPORTED_VERSION``: bundles are
+        unversioned)."""
         ...
 
     @property

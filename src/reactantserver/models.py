@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from .bundle import Bundle, TensorSpec
 from .config import ModelSchedConfig
 from .histogram import ROW_BUCKETS, Histogram, HistogramSnapshot
-from .records import BatchStatistics, Duration, ExecutionStatistics
+from .records import REPORTED_VERSION, BatchStatistics, Duration, ExecutionStatistics
 
 if TYPE_CHECKING:
     from .runtime import LoadedModel
@@ -86,7 +86,7 @@ class ServedModel:
 
     @property
     def version(self) -> str:
-        return ""
+        return REPORTED_VERSION
 
     @property
     def platform(self) -> str:

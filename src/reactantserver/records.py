@@ -36,6 +36,7 @@ from .config.schema import Residency
 from .histogram import HistogramSnapshot
 
 __all__ = [
+    "REPORTED_VERSION",
     "Answer",
     "BatchStatistics",
     "CallContext",
@@ -55,6 +56,12 @@ __all__ = [
     "ServiceStatistics",
     "TensorContents",
 ]
+
+#: The version a model reports (ModelMetadata, ModelStatistics, ModelInfer's response).
+#: Bundles are unversioned -- one version per name, replaced in place -- and Triton numbers
+#: a model's versions from 1; its tools read the field as an integer (perf_analyzer stops
+#: on an empty one), so the one version is "1".
+REPORTED_VERSION = "1"
 
 # ------------------------------------------------------------------------ one call
 

@@ -17,7 +17,7 @@ from ..bundle import MANIFEST_FILE, Bundle, TensorSpec
 from ..bundle.manifest import load_yaml
 from ..config.schema import Residency
 from ..errors import BundleError
-from ..records import Duration, ExecutionStatistics, ModelControlInfo
+from ..records import REPORTED_VERSION, Duration, ExecutionStatistics, ModelControlInfo
 
 __all__ = [
     "META_PLATFORM",
@@ -64,7 +64,7 @@ class MetaModel:
 
     @property
     def version(self) -> str:
-        return ""
+        return REPORTED_VERSION
 
     @property
     def platform(self) -> str:
