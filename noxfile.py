@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import nox
 
@@ -336,6 +337,45 @@ def bench_peer(session: nox.Session) -> None:
     session.install("-e", ".[jax,test]", "mlserver==1.7.*", "uvloop==0.21.0", "py-spy>=0.3.14")
     session.env["JAX_PLATFORMS"] = "cpu"
     session.run("python", "benchmarks/peer/bench_peer.py", *session.posargs)
+
+
+@session
+def perf_analyzer(session: nox.Session) -> None:
+    """Triton's perf_analyzer against a worker and a gateway: ``nox -s perf_analyzer``.
+
+    perf_analyzer ships in PyPI's tritonclient wheels up to 2.41 (its own virtualenv
+    here); it loads ``libcudart.so.12`` (``nvidia-cuda-runtime-cu12``, from PyPI) and
+    ``libb64.so.0d``, which only Debian packages (``apt-get download libb64-0d``, unpacked
+    into the session's temporary directory, no root needed).
+    """
+    session.install(
+        "-e",
+        ".[jax]",
+        "tritonclient[grpc]==2.41.0",
+        # tritonclient 2.41 needs these and does not say so.
+        "protobuf>=3.20,<5",
+        "setuptools<81",  # pkg_resources
+        "nvidia-cuda-runtime-cu12",
+        "psutil>=5.9",
+    )
+    tmp = Path(session.create_tmp())
+    libb64 = tmp / "libb64" / "usr" / "lib" / "x86_64-linux-gnu"
+    if not (libb64 / "libb64.so.0d").exists():
+        with session.chdir(tmp):
+            session.run("apt-get", "download", "libb64-0d", external=True)
+        (deb,) = tmp.glob("libb64-0d_*.deb")
+        session.run("dpkg", "-x", str(deb), str(tmp / "libb64"), external=True)
+    cudart = session.run(
+        "python",
+        "-c",
+        "import nvidia.cuda_runtime as m, os; print(os.path.join(m.__path__[0], 'lib'))",
+        silent=True,
+    )
+    assert isinstance(cudart, str)
+    session.env["LD_LIBRARY_PATH"] = os.pathsep.join((str(libb64), cudart.strip()))
+    session.env["PERF_ANALYZER"] = str(Path(session.bin) / "perf_analyzer")
+    session.env["JAX_PLATFORMS"] = "cpu"
+    session.run("python", "benchmarks/perf_analyzer_check.py", *session.posargs)
 
 
 #: What ``nox -s gpu`` installs besides the package: the CUDA build of JAX and the test
