@@ -525,6 +525,45 @@ async def test_grpc_deadline_becomes_the_deadline(server: Running) -> None:
     assert t0 < deadline < t0 + 0.15 + 1.0
 
 
+async def test_the_server_answers_a_deadline_itself_while_the_request_runs(
+    server: Running,
+) -> None:
+    """grpc-timeout 150m on a request the host runs on past its deadline (as a batch
+    already executing does), from a client that would wait 10 s: the server answers
+    DEADLINE_EXCEEDED itself at the deadline (its one timer per call) and withdraws the
+    request from the host; the client's stream is not reset."""
+    import time
+
+    server.host.honour_deadlines = False
+
+    from h2_client import H2Client
+
+    request = pb.ModelInferRequest(
+        model_name="slow",
+        inputs=[pb.ModelInferRequestInferInputTensor(name="x", datatype="FP32", shape=[1, 16])],
+        raw_input_contents=[bytes(64)],
+    )
+
+    def call() -> tuple[Any, float]:
+        with H2Client(server.port) as h2:
+            started = time.monotonic()
+            result = h2.call(
+                "/inference.GRPCInferenceService/ModelInfer",
+                bytes(request),
+                timeout="150m",
+                wait=10.0,
+            )
+            return result, time.monotonic() - started
+
+    result, took = await off_loop(call)
+    assert result.grpc_status == 4, result.grpc_message  # DEADLINE_EXCEEDED
+    assert result.reset is None
+    assert took < 5.0  # at the deadline, not at the client's 10 s
+    await wait_until(lambda: server.host.cancelled == ["slow"])
+    rpcs = server.service.statistics().rpcs
+    assert rpcs[("ModelInfer", "DEADLINE_EXCEEDED")] == 1
+
+
 async def test_in_flight_cap_sheds_with_resource_exhausted(server: Running) -> None:
     async def occupy() -> None:
         await off_loop(lambda: server.client().infer("slow", [x_input()]))
