@@ -208,29 +208,24 @@ async def _peer_table(args: argparse.Namespace, repo: Path, workdir: Path) -> li
             )
             rows.append((f"[1,16] FP32, {n} in flight", *map(load_figures, runs)))
             print(f"  measured {n} in flight", file=sys.stderr, flush=True)
-        inline = await alternate(
-            args.runs,
-            servers,
-            lambda s: bs.big_inline(
-                s.url,
-                bs.BIG_MODEL if s is ours else PEER_MODEL,
-                repeats=args.big_repeats,
-                cpu=s.cpu,
-            ),
-        )
-        ours_inline, peer_inline = (big_figures(r) for r in inline)
+
+        async def big_row(call: Callable[..., Awaitable[bs.BigResult]]) -> list[tuple[float, ...]]:
+            """One 38 MB inline row: ``call`` against both servers, alternating."""
+            runs = await alternate(
+                args.runs,
+                servers,
+                lambda s: call(
+                    s.url,
+                    bs.BIG_MODEL if s is ours else PEER_MODEL,
+                    repeats=args.big_repeats,
+                    cpu=s.cpu,
+                ),
+            )
+            return [big_figures(r) for r in runs]
+
+        ours_inline, peer_inline = await big_row(bs.big_inline)
         rows.append(("38 MB input, inline", ours_inline, peer_inline))
-        own_client = await alternate(
-            args.runs,
-            servers,
-            lambda s: bs.big_inline_ours_client(
-                s.url,
-                bs.BIG_MODEL if s is ours else PEER_MODEL,
-                repeats=args.big_repeats,
-                cpu=s.cpu,
-            ),
-        )
-        ours_own, peer_own = (big_figures(r) for r in own_client)
+        ours_own, peer_own = await big_row(bs.big_inline_ours_client)
         rows.append(("38 MB inline, our client", ours_own, peer_own))
         shm = [
             await bs.big_shm(ours.url, bs.BIG_MODEL, repeats=args.big_repeats * 4, cpu=ours.cpu)

@@ -75,7 +75,13 @@ from h2.settings import SettingCodes
 from hyperframe.frame import DataFrame, Frame
 
 from reactantserver.transport.h2frames import FrameCutter, route_quiet_frames
-from reactantserver.transport.h2wire import DATA, DEFAULT_WINDOW, END_STREAM, frame_head
+from reactantserver.transport.h2wire import (
+    DATA,
+    DEFAULT_WINDOW,
+    END_STREAM,
+    frame_head,
+    take_views,
+)
 
 #: Our SETTINGS_MAX_FRAME_SIZE: the largest frame the server may send us (HTTP/2's default
 #: is 16 KiB; our server sends at most 256 KiB, gRPC's C core up to what is allowed).
@@ -118,20 +124,9 @@ class Pieces:
 
     def take(self, size: int) -> Payload:
         """The next ``size`` bytes (at most :attr:`left`), as views of the pieces."""
-        rest = self._rest
-        views: list[memoryview] = []
-        room = size
-        while room:
-            view = rest[0]
-            if view.nbytes <= room:
-                views.append(rest.popleft())
-                room -= view.nbytes
-            else:
-                views.append(view[:room])
-                rest[0] = view[room:]
-                room = 0
-        self.left -= size
-        return Payload(views, size)
+        views, taken = take_views(self._rest, size)
+        self.left -= taken
+        return Payload(views, taken)
 
 
 class _H2Connection(H2Connection):

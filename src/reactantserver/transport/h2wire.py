@@ -1,12 +1,14 @@
 """HTTP/2's wire numbers and frame headers, as our own HTTP/2 code writes them.
 
-Shared by the two ends we implement ourselves: the server side under grpclib
-(:mod:`.h2lean`) and the gateway's client to its workers
-(:mod:`reactantserver.gateway.http2`). RFC 9113 §4.1 (frame layout), §6 (frame types and
+Shared by the ends we implement ourselves: the server side under grpclib (:mod:`.h2lean`,
+:mod:`.unary`), the gateway's client to its workers (:mod:`reactantserver.gateway.http2`)
+and the client's channel (:mod:`reactantserver.client.channel`). RFC 9113 §4.1 (frame layout), §6 (frame types and
 flags), §6.5.2 (settings), §7 (error codes).
 """
 
 from __future__ import annotations
+
+import collections
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -37,3 +39,21 @@ def frame_head(kind: int, flags: int, stream_id: int, length: int) -> bytes:
 def frame(kind: int, flags: int, stream_id: int, payload: bytes | memoryview = b"") -> bytes:
     """A whole frame: its header, then ``payload``."""
     return frame_head(kind, flags, stream_id, len(payload)) + payload
+
+
+def take_views(pending: collections.deque[memoryview], room: int) -> tuple[list[memoryview], int]:
+    """Up to ``room`` bytes off the front of ``pending``, as views (a view that does not
+    fit is split, its rest left in front): the next DATA frame's payload, not copied. The
+    views and the number of bytes they hold."""
+    views: list[memoryview] = []
+    left = room
+    while pending and left:
+        view = pending[0]
+        if view.nbytes <= left:
+            views.append(pending.popleft())
+            left -= view.nbytes
+        else:
+            views.append(view[:left])
+            pending[0] = view[left:]
+            left = 0
+    return views, room - left

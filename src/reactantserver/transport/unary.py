@@ -57,6 +57,7 @@ from reactantserver.status import INTERNAL_MESSAGE, StatusCode
 
 from .framing import RequestHead
 from .h2lean import CONSTANT_BLOCKS
+from .h2wire import take_views
 from .limits import Fault
 
 if TYPE_CHECKING:
@@ -105,22 +106,11 @@ class DirectAdmission:
 def frame_pieces(
     pending: collections.deque[memoryview], room: int
 ) -> tuple[bytes | memoryview, int]:
-    """The next DATA frame's payload, at most ``room`` bytes taken off the front of
-    ``pending`` (a piece that does not fit is split), and its length. One piece is sent as
-    the view it is; several are joined (a small message and its 5-byte prefix)."""
-    chunk: list[memoryview] = []
-    left = room
-    while pending and left:
-        piece = pending[0]
-        if piece.nbytes <= left:
-            chunk.append(pending.popleft())
-            left -= piece.nbytes
-        else:
-            chunk.append(piece[:left])
-            pending[0] = piece[left:]
-            left = 0
-    data = chunk[0] if len(chunk) == 1 else b"".join(chunk)
-    return data, room - left
+    """The next DATA frame's payload, at most ``room`` bytes off the front of ``pending``,
+    and its length. One piece is sent as the view it is; several are joined (a small
+    message and its 5-byte prefix)."""
+    views, size = take_views(pending, room)
+    return (views[0] if len(views) == 1 else b"".join(views)), size
 
 
 def _message(chunks: list[memoryview]) -> bytes | memoryview:
