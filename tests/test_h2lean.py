@@ -328,7 +328,10 @@ def test_same_events_as_h2_for_the_same_bytes(reads: list[list[tuple[Any, ...]]]
     """Invariant: fed the same client bytes (a polite client's requests and a
     misbehaving client's frames: bad stream ids, DATA and HEADERS on closed streams,
     flow-control overruns, window overflows, zero increments, bad SETTINGS, PUSH_PROMISE,
-    GOAWAY, unknown frames) with the same server answers and resets in between, our
+    GOAWAY, unknown frames, frames of every type with the wrong stream, size or content,
+    padding and priority fields that do not fit, header blocks split across CONTINUATIONs,
+    interrupted, left open or past their bounds) with the same server answers and resets
+    in between, our
     connection reports the same events as h2's -- the same types in the same order with
     the same stream ids, headers, data, lengths, error codes and settings -- and raises a
     connection error (with the same error code) on exactly the reads h2 raises on."""
