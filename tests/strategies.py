@@ -954,6 +954,67 @@ _h2_actions = st.one_of(
     st.tuples(st.just("unknown")),
     st.tuples(st.sampled_from(["answer", "reset"]), st.sampled_from([1, 3, 5, 7])),
 )
+#: Frame bodies a malformed frame is made of: short, long, and the values the rules turn
+#: on (a zero or oversized WINDOW_UPDATE increment, a reserved bit, a promised stream id
+#: that is odd or zero, a pad length as long as the body).
+_h2_raw_bodies = st.binary(max_size=13) | st.sampled_from(
+    [
+        b"",
+        bytes(4),
+        b"\x80\x00\x00\x01",
+        b"\x7f\xff\xff\xff",
+        b"\x00\x00\x00\x02",
+        b"\x00\x00\x00\x03",
+        bytes(5),
+        b"\x00\x00\x00\x01\x0f",
+        bytes(8),
+        b"\x00\x00\x00\x05\x00\x00\x00\x02hi",
+        b"\x00\x04\x00\x00\xff\xff",
+        b"\x00\x04\x00\x00\xff\xff\x00\x05",
+        b"\x05abc",
+        b"\x04abcd",
+        b"\x00\x03abc",
+        b"\x00\x09ab",
+    ]
+)
+#: Malformed frames of every type (tests/test_h2lean.py): any type byte, flag byte and
+#: stream id with bodies of the wrong size or content; HEADERS frames built from a valid
+#: header block with padding and priority fields that may not fit; and header blocks split
+#: across CONTINUATIONs, interleaved with another frame, left open, or flooding.
+_h2_malformed = st.one_of(
+    st.tuples(
+        st.just("frame"),
+        st.sampled_from([0x0, 0x2, 0x3, 0x4, 0x5, 0x6, 0x7, 0x8, 0x9, 0xA, 0x10, 0xFF]),
+        st.sampled_from([0, 0, 0x1, 0x4, 0x8, 0x9, 0x20, 0xFF]),
+        st.sampled_from([0, 0, 1, 3, 2]),
+        _h2_raw_bodies,
+    ),
+    st.tuples(
+        st.just("headers_raw"),
+        _h2_sids | st.just(0),
+        st.sampled_from([0x4, 0x5, 0xC, 0x24, 0x2C, 0x2D, 0x0, 0x8, 0x20, 0xFF]),
+        st.none() | st.sampled_from([0, 1, 4, 30, 200, 255]),  # the pad-length byte
+        st.sampled_from([0, 3, 5, 5]),  # how many priority bytes are there
+        st.sampled_from([0, 1, 3]),  # the stream depended on
+        st.booleans(),  # the block itself, or none
+        st.sampled_from([0, 0, 1, 4]),  # padding bytes present
+    ),
+    st.tuples(
+        st.just("block"),
+        _h2_sids,
+        st.booleans(),  # END_STREAM
+        st.booleans(),  # PRIORITY
+        st.sampled_from([0, 0, 2]),  # padding
+        st.sampled_from([1, 1, 2, 3, 63, 64]),  # CONTINUATIONs
+        st.sampled_from(
+            [
+                *(None, None, "ping", "bad_ping", "data", "headers"),
+                *("other_stream", "unknown", "open", "big"),
+            ]
+        ),
+    ),
+)
+_h2_actions = _h2_actions | _h2_malformed
 
 
 @st.composite

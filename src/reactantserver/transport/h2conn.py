@@ -9,7 +9,9 @@
   guard refuses just that stream).
 * Received bytes are cut into frames by :class:`.h2frames.FrameCutter` (a frame's length
   judged from its 9-byte header, header blocks bounded, each body copied once, quiet
-  frame classes whose ``repr`` does not hex-encode the payload); the client uses it too.
+  frame classes whose ``repr`` does not hex-encode the payload) for h2's connection (the
+  reference, and the client's); the server's own connection reads the same cuts without
+  frame objects (:class:`.h2parse.RawFrameCutter`).
 * :class:`CorkedTransport`: everything written during one pass of the event loop leaves
   in one ``send`` (grpclib alone makes three per unary response; each ``send`` releases
   the GIL, and the event loop then waits on the device thread).

@@ -1,11 +1,12 @@
 """Received HTTP/2 frames, cut once and cheap to log: for h2's connection, either side.
 
-Both ends of ours that receive HTTP/2 through h2's frame classes use this: the server's
-connection (:mod:`.h2lean`, and h2's own connection as its reference,
-:func:`.h2conn.h2_reference_connection`) and the Python client's
-(:mod:`reactantserver.client.h2client`). It imports neither asyncio nor grpclib, and
-nothing of ours but :mod:`.h2wire`'s numbers, so the client can use it without the
-server's configuration.
+The ends of ours that receive HTTP/2 through h2's connection and hyperframe's frame
+classes use this: the Python client's channel (:mod:`reactantserver.client.channel`) and
+h2's server connection as the reference of ours (:func:`.h2conn.h2_reference_connection`).
+The server's own connection (:mod:`.h2lean`) cuts frames with the same code but builds no
+frame objects (:class:`.h2parse.RawFrameCutter`, a subclass). It imports neither asyncio
+nor grpclib, and nothing of ours but :mod:`.h2wire`'s numbers, so the client can use it
+without the server's configuration.
 
 * :class:`FrameCutter`: h2's ``FrameBuffer``, except that a frame's length is judged from
   its 9-byte header (h2's own buffer waits for the whole frame first, so a DATA frame
@@ -55,11 +56,11 @@ def _quiet(frame_class: type[Frame]) -> type[Frame]:
     third of the server's work for a 38 MB inline tensor, and 14 % of the client's; for
     HEADERS, SETTINGS, PING and WINDOW_UPDATE frames it formats the flags and hex-encodes
     the body, a few microseconds per frame and per small request (docs/benchmarks.md has
-    the upstream fix). The server's own connection (:mod:`.h2lean`) builds no ``repr``;
-    the quiet classes stay there because the DATA one parses its body without a copy, and
-    because h2's connection (the client's, and the server's reference in tests and
-    benchmarks) is given the same frames (it dispatches on the exact class, so each quiet
-    class is routed to h2's handler of its base: :func:`route_quiet_frames`).
+    the upstream fix). The server's own connection (:mod:`.h2lean`) builds no frames at
+    all (:mod:`.h2parse`); h2's connection (the client's, and the server's reference in
+    tests and benchmarks) is given the quiet classes (it dispatches on the exact class, so
+    each quiet class is routed to h2's handler of its base: :func:`route_quiet_frames`),
+    and the DATA one parses its body without a copy.
     """
 
     def __repr__(self: Frame) -> str:
@@ -166,13 +167,17 @@ class FrameCutter(FrameBuffer):
                 f"SETTINGS_MAX_FRAME_SIZE of {self.max_frame_size}"
             )
         if header[3] in _HEADER_FRAMES:
-            block = length + sum(len(f.data) for f in self._headers_buffer)
+            block = length + self._block_so_far()
             if block > self._max_header_block:
                 raise h2.exceptions.DenialOfServiceError(
                     f"a header block of more than {self._max_header_block} bytes "
                     "(SETTINGS_MAX_HEADER_LIST_SIZE)"
                 )
         return length
+
+    def _block_so_far(self) -> int:
+        """The bytes of the header block buffered so far (0 outside a block)."""
+        return sum(len(f.data) for f in self._headers_buffer)
 
     def _next_frame(self) -> tuple[memoryview | bytes, bytes | bytearray]:
         """The next whole frame: (its 9-byte header, a private copy of its body).

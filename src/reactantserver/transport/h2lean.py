@@ -17,9 +17,12 @@ A drop-in for the part of ``H2Connection`` that grpclib's ``protocol``/``server`
 and :mod:`.h2guard` / :mod:`.server` use, emitting **h2's own event classes** (so grpclib's
 ``EventsProcessor`` and our ``_Processor`` need no change) and raising **h2's own
 exceptions** (``h2.exceptions.ProtocolError`` and subclasses, which :mod:`.h2guard`
-catches). Received bytes are cut into frames by :class:`.h2frames.FrameCutter` (preface
-check, frame length judged from the header, header blocks bounded, CONTINUATION joined);
-frames we send are written as bytes directly.
+catches). Received bytes are cut into frames by :class:`.h2parse.RawFrameCutter` (preface
+check, frame length judged from the header, header blocks bounded, CONTINUATION joined,
+one copy per body) as ``(type, flags, stream id, body)``, no frame objects: the type byte
+picks a handler, which reads its fields by slicing (:mod:`.h2parse`, which also raises h2's
+and hyperframe's errors for a malformed frame, in their order); a DATA payload is a view
+of the body. Frames we send are written as bytes directly.
 
 Semantics (RFC 9113, server side; as h2 behaves, except where noted):
 
@@ -67,7 +70,7 @@ fields) and whether a connection error was raised are those of h2's ``H2Connecti
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from enum import IntEnum
 from typing import Any
 
@@ -94,25 +97,11 @@ from h2.events import (
 )
 from h2.settings import SettingCodes
 from hpack import HPACKError, OversizedHeaderListError
-from hyperframe.exceptions import InvalidPaddingError
-from hyperframe.frame import (
-    AltSvcFrame,
-    ContinuationFrame,
-    DataFrame,
-    ExtensionFrame,
-    Frame,
-    GoAwayFrame,
-    HeadersFrame,
-    PingFrame,
-    PriorityFrame,
-    PushPromiseFrame,
-    RstStreamFrame,
-    SettingsFrame,
-    WindowUpdateFrame,
-)
+from hyperframe.frame import ExtensionFrame
 
+from . import h2parse
 from .h2conn import _local_settings, _Settings
-from .h2frames import QUIET, FrameCutter
+from .h2parse import ALTSVC, FRAME_NAMES, KNOWN_TYPES, Body, Priority, RawFrameCutter
 from .h2wire import (
     ACK,
     CONTINUATION,
@@ -124,6 +113,8 @@ from .h2wire import (
     HEADERS,
     MAX_WINDOW,
     PING,
+    PRIORITY,
+    PUSH_PROMISE,
     RST_STREAM,
     SETTINGS,
     WINDOW_UPDATE,
@@ -132,6 +123,8 @@ from .h2wire import (
 from .hpack_blocks import BlockDecoder, encode_headers, hpack_int
 from .limits import WireLimits
 
+#: A frame type's handler: (flags, stream id, body, the events so far).
+_Handler = Callable[[int, int, Body, list[Event]], None]
 #: The dynamic table size an HPACK encoder starts with (SETTINGS_HEADER_TABLE_SIZE default).
 DEFAULT_TABLE = 4096
 #: How many closed streams' endings are remembered (h2 keeps as many).
@@ -295,31 +288,28 @@ class ServerConnection:
         self._recv_window = _Window(DEFAULT_WINDOW)
         self._stream_window = limits.stream_window
         self._blocks = BlockDecoder(_ascii_headers, limits.max_header_list_size)
-        self.incoming_buffer = FrameCutter(limits.max_header_list_size)
+        self.incoming_buffer = RawFrameCutter(limits.max_header_list_size)
         self.incoming_buffer.max_frame_size = limits.max_frame_size
         self._out: list[bytes | memoryview] = []
         self._closed_by: OrderedDict[int, ClosedBy] = OrderedDict()
         #: A dynamic table size update owed at the start of our next header block.
         self._table_update: bytes = b""
         self._table_size = DEFAULT_TABLE
-        # grpclib deletes this attribute on close (to break h2's reference cycles).
-        self._frame_dispatch_table: dict[type[Frame], Any] = {
-            DataFrame: self._on_data,
-            HeadersFrame: self._on_headers,
-            RstStreamFrame: self._on_rst_stream,
-            WindowUpdateFrame: self._on_window_update,
-            SettingsFrame: self._on_settings,
-            PingFrame: self._on_ping,
-            GoAwayFrame: self._on_goaway,
-            PriorityFrame: self._on_priority,
-            PushPromiseFrame: self._on_push_promise,
-            ContinuationFrame: self._on_continuation,
-            AltSvcFrame: self._on_ignored,
-            ExtensionFrame: self._on_unknown,
+        # A handler per frame type: (flags, stream id, body, events). grpclib deletes
+        # this attribute on close (to break h2's reference cycles).
+        self._frame_dispatch_table: dict[int, _Handler] = {
+            DATA: self._on_data,
+            HEADERS: self._on_headers,
+            PRIORITY: self._on_priority,
+            RST_STREAM: self._on_rst_stream,
+            SETTINGS: self._on_settings,
+            PUSH_PROMISE: self._on_push_promise,
+            PING: self._on_ping,
+            GOAWAY: self._on_goaway,
+            WINDOW_UPDATE: self._on_window_update,
+            CONTINUATION: self._on_continuation,
+            ALTSVC: self._on_altsvc,
         }
-        dispatch = self._frame_dispatch_table
-        for base, quiet in QUIET.items():
-            dispatch[quiet] = dispatch[base]
 
     # ------------------------------------------------------------------ output
 
@@ -488,38 +478,37 @@ class ServerConnection:
     def receive_data(self, data: bytes) -> list[Event]:
         events: list[Event] = []
         self.incoming_buffer.add_data(data)
+        dispatch = self._frame_dispatch_table
         try:
-            for frame in self.incoming_buffer:
-                self._dispatch(frame, events)
-        except InvalidPaddingError as err:
-            self._terminate(ErrorCodes.PROTOCOL_ERROR)
-            raise h2.exceptions.ProtocolError("Received frame with invalid padding.") from err
+            for kind, flags, sid, body in self.incoming_buffer:
+                if self.state_machine.state is not ConnectionState.SERVER_OPEN:
+                    self._check_state(kind, flags, body)
+                handler = dispatch.get(kind)
+                if handler is None:
+                    self._on_unknown(kind, flags, sid, body, events)
+                else:
+                    handler(flags, sid, body, events)
         except h2.exceptions.ProtocolError as err:
             self._terminate(err.error_code)
             raise
         return events
 
-    def _dispatch(self, frame: Frame, events: list[Event]) -> None:
-        state = self.state_machine.state
-        if state is not ConnectionState.SERVER_OPEN:
-            # h2's connection states: after GOAWAY either way only GOAWAY (and frames of
-            # unknown type) may arrive; before the first request, no DATA or RST_STREAM.
-            if state is ConnectionState.CLOSED:
-                if not isinstance(frame, GoAwayFrame | ExtensionFrame):
-                    raise h2.exceptions.ProtocolError(
-                        f"{type(frame).__name__} received after GOAWAY"
-                    )
-            elif isinstance(frame, DataFrame | RstStreamFrame):
-                raise h2.exceptions.ProtocolError(
-                    f"{type(frame).__name__} received before any stream was opened"
-                )
-        self._frame_dispatch_table[frame.__class__](frame, events)
-
-    def _receive_frame(self, frame: Frame) -> list[Event]:
-        """One frame's events (h2's name; :meth:`receive_data` is the way in)."""
-        events: list[Event] = []
-        self._dispatch(frame, events)
-        return events
+    def _check_state(self, kind: int, flags: int, body: Body) -> None:
+        """h2's connection states: after GOAWAY either way only GOAWAY (and frames of
+        unknown type, and a CONTINUATION outside a header block, which h2 judges by its
+        stream alone) may arrive; before the first request, no DATA or RST_STREAM. h2
+        checks a frame's body before its state (:func:`.h2parse.check_body`)."""
+        if self.state_machine.state is ConnectionState.CLOSED:
+            if kind not in (GOAWAY, CONTINUATION) and kind in KNOWN_TYPES:
+                h2parse.check_body(kind, flags, body)
+                if kind == HEADERS:  # h2 decodes a block before it looks at the state
+                    self._decode(h2parse.headers(flags, body)[0])
+                raise h2.exceptions.ProtocolError(f"{FRAME_NAMES[kind]} received after GOAWAY")
+        elif kind in (DATA, RST_STREAM):
+            h2parse.check_body(kind, flags, body)
+            raise h2.exceptions.ProtocolError(
+                f"{FRAME_NAMES[kind]} received before any stream was opened"
+            )
 
     def _terminate(self, error_code: ErrorCodes | int) -> None:
         """A connection error: GOAWAY with its code (h2's ``_terminate_connection``)."""
@@ -548,25 +537,38 @@ class ServerConnection:
             return h2.exceptions.NoSuchStreamError(sid)
         return h2.exceptions.StreamClosedError(sid)
 
-    def _decode(self, block: bytes) -> list[tuple[str, str]]:
+    def _decode(self, block: bytes) -> list[tuple[str, str]] | None:
         """A header block's headers (remembered per block while the table cannot have
         changed: :class:`.hpack_blocks.BlockDecoder`); h2's errors for a bad or oversized
-        block."""
+        block. None for a block whose names or values are not all ASCII: h2 decodes the
+        block first and finds that only where it builds the event (:meth:`_text`)."""
         try:
             return list(self._blocks.decode(block))
         except OversizedHeaderListError as err:
             raise h2.exceptions.DenialOfServiceError(f"Oversized header block: {err}") from err
-        except (HPACKError, IndexError, TypeError, UnicodeDecodeError) as err:
+        except UnicodeDecodeError:
+            return None
+        except (HPACKError, IndexError, TypeError) as err:
             raise h2.exceptions.ProtocolError(f"Error decoding header block: {err}") from err
 
-    def _on_headers(self, frame: HeadersFrame, events: list[Event]) -> None:
-        sid = frame.stream_id
+    @staticmethod
+    def _text(headers: list[tuple[str, str]] | None) -> list[tuple[str, str]]:
+        """The headers an event carries; a connection error if they are not ASCII (h2
+        lets its UnicodeDecodeError escape here, which grpclib does not catch)."""
+        if headers is None:
+            raise h2.exceptions.ProtocolError("a header name or value that is not ASCII")
+        return headers
+
+    def _on_headers(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
+        block, fields = h2parse.headers(flags, body)
+        # Decoded first, whatever the stream's state, as h2 does: it keeps the decoder's
+        # table in step, and a bad block is the error h2 reports before the stream's.
+        headers = self._decode(block)
         stream = self.streams.get(sid)
         if stream is None:
             if sid <= self.highest_inbound_stream_id:
                 how = self._closed_by.get(sid)
                 if how is ClosedBy.RESET:
-                    self._decode(frame.data)  # keep the decoder's table in step
                     self._out.append(_rst(sid, ErrorCodes.STREAM_CLOSED))
                     return
                 if how is ClosedBy.END:
@@ -574,30 +576,29 @@ class ServerConnection:
                 raise h2.exceptions.StreamIDTooLowError(sid, self.highest_inbound_stream_id)
             if not sid % 2:
                 raise h2.exceptions.ProtocolError("Invalid stream ID for peer.")
-            headers = self._decode(frame.data)
             self.highest_inbound_stream_id = sid
             if self.state_machine.state is ConnectionState.IDLE:
                 self.state_machine.state = ConnectionState.SERVER_OPEN
             stream = H2Stream(sid, self.remote_settings.initial_window_size, self._stream_window)
             self.streams[sid] = stream
             # h2 declares bytes pairs; with header_encoding set (grpclib's) it gives str.
+            headers = self._text(headers)
             event: Event = RequestReceived(stream_id=sid, headers=headers)  # type: ignore[arg-type]
         else:
-            headers = self._decode(frame.data)
             if stream.state_machine.state is StreamState.HALF_CLOSED_REMOTE:
                 self._reset_on_error(stream, events)
                 return
-            if "END_STREAM" not in frame.flags:
+            if not flags & END_STREAM:
                 raise h2.exceptions.ProtocolError("Trailers must have END_STREAM set")
-            event = TrailersReceived(stream_id=sid, headers=headers)  # type: ignore[arg-type]
+            event = TrailersReceived(stream_id=sid, headers=self._text(headers))  # type: ignore[arg-type]
         events.append(event)
-        if "END_STREAM" in frame.flags:
+        if flags & END_STREAM:
             ended = StreamEnded(stream_id=sid)
             event.stream_ended = ended  # type: ignore[attr-defined]
             events.append(ended)
             self._end_remote(stream)
-        if "PRIORITY" in frame.flags:
-            priority = self._priority(frame)
+        if fields is not None:
+            priority = self._priority(sid, fields)
             event.priority_updated = priority  # type: ignore[attr-defined]
             events.append(priority)
 
@@ -620,9 +621,8 @@ class ServerConnection:
             )
         )
 
-    def _on_data(self, frame: DataFrame, events: list[Event]) -> None:
-        sid = frame.stream_id
-        length = frame.flow_controlled_length
+    def _on_data(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
+        payload, length = h2parse.data(flags, body)
         self._recv_window.consumed(length)
         stream = self.streams.get(sid)
         if stream is None or stream.state_machine.state is StreamState.HALF_CLOSED_REMOTE:
@@ -638,29 +638,29 @@ class ServerConnection:
                 self._out.append(_rst(sid, ErrorCodes.STREAM_CLOSED))
             return
         stream.recv_window.consumed(length)
-        event = DataReceived(stream_id=sid, data=frame.data, flow_controlled_length=length)
+        # h2 declares bytes; a view of the frame's one copy is what grpclib joins.
+        event = DataReceived(
+            stream_id=sid,
+            data=payload,  # type: ignore[arg-type]
+            flow_controlled_length=length,
+        )
         events.append(event)
-        if "END_STREAM" in frame.flags:
+        if flags & END_STREAM:
             ended = StreamEnded(stream_id=sid)
             event.stream_ended = ended
             events.append(ended)
             self._end_remote(stream)
 
-    def _on_rst_stream(self, frame: RstStreamFrame, events: list[Event]) -> None:
-        stream = self.streams.get(frame.stream_id)
+    def _on_rst_stream(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
+        code = h2parse.rst_stream(body)
+        stream = self.streams.get(sid)
         if stream is None:
             return  # idle (h2 ignores it too) or already closed (RFC 9113 §5.1: ignore)
         self._close(stream, ClosedBy.RESET)
-        events.append(
-            StreamReset(
-                stream_id=frame.stream_id,
-                error_code=_error_code(frame.error_code),
-                remote_reset=True,
-            )
-        )
+        events.append(StreamReset(stream_id=sid, error_code=_error_code(code), remote_reset=True))
 
-    def _on_window_update(self, frame: WindowUpdateFrame, events: list[Event]) -> None:
-        sid, increment = frame.stream_id, frame.window_increment
+    def _on_window_update(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
+        increment = h2parse.window_update(body)
         if not sid:
             window = self.outbound_flow_control_window + increment
             if window > MAX_WINDOW:
@@ -688,17 +688,18 @@ class ServerConnection:
         stream.send_window = window
         events.append(WindowUpdated(stream_id=sid, delta=increment))
 
-    def _on_settings(self, frame: SettingsFrame, events: list[Event]) -> None:
-        if "ACK" in frame.flags:
+    def _on_settings(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
+        values = h2parse.settings(flags, body)
+        if flags & ACK:
             ack = SettingsAcknowledged()
             ack.changed_settings = self.local_settings.acknowledge()
             events.append(ack)
             return
         remote = self.remote_settings
-        for code, value in frame.settings.items():
+        for code, value in values.items():
             remote.validate_received_setting(code, value)  # h2's errors and codes
-        remote.update(frame.settings)
-        events.append(RemoteSettingsChanged.from_settings(remote, frame.settings))
+        remote.update(values)
+        events.append(RemoteSettingsChanged.from_settings(remote, values))
         changes = remote.acknowledge()
         window = changes.get(SettingCodes.INITIAL_WINDOW_SIZE)
         if window is not None:
@@ -718,43 +719,59 @@ class ServerConnection:
             self._table_update = hpack_int(table.new_value, 5, 0x20)
         self._out.append(frame_head(SETTINGS, ACK, 0, 0))
 
-    def _on_ping(self, frame: PingFrame, events: list[Event]) -> None:
-        if "ACK" in frame.flags:
-            events.append(PingAckReceived(ping_data=frame.opaque_data))
+    def _on_ping(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
+        opaque = h2parse.ping(body)
+        if flags & ACK:
+            events.append(PingAckReceived(ping_data=opaque))
             return
-        events.append(PingReceived(ping_data=frame.opaque_data))
-        self._out.append(frame_head(PING, ACK, 0, 8) + frame.opaque_data)
+        events.append(PingReceived(ping_data=opaque))
+        self._out.append(frame_head(PING, ACK, 0, 8) + opaque)
 
-    def _on_goaway(self, frame: GoAwayFrame, events: list[Event]) -> None:
+    def _on_goaway(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
+        last, code, extra = h2parse.goaway(body)
         self.state_machine.state = ConnectionState.CLOSED
         self._out.clear()  # nothing more may be sent (h2 drops its unsent output too)
         event = ConnectionTerminated()
-        event.error_code = _error_code(frame.error_code)
-        event.last_stream_id = frame.last_stream_id
-        event.additional_data = frame.additional_data or None
+        event.error_code = _error_code(code)
+        event.last_stream_id = last
+        event.additional_data = extra or None
         events.append(event)
 
-    def _priority(self, frame: HeadersFrame | PriorityFrame) -> PriorityUpdated:
-        if frame.depends_on == frame.stream_id:
-            raise h2.exceptions.ProtocolError(f"Stream {frame.stream_id} may not depend on itself")
+    def _priority(self, sid: int, fields: Priority) -> PriorityUpdated:
+        depends_on, weight, exclusive = fields
+        if depends_on == sid:
+            raise h2.exceptions.ProtocolError(f"Stream {sid} may not depend on itself")
         event = PriorityUpdated()
-        event.stream_id = frame.stream_id
-        event.depends_on = frame.depends_on
-        event.exclusive = frame.exclusive
-        event.weight = frame.stream_weight + 1  # the byte holds weight - 1
+        event.stream_id = sid
+        event.depends_on = depends_on
+        event.exclusive = exclusive
+        event.weight = weight + 1  # the byte holds weight - 1
         return event
 
-    def _on_priority(self, frame: PriorityFrame, events: list[Event]) -> None:
-        events.append(self._priority(frame))
+    def _on_priority(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
+        events.append(self._priority(sid, h2parse.priority(body)))
 
-    def _on_push_promise(self, frame: PushPromiseFrame, events: list[Event]) -> None:
+    def _on_push_promise(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
+        h2parse.push_promise(flags, body)
         raise h2.exceptions.ProtocolError("Received pushed stream")
 
-    def _on_continuation(self, frame: ContinuationFrame, events: list[Event]) -> None:
+    def _on_continuation(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
+        """A CONTINUATION outside a header block (those within one were joined to it:
+        :class:`.h2parse.RawFrameCutter`): h2's error for its stream's state."""
+        if sid not in self.streams:
+            if self._is_idle(sid):
+                raise h2.exceptions.NoSuchStreamError(sid)
+            if self._closed_by.get(sid) is ClosedBy.RESET:  # a stream error, as h2
+                self._out.append(_rst(sid, ErrorCodes.STREAM_CLOSED))
+                return
+            raise h2.exceptions.StreamClosedError(sid)
         raise h2.exceptions.ProtocolError("Received a CONTINUATION frame outside a header block")
 
-    def _on_ignored(self, frame: Frame, events: list[Event]) -> None:
-        pass
+    def _on_altsvc(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
+        h2parse.altsvc(body)  # checked as h2 does, then ignored (a server's right, RFC 7838)
 
-    def _on_unknown(self, frame: ExtensionFrame, events: list[Event]) -> None:
+    def _on_unknown(self, kind: int, flags: int, sid: int, body: Body, events: list[Event]) -> None:
+        """A frame of a type we do not know: reported (the one frame object we build)."""
+        frame = ExtensionFrame(type=kind, stream_id=sid, flag_byte=flags, body=bytes(body))
+        frame.body_len = len(body)
         events.append(UnknownFrameReceived(frame=frame))

@@ -133,11 +133,14 @@ class BlockDecoder(Generic[T]):
         if hit is not None:
             return hit
         raw: Iterable[tuple[bytes, bytes]] = self.decoder.decode(block, raw=True)
+        neutral = table_neutral(block)
+        if not neutral:
+            # The table may have changed: every remembered block is stale (cleared before
+            # ``convert``, which may raise, and the caller may go on decoding).
+            cache.clear()
         headers = self._convert(raw)
-        if table_neutral(block):
+        if neutral:
             if len(cache) >= MAX_CACHED_BLOCKS:
                 cache.clear()
             cache[bytes(block)] = headers
-        else:
-            cache.clear()  # the table may have changed: every remembered block is stale
         return headers

@@ -1,0 +1,355 @@
+"""Received HTTP/2 frames read straight from their bytes: the lean server's receive path.
+
+Why
+---
+:class:`.h2frames.FrameCutter` builds a hyperframe ``Frame`` object for every frame (a
+``Flags`` set, the padding and priority mixins' ``__init__``, ``parse_frame_header``,
+``parse_body``) for the two or three fields the connection then reads: a fifth of the
+gateway's server-side CPU at 16 calls in flight. :class:`RawFrameCutter` cuts the same
+frames from the same reads (it *is* a FrameCutter: one copy per body, lengths judged from
+the 9-byte header, header blocks bounded) but yields ``(type, flags, stream_id, body)``;
+the connection (:class:`.h2lean.ServerConnection`) dispatches on the type byte to one small
+handler per frame type, which reads its fields with this module's parsers, by slicing. A
+DATA payload is a view of the frame's one body copy. Only frames of a type we do not know
+become objects (hyperframe's ``ExtensionFrame``, for ``UnknownFrameReceived``; rare).
+
+The other users of FrameCutter (h2's connection: the client's channel, and the server's
+reference in tests and benchmarks) keep hyperframe's frames.
+
+Errors: exactly h2's for each malformed frame
+---------------------------------------------
+h2's buffer and hyperframe refuse a malformed frame with these h2 exceptions, and so does
+this module, checked in the same order (tests/test_h2lean.py feeds both the same bytes):
+
+1. from the 9-byte header, before the body is waited for (FrameCutter._judge): a frame
+   longer than our SETTINGS_MAX_FRAME_SIZE -> ``FrameTooLargeError``; a header block past
+   the bound -> ``DenialOfServiceError``;
+2. the stream id against the type (hyperframe's constructors): DATA, HEADERS, PRIORITY,
+   RST_STREAM, PUSH_PROMISE and CONTINUATION on stream 0, or SETTINGS, PING and GOAWAY on
+   a stream -> ``ProtocolError("Received frame with invalid header: ...")``;
+3. the body (hyperframe's ``parse_body``; here the parsers below): a body too short, or of
+   the wrong size for its type -> ``FrameDataMissingError``; a value the type forbids (a
+   SETTINGS ACK with a payload, a WINDOW_UPDATE increment outside 1..2^31-1, a promised
+   stream id that is 0 or odd) -> ``ProtocolError("Received frame with non-compliant
+   data")``; padding as long as the body -> ``ProtocolError("Received frame with invalid
+   padding.")``;
+4. the header block (h2's ``_update_header_buffer``): anything but a CONTINUATION on the
+   block's stream while a block is open -> ``ProtocolError("Invalid frame during header
+   block.")``, *after* that frame's own body was checked (3); more than 64 frames in one
+   block -> ``ProtocolError("Too many continuation frames received.")``;
+5. then the connection's own rules (h2lean), which see a body that passed (3): a handler
+   parses its body before it changes any state, and a frame refused by the connection's
+   state alone is checked with :func:`check_body` first.
+
+Header blocks: a HEADERS or PUSH_PROMISE without END_HEADERS is checked (3) and held;
+CONTINUATIONs on its stream are joined to it, and the whole block is yielded as one frame
+of the first one's type, flags and stream, with END_HEADERS set and PADDED cleared: its
+body is the priority fields (HEADERS with PRIORITY) or the promised stream id
+(PUSH_PROMISE), then the joined block -- a frame the handler reads as if it had arrived
+whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import h2.exceptions
+from h2.frame_buffer import CONTINUATION_BACKLOG
+
+from .h2frames import FrameCutter
+from .h2wire import (
+    ACK,
+    CONTINUATION,
+    DATA,
+    END_HEADERS,
+    GOAWAY,
+    HEADERS,
+    MAX_WINDOW,
+    PADDED,
+    PING,
+    PRIORITY,
+    PRIORITY_FLAG,
+    PUSH_PROMISE,
+    RST_STREAM,
+    SETTINGS,
+    WINDOW_UPDATE,
+)
+
+#: A received frame's body: a private copy (FrameCutter), never written to again.
+Body = bytes | bytearray
+#: A received frame, as :class:`RawFrameCutter` yields it: type, flags, stream id, body.
+RawFrame = tuple[int, int, int, Body]
+#: A PRIORITY frame's (or a HEADERS frame's) priority fields: the stream depended on, the
+#: weight byte as sent (weight - 1) and the exclusive bit.
+Priority = tuple[int, int, bool]
+
+ALTSVC = 0xA
+#: The frame types HTTP/2 (and RFC 7838's ALTSVC) define, by name; others are extensions.
+FRAME_NAMES = {
+    DATA: "DATA",
+    HEADERS: "HEADERS",
+    PRIORITY: "PRIORITY",
+    RST_STREAM: "RST_STREAM",
+    SETTINGS: "SETTINGS",
+    PUSH_PROMISE: "PUSH_PROMISE",
+    PING: "PING",
+    GOAWAY: "GOAWAY",
+    WINDOW_UPDATE: "WINDOW_UPDATE",
+    CONTINUATION: "CONTINUATION",
+    ALTSVC: "ALTSVC",
+}
+KNOWN_TYPES = frozenset(FRAME_NAMES)
+
+#: hyperframe's class names, for the messages h2 gives.
+_NAMES = {
+    DATA: "DataFrame",
+    HEADERS: "HeadersFrame",
+    PRIORITY: "PriorityFrame",
+    RST_STREAM: "RstStreamFrame",
+    SETTINGS: "SettingsFrame",
+    PUSH_PROMISE: "PushPromiseFrame",
+    PING: "PingFrame",
+    GOAWAY: "GoAwayFrame",
+    CONTINUATION: "ContinuationFrame",
+}
+_ON_A_STREAM = frozenset({DATA, HEADERS, PRIORITY, RST_STREAM, PUSH_PROMISE, CONTINUATION})
+_ON_THE_CONNECTION = frozenset({SETTINGS, PING, GOAWAY})
+
+
+def _missing(detail: str) -> h2.exceptions.FrameDataMissingError:
+    return h2.exceptions.FrameDataMissingError(f"Frame data missing or invalid: {detail}")
+
+
+def _noncompliant(detail: str) -> h2.exceptions.ProtocolError:
+    return h2.exceptions.ProtocolError(f"Received frame with non-compliant data: {detail}")
+
+
+def _bad_padding() -> h2.exceptions.ProtocolError:
+    return h2.exceptions.ProtocolError("Received frame with invalid padding.")
+
+
+def _u32(body: Body, at: int) -> int:
+    return int.from_bytes(body[at : at + 4], "big")
+
+
+# ---------------------------------------------------------------------- the parsers
+
+
+def data(flags: int, body: Body) -> tuple[memoryview, int]:
+    """A DATA frame's payload (a view of ``body``, no copy) and its flow-controlled length
+    (the whole body: payload, padding and the pad-length byte)."""
+    if not flags & PADDED:
+        return memoryview(body), len(body)
+    if not body:
+        raise _missing("Invalid Padding data")
+    pad = body[0]
+    if pad and pad >= len(body):
+        raise _bad_padding()
+    return memoryview(body)[1 : len(body) - pad], len(body)
+
+
+def priority_fields(body: Body, at: int) -> Priority:
+    """The 5 priority bytes at ``at``: (depends on, weight byte, exclusive)."""
+    word = _u32(body, at)
+    return word & 0x7FFFFFFF, body[at + 4], bool(word >> 31)
+
+
+def headers(flags: int, body: Body) -> tuple[bytes, Priority | None]:
+    """A HEADERS frame's header block fragment and its priority fields (None without the
+    PRIORITY flag)."""
+    if not flags & (PADDED | PRIORITY_FLAG):
+        return bytes(body), None
+    start = pad = 0
+    if flags & PADDED:
+        if not body:
+            raise _missing("Invalid Padding data")
+        pad, start = body[0], 1
+    rest = len(body) - start  # hyperframe's body length: after the pad-length byte
+    fields = None
+    if flags & PRIORITY_FLAG:
+        if rest < 5:
+            raise _missing("Invalid Priority data")
+        fields = priority_fields(body, start)
+        start += 5
+    if pad and pad >= rest:
+        raise _bad_padding()
+    return bytes(body[start : len(body) - pad]), fields
+
+
+def push_promise(flags: int, body: Body) -> tuple[int, bytes]:
+    """A PUSH_PROMISE frame's promised stream id and header block fragment."""
+    start = pad = 0
+    if flags & PADDED:
+        if not body:
+            raise _missing("Invalid Padding data")
+        pad, start = body[0], 1
+    if len(body) < start + 4:
+        raise _missing("Invalid PUSH_PROMISE body")
+    promised = _u32(body, start)
+    if promised == 0 or promised % 2:
+        raise _noncompliant(f"Invalid PUSH_PROMISE promised stream id: {promised}")
+    if pad and pad >= len(body):
+        raise _bad_padding()
+    return promised, bytes(body[start + 4 : len(body) - pad])
+
+
+def priority(body: Body) -> Priority:
+    """A PRIORITY frame's fields."""
+    if len(body) != 5:
+        raise _missing(f"PRIORITY must have 5 byte body: actual length {len(body)}.")
+    return priority_fields(body, 0)
+
+
+def rst_stream(body: Body) -> int:
+    """A RST_STREAM frame's error code."""
+    if len(body) != 4:
+        raise _missing(f"RST_STREAM must have 4 byte body: actual length {len(body)}.")
+    return _u32(body, 0)
+
+
+def settings(flags: int, body: Body) -> dict[int, int]:
+    """A SETTINGS frame's values by code (a repeated code: its last value, in the place of
+    its first), empty for an ACK."""
+    if flags & ACK:
+        if body:
+            raise _noncompliant(f"SETTINGS ack frame must not have payload: got {len(body)} bytes")
+        return {}
+    if len(body) % 6:
+        raise _missing("Invalid SETTINGS body")
+    return {
+        int.from_bytes(body[at : at + 2], "big"): _u32(body, at + 2)
+        for at in range(0, len(body), 6)
+    }
+
+
+def ping(body: Body) -> bytes:
+    """A PING frame's opaque data."""
+    if len(body) != 8:
+        raise _missing(f"PING frame must have 8 byte length: got {len(body)}")
+    return bytes(body)
+
+
+def goaway(body: Body) -> tuple[int, int, bytes]:
+    """A GOAWAY frame's last stream id (as sent, reserved bit included, as hyperframe reads
+    it), error code and additional data."""
+    if len(body) < 8:
+        raise _missing("Invalid GOAWAY body.")
+    return _u32(body, 0), _u32(body, 4), bytes(body[8:])
+
+
+def window_update(body: Body) -> int:
+    """A WINDOW_UPDATE frame's increment (1..2^31-1; the reserved bit is not masked)."""
+    if len(body) != 4:
+        raise _missing(f"WINDOW_UPDATE frame must have 4 byte length: got {len(body)}")
+    increment = _u32(body, 0)
+    if not 1 <= increment <= MAX_WINDOW:
+        raise _noncompliant("WINDOW_UPDATE increment must be between 1 to 2^31-1")
+    return increment
+
+
+def altsvc(body: Body) -> None:
+    """Check an ALTSVC frame's body (origin length, origin); its fields are not used."""
+    if len(body) < 2 or len(body) < 2 + int.from_bytes(body[:2], "big"):
+        raise _missing("Invalid ALTSVC frame body.")
+
+
+def check_body(kind: int, flags: int, body: Body) -> None:
+    """Raise what a frame's body alone earns (step 3), whatever its type: for a frame
+    refused by the state it arrives in, whose body h2 has checked first."""
+    if kind == DATA:
+        data(flags, body)
+    elif kind == HEADERS:
+        headers(flags, body)
+    elif kind in _CHECKS:
+        _CHECKS[kind](body)
+    elif kind == SETTINGS:
+        settings(flags, body)
+    elif kind == PUSH_PROMISE:
+        push_promise(flags, body)
+
+
+_CHECKS: dict[int, Callable[[Body], object]] = {
+    PRIORITY: priority,
+    RST_STREAM: rst_stream,
+    PING: ping,
+    GOAWAY: goaway,
+    WINDOW_UPDATE: window_update,
+    ALTSVC: altsvc,
+}
+
+
+# ---------------------------------------------------------------------- the cutter
+
+
+class RawFrameCutter(FrameCutter):
+    """A :class:`.h2frames.FrameCutter` yielding :data:`RawFrame` tuples, header blocks
+    joined (module docstring: the checks and their order)."""
+
+    def __init__(self, max_header_block: int) -> None:
+        super().__init__(max_header_block, server=True)
+        #: The open header block: its first frame's type, flags and stream id, the body
+        #: prefix its joined frame gets, its fragments so far and their total length.
+        self._block: tuple[int, int, int, bytes] | None = None
+        self._fragments: list[bytes | bytearray] = []
+        self._block_len = 0
+
+    def _block_so_far(self) -> int:
+        return self._block_len
+
+    def __iter__(self) -> RawFrameCutter:
+        return self
+
+    def __next__(self) -> RawFrame:  # type: ignore[override]
+        while True:
+            header, body = self._next_frame()
+            kind, flags = header[3], header[4]
+            sid = int.from_bytes(header[5:9], "big") & 0x7FFFFFFF
+            if (not sid and kind in _ON_A_STREAM) or (sid and kind in _ON_THE_CONNECTION):
+                rule = (
+                    f"must be non-zero for {_NAMES[kind]}"
+                    if kind in _ON_A_STREAM
+                    else f"must be zero for {_NAMES[kind]} with stream_id={sid}"
+                )
+                raise h2.exceptions.ProtocolError(
+                    f"Received frame with invalid header: Stream ID {rule}"
+                )
+            if self._block is not None:
+                whole = self._continue_block(kind, flags, sid, body)
+                if whole is not None:
+                    return whole
+            elif kind in (HEADERS, PUSH_PROMISE) and not flags & END_HEADERS:
+                self._open_block(kind, flags, sid, body)
+            else:
+                return kind, flags, sid, body
+
+    def _open_block(self, kind: int, flags: int, sid: int, body: Body) -> None:
+        """A HEADERS or PUSH_PROMISE without END_HEADERS: checked now (as h2 parses it
+        on arrival) and held until its last CONTINUATION."""
+        if kind == HEADERS:
+            fragment, fields = headers(flags, body)
+            start = 1 if flags & PADDED else 0  # the priority fields follow the pad length
+            prefix = b"" if fields is None else bytes(body[start : start + 5])
+        else:
+            promised, fragment = push_promise(flags, body)
+            prefix = promised.to_bytes(4, "big")
+        self._block = (kind, flags, sid, prefix)
+        self._fragments = [fragment]
+        self._block_len = len(fragment)
+
+    def _continue_block(self, kind: int, flags: int, sid: int, body: Body) -> RawFrame | None:
+        """The next frame while a header block is open: the joined block once the
+        CONTINUATION with END_HEADERS arrives, else None (h2's rules: module docstring)."""
+        assert self._block is not None
+        first_kind, first_flags, first_sid, prefix = self._block
+        if kind != CONTINUATION or sid != first_sid:
+            check_body(kind, flags, body)  # its own errors first, as h2's buffer
+            raise h2.exceptions.ProtocolError("Invalid frame during header block.")
+        self._fragments.append(body)
+        self._block_len += len(body)
+        if len(self._fragments) > CONTINUATION_BACKLOG:
+            raise h2.exceptions.ProtocolError("Too many continuation frames received.")
+        if not flags & END_HEADERS:
+            return None
+        joined = b"".join([prefix, *self._fragments])
+        self._block, self._fragments, self._block_len = None, [], 0
+        return first_kind, (first_flags & ~PADDED) | END_HEADERS, first_sid, joined
