@@ -38,17 +38,15 @@ import h2.events
 
 from reactantserver.config.schema import EndpointsConfig
 from reactantserver.transport.h2conn import h2_reference_connection
-from reactantserver.transport.h2lean import CONSTANT_BLOCKS, ServerConnection
+from reactantserver.transport.h2lean import ServerConnection
 from reactantserver.transport.limits import WireLimits
+from reactantserver.transport.unary import ANSWER_HEADERS as ANSWER
+from reactantserver.transport.unary import OK_TRAILERS as TRAILERS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_serve as bs
 
 LIMITS = WireLimits.from_endpoints(EndpointsConfig())
-ANSWER = [(":status", "200"), ("content-type", "application/grpc+proto")]
-TRAILERS = [("grpc-status", "0")]
-CONSTANT_BLOCKS.remember(ANSWER)  # as transport.server does for its constants
-CONSTANT_BLOCKS.remember(TRAILERS)
 REQUEST = [
     (":method", "POST"),
     (":scheme", "http"),

@@ -41,17 +41,17 @@ from reactantserver.transport.h2wire import (
     HEADERS,
     PADDED,
     PING,
+    PREFACE,
     PRIORITY_FLAG,
     RST_STREAM,
 )
 from reactantserver.transport.h2wire import frame as raw_frame
 from reactantserver.transport.hpack_blocks import encode_headers
 from reactantserver.transport.limits import WireLimits
+from reactantserver.transport.unary import ANSWER_HEADERS as ANSWER
+from reactantserver.transport.unary import OK_TRAILERS as TRAILERS
 
 LIMITS = WireLimits.from_endpoints(EndpointsConfig())
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-ANSWER = [(":status", "200"), ("content-type", "application/grpc+proto")]
-TRAILERS = [("grpc-status", "0")]
 REQUEST = [
     (":method", "POST"),
     (":scheme", "http"),

@@ -42,7 +42,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
 from ..status import to_status
@@ -200,15 +201,13 @@ class Forward:
 
     # ---------------------------------------------------------------- waiting
 
-    def _wait(self, step: object) -> None:
+    def _wait(self, step: Coroutine[Any, Any, None]) -> None:
         """Run ``step`` (a coroutine that continues the call) in a task of its own."""
-        assert asyncio.iscoroutine(step)
         self._task = task = self._proxy.loop.create_task(self._guarded(step))
         self._proxy.tasks.add(task)
         task.add_done_callback(self._proxy.tasks.discard)
 
-    async def _guarded(self, step: object) -> None:
-        assert asyncio.iscoroutine(step)
+    async def _guarded(self, step: Coroutine[Any, Any, None]) -> None:
         try:
             await step
         except asyncio.CancelledError:

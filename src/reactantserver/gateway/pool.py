@@ -116,9 +116,7 @@ class WorkerClient:
             await self._acquire(deadline)
         try:
             self._calls += 1
-            conn = self._conn
-            if conn is None or not conn.usable:
-                conn = await self._connection(deadline)
+            conn = await self._usable(deadline)
             return await conn.call(path, payload, deadline)
         finally:
             if not probe:
@@ -142,9 +140,7 @@ class WorkerClient:
         """:meth:`start`, after waiting (until ``deadline``) for a slot and a connection."""
         await self._acquire(deadline)
         try:
-            conn = self._conn
-            if conn is None or not conn.usable:
-                conn = await self._connection(deadline)
+            conn = await self._usable(deadline)
         except BaseException:
             self._release()
             raise
@@ -227,6 +223,13 @@ class WorkerClient:
         self._active -= 1
 
     # ---------------------------------------------------------------- the connection
+
+    async def _usable(self, deadline: float) -> WorkerConnection:
+        """The live connection, opened (or reopened) first if there is none."""
+        conn = self._conn
+        if conn is None or not conn.usable:
+            conn = await self._connection(deadline)
+        return conn
 
     async def _connection(self, deadline: float) -> WorkerConnection:
         if self._connecting is None:

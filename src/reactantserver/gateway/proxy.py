@@ -190,9 +190,7 @@ class Proxy:
                 else:
                     handler = partial(self._serve, rpc, method)
                 table[path] = Handler(handler, generated.cardinality, Raw, Raw)
-        table["/inference.GRPCInferenceService/ModelInfer"] = DirectHandler(
-            self.infer, request_type=Raw, reply_type=Raw
-        )
+        table["/inference.GRPCInferenceService/ModelInfer"] = DirectHandler(self.infer)
         return table
 
     # ------------------------------------------------------------------ drain

@@ -233,11 +233,7 @@ class _Bridge:
                 # Only ModelStreamInfer streams, and it is refused without reading.
                 unary = generated.cardinality is Cardinality.UNARY_UNARY
                 if rpc == "ModelInfer":
-                    table[path] = DirectHandler(
-                        self.infer,
-                        request_type=generated.request_type,
-                        reply_type=generated.reply_type,
-                    )
+                    table[path] = DirectHandler(self.infer)
                     continue
                 table[path] = Handler(
                     partial(self.unary, rpc, method, receive=unary),

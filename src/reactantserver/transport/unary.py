@@ -46,11 +46,10 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
 import h2.exceptions
-from grpclib.const import Cardinality
 from grpclib.metadata import encode_grpc_message
 
 from reactantserver.status import INTERNAL_MESSAGE, StatusCode
@@ -83,10 +82,6 @@ class DirectHandler:
     starts the work and returns; the call is answered later through ``call``."""
 
     func: Callable[[UnaryCall, bytes | memoryview], None]
-    #: What grpclib's ``Handler`` records say about a method (for reflection and tests).
-    cardinality: Cardinality = Cardinality.UNARY_UNARY
-    request_type: Any = None
-    reply_type: Any = None
 
 
 @attrs.frozen(eq=False)
@@ -153,18 +148,25 @@ def status_headers(code: int, message: str, *, headers_sent: bool, http_status: 
 class UnaryCall:
     """One direct call, from its complete request to its answer (module docstring)."""
 
-    __slots__ = ("_calls", "_chunks", "_done", "_pending", "deadline", "head", "on_cancel",
-                 "stream_id")  # fmt: skip
+    __slots__ = ("_calls", "_chunks", "_done", "_handler", "_pending", "_release", "deadline",
+                 "head", "on_cancel", "stream_id")  # fmt: skip
 
     def __init__(
-        self, calls: DirectCalls, stream_id: int, head: RequestHead, deadline: float | None
+        self,
+        calls: DirectCalls,
+        stream_id: int,
+        admitted: DirectAdmission,
+        release: Callable[[], None],
     ) -> None:
         self._calls = calls
+        #: The handler, until the message is handed to it; frees the stream slot, once.
+        self._handler: DirectHandler | None = admitted.handler
+        self._release = release
         self.stream_id = stream_id
         #: What the request's headers said (path, timeout as sent, user agent).
-        self.head = head
+        self.head = admitted.head
         #: Loop time by which the call must be answered (None: no deadline).
-        self.deadline = deadline
+        self.deadline = admitted.deadline
         #: Set by the handler: runs once if the call is cancelled before it is answered.
         self.on_cancel: Callable[[], None] | None = None
         self._chunks: list[memoryview] = []
@@ -220,8 +222,6 @@ class DirectCalls:
         #: Reports a client's mistake (the connection's fault log and counters).
         self._fault = fault
         self._calls: dict[int, UnaryCall] = {}
-        self._handlers: dict[int, DirectHandler] = {}
-        self._release: dict[int, Callable[[], None]] = {}
         #: Answers waiting for the peer's window or a drained transport, in order.
         self._blocked: dict[int, UnaryCall] = {}
 
@@ -239,9 +239,7 @@ class DirectCalls:
 
     def open(self, stream_id: int, admitted: DirectAdmission, release: Callable[[], None]) -> None:
         """A stream whose headers admitted it to a direct method."""
-        self._calls[stream_id] = UnaryCall(self, stream_id, admitted.head, admitted.deadline)
-        self._handlers[stream_id] = admitted.handler
-        self._release[stream_id] = release
+        self._calls[stream_id] = UnaryCall(self, stream_id, admitted, release)
 
     def data(self, stream_id: int, data: memoryview, flow_controlled_length: int) -> None:
         """A DATA payload the framer accepted: kept, and acknowledged at once."""
@@ -252,7 +250,8 @@ class DirectCalls:
     def ended(self, stream_id: int, now: float) -> None:
         """END_STREAM after a whole message: hand it to the handler."""
         call = self._calls[stream_id]
-        handler = self._handlers.pop(stream_id)
+        handler, call._handler = call._handler, None
+        assert handler is not None  # END_STREAM ends a stream once
         chunks, call._chunks = call._chunks, []
         if call.deadline is not None and now >= call.deadline:
             text = (
@@ -374,12 +373,11 @@ class DirectCalls:
         sid = call.stream_id
         if self._calls.pop(sid, None) is None:
             return
-        self._handlers.pop(sid, None)
         self._blocked.pop(sid, None)
+        call._handler = None
         call._pending = None
         call._chunks = []
-        release = self._release.pop(sid)
         try:
-            release()
+            call._release()
         except Exception:
             log.exception("releasing stream %d of %s failed", sid, self._peer)
