@@ -437,3 +437,44 @@ def test_an_expired_call_is_reset_only_if_the_worker_does_not_end_it() -> None:
         await server.wait_closed()
 
     run(main)
+
+
+def test_one_timer_expires_every_call_at_its_own_deadline() -> None:
+    """The connection's one timer (a heap of deadlines, not a timer per call) answers each
+    unanswered call DEADLINE_EXCEEDED at its own deadline, whatever order the deadlines
+    arrive in (a later call with an earlier deadline re-arms it), never before; and the
+    entries of answered calls do not pile up: after many answered calls the heap holds no
+    more than twice the open calls plus a constant."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        offsets = [0.30, 0.10, 0.45, 0.05, 0.20, 0.35, 0.15]
+        server = await loop.create_server(
+            lambda: ScriptedWorker(["ok"] * 500 + ["silent"] * len(offsets)), "127.0.0.1", 0
+        )
+        port = server.sockets[0].getsockname()[1]
+        client = WorkerClient(f"127.0.0.1:{port}", max_streams=64)
+        for _ in range(500):  # answered calls with a long deadline each
+            assert (await client.call(b"/t.T/A", b"", deadline(30.0))).status == 0
+        conn = client._conn
+        assert conn is not None and conn.open_calls == 0
+        assert len(conn._deadlines) <= 64
+
+        started = loop.time()
+        answered: dict[float, float] = {}
+
+        async def one(offset: float) -> None:
+            reply = await client.call(b"/t.T/A", b"", started + offset)
+            assert reply.status == 4, reply
+            answered[offset] = loop.time() - started
+
+        await asyncio.gather(*(one(offset) for offset in offsets))
+        for offset, took in answered.items():
+            assert offset <= took < offset + 0.5, (offset, took)
+        by_deadline = sorted(answered, key=answered.__getitem__)
+        assert by_deadline == sorted(offsets)
+        await client.wait_closed()
+        server.close()
+        await server.wait_closed()
+
+    run(main)

@@ -39,7 +39,11 @@ finest unit that fits, rounded down) when the stream opens, after any wait for a
 call still unanswered at its deadline is answered DEADLINE_EXCEEDED, and its stream is reset
 (``RST_STREAM CANCEL``) only if the worker -- which has the same deadline -- has not ended
 it within :data:`DEADLINE_RESET_GRACE`. A caller that goes away before its deadline resets
-its stream at once, which cancels the call on the worker.
+its stream at once, which cancels the call on the worker. The connection keeps one timer,
+not one per call: its calls' deadlines sit in a heap of ``(deadline, stream id)`` and the
+timer is armed for the earliest; an answered call's entry is dropped when it reaches the top
+(or when the heap is rebuilt from the open calls, once it holds twice as many entries as
+there are open calls, which keeps it bounded by the calls in flight).
 
 Writes: the HTTP/2 layer queues frames; the protocol hands them to the socket once per pass
 of the event loop (a large request as it goes), so the calls opened in one pass leave in one
@@ -57,7 +61,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import heapq
 import logging
+import math
 from collections.abc import Callable
 from urllib.parse import unquote
 
@@ -90,14 +96,22 @@ _HTTP_TO_GRPC = {400: 13, 401: 16, 403: 7, 404: 12, 429: 14, 502: 14, 503: 14, 5
 
 
 class Reply:
-    """A worker's gRPC answer: status, message, and on OK the response message's bytes."""
+    """A worker's gRPC answer: status, message, and on OK the response message's bytes --
+    ``framed`` as it came (the 5-byte gRPC prefix, then the message), ``payload`` without
+    the prefix."""
 
-    __slots__ = ("message", "payload", "status")
+    __slots__ = ("framed", "message", "status")
 
-    def __init__(self, status: int, message: str = "", payload: bytes | memoryview = b"") -> None:
+    def __init__(
+        self, status: int, message: str = "", framed: bytes | memoryview = b"\x00\x00\x00\x00\x00"
+    ) -> None:
         self.status = status
         self.message = message
-        self.payload = payload
+        self.framed = framed
+
+    @property
+    def payload(self) -> bytes | memoryview:
+        return self.framed[5:]
 
     def __repr__(self) -> str:
         return f"Reply(status={self.status}, message={self.message!r}, {len(self.payload)} bytes)"
@@ -119,8 +133,8 @@ class Call:
     """One stream's state, from the request headers to the last frame of the answer."""
 
     __slots__ = ("body", "chunks", "deadline", "grpc_message", "grpc_status", "head",
-                 "http_status", "offset", "on_done", "owner", "received", "responded", "sent",
-                 "stream_id", "timer")  # fmt: skip
+                 "http_status", "offset", "on_done", "owner", "received", "release",
+                 "responded", "sent", "stream_id")  # fmt: skip
 
     def __init__(
         self,
@@ -129,11 +143,14 @@ class Call:
         payload: bytes | memoryview,
         on_done: OnDone | None,
         deadline: float,
+        release: Callable[[], None] | None = None,
     ):
         self.owner = owner
         self.stream_id = stream_id
         #: Runs once with the outcome (then set to None).
         self.on_done = on_done
+        #: Runs once, just before ``on_done``: the caller's stream slot goes back.
+        self.release = release
         self.deadline = deadline
         #: The gRPC length prefix, sent in front of the first chunk of ``body``.
         self.head = b"\x00" + len(payload).to_bytes(4, "big")
@@ -148,7 +165,6 @@ class Call:
         self.http_status = 0
         self.grpc_status: int | None = None
         self.grpc_message = ""
-        self.timer: asyncio.TimerHandle | None = None
 
     def cancel(self) -> None:
         """The caller is gone: the worker cancels the call (see ``WorkerConnection``)."""
@@ -173,6 +189,11 @@ class WorkerConnection(asyncio.Protocol):
         #: Calls whose request waits for the worker's flow-control window, in order.
         self._blocked: collections.deque[Call] = collections.deque()
         self._flush_scheduled = False
+        #: ``(deadline, stream id)`` of the calls (and of some answered ones, dropped
+        #: lazily), a heap; one timer, for its earliest entry (module docstring).
+        self._deadlines: list[tuple[float, int]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
         #: Why the connection can no longer be used (None while it can).
         self.closed: str | None = None
         self.lost = self._loop.create_future()
@@ -244,8 +265,9 @@ class WorkerConnection(asyncio.Protocol):
             raise
 
     def start(self, path: bytes, payload: bytes | memoryview, deadline: float,
-              on_done: OnDone) -> Call:  # fmt: skip
-        """Send one unary call; ``on_done`` runs once, from the loop, with its outcome.
+              on_done: OnDone, release: Callable[[], None] | None = None) -> Call:  # fmt: skip
+        """Send one unary call; ``on_done`` runs once, from the loop, with its outcome
+        (``release`` once, just before it).
 
         Raises ``ChannelError`` (unprocessed) when the connection takes no new stream and
         ``DeadlineExceeded`` when ``deadline`` has passed; nothing was sent then.
@@ -262,11 +284,11 @@ class WorkerConnection(asyncio.Protocol):
         if prefix is None:
             prefix = self._prefixes[path] = http2.request_prefix(path, self._authority)
         stream_id = h2c.open_stream(http2.encode_request(prefix, encode_grpc_timeout(remaining)))
-        call = Call(self, stream_id, payload, on_done, deadline)
+        call = Call(self, stream_id, payload, on_done, deadline, release)
         self._calls[stream_id] = call
         if not self._push(call):
             self._blocked.append(call)
-        call.timer = self._loop.call_at(deadline, self._expire, call)
+        self._watch(deadline, stream_id)
         self._schedule_flush()
         return call
 
@@ -333,12 +355,12 @@ class WorkerConnection(asyncio.Protocol):
     # ---------------------------------------------------------------- private: ending calls
 
     def _finish(self, call: Call, reply: Reply | ChannelError) -> None:
-        """Forget ``call`` and run its callback (once)."""
+        """Forget ``call`` and run its callbacks (once)."""
         self._calls.pop(call.stream_id, None)
-        if call.timer is not None:
-            call.timer.cancel()
-            call.timer = None
         call.chunks = []
+        release, call.release = call.release, None
+        if release is not None:
+            release()
         on_done, call.on_done = call.on_done, None
         if on_done is not None:
             try:
@@ -367,10 +389,37 @@ class WorkerConnection(asyncio.Protocol):
 
         self._loop.call_later(DEADLINE_RESET_GRACE, reset_if_open)
 
+    def _watch(self, deadline: float, stream_id: int) -> None:
+        """Put a call's deadline in the heap; (re)arm the timer if it is the earliest."""
+        heap = self._deadlines
+        if len(heap) >= 2 * len(self._calls) + 64:
+            # Mostly answered calls' entries: rebuild from the open calls.
+            heap[:] = [(c.deadline, sid) for sid, c in self._calls.items() if sid != stream_id]
+            heapq.heapify(heap)
+        heapq.heappush(heap, (deadline, stream_id))
+        if deadline < self._timer_at:
+            self._arm(deadline)
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = when
+        self._timer = self._loop.call_at(when, self._on_timer)
+
+    def _on_timer(self) -> None:
+        """The earliest deadline came: expire every call whose deadline has passed."""
+        limit = max(self._timer_at, self._loop.time())
+        self._timer, self._timer_at = None, math.inf
+        heap, calls = self._deadlines, self._calls
+        while heap and heap[0][0] <= limit:
+            deadline, stream_id = heapq.heappop(heap)
+            call = calls.get(stream_id)
+            if call is not None and call.deadline == deadline:
+                self._expire(call)
+        if heap and self.closed is None:
+            self._arm(heap[0][0])
+
     def _expire(self, call: Call) -> None:
-        call.timer = None
-        if call.stream_id not in self._calls:
-            return
         self._finish(
             call,
             Reply(_DEADLINE, "deadline exceeded: the worker did not answer before the deadline"),
@@ -396,6 +445,10 @@ class WorkerConnection(asyncio.Protocol):
         for call in list(self._calls.values()):
             self._finish(call, ChannelError(reason, unprocessed=not call.sent))
         self._blocked.clear()
+        self._deadlines.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer, self._timer_at = None, math.inf
         if self._transport is not None and not self._transport.is_closing():
             self._transport.close()
 
@@ -490,4 +543,4 @@ def _reply_of(call: Call) -> Reply:
     data = chunks[0] if len(chunks) == 1 else memoryview(b"".join(chunks))
     if len(data) < 5 or data[0] != 0 or int.from_bytes(data[1:5], "big") != len(data) - 5:
         return Reply(_INTERNAL, "the worker's answer is not one uncompressed gRPC message")
-    return Reply(_OK, "", data[5:])
+    return Reply(_OK, "", data)

@@ -114,7 +114,7 @@ class Forward:
             if not peek.model:
                 raise InvalidArgument("ModelInfer: model_name is empty")
             if proxy.router.table.replicas(peek.model):
-                self._route()
+                self._route(self._started)
             else:
                 self._wait(self._refresh_then_route())
         except Exception as exc:
@@ -127,9 +127,9 @@ class Forward:
         assert self._peek is not None
         if not proxy.router.table.replicas(self._peek.model):
             raise proxy.not_served(self._peek.model)
-        self._route()
+        self._route(proxy.loop.time())
 
-    def _route(self) -> None:
+    def _route(self, now: float) -> None:
         proxy = self._proxy
         peek = self._peek
         assert peek is not None
@@ -138,16 +138,16 @@ class Forward:
         self._model = peek.model
         first = replicas[0]
         items = items_of(first, peek.shape_of(first.batch_input_name))
-        self._ticket = router.choose(peek.model, items, proxy.loop.time())
-        self._send()
+        self._ticket = router.choose(peek.model, items, now)
+        self._send(now)
 
-    def _send(self) -> None:
+    def _send(self, now: float) -> None:
         """Start the call on the ticket's worker (a task if it must wait for it)."""
         ticket = self._ticket
         assert ticket is not None and ticket.worker is not None
         proxy = self._proxy
         self._client = client = proxy.clients[ticket.worker]
-        self._sent_at = proxy.loop.time()
+        self._sent_at = now
         try:
             pending = client.start(INFER_PATH, self._data, self._deadline, self._on_reply)
         except ChannelError as exc:
@@ -174,27 +174,28 @@ class Forward:
         proxy = self._proxy
         ticket, client = self._ticket, self._client
         assert ticket is not None and client is not None
+        now = proxy.loop.time()
         try:
             if isinstance(outcome, ChannelError):
                 proxy.refresh_soon()
                 if outcome.unprocessed and proxy.router.failover(ticket) is not None:
-                    self._send()
+                    self._send(now)
                     return
                 assert self._peek is not None
                 raise Unavailable(proxy.lost_message(client, outcome, self._peek.id))
-            proxy.stats.worker_call(RPC, client.name, proxy.loop.time() - self._sent_at)
+            proxy.stats.worker_call(RPC, client.name, now - self._sent_at)
             status = outcome.status
             if status == OK:
-                self._close(OK, "ok")
-                self._call.answer((outcome.payload,))
+                self._close(OK, "ok", now)
+                self._call.answer_framed(outcome.framed)  # the worker's bytes, as they came
                 return
             if status in FAILOVER_STATUSES:
                 if status == NOT_FOUND:
                     proxy.refresh_soon()
                 if proxy.router.failover(ticket) is not None:
-                    self._send()
+                    self._send(now)
                     return
-            self._close(status, "deadline" if status == DEADLINE_EXCEEDED else "error")
+            self._close(status, "deadline" if status == DEADLINE_EXCEEDED else "error", now)
             self._call.fail(status, outcome.message)
         except Exception as exc:
             self._fail(exc)
@@ -242,7 +243,7 @@ class Forward:
         if self._task is not None:
             self._task.cancel()
 
-    def _close(self, code: int, outcome: Outcome) -> None:
+    def _close(self, code: int, outcome: Outcome, now: float | None = None) -> None:
         """Account the call's end, once: the ticket, the counts, the statistics."""
         self._closed = True
         proxy = self._proxy
@@ -252,5 +253,7 @@ class Forward:
         if self._admitted:
             stats.infer_in_flight -= 1
         stats.in_flight -= 1
-        stats.finish(RPC, self._model, code, proxy.loop.time() - self._started)
+        if now is None:
+            now = proxy.loop.time()
+        stats.finish(RPC, self._model, code, now - self._started)
         proxy.call_ended()

@@ -129,7 +129,9 @@ class WorkerClient:
         would have to wait for either (then :meth:`start_when_ready`). ``on_done`` runs once
         with the outcome; raises as :meth:`.WorkerConnection.start` (nothing sent)."""
         conn = self._conn
-        if self._waiters or self._active >= self._limit() or conn is None or not conn.usable:
+        if self._waiters or conn is None or not conn.usable:
+            return None
+        if self._active >= self._limit_of(conn):
             return None
         self._active += 1
         return self._start(conn, path, payload, deadline, on_done)
@@ -156,13 +158,8 @@ class WorkerClient:
     ) -> Call:
         """Start a call holding a slot; the slot is returned before ``on_done`` runs."""
         self._calls += 1
-
-        def done(outcome: Reply | ChannelError) -> None:
-            self._release()
-            on_done(outcome)
-
         try:
-            return conn.start(path, payload, deadline, done)
+            return conn.start(path, payload, deadline, on_done, self._release)
         except BaseException:
             self._release()
             raise
@@ -186,6 +183,10 @@ class WorkerClient:
         conn = self._conn
         if conn is None or not conn.usable:
             return self._max_streams
+        return self._limit_of(conn)
+
+    def _limit_of(self, conn: WorkerConnection) -> int:
+        """Stream slots on a usable connection: ours, or fewer if the worker allows fewer."""
         return max(1, min(self._max_streams, conn.remote_max_streams))
 
     async def _acquire(self, deadline: float) -> None:

@@ -308,13 +308,23 @@ class Router:
     def _account(self, ticket: Ticket) -> None:
         worker = ticket.worker
         assert worker is not None
-        ticket.work = self._work(ticket.model, worker, ticket.items)
+        items = ticket.items
+        ticket.work = work = self._work(ticket.model, worker, items)
         key = (ticket.model, worker)
-        self._pairs.setdefault(key, _Account()).add(ticket.items, ticket.work)
-        self._workers.setdefault(worker, _Account()).add(ticket.items, ticket.work)
-        routed = self._routed.setdefault(key, [0, 0])
+        # get-then-create: setdefault would build an account (or list) per call to drop it.
+        pair = self._pairs.get(key)
+        if pair is None:
+            pair = self._pairs[key] = _Account()
+        pair.add(items, work)
+        load = self._workers.get(worker)
+        if load is None:
+            load = self._workers[worker] = _Account()
+        load.add(items, work)
+        routed = self._routed.get(key)
+        if routed is None:
+            routed = self._routed[key] = [0, 0]
         routed[0] += 1
-        routed[1] += ticket.items
+        routed[1] += items
 
     def _unaccount(self, ticket: Ticket) -> None:
         worker = ticket.worker
@@ -325,6 +335,8 @@ class Router:
 
 def _rotation(replicas: tuple[Replica, ...], start: int) -> tuple[str, ...]:
     """The replicas' workers in table order, beginning at ``start`` (modulo their number)."""
+    if len(replicas) == 1:
+        return (replicas[0].worker,)
     workers = [r.worker for r in replicas]
     k = start % len(workers)
     return tuple(workers[k:] + workers[:k])

@@ -198,6 +198,14 @@ class UnaryCall:
         self._done = True
         self._calls.answer(self, message_pieces(parts))
 
+    def answer_framed(self, framed: bytes | memoryview) -> None:
+        """Answer OK with a message already in gRPC's framing (its 5-byte prefix, then the
+        message: what a proxy received), sent as the view it is."""
+        if self._done:
+            return
+        self._done = True
+        self._calls.answer(self, collections.deque((memoryview(framed),)))
+
     def fail(self, code: int, message: str) -> None:
         """Answer ``code`` with ``message`` (trailers-only)."""
         if self._done:
