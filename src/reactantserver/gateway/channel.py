@@ -184,6 +184,9 @@ class WorkerConnection(asyncio.Protocol):
             max_frame_size=MAX_FRAME_SIZE,
         )
         self._prefixes: dict[bytes, bytes] = {}
+        #: Header blocks seen -> what they say (:func:`_header_fields`); the worker sends
+        #: the same few blocks on every call.
+        self._said: dict[tuple[tuple[bytes, bytes], ...], _Said] = {}
         self._transport: asyncio.Transport | None = None
         self._calls: dict[int, Call] = {}
         #: Calls whose request waits for the worker's flow-control window, in order.
@@ -454,17 +457,24 @@ class WorkerConnection(asyncio.Protocol):
 
     # ---------------------------------------------------------------- private: events
 
-    def _on_headers(self, stream_id: int, headers: list[tuple[bytes, bytes]], end: bool) -> None:
+    def _on_headers(
+        self, stream_id: int, headers: tuple[tuple[bytes, bytes], ...], end: bool
+    ) -> None:
         call = self._calls.get(stream_id)
         if call is None:
             return
-        for name, value in headers:
-            if name == b"grpc-status":
-                call.grpc_status = int(value)
-            elif name == b"grpc-message":
-                call.grpc_message = unquote(value.decode("ascii", "replace"))
-            elif name == b":status" and not call.responded:
-                call.http_status = int(value)
+        said = self._said.get(headers)
+        if said is None:
+            said = _header_fields(headers)
+            if len(self._said) < MAX_BLOCKS_REMEMBERED:
+                self._said[headers] = said
+        http_status, grpc_status, grpc_message = said
+        if grpc_status is not None:
+            call.grpc_status = grpc_status
+        if grpc_message is not None:
+            call.grpc_message = grpc_message
+        if http_status is not None and not call.responded:
+            call.http_status = http_status
         call.responded = True
         if end:
             self._finish(call, _reply_of(call))
@@ -528,6 +538,27 @@ _CODE_NAMES = {
 
 def _code_name(code: int) -> str:
     return _CODE_NAMES.get(code, f"HTTP/2 error code {code:#x}")
+
+
+#: ``(:status, grpc-status, grpc-message)`` of a header block, None where absent.
+_Said = tuple[int | None, int | None, str | None]
+#: Distinct header blocks remembered per connection (error messages vary; the rest repeat).
+MAX_BLOCKS_REMEMBERED = 64
+
+
+def _header_fields(headers: tuple[tuple[bytes, bytes], ...]) -> _Said:
+    """What a response header block or trailer block says (the last of a repeated field).
+    A status that is not a number reads as UNKNOWN (gRPC) or 0 (HTTP: not 200)."""
+    http_status = grpc_status = None
+    grpc_message = None
+    for name, value in headers:
+        if name == b"grpc-status":
+            grpc_status = int(value) if value.isdigit() else _UNKNOWN
+        elif name == b"grpc-message":
+            grpc_message = unquote(value.decode("ascii", "replace"))
+        elif name == b":status":
+            http_status = int(value) if value.isdigit() else 0
+    return http_status, grpc_status, grpc_message
 
 
 def _reply_of(call: Call) -> Reply:

@@ -31,7 +31,8 @@ Theory of operation
 events) and queues bytes out (:meth:`~ClientConnection.data_to_send`); it never touches a
 socket or a clock. Events are tuples, first element the kind:
 
-``("headers", stream_id, [(name, value), ...], end_stream)``
+``("headers", stream_id, ((name, value), ...), end_stream)`` (a tuple: the decoder's own,
+shared by every block of the same bytes)
 ``("data", stream_id, memoryview, end_stream)``  -- a view of the bytes read
 ``("reset", stream_id, error_code)``
 ``("goaway", last_stream_id, error_code)``
@@ -386,7 +387,7 @@ class ClientConnection:
         self._block = None
         block = fragments[0] if len(fragments) == 1 else b"".join(fragments)
         try:
-            headers = list(self._decoder.decode(block))
+            headers = self._decoder.decode(block)
         except hpack.HPACKError as exc:
             raise ProtocolError(f"undecodable header block: {exc}") from None
         if stream_id not in self._streams:

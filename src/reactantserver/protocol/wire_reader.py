@@ -67,8 +67,12 @@ class Reader:
     def length(self) -> tuple[int, int]:
         """A length-delimited field's ``(start, end)``; the cursor moves past it."""
         at = self.pos
-        size = self.varint()
-        start = self.pos
+        if at < self.end and self.buf[at] < 0x80:  # a one-byte length (inline: hot)
+            size = self.buf[at]
+            start = at + 1
+        else:
+            size = self.varint()
+            start = self.pos
         if size > self.end - start:
             raise self.fail(
                 f"length {size} at byte {at} runs past the end of the message ({self.end})"
@@ -85,6 +89,10 @@ class Reader:
 
     def tag(self) -> tuple[int, int]:
         at = self.pos
+        if at < self.end and 8 <= self.buf[at] < 0x80:  # a one-byte tag (inline: hot)
+            key = self.buf[at]
+            self.pos = at + 1
+            return key >> 3, key & 7
         key = self.varint()
         number = key >> 3
         if number == 0:
@@ -131,9 +139,15 @@ class Reader:
         sends) or one unpacked element (parsers must accept it too); at most
         :data:`MAX_DIMS` in all."""
         if wire == LEN:
-            sub = self.sub("shape")
-            while sub.pos < sub.end:
-                shape.append(sub.int64())
+            start, end = self.length()
+            buf = self.buf
+            while start < end and buf[start] < 0x80:  # one-byte extents: the usual
+                shape.append(buf[start])
+                start += 1
+            if start < end:
+                sub = Reader(buf, start, end, "shape")
+                while sub.pos < sub.end:
+                    shape.append(sub.int64())
         elif wire == VARINT:
             shape.append(self.int64())
         else:
