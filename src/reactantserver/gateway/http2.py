@@ -49,6 +49,8 @@ windows allow, nor a frame larger than its maximum frame size.
 
 from __future__ import annotations
 
+import struct
+
 import hpack
 from hpack.hpack import DEFAULT_MAX_HEADER_LIST_SIZE
 
@@ -86,6 +88,10 @@ from ..transport.h2wire import (
 from ..transport.hpack_blocks import BlockDecoder, encode_headers, literal
 
 Event = tuple[str, int, object, object]
+
+
+#: A frame header: length (16 + 8 bits), type, flags, stream id (with its reserved bit).
+_FRAME_HEAD = struct.Struct(">HBBBL")
 
 
 class ProtocolError(Exception):
@@ -283,15 +289,15 @@ class ClientConnection:
         events: list[Event] = []
         pos = 0
         end = len(data)
+        unpack = _FRAME_HEAD.unpack_from
         while end - pos >= 9:
-            length = int.from_bytes(data[pos : pos + 3], "big")
+            high, low, kind, flags, stream_id = unpack(data, pos)
+            length = high << 8 | low
             if length > MAX_FRAME_CEILING:
                 raise ProtocolError(f"a frame of {length} bytes")
             if end - pos < 9 + length:
                 break
-            kind = data[pos + 3]
-            flags = data[pos + 4]
-            stream_id = int.from_bytes(data[pos + 5 : pos + 9], "big") & MAX_STREAM_ID
+            stream_id &= MAX_STREAM_ID
             payload = view[pos + 9 : pos + 9 + length]
             pos += 9 + length
             self._frame_in(kind, flags, stream_id, payload, events)
@@ -314,9 +320,10 @@ class ClientConnection:
             fragment = _unpad(flags, payload)
             if flags & PRIORITY_FLAG:
                 fragment = fragment[5:]
-            self._block = (stream_id, bool(flags & END_STREAM), [bytes(fragment)])
-            if flags & END_HEADERS:
-                self._end_block(events)
+            if flags & END_HEADERS:  # a whole block in one frame: the usual
+                self._headers_in(stream_id, bool(flags & END_STREAM), bytes(fragment), events)
+            else:
+                self._block = (stream_id, bool(flags & END_STREAM), [bytes(fragment)])
         elif kind == CONTINUATION:
             if self._block is None or self._block[0] != stream_id:
                 raise ProtocolError("CONTINUATION without its HEADERS")
@@ -385,7 +392,9 @@ class ClientConnection:
         assert self._block is not None
         stream_id, end, fragments = self._block
         self._block = None
-        block = fragments[0] if len(fragments) == 1 else b"".join(fragments)
+        self._headers_in(stream_id, end, b"".join(fragments), events)
+
+    def _headers_in(self, stream_id: int, end: bool, block: bytes, events: list[Event]) -> None:
         try:
             headers = self._decoder.decode(block)
         except hpack.HPACKError as exc:

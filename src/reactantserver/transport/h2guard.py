@@ -347,7 +347,10 @@ class _Processor(EventsProcessor):
         super().process_stream_ended(event)
 
     def process_window_updated(self, event: h2.events.WindowUpdated) -> None:
-        super().process_window_updated(event)
+        # Most peers send a WINDOW_UPDATE or two per call; with only direct calls open
+        # (nothing waits in grpclib's streams) and no answer blocked, it changes nothing.
+        if self.streams:
+            super().process_window_updated(event)
         self.direct.window(event.stream_id)
 
     def process_stream_reset(self, event: h2.events.StreamReset) -> None:
