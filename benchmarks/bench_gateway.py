@@ -75,6 +75,8 @@ class Pair:
     gateway: list[LoadResult]
     gateway_cpu: list[float]  # gateway CPU per request, seconds
     worker_cpu_via: list[float]  # worker CPU per request through the gateway
+    #: Cores kept busy through the gateway: (load generator, gateway, worker) per run.
+    busy_via: list[tuple[float, float, float]] = attrs.field(factory=list)
 
     @staticmethod
     def med(values: Sequence[float]) -> float:
@@ -106,14 +108,16 @@ def start_gateway(workers: Server | Sequence[Server], workdir: Path, **extra: ob
 
 
 async def _window(url: str, n: int, args: argparse.Namespace, pids: Sequence[int]) -> LoadResult:
-    """One closed-loop window; ``cpu`` reads every pid's CPU (numpy array: subtractable)."""
+    """One closed-loop window; ``cpu`` reads every pid's CPU and, last, this process's
+    own (the load generator's: ``time.process_time`` counts no children) as a numpy
+    array (subtractable)."""
     return await closed_loop(
         url,
         MODEL,
         n,
         seconds=args.seconds,
         warmup=args.warmup,
-        cpu=lambda: np.array([process_cpu(p) for p in pids]),  # type: ignore[arg-type,return-value]
+        cpu=lambda: np.array([*(process_cpu(p) for p in pids), time.process_time()]),  # type: ignore[arg-type,return-value]
     )
 
 
@@ -125,10 +129,12 @@ async def measure(args: argparse.Namespace, worker: Server, gateway: Server) -> 
             direct = await _window(worker.url, n, args, [worker.proc.pid])
             via = await _window(gateway.url, n, args, [gateway.proc.pid, worker.proc.pid])
             cpu = np.asarray(via.cpu_seconds) / via.requests
-            pair.direct.append(attrs.evolve(direct, cpu_seconds=float(np.sum(direct.cpu_seconds))))
+            pair.direct.append(attrs.evolve(direct, cpu_seconds=float(direct.cpu_seconds[0])))  # type: ignore[index]
             pair.gateway.append(via)
             pair.gateway_cpu.append(float(cpu[0]))
             pair.worker_cpu_via.append(float(cpu[1]))
+            gw, wkr, load = (float(c) / via.seconds for c in via.cpu_seconds)  # type: ignore[attr-defined]
+            pair.busy_via.append((load, gw, wkr))
         pairs.append(pair)
     return pairs
 
@@ -258,6 +264,21 @@ def report(pairs: list[Pair], big_direct: float, big_via: float, counts: object)
     print(
         "CPU per request over the worker's in the same window; gw/direct: over the worker's direct"
     )
+    print()
+    print("why the gateway adds latency: in a closed loop the requests in flight move as a")
+    print("burst, and the gateway handles a burst one request after another; nothing is")
+    print("saturated (busy cores of the load generator, gateway and worker, through it)")
+    print(f"{'in flight':>9} | {'+p50 ms':>7} | {'in flight x gw us':>17} | "
+          f"{'load':>5} {'gw':>5} {'wkr':>5} {'all':>5} cores of {os.cpu_count()}")  # fmt: skip
+    for p in pairs:
+        added = med([r.p50 for r in p.gateway]) - med([r.p50 for r in p.direct])
+        burst = p.concurrency * med(p.gateway_cpu)
+        busy = [med([b[i] for b in p.busy_via]) for i in range(3)]
+        print(
+            f"{p.concurrency:>9} | {added * 1e3:>7.2f} | {burst * 1e3:>14.2f} ms | "
+            + " ".join(f"{b:>5.2f}" for b in busy)
+            + f" {sum(busy):>5.2f}"
+        )
     print()
     print(f"one 38 MB input, inline: direct {big_direct * 1e3:.0f} ms, through the gateway "
           f"{big_via * 1e3:.0f} ms (x{big_via / big_direct:.2f})")  # fmt: skip
