@@ -30,7 +30,13 @@ from grpclib.encoding.base import CodecBase
 from grpclib.server import Server, Stream
 
 from reactantserver.errors import DeadlineExceeded
-from reactantserver.gateway.channel import DEADLINE_RESET_GRACE, ChannelError, Reply
+from reactantserver.gateway.channel import (
+    DEADLINE_RESET_GRACE,
+    FLUSH_EVERY,
+    ChannelError,
+    Reply,
+    WorkerConnection,
+)
 from reactantserver.gateway.pool import WorkerClient
 from reactantserver.transport.h2wire import REFUSED_STREAM
 
@@ -478,3 +484,58 @@ def test_one_timer_expires_every_call_at_its_own_deadline() -> None:
         await server.wait_closed()
 
     run(main)
+
+
+class _RecordingTransport(asyncio.Transport):
+    """Records what is written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+
+    def write(self, data: Any) -> None:
+        self.writes.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_burst_of_calls_is_written_every_flush_every_calls_not_only_at_the_end() -> None:
+    """Calls started in one pass of the event loop are written together at the end of the
+    pass, or as soon as FLUSH_EVERY of them wait: a burst does not hold its first calls
+    back until the gateway has handled its last (the worker would sit idle meanwhile)."""
+
+    async def main() -> None:
+        conn = WorkerConnection("worker:1", max_reply_bytes=1 << 20)
+        transport = _RecordingTransport()
+        conn.connection_made(transport)
+        await asyncio.sleep(0)
+        transport.writes.clear()
+        burst = 2 * FLUSH_EVERY + 3
+        for _ in range(burst):
+            conn.start(b"/t.T/A", b"x", deadline(), lambda outcome: None)
+        # Still in the same pass: the first two groups of FLUSH_EVERY are on the wire.
+        assert len(transport.writes) == 2
+        await asyncio.sleep(0)  # the end of the pass: the rest, in one write
+        assert len(transport.writes) == 3
+        streams = [
+            [f for f in _frames(write) if f[0] == 0x1] for write in transport.writes
+        ]  # HEADERS frames: one per call
+        assert [len(s) for s in streams] == [FLUSH_EVERY, FLUSH_EVERY, 3]
+        conn.close()
+
+    run(main)
+
+
+def _frames(data: bytes) -> list[tuple[int, int]]:
+    """(type, stream id) of each HTTP/2 frame in ``data``."""
+    out = []
+    at = 0
+    while at + 9 <= len(data):
+        length = int.from_bytes(data[at : at + 3], "big")
+        out.append((data[at + 3], int.from_bytes(data[at + 5 : at + 9], "big") & 0x7FFFFFFF))
+        at += 9 + length
+    return out
