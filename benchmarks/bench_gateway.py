@@ -8,6 +8,10 @@ What it measures (issue 17), side by side in one run:
 * CPU per request (user + system, ``psutil``) of the gateway process and of the worker, and
   their ratio -- the gateway's cost relative to the work it fronts. The worker's CPU is
   taken in the same window as the gateway's (through the gateway), and also direct;
+* latency against the burst bound: a closed loop moves its requests as a burst, and a
+  gateway that held a burst until it had handled all of it would add about in-flight x its
+  CPU per request to p50; printed beside the added p50 with the cores each process keeps
+  busy through the gateway (load generator, gateway, worker);
 * one 38 MB input inline through the gateway and direct (``double_38mb``, as in
   ``bench_serve``): what the raw-byte path's copies cost a large tensor;
 * where the gateway's CPU goes: a ``py-spy`` profile of the gateway under the 16-in-flight
@@ -265,9 +269,10 @@ def report(pairs: list[Pair], big_direct: float, big_via: float, counts: object)
         "CPU per request over the worker's in the same window; gw/direct: over the worker's direct"
     )
     print()
-    print("why the gateway adds latency: in a closed loop the requests in flight move as a")
-    print("burst, and the gateway handles a burst one request after another; nothing is")
-    print("saturated (busy cores of the load generator, gateway and worker, through it)")
+    print("latency: a closed loop moves its requests in flight as a burst; a gateway that")
+    print("held a burst until it had handled all of it would add about in flight x its CPU")
+    print("per request (the column; what it added before it wrote every 8 calls to the worker,")
+    print("gateway/channel.py FLUSH_EVERY); busy cores of the load generator, gateway, worker:")
     print(f"{'in flight':>9} | {'+p50 ms':>7} | {'in flight x gw us':>17} | "
           f"{'load':>5} {'gw':>5} {'wkr':>5} {'all':>5} cores of {os.cpu_count()}")  # fmt: skip
     for p in pairs:
