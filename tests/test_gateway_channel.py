@@ -26,10 +26,10 @@ import h2.events
 import pytest
 from grpclib import GRPCError
 from grpclib.const import Cardinality, Handler, Status
-from grpclib.encoding.base import CodecBase
 from grpclib.server import Server, Stream
 
 from reactantserver.errors import DeadlineExceeded
+from reactantserver.gateway.calls import RawCodec
 from reactantserver.gateway.channel import (
     DEADLINE_RESET_GRACE,
     FLUSH_EVERY,
@@ -39,16 +39,6 @@ from reactantserver.gateway.channel import (
 )
 from reactantserver.gateway.pool import WorkerClient
 from reactantserver.transport.h2wire import REFUSED_STREAM
-
-
-class _Raw(CodecBase):
-    __content_subtype__ = "proto"
-
-    def encode(self, message: Any, message_type: Any) -> bytes:
-        return bytes(message)
-
-    def decode(self, data: bytes, message_type: Any) -> Any:
-        return data
 
 
 class _Server(Server):
@@ -121,7 +111,7 @@ class Worker:
             def __mapping__(self) -> dict[str, Handler]:
                 return mapping
 
-        self.server = _Server([Servable()], codec=_Raw())
+        self.server = _Server([Servable()], codec=RawCodec(1 << 31, 1 << 31))
         await self.server.start("127.0.0.1", port)
         assert self.server._server is not None
         self.port = self.server._server.sockets[0].getsockname()[1]

@@ -32,6 +32,7 @@ import pytest
 from grpclib.const import Cardinality, Handler
 from h2_client import H2Client, grpc_message
 
+from reactantserver.gateway.calls import RawCodec
 from reactantserver.status import StatusCode
 from reactantserver.transport.limits import WireLimits
 from reactantserver.transport.server import GuardedServer
@@ -101,24 +102,15 @@ class DirectServer:
         return table
 
     async def _main(self) -> None:
-        from grpclib.encoding.base import CodecBase
-
-        class Bytes(CodecBase):
-            __content_subtype__ = "proto"
-
-            def encode(self, message: Any, message_type: Any) -> bytes:
-                return bytes(message)
-
-            def decode(self, data: bytes, message_type: Any) -> Any:
-                return data
-
         self.loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         self.port = sock.getsockname()[1]
-        self.server = GuardedServer(self.mapping(), codec=Bytes(), limits=self.limits)
+        self.server = GuardedServer(
+            self.mapping(), codec=RawCodec(1 << 31, 1 << 31), limits=self.limits
+        )
         await self.server.start(sock)
         self._ready.set()
         await self._stop.wait()

@@ -429,9 +429,8 @@ class WorkerConnection(asyncio.Protocol):
         self._timer, self._timer_at = None, math.inf
         heap, calls = self._deadlines, self._calls
         while heap and heap[0][0] <= limit:
-            deadline, stream_id = heapq.heappop(heap)
-            call = calls.get(stream_id)
-            if call is not None and call.deadline == deadline:
+            call = calls.get(heapq.heappop(heap)[1])
+            if call is not None:  # else answered already
                 self._expire(call)
         if heap and self.closed is None:
             self._arm(heap[0][0])

@@ -335,8 +335,6 @@ class Router:
 
 def _rotation(replicas: tuple[Replica, ...], start: int) -> tuple[str, ...]:
     """The replicas' workers in table order, beginning at ``start`` (modulo their number)."""
-    if len(replicas) == 1:
-        return (replicas[0].worker,)
     workers = [r.worker for r in replicas]
     k = start % len(workers)
     return tuple(workers[k:] + workers[:k])

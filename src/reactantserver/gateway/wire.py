@@ -135,8 +135,6 @@ def encode_grpc_timeout(seconds: float) -> str:
     """``grpc-timeout`` for ``seconds`` left: the finest unit that fits, rounded down."""
     if not seconds > 0:
         return "0n"
-    if 0.1 <= seconds < 100.0:  # the usual case (30 s by default): microseconds
-        return f"{int(seconds * 1e6)}u"
     for unit, scale in _UNITS:
         value = int(seconds * scale)
         if value < _MAX_DIGITS:

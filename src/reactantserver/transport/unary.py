@@ -193,18 +193,18 @@ class UnaryCall:
 
     def answer(self, parts: Sequence[bytes | memoryview]) -> None:
         """Answer OK with the message ``b"".join(parts)`` (the pieces are not joined)."""
-        if self._done:
-            return  # cancelled meanwhile: nobody to answer
-        self._done = True
-        self._calls.answer(self, message_pieces(parts))
+        self._answer(message_pieces(parts))
 
     def answer_framed(self, framed: bytes | memoryview) -> None:
         """Answer OK with a message already in gRPC's framing (its 5-byte prefix, then the
         message: what a proxy received), sent as the view it is."""
+        self._answer(collections.deque((memoryview(framed),)))
+
+    def _answer(self, pending: collections.deque[memoryview]) -> None:
         if self._done:
-            return
+            return  # cancelled meanwhile: nobody to answer
         self._done = True
-        self._calls.answer(self, collections.deque((memoryview(framed),)))
+        self._calls.answer(self, pending)
 
     def fail(self, code: int, message: str) -> None:
         """Answer ``code`` with ``message`` (trailers-only)."""
