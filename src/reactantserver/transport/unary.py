@@ -280,12 +280,12 @@ class DirectCalls:
         call = self._calls.get(stream_id)
         if call is None:
             return
-        already = call._done
+        already, on_cancel = call._done, call.on_cancel
         call._done = True
         self._forget(call)
-        if not already and call.on_cancel is not None:
+        if not already and on_cancel is not None:
             try:
-                call.on_cancel()
+                on_cancel()
             except Exception:
                 log.exception("cancelling %s failed", call.path)
 
@@ -385,6 +385,9 @@ class DirectCalls:
         call._handler = None
         call._pending = None
         call._chunks = []
+        # The handler's cancel hook is usually its own bound method: kept, it would tie
+        # the handler and the call into a cycle that only the cyclic collector frees.
+        call.on_cancel = None
         try:
             call._release()
         except Exception:
