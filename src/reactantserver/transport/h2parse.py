@@ -51,6 +51,7 @@ whole.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 
 import h2.exceptions
@@ -114,6 +115,9 @@ _NAMES = {
 }
 _ON_A_STREAM = frozenset({DATA, HEADERS, PRIORITY, RST_STREAM, PUSH_PROMISE, CONTINUATION})
 _ON_THE_CONNECTION = frozenset({SETTINGS, PING, GOAWAY})
+#: A frame header: its length as 2 + 1 bytes, type, flags, stream id (reserved bit included).
+_FRAME_HEAD = struct.Struct(">HBBBL")
+_BLOCK_KINDS = frozenset({HEADERS, PUSH_PROMISE, CONTINUATION})
 
 
 def _missing(detail: str) -> h2.exceptions.FrameDataMissingError:
@@ -300,6 +304,27 @@ class RawFrameCutter(FrameCutter):
         return self
 
     def __next__(self) -> RawFrame:  # type: ignore[override]
+        # The usual frame first: whole in what is left of the read, no header block open,
+        # nothing to refuse. It is cut here with one unpack; anything else (a frame split
+        # between reads, a block to join, a frame some rule refuses) takes the general
+        # path below from the same bytes, which gives the same frame or the error.
+        rest = self._rest
+        if len(rest) >= 9 and self._block is None and self._body is None and not self._head:
+            high, low, kind, flags, sid = _FRAME_HEAD.unpack_from(rest)
+            length = high << 8 | low
+            end = 9 + length
+            sid &= 0x7FFFFFFF
+            if (
+                end <= len(rest)
+                and length <= self.max_frame_size
+                and (sid != 0 if kind in _ON_A_STREAM else not (sid and kind in _ON_THE_CONNECTION))
+                and (
+                    kind not in _BLOCK_KINDS
+                    or (flags & END_HEADERS and length <= self._max_header_block)
+                )
+            ):
+                self._rest = rest[end:]
+                return kind, flags, sid, rest[9:end].tobytes()
         while True:
             header, body = self._next_frame()
             kind, flags = header[3], header[4]
