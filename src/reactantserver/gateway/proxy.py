@@ -269,7 +269,7 @@ class Proxy:
 
     def infer(self, call: UnaryCall, data: bytes | memoryview) -> None:
         """ModelInfer, served without a task (see :mod:`.forward`)."""
-        Forward(self, call, data, self.loop.time()).begin()
+        Forward(self, call, data, call.received_at).begin()
 
     def lost_message(self, client: WorkerClient, exc: ChannelError, request_id: str) -> str:
         what = f"request {request_id!r}" if request_id else "the request"

@@ -112,8 +112,11 @@ class Admitted(Protocol):
 class RequestSink(Protocol):
     """The request layer above a connection (one per connection): :mod:`.server`."""
 
-    def admit(self, headers: Sequence[tuple[str, str]], peer: str) -> Admitted | Refusal:
-        """Judge a request from its headers alone (sync, no I/O)."""
+    def admit(
+        self, headers: Sequence[tuple[str, str]], peer: str, now: float
+    ) -> Admitted | Refusal:
+        """Judge a request from its headers alone (sync, no I/O); ``now``: the loop time
+        they were read at."""
         ...
 
     def accept(self, stream: Stream, admitted: Any, release: Callable[[], None]) -> None:
@@ -231,7 +234,9 @@ class _Processor(EventsProcessor):
         self._counters = guard.table.counters
         self._h2: ServerConnection = connection._connection  # type: ignore[assignment]
         #: Calls to direct methods (:mod:`.unary`): no grpclib stream, no task.
-        self.direct = DirectCalls(self._h2, connection, guard.peer, guard.fault)
+        self.direct = DirectCalls(
+            self._h2, connection, guard.peer, guard.fault, self._released, guard.now
+        )
         self._framers: dict[int, MessageFramer] = {}
         #: When each running call started (loop time), for the premature-reset rule.
         self._started: dict[int, float] = {}
@@ -266,19 +271,21 @@ class _Processor(EventsProcessor):
                 "(endpoints.max_concurrent_streams)",
             )
             return
-        decision = self.handler.admit(event.headers, self._guard.peer)  # type: ignore[arg-type]
+        now = self._guard.read_at
+        decision = self.handler.admit(event.headers, self._guard.peer, now)  # type: ignore[arg-type]
         if isinstance(decision, Refusal):
             self._answer(sid, decision)
             self._guard.fault(decision.fault, decision.message)
             return
         if isinstance(decision, DirectAdmission):
-            self._started[sid] = self._guard.now()
+            self._started[sid] = now
             self._streams_started += 1
             self._framers[sid] = MessageFramer(self._limits.max_message_bytes, unary=True)
-            self.direct.open(sid, decision, self._opened(sid))
+            self._count_opened()
+            self.direct.open(sid, decision)  # released through self._released
             return
         stream = self.connection.create_stream(stream_id=sid)
-        self._started[sid] = self._guard.now()
+        self._started[sid] = now
         self._streams_started += 1
         release = self.register(stream)
         self._framers[sid] = MessageFramer(
@@ -291,32 +298,36 @@ class _Processor(EventsProcessor):
         assert sid is not None
         return self._opened(sid, super().register(stream))
 
-    def _opened(self, sid: int, release: Callable[[], None] | None = None) -> Callable[[], None]:
-        """Count a stream that got a handler; its release (``release``: grpclib's part)."""
+    def _opened(self, sid: int, release: Callable[[], None]) -> Callable[[], None]:
+        """Count a grpclib stream that got a handler; its release (``release``: grpclib's
+        part). A direct call is counted alike and released by :meth:`_released`."""
+        self._count_opened()
+        return lambda: self._released(sid, release)
+
+    def _count_opened(self) -> None:
         counters = self._counters
         counters.streams_open += 1
         if counters.streams_open > counters.streams_peak:
             counters.streams_peak = counters.streams_open
         self._guard.busy()
 
-        def release_stream() -> None:
-            self._counters.streams_open -= 1
-            self._framers.pop(sid, None)
-            self._started.pop(sid, None)
-            if release is not None:
-                release()
-            if not self.connection.is_closing():
-                # A handler that finished while the peer is still sending (no END_STREAM
-                # yet) asks it to stop (RFC 9113 §8.1), so that h2 forgets the stream: a
-                # peer could otherwise keep answered streams open past our limit.
-                state = self._h2.streams.get(sid)
-                if state is not None and not state.closed:
-                    self._h2.reset_stream(sid, ErrorCodes.NO_ERROR)
-                    self.connection.flush()
-            if not self.streams and not self.direct:
-                self._guard.idle()
-
-        return release_stream
+    def _released(self, sid: int, release: Callable[[], None] | None = None) -> None:
+        """A stream's handler is done with it (once per stream that got one)."""
+        self._counters.streams_open -= 1
+        self._framers.pop(sid, None)
+        self._started.pop(sid, None)
+        if release is not None:
+            release()
+        if not self.connection.is_closing():
+            # A handler that finished while the peer is still sending (no END_STREAM
+            # yet) asks it to stop (RFC 9113 §8.1), so that h2 forgets the stream: a
+            # peer could otherwise keep answered streams open past our limit.
+            state = self._h2.streams.get(sid)
+            if state is not None and not state.closed:
+                self._h2.reset_stream(sid, ErrorCodes.NO_ERROR)
+                self.connection.flush()
+        if not self.streams and not self.direct:
+            self._guard.idle()
 
     def process_data_received(self, event: h2.events.DataReceived) -> None:
         sid = event.stream_id
@@ -342,7 +353,7 @@ class _Processor(EventsProcessor):
                 return
         if sid in self.direct:
             self.connection.streams_succeeded += 1
-            self.direct.ended(sid, self._guard.now())
+            self.direct.ended(sid, self._guard.read_at)
             return
         super().process_stream_ended(event)
 
@@ -451,6 +462,9 @@ class GuardedProtocol(asyncio.Protocol):
         #: Loop times: when the connection was accepted, and since when it has no stream.
         self.opened_at = 0.0
         self._idle_since = 0.0
+        #: Loop time of the latest read: when the frames being handled arrived (one clock
+        #: reading per read, for every request in it).
+        self.read_at = 0.0
 
     # ------------------------------------------------------------------ asyncio callbacks
 
@@ -487,6 +501,7 @@ class GuardedProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closing or self.connection is None or self._processor is None:
             return
+        self.read_at = self.now()
         try:
             events = self.connection.feed(data)
         except h2.exceptions.ProtocolError as exc:

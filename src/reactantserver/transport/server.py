@@ -185,7 +185,7 @@ class _Calls:
     # ---------------------------------------------------------------- RequestSink
 
     def admit(
-        self, headers: Sequence[tuple[str, str]], peer: str
+        self, headers: Sequence[tuple[str, str]], peer: str, now: float
     ) -> Admission | DirectAdmission | Refusal:
         self._peer = peer
         head = request_head(headers)
@@ -200,7 +200,7 @@ class _Calls:
             )
         if isinstance(handler, DirectHandler):
             # Its deadline in loop time: the clock its handler's timers use.
-            due = None if head.timeout is None else self._loop.time() + head.timeout
+            due = None if head.timeout is None else now + head.timeout
             return DirectAdmission(handler, head, due)
         try:
             metadata = decode_metadata(headers)

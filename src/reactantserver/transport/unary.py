@@ -34,8 +34,10 @@ size, premature resets) applies unchanged; this module adds, per call:
   :attr:`UnaryCall.on_cancel` runs (once, if the handler set one and had not answered):
   the handler drops its work. Nothing is written for such a call.
 * **Releasing.** Every call is released exactly once -- answered in full, failed,
-  cancelled or refused -- through the release callback the processor gave it, which
-  frees its slot under ``max_concurrent_streams``.
+  cancelled or refused -- through the processor's release callback (given to
+  :class:`DirectCalls`, called with the stream id), which frees its slot under
+  ``max_concurrent_streams``. A forgotten call keeps no reference to its handler's
+  ``on_cancel``, so a handler object and its call leave no cycle behind.
 
 Exceptions from a handler or its ``on_cancel`` are our bugs: logged with their traceback,
 the call answered INTERNAL with the fixed message; they never reach the connection.
@@ -148,25 +150,20 @@ def status_headers(code: int, message: str, *, headers_sent: bool, http_status: 
 class UnaryCall:
     """One direct call, from its complete request to its answer (module docstring)."""
 
-    __slots__ = ("_calls", "_chunks", "_done", "_handler", "_pending", "_release", "deadline",
-                 "head", "on_cancel", "stream_id")  # fmt: skip
+    __slots__ = ("_calls", "_chunks", "_done", "_handler", "_pending", "deadline", "head",
+                 "on_cancel", "received_at", "stream_id")  # fmt: skip
 
-    def __init__(
-        self,
-        calls: DirectCalls,
-        stream_id: int,
-        admitted: DirectAdmission,
-        release: Callable[[], None],
-    ) -> None:
+    def __init__(self, calls: DirectCalls, stream_id: int, admitted: DirectAdmission) -> None:
         self._calls = calls
-        #: The handler, until the message is handed to it; frees the stream slot, once.
+        #: The handler, until the message is handed to it.
         self._handler: DirectHandler | None = admitted.handler
-        self._release = release
         self.stream_id = stream_id
         #: What the request's headers said (path, timeout as sent, user agent).
         self.head = admitted.head
         #: Loop time by which the call must be answered (None: no deadline).
         self.deadline = admitted.deadline
+        #: Loop time of the read that completed the request (set when it is handed over).
+        self.received_at = 0.0
         #: Set by the handler: runs once if the call is cancelled before it is answered.
         self.on_cancel: Callable[[], None] | None = None
         self._chunks: list[memoryview] = []
@@ -223,12 +220,18 @@ class DirectCalls:
         connection: Connection,
         peer: str,
         fault: Callable[[Fault, str], None],
+        released: Callable[[int], None],
+        clock: Callable[[], float],
     ) -> None:
         self._h2 = h2
         self._connection = connection
         self._peer = peer
         #: Reports a client's mistake (the connection's fault log and counters).
         self._fault = fault
+        #: Frees a call's stream slot (by stream id), once, when the call is forgotten.
+        self._released = released
+        #: The loop's clock, read where a deadline is judged.
+        self._clock = clock
         self._calls: dict[int, UnaryCall] = {}
         #: Answers waiting for the peer's window or a drained transport, in order.
         self._blocked: dict[int, UnaryCall] = {}
@@ -245,9 +248,9 @@ class DirectCalls:
 
     # ---------------------------------------------------------------- the processor's side
 
-    def open(self, stream_id: int, admitted: DirectAdmission, release: Callable[[], None]) -> None:
+    def open(self, stream_id: int, admitted: DirectAdmission) -> None:
         """A stream whose headers admitted it to a direct method."""
-        self._calls[stream_id] = UnaryCall(self, stream_id, admitted, release)
+        self._calls[stream_id] = UnaryCall(self, stream_id, admitted)
 
     def data(self, stream_id: int, data: memoryview, flow_controlled_length: int) -> None:
         """A DATA payload the framer accepted: kept, and acknowledged at once."""
@@ -256,12 +259,15 @@ class DirectCalls:
             self._h2.acknowledge_received_data(flow_controlled_length, stream_id)
 
     def ended(self, stream_id: int, now: float) -> None:
-        """END_STREAM after a whole message: hand it to the handler."""
+        """END_STREAM after a whole message (read at loop time ``now``): hand it to the
+        handler, unless its deadline has passed by now (the clock read again: a deadline
+        shorter than the handling of the read is not met)."""
         call = self._calls[stream_id]
         handler, call._handler = call._handler, None
         assert handler is not None  # END_STREAM ends a stream once
         chunks, call._chunks = call._chunks, []
-        if call.deadline is not None and now >= call.deadline:
+        call.received_at = now
+        if call.deadline is not None and self._clock() >= call.deadline:
             text = (
                 "deadline exceeded before the call started "
                 f"(grpc-timeout {call.head.timeout_text!r})"
@@ -389,6 +395,6 @@ class DirectCalls:
         # the handler and the call into a cycle that only the cyclic collector frees.
         call.on_cancel = None
         try:
-            call._release()
+            self._released(sid)
         except Exception:
             log.exception("releasing stream %d of %s failed", sid, self._peer)
