@@ -49,8 +49,6 @@ windows allow, nor a frame larger than its maximum frame size.
 
 from __future__ import annotations
 
-import struct
-
 import hpack
 from hpack.hpack import DEFAULT_MAX_HEADER_LIST_SIZE
 
@@ -63,6 +61,7 @@ from ..transport.h2wire import (
     DEFAULT_WINDOW,
     END_HEADERS,
     END_STREAM,
+    FRAME_HEAD,
     GOAWAY,
     HEADERS,
     MAX_FRAME_CEILING,
@@ -88,10 +87,6 @@ from ..transport.h2wire import (
 from ..transport.hpack_blocks import BlockDecoder, encode_headers, literal
 
 Event = tuple[str, int, object, object]
-
-
-#: A frame header: length (16 + 8 bits), type, flags, stream id (with its reserved bit).
-_FRAME_HEAD = struct.Struct(">HBBBL")
 
 
 class ProtocolError(Exception):
@@ -289,7 +284,7 @@ class ClientConnection:
         events: list[Event] = []
         pos = 0
         end = len(data)
-        unpack = _FRAME_HEAD.unpack_from
+        unpack = FRAME_HEAD.unpack_from
         while end - pos >= 9:
             high, low, kind, flags, stream_id = unpack(data, pos)
             length = high << 8 | low

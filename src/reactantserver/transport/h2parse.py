@@ -51,7 +51,6 @@ whole.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable
 
 import h2.exceptions
@@ -63,6 +62,7 @@ from .h2wire import (
     CONTINUATION,
     DATA,
     END_HEADERS,
+    FRAME_HEAD,
     GOAWAY,
     HEADERS,
     MAX_WINDOW,
@@ -115,9 +115,12 @@ _NAMES = {
 }
 _ON_A_STREAM = frozenset({DATA, HEADERS, PRIORITY, RST_STREAM, PUSH_PROMISE, CONTINUATION})
 _ON_THE_CONNECTION = frozenset({SETTINGS, PING, GOAWAY})
-#: A frame header: its length as 2 + 1 bytes, type, flags, stream id (reserved bit included).
-_FRAME_HEAD = struct.Struct(">HBBBL")
 _BLOCK_KINDS = frozenset({HEADERS, PUSH_PROMISE, CONTINUATION})
+
+
+def _stream_id_fits(kind: int, sid: int) -> bool:
+    """hyperframe's rule: a stream's frames name one, the connection's name none."""
+    return sid != 0 if kind in _ON_A_STREAM else not (sid and kind in _ON_THE_CONNECTION)
 
 
 def _missing(detail: str) -> h2.exceptions.FrameDataMissingError:
@@ -310,14 +313,14 @@ class RawFrameCutter(FrameCutter):
         # path below from the same bytes, which gives the same frame or the error.
         rest = self._rest
         if len(rest) >= 9 and self._block is None and self._body is None and not self._head:
-            high, low, kind, flags, sid = _FRAME_HEAD.unpack_from(rest)
+            high, low, kind, flags, sid = FRAME_HEAD.unpack_from(rest)
             length = high << 8 | low
             end = 9 + length
             sid &= 0x7FFFFFFF
             if (
                 end <= len(rest)
                 and length <= self.max_frame_size
-                and (sid != 0 if kind in _ON_A_STREAM else not (sid and kind in _ON_THE_CONNECTION))
+                and _stream_id_fits(kind, sid)
                 and (
                     kind not in _BLOCK_KINDS
                     or (flags & END_HEADERS and length <= self._max_header_block)
@@ -329,7 +332,7 @@ class RawFrameCutter(FrameCutter):
             header, body = self._next_frame()
             kind, flags = header[3], header[4]
             sid = int.from_bytes(header[5:9], "big") & 0x7FFFFFFF
-            if (not sid and kind in _ON_A_STREAM) or (sid and kind in _ON_THE_CONNECTION):
+            if not _stream_id_fits(kind, sid):
                 rule = (
                     f"must be non-zero for {_NAMES[kind]}"
                     if kind in _ON_A_STREAM

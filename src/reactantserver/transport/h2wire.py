@@ -2,13 +2,14 @@
 
 Shared by the ends we implement ourselves: the server side under grpclib (:mod:`.h2lean`,
 :mod:`.unary`), the gateway's client to its workers (:mod:`reactantserver.gateway.http2`)
-and the client's channel (:mod:`reactantserver.client.channel`). RFC 9113 §4.1 (frame layout), §6 (frame types and
-flags), §6.5.2 (settings), §7 (error codes).
+and the client's channel (:mod:`reactantserver.client.channel`). RFC 9113 §4.1 (frame
+layout), §6 (frame types and flags), §6.5.2 (settings), §7 (error codes).
 """
 
 from __future__ import annotations
 
 import collections
+import struct
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -29,6 +30,11 @@ MAX_WINDOW = 2**31 - 1
 MAX_STREAM_ID = 2**31 - 1
 #: A frame longer than this is refused whatever the peer claims (HTTP/2's own ceiling).
 MAX_FRAME_CEILING = 2**24 - 1
+
+
+#: A received frame header read in one unpack: length (16 + 8 bits), type, flags, stream id
+#: (with its reserved bit).
+FRAME_HEAD = struct.Struct(">HBBBL")
 
 
 def frame_head(kind: int, flags: int, stream_id: int, length: int) -> bytes:
