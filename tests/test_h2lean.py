@@ -27,7 +27,7 @@ from hyperframe.frame import (
     RstStreamFrame,
     SettingsFrame,
 )
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from strategies import h2_client_scripts
 
 from reactantserver.config.schema import EndpointsConfig
@@ -324,6 +324,7 @@ def _differential(reads: list[list[tuple[Any, ...]]]) -> list[tuple[Any, ...]]:
 
 @settings(max_examples=400, deadline=None)
 @given(reads=h2_client_scripts())
+@example(reads=[[("frame", 0xA, 0, 0, b"\x00\x00"), ("rst", 1, 0)]])  # ALTSVC opens h2's state
 def test_same_events_as_h2_for_the_same_bytes(reads: list[list[tuple[Any, ...]]]) -> None:
     """Invariant: fed the same client bytes (a polite client's requests and a
     misbehaving client's frames: bad stream ids, DATA and HEADERS on closed streams,

@@ -769,6 +769,10 @@ class ServerConnection:
 
     def _on_altsvc(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         h2parse.altsvc(body)  # checked as h2 does, then ignored (a server's right, RFC 7838)
+        if self.state_machine.state is ConnectionState.IDLE:
+            # h2 leaves its idle state on an ALTSVC (to its "client open", which takes
+            # what our open state takes): DATA or RST_STREAM then meet the stream's rules.
+            self.state_machine.state = ConnectionState.SERVER_OPEN
 
     def _on_unknown(self, kind: int, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         """A frame of a type we do not know: reported (the one frame object we build)."""
