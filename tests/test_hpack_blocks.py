@@ -4,7 +4,10 @@ Invariants: a block :func:`table_neutral` accepts leaves a decoder's dynamic tab
 was; :class:`BlockDecoder` decodes every block of a connection -- whatever mix of indexed
 fields, literals with and without indexing, and table size updates the peer's encoder
 chose -- to exactly what a plain ``hpack.Decoder`` gives, in the same order; our own
-literal blocks decode to the headers they were built from and never touch the table.
+literal blocks decode to the headers they were built from and never touch the table. A
+block that fails (a bad index, a header list over the limit, a byte ``convert`` refuses)
+raises what a plain decoder followed by ``convert`` raises first, whatever the caches
+already hold.
 """
 
 from __future__ import annotations
@@ -17,8 +20,18 @@ from hypothesis import strategies as st
 from reactantserver.transport.hpack_blocks import (
     BlockDecoder,
     encode_headers,
+    literal,
     table_neutral,
 )
+
+
+def _pair(name: bytes, value: bytes) -> tuple[bytes, bytes]:
+    return name, value
+
+
+def _ascii(name: bytes, value: bytes) -> tuple[str, str]:
+    return name.decode("ascii"), value.decode("ascii")
+
 
 NAMES = [b":path", b":authority", b"content-type", b"te", b"grpc-timeout", b"x-id", b"user-agent"]
 headers_st = st.lists(
@@ -54,7 +67,7 @@ def test_block_decoder_decodes_as_hpack_does(
     block judged table-neutral never changed the plain decoder's table."""
     encoder = hpack.Encoder()
     plain = hpack.Decoder()
-    ours: BlockDecoder[tuple[tuple[bytes, bytes], ...]] = BlockDecoder(tuple, 65536)
+    ours: BlockDecoder[tuple[bytes, bytes]] = BlockDecoder(_pair, 65536)
     for headers, literal_only, sensitive in blocks:
         pairs = [(name, value.encode()) for name, value in headers]
         if literal_only:
@@ -70,3 +83,63 @@ def test_block_decoder_decodes_as_hpack_does(
                 assert list(plain.header_table.dynamic_entries) == before
             assert ours.decode(block) == want
             assert [tuple(h) for h in want] == pairs or not literal_only
+
+
+PREFIX = encode_headers(
+    [(b":path", b"/inference.GRPCInferenceService/ModelInfer"), (b"te", b"trailers")]
+)
+field_st = st.one_of(
+    # our literals: static-table name or string name, raw value (the gateway's grpc-timeout)
+    st.tuples(st.sampled_from(NAMES), st.binary(max_size=200)).map(lambda p: literal(*p)),
+    # a string name too long for one length byte
+    st.binary(min_size=127, max_size=140).map(lambda v: literal(b"x-" + v.hex().encode(), v)),
+    # hpack's own never-indexed encoding (Huffman where shorter)
+    st.tuples(st.sampled_from(NAMES), st.binary(max_size=20)).map(
+        lambda p: hpack.Encoder().encode([hpack.NeverIndexedHeaderTuple(*p)])
+    ),
+    st.sampled_from([b"\x82", b"\x86", b"\xbe", b"\xff\x00", b"\xff\x7f"]),  # indexed; bad ones
+)
+
+
+def _plain(block: bytes, limit: int) -> tuple[tuple[str, str], ...] | type[Exception]:
+    plain = hpack.Decoder()
+    plain.max_header_list_size = limit
+    try:
+        return tuple(_ascii(n, v) for n, v in plain.decode(block, raw=True))
+    except Exception as exc:
+        return type(exc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.lists(field_st, min_size=1, max_size=5), min_size=1, max_size=10),
+    st.sampled_from([120, 400, 65536]),
+)
+def test_fields_of_a_changing_block_decode_as_hpack_does(
+    tails: list[list[bytes]], limit: int
+) -> None:
+    """Blocks that share a constant prefix and differ in their last fields (a forwarded
+    ``grpc-timeout``, new every call): each decodes to what a plain decoder followed by
+    ``convert`` gives, or raises the same error first, however many of its fields (or of
+    the blocks before it) were seen already."""
+    ours: BlockDecoder[tuple[str, str]] = BlockDecoder(_ascii, limit)
+    for tail in tails:
+        block = PREFIX + b"".join(tail)
+        for _ in range(2):  # again: now from the caches
+            want = _plain(block, limit)
+            try:
+                got: object = ours.decode(block)
+            except Exception as exc:
+                got = type(exc)
+            assert got == want
+
+
+def test_a_block_over_the_limit_fails_even_when_its_fields_are_known() -> None:
+    """The header list limit holds for the block, not per field: known fields that add up
+    past it raise hpack's error."""
+    a, b = literal(b"x-a", b"a" * 40), literal(b"x-b", b"b" * 40)
+    ours: BlockDecoder[tuple[str, str]] = BlockDecoder(_ascii, 140)
+    assert ours.decode(a) == (("x-a", "a" * 40),)
+    assert ours.decode(b) == (("x-b", "b" * 40),)
+    with pytest.raises(hpack.OversizedHeaderListError):
+        ours.decode(a + b)

@@ -110,6 +110,10 @@ def encode_request(prefix: bytes, grpc_timeout: str | None) -> bytes:
     return prefix + literal(b"grpc-timeout", grpc_timeout.encode("ascii"))
 
 
+def _raw_field(name: bytes, value: bytes) -> tuple[bytes, bytes]:
+    return name, value
+
+
 class _Stream:
     __slots__ = ("recv_unacked", "send_window")
 
@@ -131,8 +135,8 @@ class ClientConnection:
         self._out: list[bytes | memoryview] = []
         self._in = bytearray()  # a frame split across reads, until its end arrives
         self._need = 0  # ... and how many bytes that takes
-        self._decoder: BlockDecoder[tuple[tuple[bytes, bytes], ...]] = BlockDecoder(
-            tuple, DEFAULT_MAX_HEADER_LIST_SIZE
+        self._decoder: BlockDecoder[tuple[bytes, bytes]] = BlockDecoder(
+            _raw_field, DEFAULT_MAX_HEADER_LIST_SIZE
         )
         self._streams: dict[int, _Stream] = {}
         self._next_id = 1

@@ -139,10 +139,10 @@ def _rst(stream_id: int, code: int) -> bytes:
     return frame_head(RST_STREAM, 0, stream_id, 4) + int(code).to_bytes(4, "big")
 
 
-def _ascii_headers(raw: Iterable[tuple[bytes, bytes]]) -> tuple[tuple[str, str], ...]:
-    """Header names and values as text (grpclib's ``header_encoding``); UnicodeDecodeError
-    for a byte that is not ASCII."""
-    return tuple((name.decode("ascii"), value.decode("ascii")) for name, value in raw)
+def _ascii_field(name: bytes, value: bytes) -> tuple[str, str]:
+    """A header's name and value as text (grpclib's ``header_encoding``);
+    UnicodeDecodeError for a byte that is not ASCII."""
+    return name.decode("ascii"), value.decode("ascii")
 
 
 def _error_code(value: int) -> ErrorCodes | int:
@@ -287,7 +287,7 @@ class ServerConnection:
         self.outbound_flow_control_window = DEFAULT_WINDOW
         self._recv_window = _Window(DEFAULT_WINDOW)
         self._stream_window = limits.stream_window
-        self._blocks = BlockDecoder(_ascii_headers, limits.max_header_list_size)
+        self._blocks = BlockDecoder(_ascii_field, limits.max_header_list_size)
         self.incoming_buffer = RawFrameCutter(limits.max_header_list_size)
         self.incoming_buffer.max_frame_size = limits.max_frame_size
         self._out: list[bytes | memoryview] = []
