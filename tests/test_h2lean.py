@@ -232,11 +232,15 @@ class _Client:
         return wire
 
 
-def _serve(conn: Any, action: tuple[Any, ...]) -> str:
-    """A server action on ``conn``; the name of what it raised ("" if nothing)."""
+def _serve(conn: Any, action: tuple[Any, ...], *, whole: bool = False) -> str:
+    """A server action on ``conn``; the name of what it raised ("" if nothing). ``whole``:
+    an answer goes out in one step where ``send_answer`` takes it (as ``DirectCalls``
+    sends a small answer), else in the three calls."""
     kind, sid = action
     try:
         if kind == "answer":
+            if whole and conn.send_answer(sid, ANSWER, [b"\0\0\0\0\0"], 5, TRAILERS):
+                return ""
             conn.send_headers(sid, ANSWER)
             window = conn.local_flow_control_window(sid)
             if window >= 5:
@@ -280,13 +284,17 @@ def _ambiguous(h2c: h2.connection.H2Connection, action: tuple[Any, ...]) -> bool
 def _differential(reads: list[list[tuple[Any, ...]]]) -> list[tuple[Any, ...]]:
     ours = ServerConnection(LIMITS)
     theirs = _h2_server()
+    #: Ours again, answering in one step where it can: must send the same bytes as ours.
+    whole = ServerConnection(LIMITS)
     client = _Client()
     ours.initiate_connection()
     theirs.initiate_connection()
+    whole.initiate_connection()
     assert ours.data_to_send() == theirs.data_to_send()  # the same first SETTINGS
+    assert whole.data_to_send()
     start = PREFACE + SettingsFrame(0).serialize() + SettingsFrame(0, flags=["ACK"]).serialize()
     log: list[tuple[Any, ...]] = []
-    for conn in (ours, theirs):
+    for conn in (ours, theirs, whole):
         conn.receive_data(start)
     for read in reads:
         wire = b""
@@ -296,12 +304,14 @@ def _differential(reads: list[list[tuple[Any, ...]]]) -> list[tuple[Any, ...]]:
             if action[0] in ("answer", "reset"):
                 ours_error, theirs_error = _serve(ours, action), _serve(theirs, action)
                 assert ours_error == theirs_error, (action, ours_error, theirs_error)
+                assert _serve(whole, action, whole=True) == ours_error, action
+                assert whole.data_to_send() == ours.data_to_send(), action
                 continue
             wire += client.bytes_of(action)
         if not wire:
             continue
         outcomes = []
-        for conn in (ours, theirs):
+        for conn in (ours, theirs, whole):
             try:
                 events = conn.receive_data(wire)
             except h2.exceptions.ProtocolError as exc:
@@ -316,6 +326,7 @@ def _differential(reads: list[list[tuple[Any, ...]]]) -> list[tuple[Any, ...]]:
             else:
                 outcomes.append(tuple(_summary(e) for e in events))
         assert outcomes[0] == outcomes[1], (read, outcomes)
+        assert outcomes[2] == outcomes[0], (read, outcomes)
         log.append(outcomes[0])
         if outcomes[0] and outcomes[0][0] == "raised":
             break
@@ -332,7 +343,8 @@ def test_same_events_as_h2_for_the_same_bytes(reads: list[list[tuple[Any, ...]]]
     GOAWAY, unknown frames, frames of every type with the wrong stream, size or content,
     padding and priority fields that do not fit, header blocks split across CONTINUATIONs,
     interrupted, left open or past their bounds) with the same server answers and resets
-    in between, our
+    in between (ours also answering a second time in one step, ``send_answer``, which must
+    queue the same bytes and raise the same errors as its three calls), our
     connection reports the same events as h2's -- the same types in the same order with
     the same stream ids, headers, data, lengths, error codes and settings -- and raises a
     connection error (with the same error code) on exactly the reads h2 raises on."""
@@ -400,6 +412,35 @@ def _connected() -> tuple[ServerConnection, h2.connection.H2Connection]:
     client.receive_data(server.data_to_send())
     server.receive_data(client.data_to_send())
     return server, client
+
+
+@pytest.mark.parametrize("setting", ["small window", "table size", "none"])
+def test_an_answer_in_one_step_is_the_three_calls_or_nothing(setting: str) -> None:
+    """``send_answer`` queues exactly the bytes of ``send_headers``, ``send_data`` and
+    ``send_headers(end_stream=True)``, or declines with nothing queued where those calls
+    would not go through as one answer: a stream window smaller than the message (the
+    data must wait), a table size update owed at the start of the next block."""
+    pair = [_connected(), _connected()]
+    for server, client in pair:
+        if setting == "small window":
+            client.update_settings({SettingCodes.INITIAL_WINDOW_SIZE: 6})
+        elif setting == "table size":
+            client.update_settings({SettingCodes.HEADER_TABLE_SIZE: 0})
+        client.send_headers(1, REQUEST, end_stream=True)
+        server.receive_data(client.data_to_send())
+        server.data_to_send()
+    message = [b"\0\0\0\0\x02", b"ok"]
+    (whole, _), (three, _) = pair
+    taken = whole.send_answer(1, ANSWER, message, 7, TRAILERS)
+    assert taken is (setting == "none")
+    if not taken:
+        assert whole.data_to_send() == b""
+        return
+    three.send_headers(1, ANSWER)
+    three.send_data(1, b"".join(message))
+    three.send_headers(1, TRAILERS, end_stream=True)
+    assert whole.data_to_send() == three.data_to_send()
+    assert 1 not in whole.streams and 1 not in three.streams
 
 
 def test_megabytes_flow_both_ways_within_the_windows() -> None:

@@ -103,11 +103,17 @@ def request_prefix(path: bytes, authority: bytes) -> bytes:
     )  # fmt: skip
 
 
+#: ``grpc-timeout`` as a literal without indexing, up to its value's length byte.
+_TIMEOUT_NAME = literal(b"grpc-timeout", b"")[:-1]
+
+
 def encode_request(prefix: bytes, grpc_timeout: str | None) -> bytes:
-    """A request header block: ``prefix`` (:func:`request_prefix`) and ``grpc-timeout``."""
+    """A request header block: ``prefix`` (:func:`request_prefix`) and ``grpc-timeout``
+    (at most 9 characters: one length byte)."""
     if grpc_timeout is None:
         return prefix
-    return prefix + literal(b"grpc-timeout", grpc_timeout.encode("ascii"))
+    value = grpc_timeout.encode("ascii")
+    return b"".join((prefix, _TIMEOUT_NAME, bytes((len(value),)), value))
 
 
 def _raw_field(name: bytes, value: bytes) -> tuple[bytes, bytes]:

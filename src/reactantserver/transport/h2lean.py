@@ -413,6 +413,52 @@ class ServerConnection:
         if end_stream:
             self._end_local(stream)
 
+    def send_answer(
+        self,
+        stream_id: int,
+        headers: Sequence[tuple[str, str]],
+        data: Sequence[bytes | memoryview],
+        size: int,
+        trailers: Sequence[tuple[str, str]],
+    ) -> bool:
+        """A whole small answer in one step: HEADERS, one DATA frame holding ``data``
+        (``size`` bytes, sent as the pieces they are) and the trailers with END_STREAM --
+        exactly what ``send_headers``, ``send_data`` and ``send_headers(end_stream=True)``
+        would queue, with the stream checked once. ``headers`` and ``trailers`` must be
+        constant lists (:data:`CONSTANT_BLOCKS`). False, with nothing queued, when any of
+        that does not hold as the three calls need it (headers sent already, a block or
+        ``size`` over the frame size, ``size`` over a window, a table size update owed):
+        the caller takes the three-call path, which raises what h2 would.
+        """
+        stream = self._sendable(stream_id)
+        head = CONSTANT_BLOCKS.get(headers)
+        tail = CONSTANT_BLOCKS.get(trailers)
+        limit = self.max_outbound_frame_size
+        if (
+            head is None
+            or tail is None
+            or self._table_update
+            or stream.state_machine.headers_sent
+            or size > limit
+            or len(head) > limit
+            or len(tail) > limit
+            or size > stream.send_window
+            or size > self.outbound_flow_control_window
+        ):
+            return False
+        stream.send_window -= size
+        self.outbound_flow_control_window -= size
+        out = self._out
+        out.append(frame_head(HEADERS, END_HEADERS, stream_id, len(head)))
+        out.append(head)
+        out.append(frame_head(DATA, 0, stream_id, size))
+        out.extend(data)
+        out.append(frame_head(HEADERS, END_STREAM | END_HEADERS, stream_id, len(tail)))
+        out.append(tail)
+        stream.state_machine.headers_sent = True
+        self._end_local(stream)
+        return True
+
     def end_stream(self, stream_id: int) -> None:
         self.send_data(stream_id, b"", end_stream=True)
 

@@ -35,11 +35,12 @@ MAX_FRAME_CEILING = 2**24 - 1
 #: A received frame header read in one unpack: length (16 + 8 bits), type, flags, stream id
 #: (with its reserved bit).
 FRAME_HEAD = struct.Struct(">HBBBL")
+_pack_head = FRAME_HEAD.pack
 
 
 def frame_head(kind: int, flags: int, stream_id: int, length: int) -> bytes:
-    """A frame's 9-byte header."""
-    return length.to_bytes(3, "big") + bytes((kind, flags)) + stream_id.to_bytes(4, "big")
+    """A frame's 9-byte header (``struct.error`` for a length or id out of range)."""
+    return _pack_head(length >> 8, length & 0xFF, kind, flags, stream_id)
 
 
 def frame(kind: int, flags: int, stream_id: int, payload: bytes | memoryview = b"") -> bytes:

@@ -321,10 +321,21 @@ class DirectCalls:
     # ---------------------------------------------------------------- answering
 
     def answer(self, call: UnaryCall, pending: collections.deque[memoryview]) -> None:
-        if call.stream_id not in self._calls:
+        sid = call.stream_id
+        if sid not in self._calls:
             return
+        conn = self._h2
         try:
-            self._h2.send_headers(call.stream_id, ANSWER_HEADERS)
+            size = sum([view.nbytes for view in pending])
+            # A small answer goes out whole, in one step (else frame by frame, below).
+            if size <= SEND_CHUNK and conn.send_answer(
+                sid, ANSWER_HEADERS, pending, size, OK_TRAILERS
+            ):
+                self._connection.data_sent += size
+                self._connection.flush()
+                self._forget(call)
+                return
+            conn.send_headers(sid, ANSWER_HEADERS)
         except h2.exceptions.ProtocolError:
             self._gone(call)
             return
