@@ -70,6 +70,7 @@ from collections.abc import Callable
 from urllib.parse import unquote
 
 from ..errors import DeadlineExceeded
+from ..transport.h2conn import HELD
 from ..transport.h2wire import CANCEL, REFUSED_STREAM
 from . import http2
 from .wire import encode_grpc_timeout
@@ -219,6 +220,13 @@ class WorkerConnection(asyncio.Protocol):
         self._flush()
 
     def data_received(self, data: bytes) -> None:
+        HELD.enter()  # answers to clients, and our frames, are sent as it returns
+        try:
+            self._received(data)
+        finally:
+            HELD.leave()
+
+    def _received(self, data: bytes) -> None:
         try:
             events = self._h2.receive(data)
         except http2.ProtocolError as exc:
@@ -360,7 +368,10 @@ class WorkerConnection(asyncio.Protocol):
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+            if HELD.depth:
+                HELD.owe(self._flush)
+            else:
+                self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False

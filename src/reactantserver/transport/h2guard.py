@@ -79,7 +79,7 @@ from h2.errors import ErrorCodes
 
 from .faultlog import FaultLog
 from .framing import MessageFramer, Refusal
-from .h2conn import CorkedTransport, new_h2_connection
+from .h2conn import HELD, CorkedTransport, new_h2_connection
 from .h2lean import ServerConnection
 from .limits import Fault, WireCounters, WireLimits
 from .unary import DirectAdmission, DirectCalls, status_headers
@@ -502,8 +502,15 @@ class GuardedProtocol(asyncio.Protocol):
         if self._closing or self.connection is None or self._processor is None:
             return
         self.read_at = self.now()
+        HELD.enter()  # what this read provokes is sent as it returns
         try:
-            events = self.connection.feed(data)
+            self._received(self.connection, self._processor, data)
+        finally:
+            HELD.leave()
+
+    def _received(self, connection: Connection, processor: _Processor, data: bytes) -> None:
+        try:
+            events = connection.feed(data)
         except h2.exceptions.ProtocolError as exc:
             kind = (
                 Fault.FRAME_TOO_LARGE
@@ -521,16 +528,16 @@ class GuardedProtocol(asyncio.Protocol):
                 f"undecodable input ({type(exc).__name__}: {exc}); connection closed with GOAWAY",
             )
             try:
-                self.connection._connection.close_connection(ErrorCodes.PROTOCOL_ERROR)
+                connection._connection.close_connection(ErrorCodes.PROTOCOL_ERROR)
             except Exception:  # h2 is in a state where it cannot even say so
                 log.debug("no GOAWAY for %s", self.peer, exc_info=True)
             self.abort()
             return
         try:
-            self.connection.flush()
+            connection.flush()
             for event in events:
-                self._processor.process(event)
-            self.connection.flush()
+                processor.process(event)
+            connection.flush()
         except Exception:
             log.exception("serving the connection from %s failed; closing it", self.peer)
             self.abort()

@@ -1,0 +1,123 @@
+"""Corked writes and the flushes a protocol callback owes (``transport/h2conn.py``).
+
+Invariants: a cork written to inside a connection's callback sends everything written
+in one ``send`` as the outermost callback returns (not before, and before any other
+callback of the loop runs); written to outside one, it sends on the loop's next pass;
+a flush that fails does not keep the others from running; each thread keeps its own
+owed flushes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+import pytest
+
+from reactantserver.transport.h2conn import HELD, CorkedTransport
+
+
+class _Socket:
+    """The part of an asyncio transport a cork uses: what was sent, send by send."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.sent: list[bytes] = []
+        self.fail = fail
+
+    def write(self, data: bytes) -> None:
+        if self.fail:
+            raise RuntimeError("the socket is gone")
+        self.sent.append(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def _cork(socket: _Socket, loop: asyncio.AbstractEventLoop) -> CorkedTransport:
+    return CorkedTransport(socket, loop)  # type: ignore[arg-type]
+
+
+def test_writes_inside_a_callback_leave_as_it_returns() -> None:
+    asyncio.run(_inside())
+
+
+async def _inside() -> None:
+    loop = asyncio.get_running_loop()
+    a, b = _Socket(), _Socket()
+    cork_a, cork_b = _cork(a, loop), _cork(b, loop)
+    ran_between: list[bool] = []
+    HELD.enter()
+    try:
+        loop.call_soon(lambda: ran_between.append(True))
+        cork_a.write(b"one")
+        HELD.enter()  # a nested callback: only the outermost flushes
+        cork_b.write(b"two")
+        HELD.leave()
+        cork_a.write(b"three")
+        assert a.sent == [] and b.sent == []
+    finally:
+        HELD.leave()
+    assert a.sent == [b"onethree"] and b.sent == [b"two"]
+    assert ran_between == []  # sent before the loop ran anything else
+    await asyncio.sleep(0)
+    assert a.sent == [b"onethree"]  # nothing was left scheduled to send twice
+
+
+def test_writes_outside_a_callback_leave_on_the_next_pass() -> None:
+    asyncio.run(_outside())
+
+
+async def _outside() -> None:
+    loop = asyncio.get_running_loop()
+    socket = _Socket()
+    cork = _cork(socket, loop)
+    cork.write(b"a")
+    cork.write(b"b")
+    assert socket.sent == []
+    await asyncio.sleep(0)
+    assert socket.sent == [b"ab"]
+
+
+def test_a_failing_flush_does_not_keep_the_others(caplog: pytest.LogCaptureFixture) -> None:
+    asyncio.run(_failing(caplog))
+
+
+async def _failing(caplog: pytest.LogCaptureFixture) -> None:
+    loop = asyncio.get_running_loop()
+    broken, fine = _Socket(fail=True), _Socket()
+    HELD.enter()
+    try:
+        _cork(broken, loop).write(b"lost")
+        _cork(fine, loop).write(b"kept")
+    finally:
+        with caplog.at_level(logging.ERROR, logger="reactantserver.transport.h2conn"):
+            HELD.leave()
+    assert fine.sent == [b"kept"]
+    assert "writing a connection's output failed" in caplog.text
+    assert HELD.depth == 0
+
+
+def test_each_thread_owes_its_own_flushes() -> None:
+    """A loop on another thread, writing while this thread is inside a callback,
+    flushes on its own loop's next pass, never from this thread's callback."""
+    socket = _Socket()
+    seen: list[list[bytes]] = []
+
+    def other_thread() -> None:
+        async def write() -> None:
+            cork = _cork(socket, asyncio.get_running_loop())
+            cork.write(b"x")
+            await asyncio.sleep(0)
+            seen.append(list(socket.sent))  # sent by its own loop's pass
+
+        asyncio.run(write())
+
+    HELD.enter()
+    try:
+        thread = threading.Thread(target=other_thread, name="other")
+        thread.start()
+        thread.join()
+    finally:
+        HELD.leave()
+    assert seen == [[b"x"]]
