@@ -218,6 +218,9 @@ class _Bridge:
         self._in_flight = 0
         self._draining = False
         self._idle = trio.Event()
+        #: The host loop, whose clock the wire's deadlines are in (looked up once: in
+        #: Python 3.11 ``asyncio.get_running_loop`` makes a ``getpid`` system call).
+        self._loop = asyncio.get_running_loop()
 
     def mapping(self) -> dict[str, Handler | DirectHandler]:
         table: dict[str, Handler | DirectHandler] = {}
@@ -402,7 +405,7 @@ class _Infer:
     def begin(self, message: bytes | memoryview) -> None:
         call = self._call
         service = self._bridge._service
-        loop = asyncio.get_running_loop()
+        loop = self._bridge._loop
         try:
             request = decode_infer_request(message)
             remaining = math.inf if call.deadline is None else call.deadline - loop.time()
@@ -456,7 +459,7 @@ class _Infer:
         self._stop_timer()
         pending, self._pending = self._pending, None
         call = self._call
-        expired = call.deadline is not None and asyncio.get_running_loop().time() >= call.deadline
+        expired = call.deadline is not None and self._bridge._loop.time() >= call.deadline
         code = StatusCode.DEADLINE_EXCEEDED if expired else StatusCode.CANCELLED
         if pending is not None:
             self._bridge._service.abandon_infer(pending, code)
