@@ -274,15 +274,21 @@ def report(pairs: list[Pair], big_direct: float, big_via: float, counts: object)
     print("per request (the column; what it added before it wrote every 8 calls to the worker,")
     print("gateway/channel.py FLUSH_EVERY); busy cores of the load generator, gateway, worker:")
     print(f"{'in flight':>9} | {'+p50 ms':>7} | {'in flight x gw us':>17} | "
-          f"{'load':>5} {'gw':>5} {'wkr':>5} {'all':>5} cores of {os.cpu_count()}")  # fmt: skip
+          f"{'load':>5} {'gw':>5} {'wkr':>5} {'all':>5} cores of {os.cpu_count()} | "
+          "+p50 ms, window by window")  # fmt: skip
     for p in pairs:
         added = med([r.p50 for r in p.gateway]) - med([r.p50 for r in p.direct])
         burst = p.concurrency * med(p.gateway_cpu)
         busy = [med([b[i] for b in p.busy_via]) for i in range(3)]
+        # Each gateway window against the direct window just before it: the spread a
+        # closed loop on shared cores shows from one window to the next.
+        each = " ".join(
+            f"{(g.p50 - d.p50) * 1e3:.2f}" for d, g in zip(p.direct, p.gateway, strict=True)
+        )
         print(
             f"{p.concurrency:>9} | {added * 1e3:>7.2f} | {burst * 1e3:>14.2f} ms | "
             + " ".join(f"{b:>5.2f}" for b in busy)
-            + f" {sum(busy):>5.2f}"
+            + f" {sum(busy):>5.2f}             | {each}"
         )
     print()
     print(f"one 38 MB input, inline: direct {big_direct * 1e3:.0f} ms, through the gateway "
