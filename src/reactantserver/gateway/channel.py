@@ -45,9 +45,11 @@ timer is armed for the earliest; an answered call's entry is dropped when it rea
 (or when the heap is rebuilt from the open calls, once it holds twice as many entries as
 there are open calls, which keeps it bounded by the calls in flight).
 
-Writes: the HTTP/2 layer queues frames; the protocol hands them to the socket once per pass
-of the event loop (a large request as it goes), so the calls opened in one pass leave in one
-``send`` -- or sooner, every :data:`FLUSH_EVERY` calls: a burst of requests read from a
+Writes: the HTTP/2 layer queues frames; the protocol hands them to the socket when the read
+that provoked them has been handled (:class:`~reactantserver.transport.h2conn.HeldWrites`;
+once per pass of the event loop for calls started elsewhere; a large request as it goes),
+so the calls opened by one read of a client leave in one ``send`` -- or sooner, every
+:data:`FLUSH_EVERY` calls: a burst of requests read from a
 client together would otherwise all wait until the gateway has routed the last of them,
 with the worker idle meanwhile. Flow control: inbound windows are large (:data:`STREAM_WINDOW`,
 :data:`CONNECTION_WINDOW`) and replenished as data arrives; outbound data waits for the

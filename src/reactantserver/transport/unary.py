@@ -29,7 +29,9 @@ size, premature resets) applies unchanged; this module adds, per call:
   from its pieces in DATA frames of at most :data:`SEND_CHUNK` bytes and the OK trailers,
   as far as the peer's flow-control windows allow; the rest waits, without a task, for
   WINDOW_UPDATE (:meth:`DirectCalls.window`) or for the transport to drain
-  (:meth:`DirectCalls.resume`). :meth:`UnaryCall.fail` answers trailers-only.
+  (:meth:`DirectCalls.resume`). An answer that fits one frame and the windows -- nearly
+  every one -- is queued in one step (``send_answer`` of the lean connection: the same
+  bytes, the stream checked once). :meth:`UnaryCall.fail` answers trailers-only.
 * **Cancelling.** When the peer resets the stream or the connection goes, the call's
   :attr:`UnaryCall.on_cancel` runs (once, if the handler set one and had not answered):
   the handler drops its work. Nothing is written for such a call.
