@@ -108,12 +108,13 @@ _TIMEOUT_NAME = literal(b"grpc-timeout", b"")[:-1]
 
 
 def encode_request(prefix: bytes, grpc_timeout: str | None) -> bytes:
-    """A request header block: ``prefix`` (:func:`request_prefix`) and ``grpc-timeout``
-    (at most 9 characters: one length byte)."""
+    """A request header block: ``prefix`` (:func:`request_prefix`) and ``grpc-timeout``."""
     if grpc_timeout is None:
         return prefix
     value = grpc_timeout.encode("ascii")
-    return b"".join((prefix, _TIMEOUT_NAME, bytes((len(value),)), value))
+    if len(value) >= 0x7F:  # never from encode_grpc_timeout (9 characters at most)
+        return prefix + literal(b"grpc-timeout", value)
+    return b"".join((prefix, _TIMEOUT_NAME, bytes((len(value),)), value))  # one length byte
 
 
 def _raw_field(name: bytes, value: bytes) -> tuple[bytes, bytes]:

@@ -116,8 +116,8 @@ def _local_settings(limits: WireLimits) -> dict[SettingCodes, int]:
 class HeldWrites(threading.local):
     """The flushes owed when the protocol callback running on this thread returns.
 
-    A connection's ``data_received`` runs inside :meth:`holding`; a cork written to
-    while one runs owes its flush here (:meth:`owe`) instead of scheduling it with
+    A connection's ``data_received`` runs between :meth:`enter` and :meth:`leave`; a cork
+    written to while one runs owes its flush here (:meth:`owe`) instead of scheduling it with
     ``call_soon``, and every owed flush runs as the outermost callback returns. So the
     writes a read provokes -- the gateway's requests to a worker, its answers to a client
     -- leave in one ``send`` per connection at the end of that read, without the extra
@@ -160,8 +160,8 @@ class CorkedTransport:
 
     ``write`` appends to a list and, the first time, owes ``flush`` to the protocol
     callback running now (:data:`HELD`) or, outside one, schedules it with ``call_soon``:
-    everything written until then goes out in one ``send``. Past :data:`FLUSH_BYTES` the buffer is sent at once, so big messages are
-    not held (nor copied into one huge join).
+    everything written until then goes out in one ``send``. Past :data:`FLUSH_BYTES` the
+    buffer is sent at once, so big messages are not held (nor copied into one huge join).
     """
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
