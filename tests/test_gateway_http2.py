@@ -13,6 +13,7 @@ import h2.config
 import h2.connection
 import h2.events
 import h2.settings
+import hpack
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -25,6 +26,7 @@ from reactantserver.gateway.http2 import (
     request_prefix,
 )
 from reactantserver.transport.h2wire import CANCEL, REFUSED_STREAM
+from reactantserver.transport.hpack_blocks import literal
 
 PATH = b"/inference.GRPCInferenceService/ModelInfer"
 
@@ -142,6 +144,16 @@ def test_requests_without_a_timeout_send_none() -> None:
     _, events = pump(client, server)
     (received,) = [e for e in events if isinstance(e, h2.events.RequestReceived)]
     assert b"grpc-timeout" not in dict(received.headers)
+
+
+@pytest.mark.parametrize("value", ["0n", "29999876u", "99999999H", "x" * 126, "y" * 127])
+def test_the_forwarded_timeout_decodes_as_sent(value: str) -> None:
+    """The request block (the prefix, then ``grpc-timeout`` appended by hand) is what the
+    generic encoder gives, and a plain HPACK decoder reads the value back."""
+    prefix = request_prefix(PATH, b"w:1")
+    block = encode_request(prefix, value)
+    assert block == prefix + literal(b"grpc-timeout", value.encode())
+    assert hpack.Decoder().decode(block)[-1] == ("grpc-timeout", value)
 
 
 @settings(deadline=None, max_examples=40)
