@@ -84,7 +84,7 @@ from ..transport.h2wire import (
     frame,
     frame_head,
 )
-from ..transport.hpack_blocks import BlockDecoder, encode_headers, literal
+from ..transport.hpack_blocks import BlockDecoder, encode_headers, hpack_int, literal
 
 Event = tuple[str, int, object, object]
 
@@ -112,9 +112,7 @@ def encode_request(prefix: bytes, grpc_timeout: str | None) -> bytes:
     if grpc_timeout is None:
         return prefix
     value = grpc_timeout.encode("ascii")
-    if len(value) >= 0x7F:  # never from encode_grpc_timeout (9 characters at most)
-        return prefix + literal(b"grpc-timeout", value)
-    return b"".join((prefix, _TIMEOUT_NAME, bytes((len(value),)), value))  # one length byte
+    return b"".join((prefix, _TIMEOUT_NAME, hpack_int(len(value), 7, 0), value))
 
 
 def _raw_field(name: bytes, value: bytes) -> tuple[bytes, bytes]:

@@ -64,6 +64,7 @@ runs.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import math
 from collections.abc import Mapping
@@ -181,9 +182,14 @@ class Router:
     ) -> None:
         self.table = table if table is not None else RouteTable()
         self.work_basis: WorkBasis = work_basis
-        self._pairs: dict[tuple[str, str], _Account] = {}
-        self._workers: dict[str, _Account] = {}
-        self._routed: dict[tuple[str, str], list[int]] = {}
+        # Created on first use; read with .get() where absence means "none".
+        self._pairs: collections.defaultdict[tuple[str, str], _Account] = collections.defaultdict(
+            _Account
+        )
+        self._workers: collections.defaultdict[str, _Account] = collections.defaultdict(_Account)
+        self._routed: collections.defaultdict[tuple[str, str], list[int]] = collections.defaultdict(
+            lambda: [0, 0]
+        )
         self._seq = itertools.count()
         self._chosen = 0
         self._failovers = 0
@@ -311,18 +317,9 @@ class Router:
         items = ticket.items
         ticket.work = work = self._work(ticket.model, worker, items)
         key = (ticket.model, worker)
-        # get-then-create: setdefault would build an account (or list) per call to drop it.
-        pair = self._pairs.get(key)
-        if pair is None:
-            pair = self._pairs[key] = _Account()
-        pair.add(items, work)
-        load = self._workers.get(worker)
-        if load is None:
-            load = self._workers[worker] = _Account()
-        load.add(items, work)
-        routed = self._routed.get(key)
-        if routed is None:
-            routed = self._routed[key] = [0, 0]
+        self._pairs[key].add(items, work)
+        self._workers[worker].add(items, work)
+        routed = self._routed[key]
         routed[0] += 1
         routed[1] += items
 

@@ -32,8 +32,8 @@ MAX_STREAM_ID = 2**31 - 1
 MAX_FRAME_CEILING = 2**24 - 1
 
 
-#: A received frame header read in one unpack: length (16 + 8 bits), type, flags, stream id
-#: (with its reserved bit).
+#: A frame's 9-byte header as one struct, read and written in one call: length (16 + 8
+#: bits), type, flags, stream id (with its reserved bit).
 FRAME_HEAD = struct.Struct(">HBBBL")
 _pack_head = FRAME_HEAD.pack
 
