@@ -12,6 +12,12 @@ What it measures (issue 17), side by side in one run:
   gateway that held a burst until it had handled all of it would add about in-flight x its
   CPU per request to p50; printed beside the added p50 with the cores each process keeps
   busy through the gateway (load generator, gateway, worker);
+* the same rows in two core layouts (``--layouts``): ``shared``, where the kernel spreads
+  the three processes over every core, and ``pinned``, where the worker keeps a core of its
+  own as it would on a GPU host and the gateway and the load generator share the rest
+  (each its own core where there are three or more): on a 2-core machine ``shared`` puts
+  three busy processes on two cores, and the worker then waits behind the gateway for a
+  core, which is latency a deployment would not see;
 * one 38 MB input inline through the gateway and direct (``double_38mb``, as in
   ``bench_serve``): what the raw-byte path's copies cost a large tensor;
 * where the gateway's CPU goes: a ``py-spy`` profile of the gateway under the 16-in-flight
@@ -24,7 +30,7 @@ gateway alternating, and each figure is the median. On a 2-core machine client, 
 and worker share the cores: latency and requests/s are properties of the trio; CPU per
 request is each process's own.
 
-    python benchmarks/bench_gateway.py                  # the tables (about 2 minutes)
+    python benchmarks/bench_gateway.py                  # the tables (about 3 minutes)
     python benchmarks/bench_gateway.py --runs 1 --seconds 2
 """
 
@@ -32,6 +38,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import itertools
 import json
 import os
 import re
@@ -68,12 +76,67 @@ from bench_serve import (  # noqa: E402
 
 MODEL = "double"
 CONCURRENCY = (1, 16, 64)
+LAYOUTS = ("shared", "pinned")
+
+
+@attrs.frozen
+class Layout:
+    """Which cores each process may run on."""
+
+    name: str
+    load: frozenset[int]
+    gateway: frozenset[int]
+    worker: frozenset[int]
+
+    def describe(self) -> str:
+        if self.name == "shared":
+            return "shared: the kernel places load generator, gateway and worker on any core"
+        return (
+            f"pinned: worker on cores {sorted(self.worker)}, gateway on {sorted(self.gateway)}"
+            f", load generator on {sorted(self.load)}"
+        )
+
+
+def layouts(names: Sequence[str], cores: Sequence[int]) -> list[Layout]:
+    """The layouts asked for over ``cores``. ``pinned`` gives the worker the last core;
+    with three or more the gateway the one before it and the load generator the rest;
+    with two, gateway and load generator share the first (the gateway is then the one
+    disadvantaged, never helped); with one it is left out."""
+    cores = sorted(cores)
+    every = frozenset(cores)
+    out = []
+    for name in names:
+        if name == "shared":
+            out.append(Layout("shared", every, every, every))
+        elif len(cores) < 2:
+            print("one core only: the pinned layout is left out", file=sys.stderr)
+        elif len(cores) == 2:
+            rest = frozenset(cores[:1])
+            out.append(Layout("pinned", rest, rest, frozenset(cores[1:])))
+        else:
+            load, gateway, worker = cores[:-2], cores[-2:-1], cores[-1:]
+            out.append(Layout("pinned", frozenset(load), frozenset(gateway), frozenset(worker)))
+    return out
+
+
+def pin(pid: int, cores: frozenset[int]) -> None:
+    """Every thread of ``pid`` (and so the threads they start later) onto ``cores``."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError, FileNotFoundError):
+            os.sched_setaffinity(int(tid), cores)
+
+
+def place(layout: Layout, gateway: Server, worker: Server) -> None:
+    pin(worker.proc.pid, layout.worker)
+    pin(gateway.proc.pid, layout.gateway)
+    pin(os.getpid(), layout.load)
 
 
 @attrs.frozen
 class Pair:
     """One row: the direct and the gateway windows at one concurrency (medians of runs)."""
 
+    layout: Layout
     concurrency: int
     direct: list[LoadResult]
     gateway: list[LoadResult]
@@ -125,11 +188,18 @@ async def _window(url: str, n: int, args: argparse.Namespace, pids: Sequence[int
     )
 
 
-async def measure(args: argparse.Namespace, worker: Server, gateway: Server) -> list[Pair]:
-    pairs = []
+async def measure(
+    args: argparse.Namespace, worker: Server, gateway: Server, where: Sequence[Layout]
+) -> list[Pair]:
+    """Every row in every layout; a run takes each layout in turn, so the layouts see
+    the same stretch of a noisy machine."""
+    pairs = {
+        (layout.name, n): Pair(layout, n, [], [], [], []) for layout in where for n in CONCURRENCY
+    }
     for n in CONCURRENCY:
-        pair = Pair(n, [], [], [], [])
-        for _ in range(args.runs):
+        for _, layout in itertools.product(range(args.runs), where):
+            place(layout, gateway, worker)
+            pair = pairs[layout.name, n]
             direct = await _window(worker.url, n, args, [worker.proc.pid])
             via = await _window(gateway.url, n, args, [gateway.proc.pid, worker.proc.pid])
             cpu = np.asarray(via.cpu_seconds) / via.requests
@@ -139,8 +209,7 @@ async def measure(args: argparse.Namespace, worker: Server, gateway: Server) -> 
             pair.worker_cpu_via.append(float(cpu[1]))
             gw, wkr, load = (float(c) / via.seconds for c in via.cpu_seconds)  # type: ignore[attr-defined]
             pair.busy_via.append((load, gw, wkr))
-        pairs.append(pair)
-    return pairs
+    return list(pairs.values())
 
 
 async def big(url: str, repeats: int) -> float:
@@ -240,6 +309,38 @@ async def profiled_load(args: argparse.Namespace, gateway: Server, workdir: Path
 def report(pairs: list[Pair], big_direct: float, big_via: float, counts: object) -> None:
     print(f"one worker (double, CPU), direct and through one gateway; {os.cpu_count()} CPUs; "
           "load generator in this process; medians")  # fmt: skip
+    for layout in dict.fromkeys(p.layout for p in pairs):
+        print()
+        print(f"cores -- {layout.describe()}")
+        rows = [p for p in pairs if p.layout == layout]
+        table(rows)
+        print()
+        bursts(rows)
+    print()
+    print("wkr us / gw us: CPU per request of the worker / gateway process; gw/wkr: the gateway's")
+    print(
+        "CPU per request over the worker's in the same window; gw/direct: over the worker's direct"
+    )
+    print("burst: a closed loop moves its requests in flight as a burst; a gateway that held a")
+    print("burst until it had handled all of it would add about in flight x its CPU per request")
+    print("(what it added before it wrote every 8 calls to the worker, gateway/channel.py")
+    print("FLUSH_EVERY); cores: those the load generator, gateway and worker kept busy")
+    print()
+    print(f"one 38 MB input, inline: direct {big_direct * 1e3:.0f} ms, through the gateway "
+          f"{big_via * 1e3:.0f} ms (x{big_via / big_direct:.2f})")  # fmt: skip
+    print()
+    if isinstance(counts, str):
+        print(counts)
+        return
+    assert isinstance(counts, Counter)
+    total = sum(counts.values()) or 1
+    print("where the gateway's CPU goes (py-spy, GIL-holding samples, 16 in flight):")
+    for label, n in counts.most_common():
+        print(f"  {n / total * 100:5.1f} %  {label}")
+
+
+def table(pairs: Sequence[Pair]) -> None:
+    """Throughput, latency and CPU per request, direct and through the gateway."""
     head = (
         f"{'in flight':>9} | {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'wkr us':>7} | "
         f"{'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'gw us':>6} {'wkr us':>7} | "
@@ -264,16 +365,12 @@ def report(pairs: list[Pair], big_direct: float, big_via: float, counts: object)
             f"{g_cpu * 1e6:>6.0f} {w_cpu * 1e6:>7.0f} | {(g_p50 - d_p50) * 1e3:>7.2f} "
             f"{g_cpu / w_cpu:>6.2f} {g_cpu / d_cpu:>9.2f}"
         )
-    print("wkr us / gw us: CPU per request of the worker / gateway process; gw/wkr: the gateway's")
-    print(
-        "CPU per request over the worker's in the same window; gw/direct: over the worker's direct"
-    )
-    print()
-    print("latency: a closed loop moves its requests in flight as a burst; a gateway that")
-    print("held a burst until it had handled all of it would add about in flight x its CPU")
-    print("per request (the column; what it added before it wrote every 8 calls to the worker,")
-    print("gateway/channel.py FLUSH_EVERY); busy cores of the load generator, gateway, worker:")
-    print(f"{'in flight':>9} | {'+p50 ms':>7} | {'in flight x gw us':>17} | "
+
+
+def bursts(pairs: Sequence[Pair]) -> None:
+    """The added p50 beside the burst bound and the busy cores, and window by window."""
+    med = Pair.med
+    print(f"{'in flight':>9} | {'+p50 ms':>7} | {'burst':>8} | "
           f"{'load':>5} {'gw':>5} {'wkr':>5} {'all':>5} cores of {os.cpu_count()} | "
           "+p50 ms, window by window")  # fmt: skip
     for p in pairs:
@@ -286,22 +383,10 @@ def report(pairs: list[Pair], big_direct: float, big_via: float, counts: object)
             f"{(g.p50 - d.p50) * 1e3:.2f}" for d, g in zip(p.direct, p.gateway, strict=True)
         )
         print(
-            f"{p.concurrency:>9} | {added * 1e3:>7.2f} | {burst * 1e3:>14.2f} ms | "
+            f"{p.concurrency:>9} | {added * 1e3:>7.2f} | {burst * 1e3:>5.2f} ms | "
             + " ".join(f"{b:>5.2f}" for b in busy)
             + f" {sum(busy):>5.2f}             | {each}"
         )
-    print()
-    print(f"one 38 MB input, inline: direct {big_direct * 1e3:.0f} ms, through the gateway "
-          f"{big_via * 1e3:.0f} ms (x{big_via / big_direct:.2f})")  # fmt: skip
-    print()
-    if isinstance(counts, str):
-        print(counts)
-        return
-    assert isinstance(counts, Counter)
-    total = sum(counts.values()) or 1
-    print("where the gateway's CPU goes (py-spy, GIL-holding samples, 16 in flight):")
-    for label, n in counts.most_common():
-        print(f"  {n / total * 100:5.1f} %  {label}")
 
 
 async def _run(args: argparse.Namespace, workdir: Path) -> None:
@@ -313,7 +398,11 @@ async def _run(args: argparse.Namespace, workdir: Path) -> None:
         await wait_ready(worker, [MODEL, BIG_MODEL])
         gateway = start_gateway(worker, workdir)
         await wait_ready(gateway, [MODEL, BIG_MODEL])
-        pairs = await measure(args, worker, gateway)
+        # The cores this process may use, read before any pinning narrows them; the
+        # rest of the run is back on all of them.
+        cores = os.sched_getaffinity(0)
+        pairs = await measure(args, worker, gateway, layouts(args.layouts, cores))
+        place(*layouts(["shared"], cores), gateway, worker)
         big_direct = await big(worker.url, args.big_repeats)
         big_via = await big(gateway.url, args.big_repeats)
         counts = (
@@ -333,6 +422,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured lead-in")
     parser.add_argument("--big-repeats", type=int, default=3, help="38 MB calls per side")
     parser.add_argument("--profile-seconds", type=float, default=5.0, help="0: no profile")
+    parser.add_argument(
+        "--layouts",
+        nargs="+",
+        choices=LAYOUTS,
+        default=list(LAYOUTS),
+        help="core layouts to measure the rows in (shared: the kernel's choice; pinned: "
+        "the worker on a core of its own)",
+    )
     parser.add_argument("--workdir", help="keep the repository, cache and logs here")
     args = parser.parse_args(argv)
     run_in_workdir(args.workdir, "rs_bench_gateway_", partial(_run, args))
