@@ -1,0 +1,104 @@
+"""The gateway benchmark's core layouts (``benchmarks/bench_gateway.py``): which cores each
+process is given, and that pinning reaches every thread of a process. No timing is
+asserted: the benchmark itself (``nox -s bench -- gateway``) is where numbers live."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load() -> ModuleType:
+    name = "reactantserver_bench_gateway"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, ROOT / "benchmarks" / "bench_gateway.py"
+        )
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+bg = _load()
+
+
+def test_two_cores_give_the_worker_one_and_the_rest_the_other() -> None:
+    shared, pinned = bg.layouts(["shared", "pinned"], {0, 1})
+    assert (shared.load, shared.gateway, shared.worker) == ({0, 1}, {0, 1}, {0, 1})
+    assert (pinned.load, pinned.gateway, pinned.worker) == ({0}, {0}, {1})
+    assert "worker on cores [1]" in pinned.describe()
+
+
+def test_one_core_has_no_pinned_layout() -> None:
+    assert [layout.name for layout in bg.layouts(["shared", "pinned"], {3})] == ["shared"]
+
+
+@given(st.sets(st.integers(0, 63), min_size=3, max_size=16))
+def test_pinned_gives_worker_and_gateway_a_core_each_from_three_cores(cores: set[int]) -> None:
+    """With three or more cores the pinned layout gives the worker a core of its own (the
+    highest), the gateway another (the next), and the load generator all the others: the
+    three sets are disjoint, non-empty and together exactly the cores given."""
+    (pinned,) = bg.layouts(["pinned"], cores)
+    ordered = sorted(cores)
+    assert pinned.worker == {ordered[-1]}
+    assert pinned.gateway == {ordered[-2]}
+    assert pinned.load == set(ordered[:-2])
+    assert pinned.load | pinned.gateway | pinned.worker == cores
+
+
+_CHILD = textwrap.dedent(
+    """
+    import os, sys, threading, time
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+    print("ready", flush=True)
+    sys.stdin.readline()  # pinned now: a thread started after it inherits the affinity
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+    print("started", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def test_pin_moves_every_thread_and_the_threads_started_later() -> None:
+    cores = os.sched_getaffinity(0)
+    target = frozenset({min(cores)})
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline().strip() == "ready"
+        bg.pin(child.pid, target)
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "started"
+        deadline = time.monotonic() + 10
+        while len(tids := os.listdir(f"/proc/{child.pid}/task")) < 3:
+            assert time.monotonic() < deadline, tids
+            time.sleep(0.01)
+        assert {tid: os.sched_getaffinity(int(tid)) for tid in tids} == dict.fromkeys(tids, target)
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.parametrize("names", [["shared"], ["pinned"], ["shared", "pinned"]])
+def test_layouts_are_within_the_cores_given(names: list[str]) -> None:
+    cores = os.sched_getaffinity(0)
+    for layout in bg.layouts(names, cores):
+        for part in (layout.load, layout.gateway, layout.worker):
+            assert part and part <= cores
