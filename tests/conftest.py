@@ -142,17 +142,22 @@ ZOO_NAMES = ("mlp", "resnet", "surrogate1d", "uint8_classifier", "double")
 ZOO_CATALOG = 4
 
 
-def load_build_repo() -> ModuleType:
-    """``examples/build_repo.py`` as a module (it puts ``examples/`` on sys.path)."""
-    name = "reactantserver_examples_build_repo"
+def load_file(name: str, path: Path) -> ModuleType:
+    """The Python file ``path`` (a script, an example, a benchmark: not a package module)
+    as the module ``name``, imported once per test session."""
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / "build_repo.py")
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_build_repo() -> ModuleType:
+    """``examples/build_repo.py`` as a module (it puts ``examples/`` on sys.path)."""
+    return load_file("reactantserver_examples_build_repo", EXAMPLES / "build_repo.py")
 
 
 @pytest.fixture(scope="session")

@@ -4,33 +4,17 @@ asserted: the benchmark itself (``nox -s bench -- fleet``) is where numbers live
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import sys
 from collections import Counter
-from pathlib import Path
-from types import ModuleType
 
 import attrs
 import pytest
+from conftest import ROOT, load_file
 from hypothesis import given
 from hypothesis import strategies as st
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _load() -> ModuleType:
-    name = "reactantserver_bench_fleet_live"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "fleet_live.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-fl = _load()
+fl = load_file("reactantserver_bench_fleet_live", ROOT / "benchmarks" / "fleet_live.py")
 
 
 def test_zipf_popularity_is_normalised_ranked_and_seeded() -> None:

@@ -4,36 +4,18 @@ asserted: the benchmark itself (``nox -s bench -- gateway``) is where numbers li
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
-from types import ModuleType
 
 import pytest
+from conftest import ROOT, load_file
 from hypothesis import given
 from hypothesis import strategies as st
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _load() -> ModuleType:
-    name = "reactantserver_bench_gateway"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, ROOT / "benchmarks" / "bench_gateway.py"
-        )
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-bg = _load()
+bg = load_file("reactantserver_bench_gateway", ROOT / "benchmarks" / "bench_gateway.py")
 
 
 def test_two_cores_give_the_worker_one_and_the_rest_the_other() -> None:

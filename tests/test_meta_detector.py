@@ -13,18 +13,15 @@ wrong.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
 import trio
-from conftest import EXAMPLES
+from conftest import EXAMPLES, load_file
 from hypothesis import given
 from hypothesis import strategies as st
 from strategies import detector_proposals
@@ -32,19 +29,8 @@ from strategies import detector_proposals
 DETECTOR = EXAMPLES / "detector"
 
 
-def _import(name: str, path: Path) -> ModuleType:
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 #: The meta bundle's model.py (plain numpy: importable without JAX).
-glue = _import("reactantserver_example_detector_glue", DETECTOR / "detector" / "model.py")
+glue = load_file("reactantserver_example_detector_glue", DETECTOR / "detector" / "model.py")
 
 
 # ---------------------------------------------------------------------------- the glue
@@ -91,7 +77,7 @@ def test_crop_of_the_whole_image_samples_pixel_centres() -> None:
 
 @pytest.fixture(scope="module")
 def detector_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    build = _import("reactantserver_example_detector_build", DETECTOR / "build.py")
+    build = load_file("reactantserver_example_detector_build", DETECTOR / "build.py")
     out = tmp_path_factory.mktemp("detector") / "repo"
     assert build.build(out) == {
         "detector_backbone": "exported",
