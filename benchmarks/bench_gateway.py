@@ -26,9 +26,9 @@ What it measures (issue 17), side by side in one run:
 Processes as deployed: ``python -m reactantserver.cli serve node.yaml`` (one CPU worker,
 ``fair``, ``max_concurrent_requests: 1024``) and ``python -m reactantserver.cli gateway
 gateway.yml`` (round_robin, one endpoint). Rows are measured ``--runs`` times, direct and
-gateway alternating, and each figure is the median. On a 2-core machine client, gateway
-and worker share the cores: latency and requests/s are properties of the trio; CPU per
-request is each process's own.
+gateway alternating (each run takes every layout in turn), and each figure is the median.
+Latency and requests/s are properties of the trio and of the cores they were given; CPU
+per request is each process's own.
 
     python benchmarks/bench_gateway.py                  # the tables (about 3 minutes)
     python benchmarks/bench_gateway.py --runs 1 --seconds 2
@@ -49,7 +49,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -97,24 +97,24 @@ class Layout:
         )
 
 
-def layouts(names: Sequence[str], cores: Sequence[int]) -> list[Layout]:
+def layouts(names: Sequence[str], cores: Iterable[int]) -> list[Layout]:
     """The layouts asked for over ``cores``. ``pinned`` gives the worker the last core;
     with three or more the gateway the one before it and the load generator the rest;
     with two, gateway and load generator share the first (the gateway is then the one
     disadvantaged, never helped); with one it is left out."""
-    cores = sorted(cores)
-    every = frozenset(cores)
+    ordered = sorted(cores)
+    every = frozenset(ordered)
     out = []
     for name in names:
         if name == "shared":
             out.append(Layout("shared", every, every, every))
-        elif len(cores) < 2:
+        elif len(ordered) < 2:
             print("one core only: the pinned layout is left out", file=sys.stderr)
-        elif len(cores) == 2:
-            rest = frozenset(cores[:1])
-            out.append(Layout("pinned", rest, rest, frozenset(cores[1:])))
+        elif len(ordered) == 2:
+            rest = frozenset(ordered[:1])
+            out.append(Layout("pinned", rest, rest, frozenset(ordered[1:])))
         else:
-            load, gateway, worker = cores[:-2], cores[-2:-1], cores[-1:]
+            load, gateway, worker = ordered[:-2], ordered[-2:-1], ordered[-1:]
             out.append(Layout("pinned", frozenset(load), frozenset(gateway), frozenset(worker)))
     return out
 
