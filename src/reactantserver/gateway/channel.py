@@ -49,11 +49,10 @@ Writes: the HTTP/2 layer queues frames; the protocol hands them to the socket wh
 that provoked them has been handled (:class:`~reactantserver.transport.h2conn.HeldWrites`;
 once per pass of the event loop for calls started elsewhere; a large request as it goes),
 so the calls opened by one read of a client leave in one ``send`` -- or sooner, every
-:data:`FLUSH_EVERY` calls: a burst of requests read from a
-client together would otherwise all wait until the gateway has routed the last of them,
-with the worker idle meanwhile. Flow control: inbound windows are large (:data:`STREAM_WINDOW`,
-:data:`CONNECTION_WINDOW`) and replenished as data arrives; outbound data waits for the
-worker's window updates.
+:data:`FLUSH_EVERY` calls: a burst of requests read from a client together would otherwise
+all wait until the gateway has routed the last of them, with the worker idle meanwhile.
+Flow control: inbound windows are large (:data:`STREAM_WINDOW`, :data:`CONNECTION_WINDOW`)
+and replenished as data arrives; outbound data waits for the worker's window updates.
 
 Invariants: every call's callback runs exactly once (answer, failure, deadline or
 cancellation), and its stream slot is returned exactly once; a connection that failed is
@@ -93,9 +92,10 @@ CONNECT_TIMEOUT = 5.0
 DEADLINE_RESET_GRACE = 1.0
 
 #: Calls started by one read of a client (or one pass of the event loop) that are written
-#: to the socket together at most: the first of a burst leaves after the gateway has handled 7 more, not the whole
-#: burst. At 16 in flight this took the p50 the gateway adds from 1.4 ms to about zero for
-#: one extra ``send`` per 8 calls (docs/benchmarks.md, "Bursts": 4 and 16 did worse).
+#: to the socket together at most: the first of a burst leaves after the gateway has
+#: handled 7 more, not the whole burst. At 16 in flight this took the p50 the gateway adds
+#: from 1.4 ms to about zero for one extra ``send`` per 8 calls (docs/benchmarks.md,
+#: "Bursts": 4 and 16 did worse).
 FLUSH_EVERY = 8
 #: Most request bytes handed to the HTTP/2 layer at once (it frames them by the worker's
 #: SETTINGS_MAX_FRAME_SIZE); a large request is written to the socket as it goes.
@@ -370,10 +370,7 @@ class WorkerConnection(asyncio.Protocol):
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            if HELD.depth:
-                HELD.owe(self._flush)
-            else:
-                self._loop.call_soon(self._flush)
+            HELD.flush_soon(self._loop, self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False

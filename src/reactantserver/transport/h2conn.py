@@ -117,7 +117,7 @@ class HeldWrites(threading.local):
     """The flushes owed when the protocol callback running on this thread returns.
 
     A connection's ``data_received`` runs between :meth:`enter` and :meth:`leave`; a cork
-    written to while one runs owes its flush here (:meth:`owe`) instead of scheduling it with
+    written to while one runs owes its flush here (:meth:`flush_soon`) instead of scheduling it with
     ``call_soon``, and every owed flush runs as the outermost callback returns. So the
     writes a read provokes -- the gateway's requests to a worker, its answers to a client
     -- leave in one ``send`` per connection at the end of that read, without the extra
@@ -131,9 +131,13 @@ class HeldWrites(threading.local):
         self.depth = 0
         self._owed: list[Callable[[], None]] = []
 
-    def owe(self, flush: Callable[[], None]) -> None:
-        """Run ``flush`` when the callback running now returns (only while ``depth``)."""
-        self._owed.append(flush)
+    def flush_soon(self, loop: asyncio.AbstractEventLoop, flush: Callable[[], None]) -> None:
+        """Run ``flush`` when the protocol callback running now returns or, outside one, on
+        the loop's next pass (``call_soon``)."""
+        if self.depth:
+            self._owed.append(flush)
+        else:
+            loop.call_soon(flush)
 
     def enter(self) -> None:
         """A protocol callback starts (pair with :meth:`leave` in ``finally``)."""
@@ -180,10 +184,7 @@ class CorkedTransport:
             self.flush()
         elif not self._scheduled:
             self._scheduled = True
-            if HELD.depth:
-                HELD.owe(self.flush)
-            else:
-                self._loop.call_soon(self.flush)
+            HELD.flush_soon(self._loop, self.flush)
 
     def flush(self) -> None:
         self._scheduled = False  # a flush still scheduled after an early one is a no-op

@@ -188,15 +188,16 @@ class BlockDecoder(Generic[T]):
             return hit
         ends = field_ends(block)
         if ends is not None:
+            key = bytes(block)
             try:
-                headers, repeated = self._from_fields(bytes(block), ends)
+                headers, repeated = self._from_fields(key, ends)
             except Exception:  # the plain path below raises what hpack would
                 headers, repeated = None, False
             if headers is not None:
                 if repeated:  # a block made only of known fields may well come again
                     if len(blocks) >= MAX_CACHED_BLOCKS:
                         blocks.clear()
-                    blocks[bytes(block)] = headers
+                    blocks[key] = headers
                 return headers
         return self._decode_whole(block, neutral=ends is not None)
 
