@@ -242,12 +242,12 @@ class _Processor(EventsProcessor):
         self._started: dict[int, float] = {}
         self._streams_started = 0
         self._premature_resets = 0
+        #: Event class -> its handler (grpclib's ``processors``), emptied on close so that
+        #: a loop over one read's events stops handling them once the connection closed.
+        self.handlers: dict[type, Any] = self.processors
 
     def process(self, event: h2.events.Event) -> None:
-        processors = getattr(self, "processors", None)  # grpclib deletes it on close
-        if processors is None:
-            return
-        proc = processors.get(event.__class__)
+        proc = self.handlers.get(event.__class__)
         if proc is not None:
             proc(event)
         # Anything else -- UnknownFrameReceived above all -- has no meaning for a gRPC
@@ -398,6 +398,7 @@ class _Processor(EventsProcessor):
         self.direct.resume()
 
     def close(self, reason: str = "Connection closed") -> None:
+        self.handlers.clear()  # before grpclib drops it: events still queued are ignored
         super().close(reason)
         self.direct.close()
 
@@ -535,8 +536,11 @@ class GuardedProtocol(asyncio.Protocol):
             return
         try:
             connection.flush()
+            handlers = processor.handlers  # :meth:`_Processor.process`, one lookup fewer
             for event in events:
-                processor.process(event)
+                handle = handlers.get(event.__class__)
+                if handle is not None:
+                    handle(event)
             connection.flush()
         except Exception:
             log.exception("serving the connection from %s failed; closing it", self.peer)

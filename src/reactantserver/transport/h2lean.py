@@ -583,13 +583,14 @@ class ServerConnection:
             return h2.exceptions.NoSuchStreamError(sid)
         return h2.exceptions.StreamClosedError(sid)
 
-    def _decode(self, block: bytes) -> list[tuple[str, str]] | None:
+    def _decode(self, block: bytes) -> tuple[tuple[str, str], ...] | None:
         """A header block's headers (remembered per block while the table cannot have
-        changed: :class:`.hpack_blocks.BlockDecoder`); h2's errors for a bad or oversized
-        block. None for a block whose names or values are not all ASCII: h2 decodes the
-        block first and finds that only where it builds the event (:meth:`_text`)."""
+        changed: :class:`.hpack_blocks.BlockDecoder`, which gives a block that comes again
+        the same tuple again); h2's errors for a bad or oversized block. None for a block
+        whose names or values are not all ASCII: h2 decodes the block first and finds that
+        only where it builds the event (:meth:`_text`)."""
         try:
-            return list(self._blocks.decode(block))
+            return self._blocks.decode(block)
         except OversizedHeaderListError as err:
             raise h2.exceptions.DenialOfServiceError(f"Oversized header block: {err}") from err
         except UnicodeDecodeError:
@@ -598,7 +599,7 @@ class ServerConnection:
             raise h2.exceptions.ProtocolError(f"Error decoding header block: {err}") from err
 
     @staticmethod
-    def _text(headers: list[tuple[str, str]] | None) -> list[tuple[str, str]]:
+    def _text(headers: tuple[tuple[str, str], ...] | None) -> tuple[tuple[str, str], ...]:
         """The headers an event carries; a connection error if they are not ASCII (h2
         lets its UnicodeDecodeError escape here, which grpclib does not catch)."""
         if headers is None:
@@ -627,7 +628,9 @@ class ServerConnection:
                 self.state_machine.state = ConnectionState.SERVER_OPEN
             stream = H2Stream(sid, self.remote_settings.initial_window_size, self._stream_window)
             self.streams[sid] = stream
-            # h2 declares bytes pairs; with header_encoding set (grpclib's) it gives str.
+            # h2 gives a list of str pairs (with grpclib's header_encoding); ours is the
+            # decoder's tuple, the same object each time a block comes again (what
+            # :meth:`.server._Calls.admit` remembers its verdict by).
             headers = self._text(headers)
             event: Event = RequestReceived(stream_id=sid, headers=headers)  # type: ignore[arg-type]
         else:

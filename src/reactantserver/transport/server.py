@@ -181,6 +181,11 @@ class _Calls:
         self._loop = asyncio.get_running_loop()
         self._tasks: dict[Stream, asyncio.Task[None]] = {}
         self._peer = ""
+        #: The headers of the last request judged and :func:`request_head`'s verdict: a
+        #: client sends the same header block call after call, and the connection's
+        #: decoder gives it back as the same tuple (kept here, so its id is not reused).
+        self._last_headers: Sequence[tuple[str, str]] = ()
+        self._last_head: RequestHead | Refusal = request_head(())
 
     # ---------------------------------------------------------------- RequestSink
 
@@ -188,7 +193,12 @@ class _Calls:
         self, headers: Sequence[tuple[str, str]], peer: str, now: float
     ) -> Admission | DirectAdmission | Refusal:
         self._peer = peer
-        head = request_head(headers)
+        if headers is self._last_headers:
+            head = self._last_head  # the block of the last request again: its verdict
+        else:
+            head = request_head(headers)
+            if type(headers) is tuple:  # immutable: safe to know again by identity
+                self._last_headers, self._last_head = headers, head
         if isinstance(head, Refusal):
             return head
         handler = self._server.mapping.get(head.path)
