@@ -17,6 +17,7 @@ from strategies import codec_unknown_field, model_infer_requests
 from tritonclient.grpc import service_pb2
 
 from reactantserver.errors import InvalidArgument
+from reactantserver.gateway import wire
 from reactantserver.gateway.wire import (
     InferPeek,
     decode_grpc_timeout,
@@ -64,6 +65,47 @@ def test_unknown_fields_are_skipped_at_both_levels(
     tensor = bytes(pb.ModelInferRequestInferInputTensor(name="u", shape=[3, 4]))
     data = b"".join(before) + bytes(request) + _field(5, tensor + b"".join(inside))
     assert _seen(peek_infer(data)) == _expected(data)
+
+
+def _general(data: bytes) -> object:
+    """What the general peek answers for ``data``: its reading, or its error's message."""
+    try:
+        return _seen(wire._peek(data))
+    except InvalidArgument as exc:
+        return str(exc)
+
+
+@given(model_infer_requests(), st.data())
+def test_the_usual_path_reads_the_usual_message_as_the_general_one(
+    request: pb.ModelInferRequest, data: st.DataObject
+) -> None:
+    """The one-pass peek (``_peek_usual``) takes every message a client's protobuf library
+    writes with one-byte field tags -- it does not hand it to the general reader -- and
+    reads the same model, id and shapes from it. With a byte changed anywhere, or the
+    message cut short, it reads what the general reader reads or hands the bytes over
+    (None): never a different reading, never an error of its own."""
+    raw = bytes(request)
+    usual = wire._peek_usual(raw)
+    if all(-1 < extent < 2**28 for tensor in request.inputs for extent in tensor.shape):
+        assert usual is not None
+    if usual is not None:
+        assert _seen(usual) == _general(raw)
+    at = data.draw(st.integers(0, max(len(raw) - 1, 0)))
+    damaged = bytearray(raw[: data.draw(st.integers(0, len(raw)))])
+    if at < len(damaged):
+        damaged[at] = data.draw(st.integers(0, 255))
+    usual = wire._peek_usual(bytes(damaged))
+    if usual is not None:
+        assert _seen(usual) == _general(bytes(damaged))
+
+
+@given(st.binary(max_size=96))
+def test_the_usual_path_never_reads_bytes_differently(data: bytes) -> None:
+    """For any bytes, the one-pass peek reads what the general reader reads, or hands
+    the bytes over to it (None)."""
+    usual = wire._peek_usual(data)
+    if usual is not None:
+        assert _seen(usual) == _general(data)
 
 
 @given(st.binary(max_size=64))

@@ -32,7 +32,7 @@ most eight digits and reads back within its unit of the original, never above it
 
 from __future__ import annotations
 
-from ..protocol.wire_reader import LEN
+from ..protocol.wire_reader import LEN, MAX_DIMS
 from ..protocol.wire_reader import Reader as _Cursor
 
 #: Inputs the peek keeps at most (extents: ``wire_reader.MAX_DIMS``).
@@ -78,6 +78,110 @@ def _input(c: _Cursor) -> tuple[str, tuple[int, ...]]:
 
 def peek_infer(data: bytes | memoryview) -> InferPeek:
     """Read the model name, id and input shapes of a serialized ``ModelInferRequest``."""
+    peek = _peek_usual(data)
+    return peek if peek is not None else _peek(data)
+
+
+def _varint_at(data: bytes | memoryview, pos: int, end: int) -> tuple[int, int]:
+    """A varint of at most four bytes at ``pos`` and the position after it; ``(-1, pos)``
+    for anything else (truncated, or longer: :func:`_peek` judges it)."""
+    value = shift = 0
+    for at in range(pos, min(pos + 4, end)):
+        byte = data[at]
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, at + 1
+        shift += 7
+    return -1, pos
+
+
+def _peek_usual(data: bytes | memoryview) -> InferPeek | None:
+    """:func:`_peek` for the message every client sends, in one pass of plain loops:
+    every field length-delimited under a one-byte tag, lengths and extents below 2^28,
+    text that is UTF-8. None for anything else -- :func:`_peek` then reads the message
+    again and gives its answer or its error. Where both answer, they answer alike
+    (``tests/test_gateway_wire.py``)."""
+    end = len(data)
+    pos = 0
+    model = request_id = ""
+    inputs: list[tuple[str, tuple[int, ...]]] = []
+    while pos < end:
+        key = data[pos]
+        if key & 7 != LEN or not 8 <= key < 0x80:
+            return None
+        size = data[pos + 1] if pos + 1 < end else 0x80
+        if size < 0x80:
+            pos += 2
+        else:
+            size, pos = _varint_at(data, pos + 1, end)
+            if size < 0:
+                return None
+        stop = pos + size
+        if stop > end:
+            return None
+        number = key >> 3
+        if number == 1 or number == 3:
+            try:
+                text = str(data[pos:stop], "utf-8")
+            except UnicodeDecodeError:
+                return None
+            if number == 1:
+                model = text
+            else:
+                request_id = text
+        elif number == 5:
+            tensor = _input_usual(data, pos, stop)
+            if tensor is None or len(inputs) >= MAX_INPUTS:
+                return None
+            inputs.append(tensor)
+        pos = stop
+    return InferPeek(model, request_id, tuple(inputs))
+
+
+def _input_usual(
+    data: bytes | memoryview, pos: int, end: int
+) -> tuple[str, tuple[int, ...]] | None:
+    """One ``InferInputTensor`` the way :func:`_peek_usual` reads (shape packed)."""
+    name = ""
+    shape: list[int] = []
+    while pos < end:
+        key = data[pos]
+        if key & 7 != LEN or not 8 <= key < 0x80:
+            return None
+        size = data[pos + 1] if pos + 1 < end else 0x80
+        if size < 0x80:
+            pos += 2
+        else:
+            size, pos = _varint_at(data, pos + 1, end)
+            if size < 0:
+                return None
+        stop = pos + size
+        if stop > end:
+            return None
+        number = key >> 3
+        if number == 1:
+            try:
+                name = str(data[pos:stop], "utf-8")
+            except UnicodeDecodeError:
+                return None
+        elif number == 3:
+            while pos < stop:
+                extent = data[pos]
+                if extent < 0x80:
+                    pos += 1
+                else:
+                    extent, pos = _varint_at(data, pos, stop)
+                    if extent < 0:
+                        return None
+                shape.append(extent)
+            if len(shape) > MAX_DIMS:
+                return None
+        pos = stop
+    return name, tuple(shape)
+
+
+def _peek(data: bytes | memoryview) -> InferPeek:
+    """The peek for any bytes: protobuf's rules in full, malformed input named."""
     c = _Cursor(data, 0, len(data), "ModelInferRequest")
     model = ""
     request_id = ""
