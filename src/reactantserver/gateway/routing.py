@@ -92,17 +92,23 @@ class Ticket:
     #: Worker addresses in the order to try (first choice first); never repeats.
     replicas: tuple[str, ...]
     started: float
+    #: The worker to send to now: ``replicas[position]`` (None after failover ran out).
+    worker: str | None
     #: Index into ``replicas`` of the worker holding the request; ``len(replicas)`` once
     #: failover ran out.
     position: int = 0
     #: Work accounted on the current worker (what release subtracts).
     work: float = 0.0
+    #: The accounts the work is in (the router's, for the current worker).
+    accounts: _PairAccounts | None = None
     released: bool = False
 
-    @property
-    def worker(self) -> str | None:
-        """The worker to send to now (None after failover ran out)."""
-        return self.replicas[self.position] if self.position < len(self.replicas) else None
+    def advance(self) -> str | None:
+        """Move to the next replica; the new :attr:`worker`."""
+        self.position += 1
+        position = self.position
+        self.worker = self.replicas[position] if position < len(self.replicas) else None
+        return self.worker
 
 
 @attrs.frozen(kw_only=True)
@@ -172,6 +178,18 @@ class _Account:
             self.work = 0.0  # no float residue once idle
 
 
+class _PairAccounts:
+    """Everything one request on (model, worker) adds to: the pair's and the worker's
+    in-flight sums and the pair's routed counts (found once per ticket, not per use)."""
+
+    __slots__ = ("pair", "routed", "worker")
+
+    def __init__(self, pair: _Account, worker: _Account, routed: list[int]) -> None:
+        self.pair = pair
+        self.worker = worker
+        self.routed = routed
+
+
 class Router:
     """The seam (see the module docstring); subclasses supply :meth:`_order`."""
 
@@ -190,6 +208,8 @@ class Router:
         self._routed: collections.defaultdict[tuple[str, str], list[int]] = collections.defaultdict(
             lambda: [0, 0]
         )
+        #: (model, worker) -> its accounts (:class:`_PairAccounts`), made on first use.
+        self._accounts: dict[tuple[str, str], _PairAccounts] = {}
         self._seq = itertools.count()
         self._chosen = 0
         self._failovers = 0
@@ -211,7 +231,7 @@ class Router:
             raise NotFound(f"model {model!r} is not served by any ready worker")
         items = max(1, items)
         order = self._order(model, replicas, items)
-        ticket = Ticket(seq=next(self._seq), model=model, items=items, replicas=order, started=now)
+        ticket = Ticket(next(self._seq), model, items, order, now, order[0])
         self._account(ticket)
         self._chosen += 1
         self._arrivals[model] = self._arrivals.get(model, 0) + 1
@@ -224,13 +244,13 @@ class Router:
         if ticket.worker is None:
             return None
         self._unaccount(ticket)
-        ticket.position += 1
         self._failovers += 1
-        if ticket.worker is None:
+        worker = ticket.advance()
+        if worker is None:
             self._exhausted += 1
             return None
         self._account(ticket)
-        return ticket.worker
+        return worker
 
     def release(self, ticket: Ticket, outcome: Outcome = "ok") -> None:
         """The request is over (answered, failed, cancelled or expired). Exactly once."""
@@ -317,21 +337,30 @@ class Router:
         items = ticket.items
         ticket.work = work = self._work(ticket.model, worker, items)
         key = (ticket.model, worker)
-        self._pairs[key].add(items, work)
-        self._workers[worker].add(items, work)
-        routed = self._routed[key]
+        accounts = self._accounts.get(key)
+        if accounts is None:
+            accounts = self._accounts[key] = _PairAccounts(
+                self._pairs[key], self._workers[worker], self._routed[key]
+            )
+        ticket.accounts = accounts
+        accounts.pair.add(items, work)
+        accounts.worker.add(items, work)
+        routed = accounts.routed
         routed[0] += 1
         routed[1] += items
 
     def _unaccount(self, ticket: Ticket) -> None:
-        worker = ticket.worker
-        assert worker is not None
-        self._pairs[(ticket.model, worker)].remove(ticket.items, ticket.work)
-        self._workers[worker].remove(ticket.items, ticket.work)
+        accounts = ticket.accounts
+        assert accounts is not None and ticket.worker is not None
+        ticket.accounts = None
+        accounts.pair.remove(ticket.items, ticket.work)
+        accounts.worker.remove(ticket.items, ticket.work)
 
 
 def _rotation(replicas: tuple[Replica, ...], start: int) -> tuple[str, ...]:
     """The replicas' workers in table order, beginning at ``start`` (modulo their number)."""
+    if len(replicas) == 1:
+        return (replicas[0].worker,)
     workers = [r.worker for r in replicas]
     k = start % len(workers)
     return tuple(workers[k:] + workers[:k])
