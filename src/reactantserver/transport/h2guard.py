@@ -362,7 +362,8 @@ class _Processor(EventsProcessor):
         # (nothing waits in grpclib's streams) and no answer blocked, it changes nothing.
         if self.streams:
             super().process_window_updated(event)
-        self.direct.window(event.stream_id)
+        if self.direct.blocked:
+            self.direct.window(event.stream_id)
 
     def process_stream_reset(self, event: h2.events.StreamReset) -> None:
         self._framers.pop(event.stream_id, None)

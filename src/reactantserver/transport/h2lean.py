@@ -284,6 +284,9 @@ class ServerConnection:
         self.streams: dict[int, H2Stream] = {}
         self.highest_inbound_stream_id = 0
         self.max_outbound_frame_size = self.remote_settings.max_frame_size
+        #: The peer's SETTINGS_INITIAL_WINDOW_SIZE, read per new stream (h2's ``Settings``
+        #: answers it through a property and a mapping lookup).
+        self._initial_send_window = self.remote_settings.initial_window_size
         self.outbound_flow_control_window = DEFAULT_WINDOW
         self._recv_window = _Window(DEFAULT_WINDOW)
         self._stream_window = limits.stream_window
@@ -626,7 +629,7 @@ class ServerConnection:
             self.highest_inbound_stream_id = sid
             if self.state_machine.state is ConnectionState.IDLE:
                 self.state_machine.state = ConnectionState.SERVER_OPEN
-            stream = H2Stream(sid, self.remote_settings.initial_window_size, self._stream_window)
+            stream = H2Stream(sid, self._initial_send_window, self._stream_window)
             self.streams[sid] = stream
             # h2 gives a list of str pairs (with grpclib's header_encoding); ours is the
             # decoder's tuple, the same object each time a block comes again (what
@@ -709,7 +712,11 @@ class ServerConnection:
         events.append(StreamReset(stream_id=sid, error_code=_error_code(code), remote_reset=True))
 
     def _on_window_update(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
-        increment = h2parse.window_update(body)
+        # Two of these come with nearly every call: the usual one is read here, anything
+        # else by h2parse (which raises h2's error for it).
+        increment = int.from_bytes(body, "big") if len(body) == 4 else 0
+        if not 1 <= increment <= MAX_WINDOW:
+            increment = h2parse.window_update(body)
         if not sid:
             window = self.outbound_flow_control_window + increment
             if window > MAX_WINDOW:
@@ -752,6 +759,7 @@ class ServerConnection:
         changes = remote.acknowledge()
         window = changes.get(SettingCodes.INITIAL_WINDOW_SIZE)
         if window is not None:
+            self._initial_send_window = remote.initial_window_size
             delta = window.new_value - (window.original_value or DEFAULT_WINDOW)
             for stream in self.streams.values():
                 stream.send_window += delta

@@ -235,8 +235,9 @@ class DirectCalls:
         #: The loop's clock, read where a deadline is judged.
         self._clock = clock
         self._calls: dict[int, UnaryCall] = {}
-        #: Answers waiting for the peer's window or a drained transport, in order.
-        self._blocked: dict[int, UnaryCall] = {}
+        #: Answers waiting for the peer's window or a drained transport, in order (read,
+        #: not changed, by the processor: while it is empty a WINDOW_UPDATE changes nothing).
+        self.blocked: dict[int, UnaryCall] = {}
 
     @property
     def peer(self) -> str:
@@ -299,10 +300,10 @@ class DirectCalls:
 
     def window(self, stream_id: int) -> None:
         """The peer's window grew (stream 0: the connection's): blocked answers go on."""
-        if not self._blocked:
+        if not self.blocked:
             return
         if stream_id:
-            call = self._blocked.pop(stream_id, None)
+            call = self.blocked.pop(stream_id, None)
             if call is not None:
                 self._pump(call)
         else:
@@ -310,7 +311,7 @@ class DirectCalls:
 
     def resume(self) -> None:
         """The transport drained (or a window grew): every blocked answer goes on."""
-        blocked, self._blocked = self._blocked, {}
+        blocked, self.blocked = self.blocked, {}
         for call in blocked.values():
             if call.stream_id in self._calls:
                 self._pump(call)
@@ -381,7 +382,7 @@ class DirectCalls:
             )
             if room <= 0:
                 self._connection.flush()
-                self._blocked[sid] = call
+                self.blocked[sid] = call
                 return
             data, size = frame_pieces(pending, room)
             conn.send_data(sid, data)
@@ -389,7 +390,7 @@ class DirectCalls:
             if pending:
                 self._connection.flush()  # one frame at a time: bounded memory
                 if not self._connection.write_ready.is_set():
-                    self._blocked[sid] = call  # the peer reads slower than we write
+                    self.blocked[sid] = call  # the peer reads slower than we write
                     return
         call._pending = None
         conn.send_headers(sid, OK_TRAILERS, end_stream=True)
@@ -400,7 +401,7 @@ class DirectCalls:
         sid = call.stream_id
         if self._calls.pop(sid, None) is None:
             return
-        self._blocked.pop(sid, None)
+        self.blocked.pop(sid, None)
         call._handler = None
         call._pending = None
         call._chunks = []
