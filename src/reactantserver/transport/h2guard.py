@@ -262,7 +262,7 @@ class _Processor(EventsProcessor):
             # The peer reset it within the same read (HEADERS and RST_STREAM together):
             # nothing was started, nothing is owed, and h2 would refuse to reset it again.
             return
-        open_calls = len(self.streams) + len(self.direct)
+        open_calls = len(self.streams) + len(self.direct.calls)
         if open_calls >= self._limits.max_concurrent_streams:
             self._h2.reset_stream(sid, ErrorCodes.REFUSED_STREAM)
             self._guard.fault(
@@ -318,15 +318,14 @@ class _Processor(EventsProcessor):
         self._started.pop(sid, None)
         if release is not None:
             release()
-        if not self.connection.is_closing():
-            # A handler that finished while the peer is still sending (no END_STREAM
-            # yet) asks it to stop (RFC 9113 §8.1), so that h2 forgets the stream: a
-            # peer could otherwise keep answered streams open past our limit.
-            state = self._h2.streams.get(sid)
-            if state is not None and not state.closed:
-                self._h2.reset_stream(sid, ErrorCodes.NO_ERROR)
-                self.connection.flush()
-        if not self.streams and not self.direct:
+        # A handler that finished while the peer is still sending (no END_STREAM yet)
+        # asks it to stop (RFC 9113 §8.1), so that h2 forgets the stream: a peer could
+        # otherwise keep answered streams open past our limit.
+        state = self._h2.streams.get(sid)
+        if state is not None and not state.closed and not self.connection.is_closing():
+            self._h2.reset_stream(sid, ErrorCodes.NO_ERROR)
+            self.connection.flush()
+        if not self.streams and not self.direct.calls:
             self._guard.idle()
 
     def process_data_received(self, event: h2.events.DataReceived) -> None:
@@ -337,7 +336,7 @@ class _Processor(EventsProcessor):
             if refusal is not None:
                 self._refuse(sid, refusal, event.flow_controlled_length)
                 return
-        if sid in self.direct:
+        if sid in self.direct.calls:
             self.direct.data(sid, event.data, event.flow_controlled_length)  # type: ignore[arg-type]
             self.connection.data_received += len(event.data)
             return
@@ -351,7 +350,7 @@ class _Processor(EventsProcessor):
             if refusal is not None:
                 self._refuse(sid, refusal, 0)
                 return
-        if sid in self.direct:
+        if sid in self.direct.calls:
             self.connection.streams_succeeded += 1
             self.direct.ended(sid, self._guard.read_at)
             return

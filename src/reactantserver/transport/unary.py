@@ -234,7 +234,8 @@ class DirectCalls:
         self._released = released
         #: The loop's clock, read where a deadline is judged.
         self._clock = clock
-        self._calls: dict[int, UnaryCall] = {}
+        #: The open calls by stream id (the processor reads it: which streams are direct).
+        self.calls: dict[int, UnaryCall] = {}
         #: Answers waiting for the peer's window or a drained transport, in order (read,
         #: not changed, by the processor: while it is empty a WINDOW_UPDATE changes nothing).
         self.blocked: dict[int, UnaryCall] = {}
@@ -243,21 +244,15 @@ class DirectCalls:
     def peer(self) -> str:
         return self._peer
 
-    def __len__(self) -> int:
-        return len(self._calls)
-
-    def __contains__(self, stream_id: int) -> bool:
-        return stream_id in self._calls
-
     # ---------------------------------------------------------------- the processor's side
 
     def open(self, stream_id: int, admitted: DirectAdmission) -> None:
         """A stream whose headers admitted it to a direct method."""
-        self._calls[stream_id] = UnaryCall(self, stream_id, admitted)
+        self.calls[stream_id] = UnaryCall(self, stream_id, admitted)
 
     def data(self, stream_id: int, data: memoryview, flow_controlled_length: int) -> None:
         """A DATA payload the framer accepted: kept, and acknowledged at once."""
-        self._calls[stream_id]._chunks.append(data)
+        self.calls[stream_id]._chunks.append(data)
         if flow_controlled_length:
             self._h2.acknowledge_received_data(flow_controlled_length, stream_id)
 
@@ -265,7 +260,7 @@ class DirectCalls:
         """END_STREAM after a whole message (read at loop time ``now``): hand it to the
         handler, unless its deadline has passed by now (the clock read again: a deadline
         shorter than the handling of the read is not met)."""
-        call = self._calls[stream_id]
+        call = self.calls[stream_id]
         handler, call._handler = call._handler, None
         assert handler is not None  # END_STREAM ends a stream once
         chunks, call._chunks = call._chunks, []
@@ -286,7 +281,7 @@ class DirectCalls:
 
     def cancel(self, stream_id: int) -> None:
         """The peer reset the stream, or it was refused: the handler drops its work."""
-        call = self._calls.get(stream_id)
+        call = self.calls.get(stream_id)
         if call is None:
             return
         already, on_cancel = call._done, call.on_cancel
@@ -313,19 +308,19 @@ class DirectCalls:
         """The transport drained (or a window grew): every blocked answer goes on."""
         blocked, self.blocked = self.blocked, {}
         for call in blocked.values():
-            if call.stream_id in self._calls:
+            if call.stream_id in self.calls:
                 self._pump(call)
 
     def close(self) -> None:
         """The connection is gone: every call still open is cancelled."""
-        for stream_id in list(self._calls):
+        for stream_id in list(self.calls):
             self.cancel(stream_id)
 
     # ---------------------------------------------------------------- answering
 
     def answer(self, call: UnaryCall, pending: collections.deque[memoryview]) -> None:
         sid = call.stream_id
-        if sid not in self._calls:
+        if sid not in self.calls:
             return
         conn = self._h2
         try:
@@ -346,7 +341,7 @@ class DirectCalls:
         self._pump(call)
 
     def fail(self, call: UnaryCall, code: int, message: str) -> None:
-        if call.stream_id not in self._calls:
+        if call.stream_id not in self.calls:
             return
         try:
             self._h2.send_headers(
@@ -399,7 +394,7 @@ class DirectCalls:
 
     def _forget(self, call: UnaryCall) -> None:
         sid = call.stream_id
-        if self._calls.pop(sid, None) is None:
+        if self.calls.pop(sid, None) is None:
             return
         self.blocked.pop(sid, None)
         call._handler = None
