@@ -32,6 +32,7 @@ per request is each process's own.
 
     python benchmarks/bench_gateway.py                  # the tables (about 3 minutes)
     python benchmarks/bench_gateway.py --runs 1 --seconds 2
+    python benchmarks/bench_gateway.py --baseline REV   # this gateway against REV's
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ from bench_serve import (  # noqa: E402
     BIG_MODEL,
     LoadResult,
     Server,
+    baseline_tree,
     big_array,
     build_repo,
     closed_loop,
@@ -150,9 +152,12 @@ class Pair:
         return statistics.median(values)
 
 
-def start_gateway(workers: Server | Sequence[Server], workdir: Path, **extra: object) -> Server:
+def start_gateway(
+    workers: Server | Sequence[Server], workdir: Path, *, src: Path | None = None, **extra: object
+) -> Server:
     """``reactantserver gateway`` in front of ``workers``; ``extra`` adds or replaces
-    top-level keys of its gateway.yml (``scheduling``, ``health_interval_seconds``...)."""
+    top-level keys of its gateway.yml (``scheduling``, ``health_interval_seconds``...);
+    ``src``: run the ``reactantserver`` package found there (another tree's) instead."""
     port = free_port()
     fleet = [workers] if isinstance(workers, Server) else list(workers)
     config = {
@@ -165,11 +170,13 @@ def start_gateway(workers: Server | Sequence[Server], workdir: Path, **extra: ob
     path = workdir / f"gateway_{port}.yml"
     path.write_text(json.dumps(config))
     log = workdir / f"gateway_{port}.log"
+    env = None if src is None else {**os.environ, "PYTHONPATH": str(src)}
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "reactantserver.cli", "gateway", str(path)],
             stdout=out,
             stderr=subprocess.STDOUT,
+            env=env,
         )
     return Server("gateway", proc, port, log)
 
@@ -210,6 +217,74 @@ async def measure(
             gw, wkr, load = (float(c) / via.seconds for c in via.cpu_seconds)  # type: ignore[attr-defined]
             pair.busy_via.append((load, gw, wkr))
     return list(pairs.values())
+
+
+# ------------------------------------------------------------------ against a baseline
+
+
+@attrs.define
+class Side:
+    """One gateway's windows in the comparison with a baseline."""
+
+    label: str
+    gateway_cpu: list[float] = attrs.Factory(list)
+    worker_cpu: list[float] = attrs.Factory(list)
+    p50: list[float] = attrs.Factory(list)
+
+    def row(self, base: Side | None = None) -> str:
+        med = statistics.median
+        gw, wkr = med(self.gateway_cpu), med(self.worker_cpu)
+        line = (
+            f"{self.label:>12} | {gw * 1e6:>6.1f} {wkr * 1e6:>7.0f} {gw / wkr:>7.3f} "
+            f"{med(self.p50) * 1e3:>7.2f}"
+        )
+        if base is not None:
+            line += f" | gw us x{gw / med(base.gateway_cpu):.3f}"
+        return line
+
+
+async def against_baseline(
+    args: argparse.Namespace, worker: Server, workdir: Path, where: Sequence[Layout]
+) -> list[tuple[Layout, Side, Side]]:
+    """This tree's gateway and the one at ``--baseline`` in front of the same worker, both
+    running, their windows alternating (16 in flight, ``--runs`` each per layout): the
+    CPU a change saves, with the machine's drift shared by both sides."""
+    tree = baseline_tree(args.baseline, workdir)
+    if tree is None:
+        return []
+    old = start_gateway(worker, workdir, src=tree / "src")
+    new = start_gateway(worker, workdir)
+    try:
+        await wait_ready(old, [MODEL])
+        await wait_ready(new, [MODEL])
+        out = []
+        for layout in where:
+            sides = (Side(args.baseline[:12]), Side("this tree"))
+            for run in range(args.runs):
+                for i in (0, 1) if run % 2 == 0 else (1, 0):
+                    gateway = (old, new)[i]
+                    place(layout, gateway, worker)
+                    via = await _window(gateway.url, 16, args, [gateway.proc.pid, worker.proc.pid])
+                    cpu = np.asarray(via.cpu_seconds) / via.requests
+                    sides[i].gateway_cpu.append(float(cpu[0]))
+                    sides[i].worker_cpu.append(float(cpu[1]))
+                    sides[i].p50.append(via.p50)
+            out.append((layout, *sides))
+        return out
+    finally:
+        old.stop()
+        new.stop()
+
+
+def baseline_report(rows: Sequence[tuple[Layout, Side, Side]]) -> None:
+    print("this tree's gateway against the baseline's, in front of the same worker, windows")
+    print("alternating; 16 in flight, medians")
+    for layout, base, this in rows:
+        print()
+        print(f"cores -- {layout.describe()}")
+        print(f"{'gateway':>12} | {'gw us':>6} {'wkr us':>7} {'gw/wkr':>7} {'p50 ms':>7}")
+        print(base.row())
+        print(this.row(base))
 
 
 async def big(url: str, repeats: int) -> float:
@@ -396,11 +471,15 @@ async def _run(args: argparse.Namespace, workdir: Path) -> None:
     gateway: Server | None = None
     try:
         await wait_ready(worker, [MODEL, BIG_MODEL])
-        gateway = start_gateway(worker, workdir)
-        await wait_ready(gateway, [MODEL, BIG_MODEL])
         # The cores this process may use, read before any pinning narrows them; the
         # rest of the run is back on all of them.
         cores = os.sched_getaffinity(0)
+        if args.baseline:
+            compared = await against_baseline(args, worker, workdir, layouts(args.layouts, cores))
+            baseline_report(compared)
+            return
+        gateway = start_gateway(worker, workdir)
+        await wait_ready(gateway, [MODEL, BIG_MODEL])
         pairs = await measure(args, worker, gateway, layouts(args.layouts, cores))
         place(*layouts(["shared"], cores), gateway, worker)
         big_direct = await big(worker.url, args.big_repeats)
@@ -429,6 +508,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=list(LAYOUTS),
         help="core layouts to measure the rows in (shared: the kernel's choice; pinned: "
         "the worker on a core of its own)",
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="instead of the tables: this tree's gateway against the one at git revision REV "
+        "(CPU per request and p50 at 16 in flight, side by side)",
     )
     parser.add_argument("--workdir", help="keep the repository, cache and logs here")
     args = parser.parse_args(argv)

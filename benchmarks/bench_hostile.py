@@ -32,7 +32,6 @@ import statistics
 import struct
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import uuid
@@ -46,8 +45,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import hpack  # noqa: E402
+from bench_serve import baseline_tree, merge_base  # noqa: E402
 from h2_client import (  # noqa: E402
     INFER,
     LIVE,
@@ -139,37 +140,6 @@ def server(label: str, tree: Path, **overrides: Any) -> Iterator[Server]:
         yield s
     finally:
         s.stop()
-
-
-def baseline_tree(rev: str, into: Path) -> Path | None:
-    """The tree at ``rev`` (src/ and tests/), or None without git."""
-    try:
-        archive = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", rev, "src", "tests"],
-            capture_output=True,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.CalledProcessError) as exc:
-        print(f"(no baseline: {exc})")
-        return None
-    path = into / "baseline"
-    path.mkdir()
-    with tempfile.TemporaryFile() as f:
-        f.write(archive)
-        f.seek(0)
-        with tarfile.open(fileobj=f) as tar:
-            tar.extractall(path, filter="data")
-    return path
-
-
-def merge_base() -> str:
-    for ref in ("main", "origin/main"):
-        out = subprocess.run(
-            ["git", "-C", str(ROOT), "merge-base", "HEAD", ref], capture_output=True, text=True
-        )
-        if out.returncode == 0:
-            return out.stdout.strip()
-    return "HEAD"
 
 
 def mib(n: float) -> str:

@@ -46,6 +46,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import uuid
@@ -709,6 +710,38 @@ async def _run(args: argparse.Namespace, workdir: Path) -> None:
         print(f"(no CPU breakdown: {no_profile})")
     print()
     print("\n".join(decision_costs()))
+
+
+def baseline_tree(rev: str, into: Path) -> Path | None:
+    """The tree at ``rev`` (src/ and tests/) under ``into``/baseline, or None without git
+    (what bench_hostile and bench_gateway compare this tree with)."""
+    try:
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", rev, "src", "tests"],
+            capture_output=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        print(f"(no baseline: {exc})")
+        return None
+    path = into / "baseline"
+    path.mkdir()
+    with tempfile.TemporaryFile() as f:
+        f.write(archive)
+        f.seek(0)
+        with tarfile.open(fileobj=f) as tar:
+            tar.extractall(path, filter="data")
+    return path
+
+
+def merge_base() -> str:
+    for ref in ("main", "origin/main"):
+        out = subprocess.run(
+            ["git", "-C", str(ROOT), "merge-base", "HEAD", ref], capture_output=True, text=True
+        )
+        if out.returncode == 0:
+            return out.stdout.strip()
+    return "HEAD"
 
 
 def run_in_workdir(

@@ -1,6 +1,8 @@
 """The gateway benchmark's core layouts (``benchmarks/bench_gateway.py``): which cores each
-process is given, and that pinning reaches every thread of a process. No timing is
-asserted: the benchmark itself (``nox -s bench -- gateway``) is where numbers live."""
+process is given, and that pinning reaches every thread of a process; and its comparison
+with a baseline tree (``--baseline REV``): the tree extracted, its gateway started from
+it, the ratio reported. No timing is asserted: the benchmark itself (``nox -s bench --
+gateway``) is where numbers live."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, load_file
@@ -84,3 +87,42 @@ def test_layouts_are_within_the_cores_given(names: list[str]) -> None:
     for layout in bg.layouts(names, cores):
         for part in (layout.load, layout.gateway, layout.worker):
             assert part and part <= cores
+
+
+def test_the_baseline_tree_is_the_revision_extracted(tmp_path: Path) -> None:
+    """``--baseline REV`` runs the gateway of the tree at REV: ``git archive`` of src/ and
+    tests/, here of HEAD, whose files are the committed ones."""
+    tree = bg.baseline_tree("HEAD", tmp_path)
+    if tree is None:
+        pytest.skip("not a git checkout")
+    committed = subprocess.run(
+        ["git", "-C", str(ROOT), "show", "HEAD:src/reactantserver/gateway/forward.py"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    assert (tree / "src" / "reactantserver" / "gateway" / "forward.py").read_bytes() == committed
+
+
+def test_a_gateway_started_from_another_tree_runs_that_trees_package(tmp_path: Path) -> None:
+    """``start_gateway(src=...)`` puts that tree's package first on the gateway's path, so
+    the baseline's gateway is the baseline's code, not this tree's."""
+    package = tmp_path / "src" / "reactantserver"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "cli.py").write_text(
+        "import pathlib, sys\n"
+        "pathlib.Path(sys.argv[-1]).with_suffix('.ran').write_text(' '.join(sys.argv[1:]))\n"
+    )
+    worker = bg.Server("worker", None, 1, tmp_path / "w.log")
+    gateway = bg.start_gateway(worker, tmp_path, src=tmp_path / "src")
+    assert gateway.proc.wait(60) == 0
+    (ran,) = tmp_path.glob("gateway_*.ran")
+    assert ran.read_text().startswith("gateway ")
+
+
+def test_the_comparison_reports_the_ratio_to_the_baseline() -> None:
+    base = bg.Side("abc1234", [80e-6, 70e-6, 75e-6], [150e-6] * 3, [3e-3] * 3)
+    this = bg.Side("this tree", [60e-6, 57e-6, 63e-6], [150e-6] * 3, [2.9e-3] * 3)
+    row = this.row(base)
+    assert " 60.0 " in row and "0.400" in row and "x0.800" in row
+    assert "x" not in base.row().split("|")[-1]
