@@ -95,6 +95,24 @@ def _varint_at(data: bytes | memoryview, pos: int, end: int) -> tuple[int, int]:
     return -1, pos
 
 
+def _usual_field(data: bytes | memoryview, pos: int, end: int) -> tuple[int, int, int]:
+    """The field at ``pos`` as :func:`_peek_usual` takes it: ``(number, start, stop)`` of
+    a length-delimited field under a one-byte tag whose length (below 2^28) fits before
+    ``end``; number 0 for anything else."""
+    key = data[pos]
+    if key & 7 != LEN or not 8 <= key < 0x80:
+        return 0, pos, pos
+    size = data[pos + 1] if pos + 1 < end else 0x80
+    if size < 0x80:
+        start = pos + 2
+    else:
+        size, start = _varint_at(data, pos + 1, end)
+        if size < 0:
+            return 0, pos, pos
+    stop = start + size
+    return (key >> 3, start, stop) if stop <= end else (0, pos, pos)
+
+
 def _peek_usual(data: bytes | memoryview) -> InferPeek | None:
     """:func:`_peek` for the message every client sends, in one pass of plain loops:
     every field length-delimited under a one-byte tag, lengths and extents below 2^28,
@@ -105,65 +123,37 @@ def _peek_usual(data: bytes | memoryview) -> InferPeek | None:
     pos = 0
     model = request_id = ""
     inputs: list[tuple[str, tuple[int, ...]]] = []
-    while pos < end:
-        key = data[pos]
-        if key & 7 != LEN or not 8 <= key < 0x80:
-            return None
-        size = data[pos + 1] if pos + 1 < end else 0x80
-        if size < 0x80:
-            pos += 2
-        else:
-            size, pos = _varint_at(data, pos + 1, end)
-            if size < 0:
-                return None
-        stop = pos + size
-        if stop > end:
-            return None
-        number = key >> 3
-        if number == 1 or number == 3:
-            try:
-                text = str(data[pos:stop], "utf-8")
-            except UnicodeDecodeError:
-                return None
+    try:
+        while pos < end:
+            number, pos, stop = _usual_field(data, pos, end)
             if number == 1:
-                model = text
-            else:
-                request_id = text
-        elif number == 5:
-            tensor = _input_usual(data, pos, stop)
-            if tensor is None or len(inputs) >= MAX_INPUTS:
+                model = str(data[pos:stop], "utf-8")
+            elif number == 3:
+                request_id = str(data[pos:stop], "utf-8")
+            elif number == 5:
+                tensor = _input_usual(data, pos, stop)
+                if tensor is None or len(inputs) >= MAX_INPUTS:
+                    return None
+                inputs.append(tensor)
+            elif number == 0:
                 return None
-            inputs.append(tensor)
-        pos = stop
+            pos = stop
+    except UnicodeDecodeError:
+        return None
     return InferPeek(model, request_id, tuple(inputs))
 
 
 def _input_usual(
     data: bytes | memoryview, pos: int, end: int
 ) -> tuple[str, tuple[int, ...]] | None:
-    """One ``InferInputTensor`` the way :func:`_peek_usual` reads (shape packed)."""
+    """One ``InferInputTensor`` the way :func:`_peek_usual` reads (shape packed);
+    UnicodeDecodeError for a name that is not UTF-8."""
     name = ""
     shape: list[int] = []
     while pos < end:
-        key = data[pos]
-        if key & 7 != LEN or not 8 <= key < 0x80:
-            return None
-        size = data[pos + 1] if pos + 1 < end else 0x80
-        if size < 0x80:
-            pos += 2
-        else:
-            size, pos = _varint_at(data, pos + 1, end)
-            if size < 0:
-                return None
-        stop = pos + size
-        if stop > end:
-            return None
-        number = key >> 3
+        number, pos, stop = _usual_field(data, pos, end)
         if number == 1:
-            try:
-                name = str(data[pos:stop], "utf-8")
-            except UnicodeDecodeError:
-                return None
+            name = str(data[pos:stop], "utf-8")
         elif number == 3:
             while pos < stop:
                 extent = data[pos]
@@ -176,6 +166,8 @@ def _input_usual(
                 shape.append(extent)
             if len(shape) > MAX_DIMS:
                 return None
+        elif number == 0:
+            return None
         pos = stop
     return name, tuple(shape)
 

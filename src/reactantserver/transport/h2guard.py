@@ -242,16 +242,10 @@ class _Processor(EventsProcessor):
         self._started: dict[int, float] = {}
         self._streams_started = 0
         self._premature_resets = 0
-        #: Event class -> its handler (grpclib's ``processors``), emptied on close so that
-        #: a loop over one read's events stops handling them once the connection closed.
+        #: Event class -> its handler (grpclib's ``processors``; grpclib's ``process``, which
+        #: raises for an event it has no handler for, is not used), emptied on close so that
+        #: the loop over one read's events stops handling them once the connection closed.
         self.handlers: dict[type, Any] = self.processors
-
-    def process(self, event: h2.events.Event) -> None:
-        proc = self.handlers.get(event.__class__)
-        if proc is not None:
-            proc(event)
-        # Anything else -- UnknownFrameReceived above all -- has no meaning for a gRPC
-        # server and is ignored, as RFC 9113 §5.5 requires for unknown frame types.
 
     # ------------------------------------------------------------------ streams
 
@@ -536,11 +530,13 @@ class GuardedProtocol(asyncio.Protocol):
             return
         try:
             connection.flush()
-            handlers = processor.handlers  # :meth:`_Processor.process`, one lookup fewer
+            handlers = processor.handlers
             for event in events:
                 handle = handlers.get(event.__class__)
                 if handle is not None:
                     handle(event)
+                # Any other event -- UnknownFrameReceived above all -- has no meaning for a
+                # gRPC server and is ignored, as RFC 9113 §5.5 requires for unknown frames.
             connection.flush()
         except Exception:
             log.exception("serving the connection from %s failed; closing it", self.peer)
