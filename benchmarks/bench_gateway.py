@@ -195,6 +195,12 @@ async def _window(url: str, n: int, args: argparse.Namespace, pids: Sequence[int
     )
 
 
+def cpu_per_request(via: LoadResult) -> tuple[float, float]:
+    """The gateway's and the worker's CPU per request in a window through the gateway."""
+    gateway, worker = np.asarray(via.cpu_seconds)[:2] / via.requests
+    return float(gateway), float(worker)
+
+
 async def measure(
     args: argparse.Namespace, worker: Server, gateway: Server, where: Sequence[Layout]
 ) -> list[Pair]:
@@ -209,11 +215,11 @@ async def measure(
             pair = pairs[layout.name, n]
             direct = await _window(worker.url, n, args, [worker.proc.pid])
             via = await _window(gateway.url, n, args, [gateway.proc.pid, worker.proc.pid])
-            cpu = np.asarray(via.cpu_seconds) / via.requests
+            gw_cpu, wkr_cpu = cpu_per_request(via)
             pair.direct.append(attrs.evolve(direct, cpu_seconds=float(direct.cpu_seconds[0])))  # type: ignore[index]
             pair.gateway.append(via)
-            pair.gateway_cpu.append(float(cpu[0]))
-            pair.worker_cpu_via.append(float(cpu[1]))
+            pair.gateway_cpu.append(gw_cpu)
+            pair.worker_cpu_via.append(wkr_cpu)
             gw, wkr, load = (float(c) / via.seconds for c in via.cpu_seconds)  # type: ignore[attr-defined]
             pair.busy_via.append((load, gw, wkr))
     return list(pairs.values())
@@ -265,9 +271,9 @@ async def against_baseline(
                     gateway = (old, new)[i]
                     place(layout, gateway, worker)
                     via = await _window(gateway.url, 16, args, [gateway.proc.pid, worker.proc.pid])
-                    cpu = np.asarray(via.cpu_seconds) / via.requests
-                    sides[i].gateway_cpu.append(float(cpu[0]))
-                    sides[i].worker_cpu.append(float(cpu[1]))
+                    gw_cpu, wkr_cpu = cpu_per_request(via)
+                    sides[i].gateway_cpu.append(gw_cpu)
+                    sides[i].worker_cpu.append(wkr_cpu)
                     sides[i].p50.append(via.p50)
             out.append((layout, *sides))
         return out

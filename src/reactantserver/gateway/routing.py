@@ -179,15 +179,16 @@ class _Account:
 
 
 class _PairAccounts:
-    """Everything one request on (model, worker) adds to: the pair's and the worker's
-    in-flight sums and the pair's routed counts (found once per ticket, not per use)."""
+    """One (model, worker) pair's in-flight sums and routed counts, with its worker's
+    in-flight sums: everything a request there adds to (found once per ticket)."""
 
-    __slots__ = ("pair", "routed", "worker")
+    __slots__ = ("pair", "routed_items", "routed_requests", "worker")
 
-    def __init__(self, pair: _Account, worker: _Account, routed: list[int]) -> None:
-        self.pair = pair
+    def __init__(self, worker: _Account) -> None:
+        self.pair = _Account()
         self.worker = worker
-        self.routed = routed
+        self.routed_requests = 0
+        self.routed_items = 0
 
 
 class Router:
@@ -200,16 +201,10 @@ class Router:
     ) -> None:
         self.table = table if table is not None else RouteTable()
         self.work_basis: WorkBasis = work_basis
-        # Created on first use; read with .get() where absence means "none".
-        self._pairs: collections.defaultdict[tuple[str, str], _Account] = collections.defaultdict(
-            _Account
-        )
-        self._workers: collections.defaultdict[str, _Account] = collections.defaultdict(_Account)
-        self._routed: collections.defaultdict[tuple[str, str], list[int]] = collections.defaultdict(
-            lambda: [0, 0]
-        )
-        #: (model, worker) -> its accounts (:class:`_PairAccounts`), made on first use.
+        #: (model, worker) -> its accounts, and worker -> its in-flight sums; made on first
+        #: use, read with .get() where absence means "none".
         self._accounts: dict[tuple[str, str], _PairAccounts] = {}
+        self._workers: collections.defaultdict[str, _Account] = collections.defaultdict(_Account)
         self._seq = itertools.count()
         self._chosen = 0
         self._failovers = 0
@@ -262,11 +257,9 @@ class Router:
         self._released[outcome] += 1
 
     def statistics(self) -> RouterStatistics:
-        keys = sorted(set(self._pairs) | set(self._routed))
         replicas = []
-        for model, worker in keys:
-            pair = self._pairs.get((model, worker)) or _Account()
-            routed = self._routed.get((model, worker), [0, 0])
+        for (model, worker), accounts in sorted(self._accounts.items()):
+            pair = accounts.pair
             replicas.append(
                 ReplicaStatistics(
                     model=model,
@@ -274,8 +267,8 @@ class Router:
                     outstanding_requests=pair.requests,
                     outstanding_items=pair.items,
                     outstanding_work=pair.work,
-                    routed_requests=routed[0],
-                    routed_items=routed[1],
+                    routed_requests=accounts.routed_requests,
+                    routed_items=accounts.routed_items,
                     fill_quantum=self.quantum_of(model, worker),
                 )
             )
@@ -313,8 +306,8 @@ class Router:
         return 0 if account is None else account.requests
 
     def outstanding_items(self, model: str, worker: str) -> int:
-        pair = self._pairs.get((model, worker))
-        return 0 if pair is None else pair.items
+        accounts = self._accounts.get((model, worker))
+        return 0 if accounts is None else accounts.pair.items
 
     def _order(self, model: str, replicas: tuple[Replica, ...], items: int) -> tuple[str, ...]:
         raise NotImplementedError
@@ -339,15 +332,12 @@ class Router:
         key = (ticket.model, worker)
         accounts = self._accounts.get(key)
         if accounts is None:
-            accounts = self._accounts[key] = _PairAccounts(
-                self._pairs[key], self._workers[worker], self._routed[key]
-            )
+            accounts = self._accounts[key] = _PairAccounts(self._workers[worker])
         ticket.accounts = accounts
         accounts.pair.add(items, work)
         accounts.worker.add(items, work)
-        routed = accounts.routed
-        routed[0] += 1
-        routed[1] += items
+        accounts.routed_requests += 1
+        accounts.routed_items += items
 
     def _unaccount(self, ticket: Ticket) -> None:
         accounts = ticket.accounts
@@ -359,8 +349,6 @@ class Router:
 
 def _rotation(replicas: tuple[Replica, ...], start: int) -> tuple[str, ...]:
     """The replicas' workers in table order, beginning at ``start`` (modulo their number)."""
-    if len(replicas) == 1:
-        return (replicas[0].worker,)
     workers = [r.worker for r in replicas]
     k = start % len(workers)
     return tuple(workers[k:] + workers[:k])

@@ -712,11 +712,7 @@ class ServerConnection:
         events.append(StreamReset(stream_id=sid, error_code=_error_code(code), remote_reset=True))
 
     def _on_window_update(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
-        # Two of these come with nearly every call: the usual one is read here, anything
-        # else by h2parse (which raises h2's error for it).
-        increment = int.from_bytes(body, "big") if len(body) == 4 else 0
-        if not 1 <= increment <= MAX_WINDOW:
-            increment = h2parse.window_update(body)
+        increment = h2parse.window_update(body)
         if not sid:
             window = self.outbound_flow_control_window + increment
             if window > MAX_WINDOW:

@@ -248,7 +248,7 @@ def window_update(body: Body) -> int:
     """A WINDOW_UPDATE frame's increment (1..2^31-1; the reserved bit is not masked)."""
     if len(body) != 4:
         raise _missing(f"WINDOW_UPDATE frame must have 4 byte length: got {len(body)}")
-    increment = _u32(body, 0)
+    increment = int.from_bytes(body, "big")  # read per WINDOW_UPDATE: two per call
     if not 1 <= increment <= MAX_WINDOW:
         raise _noncompliant("WINDOW_UPDATE increment must be between 1 to 2^31-1")
     return increment

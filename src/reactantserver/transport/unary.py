@@ -294,9 +294,8 @@ class DirectCalls:
                 log.exception("cancelling %s failed", call.path)
 
     def window(self, stream_id: int) -> None:
-        """The peer's window grew (stream 0: the connection's): blocked answers go on."""
-        if not self.blocked:
-            return
+        """The peer's window grew (stream 0: the connection's): blocked answers go on
+        (the processor calls it only while one is blocked)."""
         if stream_id:
             call = self.blocked.pop(stream_id, None)
             if call is not None:
