@@ -42,18 +42,19 @@ memory, a ``kind: meta`` model):
 * **different batching**: the old version's queued requests must run at the old sizes.
   The new version admits at once, but its requests are **gated**
   (:meth:`~ModelVersions.gated` of the version they were admitted to): the caller waits,
-  without being queued, until every older version has drained (not only the one it
-  replaced: one replaced before it by a version that batches the same way may still have
-  requests to queue at the old sizes);
+  without being queued, until every older compiled version has drained (not only the one
+  it replaced: one replaced before it by a version that batches the same way may still
+  have requests to queue at the old sizes; a meta version, whose requests never queue, is
+  not waited for);
   then ``Rebatch`` switches the scheduler entry, ``rebatched`` opens the gate, the swap
   completes (READY) and the old version is retired. While gated the name stays RELOADING,
   so no other lifecycle operation on it can start.
 * **nothing to schedule** (``None``): nothing waits; a replaced meta version is simply
   forgotten when its last request finishes.
 
-Unloading (``unload``) stops admission at once (DRAINING); when every version of the
-name has drained the scheduler entry is removed, and once the driver has freed the last
-of them the name is UNLOADED. A ``None`` version holds nothing, so its name is UNLOADED
+Unloading (``unload``) stops admission at once (DRAINING); when every compiled version
+of the name has drained the scheduler entry is removed, and once the driver has freed the
+last of them the name is UNLOADED. A ``None`` version holds nothing, so its name is UNLOADED
 at once (requests already running keep their version and finish).
 
 Refusals: ``admit`` and :meth:`~ModelVersions.serving` of a name with no serving version
@@ -405,8 +406,11 @@ class ModelVersions(Generic[V]):
             raise LifecycleError(f"model {entry.name!r}: retired() before the version drained")
         self._forget_version(entry)
         name = entry.name
-        if self._unloading.get(name) and name not in self._by_name:
-            # The scheduler entry is gone and so is the last version: unloaded.
+        if self._unloading.get(name) and not any(
+            v.batching is not None for v in self._by_name.get(name, ())
+        ):
+            # The scheduler entry is gone and so is the last compiled version (a meta one
+            # still answering holds nothing): unloaded.
             del self._unloading[name]
             self._states.apply(name, _E.DRAINED)
         return _NONE
@@ -430,16 +434,22 @@ class ModelVersions(Generic[V]):
                 return retire
             return (*retire, Rebatch(self._serving[name].version))
         actions: tuple[VersionAction[V], ...] = (Retire(entry.version),)
-        if self._unloading.get(name) is False and not any(
-            v.outstanding for v in self._by_name[name]
-        ):
+        if self._unloading.get(name) is False and not self._compiled_busy(name):
             self._unloading[name] = True
             actions = (RemoveFromScheduler(name), *actions)
         return actions
 
     def _still_draining(self, name: str) -> bool:
-        """Whether a retiring version of ``name`` still has requests outstanding."""
-        return any(v.retiring and v.outstanding for v in self._by_name[name])
+        """Whether a retiring compiled version of ``name`` still has requests outstanding
+        (a meta version's requests run its glue, never at the name's batch sizes)."""
+        return any(
+            v.retiring and v.outstanding and v.batching is not None for v in self._by_name[name]
+        )
+
+    def _compiled_busy(self, name: str) -> bool:
+        """Whether a compiled version of ``name`` has requests outstanding: they need the
+        name's scheduler entry (a meta version's do not)."""
+        return any(v.outstanding and v.batching is not None for v in self._by_name[name])
 
     def _forget_version(self, entry: _Version[V]) -> None:
         del self._versions[entry.version]
