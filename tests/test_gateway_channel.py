@@ -5,11 +5,11 @@ and a scripted h2 server for what a worker does rarely (GOAWAY naming a last str
 REFUSED_STREAM). Each test is a plain function running its own asyncio loop.
 
 Invariants checked: answers and statuses come back as sent (non-ASCII messages too); the
-``grpc-timeout`` sent is the remaining time; a deadline resets the stream and answers
-DEADLINE_EXCEEDED; a cancelled caller resets its stream and the server's handler is
-cancelled; at most ``max_streams`` calls are on the wire at once and waiters time out
-without sending; ``unprocessed`` is true exactly when the worker cannot have run the call;
-a lost connection is replaced on the next call.
+``grpc-timeout`` sent is the remaining time (none when the caller says not to tell the
+worker); a deadline resets the stream and answers DEADLINE_EXCEEDED; a cancelled caller
+resets its stream and the server's handler is cancelled; at most ``max_streams`` calls are
+on the wire at once and waiters time out without sending; ``unprocessed`` is true exactly
+when the worker cannot have run the call; a lost connection is replaced on the next call.
 """
 
 from __future__ import annotations
@@ -173,6 +173,29 @@ def test_the_remaining_deadline_is_sent_and_enforced() -> None:
         assert sent is not None and 0.1 < sent <= 0.2
         await asyncio.sleep(0.1)
         assert worker.cancelled == 1
+        await client.wait_closed()
+        await worker.stop()
+
+    run(main)
+
+
+def test_a_deadline_the_worker_is_not_told_is_the_gateways_alone() -> None:
+    """``tell=False``: no grpc-timeout reaches the worker; at the deadline the call is
+    answered DEADLINE_EXCEEDED and, after the grace, its stream is reset (the worker's
+    handler is cancelled)."""
+
+    async def main() -> None:
+        worker = Worker()
+        await worker.start()
+        client = WorkerClient(f"127.0.0.1:{worker.port}")
+        reply = await client.call(b"/t.T/Hold", b"x", deadline(0.2), tell=False)
+        answered = time.monotonic()
+        assert reply.status == 4
+        assert worker.deadlines == [None]
+        while worker.cancelled == 0 and time.monotonic() - answered < 10:
+            await asyncio.sleep(0.02)
+        assert worker.cancelled == 1
+        assert time.monotonic() - answered >= DEADLINE_RESET_GRACE - 0.05
         await client.wait_closed()
         await worker.stop()
 

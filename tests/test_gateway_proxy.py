@@ -15,6 +15,7 @@ draining gateway refuses new calls but answers the ones in flight.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import re
 import threading
@@ -25,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import trio
 import tritonclient.grpc as grpcclient
 from gateway_harness import (
     FakeWorker,
@@ -44,6 +46,7 @@ from reactantserver.config.schema import (
     GatewayConfig,
     GatewayGrpcConfig,
     ListenConfig,
+    WorkerClientConfig,
 )
 from reactantserver.errors import ResourceExhausted
 from reactantserver.protocol import inference as pb
@@ -316,6 +319,58 @@ def test_a_grpc_deadline_is_forwarded(client: grpcclient.InferenceServerClient) 
     exc = fails(client.infer, "slow", x_input(), client_timeout=0.05)
     assert code(exc) == "DEADLINE_EXCEEDED"
     assert time.monotonic() - started < 1.0
+
+
+class Recording(Service):
+    """A worker that keeps each ModelInfer's time left (``inf``: no deadline)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.time_left: list[float] = []
+
+    def begin_infer(self, request: Any, ctx: Any, wake: Any) -> Any:
+        self.time_left.append(ctx.deadline - trio.current_time())
+        return super().begin_infer(request, ctx, wake)
+
+
+def test_the_worker_is_told_the_clients_deadline_and_only_the_clients() -> None:
+    """A call the client gave no deadline reaches the worker with none, as it would
+    directly (``request_timeout_seconds`` bounds the gateway's wait, not the worker's
+    scheduling); a client's deadline reaches it as the time left."""
+    with (
+        fake_workers(1, Recording) as (worker,),
+        running_gateway(config([worker])) as gw,
+    ):
+        client = grpcclient.InferenceServerClient(gw.grpc)
+        client.infer("double", x_input())
+        client.infer("double", x_input(), client_timeout=5.0)
+        client.close()
+        assert isinstance(worker.service, Recording)
+        none, five = worker.service.time_left
+        assert none == math.inf
+        assert 3.0 < five <= 5.1  # (grpcio rounds the timeout it sends up a little)
+
+
+def test_the_gateways_own_timeout_answers_and_then_cancels_the_workers_call() -> None:
+    """No client deadline: at ``worker_client.request_timeout_seconds`` the gateway
+    answers DEADLINE_EXCEEDED, and its reset (after the grace) cancels the call on the
+    worker, which was never told a deadline."""
+    with (
+        fake_workers(1) as (worker,),
+        running_gateway(
+            config([worker], worker_client=WorkerClientConfig(request_timeout_seconds=0.3))
+        ) as gw,
+    ):
+        client = grpcclient.InferenceServerClient(gw.grpc)
+        started = time.monotonic()
+        exc = fails(client.infer, "slow", x_input())
+        assert code(exc) == "DEADLINE_EXCEEDED"
+        assert 0.25 < time.monotonic() - started < 1.0
+        wait_until(
+            lambda: worker.run_sync(worker.service.statistics).in_flight == 0,
+            what="the worker's call cancelled by the gateway's reset",
+        )
+        client.close()
 
 
 # ------------------------------------------------------------------------------ shared memory

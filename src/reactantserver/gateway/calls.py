@@ -86,12 +86,15 @@ def status_of(code: int) -> Status:
 class CallInfo:
     """What a handler knows about the call it serves."""
 
-    __slots__ = ("deadline", "model", "rpc")
+    __slots__ = ("deadline", "model", "rpc", "tell")
 
-    def __init__(self, rpc: str, deadline: float) -> None:
+    def __init__(self, rpc: str, deadline: float, *, tell: bool = True) -> None:
         self.rpc = rpc
         #: ``loop.time()`` by which the call must be answered.
         self.deadline = deadline
+        #: ``deadline`` is the client's, and a forwarded call tells the worker; False when
+        #: the client set none and ``deadline`` is the gateway's request timeout.
+        self.tell = tell
         #: The model label of the call's statistics ("" = none or unknown).
         self.model = ""
 

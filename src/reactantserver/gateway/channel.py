@@ -35,15 +35,19 @@ whether the worker cannot have executed it:
 
 Deadlines: each call carries an absolute deadline (``loop.time()``). The remaining time is
 sent as ``grpc-timeout`` (:func:`~reactantserver.gateway.wire.encode_grpc_timeout`: the
-finest unit that fits, rounded down) when the stream opens, after any wait for a stream; a
-call still unanswered at its deadline is answered DEADLINE_EXCEEDED, and its stream is reset
-(``RST_STREAM CANCEL``) only if the worker -- which has the same deadline -- has not ended
-it within :data:`DEADLINE_RESET_GRACE`. A caller that goes away before its deadline resets
-its stream at once, which cancels the call on the worker. The connection keeps one timer,
-not one per call: its calls' deadlines sit in a heap of ``(deadline, stream id)`` and the
-timer is armed for the earliest; an answered call's entry is dropped when it reaches the top
-(or when the heap is rebuilt from the open calls, once it holds twice as many entries as
-there are open calls, which keeps it bounded by the calls in flight).
+finest unit that fits, rounded down) when the stream opens, after any wait for a stream --
+unless the caller says not to tell the worker (``tell=False``: the deadline is the
+gateway's own bound, not the client's; the request headers are then the same bytes on
+every call, which the worker decodes once per connection). A call still unanswered at its
+deadline is answered DEADLINE_EXCEEDED, and its stream is reset (``RST_STREAM CANCEL``)
+only if the worker has not ended it within :data:`DEADLINE_RESET_GRACE` -- a worker told
+the deadline ends the call itself; one not told is stopped by that reset. A caller that
+goes away before its deadline resets its stream at once, which cancels the call on the
+worker. The connection keeps one timer, not one per call: its calls' deadlines sit in a
+heap of ``(deadline, stream id)`` and the timer is armed for the earliest; an answered
+call's entry is dropped when it reaches the top (or when the heap is rebuilt from the open
+calls, once it holds twice as many entries as there are open calls, which keeps it bounded
+by the calls in flight).
 
 Writes: the HTTP/2 layer queues frames; the protocol hands them to the socket when the read
 that provoked them has been handled (:class:`~reactantserver.transport.h2conn.HeldWrites`;
@@ -268,7 +272,9 @@ class WorkerConnection(asyncio.Protocol):
     def open_calls(self) -> int:
         return len(self._calls)
 
-    async def call(self, path: bytes, payload: bytes | memoryview, deadline: float) -> Reply:
+    async def call(
+        self, path: bytes, payload: bytes | memoryview, deadline: float, *, tell: bool = True
+    ) -> Reply:
         """Send one unary call and wait for its answer (see the module docstring)."""
         future: asyncio.Future[Reply] = self._loop.create_future()
 
@@ -279,7 +285,7 @@ class WorkerConnection(asyncio.Protocol):
                 else:
                     future.set_result(outcome)
 
-        call = self.start(path, payload, deadline, resolve)
+        call = self.start(path, payload, deadline, resolve, tell=tell)
         try:
             return await future
         except asyncio.CancelledError:
@@ -287,9 +293,12 @@ class WorkerConnection(asyncio.Protocol):
             raise
 
     def start(self, path: bytes, payload: bytes | memoryview, deadline: float,
-              on_done: OnDone, release: Callable[[], None] | None = None) -> Call:  # fmt: skip
+              on_done: OnDone, release: Callable[[], None] | None = None, *,
+              tell: bool = True) -> Call:  # fmt: skip
         """Send one unary call; ``on_done`` runs once, from the loop, with its outcome
-        (``release`` once, just before it).
+        (``release`` once, just before it). ``tell``: send the worker ``deadline`` as
+        ``grpc-timeout``; when False the request headers are the path's constant block and
+        ``deadline`` bounds only the gateway's wait.
 
         Raises ``ChannelError`` (unprocessed) when the connection takes no new stream and
         ``DeadlineExceeded`` when ``deadline`` has passed; nothing was sent then.
@@ -305,7 +314,8 @@ class WorkerConnection(asyncio.Protocol):
         prefix = self._prefixes.get(path)
         if prefix is None:
             prefix = self._prefixes[path] = http2.request_prefix(path, self._authority)
-        stream_id = h2c.open_stream(http2.encode_request(prefix, encode_grpc_timeout(remaining)))
+        block = http2.encode_request(prefix, encode_grpc_timeout(remaining)) if tell else prefix
+        stream_id = h2c.open_stream(block)
         call = Call(self, stream_id, payload, on_done, deadline, release)
         self._calls[stream_id] = call
         if not self._push(call):
@@ -406,7 +416,9 @@ class WorkerConnection(asyncio.Protocol):
 
     def _reset_later(self, call: Call) -> None:
         """Reset ``call``'s stream after :data:`DEADLINE_RESET_GRACE` if the worker has not
-        ended it by then (its own deadline should have)."""
+        ended it by then (its own deadline should have, if it was told; a call it was not
+        told the deadline of waits the same grace, so that a short
+        ``request_timeout_seconds`` does not make its reset premature to the worker)."""
         stream_id = call.stream_id
 
         def reset_if_open() -> None:

@@ -60,7 +60,7 @@ class FanOut:
         self._serves = serves
 
     async def _fan_out(
-        self, path: bytes, data: bytes, call: CallInfo, deadline: float | None = None
+        self, path: bytes, data: bytes, call: CallInfo
     ) -> list[tuple[WorkerClient, Reply | Exception]]:
         """``data`` to every worker that answered the last probe round, at once."""
         clients = self.fleet.answering()
@@ -68,12 +68,11 @@ class FanOut:
             _, reason = self.fleet.ready()
             raise Unavailable(f"{call.rpc}: no worker answers the gateway ({reason})")
         loop = asyncio.get_running_loop()
-        until = call.deadline if deadline is None else deadline
 
         async def one(client: WorkerClient) -> tuple[WorkerClient, Reply | Exception]:
             started = loop.time()
             try:
-                reply = await client.call(path, data, until)
+                reply = await client.call(path, data, call.deadline, tell=call.tell)
             except (ChannelError, DeadlineExceeded) as exc:
                 return client, exc
             self.stats.worker_call(call.rpc, client.name, loop.time() - started)

@@ -28,9 +28,14 @@ failed before it was completely sent (no connection, refused stream, GOAWAY). A 
 lost after the request was sent answers UNAVAILABLE and is not retried.
 
 The deadline is the client's ``grpc-timeout`` (or ``worker_client.request_timeout_seconds``
-when it sent none). The worker connection's timer per call is the one timer: a worker that
+when it sent none). The worker is told the client's deadline and only the client's: a call
+without one reaches the worker without one, as it would directly -- the worker schedules by
+deadline (EDF, shedding), and a deadline the client never set would rank the call there as
+more urgent than the same call sent directly (and cost the worker a new header block and a
+timer per call). The worker connection's timer per call is the one timer: a worker that
 has not answered by then makes the call DEADLINE_EXCEEDED (its stream is reset after a
-grace); a wait for a slot or a connection ends at the deadline too.
+grace, which is what stops a worker that was not told); a wait for a slot or a connection
+ends at the deadline too.
 
 Invariants: the client's call is answered at most once and, unless the client went away,
 exactly once; ``router.release`` runs exactly once per ticket; the gateway's in-flight
@@ -69,13 +74,15 @@ class Forward:
 
     __slots__ = ("_admitted", "_call", "_client", "_closed", "_data", "_deadline", "_model",
                  "_peek", "_pending", "_proxy", "_sent_at", "_started", "_task",
-                 "_ticket")  # fmt: skip
+                 "_tell", "_ticket")  # fmt: skip
 
     def __init__(self, proxy: Proxy, call: UnaryCall, data: bytes | memoryview, now: float) -> None:
         self._proxy = proxy
         self._call = call
         self._data = data
         self._started = now
+        #: The worker is told the client's deadline, and only the client's (module docstring).
+        self._tell = call.deadline is not None
         self._deadline = call.deadline if call.deadline is not None else now + proxy.timeout
         self._model = ""
         self._peek: InferPeek | None = None
@@ -149,7 +156,9 @@ class Forward:
         self._client = client = proxy.clients[ticket.worker]
         self._sent_at = now
         try:
-            pending = client.start(INFER_PATH, self._data, self._deadline, self._on_reply)
+            pending = client.start(
+                INFER_PATH, self._data, self._deadline, self._on_reply, tell=self._tell
+            )
         except ChannelError as exc:
             self._on_reply(exc)
             return
@@ -161,7 +170,7 @@ class Forward:
     async def _send_when_ready(self, client: WorkerClient) -> None:
         try:
             self._pending = await client.start_when_ready(
-                INFER_PATH, self._data, self._deadline, self._on_reply
+                INFER_PATH, self._data, self._deadline, self._on_reply, tell=self._tell
             )
         except ChannelError as exc:
             self._on_reply(exc)

@@ -103,9 +103,16 @@ class WorkerClient:
         )
 
     async def call(
-        self, path: bytes, payload: bytes | memoryview, deadline: float, *, probe: bool = False
+        self,
+        path: bytes,
+        payload: bytes | memoryview,
+        deadline: float,
+        *,
+        probe: bool = False,
+        tell: bool = True,
     ) -> Reply:
-        """One unary call to ``path`` with ``payload``; see :mod:`.channel` for outcomes.
+        """One unary call to ``path`` with ``payload``; see :mod:`.channel` for outcomes
+        (and for ``tell``: send ``deadline`` to the worker).
 
         ``probe`` calls (the prober's) take no stream slot: a worker busy with
         ``max_concurrent_streams`` slow calls must still answer its probes, or it would be
@@ -117,13 +124,19 @@ class WorkerClient:
         try:
             self._calls += 1
             conn = await self._usable(deadline)
-            return await conn.call(path, payload, deadline)
+            return await conn.call(path, payload, deadline, tell=tell)
         finally:
             if not probe:
                 self._release()
 
     def start(
-        self, path: bytes, payload: bytes | memoryview, deadline: float, on_done: OnDone
+        self,
+        path: bytes,
+        payload: bytes | memoryview,
+        deadline: float,
+        on_done: OnDone,
+        *,
+        tell: bool = True,
     ) -> Call | None:
         """Start a call at once, if a stream slot and the connection are free; None if it
         would have to wait for either (then :meth:`start_when_ready`). ``on_done`` runs once
@@ -134,10 +147,16 @@ class WorkerClient:
         if self._active >= self._limit_of(conn):
             return None
         self._active += 1
-        return self._start(conn, path, payload, deadline, on_done)
+        return self._start(conn, path, payload, deadline, on_done, tell)
 
     async def start_when_ready(
-        self, path: bytes, payload: bytes | memoryview, deadline: float, on_done: OnDone
+        self,
+        path: bytes,
+        payload: bytes | memoryview,
+        deadline: float,
+        on_done: OnDone,
+        *,
+        tell: bool = True,
     ) -> Call:
         """:meth:`start`, after waiting (until ``deadline``) for a slot and a connection."""
         await self._acquire(deadline)
@@ -146,7 +165,7 @@ class WorkerClient:
         except BaseException:
             self._release()
             raise
-        return self._start(conn, path, payload, deadline, on_done)
+        return self._start(conn, path, payload, deadline, on_done, tell)
 
     def _start(
         self,
@@ -155,11 +174,12 @@ class WorkerClient:
         payload: bytes | memoryview,
         deadline: float,
         on_done: OnDone,
+        tell: bool,
     ) -> Call:
         """Start a call holding a slot; the slot is returned before ``on_done`` runs."""
         self._calls += 1
         try:
-            return conn.start(path, payload, deadline, on_done, self._release)
+            return conn.start(path, payload, deadline, on_done, self._release, tell=tell)
         except BaseException:
             self._release()
             raise

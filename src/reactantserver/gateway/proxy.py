@@ -220,7 +220,11 @@ class Proxy:
         loop = asyncio.get_running_loop()
         started = loop.time()
         remaining = stream.deadline.time_remaining() if stream.deadline is not None else None
-        call = CallInfo(rpc, started + (remaining if remaining is not None else self.timeout))
+        call = CallInfo(
+            rpc,
+            started + (remaining if remaining is not None else self.timeout),
+            tell=remaining is not None,
+        )
         code = OK
         stats = self.stats
         stats.in_flight += 1
@@ -347,7 +351,7 @@ class Proxy:
         for client in candidates:
             started = loop.time()
             try:
-                reply = await client.call(path, data, call.deadline)
+                reply = await client.call(path, data, call.deadline, tell=call.tell)
             except ChannelError:
                 self.refresh_soon()
                 continue
@@ -368,7 +372,7 @@ class Proxy:
         path = b"/inference.GRPCInferenceService/ModelReady"
         for client in candidates:
             try:
-                reply = await client.call(path, data, call.deadline)
+                reply = await client.call(path, data, call.deadline, tell=call.tell)
             except ChannelError:
                 continue
             if reply.status == OK and pb.ModelReadyResponse().parse(bytes(reply.payload)).ready:
