@@ -334,6 +334,12 @@ class _Processor(EventsProcessor):
             self.direct.data(sid, event.data, event.flow_controlled_length)  # type: ignore[arg-type]
             self.connection.data_received += len(event.data)
             return
+        if not event.flow_controlled_length:
+            # A DATA frame with no payload and no padding (legal anywhere in a stream) holds
+            # nothing to read or acknowledge; handed on, grpclib's buffer would take it for
+            # the end of the stream (its end mark is an entry of no flow-controlled bytes)
+            # and a handler reading across it would read short.
+            return
         super().process_data_received(event)
 
     def process_stream_ended(self, event: h2.events.StreamEnded) -> None:
