@@ -32,13 +32,13 @@ import h2.errors
 import h2.settings
 import pytest
 from grpclib.const import Cardinality, Handler
-from h2_client import H2Client, grpc_message
+from h2_client import H2Client, grpc_message, request_headers
 
 from reactantserver.gateway.calls import RawCodec
 from reactantserver.status import StatusCode
 from reactantserver.transport.limits import WireLimits
-from reactantserver.transport.server import GuardedServer
-from reactantserver.transport.unary import DirectHandler, UnaryCall
+from reactantserver.transport.server import GuardedServer, _Calls
+from reactantserver.transport.unary import DirectAdmission, DirectHandler, UnaryCall
 
 BIG = 3 * 1024 * 1024 + 17  # past the default 64 KiB windows and several SEND_CHUNKs
 HUGE = 24 * 1024 * 1024  # past the transport's high-water mark and the socket buffers
@@ -369,3 +369,32 @@ def test_direct_calls_count_against_the_stream_limit() -> None:
         assert server.until(lambda: len(server.cancelled) == 1)
         after = client.call("/t.S/Echo", b"room again")
         assert after.grpc_status == 0 and _message(after) == b"room again"
+
+
+def test_a_repeated_header_block_is_judged_once_and_each_deadline_is_its_own() -> None:
+    """The connection's decoder hands a repeated header block back as the same tuple, and
+    the sink keeps its verdict: without a deadline the next call gets the same admission
+    (nothing in it differs); with ``grpc-timeout`` each call's deadline counts from its own
+    arrival; a new block, or the same headers in a list, is judged afresh."""
+
+    async def main() -> None:
+        path = "/t.T/Direct"
+        server = GuardedServer(
+            {path: DirectHandler(lambda call, message: None)},
+            codec=RawCodec(1 << 20, 1 << 20),
+            limits=WireLimits(),
+        )
+        sink = _Calls(server)
+        plain = tuple(request_headers(path))
+        first = sink.admit(plain, "peer", 1.0)
+        assert isinstance(first, DirectAdmission) and first.deadline is None
+        assert sink.admit(plain, "peer", 2.0) is first
+        assert sink.admit(list(plain), "peer", 3.0) is not first  # not known by identity
+        timed = tuple(request_headers(path, timeout="500m"))
+        early, late = sink.admit(timed, "peer", 1.0), sink.admit(timed, "peer", 2.0)
+        assert isinstance(early, DirectAdmission) and isinstance(late, DirectAdmission)
+        assert (early.deadline, late.deadline) == (1.5, 2.5)
+        again = sink.admit(plain, "peer", 4.0)
+        assert isinstance(again, DirectAdmission) and again.deadline is None
+
+    asyncio.run(main())

@@ -56,7 +56,7 @@ from ..transport.unary import UnaryCall
 from .calls import CANCELLED, DEADLINE_EXCEEDED, FAILOVER_STATUSES, NOT_FOUND, OK
 from .channel import Call, ChannelError, Reply
 from .routing import Outcome, Ticket
-from .table import items_of
+from .table import Replica, items_of
 from .wire import InferPeek, peek_infer
 
 if TYPE_CHECKING:
@@ -120,8 +120,9 @@ class Forward:
             self._peek = peek = peek_infer(self._data)
             if not peek.model:
                 raise InvalidArgument("ModelInfer: model_name is empty")
-            if proxy.router.table.replicas(peek.model):
-                self._route(self._started)
+            replicas = proxy.router.table.replicas(peek.model)
+            if replicas:
+                self._route(replicas, self._started)
             else:
                 self._wait(self._refresh_then_route())
         except Exception as exc:
@@ -132,20 +133,20 @@ class Forward:
         proxy = self._proxy
         await proxy.refresh(self._deadline)
         assert self._peek is not None
-        if not proxy.router.table.replicas(self._peek.model):
+        replicas = proxy.router.table.replicas(self._peek.model)
+        if not replicas:
             raise proxy.not_served(self._peek.model)
-        self._route(proxy.loop.time())
+        self._route(replicas, proxy.loop.time())
 
-    def _route(self, now: float) -> None:
-        proxy = self._proxy
+    def _route(self, replicas: tuple[Replica, ...], now: float) -> None:
+        """Count the request's items (by the first replica's batch input) and take a
+        ticket from the router, then send."""
         peek = self._peek
         assert peek is not None
-        router = proxy.router
-        replicas = router.table.replicas(peek.model)
         self._model = peek.model
         first = replicas[0]
         items = items_of(first, peek.shape_of(first.batch_input_name))
-        self._ticket = router.choose(peek.model, items, now)
+        self._ticket = self._proxy.router.choose(peek.model, items, now)
         self._send(now)
 
     def _send(self, now: float) -> None:

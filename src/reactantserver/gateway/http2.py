@@ -321,7 +321,7 @@ class ClientConnection:
         elif kind == HEADERS:
             if stream_id == 0:
                 raise ProtocolError("HEADERS on stream 0")
-            fragment = _unpad(flags, payload)
+            fragment = _unpad(payload) if flags & PADDED else payload
             if flags & PRIORITY_FLAG:
                 fragment = fragment[5:]
             if flags & END_HEADERS:  # a whole block in one frame: the usual
@@ -380,7 +380,7 @@ class ClientConnection:
         stream = self._streams.get(stream_id)
         if stream is None:
             return  # a stream we reset: the connection window is all that counts
-        data = _unpad(flags, payload)
+        data = _unpad(payload) if flags & PADDED else payload
         end = bool(flags & END_STREAM)
         if end:
             del self._streams[stream_id]
@@ -434,9 +434,9 @@ class ClientConnection:
         events.append(("window", 0, None, None))
 
 
-def _unpad(flags: int, payload: memoryview) -> memoryview:
-    if not flags & PADDED:
-        return payload
+def _unpad(payload: memoryview) -> memoryview:
+    """A PADDED frame's payload without its padding (the callers test the flag: most
+    frames have none)."""
     if not payload or payload[0] >= len(payload):
         raise ProtocolError("padding longer than the frame")
     return payload[1 : len(payload) - payload[0]]

@@ -88,7 +88,7 @@ class GatewayStats:
 
     def finish(self, rpc: str, model: str, code: int, seconds: float) -> None:
         """One call answered with status ``code`` after ``seconds``."""
-        self._requests[(rpc, model, status_name(code))] += 1
+        self._requests[(rpc, model, _STATUS_NAMES.get(code, "UNKNOWN"))] += 1
         key = (rpc, model)
         histogram = self._latency.get(key)
         if histogram is None:

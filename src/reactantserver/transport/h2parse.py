@@ -320,7 +320,8 @@ class RawFrameCutter(FrameCutter):
             if (
                 end <= len(rest)
                 and length <= self.max_frame_size
-                and _stream_id_fits(kind, sid)
+                # _stream_id_fits, written out: four frames a call take this path
+                and (sid != 0 if kind in _ON_A_STREAM else not (sid and kind in _ON_THE_CONNECTION))
                 and (
                     kind not in _BLOCK_KINDS
                     or (flags & END_HEADERS and length <= self._max_header_block)

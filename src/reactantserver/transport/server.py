@@ -186,6 +186,9 @@ class _Calls:
         #: decoder gives it back as the same tuple (kept here, so its id is not reused).
         self._last_headers: Sequence[tuple[str, str]] = ()
         self._last_head: RequestHead | Refusal = request_head(())
+        #: The admission of that block when it is a direct method's without a deadline:
+        #: nothing in it differs from call to call, so the next such call gets it again.
+        self._last_admission: DirectAdmission | None = None
 
     # ---------------------------------------------------------------- RequestSink
 
@@ -194,9 +197,12 @@ class _Calls:
     ) -> Admission | DirectAdmission | Refusal:
         self._peer = peer
         if headers is self._last_headers:
+            if self._last_admission is not None:
+                return self._last_admission
             head = self._last_head  # the block of the last request again: its verdict
         else:
             head = request_head(headers)
+            self._last_admission = None
             if type(headers) is tuple:  # immutable: safe to know again by identity
                 self._last_headers, self._last_head = headers, head
         if isinstance(head, Refusal):
@@ -209,9 +215,13 @@ class _Calls:
                 Fault.UNKNOWN_METHOD,
             )
         if isinstance(handler, DirectHandler):
-            # Its deadline in loop time: the clock its handler's timers use.
-            due = None if head.timeout is None else now + head.timeout
-            return DirectAdmission(handler, head, due)
+            if head.timeout is not None:
+                # Its deadline in loop time: the clock its handler's timers use.
+                return DirectAdmission(handler, head, now + head.timeout)
+            admission = DirectAdmission(handler, head, None)
+            if headers is self._last_headers:
+                self._last_admission = admission
+            return admission
         try:
             metadata = decode_metadata(headers)
         except (ValueError, binascii.Error) as exc:
