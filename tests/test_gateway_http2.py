@@ -211,6 +211,59 @@ def test_large_requests_never_overrun_the_peers_windows_or_frame_size(
     assert any(isinstance(e, h2.events.StreamEnded) for e in events)
 
 
+def _state(client: ClientConnection) -> tuple[object, ...]:
+    return (
+        client.send_window,
+        client._next_id,
+        {sid: (s.send_window, s.recv_unacked) for sid, s in client._streams.items()},
+    )
+
+
+@settings(deadline=None, max_examples=60)
+@given(
+    size=st.integers(0, 70_000),
+    max_frame=st.sampled_from([16384, 65535]),
+    window=st.sampled_from([0, 5, 1000, 65535]),
+    open_streams=st.integers(0, 3),
+    max_streams=st.integers(1, 4),
+)
+def test_a_request_in_one_step_is_the_two_calls_or_nothing(
+    size: int, max_frame: int, window: int, open_streams: int, max_streams: int
+) -> None:
+    """``send_request`` queues exactly the bytes, and leaves exactly the state, of
+    ``open_stream`` then ``send_data`` of the prefixed message -- or returns None and
+    queues nothing, when the request would not go out whole that way (a window or the
+    frame size too small, no stream left under the peer's limit)."""
+    block = encode_request(request_prefix(PATH, b"worker:8080"), None)
+    message = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    pair = []
+    for _ in range(2):
+        client, _ = connect(
+            max_frame_size=max_frame, initial_window_size=window, max_concurrent_streams=max_streams
+        )
+        for _ in range(open_streams):
+            if client.can_open:
+                client.open_stream(block)
+        client.data_to_send()
+        pair.append(client)
+    one, two = pair
+    stream_id = one.send_request(block, message)
+    framed = b"\x00" + size.to_bytes(4, "big") + message
+    if stream_id is None:
+        assert one.data_to_send() == b""
+        assert not (
+            two.can_open
+            and len(framed) <= min(max_frame, window, two.send_window)
+            and len(block) <= max_frame
+        )
+        return
+    assert two.open_stream(block) == stream_id
+    assert two.window(stream_id) >= len(framed)
+    two.send_data(stream_id, framed, end_stream=True)
+    assert one.data_to_send() == two.data_to_send()
+    assert _state(one) == _state(two)
+
+
 def test_a_response_larger_than_our_stream_window_is_let_through() -> None:
     """Our WINDOW_UPDATEs reopen the windows as data arrives (20 MiB > the 16 MiB stream
     window), so a large answer never stalls."""

@@ -49,12 +49,15 @@ call's entry is dropped when it reaches the top (or when the heap is rebuilt fro
 calls, once it holds twice as many entries as there are open calls, which keeps it bounded
 by the calls in flight).
 
-Writes: the HTTP/2 layer queues frames; the protocol hands them to the socket when the read
-that provoked them has been handled (:class:`~reactantserver.transport.h2conn.HeldWrites`;
-once per pass of the event loop for calls started elsewhere; a large request as it goes),
-so the calls opened by one read of a client leave in one ``send`` -- or sooner, every
-:data:`FLUSH_EVERY` calls: a burst of requests read from a client together would otherwise
-all wait until the gateway has routed the last of them, with the worker idle meanwhile.
+Writes: a request that fits the worker's windows and frame size is queued whole in one
+step (HEADERS, one DATA frame with the prefix and the message: ``send_request``); a larger
+one in chunks as the windows allow. The HTTP/2 layer queues frames; the protocol hands them
+to the socket when the read that provoked them has been handled
+(:class:`~reactantserver.transport.h2conn.HeldWrites`; once per pass of the event loop for
+calls started elsewhere; a large request as it goes), so the calls opened by one read of a
+client leave in one ``send`` -- or sooner, every :data:`FLUSH_EVERY` calls: a burst of
+requests read from a client together would otherwise all wait until the gateway has routed
+the last of them, with the worker idle meanwhile.
 Flow control: inbound windows are large (:data:`STREAM_WINDOW`, :data:`CONNECTION_WINDOW`)
 and replenished as data arrives; outbound data waits for the worker's window updates.
 
@@ -154,7 +157,6 @@ class Call:
         self,
         owner: WorkerConnection,
         stream_id: int,
-        payload: bytes | memoryview,
         on_done: OnDone | None,
         deadline: float,
         release: Callable[[], None] | None = None,
@@ -166,9 +168,10 @@ class Call:
         #: Runs once, just before ``on_done``: the caller's stream slot goes back.
         self.release = release
         self.deadline = deadline
-        #: The gRPC length prefix, sent in front of the first chunk of ``body``.
-        self.head = b"\x00" + len(payload).to_bytes(4, "big")
-        self.body = memoryview(payload)
+        #: The request message still to queue (:meth:`hold`), and its gRPC length prefix,
+        #: sent in front of its first chunk.
+        self.head = b""
+        self.body = memoryview(b"")
         self.offset = 0
         #: The whole request (END_STREAM included) has been queued for sending.
         self.sent = False
@@ -179,6 +182,11 @@ class Call:
         self.http_status = 0
         self.grpc_status: int | None = None
         self.grpc_message = ""
+
+    def hold(self, payload: bytes | memoryview) -> None:
+        """Keep the request message ``payload`` to queue as the windows allow."""
+        self.head = b"\x00" + len(payload).to_bytes(4, "big")
+        self.body = memoryview(payload)
 
     def cancel(self) -> None:
         """The caller is gone: the worker cancels the call (see ``WorkerConnection``)."""
@@ -315,11 +323,16 @@ class WorkerConnection(asyncio.Protocol):
         if prefix is None:
             prefix = self._prefixes[path] = http2.request_prefix(path, self._authority)
         block = http2.encode_request(prefix, encode_grpc_timeout(remaining)) if tell else prefix
-        stream_id = h2c.open_stream(block)
-        call = Call(self, stream_id, payload, on_done, deadline, release)
-        self._calls[stream_id] = call
-        if not self._push(call):
-            self._blocked.append(call)
+        stream_id = h2c.send_request(block, payload)  # a small request: queued whole
+        if stream_id is not None:
+            call = self._calls[stream_id] = Call(self, stream_id, on_done, deadline, release)
+            call.sent = True
+        else:
+            stream_id = h2c.open_stream(block)
+            call = self._calls[stream_id] = Call(self, stream_id, on_done, deadline, release)
+            call.hold(payload)
+            if not self._push(call):
+                self._blocked.append(call)
         self._watch(deadline, stream_id)
         self._unsent += 1
         if self._unsent >= FLUSH_EVERY:

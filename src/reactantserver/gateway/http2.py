@@ -216,6 +216,38 @@ class ClientConnection:
                 self._out.append(frame(CONTINUATION, END_HEADERS if last else 0, stream_id, chunk))
         return stream_id
 
+    def send_request(self, header_block: bytes, message: bytes | memoryview) -> int | None:
+        """A whole small unary request in one step: HEADERS, then one DATA frame holding
+        the 5-byte gRPC prefix and ``message`` (not copied), with END_STREAM -- exactly the
+        bytes and state of :meth:`open_stream` followed by :meth:`send_data` of the
+        prefixed message, with the checks made once. The new stream's id; None, with
+        nothing queued, when the request does not go out that way (no stream may open,
+        the block or the DATA frame over the peer's frame size, the message over a
+        window): the caller then takes those two calls, which wait or raise."""
+        size = len(message) + 5
+        limit = self.peer_max_frame
+        if (
+            self.goaway_received
+            or self._next_id > MAX_STREAM_ID
+            or len(self._streams) >= self.peer_max_streams
+            or len(header_block) > limit
+            or size > limit
+            or size > self.peer_initial_window
+            or size > self.send_window
+        ):
+            return None
+        stream_id = self._next_id
+        self._next_id += 2
+        self._streams[stream_id] = _Stream(self.peer_initial_window - size)
+        self.send_window -= size
+        out = self._out
+        out.append(frame_head(HEADERS, END_HEADERS, stream_id, len(header_block)))
+        out.append(header_block)
+        out.append(frame_head(DATA, END_STREAM, stream_id, size))
+        out.append(b"\x00" + len(message).to_bytes(4, "big"))
+        out.append(message)
+        return stream_id
+
     def is_open(self, stream_id: int) -> bool:
         """Whether ``stream_id`` is open (neither side has ended or reset it yet)."""
         return stream_id in self._streams
