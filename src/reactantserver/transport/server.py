@@ -138,7 +138,7 @@ class ServerStream(grpclib.server.Stream):
         write = stream._transport.write
         connection = stream.connection
         sid = stream.id
-        pending = message_pieces(parts)
+        pending, _ = message_pieces(parts)
         await connection.write_ready.wait()
         if sid not in h2.streams:
             raise StreamTerminatedError("the stream was closed before the answer")

@@ -128,11 +128,15 @@ def _message(chunks: list[memoryview]) -> bytes | memoryview:
     return b"".join(parts)
 
 
-def message_pieces(parts: Sequence[bytes | memoryview]) -> collections.deque[memoryview]:
-    """A gRPC message (5-byte prefix, then ``parts`` as they are) as byte views."""
+def message_pieces(
+    parts: Sequence[bytes | memoryview],
+) -> tuple[collections.deque[memoryview], int]:
+    """A gRPC message (5-byte prefix, then ``parts`` as they are) as byte views, and its
+    size in bytes, prefix included."""
     size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
     prefix = b"\x00" + size.to_bytes(4, "big")
-    return collections.deque(memoryview(p).cast("B") for p in (prefix, *parts) if len(p))
+    views = collections.deque(memoryview(p).cast("B") for p in (prefix, *parts) if len(p))
+    return views, size + 5
 
 
 def status_headers(code: int, message: str, *, headers_sent: bool, http_status: int = 200,
@@ -192,18 +196,19 @@ class UnaryCall:
 
     def answer(self, parts: Sequence[bytes | memoryview]) -> None:
         """Answer OK with the message ``b"".join(parts)`` (the pieces are not joined)."""
-        self._answer(message_pieces(parts))
+        self._answer(*message_pieces(parts))
 
     def answer_framed(self, framed: bytes | memoryview) -> None:
         """Answer OK with a message already in gRPC's framing (its 5-byte prefix, then the
         message: what a proxy received), sent as the view it is."""
-        self._answer(collections.deque((memoryview(framed),)))
+        view = memoryview(framed)
+        self._answer(collections.deque((view,)), view.nbytes)
 
-    def _answer(self, pending: collections.deque[memoryview]) -> None:
+    def _answer(self, pending: collections.deque[memoryview], size: int) -> None:
         if self._done:
             return  # cancelled meanwhile: nobody to answer
         self._done = True
-        self._calls.answer(self, pending)
+        self._calls.answer(self, pending, size)
 
     def fail(self, code: int, message: str) -> None:
         """Answer ``code`` with ``message`` (trailers-only)."""
@@ -317,13 +322,13 @@ class DirectCalls:
 
     # ---------------------------------------------------------------- answering
 
-    def answer(self, call: UnaryCall, pending: collections.deque[memoryview]) -> None:
+    def answer(self, call: UnaryCall, pending: collections.deque[memoryview], size: int) -> None:
+        """Send ``pending`` (``size`` bytes: the framed message) and OK's trailers."""
         sid = call.stream_id
         if sid not in self.calls:
             return
         conn = self._h2
         try:
-            size = sum([view.nbytes for view in pending])
             # A small answer goes out whole, in one step (else frame by frame, below).
             if size <= SEND_CHUNK and conn.send_answer(
                 sid, ANSWER_HEADERS, pending, size, OK_TRAILERS
