@@ -320,7 +320,7 @@ class RawFrameCutter(FrameCutter):
             if (
                 end <= len(rest)
                 and length <= self.max_frame_size
-                # _stream_id_fits, written out: four frames a call take this path
+                # _stream_id_fits, written out: most frames of every call come this way
                 and (sid != 0 if kind in _ON_A_STREAM else not (sid and kind in _ON_THE_CONNECTION))
                 and (
                     kind not in _BLOCK_KINDS
