@@ -6,6 +6,7 @@ there is no Trio and no real time.
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 
 import pytest
@@ -369,6 +370,32 @@ def test_cancel_removes_queued_work_only() -> None:
     assert p.cancel(a) is False  # already dispatched
     p.complete(batch, 0.1, 0.1)
     assert p.next_batch(0.1).batch is None
+
+
+class _Payload:
+    """A request's payload whose lifetime a test can watch (weak references)."""
+
+
+@pytest.mark.parametrize("discipline", ["fair", "fifo", "edf"])
+def test_served_requests_with_deadlines_are_not_kept(discipline: str) -> None:
+    """Memory stays bounded by what is queued, whatever was served: a request that had a
+    deadline is let go once served, like one without. Before: under fair and fifo every
+    such request stayed in its queue's deadline heap (cleaned only where EDF reads it)
+    with its payload, for the life of the model."""
+    p = make(discipline)
+    p.add_model("m", [1, 2, 4, 8])
+    alive: list[weakref.ref[_Payload]] = []
+    now = 0.0
+    for _ in range(500):
+        for _ in range(6):
+            payload = _Payload()
+            alive.append(weakref.ref(payload))
+            p.submit("m", payload, now=now, deadline=now + 30.0)
+        while (batch := p.next_batch(now).batch) is not None:
+            now += 0.001
+            p.complete(batch, 0.001, now)
+    held = sum(ref() is not None for ref in alive)
+    assert held <= 100, f"{held} of {len(alive)} served requests are still referenced"
 
 
 def test_one_batch_at_a_time() -> None:

@@ -11,8 +11,11 @@ a model holds for every discipline, EDF included.
 
 EDF needs the soonest deadline *anywhere* in the queue, not just at the head. A heap
 of ``(deadline, seq, request)`` gives it in O(log n); entries of requests that left
-the queue are discarded when they surface at the top (and the heap is rebuilt if
-stale entries ever outnumber live ones), so removal stays O(1) on the heap side.
+the queue are discarded when they surface at the top, and the heap is rebuilt from the
+queued requests whenever a push finds it more than twice the queue's length (+16), so
+removal stays O(1) on the heap side and the heap -- with the requests and payloads its
+entries hold -- stays bounded by the queue under every discipline, also those that never
+read it.
 """
 
 from __future__ import annotations
@@ -64,6 +67,8 @@ class ModelQueue:
             self._items.append(request)
         self._rows += request.rows
         if request.deadline is not None:
+            if len(self._deadlines) > 2 * len(self._items) + 16:
+                self._prune()
             heapq.heappush(self._deadlines, (request.deadline, request.seq, request))
 
     def remove(self, request: Request) -> None:
@@ -103,9 +108,10 @@ class ModelQueue:
         heap = self._deadlines
         while heap and heap[0][2].state is not RequestState.QUEUED:
             heapq.heappop(heap)
-        if len(heap) > 2 * len(self._items) + 16:
-            # Stale entries (requests taken while not at the heap's top) pile up
-            # under a live top; rebuild so the heap stays O(queue length).
-            self._deadlines = heap = [e for e in heap if e[2].state is RequestState.QUEUED]
-            heapq.heapify(heap)
         return heap[0][0] if heap else math.inf
+
+    def _prune(self) -> None:
+        """Keep only the entries of queued requests: stale ones (requests taken or
+        removed while not at the heap's top) would otherwise pile up under a live top."""
+        self._deadlines = [e for e in self._deadlines if e[2].state is RequestState.QUEUED]
+        heapq.heapify(self._deadlines)
