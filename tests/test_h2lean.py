@@ -32,7 +32,7 @@ from strategies import h2_client_scripts
 
 from reactantserver.config.schema import EndpointsConfig
 from reactantserver.transport.h2conn import h2_reference_connection
-from reactantserver.transport.h2lean import ServerConnection
+from reactantserver.transport.h2lean import MAX_ENDED_STREAMS, ServerConnection
 from reactantserver.transport.h2wire import (
     CONTINUATION,
     DATA,
@@ -502,3 +502,46 @@ def test_a_peer_past_the_connection_window_gets_flow_control_error() -> None:
     goaway = server.data_to_send()
     assert goaway[3] == 0x7 and int.from_bytes(goaway[13:17], "big") == 0x3
     assert server.state_machine.state is h2.connection.ConnectionState.CLOSED
+
+
+def _served(calls: int) -> tuple[ServerConnection, _Client]:
+    """A connection that has served ``calls`` calls; the first one was reset."""
+    server = ServerConnection(LIMITS)
+    server.initiate_connection()
+    client = _Client()
+    server.receive_data(PREFACE + SettingsFrame(0).serialize())
+    for n in range(calls):
+        sid = 2 * n + 1
+        server.receive_data(_whole_request(client, sid))
+        if n == 0:
+            server.reset_stream(sid, 8)  # the first call is cancelled
+        else:
+            server.send_headers(sid, ANSWER)
+            server.send_headers(sid, TRAILERS, end_stream=True)
+    server.data_to_send()
+    return server, client
+
+
+def _whole_request(client: _Client, sid: int) -> bytes:
+    frame = HeadersFrame(sid, client.encoder.encode(REQUEST))
+    frame.flags.add("END_HEADERS")
+    frame.flags.add("END_STREAM")
+    return frame.serialize()
+
+
+def test_closed_streams_are_remembered_within_bounds() -> None:
+    """A busy connection ends one stream per call: only the latest ``MAX_ENDED_STREAMS``
+    normal endings are remembered (a frame on an older one is still a connection error,
+    named "stream id too low" as h2 names one it forgot), while a reset stream keeps its
+    stream-error answer -- RST_STREAM STREAM_CLOSED, the connection lives -- thousands of
+    calls later, for a peer whose cancel raced its own frames. Before, every ending was
+    kept up to 2^16 (about 6 MB per long-lived connection)."""
+    calls = 3 * MAX_ENDED_STREAMS
+    server, client = _served(calls)
+    assert server.receive_data(_whole_request(client, 1)) == []  # the reset one
+    assert server.data_to_send() == raw_frame(RST_STREAM, 0, 1, (5).to_bytes(4, "big"))
+    with pytest.raises(h2.exceptions.StreamClosedError):  # ended a few calls ago
+        server.receive_data(_whole_request(client, 2 * calls - 3))
+    server, client = _served(calls)
+    with pytest.raises(h2.exceptions.StreamIDTooLowError):  # ended long ago: forgotten
+        server.receive_data(_whole_request(client, 3))

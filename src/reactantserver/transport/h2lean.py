@@ -29,7 +29,8 @@ Semantics (RFC 9113, server side; as h2 behaves, except where noted):
 * streams: client-initiated, odd and increasing ids (else PROTOCOL_ERROR); idle -> open ->
   half-closed (remote) on END_STREAM -> closed when we end it too or on RST_STREAM either
   way. A closed stream leaves :attr:`streams` at once (h2 keeps it until its next new
-  stream) and how it closed is remembered (bounded), so a frame on it gets h2's answer:
+  stream) and how it closed is remembered (the last 2^16 resets, as h2, but only the last
+  1024 normal endings: :data:`MAX_ENDED_STREAMS`), so a frame on it gets h2's answer:
   DATA -> RST_STREAM STREAM_CLOSED (its bytes still count against, and are returned to,
   the connection window); HEADERS -> RST_STREAM STREAM_CLOSED after a reset, connection
   error STREAM_CLOSED after END_STREAM; WINDOW_UPDATE and RST_STREAM -> ignored.
@@ -127,8 +128,17 @@ from .limits import WireLimits
 _Handler = Callable[[int, int, Body, list[Event]], None]
 #: The dynamic table size an HPACK encoder starts with (SETTINGS_HEADER_TABLE_SIZE default).
 DEFAULT_TABLE = 4096
-#: How many closed streams' endings are remembered (h2 keeps as many).
-MAX_CLOSED_STREAMS = 2**16
+#: Closed streams whose ending is remembered. Those reset (RST_STREAM either way): as many
+#: as h2 remembers closed streams of any kind -- a frame that arrives late on one is a
+#: stream error, answered RST_STREAM(STREAM_CLOSED), where a forgotten one would be a
+#: connection error ending every call of the peer (a client's cancel races its own DATA).
+MAX_RESET_STREAMS = 2**16
+#: Those ended normally (END_STREAM both ways): the latest only. A frame on one is a
+#: connection error either way (STREAM_CLOSED while it is remembered, then PROTOCOL_ERROR
+#: for a stream id too low, as h2 past its 2^16), and a busy connection ends one per call:
+#: h2's 2^16 of them held about 6 MB per long-lived connection, on the worker and the
+#: gateway alike.
+MAX_ENDED_STREAMS = 1024
 
 
 def _window_update(stream_id: int, increment: int) -> bytes:
@@ -294,7 +304,11 @@ class ServerConnection:
         self.incoming_buffer = RawFrameCutter(limits.max_header_list_size)
         self.incoming_buffer.max_frame_size = limits.max_frame_size
         self._out: list[bytes | memoryview] = []
-        self._closed_by: OrderedDict[int, ClosedBy] = OrderedDict()
+        #: The closed streams remembered, by how they closed (oldest first).
+        self._closed_by: dict[ClosedBy, OrderedDict[int, None]] = {
+            ClosedBy.RESET: OrderedDict(),
+            ClosedBy.END: OrderedDict(),
+        }
         #: A dynamic table size update owed at the start of our next header block.
         self._table_update: bytes = b""
         self._table_size = DEFAULT_TABLE
@@ -567,11 +581,17 @@ class ServerConnection:
         stream.state_machine.state = StreamState.CLOSED
         sid = stream.stream_id
         self.streams.pop(sid, None)
-        closed = self._closed_by
-        closed[sid] = how
-        if len(closed) > MAX_CLOSED_STREAMS:
-            # O(1): a dict's first key after many deletions is found by a scan.
-            closed.popitem(last=False)
+        closed = self._closed_by[how]
+        closed[sid] = None
+        if len(closed) > (MAX_RESET_STREAMS if how is ClosedBy.RESET else MAX_ENDED_STREAMS):
+            closed.popitem(last=False)  # O(1): the ordered dict's linked list
+
+    def _closed_how(self, sid: int) -> ClosedBy | None:
+        """How a closed stream closed, while it is remembered (else None)."""
+        for how, closed in self._closed_by.items():
+            if sid in closed:
+                return how
+        return None
 
     def _is_idle(self, sid: int) -> bool:
         """Whether a stream not in :attr:`streams` was never opened (else: closed).
@@ -617,7 +637,7 @@ class ServerConnection:
         stream = self.streams.get(sid)
         if stream is None:
             if sid <= self.highest_inbound_stream_id:
-                how = self._closed_by.get(sid)
+                how = self._closed_how(sid)
                 if how is ClosedBy.RESET:
                     self._out.append(_rst(sid, ErrorCodes.STREAM_CLOSED))
                     return
@@ -814,7 +834,7 @@ class ServerConnection:
         if sid not in self.streams:
             if self._is_idle(sid):
                 raise h2.exceptions.NoSuchStreamError(sid)
-            if self._closed_by.get(sid) is ClosedBy.RESET:  # a stream error, as h2
+            if sid in self._closed_by[ClosedBy.RESET]:  # a stream error, as h2
                 self._out.append(_rst(sid, ErrorCodes.STREAM_CLOSED))
                 return
             raise h2.exceptions.StreamClosedError(sid)
