@@ -324,12 +324,13 @@ class WorkerConnection(asyncio.Protocol):
             prefix = self._prefixes[path] = http2.request_prefix(path, self._authority)
         block = http2.encode_request(prefix, encode_grpc_timeout(remaining)) if tell else prefix
         stream_id = h2c.send_request(block, payload)  # a small request: queued whole
-        if stream_id is not None:
-            call = self._calls[stream_id] = Call(self, stream_id, on_done, deadline, release)
+        whole = stream_id is not None
+        if stream_id is None:
+            stream_id = h2c.open_stream(block)
+        call = self._calls[stream_id] = Call(self, stream_id, on_done, deadline, release)
+        if whole:
             call.sent = True
         else:
-            stream_id = h2c.open_stream(block)
-            call = self._calls[stream_id] = Call(self, stream_id, on_done, deadline, release)
             call.hold(payload)
             if not self._push(call):
                 self._blocked.append(call)

@@ -74,15 +74,13 @@ class Forward:
 
     __slots__ = ("_admitted", "_call", "_client", "_closed", "_data", "_deadline", "_model",
                  "_peek", "_pending", "_proxy", "_sent_at", "_started", "_task",
-                 "_tell", "_ticket")  # fmt: skip
+                 "_ticket")  # fmt: skip
 
     def __init__(self, proxy: Proxy, call: UnaryCall, data: bytes | memoryview, now: float) -> None:
         self._proxy = proxy
         self._call = call
         self._data = data
         self._started = now
-        #: The worker is told the client's deadline, and only the client's (module docstring).
-        self._tell = call.deadline is not None
         self._deadline = call.deadline if call.deadline is not None else now + proxy.timeout
         self._model = ""
         self._peek: InferPeek | None = None
@@ -158,7 +156,11 @@ class Forward:
         self._sent_at = now
         try:
             pending = client.start(
-                INFER_PATH, self._data, self._deadline, self._on_reply, tell=self._tell
+                INFER_PATH,
+                self._data,
+                self._deadline,
+                self._on_reply,
+                tell=self._call.deadline is not None,
             )
         except ChannelError as exc:
             self._on_reply(exc)
@@ -171,7 +173,11 @@ class Forward:
     async def _send_when_ready(self, client: WorkerClient) -> None:
         try:
             self._pending = await client.start_when_ready(
-                INFER_PATH, self._data, self._deadline, self._on_reply, tell=self._tell
+                INFER_PATH,
+                self._data,
+                self._deadline,
+                self._on_reply,
+                tell=self._call.deadline is not None,
             )
         except ChannelError as exc:
             self._on_reply(exc)

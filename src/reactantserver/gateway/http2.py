@@ -227,9 +227,7 @@ class ClientConnection:
         size = len(message) + 5
         limit = self.peer_max_frame
         if (
-            self.goaway_received
-            or self._next_id > MAX_STREAM_ID
-            or len(self._streams) >= self.peer_max_streams
+            not self.can_open
             or len(header_block) > limit
             or size > limit
             or size > self.peer_initial_window

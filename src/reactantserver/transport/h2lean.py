@@ -304,11 +304,9 @@ class ServerConnection:
         self.incoming_buffer = RawFrameCutter(limits.max_header_list_size)
         self.incoming_buffer.max_frame_size = limits.max_frame_size
         self._out: list[bytes | memoryview] = []
-        #: The closed streams remembered, by how they closed (oldest first).
-        self._closed_by: dict[ClosedBy, OrderedDict[int, None]] = {
-            ClosedBy.RESET: OrderedDict(),
-            ClosedBy.END: OrderedDict(),
-        }
+        #: The closed streams remembered (oldest first): reset, and ended normally.
+        self._resets: OrderedDict[int, None] = OrderedDict()
+        self._endings: OrderedDict[int, None] = OrderedDict()
         #: A dynamic table size update owed at the start of our next header block.
         self._table_update: bytes = b""
         self._table_size = DEFAULT_TABLE
@@ -581,17 +579,19 @@ class ServerConnection:
         stream.state_machine.state = StreamState.CLOSED
         sid = stream.stream_id
         self.streams.pop(sid, None)
-        closed = self._closed_by[how]
+        if how is ClosedBy.RESET:
+            closed, limit = self._resets, MAX_RESET_STREAMS
+        else:
+            closed, limit = self._endings, MAX_ENDED_STREAMS
         closed[sid] = None
-        if len(closed) > (MAX_RESET_STREAMS if how is ClosedBy.RESET else MAX_ENDED_STREAMS):
+        if len(closed) > limit:
             closed.popitem(last=False)  # O(1): the ordered dict's linked list
 
     def _closed_how(self, sid: int) -> ClosedBy | None:
         """How a closed stream closed, while it is remembered (else None)."""
-        for how, closed in self._closed_by.items():
-            if sid in closed:
-                return how
-        return None
+        if sid in self._resets:
+            return ClosedBy.RESET
+        return ClosedBy.END if sid in self._endings else None
 
     def _is_idle(self, sid: int) -> bool:
         """Whether a stream not in :attr:`streams` was never opened (else: closed).
@@ -834,7 +834,7 @@ class ServerConnection:
         if sid not in self.streams:
             if self._is_idle(sid):
                 raise h2.exceptions.NoSuchStreamError(sid)
-            if sid in self._closed_by[ClosedBy.RESET]:  # a stream error, as h2
+            if sid in self._resets:  # a stream error, as h2
                 self._out.append(_rst(sid, ErrorCodes.STREAM_CLOSED))
                 return
             raise h2.exceptions.StreamClosedError(sid)
