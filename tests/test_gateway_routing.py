@@ -281,6 +281,20 @@ def test_round_robin_rotates_and_fails_over_in_rotation() -> None:
     ]
 
 
+def test_round_robin_follows_a_new_table_at_once() -> None:
+    """The rotations are remembered per table: a worker that joins or leaves is in (or
+    out of) the very next order, and the rotation goes on from where it was."""
+    router = RoundRobinRouter(_table({"a:1": {"m": 4}, "b:1": {"m": 4}}))
+    assert router.choose("m", 1, now=0).replicas == ("a:1", "b:1")
+    router.update(_table({"a:1": {"m": 4}, "b:1": {"m": 4}, "c:1": {"m": 4}}))
+    assert router.choose("m", 1, now=0).replicas == ("b:1", "c:1", "a:1")
+    router.update(_table({"c:1": {"m": 4}, "a:1": {"m": 4}}))
+    assert router.choose("m", 1, now=0).replicas == ("a:1", "c:1")
+    # A table swapped in without update() (its replicas are other tuples) is followed too.
+    router.table = _table({"b:1": {"m": 4}})
+    assert router.choose("m", 1, now=0).replicas == ("b:1",)
+
+
 def test_unknown_model_is_not_found() -> None:
     router = RoundRobinRouter(_table({"a:1": {"m": 4}}))
     with pytest.raises(NotFound, match="'nope' is not served by any ready worker"):

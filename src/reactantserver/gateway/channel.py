@@ -108,6 +108,8 @@ FLUSH_EVERY = 8
 #: SETTINGS_MAX_FRAME_SIZE); a large request is written to the socket as it goes.
 MAX_CHUNK = 1024 * 1024
 _OK, _UNKNOWN, _DEADLINE, _RESOURCE, _INTERNAL = 0, 2, 4, 8, 13
+#: A call's request bytes once all are queued (or when it went out whole): none.
+_NO_BODY = memoryview(b"")
 #: HTTP status -> gRPC status, for a worker that answers without gRPC (the gRPC spec's table).
 _HTTP_TO_GRPC = {400: 13, 401: 16, 403: 7, 404: 12, 429: 14, 502: 14, 503: 14, 504: 14}
 
@@ -171,7 +173,7 @@ class Call:
         #: The request message still to queue (:meth:`hold`), and its gRPC length prefix,
         #: sent in front of its first chunk.
         self.head = b""
-        self.body = memoryview(b"")
+        self.body = _NO_BODY
         self.offset = 0
         #: The whole request (END_STREAM included) has been queued for sending.
         self.sent = False
@@ -276,6 +278,17 @@ class WorkerConnection(asyncio.Protocol):
     def remote_max_streams(self) -> int:
         return self._h2.peer_max_streams
 
+    def takes_another(self, active: int, most: int) -> bool:
+        """:attr:`usable`, with fewer than ``max(1, min(most, remote_max_streams))``
+        calls ``active``: the caller's slot rule, checked at once on the request path."""
+        h2c = self._h2
+        return (
+            self.closed is None
+            and not h2c.goaway_received
+            and h2c.can_open_ids
+            and active < max(1, min(most, h2c.peer_max_streams))
+        )
+
     @property
     def open_calls(self) -> int:
         return len(self._calls)
@@ -313,9 +326,6 @@ class WorkerConnection(asyncio.Protocol):
         """
         if self.closed is not None:
             raise ChannelError(self.closed, unprocessed=True)
-        h2c = self._h2
-        if not h2c.can_open:
-            raise ChannelError("the connection takes no new streams", unprocessed=True)
         remaining = deadline - self._loop.time()
         if remaining <= 0:
             raise DeadlineExceeded("the deadline passed before the call could be sent")
@@ -323,9 +333,12 @@ class WorkerConnection(asyncio.Protocol):
         if prefix is None:
             prefix = self._prefixes[path] = http2.request_prefix(path, self._authority)
         block = http2.encode_request(prefix, encode_grpc_timeout(remaining)) if tell else prefix
+        h2c = self._h2
         stream_id = h2c.send_request(block, payload)  # a small request: queued whole
         whole = stream_id is not None
         if stream_id is None:
+            if not h2c.can_open:
+                raise ChannelError("the connection takes no new streams", unprocessed=True)
             stream_id = h2c.open_stream(block)
         call = self._calls[stream_id] = Call(self, stream_id, on_done, deadline, release)
         if whole:
@@ -338,7 +351,7 @@ class WorkerConnection(asyncio.Protocol):
         self._unsent += 1
         if self._unsent >= FLUSH_EVERY:
             self._flush()
-        else:
+        elif not self._flush_scheduled:
             self._schedule_flush()
         return call
 
@@ -377,7 +390,7 @@ class WorkerConnection(asyncio.Protocol):
             h2c.send_data(call.stream_id, chunk, end_stream=end)
             if end:
                 call.sent = True
-                call.body = memoryview(b"")  # drop the reference to the request's bytes
+                call.body = _NO_BODY  # drop the reference to the request's bytes
                 return True
             self._flush()  # a large request: write as it goes
 

@@ -334,7 +334,10 @@ class ClientConnection:
             stream_id &= MAX_STREAM_ID
             payload = view[pos + 9 : pos + 9 + length]
             pos += 9 + length
-            self._frame_in(kind, flags, stream_id, payload, events)
+            if kind == DATA and self._block is None:  # the usual frame, at once
+                self._data_in(flags, stream_id, payload, events)
+            else:
+                self._frame_in(kind, flags, stream_id, payload, events)
         if pos < end:
             self._in += view[pos:]
             left = end - pos

@@ -142,12 +142,15 @@ class WorkerClient:
         would have to wait for either (then :meth:`start_when_ready`). ``on_done`` runs once
         with the outcome; raises as :meth:`.WorkerConnection.start` (nothing sent)."""
         conn = self._conn
-        if self._waiters or conn is None or not conn.usable:
-            return None
-        if self._active >= self._limit_of(conn):
+        if self._waiters or conn is None or not conn.takes_another(self._active, self._max_streams):
             return None
         self._active += 1
-        return self._start(conn, path, payload, deadline, on_done, tell)
+        self._calls += 1
+        try:
+            return conn.start(path, payload, deadline, on_done, self._release, tell=tell)
+        except BaseException:
+            self._release()
+            raise
 
     async def start_when_ready(
         self,

@@ -212,12 +212,18 @@ class Router:
         self._released: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
         #: Requests routed per model (one per ``choose``): lpt_packing's arrival counts.
         self._arrivals: dict[str, int] = {}
+        #: model -> (its replicas in the current table, their rotations): built once per
+        #: table, not per request.
+        self._rotations: dict[str, tuple[tuple[Replica, ...], tuple[tuple[str, ...], ...]]] = {}
+        #: model -> the rotation the next request of it begins with.
+        self._cursor: dict[str, int] = {}
 
     # ------------------------------------------------------------------ the seam
 
     def update(self, table: RouteTable) -> None:
         """Swap in a new route table (tickets in flight keep their accounting)."""
         self.table = table
+        self._rotations.clear()
 
     def choose(self, model: str, items: int, now: float) -> Ticket:
         """Route one request of ``items`` items; raises ``NotFound`` if nothing serves it."""
@@ -312,6 +318,17 @@ class Router:
     def _order(self, model: str, replicas: tuple[Replica, ...], items: int) -> tuple[str, ...]:
         raise NotImplementedError
 
+    def _next_rotation(self, model: str, replicas: tuple[Replica, ...]) -> tuple[str, ...]:
+        """``replicas``' workers beginning one further along than the last request of
+        ``model`` began (round robin)."""
+        cursor = self._cursor.get(model, 0)
+        self._cursor[model] = cursor + 1
+        memo = self._rotations.get(model)
+        if memo is None or memo[0] is not replicas:
+            memo = self._rotations[model] = (replicas, _rotations(replicas))
+        rotations = memo[1]
+        return rotations[cursor % len(rotations)]
+
     def quantum_of(self, model: str, worker: str) -> int:
         return 0
 
@@ -347,11 +364,10 @@ class Router:
         accounts.worker.remove(ticket.items, ticket.work)
 
 
-def _rotation(replicas: tuple[Replica, ...], start: int) -> tuple[str, ...]:
-    """The replicas' workers in table order, beginning at ``start`` (modulo their number)."""
-    workers = [r.worker for r in replicas]
-    k = start % len(workers)
-    return tuple(workers[k:] + workers[:k])
+def _rotations(replicas: tuple[Replica, ...]) -> tuple[tuple[str, ...], ...]:
+    """Every rotation of the replicas' workers in table order: the k-th begins at the k-th."""
+    workers = tuple(r.worker for r in replicas)
+    return tuple(workers[k:] + workers[:k] for k in range(len(workers)))
 
 
 class RoundRobinRouter(Router):
@@ -359,28 +375,14 @@ class RoundRobinRouter(Router):
 
     mode = "round_robin"
 
-    def __init__(
-        self, table: RouteTable | None = None, *, work_basis: WorkBasis = "compute"
-    ) -> None:
-        super().__init__(table, work_basis=work_basis)
-        self._cursor: dict[str, int] = {}
-
     def _order(self, model: str, replicas: tuple[Replica, ...], items: int) -> tuple[str, ...]:
-        cursor = self._cursor.get(model, 0)
-        self._cursor[model] = cursor + 1
-        return _rotation(replicas, cursor)
+        return self._next_rotation(model, replicas)
 
 
 class LeastOutstandingRouter(Router):
     """``least_outstanding``: the replica whose worker has the least in-flight work."""
 
     mode = "least_outstanding"
-
-    def __init__(
-        self, table: RouteTable | None = None, *, work_basis: WorkBasis = "compute"
-    ) -> None:
-        super().__init__(table, work_basis=work_basis)
-        self._cursor: dict[str, int] = {}
 
     def _order(self, model: str, replicas: tuple[Replica, ...], items: int) -> tuple[str, ...]:
         n = len(replicas)
@@ -447,7 +449,6 @@ class FillRouter(Router):
         self.config = config
         self.placement: Mapping[str, tuple[str, ...]] = MappingProxyType(dict(placement or {}))
         self._runs: dict[str, _Run] = {}
-        self._cursor: dict[str, int] = {}
         self._policies: dict[str, FillPolicy] = {}
 
     def configure(self, config: GatewaySchedulingConfig) -> None:
@@ -476,9 +477,7 @@ class FillRouter(Router):
         placed = set(self.placement.get(model, ()))
         candidates = tuple(r for r in replicas if r.worker in placed)
         if not candidates:
-            cursor = self._cursor.get(model, 0)
-            self._cursor[model] = cursor + 1
-            return _rotation(replicas, cursor)
+            return self._next_rotation(model, replicas)
         policy = self.policy_of(model)
         n = len(candidates)
         out = [self.outstanding_items(model, r.worker) for r in candidates]
