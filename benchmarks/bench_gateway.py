@@ -32,7 +32,8 @@ per request is each process's own.
 
     python benchmarks/bench_gateway.py                  # the tables (about 3 minutes)
     python benchmarks/bench_gateway.py --runs 1 --seconds 2
-    python benchmarks/bench_gateway.py --baseline REV   # this gateway against REV's
+    python benchmarks/bench_gateway.py --baseline REV   # this gateway against REV's,
+                                                        # three pairs of processes
 """
 
 from __future__ import annotations
@@ -236,6 +237,8 @@ class Side:
     gateway_cpu: list[float] = attrs.Factory(list)
     worker_cpu: list[float] = attrs.Factory(list)
     p50: list[float] = attrs.Factory(list)
+    #: How many of the windows above each pair of processes measured, in order.
+    per_pair: list[int] = attrs.Factory(list)
 
     def row(self, base: Side | None = None) -> str:
         med = statistics.median
@@ -246,45 +249,73 @@ class Side:
         )
         if base is not None:
             line += f" | gw us x{gw / med(base.gateway_cpu):.3f}"
+            pairs = pair_ratios(base, self)
+            if len(pairs) > 1:
+                line += ", by pair of processes " + " ".join(f"x{r:.3f}" for r in pairs)
         return line
+
+
+def pair_ratios(base: Side, this: Side) -> list[float]:
+    """This side's median gateway CPU over the baseline's, for each pair of processes."""
+    out = []
+    at = 0
+    for n in this.per_pair:
+        ours = statistics.median(this.gateway_cpu[at : at + n])
+        theirs = statistics.median(base.gateway_cpu[at : at + n])
+        out.append(ours / theirs)
+        at += n
+    return out
 
 
 async def against_baseline(
     args: argparse.Namespace, worker: Server, workdir: Path, where: Sequence[Layout]
 ) -> list[tuple[Layout, Side, Side]]:
     """This tree's gateway and the one at ``--baseline`` in front of the same worker, both
-    running, their windows alternating (16 in flight, ``--runs`` each per layout): the
-    CPU a change saves, with the machine's drift shared by both sides."""
+    running, their windows alternating (16 in flight, ``--runs`` each per layout and pair):
+    the CPU a change saves, with the machine's drift shared by both sides.
+
+    Both gateways are started afresh ``--pairs`` times (which starts first alternates):
+    one pair of processes can sit a few percent apart on identical code -- where each
+    lands in memory, its hash seed -- and keep that offset in every window, so a change of
+    a few percent is read from several pairs, never one (docs/benchmarks.md)."""
     tree = baseline_tree(args.baseline, workdir)
     if tree is None:
         return []
-    old = start_gateway(worker, workdir, src=tree / "src")
-    new = start_gateway(worker, workdir)
-    try:
-        await wait_ready(old, [MODEL])
-        await wait_ready(new, [MODEL])
-        out = []
-        for layout in where:
-            sides = (Side(args.baseline[:12]), Side("this tree"))
-            for run in range(args.runs):
-                for i in (0, 1) if run % 2 == 0 else (1, 0):
-                    gateway = (old, new)[i]
-                    place(layout, gateway, worker)
-                    via = await _window(gateway.url, 16, args, [gateway.proc.pid, worker.proc.pid])
-                    gw_cpu, wkr_cpu = cpu_per_request(via)
-                    sides[i].gateway_cpu.append(gw_cpu)
-                    sides[i].worker_cpu.append(wkr_cpu)
-                    sides[i].p50.append(via.p50)
-            out.append((layout, *sides))
-        return out
-    finally:
-        old.stop()
-        new.stop()
+    sides = {layout: (Side(args.baseline[:12]), Side("this tree")) for layout in where}
+    for pair in range(max(1, args.pairs)):
+        if pair % 2 == 0:
+            old = start_gateway(worker, workdir, src=tree / "src")
+            new = start_gateway(worker, workdir)
+        else:
+            new = start_gateway(worker, workdir)
+            old = start_gateway(worker, workdir, src=tree / "src")
+        try:
+            await wait_ready(old, [MODEL])
+            await wait_ready(new, [MODEL])
+            for layout in where:
+                for side in sides[layout]:
+                    side.per_pair.append(args.runs)
+                for run in range(args.runs):
+                    for i in (0, 1) if run % 2 == 0 else (1, 0):
+                        gateway = (old, new)[i]
+                        place(layout, gateway, worker)
+                        via = await _window(
+                            gateway.url, 16, args, [gateway.proc.pid, worker.proc.pid]
+                        )
+                        gw_cpu, wkr_cpu = cpu_per_request(via)
+                        side = sides[layout][i]
+                        side.gateway_cpu.append(gw_cpu)
+                        side.worker_cpu.append(wkr_cpu)
+                        side.p50.append(via.p50)
+        finally:
+            old.stop()
+            new.stop()
+    return [(layout, *sides[layout]) for layout in where]
 
 
 def baseline_report(rows: Sequence[tuple[Layout, Side, Side]]) -> None:
     print("this tree's gateway against the baseline's, in front of the same worker, windows")
-    print("alternating; 16 in flight, medians")
+    print("alternating; 16 in flight, medians; both gateways restarted for each pair")
     for layout, base, this in rows:
         print()
         print(f"cores -- {layout.describe()}")
@@ -520,6 +551,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         metavar="REV",
         help="instead of the tables: this tree's gateway against the one at git revision REV "
         "(CPU per request and p50 at 16 in flight, side by side)",
+    )
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        default=3,
+        help="with --baseline: start both gateways afresh this many times (--runs windows "
+        "each per layout); one pair of processes can be a few percent apart on identical code",
     )
     parser.add_argument("--workdir", help="keep the repository, cache and logs here")
     args = parser.parse_args(argv)

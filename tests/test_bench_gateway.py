@@ -126,3 +126,14 @@ def test_the_comparison_reports_the_ratio_to_the_baseline() -> None:
     row = this.row(base)
     assert " 60.0 " in row and "0.400" in row and "x0.800" in row
     assert "x" not in base.row().split("|")[-1]
+
+
+def test_the_comparison_gives_each_pair_of_processes_its_own_ratio() -> None:
+    """Windows are grouped by the pair of processes that measured them: each pair's ratio
+    is printed after the overall one, so an offset one pair carries shows as such."""
+    base = bg.Side("abc1234", [100e-6, 100e-6, 80e-6, 80e-6], [150e-6] * 4, [3e-3] * 4, [2, 2])
+    this = bg.Side("this tree", [90e-6, 90e-6, 80e-6, 80e-6], [150e-6] * 4, [3e-3] * 4, [2, 2])
+    assert bg.pair_ratios(base, this) == [0.9, 1.0]
+    assert this.row(base).endswith("by pair of processes x0.900 x1.000")
+    one = bg.Side("this tree", [90e-6, 90e-6], [150e-6] * 2, [3e-3] * 2, [2])
+    assert "by pair" not in one.row(bg.Side("abc1234", [100e-6] * 2, [150e-6] * 2, [3e-3] * 2, [2]))
