@@ -145,12 +145,7 @@ class WorkerClient:
         if self._waiters or conn is None or not conn.takes_another(self._active, self._max_streams):
             return None
         self._active += 1
-        self._calls += 1
-        try:
-            return conn.start(path, payload, deadline, on_done, self._release, tell=tell)
-        except BaseException:
-            self._release()
-            raise
+        return self._start(conn, path, payload, deadline, on_done, tell)
 
     async def start_when_ready(
         self,
