@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from reactantserver.transport.h2conn import HELD, CorkedTransport
+from reactantserver.transport.h2conn import CorkedTransport, held_writes
 
 
 class _Socket:
@@ -47,17 +47,18 @@ async def _inside() -> None:
     a, b = _Socket(), _Socket()
     cork_a, cork_b = _cork(a, loop), _cork(b, loop)
     ran_between: list[bool] = []
-    HELD.enter()
+    held = held_writes()
+    held.enter()
     try:
         loop.call_soon(lambda: ran_between.append(True))
         cork_a.write(b"one")
-        HELD.enter()  # a nested callback: only the outermost flushes
+        held.enter()  # a nested callback: only the outermost flushes
         cork_b.write(b"two")
-        HELD.leave()
+        held.leave()
         cork_a.write(b"three")
         assert a.sent == [] and b.sent == []
     finally:
-        HELD.leave()
+        held.leave()
     assert a.sent == [b"onethree"] and b.sent == [b"two"]
     assert ran_between == []  # sent before the loop ran anything else
     await asyncio.sleep(0)
@@ -86,16 +87,17 @@ def test_a_failing_flush_does_not_keep_the_others(caplog: pytest.LogCaptureFixtu
 async def _failing(caplog: pytest.LogCaptureFixture) -> None:
     loop = asyncio.get_running_loop()
     broken, fine = _Socket(fail=True), _Socket()
-    HELD.enter()
+    held = held_writes()
+    held.enter()
     try:
         _cork(broken, loop).write(b"lost")
         _cork(fine, loop).write(b"kept")
     finally:
         with caplog.at_level(logging.ERROR, logger="reactantserver.transport.h2conn"):
-            HELD.leave()
+            held.leave()
     assert fine.sent == [b"kept"]
     assert "writing a connection's output failed" in caplog.text
-    assert HELD.depth == 0
+    assert held.depth == 0
 
 
 def test_each_thread_owes_its_own_flushes() -> None:
@@ -104,7 +106,11 @@ def test_each_thread_owes_its_own_flushes() -> None:
     socket = _Socket()
     seen: list[list[bytes]] = []
 
+    theirs: list[object] = []
+
     def other_thread() -> None:
+        theirs.append(held_writes())
+
         async def write() -> None:
             cork = _cork(socket, asyncio.get_running_loop())
             cork.write(b"x")
@@ -113,11 +119,13 @@ def test_each_thread_owes_its_own_flushes() -> None:
 
         asyncio.run(write())
 
-    HELD.enter()
+    held = held_writes()
+    held.enter()
     try:
         thread = threading.Thread(target=other_thread, name="other")
         thread.start()
         thread.join()
     finally:
-        HELD.leave()
+        held.leave()
     assert seen == [[b"x"]]
+    assert theirs[0] is not held and held_writes() is held  # one per thread, kept

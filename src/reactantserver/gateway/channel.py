@@ -78,7 +78,7 @@ from collections.abc import Callable
 from urllib.parse import unquote
 
 from ..errors import DeadlineExceeded
-from ..transport.h2conn import HELD
+from ..transport.h2conn import held_writes
 from ..transport.h2wire import CANCEL, REFUSED_STREAM
 from . import http2
 from .wire import encode_grpc_timeout
@@ -202,6 +202,8 @@ class WorkerConnection(asyncio.Protocol):
         self._authority = authority.encode()
         self._max_reply = max_reply_bytes
         self._loop = asyncio.get_running_loop()
+        #: This thread's owed flushes (made on the loop's thread: the loop is running).
+        self._held = held_writes()
         self._h2 = http2.ClientConnection(
             stream_window=STREAM_WINDOW,
             connection_window=CONNECTION_WINDOW,
@@ -236,11 +238,12 @@ class WorkerConnection(asyncio.Protocol):
         self._flush()
 
     def data_received(self, data: bytes) -> None:
-        HELD.enter()  # answers to clients, and our frames, are sent as it returns
+        held = self._held
+        held.enter()  # answers to clients, and our frames, are sent as it returns
         try:
             self._received(data)
         finally:
-            HELD.leave()
+            held.leave()
 
     def _received(self, data: bytes) -> None:
         try:
@@ -407,7 +410,7 @@ class WorkerConnection(asyncio.Protocol):
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            HELD.flush_soon(self._loop, self._flush)
+            self._held.flush_soon(self._loop, self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False

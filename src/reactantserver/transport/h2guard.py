@@ -79,7 +79,7 @@ from h2.errors import ErrorCodes
 
 from .faultlog import FaultLog
 from .framing import MessageFramer, Refusal
-from .h2conn import HELD, CorkedTransport, new_h2_connection
+from .h2conn import CorkedTransport, held_writes, new_h2_connection
 from .h2lean import ServerConnection
 from .limits import Fault, WireCounters, WireLimits
 from .unary import DirectAdmission, DirectCalls, status_headers
@@ -455,6 +455,8 @@ class GuardedProtocol(asyncio.Protocol):
         self._processor: _Processor | None = None
         self._transport: asyncio.Transport | None = None
         self._cork: CorkedTransport | None = None
+        #: This thread's owed flushes (the protocol is made on its loop's thread).
+        self._held = held_writes()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handshaken = False
         #: GOAWAY sent or the connection refused: input is no longer read.
@@ -503,11 +505,12 @@ class GuardedProtocol(asyncio.Protocol):
         if self._closing or self.connection is None or self._processor is None:
             return
         self.read_at = self.now()
-        HELD.enter()  # what this read provokes is sent as it returns
+        held = self._held
+        held.enter()  # what this read provokes is sent as it returns
         try:
             self._received(self.connection, self._processor, data)
         finally:
-            HELD.leave()
+            held.leave()
 
     def _received(self, connection: Connection, processor: _Processor, data: bytes) -> None:
         try:
