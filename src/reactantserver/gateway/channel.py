@@ -281,16 +281,14 @@ class WorkerConnection(asyncio.Protocol):
     def remote_max_streams(self) -> int:
         return self._h2.peer_max_streams
 
+    def slot_limit(self, most: int) -> int:
+        """How many calls a caller allowing ``most`` may have open here: ``most``, or
+        fewer if the worker allows fewer, and at least one."""
+        return max(1, min(most, self._h2.peer_max_streams))
+
     def takes_another(self, active: int, most: int) -> bool:
-        """:attr:`usable`, with fewer than ``max(1, min(most, remote_max_streams))``
-        calls ``active``: the caller's slot rule, checked at once on the request path."""
-        h2c = self._h2
-        return (
-            self.closed is None
-            and not h2c.goaway_received
-            and h2c.can_open_ids
-            and active < max(1, min(most, h2c.peer_max_streams))
-        )
+        """:attr:`usable`, with fewer than :meth:`slot_limit` calls ``active``."""
+        return self.usable and active < self.slot_limit(most)
 
     @property
     def open_calls(self) -> int:

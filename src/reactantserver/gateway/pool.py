@@ -205,7 +205,7 @@ class WorkerClient:
 
     def _limit_of(self, conn: WorkerConnection) -> int:
         """Stream slots on a usable connection: ours, or fewer if the worker allows fewer."""
-        return max(1, min(self._max_streams, conn.remote_max_streams))
+        return conn.slot_limit(self._max_streams)
 
     async def _acquire(self, deadline: float) -> None:
         if self._active < self._limit() and not self._waiters:

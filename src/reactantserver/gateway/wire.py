@@ -95,86 +95,81 @@ def _varint_at(data: bytes | memoryview, pos: int, end: int) -> tuple[int, int]:
     return -1, pos
 
 
+def _usual_field(data: bytes | memoryview, pos: int, end: int) -> tuple[int, int, int]:
+    """The field at ``pos`` as :func:`_peek_usual` takes it: ``(number, start, stop)`` of
+    a length-delimited field under a one-byte tag whose length (below 2^28) fits before
+    ``end``; number 0 for anything else."""
+    key = data[pos]
+    if key & 7 != LEN or not 8 <= key < 0x80:
+        return 0, pos, pos
+    size = data[pos + 1] if pos + 1 < end else 0x80
+    if size < 0x80:
+        start = pos + 2
+    else:
+        size, start = _varint_at(data, pos + 1, end)
+        if size < 0:
+            return 0, pos, pos
+    stop = start + size
+    return (key >> 3, start, stop) if stop <= end else (0, pos, pos)
+
+
 def _peek_usual(data: bytes | memoryview) -> InferPeek | None:
     """:func:`_peek` for the message every client sends, in one pass of plain loops:
     every field length-delimited under a one-byte tag, lengths and extents below 2^28,
     text that is UTF-8. None for anything else -- :func:`_peek` then reads the message
     again and gives its answer or its error. Where both answer, they answer alike
-    (``tests/test_gateway_wire.py``).
-
-    Each level reads its fields alike, written out in both loops rather than called (a
-    call per field was a fifth of the peek): a tag byte ``key`` of a length-delimited
-    field (``key & 7 == LEN``, field number ``key >> 3`` from 1 to 15), then its length,
-    one byte below 0x80 or a short varint, then that many bytes within the message.
-    """
+    (``tests/test_gateway_wire.py``)."""
     end = len(data)
     pos = 0
     model = request_id = ""
     inputs: list[tuple[str, tuple[int, ...]]] = []
     try:
         while pos < end:
-            key = data[pos]
-            if key & 7 != LEN or not 8 <= key < 0x80 or pos + 1 >= end:
-                return None
-            size = data[pos + 1]
-            if size < 0x80:
-                pos += 2
-            else:
-                size, pos = _varint_at(data, pos + 1, end)
-                if size < 0:
-                    return None
-            stop = pos + size
-            if stop > end:
-                return None
-            number = key >> 3
-            if number == 5:  # an InferInputTensor: its name (1) and packed shape (3)
-                if len(inputs) >= MAX_INPUTS:
-                    return None
-                name = ""
-                shape: list[int] = []
-                while pos < stop:
-                    key = data[pos]
-                    if key & 7 != LEN or not 8 <= key < 0x80 or pos + 1 >= stop:
-                        return None
-                    size = data[pos + 1]
-                    if size < 0x80:
-                        pos += 2
-                    else:
-                        size, pos = _varint_at(data, pos + 1, stop)
-                        if size < 0:
-                            return None
-                    field_end = pos + size
-                    if field_end > stop:
-                        return None
-                    if key == _NAME_TAG:
-                        name = str(data[pos:field_end], "utf-8")
-                    elif key == _SHAPE_TAG:
-                        while pos < field_end:
-                            extent = data[pos]
-                            if extent < 0x80:
-                                pos += 1
-                            else:
-                                extent, pos = _varint_at(data, pos, field_end)
-                                if extent < 0:
-                                    return None
-                            shape.append(extent)
-                        if len(shape) > MAX_DIMS:
-                            return None
-                    pos = field_end
-                inputs.append((name, tuple(shape)))
-            elif number == 1:
+            number, pos, stop = _usual_field(data, pos, end)
+            if number == 1:
                 model = str(data[pos:stop], "utf-8")
             elif number == 3:
                 request_id = str(data[pos:stop], "utf-8")
+            elif number == 5:
+                tensor = _input_usual(data, pos, stop)
+                if tensor is None or len(inputs) >= MAX_INPUTS:
+                    return None
+                inputs.append(tensor)
+            elif number == 0:
+                return None
             pos = stop
     except UnicodeDecodeError:
         return None
     return InferPeek(model, request_id, tuple(inputs))
 
 
-#: The tags of an input's name (field 1) and shape (field 3, packed), length-delimited.
-_NAME_TAG = 1 << 3 | LEN
-_SHAPE_TAG = 3 << 3 | LEN
+def _input_usual(
+    data: bytes | memoryview, pos: int, end: int
+) -> tuple[str, tuple[int, ...]] | None:
+    """One ``InferInputTensor`` the way :func:`_peek_usual` reads (shape packed);
+    UnicodeDecodeError for a name that is not UTF-8."""
+    name = ""
+    shape: list[int] = []
+    while pos < end:
+        number, pos, stop = _usual_field(data, pos, end)
+        if number == 1:
+            name = str(data[pos:stop], "utf-8")
+        elif number == 3:
+            while pos < stop:
+                extent = data[pos]
+                if extent < 0x80:
+                    pos += 1
+                else:
+                    extent, pos = _varint_at(data, pos, stop)
+                    if extent < 0:
+                        return None
+                shape.append(extent)
+            if len(shape) > MAX_DIMS:
+                return None
+        elif number == 0:
+            return None
+        pos = stop
+    return name, tuple(shape)
 
 
 def _peek(data: bytes | memoryview) -> InferPeek:
