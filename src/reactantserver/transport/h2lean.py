@@ -743,8 +743,8 @@ class ServerConnection:
             events.append(WindowUpdated(stream_id=0, delta=increment))
             return
         stream = self.streams.get(sid)
-        if stream is None:  # most often a stream just answered: most peers send one per call
-            if not sid % 2 or sid > self.highest_inbound_stream_id:  # idle (_is_idle)
+        if stream is None:
+            if self._is_idle(sid):
                 raise h2.exceptions.NoSuchStreamError(sid)
             return  # closed: ignored
         window = stream.send_window + increment
