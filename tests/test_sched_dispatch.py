@@ -590,3 +590,44 @@ async def test_the_dispatch_timeout_fires_for_a_threaded_execution(
         scheduler.close()
     assert [m for m, _ in executor.threads] == ["slow", "tiny"]
     assert scheduler.statistics().overruns == 1
+
+
+async def test_on_batch_is_called_once_per_batch_that_reached_the_device(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``on_batch(batch, seconds)`` runs on the loop right after ``policy.complete``,
+    once per batch that reached the device -- ok, failed, short, overrun -- with the
+    seconds the batch is charged; a batch whose prepare failed never reached it."""
+    executor = FakeExecutor(cost=lambda b: {"a": 1.0, "b": 0.5, "c": 9.0}[b.model])
+    scheduler_box: list[Scheduler] = []
+    seen: list[tuple[str, int, float, int]] = []
+
+    def on_batch(batch: Batch, seconds: float) -> None:
+        # Right after complete: the policy has already counted this batch.
+        stats = scheduler_box[0].policy.statistics(trio.current_time()).models[batch.model]
+        seen.append((batch.model, batch.size, seconds, stats.dispatches + stats.failures))
+        raise RuntimeError("a broken hook does not disturb the loop")
+
+    scheduler = Scheduler(
+        SchedulerConfig(dispatch_timeout_seconds=5.0), executor, on_batch=on_batch
+    )
+    scheduler_box.append(scheduler)
+    for name in ("a", "b", "c", "d"):
+        scheduler.add_model(name, [1, 2, 4])
+    executor.short.add("b")
+    executor.prepare_fail["d"] = RuntimeError("no weights")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(scheduler.run)
+        assert await scheduler.submit("a", 1) == ("out", 1)
+        with pytest.raises(ExecutionFailed):
+            await scheduler.submit("b", 1)
+        with pytest.raises(ExecutionFailed):
+            await scheduler.submit("c", 1)  # overruns at 5 s, returns at 9 s
+        await trio.sleep(5.0)
+        assert scheduler.ready
+        with pytest.raises(ExecutionFailed):
+            await scheduler.submit("d", 1)  # prepare failed: never on the device
+        await scheduler.aclose()
+    assert [(m, n) for m, n, _, _ in seen] == [("a", 1), ("b", 1), ("c", 1)]
+    assert [s for _, _, s, _ in seen] == pytest.approx([1.0, 0.5, 9.0])
+    assert all(counted >= 1 for *_, counted in seen)

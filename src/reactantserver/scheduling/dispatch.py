@@ -167,7 +167,14 @@ _PENDING: Any = object()
 
 
 class Scheduler:
-    """Queue requests per model and run them on one device (see the module docstring)."""
+    """Queue requests per model and run them on one device (see the module docstring).
+
+    ``on_batch(batch, seconds)``, when given, is called on the loop exactly once per
+    batch that reached the device -- ok or failed, overruns included; not a batch whose
+    ``prepare`` failed -- right after the policy's ``complete``, with the seconds of
+    device time that batch is charged (the same seconds ``complete`` learned). An
+    exception it raises is logged and does not disturb the loop.
+    """
 
     def __init__(
         self,
@@ -176,8 +183,13 @@ class Scheduler:
         *,
         policy: SchedulingPolicy | None = None,
         inline_max_seconds: float | None = None,
+        on_batch: Callable[[Batch, float], None] | None = None,
     ) -> None:
         self.config = config
+        #: Called on the loop once per batch that reached the device (ok or failed,
+        #: overruns included), right after ``policy.complete``, with the seconds of
+        #: device time the batch is charged.
+        self._on_batch = on_batch
         self._policy = policy if policy is not None else SchedulingPolicy(config)
         self._executor = executor
         self._blocking = isinstance(executor, BlockingExecutor)
@@ -499,9 +511,9 @@ class Scheduler:
                 self._threaded += 1
                 result = await self._execution(nursery, batch, start)
                 if result is None:  # overran: its requests were failed already
-                    policy.complete(
-                        batch, trio.current_time() - start, trio.current_time(), ok=False
-                    )
+                    now = trio.current_time()
+                    policy.complete(batch, now - start, now, ok=False)
+                    self._batch_done(batch, now - start)
                     return
             now = trio.current_time()
             if self._blocking:
@@ -603,6 +615,7 @@ class Scheduler:
                 raise error
             self._failed += 1
             policy.complete(batch, elapsed, now, ok=False)
+            self._batch_done(batch, elapsed)
             self._fail_batch(batch, _executor_error(batch, "executing", error))
             return
         assert isinstance(result, outcome.Value)
@@ -610,6 +623,7 @@ class Scheduler:
         if len(values) != len(batch.requests):
             self._failed += 1
             policy.complete(batch, elapsed, now, ok=False)
+            self._batch_done(batch, elapsed)
             self._fail_batch(
                 batch,
                 lambda: ExecutionFailed(
@@ -619,6 +633,7 @@ class Scheduler:
             )
             return
         policy.complete(batch, elapsed, now)
+        self._batch_done(batch, elapsed)
         answers = self._answers
         for request, value in zip(batch.requests, values, strict=True):
             answer = answers.pop(request.seq, None)
@@ -634,6 +649,14 @@ class Scheduler:
                 )
             else:
                 answer(value, None)
+
+    def _batch_done(self, batch: Batch, seconds: float) -> None:
+        """``on_batch`` for a batch that reached the device (see the class docstring)."""
+        if self._on_batch is not None:
+            try:
+                self._on_batch(batch, seconds)
+            except Exception:
+                log.exception("on_batch hook failed for model %r", batch.model)
 
     def _maybe_prefetch(self, nursery: trio.Nursery) -> None:
         executor = self._executor
