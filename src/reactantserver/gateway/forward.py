@@ -47,23 +47,67 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any, Protocol
 
-from ..errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
+from ..errors import (
+    DeadlineExceeded,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
 from ..status import to_status
 from ..transport.unary import UnaryCall
 from .calls import CANCELLED, DEADLINE_EXCEEDED, FAILOVER_STATUSES, NOT_FOUND, OK
 from .channel import Call, ChannelError, Reply
-from .routing import Outcome, Ticket
+from .pool import WorkerClient
+from .routing import Outcome, Router, Ticket
+from .stats import GatewayStats
 from .table import Replica, items_of
 from .wire import InferPeek, peek_infer
 
-if TYPE_CHECKING:
-    from .pool import WorkerClient
-    from .proxy import Proxy
-
 log = logging.getLogger(__name__)
+
+
+class Gateway(Protocol):
+    """What a :class:`Forward` reads and calls of the gateway around it (the proxy,
+    :class:`.proxy.Proxy`, is one): stated here so that this module does not import the
+    proxy, which imports it."""
+
+    @property
+    def stats(self) -> GatewayStats: ...
+    @property
+    def router(self) -> Router: ...
+    @property
+    def clients(self) -> Mapping[str, WorkerClient]: ...
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def tasks(self) -> set[asyncio.Task[None]]: ...
+    @property
+    def draining(self) -> bool: ...
+    @property
+    def cap(self) -> int:
+        """ModelInfer calls in flight at most (0: no cap)."""
+        ...
+
+    @property
+    def timeout(self) -> float:
+        """A call's deadline when its client set none (seconds)."""
+        ...
+
+    @property
+    def refresh(self) -> Callable[[float], Awaitable[None]]:
+        """Refresh the route table now (single-flight), by the deadline given."""
+        ...
+
+    @property
+    def refresh_soon(self) -> Callable[[], None]: ...
+    def call_ended(self) -> None: ...
+    def lost_message(self, client: WorkerClient, exc: ChannelError, request_id: str) -> str: ...
+    def not_served(self, model: str) -> NotFound | Unavailable: ...
+
 
 INFER_PATH = b"/inference.GRPCInferenceService/ModelInfer"
 RPC = "ModelInfer"
@@ -76,7 +120,9 @@ class Forward:
                  "_peek", "_pending", "_proxy", "_sent_at", "_started", "_task",
                  "_ticket")  # fmt: skip
 
-    def __init__(self, proxy: Proxy, call: UnaryCall, data: bytes | memoryview, now: float) -> None:
+    def __init__(
+        self, proxy: Gateway, call: UnaryCall, data: bytes | memoryview, now: float
+    ) -> None:
         self._proxy = proxy
         self._call = call
         self._data = data

@@ -4,9 +4,9 @@
   (:class:`.h2lean.ServerConnection`) whose *first* SETTINGS frame carries every limit of
   :class:`~.limits.WireLimits` (stream count, header list size, frame size, stream
   window), in force from the first byte.
-* :class:`_Settings`: h2's settings record, except that it hides our stream limit from
-  a connection-level check (h2 treats one stream too many as a connection error; the
-  guard refuses just that stream).
+  Its SETTINGS values and h2's reference connection (:func:`h2_reference_connection`,
+  re-exported) live in :mod:`.h2settings`, below both this module and :mod:`.h2lean`,
+  so that the two do not import each other.
 * Received bytes are cut into frames by :class:`.h2frames.FrameCutter` (a frame's length
   judged from its 9-byte header, header blocks bounded, each body copied once, quiet
   frame classes whose ``repr`` does not hex-encode the payload) for h2's connection (the
@@ -25,44 +25,25 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import h2.settings
-from h2.settings import SettingCodes
-
-from .h2frames import FrameCutter, route_quiet_frames
+from .h2lean import ServerConnection
+from .h2settings import h2_reference_connection
 from .limits import WireLimits
 
 log = logging.getLogger(__name__)
 
-if TYPE_CHECKING:
-    from h2.connection import H2Connection
-
-    from .h2lean import ServerConnection
+__all__ = [
+    "FLUSH_BYTES",
+    "CorkedTransport",
+    "HeldWrites",
+    "h2_reference_connection",
+    "held_writes",
+    "new_h2_connection",
+]
 
 #: Buffered writes at least this large are sent at once instead of at the end of the pass.
 FLUSH_BYTES = 256 * 1024
-#: What h2 sees as our stream limit: never reached, since we enforce ours per stream.
-_UNCOUNTED = 2**32 + 1
-
-
-class _Settings(h2.settings.Settings):
-    """Our SETTINGS as h2 keeps them, except for the stream count h2 enforces.
-
-    h2 treats a stream past SETTINGS_MAX_CONCURRENT_STREAMS as a *connection* error
-    (``TooManyStreamsError``, GOAWAY), which drops every call of a client that raced our
-    SETTINGS. RFC 9113 §5.1.2 lets a server refuse just that stream with REFUSED_STREAM,
-    which gRPC clients retry; :mod:`.h2guard` does that. The advertised value is
-    still ours: it is read through the mapping, not this property.
-    """
-
-    @property
-    def max_concurrent_streams(self) -> int:
-        return _UNCOUNTED
-
-    @max_concurrent_streams.setter
-    def max_concurrent_streams(self, value: int) -> None:
-        self[SettingCodes.MAX_CONCURRENT_STREAMS] = value
 
 
 def new_h2_connection(limits: WireLimits) -> ServerConnection:
@@ -72,45 +53,7 @@ def new_h2_connection(limits: WireLimits) -> ServerConnection:
     before it has read them is held to limits it could not know, which only ever makes us
     more permissive (larger frames and windows than it assumes), never stricter.
     """
-    from .h2lean import ServerConnection  # h2lean builds on this module's frame buffer
-
     return ServerConnection(limits)
-
-
-def h2_reference_connection(limits: WireLimits) -> H2Connection:
-    """h2's own server connection, configured as ours was before :mod:`.h2lean`: the
-    oracle ``tests/test_h2lean.py`` holds :class:`~.h2lean.ServerConnection` to, and the
-    baseline of ``benchmarks/bench_h2lean.py``. Not used to serve."""
-    from h2.config import H2Configuration
-    from h2.connection import H2Connection
-
-    conn = H2Connection(
-        config=H2Configuration(
-            client_side=False,
-            header_encoding="ascii",
-            validate_inbound_headers=False,  # ours: framing.request_head
-            validate_outbound_headers=False,
-            normalize_inbound_headers=False,
-            normalize_outbound_headers=False,
-        )
-    )
-    conn.local_settings = _Settings(client=False, initial_values=_local_settings(limits))
-    conn.max_inbound_frame_size = limits.max_frame_size
-    conn.decoder.max_header_list_size = limits.max_header_list_size
-    conn.incoming_buffer = FrameCutter(limits.max_header_list_size)
-    route_quiet_frames(conn)
-    return conn
-
-
-def _local_settings(limits: WireLimits) -> dict[SettingCodes, int]:
-    """Our SETTINGS: every limit, in the first SETTINGS frame."""
-    return {
-        SettingCodes.MAX_CONCURRENT_STREAMS: limits.max_concurrent_streams,
-        SettingCodes.MAX_HEADER_LIST_SIZE: limits.max_header_list_size,
-        SettingCodes.MAX_FRAME_SIZE: limits.max_frame_size,
-        SettingCodes.INITIAL_WINDOW_SIZE: limits.stream_window,
-        SettingCodes.ENABLE_PUSH: 0,
-    }
 
 
 class HeldWrites:

@@ -22,7 +22,7 @@ events to :class:`_Processor`, grpclib's ``EventsProcessor`` with these changes:
   encoding, ``grpc-timeout``, known path); a refusal is answered trailers-only at once.
   A stream past ``max_concurrent_streams`` is reset with REFUSED_STREAM (clients retry
   it); h2 would instead tear the whole connection down, so its own count is disabled
-  (:class:`.h2conn._Settings`) and the limit is enforced here, per stream.
+  (:class:`.h2settings.ServerSettings`) and the limit is enforced here, per stream.
 * **Messages are judged as DATA arrives.** A :class:`.framing.MessageFramer` per stream
   reads each 5-byte gRPC prefix the moment it is complete: a declared length over
   ``max_message_bytes`` (or a bad flag, a second message on a unary call, a stream cut

@@ -51,7 +51,7 @@ Semantics (RFC 9113, server side; as h2 behaves, except where noted):
 
 What it refuses or leaves out: opening streams (a server never does; no push), priority
 trees (reported, not kept), SETTINGS_MAX_CONCURRENT_STREAMS as a connection error (the
-guard refuses one stream too many with REFUSED_STREAM, see :class:`.h2conn._Settings`),
+guard refuses one stream too many with REFUSED_STREAM, see :class:`.h2settings.ServerSettings`),
 header validation (ours is :func:`.framing.request_head`, as with h2's ``H2_CONFIG``),
 and the stream-level WINDOW_UPDATE on a half-closed (remote) stream (h2 sends one; the
 peer may send nothing more on it).
@@ -101,8 +101,8 @@ from hpack import HPACKError, OversizedHeaderListError
 from hyperframe.frame import ExtensionFrame
 
 from . import h2parse
-from .h2conn import _local_settings, _Settings
 from .h2parse import ALTSVC, FRAME_NAMES, KNOWN_TYPES, Body, Priority, RawFrameCutter
+from .h2settings import ServerSettings, local_settings
 from .h2wire import (
     ACK,
     CONTINUATION,
@@ -288,7 +288,7 @@ class ServerConnection:
     """The server side of one HTTP/2 connection (module docstring)."""
 
     def __init__(self, limits: WireLimits) -> None:
-        self.local_settings = _Settings(client=False, initial_values=_local_settings(limits))
+        self.local_settings = ServerSettings(client=False, initial_values=local_settings(limits))
         self.remote_settings = h2.settings.Settings(client=True)
         self.state_machine = _ConnectionStateMachine()
         self.streams: dict[int, H2Stream] = {}
