@@ -119,6 +119,16 @@ class CandidateTable:
             gap = gap - usage / total_usage
         return np.minimum(np.maximum(gap, -cap), cap) / self.cost[:n]
 
+    def service_level(self, usage: Floats) -> float:
+        """The fair service level: the smallest ``usage / weight`` among the candidates.
+
+        ``np.min`` rather than the ``ndarray.min`` method: numpy 2.5's stubs give the
+        method self-typed overloads that mypy matches to none when called without
+        arguments (``All overload variants of "min" of "ndarray" require at least one
+        argument``); the function's overloads type-check under old and new stubs alike.
+        """
+        return float(np.min(usage / self.weight[: len(self.keys)]))
+
     def select(
         self,
         discipline: str,

@@ -16,9 +16,15 @@ Events and decisions::
     complete(batch, seconds, now)    -> None         (feeds the usage and cost EMAs)
     peek_next(now)                   -> model | None (for weight prefetch)
 
-**One batch at a time.** After ``next_batch`` hands out a batch, the next call to
-``next_batch`` must wait for ``complete`` of that batch (a ``LifecycleError``
-otherwise): the core models a single device.
+**One batch at a time** -- or ``max_in_flight`` of them. After ``next_batch`` hands
+out a batch, the next call to ``next_batch`` must wait for ``complete`` of that batch (a
+``LifecycleError`` otherwise): the core models a single device. A pipelined driver
+(``dispatch.py``, ``scheduler.pipeline_depth``) constructs the core with
+``max_in_flight=d``: up to ``d`` batches are handed out and not completed; the driver
+completes them in the order the device ran them (a batch that never reached the device,
+its ``prepare`` failed, may complete out of that order). A
+batch chosen while others are in flight is chosen before their device time is charged
+to the fair accounts: the fair shares lag by at most ``d - 1`` batches.
 
 **Order of a decision.** (1) Committed requests (meta-model sub-calls, queued at the
 front of their model's queue) go first, oldest first. (2) Otherwise the discipline
@@ -217,7 +223,9 @@ def _check_cap(name: str, cap: int) -> int:
 class SchedulingPolicy:
     """The scheduling core (see the module docstring for the rules)."""
 
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: SchedulerConfig, *, max_in_flight: int = 1) -> None:
+        if max_in_flight < 1:
+            raise ConfigError(f"scheduler.pipeline_depth: must be >= 1; got {max_in_flight}")
         if config.ema_halflife_seconds <= 0:
             raise ConfigError(
                 f"scheduler.ema_halflife_seconds: must be > 0; got {config.ema_halflife_seconds}"
@@ -242,8 +250,9 @@ class SchedulingPolicy:
         self._deadlines: list[tuple[float, int, Request]] = []
         self._request_seq = itertools.count()
         self._batch_seq = itertools.count()
-        self._running: Batch | None = None
-        self._running_model: _Model | None = None
+        #: Batches handed out and not completed, in the order they were handed out.
+        self._running: dict[int, tuple[Batch, _Model]] = {}
+        self.max_in_flight = max_in_flight
         self._closed = False
         # The fair service level L (smallest usage/weight among candidates at the
         # last fair decision), stored like a usage: a value and the time it was read.
@@ -443,10 +452,12 @@ class SchedulingPolicy:
 
     def next_batch(self, now: float) -> Decision:
         """Choose, plan and take the next batch (see the module docstring)."""
-        if self._running is not None:
+        if len(self._running) >= self.max_in_flight:
+            last = next(reversed(self._running.values()))[0]
             raise LifecycleError(
-                f"next_batch called while batch {self._running.seq} of model "
-                f"{self._running.model!r} is still running; complete() it first"
+                f"next_batch called while batch {last.seq} of model {last.model!r} is still "
+                f"running ({len(self._running)} in flight, at most {self.max_in_flight}); "
+                "complete() it first"
             )
         shed: list[Request] = []
         edf = self.discipline == "edf"
@@ -477,7 +488,7 @@ class SchedulingPolicy:
                 rows = sum(r.rows for r in survivors)
                 size = shrink_size(m.sizes, plan.size, rows) if m.coalescable else plan.size
             learned = m.costs.fastest(size)
-            self._running = Batch(
+            batch = Batch(
                 seq=next(self._batch_seq),
                 model=m.name,
                 size=size,
@@ -487,8 +498,8 @@ class SchedulingPolicy:
                 started=now,
                 cost=math.inf if learned is None else learned,
             )
-            self._running_model = m
-            return Decision(self._running, tuple(shed))
+            self._running[batch.seq] = (batch, m)
+            return Decision(batch, tuple(shed))
         return Decision(None, tuple(shed))
 
     def complete(
@@ -496,10 +507,10 @@ class SchedulingPolicy:
     ) -> None:
         """Account a finished batch: usage always (the device was busy), cost and
         served counters only when ``ok`` (a failed or timed-out run is no cost sample)."""
-        if batch is not self._running:
+        entry = self._running.get(batch.seq)
+        if entry is None or entry[0] is not batch:
             raise LifecycleError(f"complete() of batch {batch.seq}, which is not the running one")
-        m = self._running_model
-        self._running = self._running_model = None
+        m: _Model | None = self._running.pop(batch.seq)[1]
         seconds = max(compute_seconds, 0.0)
         self._totals["dispatches"] += 1
         self._total_compute += seconds
@@ -528,7 +539,8 @@ class SchedulingPolicy:
         """
         # By name: if the running model was replaced meanwhile, its successor's
         # weights are the ones the cache holds under that name.
-        running = None if self._running is None else self._models.get(self._running.model)
+        last = next(reversed(self._running.values()), None)
+        running = None if last is None else self._models.get(last[0].model)
         committed = self._committed_model(exclude=running)
         if committed is not None:
             return committed.name
@@ -559,8 +571,14 @@ class SchedulingPolicy:
 
     @property
     def running(self) -> Batch | None:
-        """The batch handed out and not yet completed."""
-        return self._running
+        """The oldest batch handed out and not yet completed."""
+        first = next(iter(self._running.values()), None)
+        return None if first is None else first[0]
+
+    @property
+    def in_flight(self) -> tuple[Batch, ...]:
+        """Every batch handed out and not yet completed, oldest first."""
+        return tuple(batch for batch, _ in self._running.values())
 
     @property
     def queued(self) -> int:
@@ -623,7 +641,7 @@ class SchedulingPolicy:
             dispatches=self._totals["dispatches"],
             compute_seconds=self._total_compute,
             shed=self._totals["shed"],
-            running=self._running.model if self._running is not None else None,
+            running=self.running.model if self._running else None,
         )
 
     # ----------------------------------------------------------------- private
@@ -698,8 +716,7 @@ class SchedulingPolicy:
             return only
         slot, usage = table.select(self.discipline, now=now, halflife=self._halflife, cap=self._cap)
         if usage is not None:
-            n = len(table)
-            self._level = float((usage / table.weight[:n]).min())
+            self._level = table.service_level(usage)
             self._level_stamp = now
         chosen: _Model = table.keys[slot]
         return chosen
