@@ -1044,3 +1044,26 @@ def message_sends(draw: st.DrawFn) -> tuple[list[list[bytes]], list[int]]:
     messages = draw(st.lists(st.lists(piece, min_size=1, max_size=5), min_size=1, max_size=4))
     frames = draw(st.lists(st.integers(1, 16384), min_size=1, max_size=6))
     return messages, frames
+
+
+# ============================================================================================
+# Energy attribution (tests/test_energy.py)
+# ============================================================================================
+
+#: Models of the energy schedules; "never" is never run, so it must never be charged.
+ENERGY_MODELS = ("a", "b", "c")
+
+
+@st.composite
+def energy_schedules(draw: st.DrawFn) -> list[tuple[str, str, float]]:
+    """A device's timeline: ``("run", model, seconds)`` executions, ``("idle", "", seconds)``
+    gaps and ``("sample", "", 0.0)`` counter reads, in order; the first step is a sample
+    (the baseline) and so is the last."""
+    seconds = st.floats(min_value=0.001, max_value=5.0, allow_nan=False)
+    step = st.one_of(
+        st.tuples(st.just("run"), st.sampled_from(ENERGY_MODELS), seconds),
+        st.tuples(st.just("idle"), st.just(""), seconds),
+        st.tuples(st.just("sample"), st.just(""), st.just(0.0)),
+    )
+    middle = draw(st.lists(step, min_size=0, max_size=40))
+    return [("sample", "", 0.0), *middle, ("sample", "", 0.0)]
