@@ -27,7 +27,7 @@ per mode: requests/s and p50/p99 of the requests inside the window, weight loads
 the workers' ``worker_weight_loads_total``) per 1,000 requests, mean rows per execution
 (ModelControlStatus ``rows_served`` / ``dispatch_count`` deltas).
 
-Prediction. ``scheduling.fleet.simulate_fleet`` gets the calibrated costs, the weight bytes
+Prediction. ``fleet.simulate_fleet`` gets the calibrated costs, the weight bytes
 and budgets the workers reported, the fitted transfer time, the same popularity, in-flight
 count and scheduling knobs, and the live run's schedule in virtual time (the same warm-up and
 window; lpt_packing: the operator Repack at the same point of the warm-up, so its repack
@@ -106,8 +106,8 @@ from grpclib.client import Channel  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from tritonclient.grpc import InferInput  # noqa: E402
 
+from reactantserver.fleet.report import moved_models  # noqa: E402
 from reactantserver.protocol import reactant_control as cpb  # noqa: E402
-from reactantserver.scheduling.fleet_report import moved_models  # noqa: E402
 
 BATCH_SIZES = (1, 2, 4, 8)
 FEATURES = 32  # the zoo mlp's input width
@@ -407,7 +407,7 @@ def predict(
     ``request_seconds`` of worker CPU per request in series with execution, ``round_trip``
     the rest of the RPC path (a delay beside the workers)."""
     from reactantserver.config import GatewaySchedulingConfig
-    from reactantserver.scheduling.fleet import ClosedLoop, FleetModel, FleetWorker, simulate_fleet
+    from reactantserver.fleet import ClosedLoop, FleetModel, FleetWorker, simulate_fleet
 
     models = [
         FleetModel(

@@ -31,7 +31,7 @@ import argparse
 import time
 
 from reactantserver.config import GatewaySchedulingConfig, SchedulerConfig
-from reactantserver.scheduling.fleet import FleetModel, FleetWorker, simulate_fleet
+from reactantserver.fleet import FleetModel, FleetWorker, simulate_fleet
 from reactantserver.scheduling.simulate import (
     offered_load,
     poisson_arrivals,

@@ -25,7 +25,7 @@ import time
 
 from reactantserver.config import GatewaySchedulingConfig
 from reactantserver.config.schema import GatewayModelConfig
-from reactantserver.scheduling.fleet import (
+from reactantserver.fleet import (
     ClosedLoop,
     FleetReport,
     FleetWorker,

@@ -46,7 +46,7 @@ JAX_FREE = [
     "reactantserver.gateway.control",
     "reactantserver.gateway.lpt",
     "reactantserver.gateway.app",
-    "reactantserver.scheduling.fleet",
+    "reactantserver.fleet",
     "reactantserver.node",
     "reactantserver.client.coerce",
     "reactantserver.startup",

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from reactantserver.config import GatewaySchedulingConfig
-from reactantserver.scheduling.fleet import (
+from reactantserver.fleet import (
     ClosedLoop,
     FleetModel,
     FleetWorker,
@@ -156,7 +156,7 @@ def test_request_seconds_are_worker_cpu_in_series_with_the_device() -> None:
     from 1/c to 1/(c + r), the device is busy c/(c + r) of the time and the request CPU the
     rest, while the compute the policy records (what ModelControlStatus reports, what the
     gateway's packer reads) is still c per execution."""
-    from reactantserver.scheduling.fleet import FleetReport, FleetSimulation
+    from reactantserver.fleet import FleetReport, FleetSimulation
 
     c, r = 0.004, 0.001
     model = FleetModel(name="a", costs={1: c}, rate=1.0)

@@ -1,5 +1,9 @@
 """Fleet mode of the workload simulator: N workers behind the gateway, in virtual time.
 
+It drives the worker's scheduling and weight-cache policies *and* the gateway's router
+and controller, so it sits above both packages (``reactantserver.fleet``): the worker's
+``scheduling`` package never imports the gateway (tests/test_layers.py checks it).
+
 Theory of operation
 -------------------
 A discrete-event simulation with no event loop library: a heap of timed events, processed
@@ -34,7 +38,7 @@ generators drive a live server.
 Input is what a live harness can measure on real workers -- per model the cost of each
 compiled batch size and the weight bytes; per worker the weight budget and the host->device
 bandwidth -- so it can predict a live run (p50 per model, weight loads per second) and be
-compared with it. Output: :class:`~reactantserver.scheduling.fleet_report.FleetReport`.
+compared with it. Output: :class:`~reactantserver.fleet.report.FleetReport`.
 
 Not modelled: network and gateway CPU time (``network_delay`` adds a fixed one-way delay
 beside the workers; the workers' own per-request CPU is ``FleetWorker.request_seconds``),
@@ -60,9 +64,12 @@ from reactantserver.gateway.control import LptController
 from reactantserver.gateway.estimates import Trigger
 from reactantserver.gateway.routing import Router, Ticket, make_router
 from reactantserver.gateway.table import ModelSnapshot, RouteTable, WorkerSnapshot, build_table
+from reactantserver.scheduling.policy import SchedulingPolicy
+from reactantserver.scheduling.records import Batch
+from reactantserver.scheduling.simulate import ModelSpec
 from reactantserver.weights.policy import CachePlan, Hit, WeightCachePolicy
 
-from .fleet_report import (
+from .report import (
     FleetModelReport,
     FleetReport,
     FleetWorkerReport,
@@ -71,9 +78,6 @@ from .fleet_report import (
     moved_models,
     percentile,
 )
-from .policy import SchedulingPolicy
-from .records import Batch
-from .simulate import ModelSpec
 
 __all__ = [
     "ClosedLoop",

@@ -4,7 +4,7 @@ One gateway process fronts many workers (one per GPU). Everything here decides a
 here does I/O: no sockets, no clock, no trio, no grpclib, no protobuf, no JAX. The gateway's
 I/O (the gRPC proxy, the prober, the admin port) converts what it hears into the records
 below, calls these objects, and carries out what they return; the fleet simulator
-(``reactantserver.scheduling.fleet``) drives the very same objects in virtual time.
+(``reactantserver.fleet``) drives the very same objects in virtual time.
 
 Modules, one concern each:
 

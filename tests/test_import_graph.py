@@ -1,0 +1,121 @@
+"""The import graph read from the sources: which package may import which, and no circles.
+
+``tests/test_layers.py`` imports modules in fresh interpreters and looks at what came
+along; this file reads the ASTs instead, so it also sees imports made inside functions
+and under ``if TYPE_CHECKING:`` -- a lazy or type-only import that closes a circle is
+still a circle to a reader, and hides the layering it breaks.
+
+* The worker's scheduling package never imports the gateway: the fleet simulator, which
+  drives both, lives above them (:mod:`reactantserver.fleet`).
+* The transport (the HTTP/2 and gRPC layer both roles stand on) never imports the gateway.
+* Within ``transport/`` and within ``gateway/``, no module imports itself through others
+  (the circles ``h2conn`` <-> ``h2lean`` and ``proxy`` <-> ``forward`` were restructured
+  away, not hidden behind lazy imports).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+PACKAGE = SRC / "reactantserver"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, anywhere in it, as absolute dotted names (``from x
+    import y`` gives both ``x`` and ``x.y``: y may be a module)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _modules(subpackage: str) -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted((PACKAGE / subpackage).rglob("*.py"))}
+
+
+@pytest.mark.parametrize(
+    ("lower", "higher"),
+    [("scheduling", "reactantserver.gateway"), ("transport", "reactantserver.gateway")],
+)
+def test_a_lower_package_never_imports_a_higher_one(lower: str, higher: str) -> None:
+    """No module of ``lower`` imports ``higher`` or anything in it, anywhere in its source
+    (top level, functions, ``TYPE_CHECKING`` blocks)."""
+    offenders = {
+        name: sorted(i for i in _imports(path) if i == higher or i.startswith(higher + "."))
+        for name, path in _modules(lower).items()
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_the_fleet_simulator_sits_above_scheduling_and_gateway() -> None:
+    """The simulator imports both (it is what joins them), and is no longer in scheduling."""
+    assert not (PACKAGE / "scheduling" / "fleet.py").exists()
+    imported = set().union(*(_imports(p) for p in _modules("fleet").values()))
+    assert any(i.startswith("reactantserver.gateway.") for i in imported)
+    assert any(i.startswith("reactantserver.scheduling.") for i in imported)
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` (a path that returns to its start), or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+@pytest.mark.parametrize("subpackage", ["transport", "gateway"])
+def test_no_import_circle_within(subpackage: str) -> None:
+    """The modules of ``subpackage`` import each other without a circle (package
+    ``__init__`` re-exports left out: they import their modules by design)."""
+    modules = {n: p for n, p in _modules(subpackage).items() if p.name != "__init__.py"}
+    graph = {name: _imports(path) & set(modules) - {name} for name, path in modules.items()}
+    assert _cycle(graph) is None
+
+
+def test_the_cycle_finder_finds_one() -> None:
+    """The check above can fail: a two-module circle is reported as such."""
+    assert _cycle({"a": {"b"}, "b": {"a"}, "c": set()}) == ["a", "b", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
