@@ -308,7 +308,7 @@ def structure_settings(value: Any, also_allowed: tuple[str, ...] = ()) -> Settin
     for key, item in block.items():
         if key not in SETTINGS_KEYS:
             raise Invalid(unknown_key(key, allowed, _SETTINGS_HINTS), (key,))
-        if key in ("runtime", "scheduler", "endpoints") and not isinstance(item, Mapping):
+        if key in ("runtime", "scheduler", "endpoints", "cost") and not isinstance(item, Mapping):
             raise expected("a mapping", item, (key,))
     endpoints = block.get("endpoints", {})
     for key in ("port", "metrics_port"):

@@ -132,6 +132,8 @@ def parse(text: str, tp: Any, sep: str) -> Any:
                 return value
         if int in arms:
             return parse(text, int, sep)
+        if float in arms:  # cost.device_hour
+            return parse(text, float, sep)
         return value
     raise AssertionError(f"no environment parser for {tp}")  # pragma: no cover
 

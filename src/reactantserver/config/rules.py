@@ -211,6 +211,7 @@ WORKER_RULES: tuple[tuple[Path, Check], ...] = (
     (("endpoints", "handshake_timeout_seconds"), positive),
     (("endpoints", "idle_timeout_seconds"), positive),
     (("endpoints", "max_shm_regions"), at_least(1)),
+    (("cost", "device_hour"), non_negative("the price of one device-hour")),
 )
 
 
@@ -250,6 +251,7 @@ GATEWAY_RULES: tuple[tuple[Path, Check], ...] = (
     (("grpc", "idle_timeout_seconds"), positive),
     (("worker_client", "request_timeout_seconds"), positive),
     (("worker_client", "max_concurrent_streams"), at_least(1)),
+    (("cost", "device_hour"), non_negative("the price of one device-hour")),
     (("scheduling", "rebalance_compute_seconds"), positive),
     (
         ("scheduling", "first_rebalance_compute_seconds"),

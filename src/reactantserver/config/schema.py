@@ -138,6 +138,16 @@ class EndpointsConfig:
 
 
 @attrs.frozen(kw_only=True)
+class CostConfig:
+    """``cost:`` -- what a device costs to run, for ``reactantserver report`` and the
+    dashboard's cost per million requests (docs/monitoring.md)."""
+
+    #: Price of one device-hour, in the operator's currency; ``None`` (the default) means
+    #: unset, and no cost is reported.
+    device_hour: float | None = None
+
+
+@attrs.frozen(kw_only=True)
 class ServerConfig:
     """One resolved worker: everything ``reactantserver serve`` needs."""
 
@@ -155,6 +165,7 @@ class ServerConfig:
     runtime: RuntimeConfig = attrs.field(factory=RuntimeConfig)
     scheduler: SchedulerConfig = attrs.field(factory=SchedulerConfig)
     endpoints: EndpointsConfig = attrs.field(factory=EndpointsConfig)
+    cost: CostConfig = attrs.field(factory=CostConfig)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,6 +225,7 @@ SETTINGS_KEYS: tuple[str, ...] = (
     "runtime",
     "scheduler",
     "endpoints",
+    "cost",
 )
 
 #: ``gpus: auto``, a device count (0 = a CPU node), or an explicit list of device
@@ -376,6 +388,8 @@ class GatewayConfig:
     logging: LoggingConfig = attrs.field(factory=LoggingConfig)
     tls: TlsConfig = attrs.field(factory=TlsConfig)
     scheduling: GatewaySchedulingConfig = attrs.field(factory=GatewaySchedulingConfig)
+    #: The price of the workers' devices, for those that do not report their own.
+    cost: CostConfig = attrs.field(factory=CostConfig)
     #: ``lpt_packing`` start: how long to wait for every worker to answer; 0 fails fast,
     #: ``.inf`` waits forever (the node supervisor's embedded gateway defaults to ``.inf``).
     startup_wait_seconds: float = 0.0
