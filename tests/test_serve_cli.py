@@ -186,10 +186,41 @@ def test_a_port_in_use_is_one_line_before_anything_starts(tmp_path: Path) -> Non
     assert out.returncode == 1
     assert out.stderr == (
         f"reactantserver serve: cannot listen for admin HTTP on 127.0.0.1:{port}: address "
-        "already in use; another process is listening there (stop it, or choose another port "
-        "in the node file: base_port / metrics_base_port, or a workers: entry's port / "
+        "already in use; another process is listening there (stop it, or choose another port: "
+        "INFERENCE_SERVER_ENDPOINTS_METRICS_PORT=PORT in the environment for one run, or in "
+        "the node file: base_port / metrics_base_port, or a workers: entry's port / "
         "metrics_port)\n"
     )
+
+
+def test_the_variables_a_taken_port_names_move_the_ports(tmp_path: Path) -> None:
+    """Both ports taken: each line names the variable of its own port, and setting the
+    variables it names (as README's quick start does for ``nox -s serve``) moves the
+    worker to ports it can listen on."""
+    from reactantserver.config import load_server_config
+    from reactantserver.startup import listen_problems
+
+    with socket.socket() as grpc, socket.socket() as admin:
+        for taken in (grpc, admin):
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+        ports = [grpc.getsockname()[1], admin.getsockname()[1]]
+        node = tmp_path / "node.yaml"
+        node.write_text(
+            f"model_repo: {tmp_path}\nbase_port: {ports[0]}\nmetrics_base_port: {ports[1]}\n"
+        )
+        lines = listen_problems(load_server_config(node, env={}))
+        named = [line.split("choose another port: ")[1].split("=PORT")[0] for line in lines]
+        assert named == [
+            "INFERENCE_SERVER_ENDPOINTS_PORT",
+            "INFERENCE_SERVER_ENDPOINTS_METRICS_PORT",
+        ]
+        moved = {var: str(free_port()) for var in named}
+        config = load_server_config(node, env=moved)
+        assert (config.endpoints.port, config.endpoints.metrics_port) == tuple(
+            int(port) for port in moved.values()
+        )
+        assert listen_problems(config) == []
 
 
 def test_a_failure_inside_the_running_worker_is_one_line_and_debug_shows_why(

@@ -28,13 +28,21 @@ import socket
 from collections.abc import Iterator
 
 from .config import ServerConfig
+from .config.env import WORKER_ENV
 from .errors import ConfigError, ReactantError
 
-#: What to change, by errno, for an address that cannot be listened on.
+#: The variable that moves a port for one run, by key path (the names config/env.py
+#: derives from the schema): a taken port is most often a second server started by hand,
+#: and the quickest way past it is the environment, not an edit of a shared node file.
+_PORT_VARIABLE: dict[tuple[str | int, ...], str] = {s.path: s.var for s in WORKER_ENV.values()}
+
+#: What to change, by errno, for an address that cannot be listened on ({variable}: the
+#: variable of the port in question).
 _LISTEN_HINTS: dict[int, str] = {
     errno.EADDRINUSE: (
-        "another process is listening there (stop it, or choose another port in the node "
-        "file: base_port / metrics_base_port, or a workers: entry's port / metrics_port)"
+        "another process is listening there (stop it, or choose another port: "
+        "{variable}=PORT in the environment for one run, or in the node file: base_port / "
+        "metrics_base_port, or a workers: entry's port / metrics_port)"
     ),
     errno.EACCES: "ports below 1024 need privileges; choose a port of 1024 or above",
     errno.EADDRNOTAVAIL: "the host is not an address of this machine (endpoints.host)",
@@ -62,17 +70,17 @@ def _can_listen(host: str, port: int) -> OSError | None:
 def listen_problems(config: ServerConfig) -> list[str]:
     """One line for each address of ``config`` the worker could not listen on now."""
     ep = config.endpoints
-    wanted = [("gRPC", ep.port)]
+    wanted = [("gRPC", ep.port, ("endpoints", "port"))]
     if ep.metrics_port:
-        wanted.append(("admin HTTP", ep.metrics_port))
+        wanted.append(("admin HTTP", ep.metrics_port, ("endpoints", "metrics_port")))
     lines = []
-    for what, port in wanted:
+    for what, port, key in wanted:
         if port == 0:
             continue  # any free port: nothing to collide with
         error = _can_listen(ep.host, port)
         if error is None:
             continue
-        hint = _LISTEN_HINTS.get(error.errno or 0)
+        hint = _LISTEN_HINTS.get(error.errno or 0, "").format(variable=_PORT_VARIABLE[key])
         reason = (error.strerror or str(error)).lower()
         lines.append(
             f"cannot listen for {what} on {ep.host}:{port}: {reason}"
