@@ -23,6 +23,7 @@ machine with only Python (plus ``pip install nox``) runs all of them.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -36,6 +37,26 @@ nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 # A session whose interpreter cannot be found fails (non-zero) instead of being skipped.
 nox.options.error_on_missing_interpreters = True
+
+#: The pinned versions of the tools CI's verdict depends on (mypy, ruff, numpy, pytest
+#: and its plugins...): every session that installs the ``lint`` or ``test`` extra passes
+#: it to pip (``-c``). How to bump them: the file's header, and README.md.
+CONSTRAINTS = "constraints.txt"
+
+#: What nox (2025+) logs on *every* session when uv is not installed, whichever backend
+#: the session uses: it probes for uv before choosing the backend. An ``INFO`` line
+#: that reads like a failure on a healthy start; this filter drops that line only.
+UV_NOT_FOUND = "uv binary not found."
+
+
+class _WithoutUvProbe(logging.Filter):
+    """Drops nox's ``uv binary not found.`` line (``UV_NOT_FOUND``), nothing else."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != UV_NOT_FOUND
+
+
+logging.getLogger("nox").addFilter(_WithoutUvProbe())
 
 #: The Pythons the package supports, newest first (``requires-python = ">=3.11"``; JAX
 #: publishes wheels for these).
@@ -129,7 +150,7 @@ def _will_install(session: nox.Session) -> bool:
 @session
 def tests(session: nox.Session) -> None:
     """The whole suite, CPU only."""
-    session.install("-e", ".[jax,test]")
+    session.install("-c", CONSTRAINTS, "-e", ".[jax,test]")
     session.env["JAX_PLATFORMS"] = "cpu"
     session.run("pytest", *session.posargs)
 
@@ -137,7 +158,7 @@ def tests(session: nox.Session) -> None:
 @session
 def fuzz(session: nox.Session) -> None:
     """A long run of the wire fuzz suite: ``nox -s fuzz [-- --fuzz-examples N]``."""
-    session.install("-e", ".[jax,test]")
+    session.install("-c", CONSTRAINTS, "-e", ".[jax,test]")
     args = session.posargs or ["--fuzz-examples", "400"]
     session.run("pytest", "tests/test_wire_fuzz.py", "-p", "no:cacheprovider", *args)
 
@@ -156,6 +177,26 @@ def installing(venv: str) -> str:
 
 #: Step 2's line when serving the example repository.
 BUILDING = "the example repository examples/repo (bundles already there are kept)"
+
+#: Step 2's check of a node file (``python -c CHECK FILE WORKER``, in the session's
+#: environment): the worker's ``runtime.backend`` on stdout; or the file's problems, every
+#: one, on stderr -- the lines ``reactantserver serve`` would print -- and status 2.
+CHECK = """\
+import sys
+from reactantserver.config import load_server_config
+from reactantserver.errors import ConfigError
+try:
+    config = load_server_config(sys.argv[1], worker=sys.argv[2] or None)
+except ConfigError as exc:
+    print(exc, file=sys.stderr)
+    sys.exit(2)
+print(config.runtime.backend)
+"""
+#: What ``CHECK`` prints for a good file.
+BACKENDS = ("cpu", "cuda")
+#: The serve session's exit status when ``CHECK`` refuses the node file (the server's own
+#: for a bad configuration, docs/serving.md).
+CHECK_FAILED = 2
 
 
 def serving(args: Sequence[str]) -> str:
@@ -190,20 +231,19 @@ def serve(session: nox.Session) -> None:
         session.env["JAX_PLATFORMS"] = "cpu"
     else:
         _step(session, 2, f"checking {args[0]}")
+        worker = args[args.index("--worker") + 1] if "--worker" in args else ""
+        # The check's errors go straight to stderr; only the backend is captured.
         backend = session.run(
-            "python",
-            "-c",
-            "import sys; from reactantserver.config import load_server_config as l; "
-            "print(l(sys.argv[1], worker=sys.argv[2] or None).runtime.backend)",
-            args[0],
-            args[args.index("--worker") + 1] if "--worker" in args else "",
-            silent=True,
-            log=False,
+            "python", "-c", CHECK, args[0], worker, silent=True, log=False, stderr=None,
             success_codes=[0, 1, 2],
-        )
-        if isinstance(backend, str) and backend.strip() == "cuda":
+        )  # fmt: skip
+        if not isinstance(backend, str) or backend.strip() not in BACKENDS:
+            # A bad node file stops here, its problems said, with the status the server
+            # gives one (2); nothing is installed or compiled for it.
+            sys.stderr.flush()
+            raise SystemExit(CHECK_FAILED)
+        if backend.strip() == "cuda":
             session.install("-e", ".[cuda]")
-        # A bad node file: the server says what is wrong (every problem) and exits 2.
     _step(session, 3, serving(args))
     become(session, ["reactantserver", "serve", *args, "--announce"])
 
@@ -280,15 +320,15 @@ def image(session: nox.Session) -> None:
     ]
     if missing:
         session.error(f"needs {', '.join(missing)} (apt-get install podman debootstrap)")
-    session.install("-e", ".[jax,test]")
+    session.install("-c", CONSTRAINTS, "-e", ".[jax,test]")
     session.env["JAX_PLATFORMS"] = "cpu"
     session.run("python", "deploy/docker/local_image.py", *session.posargs)
 
 
 @session
 def lint(session: nox.Session) -> None:
-    """ruff over everything, mypy over src/."""
-    session.install("-e", ".[jax,lint]")
+    """ruff over everything, mypy over src/, with the tools ``constraints.txt`` pins."""
+    session.install("-c", CONSTRAINTS, "-e", ".[jax,lint]")
     session.run(
         "ruff", "check", "src", "tests", "examples", "benchmarks", "deploy", "noxfile.py", "proto"
     )
@@ -321,7 +361,7 @@ def bench(session: nox.Session) -> None:
     py-spy samples the server for the CPU breakdowns of ``bench -- serve`` and
     ``bench -- gateway`` (where the CPU goes).
     """
-    session.install("-e", ".[jax,test]", "py-spy>=0.3.14")
+    session.install("-c", CONSTRAINTS, "-e", ".[jax,test]", "py-spy>=0.3.14")
     session.env["JAX_PLATFORMS"] = "cpu"
     session.run("python", "benchmarks/run.py", *session.posargs)
 
@@ -332,7 +372,8 @@ def bench_peer(session: nox.Session) -> None:
 
     Its own virtualenv: MLServer 1.7 with uvloop pinned to 0.21.0 (newer uvloop kills
     MLServer's parallel workers at start), installed together with this package so that
-    pip resolves one consistent set.
+    pip resolves one consistent set -- without ``constraints.txt``: MLServer brings its
+    own requirements, and the CI pins are not this comparison's business.
     """
     session.install("-e", ".[jax,test]", "mlserver==1.7.*", "uvloop==0.21.0", "py-spy>=0.3.14")
     session.env["JAX_PLATFORMS"] = "cpu"

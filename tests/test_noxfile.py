@@ -94,6 +94,139 @@ def test_this_interpreter_is_the_one_chosen_here() -> None:
     assert sys.executable == noxfile.PYTHON
 
 
+# ------------------------------------------------------------------ the pinned tools
+
+
+class RecordingSession:
+    """What a session function asks of nox, recorded (no virtualenv, nothing run)."""
+
+    def __init__(self) -> None:
+        self.installs: list[tuple[str, ...]] = []
+        self.runs: list[tuple[str, ...]] = []
+        self.env: dict[str, str] = {}
+        self.posargs: list[str] = []
+
+    def install(self, *args: str) -> None:
+        self.installs.append(args)
+
+    def run(self, *args: str, **kwargs: object) -> None:
+        self.runs.append(args)
+
+
+def pins() -> dict[str, str]:
+    """constraints.txt as {normalised name: version}; every line is ``name==version``."""
+    found = {}
+    for line in (ROOT / noxfile.CONSTRAINTS).read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, sep, version = line.partition("==")
+            assert sep and version and "," not in version, f"not pinned with ==: {line!r}"
+            found[name.strip().lower().replace("_", "-")] = version.strip()
+    return found
+
+
+@pytest.mark.parametrize("name", ["lint", "tests", "fuzz", "bench"])
+def test_the_sessions_ci_runs_install_with_the_constraints_file(name: str) -> None:
+    """lint and tests (and the sessions that install the test extra) pass the one
+    constraints file to pip with every install of the package."""
+    session = RecordingSession()
+    getattr(noxfile, name)(session)
+    assert session.installs, name
+    for args in session.installs:
+        assert args[:2] == ("-c", "constraints.txt"), (name, args)
+    assert (ROOT / noxfile.CONSTRAINTS).is_file()
+
+
+def test_the_tools_ci_depends_on_are_pinned_exactly() -> None:
+    pinned = pins()
+    for tool in ("mypy", "ruff", "numpy", "pytest", "pytest-trio", "hypothesis", "pluggy"):
+        assert tool in pinned, f"{tool} is not pinned in constraints.txt"
+
+
+def test_every_pytest_plugin_of_the_test_environment_is_pinned() -> None:
+    """A plugin is code that runs inside every test run: a new release of any of them
+    changes the verdict as surely as a new pytest (entry point group pytest11)."""
+    import importlib.metadata
+
+    plugins = {
+        ep.dist.name.lower().replace("_", "-")
+        for ep in importlib.metadata.entry_points(group="pytest11")
+        if ep.dist is not None
+    }
+    assert plugins, "no pytest plugin found: is this the test environment?"
+    assert plugins <= set(pins()), f"not pinned: {sorted(plugins - set(pins()))}"
+
+
+def test_readme_says_how_to_bump_the_pins() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### Tool versions", 1)[1].split("\n#", 1)[0]
+    assert "constraints.txt" in section and "nox -s lint tests" in section
+
+
+# ------------------------------------------------------------------ quiet, healthy starts
+
+
+def test_the_uv_probe_line_is_dropped_and_nothing_else() -> None:
+    """nox logs ``uv binary not found.`` on every session where uv is not installed,
+    whichever backend the session uses; the noxfile's filter on nox's logger drops that
+    line and lets every other one through."""
+    import logging
+
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("nox", logging.INFO, __file__, 1, message, None, None)
+
+    logger = logging.getLogger("nox")
+    assert not logger.filter(record("uv binary not found."))
+    assert logger.filter(record("Running session serve"))
+    assert logger.filter(record("uv binary not found. (something else)"))
+
+
+def test_nox_prints_no_uv_line(tmp_path: Path, nox_site: Path) -> None:
+    """Real nox on this noxfile, uv nowhere on PATH: no ``uv binary not found.``."""
+    done = subprocess.run(
+        nox_argv(sys.executable, "-s", "node", "--no-venv", "--no-install"),
+        capture_output=True,
+        text=True,
+        env=environment(nox_site),
+        timeout=120,
+    )
+    assert "Running session node" in done.stderr, done.stderr
+    assert "Session node aborted: usage: nox -s node" in done.stderr
+    assert noxfile.UV_NOT_FOUND not in done.stdout + done.stderr
+
+
+# ------------------------------------------------------------------ serve's check step
+
+
+def test_the_check_step_knows_every_backend() -> None:
+    import typing
+
+    from reactantserver.config.schema import Backend
+
+    assert typing.get_args(Backend) == noxfile.BACKENDS
+
+
+def test_the_check_prints_the_backend_or_every_problem_and_status_2(
+    tmp_path: Path, zoo_repo: Path
+) -> None:
+    good = _node_file(tmp_path, zoo_repo, free_port(), 0)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model_repo: nowhere\nglobal:\n  scheduler:\n    discipline: fiar\n")
+    ok = subprocess.run(
+        [sys.executable, "-c", noxfile.CHECK, str(good), ""], capture_output=True, text=True
+    )
+    assert (ok.returncode, ok.stdout, ok.stderr) == (0, "cpu\n", "")
+    refused = subprocess.run(
+        [sys.executable, "-c", noxfile.CHECK, str(bad), ""], capture_output=True, text=True
+    )
+    assert (refused.returncode, refused.stdout) == (noxfile.CHECK_FAILED, "")
+    assert refused.stderr.splitlines() == [
+        f"{bad}:1: model_repo: expected a readable directory of model bundles; got 'nowhere' "
+        f"({tmp_path / 'nowhere'}), which does not exist",
+        f"{bad}:4: global.scheduler.discipline: expected one of fair, fifo, edf; got 'fiar'",
+    ]
+
+
 # ------------------------------------------------------------------ nox itself
 
 
@@ -152,9 +285,19 @@ def _node_file(tmp: Path, repo: Path, port: int, metrics: int) -> Path:
     return node
 
 
+class _Holding:
+    """A listening socket held for the length of a test (closed with the runs)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 @pytest.fixture
-def started(tmp_path: Path) -> Iterator[list[Running]]:
-    runs: list[Running] = []
+def started(tmp_path: Path) -> Iterator[list[Running | _Holding]]:
+    runs: list[Running | _Holding] = []
     yield runs
     for run in runs:
         run.close()
@@ -188,7 +331,12 @@ STOPS = {
     ],
 )
 def test_nox_serve_stops_gracefully_and_leaves_nothing_behind(
-    zoo_repo: Path, tmp_path: Path, nox_site: Path, started: list[Running], python: str, stop: str
+    zoo_repo: Path,
+    tmp_path: Path,
+    nox_site: Path,
+    started: list[Running | _Holding],
+    python: str,
+    stop: str,
 ) -> None:
     """nox's pid *is* the server once it serves: every stop reaches the server, the exit
     status nox returns is the server's (0 after a graceful drain), and the process group
@@ -197,9 +345,24 @@ def test_nox_serve_stops_gracefully_and_leaves_nothing_behind(
     if interpreter is None:
         pytest.skip("this machine has no supported Python besides the running one")
     port, metrics = free_port(), free_port()
-    node = _node_file(tmp_path, zoo_repo, port, metrics)
+    moved: dict[str, str] = {}
+    if stop == "ctrl-c":
+        # README's way past a taken port: the node file's ports are held by another
+        # process, and the variables the port-in-use line names move both.
+        held = [socket.socket(), socket.socket()]
+        for sock in held:
+            sock.bind(("127.0.0.1", 0))
+            sock.listen()
+            started.append(_Holding(sock))
+        node = _node_file(tmp_path, zoo_repo, *(s.getsockname()[1] for s in held))
+        moved = {
+            "INFERENCE_SERVER_ENDPOINTS_PORT": str(port),
+            "INFERENCE_SERVER_ENDPOINTS_METRICS_PORT": str(metrics),
+        }
+    else:
+        node = _node_file(tmp_path, zoo_repo, port, metrics)
     argv = nox_argv(interpreter, "-s", "serve", "--no-venv", "--no-install", "--", str(node))
-    run = Running(argv, environment(nox_site), tmp_path / "nox.log")
+    run = Running(argv, environment(nox_site, **moved), tmp_path / "nox.log")
     started.append(run)
     run.wait_ready(port)
 
@@ -220,6 +383,7 @@ def test_nox_serve_stops_gracefully_and_leaves_nothing_behind(
     text = run.text()
     assert "[3/3] reactantserver serve" in text
     assert f"gRPC (KServe V2 / Triton):  127.0.0.1:{port}" in text
+    assert f"http://127.0.0.1:{metrics}/metrics" in text
     if status == 0:
         assert "draining" in text and "worker worker0 stopped" in text
 
@@ -237,11 +401,14 @@ def test_nox_serve_fails_with_the_servers_status_when_serving_fails(
         argv, capture_output=True, text=True, env=environment(nox_site), timeout=120
     )
     assert done.returncode == 2, done.stdout + done.stderr
-    assert (
+    # Refused at the check step: its line, then the problems, and nothing after them.
+    assert done.stderr.endswith(
+        f"nox > [2/3] checking {bad}\n"
         f"{bad}:1: model_repo: expected a readable directory of model bundles; got 'nowhere' "
         f"({tmp_path / 'nowhere'}), which does not exist\n"
         f"{bad}:4: global.scheduler.discipline: expected one of fair, fifo, edf; got 'fiar'\n"
-    ) in done.stderr
+    ), done.stderr
+    assert "[3/3]" not in done.stdout + done.stderr
     assert "Traceback" not in done.stderr
 
     with socket.socket() as taken:
