@@ -227,6 +227,26 @@ def test_persistent_cache_reports_miss_then_hit(zoo_repo: Path, tmp_path: Path) 
         Runtime.start(RuntimeConfig(backend="cpu"), "")  # leave the process cache-less
 
 
+def test_a_runtime_start_logs_no_cache_reset(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """JAX logs "Resetting cache at <empty>." when the cache is reset with none held;
+    a healthy start, with the cache off or on, shows only the runtime's own line."""
+    from reactantserver.runtime import Runtime
+
+    try:
+        for cache in ("", tmp_path / "cache"):
+            caplog.clear()
+            with caplog.at_level(logging.DEBUG):
+                Runtime.start(RuntimeConfig(backend="cpu"), cache)
+            assert "Resetting cache" not in caplog.text
+            assert f"persistent compilation cache {cache or 'off'}," in caplog.text
+    finally:
+        Runtime.start(RuntimeConfig(backend="cpu"), "")  # leave the process cache-less
+    # Only that record is dropped, and only during the reset.
+    assert logging.getLogger("jax._src.compilation_cache").filters == []
+
+
 def test_cuda_without_a_gpu_falls_back_to_cpu_when_allowed(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -110,8 +110,21 @@ def configure_cache(cache_dir: str | Path | None) -> None:
         jax.config.update("jax_compilation_cache_dir", None)
     # JAX decides once per process whether the cache is in use; make it decide
     # again with the settings above (matters when a process starts a second
-    # runtime, as tests and the benchmark do).
-    cc.reset_cache()
+    # runtime, as tests and the benchmark do). The reset is needed even when JAX
+    # holds no cache (a compile with the cache off still fixed the decision), and it
+    # then logs "Resetting cache at <empty>." at INFO on every healthy start: that
+    # record alone is dropped (the runtime's own start line says where the cache is).
+    jax_cache_log = logging.getLogger("jax._src.compilation_cache")
+    jax_cache_log.addFilter(_not_a_reset)
+    try:
+        cc.reset_cache()
+    finally:
+        jax_cache_log.removeFilter(_not_a_reset)
+
+
+def _not_a_reset(record: logging.LogRecord) -> bool:
+    """False for JAX's "Resetting cache at ..." record (``configure_cache``)."""
+    return not record.getMessage().startswith("Resetting cache at")
 
 
 def compile_at(
