@@ -32,6 +32,7 @@ from reactantserver.energy import (
     open_reader,
 )
 from reactantserver.energy.readers import NvmlTarget, nvml_target, unwrap
+from reactantserver.energy.report import build, parse, render
 from reactantserver.scheduling import Batch, Scheduler
 
 
@@ -374,3 +375,75 @@ async def test_reads_per_batch_are_bounded(autojump_clock: trio.testing.MockCloc
     # Busy the whole second at 300 W (the fake's default draw): all of it is a's.
     assert elapsed == pytest.approx(1.0)
     assert meter.statistics().model_joules["a"] == pytest.approx(300.0 * elapsed)
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+def exposition(
+    worker: str, rows: dict[str, tuple[float, float, float, float]], **extra: float
+) -> str:
+    """A worker's exposition: model -> (requests, dispatches, compute seconds, joules)."""
+    lines = [f'worker_info{{worker="{worker}"}} 1']
+    for model, (req, disp, compute, joules) in rows.items():
+        lab = f'model="{model}",worker="{worker}"'
+        lines += [
+            f"worker_requests_served_total{{{lab}}} {req}",
+            f"worker_rows_served_total{{{lab}}} {req * 2}",
+            f"worker_dispatch_total{{{lab}}} {disp}",
+            f"worker_compute_seconds_total{{{lab}}} {compute}",
+        ]
+        if "idle" in extra:
+            lines.append(f"worker_energy_joules_total{{{lab}}} {joules}")
+    if "idle" in extra:
+        lines.append(f'worker_energy_measured{{source="nvml",worker="{worker}"}} 1')
+        lines.append(f'worker_idle_energy_joules_total{{worker="{worker}"}} {extra["idle"]}')
+        lines.append(f'worker_device_power_watts{{worker="{worker}"}} {extra.get("watts", 100)}')
+    else:
+        lines.append(f'worker_energy_measured{{source="none",worker="{worker}"}} 0')
+    if "price" in extra:
+        lines.append(f'worker_cost_device_hour{{worker="{worker}"}} {extra["price"]}')
+    return "\n".join(lines) + "\n"
+
+
+def test_report_splits_each_workers_price_by_device_time() -> None:
+    """Two workers, 100 s: w0 ($3.6/h: $0.1 in the window) ran a 30 s and b 10 s; w1
+    ($7.2/h: $0.2) ran b 20 s. a: 0.1*30/40 = 0.075 for 75 requests -> $1000 per million;
+    b: 0.1*10/40 + 0.2 = 0.225 for 150 requests -> $1500 per million."""
+    before = parse(
+        exposition("w0", {"a": (0, 0, 0, 0), "b": (0, 0, 0, 0)}, idle=0.0, price=3.6)
+        + exposition("w1", {"b": (0, 0, 0, 0)}, idle=0.0, price=7.2)
+    )
+    after = parse(
+        exposition("w0", {"a": (75, 25, 30, 6000), "b": (50, 50, 10, 2000)}, idle=1000.0, price=3.6)
+        + exposition("w1", {"b": (100, 50, 20, 4000)}, idle=500.0, price=7.2, watts=50)
+    )
+    report = build(before, after, 100.0, "gw:8002")
+    a, b = report.models
+    assert a.cost_per_million_requests == pytest.approx(1000.0)
+    assert b.cost_per_million_requests == pytest.approx(1500.0)
+    assert a.joules_per_inference == pytest.approx(80.0)
+    assert b.joules_per_inference == pytest.approx(40.0)
+    assert a.requests_per_second == pytest.approx(0.75)
+    assert a.rows_per_execution == pytest.approx(6.0)
+    assert b.device_seconds_per_request == pytest.approx(0.2)
+    assert report.idle_share == pytest.approx(1 - 60 / 200)
+    assert report.idle_joules == pytest.approx(1500.0)
+    assert report.watts == pytest.approx(150.0)
+    assert report.unallocated_cost == 0
+    table = render(report)
+    assert "energy: 13500.0 J in the window, 1500.0 J of it idle (11.1%)" in table
+    assert "idle share: 70.0% of 200.0 device-seconds" in table
+
+
+def test_report_counts_a_restarted_worker_from_zero_and_says_not_measured() -> None:
+    before = parse(exposition("w0", {"a": (500, 500, 50, 0)}))
+    after = parse(exposition("w0", {"a": (20, 10, 2, 0)}))  # restarted: counters fell
+    report = build(before, after, 10.0, "w0:8002")
+    (a,) = report.models
+    assert a.requests_per_second == 2.0
+    assert a.joules_per_inference is None and a.cost_per_million_requests is None
+    assert report.energy_sources == {}
+    table = render(report)
+    assert "energy: not measured" in table
+    assert "cost: not set (cost.device_hour)" in table

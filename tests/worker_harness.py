@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import attrs
 import trio
@@ -54,7 +55,7 @@ def worker_config(
 
 @contextmanager
 def running_worker(
-    config: ServerConfig, *, ready_timeout: float = 120.0
+    config: ServerConfig, *, ready_timeout: float = 120.0, energy_reader: Any = None
 ) -> Iterator[WorkerAddress]:
     started: dict[str, object] = {}
     ready = threading.Event()
@@ -66,7 +67,9 @@ def running_worker(
         started["token"] = trio.lowlevel.current_trio_token()
         async with trio.open_nursery() as nursery:
             started["address"] = await nursery.start(
-                lambda task_status: serve(config, stop=stop, task_status=task_status)
+                lambda task_status: serve(
+                    config, stop=stop, task_status=task_status, energy_reader=energy_reader
+                )
             )
             ready.set()
 

@@ -39,6 +39,11 @@ never imports JAX.
         Call CALLABLE (from a dotted module or a path/to/file.py) for an
         ``reactantserver.export.ExportSpec``, export it as the bundle DIR, check the
         artifact against the function, and print a summary (docs/export.md).
+
+    reactantserver report ADDRESS [--interval SECONDS] [--json]
+        Scrape a worker's or a gateway's /metrics twice and print, per model, requests/s,
+        rows per execution, device seconds per request, joules per inference and cost per
+        million requests, and the idle share (docs/monitoring.md).
 """
 
 from __future__ import annotations
@@ -181,6 +186,39 @@ def _run_export(args: argparse.Namespace) -> int:
     return run_cli(
         args.spec, args.out, batch_sizes=args.batch_sizes, platforms=platforms, force=args.force
     )
+
+
+def _add_report(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "report",
+        help="per model: requests/s, device time, joules per inference, cost per million",
+        description=(
+            "Scrape ADDRESS/metrics (a worker's admin port or a gateway's) twice, --interval "
+            "seconds apart, and print per model: requests/s, rows per execution, device "
+            "seconds per request, joules per inference and cost per million requests, and "
+            "the idle share (docs/monitoring.md). Energy the device does not measure is "
+            "reported as not measured, never estimated."
+        ),
+    )
+    parser.add_argument("address", metavar="ADDRESS", help="host:port of an admin port")
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="the window between the two scrapes (default: 10)",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON for tools")
+    parser.set_defaults(run=_run_report)
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from .energy.report import main as report_main  # no JAX, no trio
+
+    if not args.interval > 0:
+        print("--interval must be a number of seconds > 0", file=sys.stderr)
+        return EXIT_USAGE
+    return report_main(args.address, args.interval, args.json)
 
 
 def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -376,6 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_gateway(subparsers)
     _add_node(subparsers)
     _add_export(subparsers)
+    _add_report(subparsers)
     return parser
 
 

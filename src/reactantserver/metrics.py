@@ -183,6 +183,7 @@ class WorkerCollector(Collector):
         yield rpcs
 
         yield from wire_metrics(base, w.wire)
+        yield from _energy(base, w)
         yield from _per_model(base, w)
         yield from _lifecycle(base, w)
         yield from _weight_cache(base, w)
@@ -212,6 +213,57 @@ class WorkerCollector(Collector):
                 ("peak_in_use", mem.peak, "Peak device memory in use."),
             ):
                 yield _gauge(f"worker_device_memory_{key}_bytes", doc, base, value)
+
+
+def _energy(base: dict[str, str], w: WorkerStatistics) -> Iterator[Metric]:
+    """Energy per model and idle (docs/monitoring.md#energy-and-cost-per-model), and the
+    device's price. Where energy is not measured only ``worker_energy_measured`` (0) is
+    exported: an absent series, never a made-up 0 joules."""
+    energy = w.energy
+    source = energy.source if energy is not None else "none"
+    yield _gauge(
+        "worker_energy_measured",
+        "1 when the device's energy counter is read (label source: nvml, rapl); 0 with "
+        "source none where it cannot be.",
+        {**base, "source": source},
+        int(energy is not None),
+    )
+    if w.cost_device_hour is not None:
+        yield _gauge(
+            "worker_cost_device_hour",
+            "cost.device_hour: the price of one hour of this device.",
+            base,
+            w.cost_device_hour,
+        )
+    if energy is None:
+        return
+    per_model = CounterMetricFamily(
+        "worker_energy_joules",
+        "Device energy attributed to the model by its share of device time.",
+        labels=[*base, "model"],
+    )
+    for model, joules in sorted(energy.model_joules.items()):
+        per_model.add_metric([*base.values(), model], joules)
+    yield per_model
+    yield _counter(
+        "worker_idle_energy_joules",
+        "Device energy while no model executed (the part of each interval not attributed).",
+        base,
+        energy.idle_joules,
+    )
+    if energy.watts is not None:
+        yield _gauge(
+            "worker_device_power_watts",
+            "The device's power at the last reading (NVML), or the last interval's mean (RAPL).",
+            base,
+            energy.watts,
+        )
+    yield _counter(
+        "worker_energy_counter_resets",
+        "Intervals dropped because the energy counter went backwards (driver reload).",
+        base,
+        energy.resets,
+    )
 
 
 def _weight_cache(base: dict[str, str], w: WorkerStatistics) -> Iterator[Metric]:

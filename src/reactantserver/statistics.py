@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from .energy import EnergyStatistics
 from .histogram import HistogramSnapshot
 from .lifecycle import ModelRecord
 from .meta import MetaStatistics
@@ -82,3 +83,8 @@ class WorkerStatistics:
     memory: MemoryStats | None
     #: The gRPC wire layer's counts: connections, streams, client mistakes by kind.
     wire: WireStatistics
+    #: Energy attributed to models and idle; ``None`` where the device's energy is not
+    #: measured (no NVML counter, no readable RAPL): then no energy series is exported.
+    energy: EnergyStatistics | None = None
+    #: ``cost.device_hour``, the price of one hour of this device; ``None`` when unset.
+    cost_device_hour: float | None = None

@@ -111,9 +111,10 @@ class NvmlReader:
         ``nvml`` is the ``pynvml`` module (imported when not given; tests pass a fake)."""
         if nvml is None:
             try:
-                import pynvml as nvml  # the nvidia-ml-py distribution (the cuda extra)
+                import pynvml  # the nvidia-ml-py distribution (the cuda extra)
             except ImportError:
                 return "nvidia-ml-py is not installed (pip install 'reactantserver[cuda]')"
+            nvml = pynvml
         error: type[BaseException] = getattr(nvml, "NVMLError", OSError)
         try:
             nvml.nvmlInit()

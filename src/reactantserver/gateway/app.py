@@ -158,6 +158,7 @@ class Gateway:
                 workers=self.worker_metrics,
                 mode=config.scheduling.mode,
                 lpt=controller,
+                device_hour=config.cost.device_hour,
                 draining=lambda: self.proxy is not None and self.proxy.draining,
             )
         )

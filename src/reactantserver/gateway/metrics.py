@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from ..transport.limits import Fault, WireCounters
 from .control import LptController, SchedulingStatus
+from .energy import energy_series
 from .pool import WorkerClient
 from .prober import Prober
 from .routing import Router, RouterStatistics
@@ -48,8 +49,11 @@ class GatewayCollector(Collector):
         mode: str,
         draining: Callable[[], bool],
         lpt: LptController | None = None,
+        device_hour: float | None = None,
     ) -> None:
         self._stats = stats
+        #: gateway.yml's cost.device_hour (None: unset).
+        self._device_hour = device_hour
         self._router = router
         self._prober = prober
         self._clients = tuple(clients)
@@ -176,6 +180,7 @@ class GatewayCollector(Collector):
         for label, ok in sorted(self._workers.up.items()):
             up.add_metric([label], int(ok))
         yield up
+        yield from energy_series(self._workers.collect(), self._device_hour)
         yield from self._workers.collect()
 
     def _routing(self, routing: RouterStatistics, names: dict[str, str]) -> Iterator[Metric]:

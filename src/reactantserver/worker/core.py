@@ -48,6 +48,7 @@ import trio
 from ..admin import AdminApp, serve_admin
 from ..config import ServerConfig, dump_config
 from ..config.schema import Residency
+from ..energy import EnergyMeter, EnergyReader, open_reader
 from ..host import HostedModel
 from ..lifecycle import ModelState, ModelTable, ModelVersions
 from ..metrics import WorkerCollector
@@ -140,10 +141,20 @@ class Worker:
     ``thread`` runs the blocking work of every driver -- compiles, file reads, weight
     transfers, executions, hooks -- in place of their worker threads: tests on virtual
     time pass one that runs inline. By default each driver has threads of its own.
+
+    ``energy_reader`` is the device's power counter (``serve`` opens NVML's or RAPL's;
+    tests pass a fake): with it, each batch's device seconds and the counter's advance
+    are attributed to models (``reactantserver.energy``); without, energy is "not
+    measured" and no energy series is exported.
     """
 
     def __init__(
-        self, config: ServerConfig, runtime: Runtime, *, thread: ThreadRunner | None = None
+        self,
+        config: ServerConfig,
+        runtime: Runtime,
+        *,
+        thread: ThreadRunner | None = None,
+        energy_reader: EnergyReader | None = None,
     ) -> None:
         self.config = config
         self.runtime = runtime
@@ -158,10 +169,15 @@ class Worker:
         # every execution goes to the device thread). Tests on virtual time (``thread``
         # given) run every execution inline, like the rest of their blocking work.
         inline_max = config.scheduler.inline_max_seconds if runtime.backend == "cpu" else 0.0
+        #: Energy per model, fed by every batch on the loop's clock (None: not measured).
+        self.energy = (
+            EnergyMeter(energy_reader, trio.current_time) if energy_reader is not None else None
+        )
         self.scheduler = Scheduler(
             config.scheduler,
             self.executor,
             inline_max_seconds=math.inf if thread is not None else inline_max,
+            on_batch=self.energy.on_batch if self.energy is not None else None,
         )
         default = in_threads()
         metas = MetaGlue(config, self.versions, thread=thread or default)
@@ -240,7 +256,7 @@ class Worker:
 
                 registry = CollectorRegistry()
                 registry.register(WorkerCollector(self.statistics))
-                app = AdminApp(registry, self.readiness)
+                app = AdminApp(registry, self.readiness, before_metrics=self._before_metrics)
                 metrics_port = await nursery.start(
                     serve_admin, app, cfg.endpoints.host, cfg.endpoints.metrics_port
                 )
@@ -265,6 +281,12 @@ class Worker:
         self._initial_load_done = True
         if self.config.model_control_mode == "dynamic":
             await self.repository.watch(baseline)
+
+    async def _before_metrics(self) -> None:
+        """A scrape closes the open energy interval (an idle device is read here)."""
+        if self.energy is not None:
+            busy = self.scheduler.statistics().executing is not None
+            self.energy.sample_at_scrape(executing=busy)
 
     # ---------------------------------------------------------------- reads
 
@@ -330,6 +352,8 @@ class Worker:
             meta=self.serving.meta_runner.statistics(),
             memory=self.runtime.memory_stats(),
             wire=self.wire.statistics(),
+            energy=self.energy.statistics() if self.energy is not None else None,
+            cost_device_hour=cfg.cost.device_hour,
         )
 
     # ---------------------------------------------------------------- ModelHost
@@ -372,11 +396,22 @@ async def serve(
     *,
     stop: trio.Event | None = None,
     task_status: trio.TaskStatus[WorkerAddress] = trio.TASK_STATUS_IGNORED,
+    energy_reader: EnergyReader | None = None,
 ) -> None:
-    """Run one worker until ``stop`` is set (or SIGINT/SIGTERM when ``stop`` is None)."""
+    """Run one worker until ``stop`` is set (or SIGINT/SIGTERM when ``stop`` is None).
+
+    Energy is read from ``energy_reader`` when given (tests), else from the device's own
+    counter where one can be read (NVML on ``cuda``, RAPL on the CPU)."""
     log.info("effective configuration of worker %s:\n%s", config.name, dump_config(config))
     runtime = Runtime.start(config.runtime, config.cache_dir, device_ordinal=config.gpu)
-    worker = Worker(config, runtime)
+    if energy_reader is None:
+        opened = open_reader(runtime.backend, gpu_label(config.gpu, os.environ), env=os.environ)
+        if isinstance(opened, str):
+            log.info("energy: not measured (%s)", opened)
+        else:
+            log.info("energy: measured by %s (%s)", opened.source, opened.description)
+            energy_reader = opened
+    worker = Worker(config, runtime, energy_reader=energy_reader)
     if stop is not None:
         await worker.run(stop=stop, task_status=task_status)
         return

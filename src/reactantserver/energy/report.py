@@ -1,0 +1,356 @@
+"""``reactantserver report ADDRESS``: what each model costs, read from a live /metrics.
+
+Theory of operation
+-------------------
+The report scrapes ``http://ADDRESS/metrics`` twice, ``--interval`` seconds apart, and
+works on the counters' advances between the two (a counter that went down -- a worker
+restarted -- counts from 0). ADDRESS is a worker's admin port or a gateway's: a gateway
+with ``metrics_endpoints`` carries every worker's ``worker_*`` series, labelled with the
+worker, so the same code sums over one worker or many. Per model, over the workers that
+serve it:
+
+* requests/s          -- ``worker_requests_served_total`` advance / window;
+* rows per execution  -- ``worker_rows_served_total`` / ``worker_dispatch_total``;
+* device s/request    -- ``worker_compute_seconds_total`` / requests;
+* joules per inference -- ``worker_energy_joules_total`` / requests: the device energy
+  attributed to the model by device-time share (docs/monitoring.md), idle energy apart.
+  Absent ("-") unless every worker that served the model in the window measures energy;
+* cost per million requests -- each worker's window costs ``device_hour x window / 3600``
+  (``worker_cost_device_hour``, else the gateway's ``gateway_cost_device_hour``); that
+  cost, idle time included, is split among the worker's models by their device-time
+  share, summed over workers and divided by the model's requests. Absent unless every
+  worker that served it has a price.
+
+The idle share is the device time nobody used: ``1 - device seconds / (window x workers)``.
+Where no worker measures energy the report says "energy: not measured" and prints no
+joules: never a made-up number.
+
+:func:`parse` and :func:`build` are pure (text in, records out); only :func:`run` does I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+from prometheus_client.parser import text_string_to_metric_families
+
+#: worker_* counters read per (worker, model): sample name -> field.
+_COUNTERS = {
+    "worker_requests_served_total": "requests",
+    "worker_rows_served_total": "rows",
+    "worker_dispatch_total": "dispatches",
+    "worker_compute_seconds_total": "compute",
+    "worker_energy_joules_total": "joules",
+}
+
+
+@attrs.frozen
+class WorkerScrape:
+    """One worker's own figures in one exposition."""
+
+    energy_source: str | None = None  # nvml / rapl; None: not measured
+    idle_joules: float = 0.0
+    watts: float | None = None
+    device_hour: float | None = None
+
+
+@attrs.frozen
+class Scrape:
+    """The figures of one exposition (:func:`parse`)."""
+
+    #: (worker, model) -> field -> counter value.
+    models: Mapping[tuple[str, str], Mapping[str, float]]
+    workers: Mapping[str, WorkerScrape]
+    gateway_device_hour: float | None = None
+
+
+def parse(text: str) -> Scrape:
+    """The report's figures from a worker's or a gateway's text exposition."""
+    models: dict[tuple[str, str], dict[str, float]] = {}
+    workers: dict[str, dict[str, Any]] = {}
+    gateway_price: float | None = None
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            worker = s.labels.get("worker", "")
+            if s.name in _COUNTERS and "model" in s.labels:
+                key = (worker, s.labels["model"])
+                models.setdefault(key, {})[_COUNTERS[s.name]] = s.value
+            elif s.name == "worker_info":
+                workers.setdefault(worker, {})
+            elif s.name == "worker_energy_measured":
+                w = workers.setdefault(worker, {})
+                if s.value == 1:
+                    w["energy_source"] = s.labels.get("source", "")
+            elif s.name == "worker_idle_energy_joules_total":
+                workers.setdefault(worker, {})["idle_joules"] = s.value
+            elif s.name == "worker_device_power_watts":
+                workers.setdefault(worker, {})["watts"] = s.value
+            elif s.name == "worker_cost_device_hour":
+                workers.setdefault(worker, {})["device_hour"] = s.value
+            elif s.name == "gateway_cost_device_hour":
+                gateway_price = s.value
+    return Scrape(
+        models=models,
+        workers={name: WorkerScrape(**w) for name, w in workers.items()},
+        gateway_device_hour=gateway_price,
+    )
+
+
+@attrs.frozen
+class ModelReport:
+    model: str
+    requests_per_second: float
+    rows_per_execution: float | None
+    device_seconds_per_request: float | None
+    joules_per_inference: float | None
+    cost_per_million_requests: float | None
+
+
+@attrs.frozen
+class Report:
+    address: str
+    window_seconds: float
+    workers: tuple[str, ...]
+    models: tuple[ModelReport, ...]
+    #: Share of the workers' device time in the window that no model used.
+    idle_share: float
+    #: Workers that measure energy, with their source; empty: "energy: not measured".
+    energy_sources: Mapping[str, str]
+    #: Over the measured workers in the window: energy attributed, idle, power now.
+    attributed_joules: float | None
+    idle_joules: float | None
+    watts: float | None
+    #: Price per device-hour of each worker (None: unset), and the cost of the window's
+    #: device time on workers that ran nothing (nobody to charge it to).
+    device_hour: Mapping[str, float | None]
+    unallocated_cost: float | None
+
+
+def _advance(before: float | None, after: float) -> float:
+    if before is None or after < before:
+        return after  # new, or reset (a restarted worker counts from 0)
+    return after - before
+
+
+def build(before: Scrape, after: Scrape, seconds: float, address: str) -> Report:
+    """The report for the window between two scrapes ``seconds`` apart."""
+    workers = tuple(sorted(after.workers))
+    delta: dict[tuple[str, str], dict[str, float]] = {}
+    for key, fields in after.models.items():
+        old = before.models.get(key, {})
+        delta[key] = {f: _advance(old.get(f), v) for f, v in fields.items()}
+    busy: dict[str, float] = {}
+    for (worker, _), d in delta.items():
+        busy[worker] = busy.get(worker, 0.0) + d.get("compute", 0.0)
+    price = {
+        w: (after.workers[w].device_hour if after.workers[w].device_hour is not None
+            else after.gateway_device_hour)
+        for w in workers
+    }  # fmt: skip
+    measured = {w: s.energy_source for w, s in after.workers.items() if s.energy_source}
+
+    models: list[ModelReport] = []
+    for model in sorted({m for _, m in delta}):
+        rows = [(w, d) for (w, m), d in delta.items() if m == model]
+        req = sum(d.get("requests", 0.0) for _, d in rows)
+        dispatches = sum(d.get("dispatches", 0.0) for _, d in rows)
+        compute = sum(d.get("compute", 0.0) for _, d in rows)
+        served_on = [w for w, d in rows if d.get("requests", 0.0) > 0]
+        joules: float | None = None
+        if req > 0 and all(w in measured for w in served_on):
+            joules = sum(d.get("joules", 0.0) for _, d in rows) / req
+        cost: float | None = None
+        ran_on = [(w, d) for w, d in rows if d.get("compute", 0.0) > 0]
+        if req > 0 and all(price.get(w) is not None for w, _ in ran_on):
+            total = 0.0
+            for w, d in ran_on:
+                window_cost = float(price[w] or 0.0) * seconds / 3600
+                total += window_cost * d["compute"] / busy[w]
+            cost = total / req * 1e6
+        models.append(
+            ModelReport(
+                model=model,
+                requests_per_second=req / seconds if seconds > 0 else 0.0,
+                rows_per_execution=(
+                    sum(d.get("rows", 0.0) for _, d in rows) / dispatches if dispatches else None
+                ),
+                device_seconds_per_request=compute / req if req else None,
+                joules_per_inference=joules,
+                cost_per_million_requests=cost,
+            )
+        )
+    capacity = seconds * len(workers)
+    idle_share = 1.0 - sum(busy.values()) / capacity if capacity > 0 else 1.0
+    attributed = idle = watts = None
+    if measured:
+        attributed = sum(d.get("joules", 0.0) for (w, _), d in delta.items() if w in measured)
+        idle = sum(
+            _advance(
+                before.workers[w].idle_joules if w in before.workers else None,
+                after.workers[w].idle_joules,
+            )
+            for w in measured
+        )
+        readings = [r for w in measured if (r := after.workers[w].watts) is not None]
+        watts = sum(readings) if readings else None
+    unallocated: float | None = None
+    idle_workers = [w for w in workers if busy.get(w, 0.0) == 0]
+    if all(price[w] is not None for w in idle_workers):
+        unallocated = sum(float(price[w] or 0.0) * seconds / 3600 for w in idle_workers)
+    return Report(
+        address=address,
+        window_seconds=seconds,
+        workers=workers,
+        models=tuple(models),
+        idle_share=max(0.0, idle_share),
+        energy_sources=measured,
+        attributed_joules=attributed,
+        idle_joules=idle,
+        watts=watts,
+        device_hour=price,
+        unallocated_cost=unallocated,
+    )
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def _cell(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def render(report: Report) -> str:
+    """The plain table an operator reads."""
+    n = len(report.workers)
+    lines = [
+        f"reactantserver report {report.address}: {n} worker{'s' if n != 1 else ''}, "
+        f"window {report.window_seconds:.1f} s"
+    ]
+    header = ("model", "requests/s", "rows/exec", "device s/req", "J/inference", "cost/1M req")
+    table = [header]
+    for m in report.models:
+        table.append(
+            (
+                m.model,
+                f"{m.requests_per_second:.2f}",
+                _cell(m.rows_per_execution, ".2f"),
+                _cell(m.device_seconds_per_request, ".6f"),
+                _cell(m.joules_per_inference, ".4f"),
+                _cell(m.cost_per_million_requests, ".4f"),
+            )
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table:
+        cells = [row[0].ljust(widths[0])] + [
+            c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)
+        ]
+        lines.append("  ".join(cells).rstrip())
+    if not report.models:
+        lines.append("(no model served in the window)")
+    lines.append(
+        f"idle share: {report.idle_share:.1%} of {report.window_seconds * n:.1f} device-seconds"
+    )
+    if not report.energy_sources:
+        lines.append(
+            "energy: not measured (no worker reads a power counter: NVML on a GPU, RAPL "
+            "where the kernel exposes it)"
+        )
+    else:
+        sources = ", ".join(f"{w}: {s}" for w, s in sorted(report.energy_sources.items()))
+        attributed, idle = report.attributed_joules or 0.0, report.idle_joules or 0.0
+        total = attributed + idle
+        share = f" ({idle / total:.1%})" if total > 0 else ""
+        power = f"; power now {report.watts:.1f} W" if report.watts is not None else ""
+        lines.append(
+            f"energy: {total:.1f} J in the window, {idle:.1f} J of it idle{share}{power} "
+            f"[{sources}]"
+        )
+        if len(report.energy_sources) < n:
+            lines.append(f"        measured on {len(report.energy_sources)} of {n} workers")
+    prices = set(report.device_hour.values())
+    if prices == {None} or not prices:
+        lines.append("cost: not set (cost.device_hour)")
+    else:
+        shown = ", ".join(
+            f"{w}: {'unset' if p is None else format(p, 'g')}"
+            for w, p in sorted(report.device_hour.items())
+        )
+        unallocated = (
+            f"; {report.unallocated_cost:.4f} for workers that ran nothing"
+            if report.unallocated_cost
+            else ""
+        )
+        lines.append(
+            f"cost: per device-hour {shown}; idle time is charged to the models by their "
+            f"share of device time{unallocated}"
+        )
+    return "\n".join(lines)
+
+
+def as_json(report: Report) -> dict[str, Any]:
+    """The report for tools (``--json``): the same figures, ``null`` where unknown."""
+    return {
+        "address": report.address,
+        "window_seconds": report.window_seconds,
+        "workers": list(report.workers),
+        "idle_share": report.idle_share,
+        "energy_measured": bool(report.energy_sources),
+        "energy_sources": dict(report.energy_sources),
+        "attributed_joules": report.attributed_joules,
+        "idle_joules": report.idle_joules,
+        "power_watts": report.watts,
+        "device_hour": dict(report.device_hour),
+        "unallocated_cost": report.unallocated_cost,
+        "models": [attrs.asdict(m) for m in report.models],
+    }
+
+
+# ----------------------------------------------------------------------------- I/O
+
+
+def fetch(address: str, timeout: float = 10.0) -> str:
+    """``GET http://ADDRESS/metrics``; ``OSError`` saying why not."""
+    url = address if "://" in address else f"http://{address}"
+    with urllib.request.urlopen(f"{url.rstrip('/')}/metrics", timeout=timeout) as response:
+        body: bytes = response.read()
+    return body.decode("utf-8", "replace")
+
+
+def run(
+    address: str,
+    interval: float,
+    *,
+    get: Callable[[str], str] = fetch,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> Report:
+    """Scrape twice ``interval`` seconds apart and build the report."""
+    t0 = clock()
+    before = parse(get(address))
+    sleep(interval)
+    after = parse(get(address))
+    return build(before, after, clock() - t0, address)
+
+
+def main(address: str, interval: float, json_output: bool) -> int:
+    """The CLI: print the report; 1 with a line on stderr when ADDRESS cannot be read."""
+    import sys
+
+    try:
+        report = run(address, interval)
+    except (OSError, ValueError) as exc:
+        print(f"cannot read http://{address}/metrics: {exc}", file=sys.stderr)
+        return 1
+    if not report.workers:
+        print(
+            f"{address}/metrics has no worker series (a gateway without metrics_endpoints?)",
+            file=sys.stderr,
+        )
+        return 1
+    print(json.dumps(as_json(report), indent=2) if json_output else render(report))
+    return 0
