@@ -328,3 +328,24 @@ def test_the_serving_runtime_speaks_grpc_v2_on_h2c_and_serves_the_storage_mount(
     assert model["modelFormat"] == {"name": fmt["name"], "version": fmt["version"]}
     assert model["protocolVersion"] == "grpc-v2"
     assert model["storageUri"].startswith("pvc://")
+
+
+def test_the_kserve_model_format_version_is_the_bundles(zoo_repo: Path) -> None:
+    """Both manifests declare the model format version the exporter writes into every
+    bundle's manifest.yaml (and the loader requires): a runtime declaring another
+    version would be offered models it cannot load, or none it can."""
+    from reactantserver.bundle import FORMAT_VERSION
+
+    written = {
+        str(yaml.safe_load((bundle / "manifest.yaml").read_text())["format_version"])
+        for bundle in zoo_repo.iterdir()
+        if (bundle / "manifest.yaml").is_file()
+    }
+    assert written == {FORMAT_VERSION}
+    docs = {doc["kind"]: doc for _, doc in kserve_documents()}
+    (fmt,) = docs["ClusterServingRuntime"]["spec"]["supportedModelFormats"]
+    assert fmt["version"] == FORMAT_VERSION
+    assert docs["InferenceService"]["spec"]["predictor"]["model"]["modelFormat"] == {
+        "name": "reactantserver",
+        "version": FORMAT_VERSION,
+    }
