@@ -12,6 +12,7 @@ from typing import Any
 
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
 import h2.exceptions
 import hpack
@@ -545,3 +546,56 @@ def test_closed_streams_are_remembered_within_bounds() -> None:
     server, client = _served(calls)
     with pytest.raises(h2.exceptions.StreamIDTooLowError):  # ended long ago: forgotten
         server.receive_data(_whole_request(client, 3))
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        PingFrame(0, opaque_data=b"12345678").serialize(),
+        SettingsFrame(0, flags=["ACK"]).serialize(),
+        HeadersFrame(1, hpack.Encoder().encode(REQUEST), flags=["END_HEADERS"]).serialize(),
+        raw_frame(0xFA, 0, 0, b"unknown"),
+    ],
+    ids=["ping", "settings_ack", "headers", "unknown_type"],
+)
+def test_a_preface_not_followed_by_settings_is_a_connection_error(first: bytes) -> None:
+    """RFC 9113 §3.4 (h2 does not check it, so this is where ours and h2 part): the
+    client's first frame after the preface must be its SETTINGS; anything else is a
+    connection error PROTOCOL_ERROR, with GOAWAY queued. Split across reads the same."""
+    for cut in (None, len(PREFACE) + 3):
+        server = ServerConnection(LIMITS)
+        server.initiate_connection()
+        server.data_to_send()
+        wire = PREFACE + first
+        with pytest.raises(h2.exceptions.ProtocolError) as caught:
+            if cut is None:
+                server.receive_data(wire)
+            else:
+                assert server.receive_data(wire[:cut]) == []
+                server.receive_data(wire[cut:])
+        assert caught.value.error_code == h2.errors.ErrorCodes.PROTOCOL_ERROR
+        assert "SETTINGS" in str(caught.value)
+        goaway = GoAwayFrame(0)
+        goaway.parse_body(memoryview(server.data_to_send()[9:]))
+        assert goaway.error_code == h2.errors.ErrorCodes.PROTOCOL_ERROR
+
+
+def test_frames_that_ask_for_nothing_are_counted() -> None:
+    """What the guard's abuse budget is told: each PING, SETTINGS, empty DATA without
+    END_STREAM and frame answered RST_STREAM on a closed stream counts one; a request
+    and its DATA count nothing."""
+    server = ServerConnection(LIMITS)
+    server.initiate_connection()
+    server.receive_data(PREFACE + SettingsFrame(0).serialize())
+    assert server.wasted == 1  # the client's SETTINGS, due once
+    encoder = hpack.Encoder()
+    server.receive_data(
+        HeadersFrame(1, encoder.encode(REQUEST), flags=["END_HEADERS"]).serialize()
+        + DataFrame(1, b"abc").serialize()
+    )
+    assert server.wasted == 1
+    server.receive_data(DataFrame(1, b"").serialize() + PingFrame(0).serialize())
+    assert server.wasted == 3
+    server.reset_stream(1)
+    server.receive_data(DataFrame(1, b"late").serialize())  # answered RST_STREAM
+    assert server.wasted == 4

@@ -33,15 +33,21 @@ events to :class:`_Processor`, grpclib's ``EventsProcessor`` with these changes:
   :class:`.h2frames.FrameCutter` checks the 9-byte header first: FRAME_SIZE_ERROR, GOAWAY. It
   also bounds a header block (HEADERS plus CONTINUATIONs) to ``max_header_list_size``
   bytes: h2 would buffer up to 64 CONTINUATION frames of any allowed size.
-* **Premature resets are budgeted.** A peer may reset a call it started (a client
+* **What a peer makes us do for nothing is budgeted** (:class:`.abuse.AbuseBudget`, one
+  per connection, given the loop's time). A peer may reset a call it started (a client
   cancelling), but a reset frees the stream's slot under ``max_concurrent_streams`` after
   the server began work on it: HTTP/2 "rapid reset" (CVE-2023-44487) opens and resets
-  streams as fast as it can, burning the server's CPU within the stream limit. A reset that
-  arrives within :data:`PREMATURE_RESET_SECONDS` of the call's start is *premature*; once
-  a connection has started :data:`RESET_MIN_STREAMS` calls, more premature resets than
-  half its calls get GOAWAY ENHANCE_YOUR_CALM and the connection closes (Envoy's rule).
-  A client or gateway that cancels calls now and then, or whose deadlines expire under
-  load, stays far below half.
+  streams as fast as it can, and "MadeYouReset" (CVE-2025-8671) makes the *server* reset
+  them, by provoking a stream error on each (a WINDOW_UPDATE overflowing the stream's
+  window, a frame on a stream it ended, a malformed request or message). Both kinds of
+  reset count against the calls started (more than half, past 200 calls: abuse), and
+  frames that ask for nothing -- PING, SETTINGS, empty DATA, frames on reset streams,
+  streams past the limit -- against a token bucket. Past either, GOAWAY
+  ENHANCE_YOUR_CALM and the connection closes. A stream the server was made to reset
+  before its call started (the provoking frame in the same read as its HEADERS) cost
+  nothing but the RST_STREAM, and counts as a frame for nothing. The lean connection
+  counts the frames it was sent for nothing (:attr:`.h2lean.ServerConnection.wasted`);
+  the guard hands the new count to the budget after each read.
 * **Connections are bounded in number and time.** :class:`ConnectionTable` caps open
   connections (evicting the oldest one still in its handshake before refusing a new one
   with GOAWAY); each protocol closes itself when the preface and SETTINGS do not arrive
@@ -77,6 +83,7 @@ from grpclib.config import Configuration
 from grpclib.protocol import Connection, EventsProcessor, Stream
 from h2.errors import ErrorCodes
 
+from .abuse import AbuseBudget
 from .faultlog import FaultLog
 from .framing import MessageFramer, Refusal
 from .h2conn import CorkedTransport, held_writes, new_h2_connection
@@ -94,10 +101,10 @@ WRITE_HIGH_WATER = 4 * 1024 * 1024
 GOAWAY_LINGER = 0.25
 #: Refused connections lingering at once at most; past it they are closed at once.
 MAX_LINGERING = 64
-#: A peer's reset this soon after its call started counts as premature.
-PREMATURE_RESET_SECONDS = 1.0
-#: Calls a connection must have started before its premature resets are judged.
-RESET_MIN_STREAMS = 200
+#: Refusals of a request the peer malformed (RFC 9113 §8.1.1: a stream error): each one
+#: is a reset the peer provoked, counted in the abuse budget with the others (of a running
+#: call: against the calls; at HEADERS, before anything started: as a frame for nothing).
+_MALFORMED = frozenset({Fault.BAD_REQUEST, Fault.MALFORMED_MESSAGE})
 
 
 class Admitted(Protocol):
@@ -240,8 +247,12 @@ class _Processor(EventsProcessor):
         self._framers: dict[int, MessageFramer] = {}
         #: When each running call started (loop time), for the premature-reset rule.
         self._started: dict[int, float] = {}
-        self._streams_started = 0
-        self._premature_resets = 0
+        #: What the peer made us do for nothing, judged (module docstring); calls started
+        #: are counted into it here (``budget.streams``), the rest through :meth:`tally`.
+        self.budget = AbuseBudget(guard.opened_at)
+        #: The lean connection, and its count of frames for nothing the budget was told of.
+        self.lean = self._h2
+        self.seen_wasted = 0
         #: Event class -> its handler (grpclib's ``processors``; grpclib's ``process``, which
         #: raises for an event it has no handler for, is not used), emptied on close so that
         #: the loop over one read's events stops handling them once the connection closed.
@@ -264,23 +275,26 @@ class _Processor(EventsProcessor):
                 f"stream {sid} refused: {open_calls} calls are open on the connection "
                 "(endpoints.max_concurrent_streams)",
             )
+            self._judged(self.budget.wasted_frames(1, self._guard.read_at), Fault.FRAME_FLOOD)
             return
         now = self._guard.read_at
         decision = self.handler.admit(event.headers, self._guard.peer, now)  # type: ignore[arg-type]
         if isinstance(decision, Refusal):
             self._answer(sid, decision)
             self._guard.fault(decision.fault, decision.message)
+            if decision.fault in _MALFORMED:  # refused before it started: an answer for nothing
+                self._judged(self.budget.wasted_frames(1, now), Fault.FRAME_FLOOD)
             return
         if isinstance(decision, DirectAdmission):
             self._started[sid] = now
-            self._streams_started += 1
+            self.budget.streams += 1
             self._framers[sid] = MessageFramer(self._limits.max_message_bytes, unary=True)
             self._count_opened()
             self.direct.open(sid, decision)  # released through self._released
             return
         stream = self.connection.create_stream(stream_id=sid)
         self._started[sid] = now
-        self._streams_started += 1
+        self.budget.streams += 1
         release = self.register(stream)
         self._framers[sid] = MessageFramer(
             self._limits.max_message_bytes, unary=decision.unary_request
@@ -369,23 +383,27 @@ class _Processor(EventsProcessor):
         started = self._started.pop(event.stream_id, None)
         self.direct.cancel(event.stream_id)
         super().process_stream_reset(event)
-        if (
-            event.remote_reset
-            and started is not None
-            and self._guard.now() - started < PREMATURE_RESET_SECONDS
-        ):
-            self._premature_resets += 1
-            if (
-                self._streams_started >= RESET_MIN_STREAMS
-                and 2 * self._premature_resets > self._streams_started
-            ):
-                self._guard.fault(
-                    Fault.RAPID_RESET,
-                    f"{self._premature_resets} of {self._streams_started} calls reset by the "
-                    f"peer within {PREMATURE_RESET_SECONDS:g} s of their start; connection "
-                    "closed with GOAWAY ENHANCE_YOUR_CALM",
-                )
-                self._guard.goaway(ErrorCodes.ENHANCE_YOUR_CALM, b"too many early stream resets")
+        budget = self.budget
+        if event.remote_reset:
+            if started is not None:
+                self._judged(budget.peer_reset(started, self._guard.now()), Fault.RAPID_RESET)
+        elif started is not None:  # the peer made us reset a running call (MadeYouReset)
+            self._judged(budget.provoked_resets(1), Fault.RAPID_RESET)
+        else:  # ... or a stream whose call never started: an RST_STREAM for nothing
+            self._judged(budget.wasted_frames(1, self._guard.read_at), Fault.FRAME_FLOOD)
+
+    def tally(self) -> None:
+        """Hand the budget the frames for nothing the lean connection counted."""
+        wasted = self.lean.wasted - self.seen_wasted
+        self.seen_wasted = self.lean.wasted
+        self._judged(self.budget.wasted_frames(wasted, self._guard.read_at), Fault.FRAME_FLOOD)
+
+    def _judged(self, verdict: str | None, fault: Fault) -> None:
+        """Past the budget (a verdict): GOAWAY ENHANCE_YOUR_CALM, once."""
+        if verdict is None or self._guard.closing:
+            return
+        self._guard.fault(fault, f"{verdict}; connection closed with GOAWAY ENHANCE_YOUR_CALM")
+        self._guard.goaway(ErrorCodes.ENHANCE_YOUR_CALM, b"too much work asked for nothing")
 
     def process_remote_settings_changed(self, event: h2.events.RemoteSettingsChanged) -> None:
         # The peer's first SETTINGS frame (after its preface) completes the handshake.
@@ -409,6 +427,8 @@ class _Processor(EventsProcessor):
         self._framers.pop(sid, None)
         self._answer(sid, refusal)
         self._guard.fault(refusal.fault, refusal.message)
+        if refusal.fault in _MALFORMED:
+            self._judged(self.budget.provoked_resets(1), Fault.RAPID_RESET)
         stream = self.streams.get(sid)
         if stream is not None:
             unacked += stream.buffer.unacked_size()  # drains the buffer's queue
@@ -546,6 +566,8 @@ class GuardedProtocol(asyncio.Protocol):
                     handle(event)
                 # Any other event -- UnknownFrameReceived above all -- has no meaning for a
                 # gRPC server and is ignored, as RFC 9113 §5.5 requires for unknown frames.
+            if processor.lean.wasted != processor.seen_wasted:
+                processor.tally()
             connection.flush()
         except Exception:
             log.exception("serving the connection from %s failed; closing it", self.peer)
@@ -585,6 +607,11 @@ class GuardedProtocol(asyncio.Protocol):
     def now(self) -> float:
         """The loop's clock (the one the timeouts use)."""
         return self._loop.time() if self._loop is not None else 0.0
+
+    @property
+    def closing(self) -> bool:
+        """GOAWAY sent or the connection refused: input is no longer read."""
+        return self._closing
 
     def handshake_done(self) -> None:
         if not self._handshaken:

@@ -45,6 +45,12 @@ Semantics (RFC 9113, server side; as h2 behaves, except where noted):
   stream's send window; MAX_FRAME_SIZE bounds our frames; HEADER_TABLE_SIZE: see HPACK);
   PING answered; PRIORITY reported; PUSH_PROMISE -> PROTOCOL_ERROR; unknown frame types
   reported (UnknownFrameReceived) and otherwise ignored; ALTSVC ignored; padding stripped.
+* the client's preface must be followed by its SETTINGS frame (RFC 9113 §3.4): any other
+  first frame is a connection error, PROTOCOL_ERROR (h2 does not check this).
+* what the peer makes us do for nothing is reported, not judged: the frames that asked
+  for nothing are counted (:attr:`~ServerConnection.wasted`), the streams we reset on a
+  stream error it provoked are events; the guard's abuse budget (:mod:`.abuse`) is given
+  the time and judges both -- MadeYouReset (CVE-2025-8671) resets and frame floods.
 * GOAWAY either way closes the connection state: any later frame but GOAWAY is a
   PROTOCOL_ERROR, and nothing more may be sent but GOAWAY.
 * a connection error queues GOAWAY (last stream id, error code) and raises.
@@ -307,6 +313,15 @@ class ServerConnection:
         #: The closed streams remembered (oldest first): reset, and ended normally.
         self._resets: OrderedDict[int, None] = OrderedDict()
         self._endings: OrderedDict[int, None] = OrderedDict()
+        #: The peer's first SETTINGS frame has arrived (RFC 9113 §3.4: it must be the
+        #: first frame after the preface).
+        self._peer_settings = False
+        #: Frames that asked for nothing (PING, SETTINGS, DATA without payload or
+        #: END_STREAM, a frame on a closed stream answered RST_STREAM), counted for the
+        #: guard's abuse budget (:mod:`.abuse`, which is given the time). The streams we
+        #: reset on a stream error the peer provoked are reported as events
+        #: (``StreamReset`` with ``remote_reset`` False), which the guard budgets.
+        self.wasted = 0
         #: A dynamic table size update owed at the start of our next header block.
         self._table_update: bytes = b""
         self._table_size = DEFAULT_TABLE
@@ -555,10 +570,19 @@ class ServerConnection:
         return events
 
     def _check_state(self, kind: int, flags: int, body: Body) -> None:
-        """h2's connection states: after GOAWAY either way only GOAWAY (and frames of
-        unknown type, and a CONTINUATION outside a header block, which h2 judges by its
-        stream alone) may arrive; before the first request, no DATA or RST_STREAM. h2
-        checks a frame's body before its state (:func:`.h2parse.check_body`)."""
+        """The preface must be followed by the peer's SETTINGS (RFC 9113 §3.4; h2 does not
+        check it), then h2's connection states: after GOAWAY either way only GOAWAY (and
+        frames of unknown type, and a CONTINUATION outside a header block, which h2 judges
+        by its stream alone) may arrive; before the first request, no DATA or RST_STREAM.
+        h2 checks a frame's body before its state (:func:`.h2parse.check_body`)."""
+        if not self._peer_settings and (kind != SETTINGS or flags & ACK):
+            name = FRAME_NAMES.get(kind, f"a frame of type {kind:#x}")
+            if kind == SETTINGS:
+                name = "a SETTINGS acknowledgement"
+            raise h2.exceptions.ProtocolError(
+                f"the connection preface was followed by {name}, not by the client's "
+                "SETTINGS frame (RFC 9113 section 3.4)"
+            )
         if self.state_machine.state is ConnectionState.CLOSED:
             if kind not in (GOAWAY, CONTINUATION) and kind in KNOWN_TYPES:
                 h2parse.check_body(kind, flags, body)
@@ -639,6 +663,7 @@ class ServerConnection:
             if sid <= self.highest_inbound_stream_id:
                 how = self._closed_how(sid)
                 if how is ClosedBy.RESET:
+                    self.wasted += 1
                     self._out.append(_rst(sid, ErrorCodes.STREAM_CLOSED))
                     return
                 if how is ClosedBy.END:
@@ -707,9 +732,12 @@ class ServerConnection:
             if stream is not None:
                 self._reset_on_error(stream, events)
             else:
+                self.wasted += 1
                 self._out.append(_rst(sid, ErrorCodes.STREAM_CLOSED))
             return
         stream.recv_window.consumed(length)
+        if not length and not flags & END_STREAM:
+            self.wasted += 1  # carries nothing and ends nothing
         # h2 declares bytes; a view of the frame's one copy is what grpclib joins.
         event = DataReceived(
             stream_id=sid,
@@ -762,11 +790,13 @@ class ServerConnection:
 
     def _on_settings(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         values = h2parse.settings(flags, body)
+        self.wasted += 1  # one each way per connection is due; a flood is not
         if flags & ACK:
             ack = SettingsAcknowledged()
             ack.changed_settings = self.local_settings.acknowledge()
             events.append(ack)
             return
+        self._peer_settings = True
         remote = self.remote_settings
         for code, value in values.items():
             remote.validate_received_setting(code, value)  # h2's errors and codes
@@ -794,6 +824,7 @@ class ServerConnection:
 
     def _on_ping(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         opaque = h2parse.ping(body)
+        self.wasted += 1
         if flags & ACK:
             events.append(PingAckReceived(ping_data=opaque))
             return
@@ -835,6 +866,7 @@ class ServerConnection:
             if self._is_idle(sid):
                 raise h2.exceptions.NoSuchStreamError(sid)
             if sid in self._resets:  # a stream error, as h2
+                self.wasted += 1
                 self._out.append(_rst(sid, ErrorCodes.STREAM_CLOSED))
                 return
             raise h2.exceptions.StreamClosedError(sid)

@@ -114,8 +114,13 @@ class Fault(enum.Enum):
     #: A stream past ``max_concurrent_streams``: RST_STREAM REFUSED_STREAM.
     TOO_MANY_STREAMS = "too_many_streams"
     #: Most of a connection's calls reset by the peer right after they started ("rapid
-    #: reset"): GOAWAY ENHANCE_YOUR_CALM, connection closed.
+    #: reset", CVE-2023-44487) or reset by the server on stream errors the peer provoked
+    #: ("MadeYouReset", CVE-2025-8671): GOAWAY ENHANCE_YOUR_CALM, connection closed.
     RAPID_RESET = "rapid_reset"
+    #: More frames that ask for nothing (PING, SETTINGS, empty DATA, frames on reset
+    #: streams, streams past the limit) than the connection's budget: GOAWAY
+    #: ENHANCE_YOUR_CALM, connection closed (:mod:`.abuse`).
+    FRAME_FLOOD = "frame_flood"
     #: Not a gRPC request: ``:method``, ``:path``, ``content-type`` or ``te`` wrong.
     BAD_REQUEST = "bad_request"
     #: A ``:path`` no service here implements: UNIMPLEMENTED.
