@@ -15,12 +15,23 @@ Device executions are different: they run one at a time on one long-lived thread
 over with :meth:`DeviceThread.submit` (synchronous, no Trio task per job) and its
 outcome comes back as a callback on Trio's loop: one crossing per batch. Keeping one
 thread also keeps every device call on the same OS thread.
+
+A pipelined dispatch loop (``scheduler.pipeline_depth`` > 1) uses :class:`DevicePipeline`
+instead: two long-lived threads, owned the same way. The *launch* thread runs each
+batch's launch (gather, the inputs' transfer, the asynchronous program call; it returns
+as soon as the program is queued on the device) and hands the result to the *collect*
+thread, which waits for the outputs to reach the host. So launches run one at a time in
+submission order, collects run one at a time in the same order, and a collect that
+blocks on batch N's outputs never holds up the launch of batch N+1. Each job is timed on
+the threads with one clock (``time.perf_counter``): when its launch began and when its
+outputs were back, which is what the dispatch loop charges as device time.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
@@ -28,7 +39,7 @@ from typing import Any
 import outcome
 import trio
 
-__all__ = ["DeviceThread", "ThreadRunner", "in_threads"]
+__all__ = ["DevicePipeline", "DeviceThread", "PipelineDone", "ThreadRunner", "in_threads"]
 
 #: ``await run(fn, *args)`` returns ``fn(*args)``, run somewhere that may block.
 ThreadRunner = Callable[..., Awaitable[Any]]
@@ -89,3 +100,76 @@ class DeviceThread:
             job, done = item
             result = outcome.capture(job)
             token.run_sync_soon(done, result)
+
+
+#: ``done(outcome, started, finished)``: a pipelined job's outcome (the collect's, or the
+#: launch's error), when its launch began and when it finished (``time.perf_counter``).
+PipelineDone = Callable[[outcome.Outcome[Any], float, float], object]
+
+
+class DevicePipeline:
+    """A launch thread and a collect thread, owned by a Trio task (see the module docstring).
+
+    Start it with ``await nursery.start(pipeline.run)``. :meth:`submit` hands over one
+    job, ``launch()`` then ``collect(handle)``; ``done(outcome, started, finished)`` comes
+    back on Trio's loop. A launch that raises skips its collect: its error is the outcome.
+    Cancelling the owner lets every job already submitted launch, collect and deliver its
+    outcome, then ends both threads: a launched job is never abandoned.
+    """
+
+    def __init__(
+        self, names: tuple[str, str] = ("reactantserver-device", "reactantserver-collect")
+    ) -> None:
+        self._names = names
+        self._launches: queue.SimpleQueue[
+            tuple[Callable[[], Any], Callable[[Any], Any], PipelineDone] | None
+        ] = queue.SimpleQueue()
+        self._collects: queue.SimpleQueue[
+            tuple[Callable[[Any], Any], outcome.Outcome[Any], float, PipelineDone] | None
+        ] = queue.SimpleQueue()
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._closed = False
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own both threads until cancelled; then finish every submitted job and end them."""
+        self._token = trio.lowlevel.current_trio_token()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(trio.to_thread.run_sync, self._launch_thread))
+            nursery.start_soon(partial(trio.to_thread.run_sync, self._collect_thread))
+            task_status.started()
+            try:
+                await trio.sleep_forever()
+            finally:
+                self._closed = True
+                self._launches.put(None)  # the launch thread passes it on to the collector
+
+    def submit(
+        self, launch: Callable[[], Any], collect: Callable[[Any], Any], done: PipelineDone
+    ) -> None:
+        """Launch then collect on the threads; ``done(outcome, started, finished)`` on Trio's
+        loop. Raises ``RuntimeError`` once the owner has been cancelled."""
+        if self._closed or self._token is None:
+            raise RuntimeError("the device pipeline is not running")
+        self._launches.put((launch, collect, done))
+
+    def _launch_thread(self) -> None:
+        threading.current_thread().name = self._names[0]
+        while (item := self._launches.get()) is not None:
+            launch, collect, done = item
+            started = time.perf_counter()
+            handle = outcome.capture(launch)
+            self._collects.put((collect, handle, started, done))
+        self._collects.put(None)
+
+    def _collect_thread(self) -> None:
+        threading.current_thread().name = self._names[1]
+        token = self._token
+        assert token is not None
+        while (item := self._collects.get()) is not None:
+            collect, handle, started, done = item
+            result = (
+                outcome.capture(collect, handle.value)
+                if isinstance(handle, outcome.Value)
+                else handle
+            )
+            token.run_sync_soon(done, result, started, time.perf_counter())

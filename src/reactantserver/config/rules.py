@@ -199,6 +199,7 @@ WORKER_RULES: tuple[tuple[Path, Check], ...] = (
     (("scheduler", "recency_penalty_cap"), interval(0, 1, open_low=True)),
     (("scheduler", "meta_concurrency"), at_least(1)),
     (("scheduler", "inline_max_seconds"), non_negative("0 = never inline")),
+    (("scheduler", "pipeline_depth"), at_least(1, "1 = no pipelining")),
     (("scheduler", "models", "*", "weight"), positive),
     (("scheduler", "models", "*", "max_batch_size"), at_least(0, "0 = uncapped")),
     (("endpoints", "host"), non_empty),

@@ -97,6 +97,11 @@ class SchedulerConfig:
     #: loop itself instead of the device thread (a thread hand-off costs more than a
     #: program of tens of microseconds); 0 = never. Ignored on cuda.
     inline_max_seconds: float = 0.0001
+    #: Batches launched on the device and not yet back (>= 1): with 2 or more, the next
+    #: batch's weights, input transfer and program call overlap the previous one's
+    #: execution and output transfer (the device still runs one program at a time).
+    #: Unset: 2 on cuda, 1 on cpu (where 1 keeps tiny programs inline on the loop).
+    pipeline_depth: int | None = None
     models: Mapping[str, ModelSchedConfig] = attrs.field(factory=dict)
 
     def for_model(self, name: str) -> ModelSchedConfig:

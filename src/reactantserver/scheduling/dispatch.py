@@ -57,6 +57,63 @@ requests are refused at once.
 Health is an enum with a read-only property, not a flag callers can set. All clocks
 are Trio's, so ``trio.testing.MockClock`` gives exact, instant simulations.
 
+The pipeline (``scheduler.pipeline_depth`` > 1)
+-----------------------------------------------
+With depth 1 (the CPU's default) the loop is exactly what is described above. On a GPU
+a small model's execution is mostly transfers and host work around a short program
+(docs/gpu.md): waiting for each batch's outputs before starting the next leaves the
+device idle through every transfer. With depth ``d`` > 1 and an executor that splits a
+batch in two (:class:`PipelinedExecutor`: a blocking ``launch`` -- gather, inputs to the
+device in one step, the asynchronous program call -- and a blocking ``collect`` --
+outputs to the host, scatter; or :class:`AsyncPipelinedExecutor`, the same as
+coroutines, for fakes on virtual time) the loop keeps up to ``d`` batches *launched*:
+
+* The **launcher** (the ``run`` task) asks the policy for a batch while fewer than ``d``
+  are in flight and health is ``READY``, ``prepare``\\ s it (weights acquired: a load on
+  demand overlaps the batches already on the device -- this is what makes prefetch
+  overlap) and launches it: with a blocking executor it is handed to a
+  :class:`~reactantserver.threads.DevicePipeline`, whose launch thread runs launches one
+  at a time in order and whose collect thread collects them in the same order, so a
+  collect blocked on batch N never holds up the launch of N+1; with an async one the
+  launcher awaits the launch itself (never two at once) and a child task collects.
+* The **collector** (a second task, shielded) lands batches strictly in launch order:
+  charges the device time, ``complete``\\ s, calls ``on_batch``, ``ran`` (weights
+  released), answers; it also runs the head's dispatch timeout and fails expired
+  queued requests.
+
+Invariants with several batches in flight (``tests/test_sched_pipeline.py`` checks them
+against an honest asynchronous fake device, in virtual time, with Hypothesis):
+
+1. The device is given programs one launch at a time, in launch order, and they are
+   landed (completed, answered) in that order; at most ``d`` are launched and not landed.
+2. The learned cost is device time, completion to completion: a batch is charged from
+   ``max(its launch began, the previous batch's outputs were back)`` to its own outputs
+   being back, on the threads' clock (Trio's for an async executor). The charges of
+   back-to-back batches tile the device's busy time exactly; host wall time spent
+   waiting for an earlier batch is never charged to a later one.
+3. The dispatch timeout runs from when a batch became the device's *head* (the oldest
+   launched and not landed: at its launch if none was in flight, else when the previous
+   one landed). On overrun its callers get ``ExecutionFailed``, health is ``OVERRUN``
+   (new requests refused, nothing more launched) until that batch lands; the batches
+   launched behind it run after it and are answered normally.
+4. Weights: acquired at ``prepare``, released by ``ran`` only when that batch lands, so
+   a model's weights are never evicted or replaced (a version is freed only once the
+   weight provider has every release) while a launched batch uses them; a reload's drain
+   counts launched batches because their requests stay in the table (``admitted``)
+   until they are answered at landing.
+5. Shutdown: queued requests fail ``Unavailable``; a batch already taken is launched;
+   every launched batch is waited for and landed (the collector is shielded), never
+   abandoned. A ``prepare`` failure fails only its batch (it never reached the device:
+   no ``on_batch``); a launch or collect failure (``ResourceExhausted`` for memory)
+   fails only its batch, and the loop serves on.
+6. ``withdraw`` and deadlines as above: a withdrawn request in a launched batch has its
+   result dropped; a deadline passed by the time its batch lands is ``DeadlineExceeded``;
+   every admitted request is answered exactly once.
+
+Inline execution is a depth-1 affair: with ``d`` > 1 every batch goes through the
+pipeline. The fair shares lag by at most ``d - 1`` batches (a batch is chosen before the
+ones in flight are charged; ``policy.py``).
+
 Why one module of this size: the normal path, the dispatch timeout, deadlines, the
 failure paths and shutdown all answer the same table, and are only checkable side by
 side.
@@ -64,7 +121,9 @@ side.
 
 from __future__ import annotations
 
+import collections
 import enum
+import inspect
 import logging
 import math
 import time
@@ -85,7 +144,7 @@ from reactantserver.errors import (
     RequestError,
     Unavailable,
 )
-from reactantserver.threads import DeviceThread
+from reactantserver.threads import DevicePipeline, DeviceThread
 
 from .policy import SchedulingPolicy
 from .records import Batch, PolicyStatistics, Request
@@ -126,6 +185,44 @@ class BlockingExecutor(Protocol):
 
 
 @runtime_checkable
+class PipelinedExecutor(Protocol):
+    """A :class:`BlockingExecutor` whose ``run`` splits in two, for ``pipeline_depth`` > 1."""
+
+    async def prepare(self, batch: Batch) -> None: ...
+
+    def launch(self, batch: Batch) -> Any:
+        """Gather, inputs to the device in one step, the asynchronous program call; returns
+        a handle as soon as the program is queued (on the launch thread, in order)."""
+
+    def collect(self, batch: Batch, handle: Any) -> Sequence[Any]:
+        """Wait for ``launch``'s outputs to reach the host and scatter them: one result per
+        request (on the collect thread, in launch order)."""
+        ...
+
+    def ran(self, batch: Batch) -> None:
+        """Back on the loop when the batch has landed, whatever its outcome."""
+
+
+class AsyncPipelinedExecutor(Protocol):
+    """:class:`PipelinedExecutor` as coroutines: a fake device on Trio's (virtual) clock."""
+
+    async def prepare(self, batch: Batch) -> None: ...
+
+    async def launch(self, batch: Batch) -> Any: ...
+
+    async def collect(self, batch: Batch, handle: Any) -> Sequence[Any]: ...
+
+    def ran(self, batch: Batch) -> None: ...
+
+
+def can_pipeline(executor: object) -> bool:
+    """Whether ``executor`` splits a batch into ``launch`` and ``collect``."""
+    return callable(getattr(executor, "launch", None)) and callable(
+        getattr(executor, "collect", None)
+    )
+
+
+@runtime_checkable
 class Prefetcher(Protocol):
     """Optional executor extension: start loading ``model``'s weights early."""
 
@@ -156,6 +253,11 @@ class SchedulerStatistics:
     #: Batches run inline on the dispatch loop / on the device thread (or a child task).
     inline_dispatches: int = 0
     threaded_dispatches: int = 0
+    #: The models of every batch launched and not landed yet, oldest (the device's head,
+    #: ``executing``) first; at most ``pipeline_depth``.
+    in_flight: tuple[str, ...] = ()
+    #: Batches launched and landed through the pipeline (``pipeline_depth`` > 1).
+    pipelined_dispatches: int = 0
 
     @property
     def ready(self) -> bool:
@@ -166,6 +268,19 @@ class SchedulerStatistics:
 _PENDING: Any = object()
 
 
+@attrs.define(eq=False)
+class _Flight:
+    """One launched batch, from its launch to its landing."""
+
+    batch: Batch
+    #: Trio time when it became the device's head (its dispatch timeout runs from here).
+    head_since: float = math.inf
+    #: ``(outcome, launch began, outputs back)`` once it is back (the clock: the
+    #: pipeline threads', or Trio's for an async executor).
+    result: Any = _PENDING
+    overran: bool = False
+
+
 class Scheduler:
     """Queue requests per model and run them on one device (see the module docstring).
 
@@ -174,6 +289,11 @@ class Scheduler:
     ``prepare`` failed -- right after the policy's ``complete``, with the seconds of
     device time that batch is charged (the same seconds ``complete`` learned). An
     exception it raises is logged and does not disturb the loop.
+
+    ``pipeline_depth`` (default: ``config.pipeline_depth``, unset meaning 1) is how many
+    batches may be launched and not landed; above 1 it needs an executor that splits a
+    batch (``launch``/``collect``), else the loop runs at depth 1 (logged). An injected
+    ``policy`` must allow as many in flight (``max_in_flight``).
     """
 
     def __init__(
@@ -184,16 +304,48 @@ class Scheduler:
         policy: SchedulingPolicy | None = None,
         inline_max_seconds: float | None = None,
         on_batch: Callable[[Batch, float], None] | None = None,
+        pipeline_depth: int | None = None,
     ) -> None:
         self.config = config
+        depth = pipeline_depth if pipeline_depth is not None else config.pipeline_depth or 1
+        if depth < 1:
+            raise ValueError(f"scheduler.pipeline_depth must be >= 1; got {depth}")
+        if depth > 1 and not can_pipeline(executor):
+            log.info(
+                "scheduler.pipeline_depth=%d: %s has no launch/collect; running at depth 1",
+                depth,
+                type(executor).__name__,
+            )
+            depth = 1
+        if policy is not None and policy.max_in_flight < depth:
+            raise ValueError(
+                f"the policy allows {policy.max_in_flight} batch(es) in flight, "
+                f"pipeline_depth is {depth}"
+            )
+        #: Batches launched and not landed at most (1: no pipeline).
+        self.pipeline_depth = depth
         #: Called on the loop once per batch that reached the device (ok or failed,
         #: overruns included), right after ``policy.complete``, with the seconds of
         #: device time the batch is charged.
         self._on_batch = on_batch
-        self._policy = policy if policy is not None else SchedulingPolicy(config)
+        self._policy = (
+            policy if policy is not None else SchedulingPolicy(config, max_in_flight=depth)
+        )
         self._executor = executor
-        self._blocking = isinstance(executor, BlockingExecutor)
-        self._device = DeviceThread() if self._blocking else None
+        self._blocking = isinstance(executor, BlockingExecutor) or (
+            depth > 1 and not inspect.iscoroutinefunction(getattr(executor, "launch", None))
+        )
+        self._device = DeviceThread() if self._blocking and depth == 1 else None
+        #: The launch and collect threads of a pipelined blocking executor.
+        self._pipe = DevicePipeline() if self._blocking and depth > 1 else None
+        #: Launched batches not landed yet, in launch order (the pipeline only).
+        self._flight: collections.deque[_Flight] = collections.deque()
+        #: When the last landed batch's outputs were back (the pipeline's device clock).
+        self._last_back = -math.inf
+        self._launcher_done = False
+        #: Wakes the collector: a batch was launched or came back, or the launcher ended.
+        self._collected = trio.Event()
+        self._pipelined = 0
         #: Batches learned to cost less than this run inline (0: never). The worker
         #: passes 0 off the CPU backend; by default the configured value.
         self._inline_max = (
@@ -387,7 +539,8 @@ class Scheduler:
 
     @property
     def admitted(self) -> int:
-        """Requests in the table: queued or in the running batch, not answered yet."""
+        """Requests in the table: queued, or in a batch being prepared, running or
+        launched and not landed, and not answered yet."""
         return len(self._answers)
 
     def peek_next(self) -> str | None:
@@ -395,14 +548,18 @@ class Scheduler:
         return self._policy.peek_next(trio.current_time())
 
     def statistics(self) -> SchedulerStatistics:
+        flight = tuple(f.batch.model for f in self._flight)
+        executing = self._executing.model if self._executing is not None else None
         return SchedulerStatistics(
             health=self._health,
-            executing=self._executing.model if self._executing is not None else None,
+            executing=flight[0] if flight else executing,
             overruns=self._overruns,
             failed_dispatches=self._failed,
             policy=self._policy.statistics(trio.current_time()),
             inline_dispatches=self._inline,
             threaded_dispatches=self._threaded,
+            in_flight=flight or ((executing,) if executing is not None else ()),
+            pipelined_dispatches=self._pipelined,
         )
 
     # ---------------------------------------------------------------- lifetime
@@ -416,10 +573,15 @@ class Scheduler:
             async with trio.open_nursery() as nursery:
                 if self._device is not None:
                     await nursery.start(self._device.run)
+                if self._pipe is not None:
+                    await nursery.start(self._pipe.run)
                 if self._health is Health.STARTING:
                     self._health = Health.READY
                 task_status.started()
-                await self._loop(nursery)
+                if self.pipeline_depth > 1:
+                    await self._pipeline(nursery)
+                else:
+                    await self._loop(nursery)
                 nursery.cancel_scope.cancel()  # the device thread and any prefetch
         finally:
             self._shut(running=True)
@@ -560,6 +722,157 @@ class Scheduler:
                 log.warning("model %r: the overrunning execution returned", batch.model)
             return None
         return result
+
+    # ------------------------------------------------------------ the pipeline
+
+    async def _pipeline(self, nursery: trio.Nursery) -> None:
+        """The launcher, with the collector beside it (see "The pipeline" above)."""
+        landed = trio.Event()
+        nursery.start_soon(self._collector, landed)
+        try:
+            await self._launcher(nursery)
+        finally:
+            self._launcher_done = True
+            self._collected.set()
+            # Every launched batch lands before run() goes on: never abandoned.
+            with trio.CancelScope(shield=True):
+                await landed.wait()
+
+    async def _launcher(self, nursery: trio.Nursery) -> None:
+        policy = self._policy
+        while not policy.closed:
+            now = trio.current_time()
+            self._expire(now)
+            if len(self._flight) >= self.pipeline_depth or self._health is Health.OVERRUN:
+                # Woken by the collector when a batch lands (or by a sooner deadline).
+                await self._sleep(policy.next_deadline(), idle=False)
+                continue
+            decision = policy.next_batch(now)
+            for request in decision.shed:
+                self._fail(request.seq, _shed_error(request))
+            if decision.batch is None:
+                await self._sleep(policy.next_deadline(), idle=True)
+                continue
+            await self._launch(nursery, decision.batch)
+
+    async def _launch(self, nursery: trio.Nursery, batch: Batch) -> None:
+        """Prepare ``batch`` (weights acquired), then launch it and queue it for landing."""
+        policy = self._policy
+        executor: Any = self._executor
+        self._executing = batch
+        try:
+            try:
+                await executor.prepare(batch)
+            except Exception as exc:
+                self._failed += 1
+                policy.complete(batch, 0.0, trio.current_time(), ok=False)
+                self._fail_batch(batch, _executor_error(batch, "preparing", exc))
+                return
+        finally:
+            self._executing = None
+        flight = _Flight(batch)
+        if self._pipe is not None:
+            try:
+                self._pipe.submit(
+                    partial(executor.launch, batch),
+                    partial(executor.collect, batch),
+                    partial(self._back, flight),
+                )
+            except RuntimeError:  # the pipeline's owner is cancelled: shutting down
+                flight.result = (outcome.Error(Unavailable(SHUTTING_DOWN)), 0.0, 0.0)
+        else:
+            started = trio.current_time()
+            try:
+                with trio.CancelScope(shield=True):  # a launch is never cut in half
+                    handle = await executor.launch(batch)
+            except Exception as exc:
+                flight.result = (outcome.Error(exc), started, trio.current_time())
+            else:
+                nursery.start_soon(self._collect_async, flight, handle, started)
+        if not self._flight:
+            flight.head_since = trio.current_time()
+        self._flight.append(flight)
+        self._collected.set()
+        self._maybe_prefetch(nursery)
+
+    def _back(
+        self, flight: _Flight, result: outcome.Outcome[Any], started: float, ended: float
+    ) -> None:
+        """On the loop: the pipeline threads (or the collect task) are done with ``flight``."""
+        flight.result = (result, started, ended)
+        self._collected.set()
+
+    async def _collect_async(self, flight: _Flight, handle: Any, started: float) -> None:
+        executor: Any = self._executor
+        try:
+            # Shielded: a launched batch is never abandoned, not even by a cancelled run.
+            with trio.CancelScope(shield=True):
+                result: outcome.Outcome[Any] = outcome.Value(
+                    await executor.collect(flight.batch, handle)
+                )
+        except Exception as exc:
+            result = outcome.Error(exc)
+        except BaseException:
+            # Cancelled (abrupt shutdown): its callers hear so, and it still lands.
+            self._back(
+                flight, outcome.Error(Unavailable(SHUTTING_DOWN)), started, trio.current_time()
+            )
+            raise
+        self._back(flight, result, started, trio.current_time())
+
+    async def _collector(self, landed: trio.Event) -> None:
+        """Land batches in launch order; the head's dispatch timeout; expiries. Shielded:
+        it returns only once the launcher has ended and nothing is in flight."""
+        flight = self._flight
+        policy = self._policy
+        with trio.CancelScope(shield=True):
+            while True:
+                while flight and flight[0].result is not _PENDING:
+                    self._land(flight.popleft())
+                    if flight:
+                        flight[0].head_since = trio.current_time()
+                    self._wakeup.set()  # a slot is free (or health changed): the launcher
+                if not flight and self._launcher_done:
+                    landed.set()
+                    return
+                now = trio.current_time()
+                self._expire(now)
+                until = policy.next_deadline()
+                if flight and not flight[0].overran:
+                    head = flight[0]
+                    overrun_at = head.head_since + self._timeout
+                    if now >= overrun_at:
+                        head.overran = True
+                        self._overran(head.batch)
+                    else:
+                        until = min(until, overrun_at)
+                self._collected = collected = trio.Event()
+                if until == math.inf:
+                    await collected.wait()
+                else:
+                    with trio.move_on_at(until):
+                        await collected.wait()
+
+    def _land(self, flight: _Flight) -> None:
+        """Charge, complete, release and answer one batch that came back (launch order)."""
+        batch = flight.batch
+        result, started, ended = flight.result
+        seconds = max(0.0, ended - max(started, self._last_back))
+        self._last_back = max(self._last_back, ended)
+        self._pipelined += 1
+        self._threaded += 1
+        ran = getattr(self._executor, "ran", None)
+        if ran is not None:
+            ran(batch)
+        now = trio.current_time()
+        if flight.overran:
+            self._policy.complete(batch, seconds, now, ok=False)
+            self._batch_done(batch, seconds)
+            if self._health is Health.OVERRUN:
+                self._health = Health.READY
+                log.warning("model %r: the overrunning execution returned", batch.model)
+            return
+        self._deliver(batch, result, seconds, now)
 
     def _returned(self, result: outcome.Outcome[Any]) -> None:
         """On the loop: the device thread (or the child task) is done with the batch."""

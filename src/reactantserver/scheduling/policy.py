@@ -641,7 +641,7 @@ class SchedulingPolicy:
             dispatches=self._totals["dispatches"],
             compute_seconds=self._total_compute,
             shed=self._totals["shed"],
-            running=self.running.model if self._running else None,
+            running=running.model if (running := self.running) is not None else None,
         )
 
     # ----------------------------------------------------------------- private

@@ -1,0 +1,509 @@
+"""The pipelined dispatch loop (``scheduler.pipeline_depth`` > 1) against honest fake devices.
+
+``FakeGpu`` (``benchmarks/gpu/pipeline_sim.py``) is an asynchronous device on Trio's
+clock -- input transfers, one stream running programs in launch order, output copies,
+host work, a weight cache with loads of their own -- so the tests here run in virtual
+time and every timing is exact. One test drives a real thread-backed fake through the
+``DevicePipeline`` threads, and ``tests/test_worker_pipeline.py`` runs a real worker on
+the CPU JAX backend at depth 2.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pipeline_sim import FakeGpu, Program, run_simulation
+
+from reactantserver.config import SchedulerConfig
+from reactantserver.errors import (
+    DeadlineExceeded,
+    ExecutionFailed,
+    RequestError,
+    Unavailable,
+)
+from reactantserver.scheduling import Batch, Health, Scheduler, SchedulingPolicy
+
+MODELS = ("a", "b", "c")
+
+
+def answers_into(got: dict[Any, Any], key: Any) -> Any:
+    def answer(value: Any, error: BaseException | None) -> None:
+        assert key not in got, f"{key!r} answered twice"
+        got[key] = (trio.current_time(), value, error)
+
+    return answer
+
+
+def make(
+    gpu: FakeGpu, depth: int, sizes: Sequence[int] = (1, 2, 4), **config: Any
+) -> tuple[Scheduler, list[tuple[Batch, float]]]:
+    charged: list[tuple[Batch, float]] = []
+    scheduler = Scheduler(
+        SchedulerConfig(**config),
+        gpu,
+        pipeline_depth=depth,
+        on_batch=lambda batch, seconds: charged.append((batch, seconds)),
+    )
+    for name in MODELS:
+        scheduler.add_model(name, sizes)
+    return scheduler, charged
+
+
+def expected_charges(programs: Sequence[Program]) -> list[float]:
+    """Completion to completion: from max(launch began, previous landing) to landing."""
+    out, last = [], -math.inf
+    for p in programs:
+        out.append(p.collected - max(p.began, last))
+        last = p.collected
+    return out
+
+
+def union_length(intervals: Sequence[tuple[float, float]]) -> float:
+    total, end = 0.0, -math.inf
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+# ------------------------------------------------------------------ the basic shape
+
+
+async def test_depth_two_overlaps_transfers_and_keeps_one_program_at_a_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Six batches of 1 s programs with 0.5 s transfers each way and 0.5 s of host work:
+    at depth 1 each costs 2.5 s of wall time; at depth 2 the device runs them back to
+    back (program + output copy = 1.5 s each), one at a time, in launch order, and each is
+    charged its share of the device's time, not the host's wall time."""
+    walls = {}
+    for depth in (1, 2):
+        gpu = FakeGpu(lambda b: 1.0, t_in=0.5, t_out=0.5, t_host=0.5)
+        scheduler, charged = make(gpu, depth, sizes=[1])
+        got: dict[Any, Any] = {}
+        async with trio.open_nursery() as nursery:
+            await nursery.start(scheduler.run)
+            t0 = trio.current_time()
+            for i in range(6):
+                scheduler.enqueue(MODELS[i % 3], i, answer=answers_into(got, i))
+            while len(got) < 6:
+                await trio.sleep(0.1)
+            walls[depth] = trio.current_time() - t0
+            await scheduler.aclose()
+        assert {k: v[1:] for k, v in got.items()} == {i: (("out", i), None) for i in range(6)}
+        assert not gpu.violations
+        starts = [p.start for p in gpu.programs]
+        assert starts == sorted(starts)
+        for prev, nxt in zip(gpu.programs, gpu.programs[1:], strict=False):
+            assert nxt.start >= prev.back  # one program (with its copy) at a time
+        assert [b.seq for b, _ in charged] == [p.seq for p in gpu.programs]
+        if depth == 2:
+            assert [s for _, s in charged] == pytest.approx(expected_charges(gpu.programs))
+            assert gpu.max_in_flight == 2
+            assert scheduler.statistics().pipelined_dispatches == 6
+    assert walls[1] == pytest.approx(6 * 2.5, abs=0.2)
+    # The first batch pays its transfers; the rest come every 1.5 s (the stream's pace).
+    assert walls[2] == pytest.approx(2.5 + 5 * 1.5, abs=0.2)
+
+
+async def test_a_prepare_failure_with_batches_in_flight_fails_only_its_batch(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    class Refusing(FakeGpu):
+        async def prepare(self, batch: Batch) -> None:
+            if batch.model == "b":
+                raise RuntimeError("no weights for b")
+            await super().prepare(batch)
+
+    gpu = Refusing(lambda b: 1.0, t_out=0.5)
+    scheduler, charged = make(gpu, 2, sizes=[1], discipline="fifo")
+    got: dict[Any, Any] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(scheduler.run)
+        for i, model in enumerate("abac"):
+            scheduler.enqueue(model, i, answer=answers_into(got, i))
+        while len(got) < 4:
+            await trio.sleep(0.1)
+        await scheduler.aclose()
+    assert isinstance(got[1][2], ExecutionFailed)
+    assert [got[i][1] for i in (0, 2, 3)] == [("out", 0), ("out", 2), ("out", 3)]
+    assert [b.model for b, _ in charged] == ["a", "a", "c"]  # b never reached the device
+    assert not gpu.violations and scheduler.statistics().failed_dispatches == 1
+
+
+async def test_the_head_overruns_the_one_behind_it_still_runs_and_nothing_more_launches(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Depth 2, timeout 5 s: ``slow`` (20 s) becomes the head at its launch and overruns
+    at 5 s -- its caller gets ExecutionFailed, health is OVERRUN, new requests are
+    refused and no batch is launched -- while the batch already launched behind it runs
+    after it and is answered; health is READY again once ``slow`` lands."""
+    launched_while_overrun: list[int] = []
+    scheduler_box: list[Scheduler] = []
+
+    def on_launch(batch: Batch) -> None:
+        if scheduler_box[0].health is Health.OVERRUN:
+            launched_while_overrun.append(batch.seq)
+
+    gpu = FakeGpu(lambda b: 20.0 if b.model == "a" else 1.0, on_launch=on_launch)
+    scheduler, charged = make(gpu, 2, dispatch_timeout_seconds=5.0, discipline="fifo")
+    scheduler_box.append(scheduler)
+    got: dict[Any, Any] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(scheduler.run)
+        t0 = trio.current_time()
+        scheduler.enqueue("a", "slow", answer=answers_into(got, "slow"))
+        scheduler.enqueue("b", "behind", answer=answers_into(got, "behind"))
+        await trio.sleep(0.1)
+        scheduler.enqueue("c", "queued", answer=answers_into(got, "queued"))
+        await trio.sleep_until(t0 + 5.0 + 1e-6)
+        assert isinstance(got["slow"][2], ExecutionFailed)
+        assert got["slow"][0] - t0 == pytest.approx(5.0)
+        assert scheduler.health is Health.OVERRUN
+        with pytest.raises(Unavailable, match="still busy"):
+            scheduler.enqueue("c", "refused", answer=answers_into(got, "refused"))
+        await trio.sleep_until(t0 + 20.0 + 1e-6)
+        assert scheduler.health is Health.READY
+        while len(got) < 3:
+            await trio.sleep(0.1)
+        await scheduler.aclose()
+    assert got["behind"][1] == ("out", "behind") and got["behind"][0] - t0 == pytest.approx(21.0)
+    assert got["queued"][1] == ("out", "queued")
+    assert not launched_while_overrun and not gpu.violations
+    stats = scheduler.statistics()
+    assert stats.overruns == 1 and stats.policy.models["a"].costs == ()
+    assert [round(s, 6) for _, s in charged] == [20.0, 1.0, 1.0]
+
+
+async def test_shutdown_fails_the_queue_and_lands_every_launched_batch(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    gpu = FakeGpu(lambda b: 2.0, t_out=1.0)
+    scheduler, charged = make(gpu, 2, sizes=[1], discipline="fifo")
+    got: dict[Any, Any] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(scheduler.run)
+        for i in range(6):
+            scheduler.enqueue(MODELS[i % 3], i, answer=answers_into(got, i))
+        await trio.sleep(0.5)
+        assert scheduler.statistics().in_flight == ("a", "b")
+        assert scheduler.admitted == 6
+        await scheduler.aclose()  # returns once both launched batches have landed
+        assert gpu.in_flight == 0 and not gpu.held
+    assert [got[i][1] for i in (0, 1)] == [("out", 0), ("out", 1)]
+    assert all(isinstance(got[i][2], Unavailable) for i in range(2, 6))
+    assert len(charged) == 2 and not gpu.violations
+
+
+async def test_cancelling_run_still_lands_the_launched_batches(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    gpu = FakeGpu(lambda b: 2.0, t_out=1.0)
+    scheduler, _ = make(gpu, 2)
+    got: dict[Any, Any] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(scheduler.run)
+        for i in range(4):
+            scheduler.enqueue("a", i, answer=answers_into(got, i), rows=4)
+        await trio.sleep(0.5)
+        nursery.cancel_scope.cancel()
+    assert len(got) == 4  # each answered: a value or Unavailable, never dropped
+    assert gpu.in_flight == 0 and not gpu.held and not gpu.violations
+
+
+def test_the_policy_must_allow_the_depth() -> None:
+    with pytest.raises(ValueError, match="in flight"):
+        Scheduler(
+            SchedulerConfig(),
+            FakeGpu(lambda b: 1.0),
+            policy=SchedulingPolicy(SchedulerConfig()),
+            pipeline_depth=2,
+        )
+    with pytest.raises(ValueError, match=">= 1"):
+        Scheduler(SchedulerConfig(), FakeGpu(lambda b: 1.0), pipeline_depth=0)
+
+
+def test_an_executor_that_cannot_pipeline_runs_at_depth_one() -> None:
+    class Plain:
+        async def prepare(self, batch: Batch) -> None:
+            pass
+
+        async def execute(self, batch: Batch) -> Sequence[Any]:
+            return []
+
+    assert Scheduler(SchedulerConfig(pipeline_depth=3), Plain()).pipeline_depth == 1
+    assert Scheduler(SchedulerConfig(pipeline_depth=3), FakeGpu(lambda b: 1)).pipeline_depth == 3
+
+
+# -------------------------------------------------------------- random workloads
+
+request_st = st.tuples(
+    st.floats(0, 6, allow_nan=False),  # arrival
+    st.sampled_from(MODELS),
+    st.integers(1, 2),  # rows
+    st.one_of(st.none(), st.floats(0.5, 12)),  # deadline after arrival
+    st.one_of(st.none(), st.floats(0, 8)),  # withdrawn this long after arrival
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    depth=st.integers(1, 3),
+    costs=st.lists(st.sampled_from([0.25, 0.5, 1.0, 3.0, 7.0]), min_size=3, max_size=3),
+    t_in=st.sampled_from([0.0, 0.1, 0.5]),
+    t_out=st.sampled_from([0.0, 0.1, 0.5]),
+    t_host=st.sampled_from([0.0, 0.2]),
+    t_load=st.sampled_from([0.0, 0.3, 1.5]),
+    capacity=st.sampled_from([None, 1, 2]),
+    timeout=st.sampled_from([math.inf, 5.0]),
+    failing=st.sampled_from([None, "a", "b"]),
+    discipline=st.sampled_from(["fair", "fifo", "edf"]),
+    requests=st.lists(request_st, min_size=1, max_size=25),
+    close_at=st.one_of(st.none(), st.floats(1, 10)),
+)
+def test_pipeline_invariants_over_random_workloads(
+    depth: int,
+    costs: list[float],
+    t_in: float,
+    t_out: float,
+    t_host: float,
+    t_load: float,
+    capacity: int | None,
+    timeout: float,
+    failing: str | None,
+    discipline: str,
+    requests: list[tuple[float, str, int, float | None, float | None]],
+    close_at: float | None,
+) -> None:
+    """Whatever arrives, at any depth, with transfers, loads, failures, overruns,
+    withdrawals, deadlines and a shutdown at any moment: every admitted request is
+    answered exactly once (or never, once withdrawn), with its own result or an error
+    that says why; a deadline error only at or after the deadline and a result only
+    before it; the device gets one launch at a time and runs programs one at a time in
+    launch order; at most ``depth`` batches are launched and not landed, and batches
+    land in launch order; a batch's weights stay pinned and resident from prepare until
+    its outputs are back and released only when it lands; nothing is launched while
+    the loop is OVERRUN; each batch is charged its device time from max(its launch,
+    the previous landing) to its landing, so the charges add up to the time the device
+    was busy; and after shutdown nothing is in flight, held or admitted."""
+    cost = dict(zip(MODELS, costs, strict=True))
+    scheduler_box: list[Scheduler] = []
+    overrun_launches: list[int] = []
+
+    def on_launch(batch: Batch) -> None:
+        if scheduler_box[0].health is Health.OVERRUN:
+            overrun_launches.append(batch.seq)
+
+    gpu = FakeGpu(
+        lambda b: cost[b.model],
+        t_in=t_in,
+        t_out=t_out,
+        t_host=t_host,
+        t_load=t_load,
+        capacity=capacity,
+        fail=lambda b: RuntimeError("device fault") if b.model == failing else None,
+        on_launch=on_launch,
+    )
+    scheduler, charged = make(gpu, depth, dispatch_timeout_seconds=timeout, discipline=discipline)
+    scheduler_box.append(scheduler)
+    got: dict[int, Any] = {}
+    admitted: dict[int, tuple[str, float | None]] = {}
+    withdrawn: dict[int, float] = {}
+
+    async def client(i: int, spec: tuple[float, str, int, float | None, float | None]) -> None:
+        arrival, model, rows, deadline_after, withdraw_after = spec
+        await trio.sleep(arrival)
+        now = trio.current_time()
+        deadline = None if deadline_after is None else now + deadline_after
+        try:
+            request = scheduler.enqueue(
+                model, i, answer=answers_into(got, i), rows=rows, deadline=deadline
+            )
+        except RequestError:
+            return
+        admitted[i] = (model, deadline)
+        if withdraw_after is not None:
+            await trio.sleep(withdraw_after)
+            if i not in got:
+                scheduler.withdraw(request)
+                withdrawn[i] = trio.current_time()
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(scheduler.run)
+            async with trio.open_nursery() as clients:
+                for i, spec in enumerate(requests):
+                    clients.start_soon(client, i, spec)
+                if close_at is not None:
+                    await trio.sleep(close_at)
+                    await scheduler.aclose()
+            # Let everything land (a withdrawn request's batch may still be on the device).
+            while len(got) + len(withdrawn) < len(admitted) or gpu.in_flight:
+                await trio.sleep(0.5)
+            await scheduler.aclose()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+    assert not gpu.violations, gpu.violations
+    assert not overrun_launches
+    # Exactly once (the answer helper refuses a second answer), or never once withdrawn.
+    assert set(got) <= set(admitted)
+    assert set(got) | set(withdrawn) == set(admitted)
+    for i, (at, value, error) in got.items():
+        _, deadline = admitted[i]
+        if error is None:
+            assert value == ("out", i)
+            assert deadline is None or at < deadline
+        else:
+            assert isinstance(error, RequestError), error
+            if isinstance(error, DeadlineExceeded):
+                assert deadline is not None and at >= deadline
+    # The device: one program at a time, in launch order; landed in launch order.
+    for prev, nxt in zip(gpu.programs, gpu.programs[1:], strict=False):
+        assert nxt.began >= prev.began and nxt.start >= prev.back
+    assert [b.seq for b, _ in charged] == [p.seq for p in gpu.programs]
+    assert gpu.max_in_flight <= depth
+    assert gpu.in_flight == 0 and not gpu.held and not any(gpu.pins.values())
+    if depth > 1:
+        seconds = [s for _, s in charged]
+        assert seconds == pytest.approx(expected_charges(gpu.programs), abs=1e-9)
+        busy = union_length([(p.began, p.collected) for p in gpu.programs])
+        assert sum(seconds) == pytest.approx(busy, abs=1e-9)
+    assert scheduler.admitted == 0
+    assert scheduler.health is Health.CLOSED
+
+
+# ------------------------------------------------------------- prefetch overlaps
+
+
+def test_with_the_pipeline_the_device_idle_fraction_at_least_halves() -> None:
+    """Benchmark (b) on the fake device: a Zipf catalog ten times the weight budget,
+    executions as long as a cold load. Prefetch as it was (depth 1) leaves the device
+    idle through loads and transfers; with the pipeline the next batch's weights load
+    (prepare of N+1) while N runs, and the idle fraction at least halves."""
+    off = run_simulation(depth=1, prefetch=False)
+    depth1_on = run_simulation(depth=1, prefetch=True)
+    on = run_simulation(depth=2, prefetch=True)
+    assert on["idle"] <= off["idle"] / 2
+    assert on["idle"] < depth1_on["idle"]
+    assert on["throughput"] > 1.5 * off["throughput"]
+
+
+# ------------------------------------------------------------- a real thread fake
+
+
+class ThreadDevice:
+    """A blocking PipelinedExecutor over a real "device" thread that runs programs in the
+    order they were queued, each ``seconds`` long (``time.sleep``)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.lock = threading.Lock()
+        self.queue: list[tuple[int, threading.Event]] = []
+        self.work = threading.Condition(self.lock)
+        self.running = 0
+        self.overlaps = 0
+        self.order: list[int] = []
+        self.threads: set[str] = set()
+        self.stopped = False
+        self.launched_at: dict[int, float] = {}
+        self.done_at: dict[int, float] = {}
+        self.held: set[int] = set()
+        self.device = threading.Thread(target=self._device, daemon=True)
+        self.device.start()
+
+    def _device(self) -> None:
+        while True:
+            with self.work:
+                while not self.queue and not self.stopped:
+                    self.work.wait()
+                if self.stopped and not self.queue:
+                    return
+                seq, done = self.queue.pop(0)
+            self.running += 1
+            self.overlaps += self.running > 1
+            time.sleep(self.seconds)
+            self.running -= 1
+            self.order.append(seq)
+            done.set()
+
+    async def prepare(self, batch: Batch) -> None:
+        self.held.add(batch.seq)
+
+    def run(self, batch: Batch) -> Sequence[Any]:
+        return self.collect(batch, self.launch(batch))
+
+    def launch(self, batch: Batch) -> threading.Event:
+        self.threads.add(threading.current_thread().name)
+        assert batch.seq in self.held
+        done = threading.Event()
+        self.launched_at[batch.seq] = time.perf_counter()
+        with self.work:
+            self.queue.append((batch.seq, done))
+            self.work.notify()
+        return done
+
+    def collect(self, batch: Batch, done: threading.Event) -> Sequence[Any]:
+        self.threads.add(threading.current_thread().name)
+        assert done.wait(30)
+        self.done_at[batch.seq] = time.perf_counter()
+        return [("out", r.payload) for r in batch.requests]
+
+    def ran(self, batch: Batch) -> None:
+        assert batch.seq in self.done_at
+        self.held.discard(batch.seq)
+
+    def stop(self) -> None:
+        with self.work:
+            self.stopped = True
+            self.work.notify()
+
+
+async def test_a_thread_backed_device_at_depth_two() -> None:
+    """Real threads: launches on the launch thread, collects on the collect thread; the
+    device thread runs one program at a time in launch order, and the charges are the
+    device's time per batch (about one program each once the pipeline is full)."""
+    device = ThreadDevice(0.02)
+    charged: list[tuple[Batch, float]] = []
+    scheduler = Scheduler(
+        SchedulerConfig(),
+        device,
+        pipeline_depth=2,
+        on_batch=lambda b, s: charged.append((b, s)),
+    )
+    scheduler.add_model("m", [1])
+    results: dict[int, Any] = {}
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(scheduler.run)
+
+            async def call(i: int) -> None:
+                results[i] = await scheduler.submit("m", i)
+
+            async with trio.open_nursery() as clients:
+                for i in range(12):
+                    clients.start_soon(call, i)
+            await scheduler.aclose()
+    finally:
+        device.stop()
+    assert results == {i: ("out", i) for i in range(12)}
+    assert device.overlaps == 0
+    assert device.order == [b.seq for b, _ in charged]
+    assert device.threads == {"reactantserver-device", "reactantserver-collect"}
+    assert not device.held
+    seconds = [s for _, s in charged]
+    # Completion to completion: never less than a program, and far less than two.
+    assert all(0.02 * 0.9 <= s < 0.02 * 2.5 for s in seconds[1:]), seconds
+    assert (
+        sum(seconds) <= device.done_at[charged[-1][0].seq] - min(device.launched_at.values()) + 1e-3
+    )  # the threads' stamps sit a few microseconds outside the device's own
