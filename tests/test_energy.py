@@ -217,7 +217,7 @@ def test_unwrap() -> None:
 
 def test_rapl_not_readable_says_why(tmp_path: Path) -> None:
     missing = open_reader("cpu", "0", env={}, powercap=tmp_path / "nowhere")
-    assert missing == f"{tmp_path / 'nowhere'} does not exist (no RAPL on this machine or kernel)"
+    assert missing == f"{tmp_path / 'nowhere'} does not exist: no RAPL on this machine or kernel"
     root = powercap_tree(tmp_path / "pc", {"intel-rapl:0": ("package-0", 1, 100)})
     (root / "intel-rapl:0" / "energy_uj").unlink()
     (root / "intel-rapl:0" / "energy_uj").mkdir()  # unreadable, as for non-root since 2020

@@ -177,7 +177,7 @@ class RaplReader:
     def open(cls, root: Path = POWERCAP_ROOT) -> RaplReader | str:
         """Open every readable package zone under ``root``; a reason string when none."""
         if not root.is_dir():
-            return f"{root} does not exist (no RAPL on this machine or kernel)"
+            return f"{root} does not exist: no RAPL on this machine or kernel"
         zones: list[_Zone] = []
         problems: list[str] = []
         for entry in sorted(root.iterdir()):
