@@ -845,7 +845,7 @@ CONFIG_FAULT_FILE: tuple[str | tuple[str, str, str], ...] = (
         "    meta_concurency: 2",
         "global.scheduler.meta_concurency: unknown key; expected one of discipline, "
         "ema_halflife_seconds, max_queue_depth, dispatch_timeout_seconds, compaction_interval, "
-        "cost_ema_alpha, recency_penalty_cap, meta_concurrency, inline_max_seconds, models (did you mean "
+        "cost_ema_alpha, recency_penalty_cap, meta_concurrency, inline_max_seconds, pipeline_depth, models (did you mean "
         "meta_concurrency?)",
     ),
     "  endpoints:",

@@ -56,7 +56,18 @@ NODE_CASES: list[tuple[str, str, str]] = [
         """,
         "node.yaml:4: global.scheduler.dscipline: unknown key; expected one of discipline, "
         "ema_halflife_seconds, max_queue_depth, dispatch_timeout_seconds, compaction_interval, "
-        "cost_ema_alpha, recency_penalty_cap, meta_concurrency, inline_max_seconds, models (did you mean discipline?)",
+        "cost_ema_alpha, recency_penalty_cap, meta_concurrency, inline_max_seconds, pipeline_depth, models (did you mean discipline?)",
+    ),
+    (
+        "pipeline-depth-zero",
+        """\
+        model_repo: /models
+        global:
+          scheduler:
+            pipeline_depth: 0
+        """,
+        "node.yaml:4: global.scheduler.pipeline_depth: expected an integer >= 1 "
+        "(1 = no pipelining); got 0",
     ),
     (
         "unknown-top-level-key",
@@ -729,12 +740,12 @@ def test_problems_at_every_level_of_the_file(tmp_path: Path) -> None:
         f"{path}:3: gpus[1]: expected a device ordinal >= 0; got -1",
         f"{path}:6: global.scheduler.dscipline: unknown key; expected one of discipline, "
         "ema_halflife_seconds, max_queue_depth, dispatch_timeout_seconds, compaction_interval, "
-        "cost_ema_alpha, recency_penalty_cap, meta_concurrency, inline_max_seconds, models (did you mean "
+        "cost_ema_alpha, recency_penalty_cap, meta_concurrency, inline_max_seconds, pipeline_depth, models (did you mean "
         "discipline?)",
         f"{path}:7: global.scheduler.max_queue_depth: expected an integer >= 1; got 0",
         f"{path}:8: global.scheduler.ema_halflife: unknown key; expected one of discipline, "
         "ema_halflife_seconds, max_queue_depth, dispatch_timeout_seconds, compaction_interval, "
-        "cost_ema_alpha, recency_penalty_cap, meta_concurrency, inline_max_seconds, models (did you mean "
+        "cost_ema_alpha, recency_penalty_cap, meta_concurrency, inline_max_seconds, pipeline_depth, models (did you mean "
         "ema_halflife_seconds?)",
         f"{path}:11: workers[0].port: expected an integer; got '8001'",
         f"{path}:15: gateway.scheduling.hysteresis: expected a number in [0, 1); got 1.5",
