@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 
 if TYPE_CHECKING:
+    from jax import Device
     from jax.export import Exported
     from jax.stages import Compiled
 
@@ -128,14 +129,32 @@ def _not_a_reset(record: logging.LogRecord) -> bool:
 
 
 def compile_at(
-    model: str, exported: Exported, arg_specs: Sequence[Any], batch_size: int
+    model: str,
+    exported: Exported,
+    arg_specs: Sequence[Any],
+    batch_size: int,
+    *,
+    output_memory: tuple[Device, str] | None = None,
 ) -> tuple[Compiled, CompileReport]:
-    """Compile ``exported`` at the concrete ``arg_specs`` and report how it went."""
+    """Compile ``exported`` at the concrete ``arg_specs`` and report how it went.
+
+    ``output_memory`` ``(device, kind)``: every output of the program lands in that memory
+    of ``device`` (``pinned_host``: the device-to-host copy becomes part of the program;
+    ``model.py``'s ``output_path``)."""
     import jax
 
+    if output_memory is None:
+        jitted = jax.jit(exported.call)
+    else:
+        from jax.sharding import SingleDeviceSharding
+
+        device, kind = output_memory
+        jitted = jax.jit(
+            exported.call, out_shardings=SingleDeviceSharding(device, memory_kind=kind)
+        )
     with _watch_cache_events() as events:
         start = time.perf_counter()
-        compiled = jax.jit(exported.call).lower(*arg_specs).compile()
+        compiled = jitted.lower(*arg_specs).compile()
         seconds = time.perf_counter() - start
     cache: CacheState = "hit" if _HIT in events else "miss" if _MISS in events else "off"
     report = CompileReport(model=model, batch_size=batch_size, seconds=seconds, cache=cache)

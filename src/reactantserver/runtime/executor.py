@@ -14,6 +14,13 @@ module runs it. For each batch:
 3. ``ran``, back on the loop: the weights are released and the timings of the three
    steps go to the model's ModelStatistics counters.
 
+With ``scheduler.pipeline_depth`` > 1, step 2 is split in two blocking halves that the
+dispatch loop runs on two threads (``threads.DevicePipeline``): ``launch`` gathers and
+launches the program (``LoadedModel.launch``: inputs to the device in one transfer, the
+program queued asynchronously), ``collect`` waits for the outputs
+(``LoadedModel.fetch``) and scatters them. ``ran`` still comes only when the batch has
+landed, so the weights stay acquired for as long as the device may read them.
+
 The batch's scheduler ``group`` is the ``ServedModel`` that admitted its requests,
 so a batch always runs on the version its requests were validated against, even
 while a newer version is being swapped in.
@@ -34,6 +41,7 @@ import numpy as np
 from ..models import ServedModel
 from ..scheduling import Batch
 from .assemble import gather, scatter
+from .model import Launched
 from .weight_provider import WeightProvider
 
 Outputs = dict[str, np.ndarray]
@@ -101,6 +109,28 @@ class DeviceExecutor:
             t_in, t_infer, t_out = timings
             queued = [batch.started - r.arrival for r in batch.requests]
             model.record_batch(batch.size, queued, batch.rows, t_in, t_infer, t_out)
+
+    def launch(self, batch: Batch) -> tuple[Launched, float, float]:
+        """Gather and launch (the pipeline's launch thread): the launched execution, the
+        gather's seconds and when the launch began (``time.perf_counter``)."""
+        model: ServedModel = batch.group  # type: ignore[assignment]
+        t0 = time.perf_counter()
+        payloads = [r.payload for r in batch.requests]
+        inputs = gather(payloads, batch.size) if model.batched else payloads[0]
+        args = [inputs[name] for name in model.input_names]
+        t1 = time.perf_counter()
+        return model.loaded.launch(args, self._acquired[batch.seq]), t1 - t0, t1
+
+    def collect(self, batch: Batch, handle: tuple[Launched, float, float]) -> Sequence[Outputs]:
+        """Fetch and scatter (the pipeline's collect thread), in launch order."""
+        model: ServedModel = batch.group  # type: ignore[assignment]
+        launched, t_in, t1 = handle
+        results = model.loaded.fetch(launched)
+        t2 = time.perf_counter()
+        named = dict(zip(model.output_names, results, strict=True))
+        per_request = scatter(named, [r.rows for r in batch.requests]) if model.batched else [named]
+        self._timings[batch.seq] = (t_in, t2 - t1, time.perf_counter() - t2)
+        return per_request
 
     async def prefetch(self, model: str) -> None:
         served = self._lookup(model)

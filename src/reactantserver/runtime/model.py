@@ -1,4 +1,4 @@
-"""A compiled model: one executable per compiled batch size, executed synchronously.
+"""A compiled model: one executable per compiled batch size; launched, then fetched.
 
 Theory of operation
 -------------------
@@ -8,13 +8,47 @@ bundle it came from. It owns no weights. The weight cache owns device copies of 
 weights and passes them in, so one compiled model can run whichever copy is resident
 and residency decisions never touch compiled code.
 
-``execute`` is synchronous and thread-safe (the executables are, and nothing here
-mutates), meant to be called from the scheduler's worker thread with inputs already
-padded to a compiled size. It checks each input's dtype and shape first: JAX would
-otherwise silently cast a float64 array to float32, or fail with a message about
-"args[0]" that says nothing about the model. Outputs come back as numpy arrays via
-``np.asarray``: on the CPU backend that is a zero-copy, read-only view of the
-device buffer; on a GPU it is the one unavoidable device-to-host copy.
+An execution is two halves, both synchronous and thread-safe (the executables are,
+and nothing here mutates), called with inputs already padded to a compiled size:
+
+* ``launch`` checks each input's dtype and shape (JAX would otherwise silently cast a
+  float64 array to float32, or fail with a message about "args[0]" that says nothing
+  about the model), moves the inputs to the device and calls the program, which JAX
+  dispatches asynchronously: it returns device arrays as soon as the program is queued
+  on the device's stream.
+* ``fetch`` waits for the outputs and returns them as numpy arrays.
+
+``execute`` is ``fetch(launch(...))``: the depth-1 dispatch loop and the warm-up use it;
+the pipelined loop (``scheduler.pipeline_depth`` > 1) launches batch N+1 on one thread
+while another thread fetches batch N.
+
+One transfer each way: :func:`output_path`
+------------------------------------------
+How the bytes move is decided once per runtime from the platform and the device's
+addressable memory kinds, by :func:`output_path`:
+
+* ``zero_copy`` (the CPU backend): numpy inputs go straight to the program and
+  ``np.asarray`` of an output is a zero-copy, read-only view of the device buffer --
+  exactly the path every CPU figure in docs/benchmarks.md was measured on.
+* ``pinned_host`` (a device that offers ``pinned_host`` memory: CUDA): the inputs of a
+  batch reach the device in one ``jax.device_put`` of the list (one transfer, not one
+  blocking put per argument), and the program is compiled with its outputs in pinned
+  host memory (``out_shardings=SingleDeviceSharding(device, memory_kind="pinned_host")``,
+  ``compile.py``), so the device-to-host copy is part of the program itself.
+* ``copy_async`` (a device without pinned host memory): the inputs as above, and each
+  output's copy to the host is started at launch (``copy_to_host_async``), so it runs
+  while the next batch is launched.
+
+Why ``pinned_host`` wins where it is offered (NVIDIA H200, 2026-11-27, commit a02cdcc,
+``../shared/measurements/gpu-h200-2026-11-27``): one execution of a 4096-wide MLP at
+batch 1 costs 0.48 ms when each output is fetched with a blocking copy before the next
+call; 0.20-0.27 ms with the output compiled into pinned host memory (0.20 ms p50 one at
+a time, 0.25-0.27 ms in a stream of 1,000); 0.23 ms with two in flight and
+``copy_to_host_async`` -- about the same, but only with two in flight (0.34 ms with
+pinned host output *and* an async copy on top), whereas the pinned-host program gets
+there one at a time too, so it also serves a depth-1 loop and an idle device well, and
+it costs no extra call per output. JAX's own dispatch floor there is about 0.23-0.33 ms.
+A program whose pinned-host compile fails falls back to ``copy_async`` (logged).
 
 A failed execution is ``ExecutionFailed`` (INTERNAL), except when the device ran out of
 memory for the batch's buffers: that is capacity, not a bug, and becomes
@@ -26,9 +60,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
+import attrs
 import numpy as np
 
 from ..bundle import Bundle
@@ -37,6 +72,7 @@ from .compile import CompileReport
 from .device_errors import execution_out_of_memory, is_out_of_memory
 
 if TYPE_CHECKING:
+    from jax import Device
     from jax.stages import Compiled
 
 log = logging.getLogger("reactantserver.runtime")
@@ -48,6 +84,27 @@ UNBATCHED = 0
 REPEAT_BELOW = 0.01
 REPEATS = 4
 
+#: How one execution's inputs reach the device and its outputs the host (module docstring).
+OutputPath = Literal["zero_copy", "pinned_host", "copy_async"]
+
+
+def output_path(platform: str, memory_kinds: Iterable[str]) -> OutputPath:
+    """The transfer strategy for a device of ``platform`` offering ``memory_kinds``
+    (``device.addressable_memories()``' kinds): ``zero_copy`` on the CPU, ``pinned_host``
+    where the device offers pinned host memory, else ``copy_async``."""
+    if platform == "cpu":
+        return "zero_copy"
+    return "pinned_host" if "pinned_host" in set(memory_kinds) else "copy_async"
+
+
+@attrs.frozen
+class Launched:
+    """A launched execution: the program is queued on the device, its outputs pending."""
+
+    size: int
+    #: The program's outputs (device arrays, or pinned host arrays), in manifest order.
+    outputs: list[Any]
+
 
 class LoadedModel:
     """A bundle compiled for every one of its batch sizes."""
@@ -57,10 +114,19 @@ class LoadedModel:
         bundle: Bundle,
         executables: Mapping[int, Compiled],
         reports: Sequence[CompileReport],
+        *,
+        device: Device | None = None,
+        paths: Mapping[int, OutputPath] | None = None,
     ) -> None:
         self.bundle = bundle
         self.name = bundle.name
         self._executables = dict(executables)
+        #: The device inputs are put on (paths other than ``zero_copy``).
+        self._device = device
+        #: The transfer path of each size's program (default: ``zero_copy``).
+        self.paths: dict[int, OutputPath] = {
+            size: (paths or {}).get(size, "zero_copy") for size in self._executables
+        }
         #: Compile seconds and cache state per size, in size order.
         self.compile_reports: tuple[CompileReport, ...] = tuple(reports)
         self._inputs = bundle.inputs
@@ -108,6 +174,11 @@ class LoadedModel:
         self, inputs: Sequence[np.ndarray], device_weights: Sequence[Any]
     ) -> list[np.ndarray]:
         """Run the program matching the inputs' batch size; outputs in manifest order."""
+        return self.fetch(self.launch(inputs, device_weights))
+
+    def launch(self, inputs: Sequence[np.ndarray], device_weights: Sequence[Any]) -> Launched:
+        """Check the inputs, move them to the device (one transfer) and queue the program;
+        returns without waiting for it (see the module docstring)."""
         size = self._size_of(inputs)
         if len(device_weights) != self._n_weights:
             raise InvalidArgument(
@@ -116,18 +187,39 @@ class LoadedModel:
             )
         import jax
 
+        path = self.paths[size]
         try:
-            results = self._executables[size](*inputs, *device_weights)
-            return [np.asarray(r) for r in jax.tree.leaves(results)]
+            if path == "zero_copy":
+                results = self._executables[size](*inputs, *device_weights)
+                return Launched(size, jax.tree.leaves(results))
+            args = jax.device_put(list(inputs), self._device)
+            outputs = jax.tree.leaves(self._executables[size](*args, *device_weights))
+            if path == "copy_async":
+                for output in outputs:
+                    output.copy_to_host_async()
+            return Launched(size, outputs)
         except Exception as exc:
-            what = f"batch size {size}" if size else "its fixed shapes"
-            if is_out_of_memory(exc):
-                error = execution_out_of_memory(self.name, what, exc)
-                log.warning("%s", error)
-                raise error from exc
-            raise ExecutionFailed(
-                f"model {self.name!r}: execution at {what} failed: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise self._failed(size, exc) from exc
+
+    def fetch(self, launched: Launched) -> list[np.ndarray]:
+        """Wait for a launched execution's outputs: numpy arrays, in manifest order."""
+        try:
+            return [np.asarray(r) for r in launched.outputs]
+        except Exception as exc:
+            raise self._failed(launched.size, exc) from exc
+
+    def _failed(self, size: int, exc: Exception) -> Exception:
+        """What a failed launch or fetch raises: ``ResourceExhausted`` when the device ran
+        out of memory (logged once), else ``ExecutionFailed``. Errors of an asynchronous
+        execution surface at ``fetch``."""
+        what = f"batch size {size}" if size else "its fixed shapes"
+        if is_out_of_memory(exc):
+            error = execution_out_of_memory(self.name, what, exc)
+            log.warning("%s", error)
+            return error
+        return ExecutionFailed(
+            f"model {self.name!r}: execution at {what} failed: {type(exc).__name__}: {exc}"
+        )
 
     def zeros(self, size: int) -> list[np.ndarray]:
         """Zero inputs for the program of ``size``."""

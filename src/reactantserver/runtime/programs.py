@@ -6,8 +6,10 @@ A catalog of fine-tuned variants is many bundles over a few architectures: the s
 artifact, byte for byte, with different weights. Weights are arguments of the compiled
 programs, never baked in, so such bundles can run the very same executables.
 ``Runtime.load`` looks each (bundle, batch size) up here by everything that determines
-the compiled program -- the SHA-256 of the artifact's bytes, the platform, and the
-concrete shapes and dtypes of every argument at that size -- and compiles only what is
+the compiled program -- the SHA-256 of the artifact's bytes, the platform, the memory its outputs
+are compiled into (``pinned_host`` on CUDA, ``model.py``'s ``output_path``; ``device``
+otherwise) and the concrete shapes and dtypes of every argument at that size -- and
+compiles only what is
 missing. A catalog of a thousand variants of four architectures then compiles (or loads
 from the persistent cache) twelve programs instead of three thousand, and on a GPU holds
 twelve programs' code in device memory instead of three thousand.
@@ -30,8 +32,9 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-#: (artifact digest, platform, batch size, ((shape, dtype), ...) of every argument).
-ProgramKey = tuple[str, str, int, tuple[tuple[tuple[int, ...], str], ...]]
+#: (artifact digest, platform, batch size, output memory kind, ((shape, dtype), ...) of
+#: every argument).
+ProgramKey = tuple[str, str, int, str, tuple[tuple[tuple[int, ...], str], ...]]
 
 __all__ = ["ProgramKey", "SharedPrograms", "artifact_digest", "program_key"]
 
@@ -41,9 +44,18 @@ def artifact_digest(data: bytes | bytearray | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def program_key(digest: str, platform: str, size: int, args: Sequence[Any]) -> ProgramKey:
-    """The key of the program for ``args`` (objects with ``shape`` and ``dtype``)."""
-    return (digest, platform, size, tuple((tuple(a.shape), str(a.dtype)) for a in args))
+def program_key(
+    digest: str, platform: str, size: int, args: Sequence[Any], *, output_memory: str = "device"
+) -> ProgramKey:
+    """The key of the program for ``args`` (objects with ``shape`` and ``dtype``) whose
+    outputs are compiled into ``output_memory``."""
+    return (
+        digest,
+        platform,
+        size,
+        output_memory,
+        tuple((tuple(a.shape), str(a.dtype)) for a in args),
+    )
 
 
 class SharedPrograms:

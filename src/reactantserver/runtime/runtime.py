@@ -14,7 +14,10 @@ Theory of operation
 ``load`` turns a validated ``Bundle`` into a ``LoadedModel``: deserialize the
 artifact, check it against the manifest argument by argument, compile every compiled
 batch size ahead of time (logging seconds and cache hits) and check each compiled
-program's concrete result shapes. A program already compiled for another loaded bundle
+program's concrete result shapes. Programs are compiled for the runtime's transfer path
+(``model.output_path``, chosen at start from the device's memory kinds: on CUDA the
+outputs are compiled into pinned host memory; a program whose pinned-host compile fails
+is compiled again without, and copies its outputs asynchronously instead). A program already compiled for another loaded bundle
 with the same artifact and argument types is shared instead of compiled again
 (``programs.py``: catalogs of variants of one architecture). Loading is synchronous and
 slow; callers run it in a worker thread.
@@ -40,7 +43,7 @@ from ..weights.records import MemoryStats
 from .artifact import check_artifact, deserialize_artifact
 from .compile import CompileReport, compile_at, configure_cache
 from .environment import EnvironmentReport, apply_environment
-from .model import UNBATCHED, LoadedModel
+from .model import UNBATCHED, LoadedModel, OutputPath, output_path
 from .programs import SharedPrograms, artifact_digest, program_key
 
 if TYPE_CHECKING:
@@ -111,6 +114,12 @@ class Runtime:
         self.environment = environment
         #: Compiled programs by artifact and argument types, shared between bundles.
         self.programs = SharedPrograms()
+        #: Keys of programs whose pinned-host compile failed (compiled without instead).
+        self._pinned_failed: set[Any] = set()
+        #: How executions move their inputs and outputs (``model.output_path``).
+        self.output_path: OutputPath = output_path(
+            backend, (m.kind for m in device.addressable_memories())
+        )
 
     @classmethod
     def start(
@@ -124,14 +133,17 @@ class Runtime:
         # Programs are lowered for, and inputs placed on, the default device.
         jax.config.update("jax_default_device", device)
         configure_cache(str(cache_dir) if cache_dir else None)
+        runtime = cls(cfg, device, backend, fell_back, str(cache_dir or ""), env)
         log.info(
-            "runtime started: backend %s (%s)%s, persistent compilation cache %s",
+            "runtime started: backend %s (%s)%s, persistent compilation cache %s, "
+            "execution transfers: %s",
             backend,
             device.device_kind,
             " [fallback from cuda]" if fell_back else "",
             cache_dir or "off",
+            runtime.output_path,
         )
-        return cls(cfg, device, backend, fell_back, str(cache_dir or ""), env)
+        return runtime
 
     @property
     def platform(self) -> str:
@@ -163,6 +175,7 @@ class Runtime:
             wanted = (UNBATCHED,)
         weight_specs = [jax.ShapeDtypeStruct(w.shape, w.dtype) for w in bundle.weight_specs]
         executables = {}
+        paths: dict[int, OutputPath] = {}
         reports: list[CompileReport] = []
         shared: list[int] = []
         artifact = bundle.manifest.artifact
@@ -173,18 +186,23 @@ class Runtime:
                 )
                 for spec in bundle.inputs
             ]
-            key = program_key(digest, self.platform, size, [*in_specs, *weight_specs])
+            args = [*in_specs, *weight_specs]
+            path = self.output_path
+            key = program_key(digest, self.platform, size, args, output_memory=_memory(path))
+            if key in self._pinned_failed:
+                # Its pinned-host compile failed before: share the fallback, do not retry.
+                path = "copy_async"
+                key = program_key(digest, self.platform, size, args)
             reused = self.programs.get(key)
             if reused is not None:
                 _check_result_shapes(bundle, reused, size)
                 executables[size] = reused
+                paths[size] = path
                 reports.append(CompileReport(bundle.name, size, 0.0, "shared"))
                 shared.append(size)
                 continue
             try:
-                compiled, report = compile_at(
-                    bundle.name, exported, [*in_specs, *weight_specs], size
-                )
+                compiled, report, compiled_for = self._compile(bundle, exported, args, size, path)
             except Exception as exc:
                 first = str(exc).splitlines()[0] if str(exc) else ""
                 at = f"batch size {size}" if size else "its fixed shapes"
@@ -193,8 +211,13 @@ class Runtime:
                     f"{artifact}: compiling at {at} failed: {type(exc).__name__}: {first}",
                 ) from exc
             _check_result_shapes(bundle, compiled, size)
+            if compiled_for != path:
+                self._pinned_failed.add(key)
+                path = compiled_for
+                key = program_key(digest, self.platform, size, args)
             self.programs.put(key, compiled)
             executables[size] = compiled
+            paths[size] = path
             reports.append(report)
         if shared:
             log.info(
@@ -203,7 +226,31 @@ class Runtime:
                 bundle.name,
                 ", ".join(str(s) if s else "-" for s in shared),
             )
-        return LoadedModel(bundle, executables, reports)
+        return LoadedModel(bundle, executables, reports, device=self.device, paths=paths)
+
+    def _compile(
+        self, bundle: Bundle, exported: Any, args: Sequence[Any], size: int, path: OutputPath
+    ) -> tuple[Any, CompileReport, OutputPath]:
+        """Compile for ``path``; a pinned-host compile that fails is done again without
+        (``copy_async``), with a warning. Returns the path the program was compiled for."""
+        if path == "pinned_host":
+            try:
+                compiled, report = compile_at(
+                    bundle.name, exported, args, size, output_memory=(self.device, "pinned_host")
+                )
+                return compiled, report, path
+            except Exception as exc:
+                log.warning(
+                    "model %s: compiling batch size %s with its outputs in pinned host memory "
+                    "failed (%s: %s); its outputs are copied to the host asynchronously instead",
+                    bundle.name,
+                    size,
+                    type(exc).__name__,
+                    str(exc).splitlines()[0] if str(exc) else "",
+                )
+                path = "copy_async"
+        compiled, report = compile_at(bundle.name, exported, args, size)
+        return compiled, report, path
 
     def to_device(self, host_arrays: Sequence[np.ndarray]) -> list[Any]:
         """Copy host weights to the device (argument order kept); blocks until done."""
@@ -233,6 +280,11 @@ class Runtime:
 
     def __repr__(self) -> str:
         return f"<Runtime backend={self.backend} device={self.device}>"
+
+
+def _memory(path: OutputPath) -> str:
+    """The output memory kind a program for ``path`` is compiled with (its sharing key)."""
+    return "pinned_host" if path == "pinned_host" else "device"
 
 
 def _check_result_shapes(bundle: Bundle, compiled: Any, size: int) -> None:

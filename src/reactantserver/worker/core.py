@@ -108,6 +108,16 @@ def gpu_label(ordinal: int | None, env: Mapping[str, str]) -> str:
     return str(ordinal or 0)
 
 
+def pipeline_depth(config: ServerConfig, backend: str) -> int:
+    """``scheduler.pipeline_depth``, or when unset 2 on cuda (the next batch launches while
+    the previous one's outputs come back: docs/gpu.md) and 1 on the CPU (where tiny
+    programs run inline on the loop and a transfer is a zero-copy view)."""
+    configured = config.scheduler.pipeline_depth
+    if configured is not None:
+        return configured
+    return 2 if backend == "cuda" else 1
+
+
 def freeze_heap(*, collect: bool = False) -> None:
     """Exempt every object alive now from the cyclic garbage collector's later passes.
 
@@ -177,6 +187,8 @@ class Worker:
             config.scheduler,
             self.executor,
             inline_max_seconds=math.inf if thread is not None else inline_max,
+            # Virtual-time tests run executions inline: no pipeline threads there.
+            pipeline_depth=1 if thread is not None else pipeline_depth(config, runtime.backend),
             on_batch=self.energy.on_batch if self.energy is not None else None,
         )
         default = in_threads()

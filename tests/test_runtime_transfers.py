@@ -1,0 +1,96 @@
+"""One transfer each way: the transfer path per backend, and each path run for real on the CPU.
+
+``output_path`` picks how an execution's bytes move from the device's platform and memory
+kinds. JAX's CPU backend offers ``pinned_host`` memory too, so every path -- the CPU's
+zero-copy one, outputs compiled into pinned host memory (CUDA's), and the asynchronous
+copy (a device without pinned host memory) -- is compiled and run here on the zoo's
+models and must give bit-identical answers, through ``execute`` and through ``launch`` +
+``fetch`` with several executions launched before the first is fetched.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from reactantserver.bundle import load_bundle
+from reactantserver.config import RuntimeConfig
+from reactantserver.runtime import Runtime
+from reactantserver.runtime.model import output_path
+from reactantserver.runtime.programs import program_key
+
+pytestmark = pytest.mark.slow
+
+
+def test_output_path_per_backend_and_memory_kinds() -> None:
+    assert output_path("cpu", ["device", "pinned_host", "unpinned_host"]) == "zero_copy"
+    assert output_path("cuda", ["device", "pinned_host", "unpinned_host"]) == "pinned_host"
+    assert output_path("cuda", ["device"]) == "copy_async"
+    assert output_path("rocm", iter(["device", "pinned_host"])) == "pinned_host"
+
+
+def test_a_cpu_runtime_keeps_the_zero_copy_path(zoo_runtime: Any) -> None:
+    assert zoo_runtime.output_path == "zero_copy"
+
+
+def test_the_output_memory_is_part_of_a_shared_programs_key() -> None:
+    class Spec:
+        shape = (4, 8)
+        dtype = "float32"
+
+    on_device = program_key("d", "cuda", 4, [Spec()])
+    pinned = program_key("d", "cuda", 4, [Spec()], output_memory="pinned_host")
+    assert on_device != pinned and on_device[3] == "device" and pinned[3] == "pinned_host"
+
+
+@pytest.mark.parametrize("path", ["pinned_host", "copy_async"])
+def test_every_path_answers_what_the_zero_copy_path_does(
+    path: str, zoo_repo: Path, zoo_models: dict[str, Any]
+) -> None:
+    runtime = Runtime.start(RuntimeConfig(backend="cpu"), "")
+    runtime.output_path = path  # type: ignore[assignment]
+    rng = np.random.default_rng(3)
+    for name in ("mlp", "resnet", "uint8_classifier"):
+        bundle = load_bundle(zoo_repo / name)
+        model = runtime.load(bundle)
+        assert set(model.paths.values()) == {path}
+        reference, weights = zoo_models[name]
+        for size in model.sizes:
+            draws = [
+                [
+                    rng.integers(0, 256, shape).astype(spec.numpy_dtype)
+                    if spec.numpy_dtype == np.uint8
+                    else rng.standard_normal(shape).astype(spec.numpy_dtype)
+                    for spec, shape in zip(bundle.inputs, model.input_shapes(size), strict=True)
+                ]
+                for _ in range(3)
+            ]
+            want = [reference.execute(inputs, weights) for inputs in draws]
+            # Three launched before the first fetch, as a pipelined loop does.
+            launched = [model.launch(inputs, weights) for inputs in draws]
+            got = [model.fetch(one) for one in launched]
+            for w, g in zip(want, got, strict=True):
+                for a, b in zip(w, g, strict=True):
+                    np.testing.assert_array_equal(a, b)
+            for w, inputs in zip(want, draws, strict=True):
+                for a, b in zip(w, model.execute(inputs, weights), strict=True):
+                    np.testing.assert_array_equal(a, b)
+            if path == "pinned_host":
+                kinds = {o.sharding.memory_kind for o in model.launch(draws[0], weights).outputs}
+                assert kinds == {"pinned_host"}
+
+
+def test_programs_of_one_artifact_are_shared_per_output_memory(zoo_repo: Path) -> None:
+    runtime = Runtime.start(RuntimeConfig(backend="cpu"), "")
+    bundle = load_bundle(zoo_repo / "mlp")
+    first = runtime.load(bundle)
+    runtime.output_path = "pinned_host"
+    pinned = runtime.load(bundle)  # a program on the device is not one into pinned memory
+    again = runtime.load(bundle)
+    assert first.paths == dict.fromkeys(first.sizes, "zero_copy")
+    assert "shared" not in {r.cache for r in pinned.compile_reports}
+    assert [r.cache for r in again.compile_reports] == ["shared"] * len(again.sizes)
+    assert again.paths == dict.fromkeys(again.sizes, "pinned_host")
