@@ -17,6 +17,11 @@ of the same load unmeasured -- uniform traffic is the worst case for an LRU cach
 its answer (so a lagging client cannot hide queueing). From the worker's ``/metrics``
 over the same window: weight loads per second and device utilisation (execution seconds
 per second). A row meets the QoS when p99 <= ``--p99-ms`` and nothing failed.
+Where the worker measures its device's energy (NVML on the GPU; docs/monitoring.md), each
+row also gives joules per inference -- the energy attributed to the models by device
+time over the window, per request answered -- the same with the idle energy included,
+and the device's mean power; and a line per architecture with its own joules per
+inference. Where it does not, those columns say ``-``.
 
     python benchmarks/gpu/bench_gpu_catalog.py                    # on the GPU
     python benchmarks/gpu/bench_gpu_catalog.py --catalogs 100,1000 --rates 200,500
@@ -98,16 +103,41 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[rank - 1]
 
 
+#: Per-model counters also summed per architecture (joules per inference by arch).
+_BY_ARCH = ("worker_energy_joules_total", "worker_requests_served_total")
+
+
 def totals(worker: WorkerProcess) -> dict[str, float]:
-    """Counters summed over models: execution seconds, dispatches, weight loads."""
+    """Counters summed over models: execution seconds, dispatches, weight loads, energy
+    (attributed and idle) and requests served; the last two also per architecture, as
+    ``name/arch`` (a variant is named ``<arch>_vNNN``)."""
     out = Counter[str]()
     for name, labels, value in worker.samples():
-        if name in ("worker_compute_seconds_total", "worker_dispatch_total") or (
-            name in ("worker_weight_loads_total", "worker_weight_load_seconds_total")
-            and (set(labels) <= {"worker", "gpu"})
+        if name in ("worker_compute_seconds_total", "worker_dispatch_total", *_BY_ARCH) or (
+            name
+            in (
+                "worker_weight_loads_total",
+                "worker_weight_load_seconds_total",
+                "worker_idle_energy_joules_total",
+                "worker_energy_measured",
+            )
+            and (set(labels) <= {"worker", "gpu", "source"})
         ):
             out[name] += value
+            if name in _BY_ARCH:
+                arch = labels.get("model", "").rsplit("_v", 1)[0]  # mlp_v004 -> mlp
+                out[f"{name}/{arch}"] += value
     return dict(out)
+
+
+def energy_cells(delta: dict[str, float], wall: float, measured: bool) -> str:
+    """J/inference (attributed), J/inference with idle, mean watts; ``-`` unmeasured."""
+    served = delta.get("worker_requests_served_total", 0.0)
+    if not measured or served <= 0:
+        return f"{'-':>8} {'-':>9} {'-':>6}"
+    attributed = delta.get("worker_energy_joules_total", 0.0)
+    total = attributed + delta.get("worker_idle_energy_joules_total", 0.0)
+    return f"{attributed / served:>8.4f} {total / served:>9.4f} {total / wall:>6.0f}"
 
 
 async def open_loop(
@@ -248,8 +278,10 @@ def run(args: argparse.Namespace, sizes: list[int], rates: list[float], work: Pa
             )
             table.line(
                 f"{'N':>6} {'rate/s':>7} {'sent':>6} {'ok':>6} {'errors':>7} {'got/s':>7} "
-                f"{'p50 ms':>7} {'p99 ms':>8} {'loads/s':>8} {'util':>6}  QoS"
+                f"{'p50 ms':>7} {'p99 ms':>8} {'loads/s':>8} {'util':>6} {'J/inf':>8} "
+                f"{'J/inf+idl':>9} {'W':>6}  QoS"
             )
+            measured = totals(worker).get("worker_energy_measured", 0.0) > 0
             best: dict[float, int] = {}
             for rate in rates:
                 for n in sizes:
@@ -273,14 +305,28 @@ def run(args: argparse.Namespace, sizes: list[int], rates: list[float], work: Pa
                         f"{n:>6} {rate:>7.0f} {sent:>6} {len(lat):>6} {sum(errors.values()):>7} "
                         f"{len(lat) / wall:>7.1f} {1e3 * statistics.median(lat) if lat else math.nan:>7.2f} "
                         f"{p99:>8.2f} {delta.get('worker_weight_loads_total', 0.0) / wall:>8.1f} "
-                        f"{delta.get('worker_compute_seconds_total', 0.0) / wall:>6.3f}  "
+                        f"{delta.get('worker_compute_seconds_total', 0.0) / wall:>6.3f} "
+                        f"{energy_cells(delta, wall, measured)}  "
                         f"{'yes' if ok else 'no'}" + (f"  {dict(errors)}" if errors else "")
                     )
+                    if measured:
+                        per_arch = []
+                        for arch in archs:
+                            served = delta.get(f"worker_requests_served_total/{arch}", 0.0)
+                            joules = delta.get(f"worker_energy_joules_total/{arch}", 0.0)
+                            if served > 0:
+                                per_arch.append(f"{arch} {joules / served:.4f}")
+                        table.line(f"{'':>6} J/inference by architecture: {', '.join(per_arch)}")
             for rate in rates:
                 verdict = f"{best[rate]} models" if rate in best else "none of the sizes tried"
                 table.line(f"largest catalog meeting the QoS at {rate:.0f} requests/s: {verdict}")
             table.line(
                 "util = device execution seconds per second; loads/s = on-demand weight loads per second"
+            )
+            table.line(
+                "J/inf = device energy attributed to the models by device time / requests answered; "
+                "J/inf+idl adds the idle energy; W = mean device power over the window"
+                + ("" if measured else " (energy not measured by this worker: -)")
             )
     finally:
         worker.stop()
