@@ -27,6 +27,7 @@ from reactantserver.gateway.http2 import (
 )
 from reactantserver.transport.h2wire import CANCEL, REFUSED_STREAM
 from reactantserver.transport.hpack_blocks import literal
+from reactantserver.transport.limits import WireLimits
 
 PATH = b"/inference.GRPCInferenceService/ModelInfer"
 
@@ -289,7 +290,7 @@ def test_a_response_larger_than_our_stream_window_is_let_through() -> None:
 
 
 def test_header_blocks_larger_than_a_frame_use_continuation_both_ways() -> None:
-    client, server = connect(client=ClientConnection(max_frame_size=16384))
+    client, server = connect(client=ClientConnection(WireLimits(max_frame_size=16384)))
     long_path = b"/" + b"p" * 40_000
     sid = client.open_stream(encode_request(request_prefix(long_path, b"w:1"), None))
     client.send_data(sid, b"", end_stream=True)
@@ -391,3 +392,134 @@ def test_protocol_errors_raise(frame: bytes) -> None:
     request(client)
     with pytest.raises(ProtocolError):
         client.receive(frame)
+
+
+# --------------------------------------------------------------------------- bounds
+# What a broken or hostile worker can no longer make the gateway buffer or believe: the
+# rules the worker's server side holds its own clients to (transport/h2rules.py), with
+# the same limits (WireLimits). Frames are written by hand: h2 will not break them.
+
+FRAME_SIZE_ERROR, ENHANCE_YOUR_CALM = 0x6, 0xB
+PROTOCOL_ERROR, FLOW_CONTROL_ERROR = 0x1, 0x3
+
+
+def _frame(
+    kind: int, flags: int, sid: int, payload: bytes = b"", length: int | None = None
+) -> bytes:
+    size = len(payload) if length is None else length
+    return size.to_bytes(3, "big") + bytes([kind, flags]) + sid.to_bytes(4, "big") + payload
+
+
+def _answer_head(sid: int) -> bytes:
+    return _frame(0x1, 0x4, sid, hpack.Encoder().encode([(b":status", b"200")]))
+
+
+def _refused(client: ClientConnection, data: bytes) -> ProtocolError:
+    with pytest.raises(ProtocolError) as caught:
+        client.receive(data)
+    return caught.value
+
+
+def test_a_frame_past_our_advertised_frame_size_is_refused_from_its_header() -> None:
+    """Before: any frame up to 16 MiB was buffered whole although we advertise 1 MiB.
+    Now the 9-byte header alone is FRAME_SIZE_ERROR; a frame of exactly 1 MiB passes."""
+    client, server = connect()
+    sid = request(client)
+    client.send_data(sid, b"", end_stream=True)
+    pump(client, server)
+    limit = WireLimits().max_frame_size
+    assert client.receive(_answer_head(sid) + _frame(0x0, 0, sid, bytes(limit)))
+    error = _refused(client, _frame(0x0, 0, sid, length=limit + 1))
+    assert error.code == FRAME_SIZE_ERROR
+    assert "SETTINGS_MAX_FRAME_SIZE" in str(error)
+
+
+def test_header_blocks_are_bounded_in_frames_and_in_bytes() -> None:
+    """Before: CONTINUATIONs were buffered without bound (2,000 frames, 32 MB). Now a block
+    spans at most 64 frames (PROTOCOL_ERROR past it) and at most our advertised
+    SETTINGS_MAX_HEADER_LIST_SIZE of bytes, judged from each frame's header
+    (ENHANCE_YOUR_CALM) -- the server side's bounds."""
+    block = hpack.Encoder().encode([(b":status", b"200"), (b"x-pad", b"p" * 100)])
+    pieces = [block[i : i + 1] for i in range(63)] + [block[63:]]
+    assert len(pieces) == 64  # HEADERS and 63 CONTINUATIONs: allowed
+    client, _ = connect()
+    sid = request(client)
+    frames = [_frame(0x1, 0, sid, pieces[0])]
+    frames += [_frame(0x9, 0, sid, p) for p in pieces[1:-1]]
+    frames.append(_frame(0x9, 0x4, sid, pieces[-1]))
+    (event,) = client.receive(b"".join(frames))
+    assert event[0] == "headers" and dict(event[2])[b"x-pad"] == b"p" * 100  # type: ignore[call-overload]
+
+    client, _ = connect()
+    sid = request(client)
+    flood = [_frame(0x1, 0, sid, b"\x88")] + [_frame(0x9, 0, sid, b"") for _ in range(64)]
+    assert _refused(client, b"".join(flood)).code == PROTOCOL_ERROR
+
+    client, _ = connect()
+    sid = request(client)
+    limit = WireLimits().max_header_list_size
+    head = _frame(0x1, 0, sid, b"\x00" * (limit - 10))
+    error = _refused(client, head + _frame(0x9, 0, sid, length=11))  # its header alone
+    assert error.code == ENHANCE_YOUR_CALM
+    client, _ = connect()
+    request(client)
+    assert _refused(client, _frame(0x1, 0x4, 1, length=limit + 1)).code == ENHANCE_YOUR_CALM
+
+
+def test_data_past_a_window_we_granted_is_a_flow_control_error() -> None:
+    """Before: DATA past the stream's window was taken. Now DATA beyond what the worker
+    had been granted -- our SETTINGS, plus the WINDOW_UPDATEs handed out so far -- is
+    FLOW_CONTROL_ERROR, on a stream and on the connection; the same bytes with our
+    WINDOW_UPDATEs handed out in between are a normal large answer."""
+    limits = WireLimits(stream_window=65535, connection_window=65535 * 2)
+    chunk = _frame(0x0, 0, 1, bytes(16384))
+
+    client, _ = connect(ClientConnection(limits))
+    request(client)
+    client.data_to_send()
+    body = _answer_head(1) + chunk * 4  # 65,536 bytes: one past the stream window
+    error = _refused(client, body)
+    assert error.code == FLOW_CONTROL_ERROR and "stream 1" in str(error)
+
+    client, _ = connect(ClientConnection(limits))
+    request(client)
+    client.data_to_send()
+    assert client.receive(_answer_head(1) + chunk * 2)  # half: a WINDOW_UPDATE is queued
+    client.data_to_send()  # ... and handed out: the worker may send 32 KiB more
+    assert client.receive(chunk * 3)
+
+    client, _ = connect(ClientConnection(limits))
+    sids = [request(client) for _ in range(3)]
+    client.data_to_send()
+    answers = b"".join(_answer_head(s) for s in sids)
+    two = b"".join(_frame(0x0, 0, s, bytes(16384 * 3)) for s in sids[:2])  # 98,304 bytes
+    over = _frame(0x0, 0, sids[2], bytes(16384 * 3))  # within its stream, past the connection
+    error = _refused(client, answers + two + over)
+    assert error.code == FLOW_CONTROL_ERROR and "the connection" in str(error)
+
+
+def test_a_zero_window_update_is_a_stream_error_on_a_stream_and_fatal_on_the_connection() -> None:
+    """RFC 9113 §6.9. Before: a WINDOW_UPDATE of 0 was taken. On a stream it now resets
+    that stream (RST_STREAM PROTOCOL_ERROR) and reports an ``error`` event, the
+    connection and its other streams going on; one overflowing a stream's send window
+    likewise, FLOW_CONTROL_ERROR; a 0 on stream 0 is a connection error."""
+    client, server = connect()
+    a, b = request(client), request(client)
+    client.send_data(a, b"", end_stream=True)
+    client.send_data(b, b"", end_stream=True)
+    pump(client, server)
+    events = client.receive(_frame(0x8, 0, a, (0).to_bytes(4, "big")))
+    assert [e[:3] for e in events] == [("error", a, PROTOCOL_ERROR)]
+    _, theirs = pump(client, server)
+    assert [(type(e), e.stream_id, e.error_code) for e in theirs] == [
+        (h2.events.StreamReset, a, PROTOCOL_ERROR)
+    ]
+    events = client.receive(_frame(0x8, 0, b, (2**31 - 1).to_bytes(4, "big")))
+    assert [e[:3] for e in events] == [("error", b, FLOW_CONTROL_ERROR)]
+    c = request(client)
+    client.send_data(c, b"", end_stream=True)
+    pump(client, server)
+    server.send_headers(c, [(b":status", b"200"), (b"grpc-status", b"0")], end_stream=True)
+    ours, _ = pump(client, server)
+    assert [e[:2] for e in ours] == [("headers", c)]
+    assert _refused(client, _frame(0x8, 0, 0, (0).to_bytes(4, "big"))).code == PROTOCOL_ERROR

@@ -58,8 +58,17 @@ calls started elsewhere; a large request as it goes), so the calls opened by one
 client leave in one ``send`` -- or sooner, every :data:`FLUSH_EVERY` calls: a burst of
 requests read from a client together would otherwise all wait until the gateway has routed
 the last of them, with the worker idle meanwhile.
-Flow control: inbound windows are large (:data:`STREAM_WINDOW`, :data:`CONNECTION_WINDOW`)
-and replenished as data arrives; outbound data waits for the worker's window updates.
+Flow control: inbound windows are large (:data:`LIMITS`: those the worker grants its own
+clients) and replenished as data arrives; outbound data waits for the worker's window
+updates.
+
+A worker that breaks HTTP/2 -- a frame past the frame size we advertised, a header block
+too long or in too many frames, DATA past a window we granted, a WINDOW_UPDATE of zero on
+the connection (:mod:`.http2`, after the rules the worker holds its own clients to) -- gets
+GOAWAY with the error's code, and the connection fails like any other lost one: its calls
+fail as unprocessed or not by whether they were sent in full, the pool opens a new
+connection for the next call. A stream error (a zero or overflowing WINDOW_UPDATE on one
+stream) resets that stream and fails its call the same way.
 
 Invariants: every call's callback runs exactly once (answer, failure, deadline or
 cancellation), and its stream slot is returned exactly once; a connection that failed is
@@ -80,16 +89,17 @@ from urllib.parse import unquote
 from ..errors import DeadlineExceeded
 from ..transport.h2conn import held_writes
 from ..transport.h2wire import CANCEL, REFUSED_STREAM
+from ..transport.limits import WireLimits
 from . import http2
 from .wire import encode_grpc_timeout
 
 log = logging.getLogger(__name__)
 
-#: Inbound windows: a 16 MiB response arrives without waiting for window updates.
-STREAM_WINDOW = 16 * 1024 * 1024
-CONNECTION_WINDOW = 64 * 1024 * 1024
-#: Largest DATA frame we accept from a worker (HTTP/2 allows up to 16 MiB - 1).
-MAX_FRAME_SIZE = 1024 * 1024
+#: What the gateway advertises to its workers and holds them to: the bounds a worker's
+#: server side holds its clients to (a 16 MiB stream window, so a 16 MiB response arrives
+#: without waiting for window updates; 64 MiB for the connection; frames of 1 MiB at
+#: most, HTTP/2 allowing 16 MiB - 1; header lists of 64 KiB).
+LIMITS = WireLimits()
 #: How long opening a connection may take (also bounded by the call's deadline).
 CONNECT_TIMEOUT = 5.0
 #: After a call's deadline, how long the worker has to end the call itself -- it has the
@@ -198,17 +208,15 @@ class Call:
 class WorkerConnection(asyncio.Protocol):
     """One HTTP/2 connection carrying unary gRPC calls (see the module docstring)."""
 
-    def __init__(self, authority: str, *, max_reply_bytes: int) -> None:
+    def __init__(
+        self, authority: str, *, max_reply_bytes: int, limits: WireLimits = LIMITS
+    ) -> None:
         self._authority = authority.encode()
         self._max_reply = max_reply_bytes
         self._loop = asyncio.get_running_loop()
         #: This thread's owed flushes (made on the loop's thread: the loop is running).
         self._held = held_writes()
-        self._h2 = http2.ClientConnection(
-            stream_window=STREAM_WINDOW,
-            connection_window=CONNECTION_WINDOW,
-            max_frame_size=MAX_FRAME_SIZE,
-        )
+        self._h2 = http2.ClientConnection(limits)
         self._prefixes: dict[bytes, bytes] = {}
         #: Header blocks seen -> what they say (:func:`_header_fields`); the worker sends
         #: the same few blocks on every call.
@@ -249,7 +257,9 @@ class WorkerConnection(asyncio.Protocol):
         try:
             events = self._h2.receive(data)
         except http2.ProtocolError as exc:
-            self._fail(f"protocol error from the worker: {exc}")
+            self._h2.close(exc.code)  # GOAWAY saying why, then the socket closes
+            self._flush()
+            self._fail(f"protocol error from the worker ({_code_name(exc.code)}): {exc}")
             return
         for kind, stream_id, a, b in events:
             if kind == "data":
@@ -262,6 +272,8 @@ class WorkerConnection(asyncio.Protocol):
                 self._on_reset(stream_id, a)  # type: ignore[arg-type]
             elif kind == "goaway":
                 self._on_goaway(stream_id, a)  # type: ignore[arg-type]
+            elif kind == "error":
+                self._on_stream_error(stream_id, a, b)  # type: ignore[arg-type]
         self._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -576,6 +588,19 @@ class WorkerConnection(asyncio.Protocol):
             ),
         )
 
+    def _on_stream_error(self, stream_id: int, code: int, message: str) -> None:
+        """The worker broke a stream's rule; :mod:`.http2` reset the stream."""
+        call = self._calls.get(stream_id)
+        if call is None:
+            return
+        self._finish(
+            call,
+            ChannelError(
+                f"stream error from the worker ({_code_name(code)}): {message}; stream reset",
+                unprocessed=not call.sent,
+            ),
+        )
+
     def _on_goaway(self, last: int, code: int) -> None:
         # Streams above the worker's last one were never processed; the others are
         # answered as usual, and the connection closes when the last one is.
@@ -593,6 +618,7 @@ _CODE_NAMES = {
     0x2: "INTERNAL_ERROR",
     0x3: "FLOW_CONTROL_ERROR",
     0x5: "STREAM_CLOSED",
+    0x6: "FRAME_SIZE_ERROR",
     0x7: "REFUSED_STREAM",
     0x8: "CANCEL",
     0xB: "ENHANCE_YOUR_CALM",

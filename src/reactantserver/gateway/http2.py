@@ -35,11 +35,24 @@ socket or a clock. Events are tuples, first element the kind:
 shared by every block of the same bytes)
 ``("data", stream_id, memoryview, end_stream)``  -- a view of the bytes read
 ``("reset", stream_id, error_code)``
+``("error", stream_id, error_code, message)`` -- we reset the stream: the peer broke a
+stream's rule (a stream error, RFC 9113 §5.4.2)
 ``("goaway", last_stream_id, error_code)``
 ``("window", 0, None)``                       -- send windows grew: blocked data may go
 
-A peer that breaks the protocol raises :class:`ProtocolError`; the connection is then
-unusable (the caller closes the socket).
+A peer that breaks the protocol raises :class:`ProtocolError` (a connection error), whose
+``code`` is the HTTP/2 error code for the GOAWAY the caller sends before it closes the
+socket; the connection is then unusable.
+
+Bounds (:mod:`reactantserver.transport.h2rules`, the rules the server side holds its
+clients to, with the same limits, :class:`~reactantserver.transport.limits.WireLimits`):
+a frame longer than the SETTINGS_MAX_FRAME_SIZE we advertised is FRAME_SIZE_ERROR, judged
+from its header before its body is buffered; a header block is bounded in bytes (our
+SETTINGS_MAX_HEADER_LIST_SIZE, also advertised) and in frames (64), ENHANCE_YOUR_CALM and
+PROTOCOL_ERROR; DATA past the receive window we granted, the stream's or the connection's,
+is FLOW_CONTROL_ERROR; a WINDOW_UPDATE of zero is PROTOCOL_ERROR and one overflowing a
+send window FLOW_CONTROL_ERROR -- on a stream a stream error (RST_STREAM, the call fails
+as if the worker had reset it), on stream 0 a connection error.
 
 Invariants (``tests/test_gateway_http2.py``, against h2's server side as the oracle): every
 byte we write parses as valid HTTP/2 for h2; whatever h2 sends we decode to the same
@@ -50,8 +63,9 @@ windows allow, nor a frame larger than its maximum frame size.
 from __future__ import annotations
 
 import hpack
-from hpack.hpack import DEFAULT_MAX_HEADER_LIST_SIZE
 
+from ..transport import h2rules
+from ..transport.h2rules import Violation
 from ..transport.h2wire import (
     ACK,
     CANCEL,
@@ -72,6 +86,7 @@ from ..transport.h2wire import (
     PING,
     PREFACE,
     PRIORITY_FLAG,
+    PROTOCOL_ERROR,
     PUSH_PROMISE,
     RST_STREAM,
     SETTINGS,
@@ -80,17 +95,28 @@ from ..transport.h2wire import (
     SETTINGS_INITIAL_WINDOW_SIZE,
     SETTINGS_MAX_CONCURRENT_STREAMS,
     SETTINGS_MAX_FRAME_SIZE,
+    SETTINGS_MAX_HEADER_LIST_SIZE,
     WINDOW_UPDATE,
     frame,
     frame_head,
 )
 from ..transport.hpack_blocks import BlockDecoder, encode_headers, hpack_int, literal
+from ..transport.limits import WireLimits
 
 Event = tuple[str, int, object, object]
 
 
 class ProtocolError(Exception):
-    """The peer broke HTTP/2; the connection cannot continue."""
+    """The peer broke HTTP/2 (a connection error); the connection cannot continue.
+    ``code``: the HTTP/2 error code its GOAWAY says."""
+
+    def __init__(self, message: str, code: int = PROTOCOL_ERROR) -> None:
+        super().__init__(message)
+        self.code = code
+
+    @classmethod
+    def of(cls, broken: Violation) -> ProtocolError:
+        return cls(broken.message, broken.code)
 
 
 def request_prefix(path: bytes, authority: bytes) -> bytes:
@@ -120,43 +146,57 @@ def _raw_field(name: bytes, value: bytes) -> tuple[bytes, bytes]:
 
 
 class _Stream:
-    __slots__ = ("recv_unacked", "send_window")
+    __slots__ = ("granting", "recv_left", "recv_unacked", "send_window")
 
-    def __init__(self, send_window: int) -> None:
+    def __init__(self, send_window: int, recv_window: int) -> None:
         self.send_window = send_window
+        #: What the peer may still send on the stream (what we granted, less what came),
+        #: what it sent since our last WINDOW_UPDATE, and the WINDOW_UPDATEs queued but
+        #: not yet handed out (:meth:`ClientConnection.data_to_send`).
+        self.recv_left = recv_window
         self.recv_unacked = 0
+        self.granting = 0
 
 
 class ClientConnection:
-    """One HTTP/2 client connection's state (see the module docstring)."""
+    """One HTTP/2 client connection's state (see the module docstring); ``limits``: what
+    we advertise and hold the peer to (the frame size, the header list size, the windows;
+    the same defaults as the server side's)."""
 
-    def __init__(
-        self,
-        *,
-        stream_window: int = 16 * 1024 * 1024,
-        connection_window: int = 64 * 1024 * 1024,
-        max_frame_size: int = 1024 * 1024,
-    ) -> None:
+    def __init__(self, limits: WireLimits | None = None) -> None:
+        limits = limits if limits is not None else WireLimits()
         self._out: list[bytes | memoryview] = []
         self._in = bytearray()  # a frame split across reads, until its end arrives
         self._need = 0  # ... and how many bytes that takes
+        self._max_header_list = limits.max_header_list_size
         self._decoder: BlockDecoder[tuple[bytes, bytes]] = BlockDecoder(
-            _raw_field, DEFAULT_MAX_HEADER_LIST_SIZE
+            _raw_field, limits.max_header_list_size
         )
         self._streams: dict[int, _Stream] = {}
         self._next_id = 1
         # What we advertise: our receive windows and frame size.
-        self._stream_window = stream_window
-        self._connection_window = connection_window
-        self._max_frame_in = max_frame_size
+        self._stream_window = limits.stream_window
+        self._connection_window = limits.connection_window
+        self._max_frame_in = limits.max_frame_size
+        #: The connection's receive window as the peer knows it: what it may still send,
+        #: what it sent since our last WINDOW_UPDATE, and what we granted in
+        #: WINDOW_UPDATEs queued but not yet handed out. A grant takes effect when our
+        #: output leaves (:meth:`data_to_send`): bytes read before then were sent without
+        #: it, so DATA beyond what the peer had been granted is caught however the reads fall.
+        self._recv_left = limits.connection_window
         self._recv_unacked = 0
+        self._granting = 0
+        #: Streams with a WINDOW_UPDATE queued, not yet handed out.
+        self._grants: list[_Stream] = []
         # What the peer allows us.
         self.peer_max_frame = DEFAULT_FRAME
         self.peer_initial_window = DEFAULT_WINDOW
         self.peer_max_streams = MAX_WINDOW
         self.send_window = DEFAULT_WINDOW
-        # A header block in progress: (stream id, end_stream, fragments).
+        # A header block in progress: (stream id, end_stream, fragments), and its bytes
+        # (0 outside a block).
         self._block: tuple[int, bool, list[bytes]] | None = None
+        self._block_size = 0
         #: The peer's GOAWAY: no new streams on this connection.
         self.goaway_received = False
 
@@ -170,6 +210,7 @@ class ClientConnection:
                 (SETTINGS_ENABLE_PUSH, 0),
                 (SETTINGS_INITIAL_WINDOW_SIZE, self._stream_window),
                 (SETTINGS_MAX_FRAME_SIZE, self._max_frame_in),
+                (SETTINGS_MAX_HEADER_LIST_SIZE, self._max_header_list),
             )
         )
         self._out.append(PREFACE)
@@ -202,7 +243,7 @@ class ClientConnection:
             raise ProtocolError("no new stream may be opened on this connection")
         stream_id = self._next_id
         self._next_id += 2
-        self._streams[stream_id] = _Stream(self.peer_initial_window)
+        self._streams[stream_id] = _Stream(self.peer_initial_window, self._stream_window)
         limit = self.peer_max_frame
         flags = END_STREAM if end_stream else 0
         if len(header_block) <= limit:
@@ -236,7 +277,7 @@ class ClientConnection:
             return None
         stream_id = self._next_id
         self._next_id += 2
-        self._streams[stream_id] = _Stream(self.peer_initial_window - size)
+        self._streams[stream_id] = _Stream(self.peer_initial_window - size, self._stream_window)
         self.send_window -= size
         out = self._out
         out.append(frame_head(HEADERS, END_HEADERS, stream_id, len(header_block)))
@@ -293,7 +334,16 @@ class ClientConnection:
         self._out.append(frame(GOAWAY, 0, 0, payload))
 
     def data_to_send(self) -> bytes:
-        """Everything queued to send, as one buffer (empty when nothing is)."""
+        """Everything queued to send, as one buffer (empty when nothing is). The
+        WINDOW_UPDATEs in it take effect now: the peer may send what they grant."""
+        if self._granting:
+            self._recv_left += self._granting
+            self._granting = 0
+        if self._grants:
+            for stream in self._grants:
+                stream.recv_left += stream.granting
+                stream.granting = 0
+            self._grants.clear()
         out = self._out
         if not out:
             return b""
@@ -327,8 +377,10 @@ class ClientConnection:
         while end - pos >= 9:
             high, low, kind, flags, stream_id = unpack(data, pos)
             length = high << 8 | low
-            if length > MAX_FRAME_CEILING:
-                raise ProtocolError(f"a frame of {length} bytes")
+            if length > self._max_frame_in:  # judged before its body is waited for
+                raise ProtocolError.of(_broken(h2rules.frame_size(length, self._max_frame_in)))
+            if kind in _BLOCK_KINDS and length + self._block_size > self._max_header_list:
+                self._refuse_block(length)
             if end - pos < 9 + length:
                 break
             stream_id &= MAX_STREAM_ID
@@ -361,10 +413,16 @@ class ClientConnection:
                 self._headers_in(stream_id, bool(flags & END_STREAM), bytes(fragment), events)
             else:
                 self._block = (stream_id, bool(flags & END_STREAM), [bytes(fragment)])
+                self._block_size = len(payload)
         elif kind == CONTINUATION:
             if self._block is None or self._block[0] != stream_id:
                 raise ProtocolError("CONTINUATION without its HEADERS")
-            self._block[2].append(bytes(payload))
+            fragments = self._block[2]
+            fragments.append(bytes(payload))
+            self._block_size += len(payload)
+            broken = h2rules.block_frames(len(fragments))
+            if broken is not None:
+                raise ProtocolError.of(broken)
             if flags & END_HEADERS:
                 self._end_block(events)
         elif kind == RST_STREAM:
@@ -389,12 +447,19 @@ class ClientConnection:
                 raise ProtocolError("WINDOW_UPDATE of the wrong size")
             increment = int.from_bytes(payload, "big") & MAX_WINDOW
             if stream_id == 0:
+                broken = h2rules.window_update(increment, self.send_window, 0)
+                if broken is not None:
+                    raise ProtocolError.of(broken)
                 self.send_window += increment
-                if self.send_window > MAX_WINDOW:
-                    raise ProtocolError("the connection's send window overflowed")
             else:
                 stream = self._streams.get(stream_id)
                 if stream is None:
+                    if increment == 0 and stream_id >= self._next_id:  # never opened
+                        raise ProtocolError(f"a WINDOW_UPDATE of 0 on idle stream {stream_id}")
+                    return  # closed: late frames are ignored (RFC 9113 §6.9)
+                broken = h2rules.window_update(increment, stream.send_window, stream_id)
+                if broken is not None:
+                    self._stream_error(stream_id, broken, events)
                     return
                 stream.send_window += increment
             events.append(("window", 0, None, None))
@@ -406,29 +471,58 @@ class ClientConnection:
         self, flags: int, stream_id: int, payload: memoryview, events: list[Event]
     ) -> None:
         flow = len(payload)  # padding counts against the windows too
-        self._recv_unacked += flow
-        if self._recv_unacked >= self._connection_window // 2:
-            self._out.append(frame(WINDOW_UPDATE, 0, 0, self._recv_unacked.to_bytes(4, "big")))
-            self._recv_unacked = 0
+        left = self._recv_left - flow
+        if left < 0:  # past the window we granted
+            broken = h2rules.received(flow, self._recv_left, "the connection")
+            raise ProtocolError.of(_broken(broken))
+        self._recv_left = left
+        unacked = self._recv_unacked + flow
+        if unacked >= self._connection_window // 2:
+            self._out.append(frame(WINDOW_UPDATE, 0, 0, unacked.to_bytes(4, "big")))
+            self._granting += unacked
+            unacked = 0
+        self._recv_unacked = unacked
         stream = self._streams.get(stream_id)
         if stream is None:
             return  # a stream we reset: the connection window is all that counts
+        left = stream.recv_left - flow
+        if left < 0:
+            broken = h2rules.received(flow, stream.recv_left, f"stream {stream_id}")
+            raise ProtocolError.of(_broken(broken))
+        stream.recv_left = left
         data = _unpad(payload) if flags & PADDED else payload
         end = bool(flags & END_STREAM)
         if end:
             del self._streams[stream_id]
         else:
-            stream.recv_unacked += flow
-            if stream.recv_unacked >= self._stream_window // 2:
-                increment = stream.recv_unacked.to_bytes(4, "big")
-                self._out.append(frame(WINDOW_UPDATE, 0, stream_id, increment))
-                stream.recv_unacked = 0
+            unacked = stream.recv_unacked + flow
+            if unacked >= self._stream_window // 2:
+                self._out.append(frame(WINDOW_UPDATE, 0, stream_id, unacked.to_bytes(4, "big")))
+                stream.granting += unacked
+                self._grants.append(stream)
+                unacked = 0
+            stream.recv_unacked = unacked
         events.append(("data", stream_id, data, end))
+
+    def _refuse_block(self, length: int) -> None:
+        """A HEADERS, PUSH_PROMISE or CONTINUATION of ``length`` bytes announced that
+        takes its header block past our SETTINGS_MAX_HEADER_LIST_SIZE (the caller's
+        comparison; :attr:`_block_size` is 0 outside a block)."""
+        broken = h2rules.header_block(self._block_size + length, self._max_header_list)
+        raise ProtocolError.of(_broken(broken))
+
+    def _stream_error(self, stream_id: int, broken: Violation, events: list[Event]) -> None:
+        """The peer broke a stream's rule: RST_STREAM with its code, the stream forgotten,
+        and an ``error`` event for whoever waits on it (RFC 9113 §5.4.2)."""
+        del self._streams[stream_id]
+        self._out.append(frame(RST_STREAM, 0, stream_id, broken.code.to_bytes(4, "big")))
+        events.append(("error", stream_id, broken.code, broken.message))
 
     def _end_block(self, events: list[Event]) -> None:
         assert self._block is not None
         stream_id, end, fragments = self._block
         self._block = None
+        self._block_size = 0
         self._headers_in(stream_id, end, b"".join(fragments), events)
 
     def _headers_in(self, stream_id: int, end: bool, block: bytes, events: list[Event]) -> None:
@@ -465,6 +559,16 @@ class ClientConnection:
                 pass  # limits an encoder table we never use
         self._out.append(frame(SETTINGS, ACK, 0))
         events.append(("window", 0, None, None))
+
+
+#: The frames a header block is made of (HEADERS, PUSH_PROMISE, CONTINUATION).
+_BLOCK_KINDS = frozenset({HEADERS, PUSH_PROMISE, CONTINUATION})
+
+
+def _broken(broken: Violation | None) -> Violation:
+    """A rule's violation where the caller's own comparison already found one."""
+    assert broken is not None
+    return broken
 
 
 def _unpad(payload: memoryview) -> memoryview:

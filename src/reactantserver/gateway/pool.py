@@ -32,7 +32,16 @@ import attrs
 
 from ..config.rules import split_host_port
 from ..errors import DeadlineExceeded
-from .channel import CONNECT_TIMEOUT, Call, ChannelError, OnDone, Reply, WorkerConnection
+from ..transport.limits import WireLimits
+from .channel import (
+    CONNECT_TIMEOUT,
+    LIMITS,
+    Call,
+    ChannelError,
+    OnDone,
+    Reply,
+    WorkerConnection,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +71,7 @@ class WorkerClient:
         *,
         max_streams: int = 32,
         max_reply_bytes: int = 512 * 1024 * 1024,
+        limits: WireLimits = LIMITS,
     ) -> None:
         parsed = split_host_port(address)
         if parsed is None:
@@ -73,6 +83,8 @@ class WorkerClient:
         self._port = port
         self._max_streams = max_streams
         self._max_reply = max_reply_bytes
+        #: What its connections advertise to the worker and hold it to (:data:`.channel.LIMITS`).
+        self._limits = limits
         self._conn: WorkerConnection | None = None
         #: Replaced connections still finishing their calls.
         self._draining: set[WorkerConnection] = set()
@@ -270,7 +282,9 @@ class WorkerClient:
             try:
                 async with asyncio.timeout(CONNECT_TIMEOUT):
                     _, conn = await loop.create_connection(
-                        lambda: WorkerConnection(self.address, max_reply_bytes=self._max_reply),
+                        lambda: WorkerConnection(
+                            self.address, max_reply_bytes=self._max_reply, limits=self._limits
+                        ),
                         self._host,
                         self._port,
                         proto=socket.IPPROTO_TCP,

@@ -38,6 +38,7 @@ from hyperframe.frame import (
     WindowUpdateFrame,
 )
 
+from . import h2rules
 from .h2wire import CONTINUATION, HEADERS, PUSH_PROMISE
 
 if TYPE_CHECKING:
@@ -161,18 +162,13 @@ class FrameCutter(FrameBuffer):
     def _judge(self, header: bytes | bytearray | memoryview) -> int:
         """The frame length a 9-byte header declares, refusing what we never accept."""
         length = int.from_bytes(header[:3], "big")
-        if length > self.max_frame_size:
-            raise h2.exceptions.FrameTooLargeError(
-                f"a frame of {length} bytes exceeds the advertised "
-                f"SETTINGS_MAX_FRAME_SIZE of {self.max_frame_size}"
-            )
+        broken = h2rules.frame_size(length, self.max_frame_size)
+        if broken is not None:
+            raise h2.exceptions.FrameTooLargeError(broken.message)
         if header[3] in _HEADER_FRAMES:
-            block = length + self._block_so_far()
-            if block > self._max_header_block:
-                raise h2.exceptions.DenialOfServiceError(
-                    f"a header block of more than {self._max_header_block} bytes "
-                    "(SETTINGS_MAX_HEADER_LIST_SIZE)"
-                )
+            broken = h2rules.header_block(length + self._block_so_far(), self._max_header_block)
+            if broken is not None:
+                raise h2.exceptions.DenialOfServiceError(broken.message)
         return length
 
     def _block_so_far(self) -> int:

@@ -106,7 +106,7 @@ from h2.settings import SettingCodes
 from hpack import HPACKError, OversizedHeaderListError
 from hyperframe.frame import ExtensionFrame
 
-from . import h2parse
+from . import h2parse, h2rules
 from .h2parse import ALTSVC, FRAME_NAMES, KNOWN_TYPES, Body, Priority, RawFrameCutter
 from .h2settings import ServerSettings, local_settings
 from .h2wire import (
@@ -223,9 +223,9 @@ class _Window:
     def consumed(self, n: int) -> None:
         self.size -= n
         if self.size < 0:
-            raise h2.exceptions.FlowControlError(
-                f"flow control window exceeded by {-self.size} bytes"
-            )
+            broken = h2rules.received(n, self.size + n, "a receive window")
+            assert broken is not None
+            raise h2.exceptions.FlowControlError(broken.message)
 
     def opened(self, n: int) -> None:
         self.size += n

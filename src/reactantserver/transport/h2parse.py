@@ -54,8 +54,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import h2.exceptions
-from h2.frame_buffer import CONTINUATION_BACKLOG
 
+from . import h2rules
 from .h2frames import FrameCutter
 from .h2wire import (
     ACK,
@@ -375,8 +375,9 @@ class RawFrameCutter(FrameCutter):
             raise h2.exceptions.ProtocolError("Invalid frame during header block.")
         self._fragments.append(body)
         self._block_len += len(body)
-        if len(self._fragments) > CONTINUATION_BACKLOG:
-            raise h2.exceptions.ProtocolError("Too many continuation frames received.")
+        broken = h2rules.block_frames(len(self._fragments))
+        if broken is not None:
+            raise h2.exceptions.ProtocolError(broken.message)
         if not flags & END_HEADERS:
             return None
         joined = b"".join([prefix, *self._fragments])
