@@ -303,3 +303,30 @@ def test_the_preface_and_settings_split_across_reads_are_served(port: int) -> No
         client.send(client.data(1, grpc_message(b""), end_stream=True))
         assert client.wait(1, 10).grpc_status == 0
         assert client.connection.goaway is None
+
+
+# ------------------------------------------------------------------------- issue 35, item 4
+
+
+@pytest.mark.parametrize(
+    ("target", "key", "other"),
+    [
+        ("worker", "endpoints.max_message_bytes", "grpc.max_recv_msg_bytes"),
+        ("gateway", "grpc.max_recv_msg_bytes", "endpoints.max_message_bytes"),
+    ],
+)
+def test_a_message_too_large_names_the_setting_of_the_process_that_refuses_it(
+    request: pytest.FixtureRequest, target: str, key: str, other: str
+) -> None:
+    """Issue 35, item 4. Before: the gateway's refusal of a 4 GiB message named the
+    worker's key (``endpoints.max_message_bytes``). Each process now names its own: the
+    limit's key travels with the limit (``WireLimits.names``)."""
+    port = int(request.getfixturevalue(f"{target}_port"))
+    with RawClient(port) as client:
+        client.handshake()
+        client.send(client.headers(1, request_headers(INFER)))
+        client.send(client.data(1, struct.pack(">BI", 0, 2**32 - 1) + bytes(1024)))
+        result = client.wait(1, 10)
+    assert result.grpc_status == 8, result  # RESOURCE_EXHAUSTED
+    assert "4294967295 bytes exceeds the limit" in result.grpc_message
+    assert key in result.grpc_message and other not in result.grpc_message

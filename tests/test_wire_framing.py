@@ -253,3 +253,14 @@ def test_limits_record_validates_and_bounds() -> None:
         WireLimits(handshake_timeout=0)
     with pytest.raises(ValueError, match="max_concurrent_streams"):
         WireLimits(max_concurrent_streams=0)
+
+
+def test_a_refused_size_names_the_setting_given() -> None:
+    """The refusal names the key that sets the limit in the process that refuses (issue
+    35, item 4): a worker's ``endpoints.max_message_bytes`` unless told otherwise."""
+    prefix = b"\x00" + (LIMIT + 1).to_bytes(4, "big")
+    worker = MessageFramer(LIMIT, unary=True).feed(prefix)
+    gateway = MessageFramer(LIMIT, unary=True, setting="grpc.max_recv_msg_bytes").feed(prefix)
+    assert worker is not None and "(endpoints.max_message_bytes)" in worker.message
+    assert gateway is not None and "(grpc.max_recv_msg_bytes)" in gateway.message
+    assert "endpoints" not in gateway.message

@@ -244,13 +244,7 @@ def build_server(
     """The gateway's gRPC server over ``mapping``: the hardened wire a worker serves on
     (``transport.server``), with the gateway's ``grpc:`` limits. The one place that builds it."""
     g = config.grpc
-    limits = WireLimits(
-        max_connections=g.max_connections,
-        max_concurrent_streams=g.max_concurrent_streams,
-        handshake_timeout=g.handshake_timeout_seconds,
-        idle_timeout=g.idle_timeout_seconds,
-        max_message_bytes=g.max_recv_msg_bytes,
-    )
+    limits = WireLimits.from_gateway_grpc(g)  # refusals name the gateway's grpc: keys
     return GuardedServer(
         mapping,
         codec=RawCodec(g.max_recv_msg_bytes, g.max_send_msg_bytes),

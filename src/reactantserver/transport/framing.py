@@ -150,10 +150,14 @@ def request_head(headers: Sequence[tuple[str, str]]) -> RequestHead | Refusal:
 class MessageFramer:
     """Follows one request stream's gRPC messages as DATA arrives; see the module docstring."""
 
-    __slots__ = ("_count", "_declared", "_head", "_left", "_limit", "_unary")
+    __slots__ = ("_count", "_declared", "_head", "_left", "_limit", "_setting", "_unary")
 
-    def __init__(self, limit: int, *, unary: bool) -> None:
+    def __init__(
+        self, limit: int, *, unary: bool, setting: str = "endpoints.max_message_bytes"
+    ) -> None:
         self._limit = limit
+        #: The key that sets ``limit`` in this process's configuration, for the refusal.
+        self._setting = setting
         self._unary = unary
         #: Prefix bytes of the next message received so far (never 5: judged at once).
         self._head = b""
@@ -206,7 +210,7 @@ class MessageFramer:
             return Refusal(
                 StatusCode.RESOURCE_EXHAUSTED,
                 f"request message of {length} bytes exceeds the limit of {self._limit} bytes "
-                "(endpoints.max_message_bytes); use shared memory for inputs this large",
+                f"({self._setting}); use shared memory for inputs this large",
                 Fault.MESSAGE_TOO_LARGE,
             )
         self._left = self._declared = length

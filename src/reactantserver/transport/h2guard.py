@@ -166,7 +166,8 @@ class ConnectionTable:
                 self.fault(
                     Fault.TOO_MANY_CONNECTIONS,
                     protocol.peer,
-                    f"refused: {len(self._open)} connections are open (endpoints.max_connections)",
+                    f"refused: {len(self._open)} connections are open "
+                    f"({self.limits.names.max_connections})",
                 )
                 return False
             victim = next(iter(self._handshaking))
@@ -175,7 +176,7 @@ class ConnectionTable:
                 Fault.TOO_MANY_CONNECTIONS,
                 victim.peer,
                 "closed in its handshake to make room for a new connection "
-                "(endpoints.max_connections)",
+                f"({self.limits.names.max_connections})",
             )
             victim.abort()
         self._open[protocol] = None
@@ -245,6 +246,8 @@ class _Processor(EventsProcessor):
             self._h2, connection, guard.peer, guard.fault, self._released, guard.now
         )
         self._framers: dict[int, MessageFramer] = {}
+        #: The setting that bounds a request message here, named when one is refused.
+        self._message_key = guard.limits.names.max_message_bytes
         #: When each running call started (loop time), for the premature-reset rule.
         self._started: dict[int, float] = {}
         #: What the peer made us do for nothing, judged (module docstring); calls started
@@ -273,7 +276,7 @@ class _Processor(EventsProcessor):
             self._guard.fault(
                 Fault.TOO_MANY_STREAMS,
                 f"stream {sid} refused: {open_calls} calls are open on the connection "
-                "(endpoints.max_concurrent_streams)",
+                f"({self._limits.names.max_concurrent_streams})",
             )
             self._judged(self.budget.wasted_frames(1, self._guard.read_at), Fault.FRAME_FLOOD)
             return
@@ -288,7 +291,9 @@ class _Processor(EventsProcessor):
         if isinstance(decision, DirectAdmission):
             self._started[sid] = now
             self.budget.streams += 1
-            self._framers[sid] = MessageFramer(self._limits.max_message_bytes, unary=True)
+            self._framers[sid] = MessageFramer(
+                self._limits.max_message_bytes, unary=True, setting=self._message_key
+            )
             self._count_opened()
             self.direct.open(sid, decision)  # released through self._released
             return
@@ -297,7 +302,9 @@ class _Processor(EventsProcessor):
         self.budget.streams += 1
         release = self.register(stream)
         self._framers[sid] = MessageFramer(
-            self._limits.max_message_bytes, unary=decision.unary_request
+            self._limits.max_message_bytes,
+            unary=decision.unary_request,
+            setting=self._message_key,
         )
         self.handler.accept(stream, decision, release)
 
@@ -632,7 +639,7 @@ class GuardedProtocol(asyncio.Protocol):
         self.fault(
             Fault.HANDSHAKE_TIMEOUT,
             f"no HTTP/2 preface and SETTINGS within {self.limits.handshake_timeout:g} s "
-            "(endpoints.handshake_timeout_seconds); connection closed",
+            f"({self.limits.names.handshake_timeout}); connection closed",
         )
         self.abort()
 
@@ -682,7 +689,7 @@ class GuardedProtocol(asyncio.Protocol):
         conn.initiate_connection()
         conn.close_connection(
             ErrorCodes.NO_ERROR,
-            f"too many connections (endpoints.max_connections is "
+            f"too many connections ({self.limits.names.max_connections} is "
             f"{self.limits.max_connections}); retry later".encode(),
             last_stream_id=0,
         )

@@ -31,7 +31,7 @@ from typing import Any
 
 import attrs
 
-from reactantserver.config.schema import EndpointsConfig
+from reactantserver.config.schema import EndpointsConfig, GatewayGrpcConfig
 
 #: HTTP/2's own bounds (RFC 9113 §6.5.2): frame size in [2^14, 2^24 - 1], windows < 2^31.
 _MIN_FRAME, _MAX_FRAME, _MAX_WINDOW = 1 << 14, (1 << 24) - 1, (1 << 31) - 1
@@ -48,6 +48,29 @@ def _between(low: int, high: int) -> Callable[[object, Any, int], None]:
 def _positive(_: object, attribute: Any, value: float) -> None:
     if not value > 0:
         raise ValueError(f"{attribute.name} must be > 0, got {value}")
+
+
+@attrs.frozen(kw_only=True)
+class SettingNames:
+    """The configuration keys that set a :class:`WireLimits`, for the messages that refuse
+    a peer: each names the setting of the process that says it (a worker's ``endpoints:``,
+    a gateway's ``grpc:``), so that an operator changes the right file."""
+
+    max_connections: str = "endpoints.max_connections"
+    max_concurrent_streams: str = "endpoints.max_concurrent_streams"
+    handshake_timeout: str = "endpoints.handshake_timeout_seconds"
+    idle_timeout: str = "endpoints.idle_timeout_seconds"
+    max_message_bytes: str = "endpoints.max_message_bytes"
+
+
+#: A gateway's: its ``grpc:`` section sets the same bounds for its own clients.
+GATEWAY_SETTING_NAMES = SettingNames(
+    max_connections="grpc.max_connections",
+    max_concurrent_streams="grpc.max_concurrent_streams",
+    handshake_timeout="grpc.handshake_timeout_seconds",
+    idle_timeout="grpc.idle_timeout_seconds",
+    max_message_bytes="grpc.max_recv_msg_bytes",
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -76,15 +99,31 @@ class WireLimits:
     stream_window: int = attrs.field(default=16 << 20, validator=_between(65535, _MAX_WINDOW))
     #: SETTINGS_MAX_HEADER_LIST_SIZE (h2's default): decoded header bytes per request.
     max_header_list_size: int = attrs.field(default=1 << 16, validator=_between(1024, 1 << 24))
+    #: The keys that set the five configurable bounds, as refusals name them.
+    names: SettingNames = SettingNames()
 
     @classmethod
     def from_endpoints(cls, endpoints: EndpointsConfig) -> WireLimits:
+        """A worker's: its ``endpoints:`` section."""
         return cls(
             max_connections=endpoints.max_connections,
             max_concurrent_streams=endpoints.max_concurrent_streams,
             handshake_timeout=endpoints.handshake_timeout_seconds,
             idle_timeout=endpoints.idle_timeout_seconds,
             max_message_bytes=endpoints.max_message_bytes,
+        )
+
+    @classmethod
+    def from_gateway_grpc(cls, grpc: GatewayGrpcConfig) -> WireLimits:
+        """A gateway's, toward its clients: its ``grpc:`` section (a request message is
+        bounded by ``grpc.max_recv_msg_bytes``)."""
+        return cls(
+            max_connections=grpc.max_connections,
+            max_concurrent_streams=grpc.max_concurrent_streams,
+            handshake_timeout=grpc.handshake_timeout_seconds,
+            idle_timeout=grpc.idle_timeout_seconds,
+            max_message_bytes=grpc.max_recv_msg_bytes,
+            names=GATEWAY_SETTING_NAMES,
         )
 
     def worst_case_buffered_bytes(self) -> int:
