@@ -29,11 +29,13 @@ async def zipf_catalog_run(
     clients: int,
     width: int,
     seed: int,
+    pipeline_depth: int = 1,
 ) -> dict[str, float]:
     """Serve ``bundles`` from ``cache`` through a real scheduler: ``requests`` one-row
     requests, models drawn from Zipf(``zipf``) popularity, sent by ``clients`` closed-loop
-    clients. Throughput, the device's idle fraction, dispatches and the cache's counters
-    over the run ."""
+    clients, with ``pipeline_depth`` batches in flight at most. Throughput, the device's
+    idle fraction (1 - device seconds charged to batches / wall), dispatches and the
+    cache's counters over the run."""
     from reactantserver.models import ServedModel
     from reactantserver.runtime.executor import DeviceExecutor
     from reactantserver.scheduling import Scheduler
@@ -50,7 +52,7 @@ async def zipf_catalog_run(
         for i, b in enumerate(bundles)
     }
     executor = DeviceExecutor(cache, served.get)
-    scheduler = Scheduler(SchedulerConfig(), executor)
+    scheduler = Scheduler(SchedulerConfig(), executor, pipeline_depth=pipeline_depth)
     for name, model in served.items():
         await cache.add(model)
         scheduler.add_model(name, batch_sizes, coalescable=True)

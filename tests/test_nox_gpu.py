@@ -149,3 +149,35 @@ def test_every_gpu_benchmark_runs_at_its_smoke_test_sizes_on_the_cpu(tmp_path: P
     assert "mlp_wide" in tables["bench_gpu_batch.txt"]
     for table in tables.values():
         assert table.splitlines()[1].startswith("device: ")  # the device in every table
+
+
+@pytest.mark.slow
+def test_a_before_after_run_runs_the_baseline_trees_benchmark_first(tmp_path: Path) -> None:
+    """``--baseline DIR`` runs DIR's benchmark script (DIR's ``src`` first on the path) before
+    ours, with the ``--bench-args`` of that step for both; the summary carries both tables,
+    the baseline's marked BASELINE, and ours has the side-by-side round trips."""
+    root = GPU.parents[1]
+    done = _driver(
+        "--backend",
+        "cpu",
+        "--quick",
+        "--only",
+        "batch",
+        "--baseline",
+        str(root),
+        "--bench-args",
+        "batch=--rounds 2",
+        out=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    summary = (tmp_path / "summary.txt").read_text()
+    assert "batch@base ok" in summary.replace("  ", " ").replace("  ", " "), summary
+    assert "BASELINE (d) single-model batch curve" in summary
+    assert (tmp_path / "baseline" / "bench_gpu_batch.txt").is_file()
+    ours = (tmp_path / "bench_gpu_batch.txt").read_text()
+    for way in ("ours", "ours, 2 in flight", "plain jax.jit", "pinned-host output"):
+        assert f" {way} " in ours, ours
+    assert "in 2 interleaved rounds" in ours
+    assert run_gpu.bench_args(["catalog=--rates 1000,2000 --seconds 5"]) == {
+        "catalog": ["--rates", "1000,2000", "--seconds", "5"]
+    }

@@ -17,6 +17,24 @@ device's energy while busy with this model, transfers included).
 No gRPC and no scheduler here: this is the device's side of batching, the ceiling the
 scheduler's coalescing can reach.
 
+Then, in the same run and on the same compiled program (each model at batch 1, the
+same inputs and device weights), one execution's round trip -- numpy in, numpy out --
+five ways, interleaved in ``--rounds`` rounds so that drift hits all alike:
+
+* ``ours``: ``LoadedModel.execute`` (the runtime's transfer path: outputs compiled into
+  pinned host memory on CUDA, ``runtime/model.py``'s ``output_path``);
+* ``ours, 2 in flight``: ``LoadedModel.launch`` of execution i+1 before ``fetch`` of
+  execution i, per execution over a stream of them -- what the pipelined dispatch loop
+  (``scheduler.pipeline_depth: 2``) pays per batch;
+* ``plain jax.jit``: ``jax.jit(exported.call)`` on the numpy input, ``np.asarray`` out;
+* ``pinned-host output``: the same with ``out_shardings=SingleDeviceSharding(device,
+  memory_kind="pinned_host")`` (where the device offers that memory);
+* ``torch`` (mlp_wide, when torch imports with a GPU): the same MLP with the same weights,
+  ``x.cuda()`` in, ``.cpu()`` out.
+
+Each is printed with its ratio to the plain and the pinned-host round trips. Goal
+(issue 33): ``ours`` at batch 1 within 1.3x of the pinned-host round trip.
+
     python benchmarks/gpu/bench_gpu_batch.py                    # on the GPU
     python benchmarks/gpu/bench_gpu_batch.py --backend cpu --quick   # smoke test
 
@@ -35,6 +53,9 @@ from typing import Any
 
 import numpy as np
 from harness import ROOT, Table, device_header, start_runtime
+
+from reactantserver.bundle import load_bundle
+from reactantserver.runtime.artifact import deserialize_artifact
 
 sys.path.insert(0, str(ROOT / "examples"))
 SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -135,6 +156,114 @@ def curve(
     return rows
 
 
+def side_by_side(
+    runtime: Any, path: Path, repeats: int, rounds: int, torch_width: int | None
+) -> list[tuple[str, float, float]]:
+    """(path, p50 seconds, p99 seconds) of one batch-1 round trip, every way at once."""
+    import jax
+
+    bundle = load_bundle(path)
+    program = runtime.load(bundle, sizes=(1,))
+    weights = runtime.to_device(bundle.read_weights())
+    rng = np.random.default_rng(1)
+    draws = [
+        [
+            rng.standard_normal(shape).astype(spec.numpy_dtype)
+            for spec, shape in zip(bundle.inputs, program.input_shapes(1), strict=True)
+        ]
+        for _ in range(4)
+    ]
+    exported = deserialize_artifact(bundle)
+    args = [np.asarray(d) for d in draws[0]]
+    plain = jax.jit(exported.call).lower(*args, *weights).compile()
+    ways: dict[str, Any] = {
+        "ours": lambda x: program.execute(x, weights),
+        "plain jax.jit": lambda x: [np.asarray(r) for r in jax.tree.leaves(plain(*x, *weights))],
+    }
+    kinds = {m.kind for m in runtime.device.addressable_memories()}
+    if "pinned_host" in kinds:
+        from jax.sharding import SingleDeviceSharding
+
+        pinned = (
+            jax.jit(
+                exported.call,
+                out_shardings=SingleDeviceSharding(runtime.device, memory_kind="pinned_host"),
+            )
+            .lower(*args, *weights)
+            .compile()
+        )
+        ways["pinned-host output"] = lambda x: [
+            np.asarray(r) for r in jax.tree.leaves(pinned(*x, *weights))
+        ]
+    torch_call = _torch_mlp(bundle, torch_width) if torch_width else None
+    if torch_call is not None:
+        ways["torch"] = torch_call
+    times: dict[str, list[float]] = {name: [] for name in [*ways, "ours, 2 in flight"]}
+    per_round = max(1, repeats // rounds)
+    try:
+        for fn in ways.values():
+            for i in range(10):
+                fn(draws[i % 4])
+        for _ in range(rounds):
+            for name, fn in ways.items():
+                for i in range(per_round):
+                    start = time.perf_counter()
+                    fn(draws[i % 4])
+                    times[name].append(time.perf_counter() - start)
+            # Two in flight: launch i+1, then fetch i; the time per execution of the stream.
+            start = time.perf_counter()
+            previous = program.launch(draws[0], weights)
+            for i in range(1, per_round + 1):
+                launched = program.launch(draws[i % 4], weights)
+                program.fetch(previous)
+                previous = launched
+            program.fetch(previous)
+            times["ours, 2 in flight"].append((time.perf_counter() - start) / (per_round + 1))
+    finally:
+        runtime.free(weights)
+    out = []
+    for name, samples in times.items():
+        samples.sort()
+        out.append(
+            (
+                name,
+                statistics.median(samples),
+                samples[min(len(samples) - 1, int(0.99 * len(samples)))],
+            )
+        )
+    return out
+
+
+def _torch_mlp(bundle: Any, width: int) -> Any:
+    """The zoo MLP in PyTorch on the GPU with ``bundle``'s weights (None without torch+GPU)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    host = dict(zip((w.name for w in bundle.weight_specs), bundle.read_weights(), strict=True))
+    w = {name: torch.from_numpy(np.array(a)).cuda() for name, a in host.items()}
+
+    def layer(name: str) -> tuple[Any, Any]:
+        matches = [k for k in w if k.startswith(name)]
+        weight = next(w[k] for k in matches if k.endswith("w"))
+        bias = next(w[k] for k in matches if k.endswith("b"))
+        return weight, bias
+
+    (w1, b1), (w2, b2), (w3, b3) = layer("dense1"), layer("dense2"), layer("head")
+    assert w2.shape == (width, width)
+
+    def call(x: list[np.ndarray]) -> list[np.ndarray]:
+        with torch.no_grad():
+            h = torch.relu(torch.from_numpy(x[0]).cuda() @ w1 + b1)
+            h = torch.relu(h @ w2 + b2)
+            logits = h @ w3 + b3
+            return [logits.cpu().numpy(), torch.softmax(logits, -1).cpu().numpy()]
+
+    return call
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", default="cuda", choices=("cuda", "cpu"))
@@ -144,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
         "--quick", action="store_true", help="sizes 1, 2, 4; narrow MLP (smoke test)"
     )
     parser.add_argument("--out", type=Path, default=None, help="results folder (default $OUT)")
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="interleaved rounds of the side-by-side table"
+    )
     parser.add_argument(
         "--energy-seconds",
         type=float,
@@ -183,6 +315,35 @@ def main(argv: list[str] | None = None) -> int:
         table.line(
             f"J/row: device energy over >= {args.energy_seconds:g} s of back-to-back runs per "
             f"size / rows answered ({source})"
+        )
+        table.line("")
+        table.line(
+            f"one execution at batch 1, the same program every way, numpy in and out; "
+            f"{args.repeats} runs each in {args.rounds} interleaved rounds (runtime transfer "
+            f"path: {runtime.output_path})"
+        )
+        table.line(
+            f"{'model':<10} {'path':<20} {'p50 ms':>8} {'p99 ms':>8} {'/plain':>7} {'/pinned':>8}"
+        )
+        for name, path in paths.items():
+            ways = side_by_side(
+                runtime,
+                path,
+                args.repeats,
+                args.rounds,
+                mlp_width if name == "mlp_wide" else None,
+            )
+            p50 = {way: median for way, median, _ in ways}
+            for way, median, p99 in ways:
+                pinned = p50.get("pinned-host output")
+                table.line(
+                    f"{name:<10} {way:<20} {1e3 * median:>8.3f} {1e3 * p99:>8.3f} "
+                    f"{median / p50['plain jax.jit']:>6.2f}x "
+                    f"{'-' if pinned is None else format(median / pinned, '.2f') + 'x':>8}"
+                )
+        table.line(
+            "goal (issue 33): ours at batch 1 <= 1.3x the pinned-host output round trip; "
+            "'2 in flight' is per execution of a stream (no p99: one figure per round)"
         )
     return 0
 

@@ -10,11 +10,24 @@ calibrated at start so that one execution at batch size 1 costs about one cold l
 the regime where hiding loads behind executions matters most. Host copies are staged in
 pinned host memory where the device has it (the worker's default on CUDA).
 
-Prefetch off and on alternate, ``--runs`` times each; the table shows medians:
-throughput, the device idle fraction (``1 - execution seconds / wall seconds``), loads,
-demand loads (misses), prefetch hits and waste. Goal: the idle fraction halved.
+Three configurations alternate, ``--runs`` times each: prefetch off at pipeline depth 1
+(each batch's weights load, then it runs, then its outputs come back, and only then does
+the next start), prefetch on at depth 1 (a load of the likely next model overlaps the
+running batch: issue 20's design), and prefetch on at depth ``--depth`` (default 2: the
+next batch is prepared -- its weights acquired, loading if they must -- and launched
+while the current one runs; issue 33). The table shows medians: throughput, the device
+idle fraction (``1 - device seconds charged to batches / wall seconds``), loads, demand
+loads (misses), prefetch hits and waste. Goal: the idle fraction at least halved, off
+against on with the pipeline.
+
+``--simulate`` runs the same three on ``pipeline_sim.FakeGpu`` instead, on a virtual
+clock: an honest asynchronous fake device with a copy engine for loads, input and output
+transfers and host work of its own, at the H200's calibration (execution and cold load
+3 ms each, as in the GPU run's table). It needs no device and shows what the dispatch
+loop does with the time; the GPU run shows what the device does.
 
     python benchmarks/gpu/bench_gpu_prefetch.py                   # on the GPU
+    python benchmarks/gpu/bench_gpu_prefetch.py --simulate        # the fake device, any machine
     python benchmarks/gpu/bench_gpu_prefetch.py --backend cpu --quick   # smoke test
 
 About 60 s on an H100 with the defaults (20 models of 128 MiB, 400 requests, 3 runs).
@@ -46,6 +59,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
 from catalog_run import zipf_catalog_run
 
 MiB = 2**20
+#: (label, prefetch, pipeline depth or None for ``--depth``), in table order.
+CONFIGS: tuple[tuple[str, bool, int | None], ...] = (
+    ("prefetch off, d1", False, 1),
+    ("prefetch on, d1", True, 1),
+    ("prefetch on, pipeline", True, None),
+)
 BATCH_SIZES = (1, 4, 8)
 RATIO = 10
 
@@ -149,6 +168,7 @@ async def zipf_run(
     bundles: Sequence[Any],
     program: Any,
     prefetch: bool,
+    depth: int,
     seed: int,
     args: argparse.Namespace,
 ) -> dict[str, float]:
@@ -175,6 +195,7 @@ async def zipf_run(
         clients=args.clients,
         width=args.width,
         seed=seed,
+        pipeline_depth=depth,
     )
 
 
@@ -188,11 +209,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--zipf", type=float, default=1.1)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--depth", type=int, default=2, help="pipeline depth of the last column")
     parser.add_argument("--quick", action="store_true", help="tiny models, one run (smoke test)")
+    parser.add_argument(
+        "--simulate", action="store_true", help="the fake device on a virtual clock (no JAX)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="results folder (default $OUT)")
     args = parser.parse_args(argv)
     if args.quick:
         args.models, args.width, args.requests, args.runs = 20, 256, 80, 1
+    if args.simulate:
+        return simulate(args)
     runtime = start_runtime(args.backend)
     with Table("bench_gpu_prefetch", out=args.out) as table, tempfile.TemporaryDirectory() as tmp:
         bundles, program, repeats, load_s = build_catalog(runtime, Path(tmp), args)
@@ -210,33 +237,84 @@ def main(argv: list[str] | None = None) -> int:
             f"calibration: cold load {1e3 * load_s:.2f} ms; one execution at batch 1 runs "
             f"{repeats} x {args.layers} layers (about one cold load)"
         )
-        runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
+        runs: list[list[dict[str, float]]] = [[] for _ in CONFIGS]
         for i in range(args.runs):
-            for prefetch in (False, True):
-                runs[prefetch].append(
-                    trio.run(zipf_run, runtime, bundles, program, prefetch, i, args)
+            for k, (_, prefetch, depth) in enumerate(CONFIGS):
+                runs[k].append(
+                    trio.run(
+                        zipf_run, runtime, bundles, program, prefetch, depth or args.depth, i, args
+                    )
                 )
+        write_table(table, runs, args)
+    return 0
 
-        def med(prefetch: bool, key: str) -> float:
-            return statistics.median(r[key] for r in runs[prefetch])
 
-        table.line(f"{'':<26} {'prefetch off':>13} {'prefetch on':>13}")
-        for label, key, fmt in (
-            ("throughput (requests/s)", "throughput", "{:>13.1f}"),
-            ("device idle fraction", "idle", "{:>13.3f}"),
-            ("dispatches", "dispatches", "{:>13.0f}"),
-            ("weight loads", "loads", "{:>13.0f}"),
-            ("demand loads (misses)", "misses", "{:>13.0f}"),
-            ("prefetches", "prefetches", "{:>13.0f}"),
-            ("prefetch hits", "prefetch_hits", "{:>13.0f}"),
-            ("prefetches wasted", "prefetch_wasted", "{:>13.0f}"),
-            ("mean load (ms)", "load_ms", "{:>13.2f}"),
-        ):
-            table.line(f"{label:<26} {fmt.format(med(False, key))} {fmt.format(med(True, key))}")
+ROWS = (
+    ("throughput (requests/s)", "throughput", "{:>22.1f}"),
+    ("device idle fraction", "idle", "{:>22.3f}"),
+    ("dispatches", "dispatches", "{:>22.0f}"),
+    ("weight loads", "loads", "{:>22.0f}"),
+    ("demand loads (misses)", "misses", "{:>22.0f}"),
+    ("prefetches", "prefetches", "{:>22.0f}"),
+    ("prefetch hits", "prefetch_hits", "{:>22.0f}"),
+    ("prefetches wasted", "prefetch_wasted", "{:>22.0f}"),
+    ("mean load (ms)", "load_ms", "{:>22.2f}"),
+)
+
+
+def write_table(table: Any, runs: list[list[dict[str, float]]], args: argparse.Namespace) -> None:
+    """The medians of each configuration side by side, and the goal's line."""
+
+    def med(k: int, key: str) -> float:
+        return statistics.median(r[key] for r in runs[k])
+
+    labels = [label.replace("pipeline", f"d{args.depth}") for label, _, _ in CONFIGS]
+    table.line(f"{'':<24}" + "".join(f"{label:>22}" for label in labels))
+    for label, key, fmt in ROWS:
+        if all(key in r for rs in runs for r in rs):
+            table.line(f"{label:<24}" + "".join(fmt.format(med(k, key)) for k in range(len(runs))))
+    last = len(runs) - 1
+    table.line(
+        f"throughput {labels[last]} / {labels[0]}: "
+        f"{med(last, 'throughput') / med(0, 'throughput'):.2f}x; idle fraction "
+        f"{med(0, 'idle'):.3f} -> {med(1, 'idle'):.3f} (prefetch, d1) -> "
+        f"{med(last, 'idle'):.3f} ({labels[last]}); goal: at least halved "
+        f"({'met' if med(last, 'idle') <= med(0, 'idle') / 2 else 'not met'})"
+    )
+
+
+def simulate(args: argparse.Namespace) -> int:
+    """The three configurations on the fake device (``pipeline_sim``), virtual time."""
+    from pipeline_sim import run_simulation
+
+    capacity = max(1, args.models // RATIO)
+    with Table("bench_gpu_prefetch_sim", out=args.out) as table:
         table.line(
-            f"throughput on/off {med(True, 'throughput') / med(False, 'throughput'):.2f}x; idle "
-            f"fraction {med(False, 'idle'):.3f} -> {med(True, 'idle'):.3f} (goal: halved)"
+            "(b) prefetch off vs on, simulated: pipeline_sim.FakeGpu on a virtual clock, the "
+            "real Scheduler"
         )
+        table.line(
+            f"Zipf(s={args.zipf}) over {args.models} models, {capacity} resident at most "
+            f"(1/{RATIO}), {args.clients} closed-loop clients, {args.requests} single-row "
+            f"requests, median of {args.runs} runs; execution 3 ms, cold load 3 ms (one copy "
+            "engine), input 0.1 ms, output 0.1 ms, host work 0.2 ms per batch"
+        )
+        runs: list[list[dict[str, float]]] = [[] for _ in CONFIGS]
+        for i in range(args.runs):
+            for k, (_, prefetch, depth) in enumerate(CONFIGS):
+                runs[k].append(
+                    run_simulation(
+                        depth=depth or args.depth,
+                        prefetch=prefetch,
+                        models=args.models,
+                        capacity=capacity,
+                        requests=args.requests,
+                        clients=args.clients,
+                        zipf=args.zipf,
+                        seed=i,
+                    )
+                )
+        write_table(table, runs, args)
     return 0
 
 

@@ -8,15 +8,24 @@ step that no longer fits is skipped and the summary says so.
 
 | step | what it runs | on an H100 | limit |
 | --- | --- | --- | --- |
-| ``device`` | ``nvidia-smi`` and JAX's view of the GPU; without a GPU the run stops here | 10 s | 120 s |
-| ``tests`` | ``pytest -m gpu tests/test_gpu_*.py`` | 2-3 min | 330 s |
-| ``bandwidth`` | benchmark (a), ``bench_gpu_bandwidth.py`` | 30 s | 120 s |
-| ``prefetch`` | benchmark (b), ``bench_gpu_prefetch.py`` | 60 s | 180 s |
-| ``catalog`` | benchmark (c), ``bench_gpu_catalog.py`` | 2-3 min | 300 s |
-| ``batch`` | benchmark (d), ``bench_gpu_batch.py`` | 40 s | 150 s |
+| ``device`` | ``nvidia-smi`` and JAX's view of the GPU; without a GPU the run stops here | 2 s | 120 s |
+| ``tests`` | ``pytest -m gpu tests/test_gpu_*.py`` | 2 min | 330 s |
+| ``bandwidth`` | benchmark (a), ``bench_gpu_bandwidth.py`` | 20 s | 120 s |
+| ``prefetch`` | benchmark (b), ``bench_gpu_prefetch.py`` (three configurations now) | 85 s | 180 s |
+| ``catalog`` | benchmark (c), ``bench_gpu_catalog.py`` | 4 min | 420 s |
+| ``batch`` | benchmark (d), ``bench_gpu_batch.py`` | 60 s | 150 s |
 
-The figures in the third column are estimates made without a GPU (none was available
-when this was written); the first run on one should replace them.
+The third column: the NVIDIA H200 run of 2026-11-27 (``summary.txt`` of
+``../shared/measurements/gpu-h200-2026-11-27``), rounded up; since then the catalog has
+rows at 2,000 and 4,000 requests/s, prefetch a third configuration and batch a
+side-by-side table, which the estimates include.
+
+A before/after run on one machine: ``--baseline DIR`` names another tree of the project
+(``git archive`` of the commit to compare against); each benchmark step then runs that
+tree's script first (with that tree's ``src`` first on ``PYTHONPATH``; its table goes to
+``baseline/`` under the results folder and into the summary), then ours. ``--bench-args
+STEP=ARGS`` gives a benchmark extra arguments, for both trees (e.g. fewer catalog sizes
+so that both fit one device call). docs/gpu.md has the one-call command.
 
 Results, in ``$OUT`` when set (the device tool brings that folder back), else
 ``gpu-results/`` (git-ignored) -- seven files, within the tool's limit of eight:
@@ -42,6 +51,7 @@ import argparse
 import datetime
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -83,12 +93,12 @@ class Step:
 
 
 STEPS: tuple[Step, ...] = (
-    Step("device", 10, 120, "bench.log"),
-    Step("tests", 150, 330, "tests.log"),
-    Step("bandwidth", 30, 120, "bench.log"),
-    Step("prefetch", 60, 180, "bench.log"),
-    Step("catalog", 150, 300, "bench.log"),
-    Step("batch", 40, 150, "bench.log"),
+    Step("device", 5, 120, "bench.log"),
+    Step("tests", 120, 330, "tests.log"),
+    Step("bandwidth", 20, 120, "bench.log"),
+    Step("prefetch", 85, 180, "bench.log"),
+    Step("catalog", 240, 420, "bench.log"),
+    Step("batch", 60, 150, "bench.log"),
 )
 BENCHES = {
     "bandwidth": "bench_gpu_bandwidth.py",
@@ -110,8 +120,14 @@ class Outcome:
         return self.status in ("ok", "skipped")
 
 
-def command(step: str, backend: str, quick: bool) -> list[str]:
-    """The subprocess a step runs."""
+def command(
+    step: str,
+    backend: str,
+    quick: bool,
+    root: Path = ROOT,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The subprocess a step runs (a benchmark: ``root``'s script, with ``extra``)."""
     python = sys.executable
     if step == "device":
         return [python, "-c", DEVICE_CHECK]
@@ -119,18 +135,31 @@ def command(step: str, backend: str, quick: bool) -> list[str]:
         tests = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_gpu_*.py"))
         pytest = ["-p", "no:cacheprovider", "-v", "-rfEs", "--durations=15"]
         return [python, "-m", "pytest", "-m", "gpu", *tests, *pytest]
-    extra = ["--backend", backend, *(["--quick"] if quick else [])]
-    return [python, str(HERE / BENCHES[step]), *extra]
+    flags = ["--backend", backend, *(["--quick"] if quick else []), *extra]
+    return [python, str(root / "benchmarks" / "gpu" / BENCHES[step]), *flags]
 
 
-def environment(backend: str) -> dict[str, str]:
-    """The steps' environment: ours, unbuffered, without a JAX platform list (each worker
-    and benchmark sets it from its backend; the tests decide for themselves)."""
+def bench_args(pairs: Sequence[str]) -> dict[str, list[str]]:
+    """``--bench-args STEP=ARGS`` as extra arguments per step (ARGS split like a shell)."""
+    out: dict[str, list[str]] = {}
+    for pair in pairs:
+        step, sep, text = pair.partition("=")
+        if not sep or step not in BENCHES:
+            raise SystemExit(f"--bench-args: expected STEP=ARGS with STEP one of {list(BENCHES)}")
+        out.setdefault(step, []).extend(shlex.split(text))
+    return out
+
+
+def environment(backend: str, root: Path = ROOT) -> dict[str, str]:
+    """The steps' environment: ours (``root``'s ``src`` first on the path), unbuffered,
+    without a JAX platform list (each worker and benchmark sets it from its backend; the
+    tests decide for themselves)."""
     env = dict(os.environ)
     env.pop("JAX_PLATFORMS", None)
     env["PYTHONUNBUFFERED"] = "1"
-    src = str(ROOT / "src")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    src = str(root / "src")
+    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(ROOT / "src")]
+    env["PYTHONPATH"] = os.pathsep.join([src, *rest])
     if backend == "cpu":
         env["REACTANT_GPU_DRY_RUN"] = "1"
     return env
@@ -191,7 +220,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--quick", action="store_true", help="the benchmarks' smoke-test sizes")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default $OUT)")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="another tree of the project: run its benchmark scripts first, for a before/after",
+    )
+    parser.add_argument(
+        "--bench-args",
+        action="append",
+        default=[],
+        metavar="STEP=ARGS",
+        help="extra arguments for a benchmark step, both trees (repeatable)",
+    )
     args = parser.parse_args(argv)
+    extra = bench_args(args.bench_args)
+    baseline = args.baseline.resolve() if args.baseline else None
+    if baseline is not None and not (baseline / "benchmarks" / "gpu").is_dir():
+        parser.error(f"--baseline {baseline}: not a tree of the project (no benchmarks/gpu)")
     known = [s.name for s in STEPS]
     only = [s for s in args.only.split(",") if s]
     skip = [s for s in args.skip.split(",") if s]
@@ -231,12 +277,18 @@ def main(argv: list[str] | None = None) -> int:
             log = logs.get(step.log)
             if log is None:
                 log = logs[step.log] = (out / step.log).open("w")
-            banner = f"===== {step.name}: {' '.join(command(step.name, args.backend, args.quick))}"
+            if baseline is not None and step.name in BENCHES:
+                outcomes.append(
+                    run_baseline(step, baseline, extra.get(step.name, []), args, out, log, left)
+                )
+                left = deadline - time.monotonic()
+            argv = command(step.name, args.backend, args.quick, extra=extra.get(step.name, []))
+            banner = f"===== {step.name}: {' '.join(argv)}"
             print(banner, flush=True)
             log.write(banner + "\n")
             t0 = time.monotonic()
             limit = min(step.limit, left)
-            rc, last = run_step(command(step.name, args.backend, args.quick), log, limit, env)
+            rc, last = run_step(argv, log, limit, env)
             seconds = time.monotonic() - t0
             if rc is None:
                 outcomes.append(
@@ -257,6 +309,37 @@ def main(argv: list[str] | None = None) -> int:
     (out / "summary.txt").write_text(text)
     print(text, flush=True)
     return 0 if all(o.ok for o in outcomes) else 1
+
+
+def run_baseline(
+    step: Step,
+    root: Path,
+    extra: Sequence[str],
+    args: argparse.Namespace,
+    out: Path,
+    log: TextIO,
+    left: float,
+) -> Outcome:
+    """``step``'s benchmark from the baseline tree ``root``; its table to ``out/baseline``."""
+    folder = out / "baseline"
+    folder.mkdir(exist_ok=True)
+    (folder / (Path(BENCHES[step.name]).stem + ".txt")).unlink(missing_ok=True)
+    env = environment(args.backend, root)
+    env["OUT"] = str(folder)
+    argv = command(step.name, args.backend, args.quick, root=root, extra=extra)
+    banner = f"===== {step.name} (baseline {root}): {' '.join(argv)}"
+    print(banner, flush=True)
+    log.write(banner + "\n")
+    t0 = time.monotonic()
+    limit = min(step.limit, left)
+    rc, last = run_step(argv, log, limit, env)
+    seconds = time.monotonic() - t0
+    name = f"{step.name}@base"
+    if rc is None:
+        return Outcome(name, "timed out", seconds, f"killed after {limit:.0f} s")
+    if rc == 0:
+        return Outcome(name, "ok", seconds, str(root))
+    return Outcome(name, f"failed ({rc})", seconds, last[:160])
 
 
 def _summary_of(step: str, last: str) -> str:
@@ -291,9 +374,11 @@ def summary(
         lines.append(f"{o.step:<10} {o.status:<12} {o.seconds:>8.1f}  {o.detail}")
     lines.append(f"total {seconds:.1f} s of a {args.budget:.0f} s budget; results in {out}")
     for name in BENCHES.values():
-        table = out / (Path(name).stem + ".txt")
-        if table.is_file():
-            lines += ["", table.read_text().rstrip()]
+        for folder, label in ((out / "baseline", "BASELINE "), (out, "")):
+            table = folder / (Path(name).stem + ".txt")
+            if table.is_file() and (folder == out or args.baseline is not None):
+                text = table.read_text().rstrip()
+                lines += ["", f"{label}{text}" if label else text]
     return "\n".join(lines) + "\n"
 
 
