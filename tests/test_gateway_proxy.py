@@ -251,7 +251,7 @@ def test_worker_statuses_pass_through_with_their_messages(
         code(exc) == "UNAVAILABLE" and "not ready on any worker (listed by w0, w1)" in exc.message()
     )
     exc = fails(client.infer, "no-such-model", x_input())
-    assert code(exc) == "NOT_FOUND" and "not served by any ready worker" in exc.message()
+    assert code(exc) == "NOT_FOUND" and "not served by any worker" in exc.message()
 
 
 def test_not_found_fails_over_and_refreshes(two: list[FakeWorker]) -> None:

@@ -21,7 +21,7 @@ from hypothesis.stateful import (
 from strategies import gateway_tables
 
 from reactantserver.config import GatewaySchedulingConfig
-from reactantserver.errors import LifecycleError, NotFound
+from reactantserver.errors import LifecycleError, NotFound, Unavailable
 from reactantserver.gateway.routing import (
     FillRouter,
     LeastOutstandingRouter,
@@ -31,6 +31,7 @@ from reactantserver.gateway.routing import (
     fill_policy,
     make_router,
     quantum,
+    refusal,
 )
 from reactantserver.gateway.table import (
     ModelSnapshot,
@@ -491,3 +492,117 @@ def test_fill_routing_never_starves_a_replica(
     if not releases and len(set(batches[:n])) == 1:
         for start in range(len(firsts) - window + 1):
             assert set(firsts[start : start + window]) == set(workers)
+
+
+# --------------------------------------------------------------- when nothing serves a model
+
+
+def _down(*addresses: str) -> list[WorkerSnapshot]:
+    """A round in which none of ``addresses`` answered."""
+    return [WorkerSnapshot(address=a, ready=False) for a in addresses]
+
+
+def _serving(models: dict[str, tuple[str, ...]], ready: bool = True) -> list[WorkerSnapshot]:
+    """worker -> the models it lists (all ready when ``ready``)."""
+    return [
+        WorkerSnapshot(
+            address=w, ready=ready, models=tuple(ModelSnapshot(name=m, ready=ready) for m in ms)
+        )
+        for w, ms in models.items()
+    ]
+
+
+def test_a_model_seen_before_every_worker_went_down_is_unavailable() -> None:
+    """The issue's case: both workers killed after they served ``double``."""
+    up = build_table(None, _serving({"w0": ("double",), "w1": ("double",)}))
+    down = build_table(up, _down("w0", "w1"))
+    assert down.replicas("double") == () and "double" in down.known
+    refused = refusal(down, "double", 2)
+    assert isinstance(refused, Unavailable)
+    assert str(refused) == (
+        "model 'double': no worker serving it is ready (0 of 2 workers ready); retry when "
+        "one is back"
+    )
+    # Still a name never seen is NOT_FOUND, with the closest known name.
+    unknown = refusal(down, "doubel", 2)
+    assert isinstance(unknown, NotFound)
+    assert str(unknown) == (
+        "model 'doubel' is not served by any worker behind this gateway (0 of 2 workers "
+        "ready); did you mean 'double'?"
+    )
+
+
+def test_an_expected_model_is_unavailable_before_any_worker_answered() -> None:
+    """Workers down before the gateway started: what the node file assigns is known."""
+    first = RouteTable(known=frozenset({"double", "iris"}))
+    assert isinstance(refusal(first, "double", 2), Unavailable)  # before the first round
+    table = build_table(first, _down("w0", "w1"))
+    assert isinstance(refusal(table, "iris", 2), Unavailable)
+    assert "(0 of 2 workers ready)" in str(refusal(table, "iris", 2))
+    unknown = refusal(table, "irsi", 2)
+    assert isinstance(unknown, NotFound) and str(unknown).endswith("did you mean 'iris'?")
+
+
+def test_a_model_listed_but_ready_nowhere_is_unavailable_naming_the_workers() -> None:
+    table = build_table(None, _serving({"w0": ("double",)}, ready=False) + _down("w1"))
+    refused = refusal(table, "double", 2)
+    assert isinstance(refused, Unavailable)
+    assert "listed by w0" in str(refused)
+
+
+def test_a_known_model_no_ready_worker_lists_any_more_is_not_found() -> None:
+    """Every worker answers ready and none lists it: it was unloaded, not delayed."""
+    before = build_table(None, _serving({"w0": ("double", "iris"), "w1": ("iris",)}))
+    after = build_table(before, _serving({"w0": ("iris",), "w1": ("iris",)}))
+    refused = refusal(after, "double", 2)
+    assert isinstance(refused, NotFound)
+    assert "no longer served" in str(refused)
+    # One worker away again: it may come back with the model, so retryable.
+    partial = build_table(after, _serving({"w0": ("iris",)}) + _down("w1"))
+    assert isinstance(refusal(partial, "double", 2), Unavailable)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rounds=st.lists(
+        st.dictionaries(
+            st.sampled_from(["w0", "w1", "w2"]),
+            st.one_of(st.none(), st.frozensets(st.sampled_from(["a", "b", "c"]))),
+            min_size=3,
+            max_size=3,
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    expected=st.frozensets(st.sampled_from(["a", "b", "c", "d"])),
+    model=st.sampled_from(["a", "b", "c", "d", "e"]),
+)
+def test_refusal_follows_the_rule(
+    rounds: list[dict[str, frozenset[str] | None]], expected: frozenset[str], model: str
+) -> None:
+    """Over any sequence of probe rounds (a worker absent, or ready listing some models):
+    the known models only grow and hold every model ever listed and every expected one; a
+    model some worker lists, or a known one while some worker is not ready, is
+    UNAVAILABLE; NOT_FOUND otherwise -- in particular for every name never listed nor
+    expected."""
+    table = RouteTable(known=expected)
+    listed: set[str] = set()
+    for round_ in rounds:
+        before = table.known
+        snaps = [
+            WorkerSnapshot(address=w, ready=False)
+            if ms is None
+            else WorkerSnapshot(address=w, models=tuple(ModelSnapshot(name=m) for m in ms))
+            for w, ms in sorted(round_.items())
+        ]
+        table = build_table(table, snaps)
+        listed.update(m for ms in round_.values() if ms for m in ms)
+        assert before <= table.known
+    assert table.known == expected | listed
+    if table.serves(model):
+        return
+    refused = refusal(table, model, 3)
+    lists = any(model in w.models for w in table.workers.values())
+    away = len(table.ready_workers) < 3
+    retry = lists or (model in table.known and away)
+    assert isinstance(refused, Unavailable if retry else NotFound)

@@ -382,3 +382,44 @@ def test_the_worker_sizes_its_hook_pool_from_reactant_worker_threads(
     assert hook_threads({}) == 4
     assert hook_threads({"REACTANT_WORKER_THREADS": "0"}) == 4
     assert "REACTANT_WORKER_THREADS='0' is not a positive integer" in caplog.text
+
+
+# --- the gateway's expected models --------------------------------------------------------------
+
+
+def _bundle(repo: Path, name: str) -> None:
+    (repo / name).mkdir(parents=True)
+    (repo / name / "manifest.yaml").write_text("format_version: 1\n")
+
+
+def test_the_gateway_expects_the_models_the_node_assigns(tmp_path: Path) -> None:
+    """Every bundle of the repository (a directory without a manifest is no bundle), a
+    worker's models_include, and the models: pins: what the gateway answers UNAVAILABLE
+    for, not NOT_FOUND, while the workers are down or starting. Written into gateway.yml."""
+    path = node_file(
+        tmp_path,
+        "model_repo: models\ngpus: 0\nglobal:\n  runtime: {backend: cpu}\n"
+        "workers:\n  - {name: a}\n  - {name: b, models_include: [iris, extra]}\n"
+        "models:\n  pinned: [a]\n",
+    )
+    for name in ("double", "iris"):
+        _bundle(tmp_path / "models", name)
+    (tmp_path / "models" / "notes").mkdir()
+    p = plan(path)
+    assert p.gateway is not None
+    assert p.gateway.expected_models == ("double", "extra", "iris", "pinned")
+    written = next(text for name, text in p.files.items() if name.endswith("gateway.yml"))
+    out = tmp_path / "gateway.yml"
+    out.write_text(written)
+    assert load_gateway(out).expected_models == p.gateway.expected_models
+
+
+def test_expected_models_set_for_the_gateway_are_kept(tmp_path: Path) -> None:
+    path = node_file(
+        tmp_path,
+        "model_repo: models\ngpus: 0\nglobal:\n  runtime: {backend: cpu}\n"
+        "workers:\n  - {name: a}\n  - {name: b}\ngateway:\n  expected_models: [only]\n",
+    )
+    _bundle(tmp_path / "models", "double")
+    p = plan(path)
+    assert p.gateway is not None and p.gateway.expected_models == ("only",)

@@ -279,6 +279,7 @@ def _gateway_lists(cfg: GatewayConfig, _: Callable[[Path], Origin]) -> Iterator[
     yield from duplicates(cfg.endpoints, ("endpoints",), "endpoints")
     yield from duplicates(cfg.metrics_endpoints, ("metrics_endpoints",), "endpoints")
     yield from duplicates(cfg.worker_names, ("worker_names",), "names")
+    yield from duplicates(cfg.expected_models, ("expected_models",), "model names")
     # worker_names label endpoints (and metrics_endpoints) by position.
     if cfg.worker_names and len(cfg.worker_names) != len(cfg.endpoints):
         yield (

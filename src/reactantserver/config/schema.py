@@ -388,6 +388,10 @@ class GatewayConfig:
     metrics_endpoints: tuple[str, ...] = ()
     #: Friendly names, index-aligned with ``endpoints``; empty labels workers by address.
     worker_names: tuple[str, ...] = ()
+    #: Models the workers are meant to serve: while no worker serving one is ready, a call
+    #: for it is UNAVAILABLE (retry), as for any model a worker listed since the gateway
+    #: started, not NOT_FOUND. A node's gateway gets the models its node file assigns.
+    expected_models: tuple[str, ...] = ()
     grpc: GatewayGrpcConfig = attrs.field(factory=GatewayGrpcConfig)
     worker_client: WorkerClientConfig = attrs.field(factory=WorkerClientConfig)
     logging: LoggingConfig = attrs.field(factory=LoggingConfig)

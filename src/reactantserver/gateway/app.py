@@ -120,6 +120,8 @@ class Gateway:
         #: lpt_packing's driver (None in the other modes); its controller owns the router.
         self.lpt: LptDriver | None = None
         controller = None
+        # The models to answer UNAVAILABLE for (not NOT_FOUND) before any worker lists them.
+        first = RouteTable(known=frozenset(config.expected_models))
         if config.scheduling.mode == "lpt_packing":
             controller = LptController(config.scheduling)
             self.router: Router = controller.router
@@ -174,13 +176,14 @@ class Gateway:
 
     def health_status(self, service: str) -> bool | None:
         """grpc.health.v1: "" is the gateway (a worker is ready); a model serves when a ready
-        worker serves it, is known but not serving when some worker lists it, else unknown."""
+        worker serves it, is known but not serving when a worker lists it, listed it since
+        the start or it is expected (``RouteTable.known``), else unknown."""
         if not service:
             return self.readiness()[0]
         table = self.router.table
         if table.serves(service):
             return True
-        if any(service in w.models for w in table.workers.values()):
+        if service in table.known or any(service in w.models for w in table.workers.values()):
             return False
         return None
 

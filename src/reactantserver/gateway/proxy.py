@@ -84,7 +84,7 @@ from .forward import Forward
 from .policy import not_lpt
 from .pool import WorkerClient
 from .prober import Registrations
-from .routing import Router
+from .routing import Router, refusal
 from .stats import GatewayStats
 from .wire import peek_name
 
@@ -288,23 +288,10 @@ class Proxy:
         return self.router.table.serves(model)
 
     def not_served(self, model: str) -> NotFound | Unavailable:
-        """NOT_FOUND for a model no worker lists; UNAVAILABLE for one listed but not ready
-        anywhere (what one worker answers for a model it is still loading)."""
-        table = self.router.table
-        listing = [
-            c.name
-            for c in self.clients.values()
-            if c.address in table.workers and model in table.workers[c.address].models
-        ]
-        if listing:
-            return Unavailable(
-                f"model {model!r} is not ready on any worker (listed by {', '.join(listing)}); "
-                "retry when it has loaded"
-            )
-        return NotFound(
-            f"model {model!r} is not served by any ready worker behind this gateway "
-            f"({len(table.ready_workers)} of {len(self.clients)} workers ready)"
-        )
+        """Why no ready worker serves ``model``: UNAVAILABLE for a model a worker lists or
+        the gateway knows while its workers are away, NOT_FOUND for a name never seen
+        (the rule: :func:`.routing.refusal`)."""
+        return refusal(self.router.table, model, len(self.clients))
 
     # ------------------------------------------------------------------ gateway-local
 

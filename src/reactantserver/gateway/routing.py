@@ -54,6 +54,20 @@ Policies (one class each):
     here: it keeps choosing the replica with the *most* items in flight, which parks a
     model on one GPU; the configuration refuses it.
 
+**When nothing serves a model.** :func:`refusal` is the one rule for what a call for a
+model with no ready replica is told, after one refresh of the table (pure, given the
+table). Clients retry UNAVAILABLE and give up on NOT_FOUND, so NOT_FOUND is kept for
+names that are really not here:
+
+* some worker lists the model (loading, failed, not placed): UNAVAILABLE, naming them;
+* the model is *known* (a worker listed it since the gateway started, or it is one of
+  ``expected_models``: what a node file assigns) and some worker is not ready -- down,
+  restarting, not started yet: UNAVAILABLE, "no worker serving it is ready (k of n
+  workers ready)". A restart of every worker is a pause for its clients, not an error;
+* known, but every worker is ready and none lists it: it was unloaded or removed,
+  NOT_FOUND ("no longer served");
+* never seen nor expected: NOT_FOUND, with the closest known names (``did you mean``).
+
 Invariants (``tests/test_gateway_routing.py``): each ticket is released exactly once (a
 second release is a ``LifecycleError``); in-flight counts never go negative and return to
 0 when every ticket is released; a ticket's replica order never repeats a worker; round
@@ -74,7 +88,8 @@ from typing import Literal
 import attrs
 
 from ..config.schema import GatewaySchedulingConfig, WorkBasis
-from ..errors import LifecycleError, NotFound
+from ..errors import LifecycleError, NotFound, Unavailable
+from ..names import did_you_mean
 from .table import Replica, RouteTable
 
 Outcome = Literal["ok", "error", "cancelled", "deadline"]
@@ -515,6 +530,34 @@ class FillRouter(Router):
         )
         unplaced = tuple(r.worker for r in replicas if r.worker not in placed)
         return (candidates[first].worker, *(candidates[j].worker for j in rest), *unplaced)
+
+
+def refusal(table: RouteTable, model: str, workers: int) -> NotFound | Unavailable:
+    """What a call for ``model`` is told when no ready worker serves it (the module
+    docstring's rule). ``workers``: how many workers are behind the gateway (its
+    endpoints; the table lacks those not probed yet)."""
+    workers = max(workers, len(table.workers))
+    ready = len(table.ready_workers)
+    listing = [w.name for w in table.workers.values() if model in w.models]
+    if listing:
+        return Unavailable(
+            f"model {model!r} is not ready on any worker (listed by {', '.join(listing)}); "
+            "retry when it has loaded"
+        )
+    if model in table.known:
+        if ready < workers:
+            return Unavailable(
+                f"model {model!r}: no worker serving it is ready ({ready} of {workers} "
+                "workers ready); retry when one is back"
+            )
+        return NotFound(
+            f"model {model!r} is no longer served behind this gateway (all {workers} workers "
+            "are ready and none lists it: it was unloaded or removed)"
+        )
+    return NotFound(
+        f"model {model!r} is not served by any worker behind this gateway ({ready} of "
+        f"{workers} workers ready){did_you_mean(model, table.known | set(table.models))}"
+    )
 
 
 def make_router(config: GatewaySchedulingConfig, table: RouteTable | None = None) -> Router:

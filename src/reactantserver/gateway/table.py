@@ -25,7 +25,13 @@ What a table holds:
 * monotone fleet totals: per model compute seconds, requests and rows, and fleet compute
   seconds, accumulated from the positive deltas of every worker's counters. A worker that
   restarts reports smaller counters; that is taken as a reset (no sample, new baseline), so
-  the totals never go backwards. The lpt_packing estimator and repack cadence read them.
+  the totals never go backwards. The lpt_packing estimator and repack cadence read them;
+* the **known** models: every model some worker has listed (ready or not) since the gateway
+  started, and the ones it was told to expect (``expected_models``: a node's gateway gets
+  the models its node file assigns to its workers). A table only ever adds to them. They
+  decide what a call for a model no ready worker serves is told
+  (:func:`~.routing.refusal`): a known model is retryable while its workers are away, a
+  name never seen is NOT_FOUND.
 
 Invariants: a model's replica tuple holds only ready workers and no duplicates; a table is
 never mutated after construction; ``build_table`` is a pure function of its arguments.
@@ -151,6 +157,9 @@ class RouteTable:
     )
     #: The mean of ``costs`` (the fallback for pairs with no sample), or None.
     mean_cost: float | None = None
+    #: Every model a worker has listed since the gateway started, and the expected ones
+    #: (see the module docstring); never shrinks from one table to the next.
+    known: frozenset[str] = frozenset()
 
     def replicas(self, model: str) -> tuple[Replica, ...]:
         """The ready replicas of ``model`` (empty when none serves it)."""
@@ -202,7 +211,7 @@ def build_table(
     Workers absent from ``snapshots`` are dropped; a worker reported not ready stays in
     ``workers`` (so metrics can show it) but serves nothing. Learned costs and counter
     baselines of pairs not seen this round are kept, so a worker that comes back resumes
-    with what was learned about it.
+    with what was learned about it, and so are the known models.
     """
     prev = previous if previous is not None else RouteTable()
     workers: dict[str, WorkerInfo] = {}
@@ -211,6 +220,7 @@ def build_table(
     baselines = dict(prev.baselines)
     totals = dict(prev.totals)
     fleet = prev.fleet_compute_seconds
+    known = set(prev.known)
     for snap in snapshots:
         if snap.address in workers:
             raise ValueError(f"two snapshots for worker {snap.address!r} in one round")
@@ -231,6 +241,7 @@ def build_table(
             ),
             pinned=tuple(sorted(m.name for m in snap.models if m.pinned)),
         )
+        known.update(m.name for m in snap.models)
         if not snap.ready:
             continue
         for m in snap.models:
@@ -276,6 +287,7 @@ def build_table(
         fleet_compute_seconds=fleet,
         baselines=MappingProxyType(baselines),
         mean_cost=mean,
+        known=prev.known if len(known) == len(prev.known) else frozenset(known),
     )
 
 
