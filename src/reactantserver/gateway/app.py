@@ -123,10 +123,10 @@ class Gateway:
         # The models to answer UNAVAILABLE for (not NOT_FOUND) before any worker lists them.
         first = RouteTable(known=frozenset(config.expected_models))
         if config.scheduling.mode == "lpt_packing":
-            controller = LptController(config.scheduling)
+            controller = LptController(config.scheduling, first)
             self.router: Router = controller.router
         else:
-            self.router = make_router(config.scheduling)
+            self.router = make_router(config.scheduling, first)
         self.stats = GatewayStats()
         #: The hardened wire's counts (connections, streams, client mistakes by kind).
         self.wire = WireCounters()
@@ -400,7 +400,11 @@ async def serve_gateway(
                 )
             if lpt is None:
                 await nursery.start(gateway.prober.run)
-            ready, reason = gateway.readiness()
+            # Workers not answering yet is the normal course of a start (they compile
+            # first): the line says what the gateway waits for, the prober logs "gateway
+            # ready" when one is, and only a worker that was ready and left is a warning.
+            ready_now = sum(p.ready for p in gateway.prober.probes.values())
+            total = len(gateway.clients)
             log.info(
                 "gateway started: %d workers, %s; mode %s",
                 len(gateway.clients),
