@@ -126,17 +126,21 @@ class FakeWorker:
 
 @contextmanager
 def fake_workers(
-    n: int, service: Callable[[FakeHost], Service] = Service
+    n: int, service: Callable[[FakeHost], Service] = Service, *, ports: list[int] | None = None
 ) -> Iterator[list[FakeWorker]]:
-    """``n`` fake workers on 127.0.0.1 (``service`` builds each one's Service)."""
+    """``n`` fake workers on 127.0.0.1 (``service`` builds each one's Service), on
+    ``ports`` when given (any free ones otherwise)."""
     workers: list[FakeWorker] = []
     stops: list[tuple[trio.Event, trio.lowlevel.TrioToken, threading.Thread]] = []
     try:
-        for _ in range(n):
+        for index in range(n):
+            port = ports[index] if ports else 0
             box: dict[str, Any] = {}
             ready = threading.Event()
 
-            async def main(box: dict[str, Any] = box, ready: threading.Event = ready) -> None:
+            async def main(
+                box: dict[str, Any] = box, ready: threading.Event = ready, port: int = port
+            ) -> None:
                 host = FakeHost()
                 svc = service(host)
                 stop = trio.Event()
@@ -148,7 +152,7 @@ def fake_workers(
                     async with trio.open_nursery() as nursery:
                         box["port"] = await nursery.start(
                             lambda task_status: serve_grpc(
-                                svc, EndpointsConfig(port=0), stop=stop, grace_seconds=5.0,
+                                svc, EndpointsConfig(port=port), stop=stop, grace_seconds=5.0,
                                 task_status=task_status,
                             )
                         )  # fmt: skip

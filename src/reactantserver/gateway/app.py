@@ -30,9 +30,9 @@ UNAVAILABLE and health turns NOT_SERVING; calls in flight get up to
 kills); then GOAWAY on every connection, a short linger so the frames arrive, and the
 connections, the worker connections and the nursery close. A second signal stops at once.
 
-A prober that could reach no worker for ``wedge_exit_rounds`` rounds raises
-:class:`~.prober.GatewayWedged`; :func:`run` then exits with status 1 for a supervisor to
-restart the gateway.
+A prober that could reach no worker for ``wedge_exit_rounds x health_interval_seconds``
+seconds raises :class:`~.prober.GatewayWedged`; :func:`run` then exits with status 1 for a
+supervisor to restart the gateway.
 
 Nothing here imports JAX (tests/test_no_jax.py).
 """
@@ -406,9 +406,10 @@ async def serve_gateway(
             ready_now = sum(p.ready for p in gateway.prober.probes.values())
             total = len(gateway.clients)
             log.info(
-                "gateway started: %d workers, %s; mode %s",
-                len(gateway.clients),
-                "ready" if ready else f"not ready ({reason})",
+                "gateway started: %s; mode %s",
+                f"{ready_now} of {total} workers ready"
+                if ready_now
+                else f"waiting for {total} worker{'s' if total != 1 else ''}",
                 config.scheduling.mode,
             )
             task_status.started(GatewayAddress(grpc_port, metrics_port))

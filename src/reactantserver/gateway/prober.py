@@ -23,11 +23,25 @@ Rounds run one at a time (a lock). Besides the periodic ones, the request path a
 round through :class:`Refresher` when it meets a model the table does not know, a NOT_FOUND
 from a worker, or a connection failure (single flight, at most one a second).
 
-**Wedge exit.** When ``wedge_exit_rounds`` consecutive rounds got no answer from any worker,
-after some worker had answered once, :meth:`Prober.run` raises :class:`GatewayWedged` and
-the gateway exits non-zero, for its supervisor to restart it (a gateway that can reach no
-worker is more likely broken itself -- a lost network namespace, exhausted descriptors --
-than every worker at once). 0 disables it.
+**Wedge exit.** When no worker has answered a probe for ``wedge_exit_rounds x
+health_interval_seconds`` seconds, after some worker had answered once, :meth:`Prober.run`
+raises :class:`GatewayWedged` and the gateway exits non-zero, for its supervisor to
+restart it (a gateway that can reach no worker is more likely broken itself -- a lost
+network namespace, exhausted descriptors -- than every worker at once). 0 disables it.
+The limit is counted in time, not in rounds (:class:`WedgeWatch`, sans-IO, given
+``now``): rounds the request path asks for (one a second at most under traffic) would
+otherwise use the budget up in a few seconds, so the gateway would give up after 9.6 s
+under traffic and 29.4 s without. The periodic loop wakes at the limit, probes once more,
+and exits only if that round got no answer either.
+
+**What the log says.** A worker's first ready answer is ``worker w0 is ready: routing to
+it``; a worker that was ready and stops answering, ``left the route table`` (a warning).
+A worker not answering yet at start is no warning -- workers compile before they answer,
+and a connection refused then is the normal course of a start: after
+:data:`STARTUP_GRACE_SECONDS` without a ready answer from one, one info line says the
+gateway is still waiting for it and why. The gateway's own ``gateway ready`` line comes
+when it goes from no worker ready to one (not on the first round: the ``gateway
+started`` line says that).
 
 **Shared-memory registrations follow the workers.** The gateway remembers every region it
 registered (:class:`Registrations`); when it reaches a worker over a new connection (the
@@ -64,10 +78,48 @@ SHM_REGISTER = b"/inference.GRPCInferenceService/SystemSharedMemoryRegister"
 _UNIMPLEMENTED = 12
 #: The least time between two rounds the request path asks for.
 REFRESH_INTERVAL = 1.0
+#: How long a worker may go without a ready answer after the gateway started before the
+#: log says the gateway is still waiting for it (once, at info: a slow start is no fault).
+STARTUP_GRACE_SECONDS = 60.0
 
 
 class GatewayWedged(Exception):
-    """No worker answered for ``wedge_exit_rounds`` rounds: the gateway should restart."""
+    """No worker answered for ``wedge_exit_rounds x health_interval_seconds`` seconds: the
+    gateway should restart."""
+
+
+class WedgeWatch:
+    """When the gateway counts as wedged: no probe answered for ``limit`` seconds since the
+    last one that was (sans-IO: every call is given ``now``).
+
+    Nothing counts before the first answer (the workers may still be starting), and a
+    ``limit`` of 0 disables it. However many rounds ran meanwhile -- periodic ones, or the
+    request path's -- only the time since the last answer matters.
+    """
+
+    def __init__(self, limit: float) -> None:
+        self.limit = limit
+        #: When a round last got an answer from some worker (None: never yet).
+        self.last_answer: float | None = None
+
+    def observe(self, now: float, answered: bool) -> None:
+        """A round ended at ``now``; ``answered``: some worker answered it."""
+        if answered:
+            self.last_answer = now
+
+    def deadline(self) -> float | None:
+        """When the gateway is wedged unless a worker answers first (None: it cannot be)."""
+        if self.limit <= 0 or self.last_answer is None:
+            return None
+        return self.last_answer + self.limit
+
+    def wedged(self, now: float) -> bool:
+        deadline = self.deadline()
+        return deadline is not None and now >= deadline
+
+    def silent_for(self, now: float) -> float:
+        """Seconds since the last answer (0 before the first)."""
+        return 0.0 if self.last_answer is None else now - self.last_answer
 
 
 def probe_timeout(interval: float) -> float:
@@ -209,21 +261,29 @@ class Prober:
         wedge_exit_rounds: int = 0,
         registrations: Registrations | None = None,
         on_table: Callable[[RouteTable], None] | None = None,
+        gather: Callable[[], Awaitable[list[tuple[WorkerSnapshot, WorkerProbe]]]] | None = None,
     ) -> None:
+        """``gather`` runs one round's probes (default: every client's, on the asyncio
+        side); a test gives a fake one and drives the prober in virtual time."""
         self.clients = tuple(clients)
         self.router = router
         self.interval = interval
         self.timeout = probe_timeout(interval)
         self.wedge_exit_rounds = wedge_exit_rounds
+        self.wedge = WedgeWatch(wedge_exit_rounds * interval)
         self.registrations = registrations if registrations is not None else Registrations()
         self.probes: Mapping[str, WorkerProbe] = {
             c.address: WorkerProbe(address=c.address, name=c.name) for c in self.clients
         }
         self.rounds = 0
         self._on_table = on_table
+        self._gather_round = gather if gather is not None else self._gather
         self._lock = trio.Lock()
-        self._silent_rounds = 0
-        self._ever_answered = False
+        #: When the first round began (the start-up grace counts from it).
+        self._started_at: float | None = None
+        #: Workers that answered ready once, and those the log said it still waits for.
+        self._seen_ready: set[str] = set()
+        self._waiting_said: set[str] = set()
 
     @property
     def table(self) -> RouteTable:
@@ -241,53 +301,78 @@ class Prober:
         return False, f"no worker is ready ({problems})"
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Probe every ``interval`` seconds until cancelled (first round before ``started``)."""
+        """Probe every ``interval`` seconds until cancelled (first round before ``started``);
+        raise :class:`GatewayWedged` when :attr:`wedge` says so after a round."""
         await self.probe_round()
         task_status.started()
         while True:
-            await trio.sleep(self.interval)
+            wake = trio.current_time() + self.interval
+            deadline = self.wedge.deadline()
+            if deadline is not None:
+                wake = min(wake, deadline)  # a last round at the limit, not up to a period late
+            await trio.sleep_until(wake)
             await self.probe_round()
-            wedged = self._ever_answered and self._silent_rounds >= self.wedge_exit_rounds > 0
-            if wedged:
+            now = trio.current_time()
+            if self.wedge.wedged(now):
                 raise GatewayWedged(
-                    f"no worker answered for {self._silent_rounds} probe rounds "
-                    f"(wedge_exit_rounds: {self.wedge_exit_rounds}); exiting to be restarted"
+                    f"no worker answered for {self.wedge.silent_for(now):.1f} s "
+                    f"(wedge_exit_rounds {self.wedge_exit_rounds} x health_interval_seconds "
+                    f"{self.interval:g}); exiting to be restarted"
                 )
 
     async def probe_round(self) -> RouteTable:
         """One round now (waits for a round already running, then runs its own)."""
         async with self._lock:
-            results = await guest.aio(self._gather())
+            if self._started_at is None:
+                self._started_at = trio.current_time()
+            results = await self._gather_round()
+            now = trio.current_time()
             snapshots = [snapshot for snapshot, _ in results]
             probes = {probe.address: probe for _, probe in results}
-            self._log_changes(probes)
+            self._log_changes(probes, now)
             self.probes = probes
             table = build_table(self.router.table, snapshots)
             self.router.update(table)
             self.rounds += 1
-            answered = sum(p.answered for p in probes.values())
-            self._ever_answered = self._ever_answered or answered > 0
-            self._silent_rounds = 0 if answered else self._silent_rounds + 1
+            self.wedge.observe(now, any(p.answered for p in probes.values()))
             if self._on_table is not None:
                 self._on_table(table)
             return table
 
     async def _gather(self) -> list[tuple[WorkerSnapshot, WorkerProbe]]:
         return list(
-            await asyncio.gather(
-                *(probe_worker(c, self.timeout, self.registrations) for c in self.clients)
+            await guest.aio(
+                asyncio.gather(
+                    *(probe_worker(c, self.timeout, self.registrations) for c in self.clients)
+                )
             )
         )
 
-    def _log_changes(self, probes: Mapping[str, WorkerProbe]) -> None:
+    def _log_changes(self, probes: Mapping[str, WorkerProbe], now: float) -> None:
+        was_ready = any(p.ready for p in self.probes.values())
         for address, probe in probes.items():
             before = self.probes.get(address)
+            if probe.ready:
+                self._seen_ready.add(address)
+            elif address not in self._seen_ready and address not in self._waiting_said:
+                assert self._started_at is not None
+                if now - self._started_at >= STARTUP_GRACE_SECONDS:
+                    self._waiting_said.add(address)
+                    log.info(
+                        "still waiting for worker %s, %.0f s after the gateway started: %s",
+                        probe.name,
+                        now - self._started_at,
+                        probe.problem,
+                    )
             if before is None or before.ready == probe.ready:
                 continue
             if probe.ready:
                 log.info("worker %s is ready: routing to it", probe.name)
             else:
                 log.warning("worker %s left the route table: %s", probe.name, probe.problem)
+        ready = sum(p.ready for p in probes.values())
+        if ready and not was_ready and self.rounds > 0:
+            log.info("gateway ready: %d of %d workers ready", ready, len(probes))
 
 
 class Refresher:

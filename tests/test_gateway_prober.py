@@ -1,0 +1,182 @@
+"""The prober's time rules, in virtual time: wedge exit counted in seconds, start-up lines.
+
+The prober is given a fake round (``gather``: what every worker answered) through its
+constructor, and runs on plain Trio with the ``autojump_clock``; a "traffic" task asks for
+rounds the way the request path does (:class:`~reactantserver.gateway.prober.Refresher`
+lets through one a second). ``WedgeWatch`` itself is checked on plain numbers.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reactantserver.gateway.pool import WorkerClient
+from reactantserver.gateway.prober import (
+    STARTUP_GRACE_SECONDS,
+    GatewayWedged,
+    Prober,
+    WedgeWatch,
+    WorkerProbe,
+)
+from reactantserver.gateway.routing import RoundRobinRouter
+from reactantserver.gateway.table import ModelSnapshot, WorkerSnapshot
+
+ADDRESSES = ("127.0.0.1:9001", "127.0.0.1:9002")
+
+
+class FakeFleet:
+    """Two workers that answer ready until ``dies_at`` and not at all after, nor before
+    ``starts_at`` (virtual seconds since the fleet was made)."""
+
+    def __init__(self, *, dies_at: float = float("inf"), starts_at: float = 0.0) -> None:
+        self.dies_at = dies_at
+        self.starts_at = starts_at
+        self.t0 = trio.current_time()
+        self.rounds: list[float] = []
+
+    async def gather(self) -> list[tuple[WorkerSnapshot, WorkerProbe]]:
+        now = trio.current_time() - self.t0
+        self.rounds.append(now)
+        await trio.sleep(0.01)  # a round takes a little time
+        up = self.starts_at <= now < self.dies_at
+        out = []
+        for i, address in enumerate(ADDRESSES):
+            name = f"worker{i}"
+            if up:
+                snap = WorkerSnapshot(
+                    address=address, name=name, models=(ModelSnapshot(name="double"),)
+                )
+                probe = WorkerProbe(
+                    address=address, name=name, answered=True, ready=True, problem=""
+                )
+            else:
+                snap = WorkerSnapshot(address=address, name=name, ready=False)
+                probe = WorkerProbe(address=address, name=name, problem="Connect call failed")
+            out.append((snap, probe))
+        return out
+
+
+def prober(fleet: FakeFleet, *, interval: float = 10.0, rounds: int = 3) -> Prober:
+    clients = [WorkerClient(a, f"worker{i}") for i, a in enumerate(ADDRESSES)]
+    return Prober(
+        clients,
+        RoundRobinRouter(),
+        interval=interval,
+        wedge_exit_rounds=rounds,
+        gather=fleet.gather,
+    )
+
+
+async def traffic(p: Prober, every: float = 1.0) -> None:
+    """The request path under load: a round asked for every ``every`` seconds."""
+    while True:
+        await trio.sleep(every)
+        await p.probe_round()
+
+
+async def wedge_time(fleet: FakeFleet, *, with_traffic: bool) -> tuple[float, float]:
+    """Run a prober over ``fleet`` until it gives up: when it did, and when a worker last
+    answered, in seconds since the fleet was made."""
+    p = prober(fleet)
+    caught: list[GatewayWedged] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            if with_traffic:
+                nursery.start_soon(traffic, p)
+            await p.run()
+    except* GatewayWedged as group:
+        caught.extend(e for e in group.exceptions if isinstance(e, GatewayWedged))
+    assert len(caught) == 1
+    assert "(wedge_exit_rounds 3 x health_interval_seconds 10)" in str(caught[0])
+    assert p.wedge.last_answer is not None
+    return trio.current_time() - fleet.t0, p.wedge.last_answer - fleet.t0
+
+
+async def test_traffic_does_not_make_the_gateway_give_up_sooner(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The issue's case: the workers die at 20.5 s; the gateway exits 30 s (3 rounds x
+    10 s) after the last answer, with the request path asking for a round every second
+    or without it -- one last round at the limit, so a round (0.01 s here) later."""
+    quiet = FakeFleet(dies_at=20.5)
+    exited, last = await wedge_time(quiet, with_traffic=False)
+    assert 20.0 <= last < 20.5  # the periodic round at 20 s
+    assert last + 30.0 <= exited <= last + 30.02
+    busy = FakeFleet(dies_at=20.5)
+    exited_busy, last_busy = await wedge_time(busy, with_traffic=True)
+    assert 19.5 <= last_busy < 20.5  # a round the request path asked for, near 20 s
+    assert last_busy + 30.0 <= exited_busy <= last_busy + 30.02
+    assert len(busy.rounds) > 3 * len(quiet.rounds)  # traffic did ask for many rounds
+
+
+async def test_no_wedge_before_any_worker_answered_nor_with_the_limit_off(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    never = FakeFleet(starts_at=float("inf"))
+    with trio.move_on_after(600):
+        await prober(never).run()  # workers still starting: waits, never exits
+    off = FakeFleet(dies_at=5.0)
+    with trio.move_on_after(600):
+        await prober(off, rounds=0).run()
+    assert trio.current_time() >= 1200
+
+
+@given(
+    limit=st.floats(min_value=0.5, max_value=100.0),
+    rounds=st.lists(
+        st.tuples(st.floats(min_value=0.0, max_value=50.0), st.booleans()), max_size=30
+    ),
+)
+def test_wedge_watch_counts_seconds_since_the_last_answer(
+    limit: float, rounds: list[tuple[float, bool]]
+) -> None:
+    """After any sequence of rounds (time advancing by the given gaps, each answered or
+    not), the watch is wedged exactly when some round was answered and at least ``limit``
+    seconds passed since the last answered one -- however many rounds ran meanwhile."""
+    watch = WedgeWatch(limit)
+    now = 0.0
+    last: float | None = None
+    for gap, answered in rounds:
+        now += gap
+        watch.observe(now, answered)
+        if answered:
+            last = now
+        # (``last + limit``, the deadline the prober sleeps until: the same rounding.)
+        assert watch.wedged(now) == (last is not None and now >= last + limit)
+        if last is not None:
+            assert watch.wedged(last + limit) and not watch.wedged(last + limit * 0.99)
+
+
+async def test_a_start_with_workers_still_compiling_reads_healthy(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Workers that answer only after 90 s: no warning, one "still waiting" info line each
+    after the grace, then the workers' and the gateway's ready lines."""
+    caplog.set_level(logging.INFO, logger="reactantserver.gateway.prober")
+    fleet = FakeFleet(starts_at=90.0)
+    p = prober(fleet)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(p.run)
+        assert not p.ready()[0]
+        await trio.sleep(120)
+        nursery.cancel_scope.cancel()
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert all(level == "INFO" for level, _ in lines), lines
+    waiting = [m for _, m in lines if m.startswith("still waiting")]
+    assert waiting == [
+        f"still waiting for worker worker{i}, {STARTUP_GRACE_SECONDS + 0.01:.0f} s after the gateway "
+        "started: Connect call failed"
+        for i in range(2)
+    ]
+    ready = [m for _, m in lines if "ready" in m and not m.startswith("still")]
+    assert ready == [
+        "worker worker0 is ready: routing to it",
+        "worker worker1 is ready: routing to it",
+        "gateway ready: 2 of 2 workers ready",
+    ]
