@@ -379,9 +379,10 @@ class ClientConnection:
             length = high << 8 | low
             if length > self._max_frame_in:  # judged before its body is waited for
                 raise ProtocolError.of(_broken(h2rules.frame_size(length, self._max_frame_in)))
-            if kind in _BLOCK_KINDS and length + self._block_size > self._max_header_list:
-                self._refuse_block(length)
             if end - pos < 9 + length:
+                # Not whole yet: a header block's piece is judged before it is waited for.
+                if kind in _BLOCK_KINDS and length + self._block_size > self._max_header_list:
+                    self._refuse_block(length)
                 break
             stream_id &= MAX_STREAM_ID
             payload = view[pos + 9 : pos + 9 + length]
@@ -399,6 +400,8 @@ class ClientConnection:
     def _frame_in(
         self, kind: int, flags: int, stream_id: int, payload: memoryview, events: list[Event]
     ) -> None:
+        if kind in _BLOCK_KINDS and len(payload) + self._block_size > self._max_header_list:
+            self._refuse_block(len(payload))
         if self._block is not None and kind != CONTINUATION:
             raise ProtocolError("a header block was interrupted by another frame")
         if kind == DATA:

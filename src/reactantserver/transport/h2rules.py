@@ -101,11 +101,9 @@ def received(size: int, window: int, where: str) -> Violation | None:
 def window_update(increment: int, window: int, stream_id: int) -> Violation | None:
     """A WINDOW_UPDATE of ``increment`` on a send window of ``window`` bytes (a stream's,
     or the connection's for stream 0). A violation on a stream is a stream error."""
+    if increment and window + increment <= MAX_WINDOW:
+        return None
     where = f"stream {stream_id}" if stream_id else "the connection"
     if increment == 0:
         return Violation(PROTOCOL_ERROR, f"a WINDOW_UPDATE of 0 on {where}")
-    if window + increment > MAX_WINDOW:
-        return Violation(
-            FLOW_CONTROL_ERROR, f"a WINDOW_UPDATE takes {where}'s send window past 2^31-1"
-        )
-    return None
+    return Violation(FLOW_CONTROL_ERROR, f"a WINDOW_UPDATE takes {where}'s send window past 2^31-1")
