@@ -10,7 +10,9 @@ answers every call the node accepted and leaves no child behind, exit 0; a resta
 that runs out stops the node with exit 1 and says why; a SIGKILLed supervisor takes its
 workers with it (the kernel's parent-death signal); two workers with role ``workers``
 each answer on their own port; and with role ``all`` two workers answer through the
-embedded gateway on the public port (once the gateway exists).
+embedded gateway on the public port (once the gateway exists). A child that cannot start
+for a reason a restart does not change (a worker's or the gateway's port taken: exit 78)
+stops the node at once with its line and status 78.
 """
 
 from __future__ import annotations
@@ -299,25 +301,83 @@ def test_two_workers_answer_on_their_own_ports_and_die_with_the_supervisor(
 def test_an_exhausted_restart_budget_stops_the_node_with_status_1(
     double_repo: Path, tmp_path: Path
 ) -> None:
-    """The worker's port is taken, so every start fails; with a budget of 1 restart the
-    second failure in a row stops the node: exit 1 and a line that says why."""
-    path, ports = node_yaml(tmp_path, double_repo)
-    with socket.socket() as squatter:
-        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        squatter.bind(("127.0.0.1", ports["base"]))
-        squatter.listen()
-        env = {"REACTANT_ROLE": "workers", "REACTANT_SUPERVISOR_MAX_RESTARTS": "1"}
-        with running_node(path, tmp_path, **env) as node:
-            rc = node.proc.wait(180)
-            text = node.text()
+    """Every worker start crashes (a ``sitecustomize`` that ends any process with
+    ``REACTANT_WORKER_NAME`` set, status 3: a crash, not a configuration error); with a
+    budget of 1 restart the second failure in a row stops the node: exit 1 and a line that
+    says why."""
+    path, _ = node_yaml(tmp_path, double_repo)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os\nif os.environ.get('REACTANT_WORKER_NAME'):\n    os._exit(3)\n"
+    )
+    pythonpath = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH", "")]))
+    env = {
+        "REACTANT_ROLE": "workers",
+        "REACTANT_SUPERVISOR_MAX_RESTARTS": "1",
+        "PYTHONPATH": pythonpath,
+    }
+    with running_node(path, tmp_path, **env) as node:
+        rc = node.proc.wait(180)
+        text = node.text()
     assert rc == 1, text
-    assert "cannot listen for gRPC on 127.0.0.1:" in text and "address already in use" in text
+    assert "worker0 exited with status 3" in text
     assert "restarting worker0 in 1 s (restart 1 in a row)" in text
     assert (
         "worker0 failed 2 times in a row; REACTANT_SUPERVISOR_MAX_RESTARTS=1 allows 1 "
         "restart(s): stopping the node" in text
     )
     assert text.count("started worker0") == 2
+
+
+@pytest.mark.slow
+def test_a_worker_whose_port_is_taken_stops_the_node_at_once(
+    double_repo: Path, tmp_path: Path
+) -> None:
+    """A taken port is no crash: the worker exits 78 (EX_CONFIG) with one line, and the
+    node stops at once with that line and status 78, without a restart."""
+    path, ports = node_yaml(tmp_path, double_repo)
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", ports["base"]))
+        squatter.listen()
+        with running_node(path, tmp_path, REACTANT_ROLE="workers") as node:
+            rc = node.proc.wait(180)
+            text = node.text()
+    assert rc == 78, text
+    line = f"reactantserver serve: cannot listen for gRPC on 127.0.0.1:{ports['base']}: address"
+    # Repeated by the supervisor, as an error.
+    assert re.search(rf"ERROR +reactantserver\.node: worker0: {re.escape(line)}", text), text
+    assert "worker0 exited with status 78, a configuration or environment error" in text
+    assert "restarting" not in text and text.count("started worker0") == 1
+
+
+@pytest.mark.slow
+def test_a_gateway_whose_public_port_is_taken_stops_the_node_at_once(
+    double_repo: Path, tmp_path: Path
+) -> None:
+    """The issue's node: two workers and the gateway, the public port held by another
+    process. The gateway exits 78 with its one line; the node repeats it, stops the
+    workers it started and exits 78 -- no restart loop."""
+    path, ports = node_yaml(tmp_path, double_repo)
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", ports["grpc"]))
+        squatter.listen()
+        with running_node(path, tmp_path, REACTANT_CPU_WORKERS="2") as node:
+            pids = [node.pid("worker0"), node.pid("worker1")]
+            rc = node.proc.wait(180)
+            text = node.text()
+    assert rc == 78, text
+    line = (
+        f"reactantserver gateway: cannot listen for gRPC on 127.0.0.1:{ports['grpc']}: "
+        "address already in use (change listen.grpc"
+    )
+    assert re.search(rf"ERROR +reactantserver\.node: gateway: {re.escape(line)}", text), text
+    assert "gateway exited with status 78" in text and "a restart would fail the same way" in text
+    assert "restarting gateway" not in text and text.count("started gateway") == 1
+    assert "node stopped (exit status 78)" in text
+    wait_gone(pids)
 
 
 def _has_gateway_command() -> bool:

@@ -17,8 +17,9 @@ never imports JAX.
         Run one worker of a node file: load and compile its model repository, serve the
         KServe V2 gRPC API (and /healthz, /readyz, /metrics when a metrics port is set)
         until SIGINT or SIGTERM, then refuse new calls, answer the calls in flight and
-        exit 0 (docs/serving.md). A failure to start (a port in use, ...) is one line per
-        cause on stderr and exit status 1 (2 for a configuration problem found late);
+        exit 0 (docs/serving.md). A failure to start is one line per cause on stderr and
+        exit status 1; 2 for a configuration problem found late, 78 (EX_CONFIG) for an
+        address it cannot listen on (a port in use): neither is cured by a restart;
         ``--log-level debug`` adds the traceback. ``--announce`` reports startup progress
         and ends it with where to reach the worker and three commands to try.
 
@@ -26,13 +27,15 @@ never imports JAX.
         Run a gateway (docs/gateway.md): one KServe V2 endpoint in front of the workers a
         gateway.yml lists (or REACTANT_GATEWAY_* alone), routing each request to a worker
         serving its model; SIGINT/SIGTERM drain it and exit 0. Exits 1 when no worker has
-        answered for wedge_exit_rounds probe rounds.
+        answered for wedge_exit_rounds x health_interval_seconds seconds; 78 (EX_CONFIG)
+        when it cannot listen on its addresses.
 
     reactantserver node FILE [--runtime-dir DIR] [--log-level LEVEL]
         Run a whole machine from a node file: detect its GPUs, start one worker per GPU
         (each seeing only its own device) and, for two or more, the gateway in front;
-        restart crashed children; on SIGINT/SIGTERM stop them in order and exit 0
-        (docs/node.md).
+        restart crashed children; on SIGINT/SIGTERM stop them in order and exit 0. A child
+        that exits 2 or 78 (a configuration or environment error a restart cannot fix)
+        stops the node at once, its error repeated, with its exit status (docs/node.md).
 
     reactantserver export MODULE:CALLABLE --out DIR [--batch-sizes 1,4,8] [--platforms cpu,cuda]
                           [--force]
@@ -264,7 +267,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     if taken:
         for line in taken:
             print(f"reactantserver serve: {line}", file=sys.stderr)
-        return 1
+        return startup.EXIT_CONFIG
     from reactantserver.transport import guest
 
     try:
@@ -320,7 +323,7 @@ def _run_gateway(args: argparse.Namespace) -> int:
     if taken:
         for line in taken:
             print(f"reactantserver gateway: {line}", file=sys.stderr)
-        return 1
+        return startup.EXIT_CONFIG
     try:
         return run(config)
     except KeyboardInterrupt:

@@ -18,7 +18,15 @@ one ``OSError``. This module gives the command line the two things it needs inst
 
 The command prints these lines, keeps the traceback for ``--log-level debug``, and
 exits non-zero (``exit_status``): 2 when every cause is a configuration error found
-late (a CUDA backend without a GPU), as for one found at load, else 1.
+late (a CUDA backend without a GPU), as for one found at load; :data:`EXIT_CONFIG` (78)
+when an address cannot be listened on, found before the start (``listen_problems``) or
+at it; else 1.
+
+**The exit status contract** (docs/node.md, "Exit statuses"). 2 and 78 mean "this will
+not succeed on retry": the configuration is wrong, or the machine does not allow what it
+asks (a port taken, an address not this machine's, a port that needs privileges). A node
+supervisor stops the node on either instead of restarting the child forever. Any other
+non-zero status is a crash, which a restart may well cure.
 """
 
 from __future__ import annotations
@@ -30,6 +38,12 @@ from collections.abc import Iterator
 from .config import ServerConfig
 from .config.env import WORKER_ENV
 from .errors import ConfigError, ReactantError
+
+#: Status for "the environment does not allow what the configuration asks": sysexits.h's
+#: EX_CONFIG. Like 2 (a configuration error), retrying cannot help.
+EXIT_CONFIG = 78
+#: Why an address cannot be listened on that a restart does not change.
+_LISTEN_ERRNOS = frozenset({errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL})
 
 #: The variable that moves a port for one run, by key path (the names config/env.py
 #: derives from the schema): a taken port is most often a second server started by hand,
@@ -123,5 +137,16 @@ def failure_lines(exc: BaseException) -> list[str]:
 
 
 def exit_status(exc: BaseException) -> int:
-    """2 when every cause is a ``ConfigError`` (what was asked for is wrong), else 1."""
-    return 2 if all(isinstance(leaf, ConfigError) for leaf in causes(exc)) else 1
+    """2 when every cause is a ``ConfigError`` (what was asked for is wrong);
+    :data:`EXIT_CONFIG` when every cause is that or an address that cannot be listened on
+    (the race ``listen_problems`` cannot close); else 1 (a crash)."""
+    leaves = causes(exc)
+    if all(isinstance(leaf, ConfigError) for leaf in leaves):
+        return 2
+    if all(isinstance(leaf, ConfigError) or _cannot_listen(leaf) for leaf in leaves):
+        return EXIT_CONFIG
+    return 1
+
+
+def _cannot_listen(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in _LISTEN_ERRNOS

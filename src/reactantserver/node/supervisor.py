@@ -8,6 +8,13 @@ relay its output, wait for its exit, ask its ``RestartPolicy`` what to do, sleep
 backoff (woken early by a stop), start it again. A policy that gives up stops the node
 with exit status 1.
 
+**Restarts are for crashes.** A child that exits with a status in :data:`FINAL_STATUSES`
+-- 2, a configuration error, or 78 (``EX_CONFIG``), an environment that does not allow
+what the configuration asks, such as a port another process holds -- would fail the same
+way on every restart. The node stops at once instead: the supervisor repeats the child's
+error lines (what ``serve`` / ``gateway`` print as ``reactantserver <command>: ...``, kept
+from its last lines of output), says why it does not restart, and exits with that status.
+
 Stopping (SIGTERM or SIGINT to the supervisor, or the ``stop`` event) goes front to
 back, so that every request the node accepted is answered: first the gateway gets
 SIGTERM and its grace period (it drains what it is forwarding while the workers still
@@ -16,7 +23,8 @@ accepted and exits 0). A child still running at the end of its grace period is
 SIGKILLed. A second signal during the stop SIGKILLs every child at once.
 
 Exit status: 0 when every child stopped by itself within its grace period; 1 when the
-restart budget ran out or a child had to be killed.
+restart budget ran out or a child had to be killed; a child's 2 or 78 when it exited with
+it (the first such child's).
 
 Invariants: a child is never started once the stop has begun; at most one process per
 child exists at a time (the next is started only after the previous one was reaped);
@@ -25,6 +33,7 @@ child exists at a time (the next is started only after the previous one was reap
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import signal
@@ -42,6 +51,32 @@ log = logging.getLogger("reactantserver.node")
 #: After a child exits, how long its output may take to finish arriving (a grandchild
 #: holding the pipe open must not hold the supervisor up).
 DRAIN_OUTPUT_SECONDS = 5.0
+#: Exit statuses that mean "a restart would fail the same way" (the contract of
+#: ``reactantserver serve`` and ``gateway``: startup.py), with what each one says.
+FINAL_STATUSES: Mapping[int, str] = {
+    2: "a configuration error",
+    78: "a configuration or environment error (EX_CONFIG)",
+}
+#: How many of a child's last output lines are kept to repeat its error.
+KEPT_LINES = 20
+#: The prefix of the command line's own error lines (``reactantserver serve: ...``).
+ERROR_PREFIX = "reactantserver "
+
+
+def error_lines(lines: collections.abc.Iterable[str]) -> list[str]:
+    """The command line's error lines among a child's last lines of output (relayed as
+    ``[name] reactantserver serve: ...``), without the relay prefix or the hint about
+    tracebacks; the last line when there is none."""
+    out = []
+    last = ""
+    for line in lines:
+        text = line.split("] ", 1)[1] if line.startswith("[") and "] " in line else line
+        if not text.strip():
+            continue
+        last = text
+        if text.startswith(ERROR_PREFIX) and "--log-level debug" not in text:
+            out.append(text)
+    return out or ([last] if last else [])
 
 
 def describe_exit(code: int) -> str:
@@ -63,6 +98,8 @@ class _Slot:
     #: Set when the current process has been reaped.
     gone: trio.Event = attrs.field(factory=trio.Event)
     starts: int = 0
+    #: The current (or last) process's last lines of output, for its error.
+    tail: collections.deque[str] = attrs.field(factory=lambda: collections.deque(maxlen=KEPT_LINES))
 
 
 class Supervisor:
@@ -136,6 +173,9 @@ class Supervisor:
                 code = await self._wait(slot, process)
             if self.stop_requested.is_set():
                 return
+            if code is not None and code in FINAL_STATUSES:
+                self._give_up_at_once(slot, code)
+                return
             decision = slot.policy.exited(trio.current_time())
             if code is not None:
                 log.warning("%s %s", child.name, describe_exit(code))
@@ -159,11 +199,31 @@ class Supervisor:
             with trio.move_on_after(decision.delay):
                 await self.stop_requested.wait()
 
+    def _give_up_at_once(self, slot: _Slot, code: int) -> None:
+        """``slot``'s child exited with a status a restart cannot change: stop the node."""
+        name = slot.plan.name
+        for line in error_lines(slot.tail):
+            log.error("%s: %s", name, line)
+        log.error(
+            "%s exited with status %d, %s: a restart would fail the same way, so the node "
+            "stops (fix what the line above says, then start it again)",
+            name,
+            code,
+            FINAL_STATUSES[code],
+        )
+        self.request_stop(code)
+
     async def _wait(self, slot: _Slot, process: spawn.Child) -> int:
         name = slot.plan.name
+        slot.tail.clear()
+
+        def sink(line: str) -> None:
+            slot.tail.append(line)
+            self._sink(line)
+
         async with trio.open_nursery() as relays:
-            relays.start_soon(spawn.relay_lines, process.stdout, name, self._sink)
-            relays.start_soon(spawn.relay_lines, process.stderr, name, self._sink)
+            relays.start_soon(spawn.relay_lines, process.stdout, name, sink)
+            relays.start_soon(spawn.relay_lines, process.stderr, name, sink)
             try:
                 code = await process.wait()
             except BaseException:
