@@ -21,16 +21,18 @@ settings come from the node file's ``gateway:`` block or from the file
 node: ``endpoints`` are the workers' gRPC addresses (a wildcard bind address is reached
 over loopback), ``worker_names`` their names, ``metrics_endpoints`` their admin addresses
 (when every worker has one), the message-size limits the workers' smallest
-``max_message_bytes``, and ``startup_wait_seconds`` is ``.inf`` (the workers compile
-before they answer, and they are the supervisor's own children). Under ``lpt_packing``
-every worker must run ``fifo`` or ``edf``.
+``max_message_bytes``, ``startup_wait_seconds`` is ``.inf`` (the workers compile
+before they answer, and they are the supervisor's own children), and ``expected_models``
+are the models the node assigns to its workers (:func:`assigned_models`: so that a call
+for one while the workers are down or still starting is UNAVAILABLE, which clients
+retry, not NOT_FOUND). Under ``lpt_packing`` every worker must run ``fifo`` or ``edf``.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from . import env as envmod
@@ -132,6 +134,31 @@ def connect_host(bind: str) -> str:
     return bind
 
 
+def repository_models(directories: Sequence[str]) -> list[str]:
+    """The bundle names of a repository (empty when it cannot be listed: the worker that
+    reads it says why, and a gateway's configuration must not fail on a repository that
+    lives on another host)."""
+    from ..bundle.repository import find_bundles  # numpy and the hooks: only when needed
+
+    try:
+        return sorted(find_bundles(directories).paths)
+    except OSError:
+        return []
+
+
+def assigned_models(
+    node: NodeConfig,
+    workers: Iterable[ServerConfig],
+    list_repository: Callable[[Sequence[str]], Iterable[str]] = repository_models,
+) -> tuple[str, ...]:
+    """The models ``node`` assigns to its workers: each one's ``models_include``, or every
+    bundle of its repository when that is empty, and the ``models:`` pins; sorted."""
+    names = set(node.models)
+    for cfg in workers:
+        names.update(cfg.models_include or list_repository(cfg.model_dirs))
+    return tuple(sorted(names))
+
+
 def resolve_gateway(node: NodeConfig, env: Mapping[str, str] | None = None) -> GatewayConfig:
     """The configuration of the gateway embedded in front of ``node``'s workers."""
     environment = environ(env)
@@ -192,6 +219,8 @@ def resolve_gateway(node: NodeConfig, env: Mapping[str, str] | None = None) -> G
             tree.set(("grpc", key), smallest, here)
     if not explicit(("startup_wait_seconds",)):
         tree.set(("startup_wait_seconds",), math.inf, here)
+    if not explicit(("expected_models",)):
+        tree.set(("expected_models",), list(assigned_models(node, configs)), here)
 
     gateway = _finish(tree, environment, found)
     if gateway is not None:

@@ -538,7 +538,7 @@ def refusal(table: RouteTable, model: str, workers: int) -> NotFound | Unavailab
     endpoints; the table lacks those not probed yet)."""
     workers = max(workers, len(table.workers))
     ready = len(table.ready_workers)
-    listing = [w.name for w in table.workers.values() if model in w.models]
+    listing = sorted(w.name for w in table.workers.values() if model in w.models)
     if listing:
         return Unavailable(
             f"model {model!r} is not ready on any worker (listed by {', '.join(listing)}); "

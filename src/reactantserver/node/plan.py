@@ -24,11 +24,8 @@ supervisor carries out and ``reactantserver config`` prints. Nothing is started 
 5. **Files** (``files``). The node file as the children run it (``node.yaml``: workers listed, paths
    absolute, device assignment in a header comment) and, when a gateway runs, its
    effective ``gateway.yml`` (``resolve_gateway``: endpoints = the workers,
-   ``startup_wait_seconds: .inf``; ``expected_models`` = the models the node assigns to
-   its workers, unless the gateway's settings list them: each worker's
-   ``models_include``, or the bundles of its repository, and the ``models:`` pins -- so
-   that a call for one of them while its workers are down or still starting is
-   UNAVAILABLE, which clients retry, not NOT_FOUND), both in the runtime directory.
+   ``startup_wait_seconds: .inf``, ``expected_models`` = the models the node assigns to
+   its workers), both in the runtime directory.
 6. **Children.** A worker runs ``reactantserver serve node.yaml --worker NAME`` with its
    single device in ``CUDA_VISIBLE_DEVICES`` (``""`` on a CPU node, so an inherited value
    never leaks), ``REACTANT_WORKER_NAME``, and its thread budget
@@ -52,7 +49,6 @@ from typing import Literal
 
 import attrs
 
-from ..bundle.repository import find_bundles
 from ..config import env as envmod
 from ..config import materialize_workers, resolve_gateway, resolve_worker
 from ..config.gateway import connect_host
@@ -173,28 +169,6 @@ def split_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def repository_models(directories: Sequence[str]) -> list[str]:
-    """The bundle names of a repository (empty when it cannot be listed: the worker that
-    reads it says why, and the node plan must not fail on a repository on another host)."""
-    try:
-        return sorted(find_bundles(directories).paths)
-    except OSError:
-        return []
-
-
-def assigned_models(
-    node: NodeConfig,
-    workers: Iterable[ServerConfig],
-    list_repository: Callable[[Sequence[str]], Iterable[str]] = repository_models,
-) -> tuple[str, ...]:
-    """The models ``node`` assigns to its workers: each one's ``models_include``, or every
-    bundle of its repository when that is empty, and the ``models:`` pins; sorted."""
-    names = set(node.models)
-    for cfg in workers:
-        names.update(cfg.models_include or list_repository(cfg.model_dirs))
-    return tuple(sorted(names))
-
-
 # --- the plan ------------------------------------------------------------------------------------
 
 
@@ -295,11 +269,9 @@ def plan_node(
     log_level: str = "info",
     nvidia_smi: Callable[[Mapping[str, str]], str | None] = devmod.run_nvidia_smi,
     dev_nodes: Callable[[], Iterable[str]] = devmod.list_dev,
-    list_repository: Callable[[Sequence[str]], Iterable[str]] = repository_models,
 ) -> NodePlan:
     """The plan of the module doc. Raises ``ConfigError`` for anything that would stop a
-    child from starting. ``list_repository`` names the bundles of a worker's
-    ``model_dirs`` (the gateway's ``expected_models``)."""
+    child from starting."""
     role = read_role(env)
     max_restarts = int_var(env, MAX_RESTARTS_VAR, 0, 0)
     declared = [resolve_worker(node, name, env) for name in worker_names(node)]
@@ -358,11 +330,6 @@ def plan_node(
                 "expected the gateway's endpoints: (or REACTANT_GATEWAY_WORKERS), or a worker "
                 "count in workers:, gpus: or REACTANT_GPUS: with role gateway and gpus: auto "
                 "there is no way to know this node's workers",
-            )
-        if not gateway.expected_models:
-            configs = [c.config for c in children if c.config is not None] or declared
-            gateway = attrs.evolve(
-                gateway, expected_models=assigned_models(node, configs, list_repository)
             )
         listen = [
             ("the gateway's listen.grpc", gateway.listen.grpc),
