@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from pipeline_sim import FakeGpu, Program, run_simulation
 
@@ -256,7 +256,7 @@ request_st = st.tuples(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     depth=st.integers(1, 3),
     costs=st.lists(st.sampled_from([0.25, 0.5, 1.0, 3.0, 7.0]), min_size=3, max_size=3),
@@ -265,7 +265,7 @@ request_st = st.tuples(
     t_host=st.sampled_from([0.0, 0.2]),
     t_load=st.sampled_from([0.0, 0.3, 1.5]),
     capacity=st.sampled_from([None, 1, 2]),
-    timeout=st.sampled_from([math.inf, 5.0]),
+    timeout=st.sampled_from([math.inf, 2.5, 5.0]),
     failing=st.sampled_from([None, "a", "b"]),
     discipline=st.sampled_from(["fair", "fifo", "edf"]),
     requests=st.lists(request_st, min_size=1, max_size=25),
@@ -317,6 +317,7 @@ def test_pipeline_invariants_over_random_workloads(
     scheduler, charged = make(gpu, depth, dispatch_timeout_seconds=timeout, discipline=discipline)
     scheduler_box.append(scheduler)
     got: dict[int, Any] = {}
+    final: list[Any] = []
     admitted: dict[int, tuple[str, float | None]] = {}
     withdrawn: dict[int, float] = {}
 
@@ -351,9 +352,16 @@ def test_pipeline_invariants_over_random_workloads(
             while len(got) + len(withdrawn) < len(admitted) or gpu.in_flight:
                 await trio.sleep(0.5)
             await scheduler.aclose()
+            final.append(scheduler.statistics())
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
+    stats = final[0]
+    event(f"depth {depth}, at most {gpu.max_in_flight} in flight")
+    event(f"overran: {stats.overruns > 0}")
+    event(f"withdrawn: {bool(withdrawn)}")
+    event(f"failed batches: {stats.failed_dispatches > 0}")
+    event(f"unavailable at shutdown: {any(isinstance(e, Unavailable) for *_, e in got.values())}")
     assert not gpu.violations, gpu.violations
     assert not overrun_launches
     # Exactly once (the answer helper refuses a second answer), or never once withdrawn.
@@ -367,7 +375,10 @@ def test_pipeline_invariants_over_random_workloads(
         else:
             assert isinstance(error, RequestError), error
             if isinstance(error, DeadlineExceeded):
-                assert deadline is not None and at >= deadline
+                assert deadline is not None
+                # edf sheds at dispatch what its learned cost says cannot finish in time.
+                shed = discipline == "edf" and "shed at dispatch" in str(error)
+                assert shed or at >= deadline, (at, deadline, error)
     # The device: one program at a time, in launch order; landed in launch order.
     for prev, nxt in zip(gpu.programs, gpu.programs[1:], strict=False):
         assert nxt.began >= prev.began and nxt.start >= prev.back
@@ -502,8 +513,11 @@ async def test_a_thread_backed_device_at_depth_two() -> None:
     assert device.threads == {"reactantserver-device", "reactantserver-collect"}
     assert not device.held
     seconds = [s for _, s in charged]
-    # Completion to completion: never less than a program, and far less than two.
-    assert all(0.02 * 0.9 <= s < 0.02 * 2.5 for s in seconds[1:]), seconds
+    # Completion to completion: about one program each once the pipeline is full (one
+    # batch's completion stamped late by a busy machine shortens the next one's charge by
+    # as much, so the mean is what is stable).
+    mean = sum(seconds[1:]) / len(seconds[1:])
+    assert 0.02 * 0.9 <= mean < 0.02 * 1.6, seconds
     assert (
         sum(seconds) <= device.done_at[charged[-1][0].seq] - min(device.launched_at.values()) + 1e-3
     )  # the threads' stamps sit a few microseconds outside the device's own
