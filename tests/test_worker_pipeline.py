@@ -10,8 +10,12 @@ and no failed load: no batch ever ran without its weights.
 
 from __future__ import annotations
 
+import logging
 import math
 import random
+import shutil
+import threading
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -99,3 +103,95 @@ def test_a_worker_at_pipeline_depth_two_answers_exactly(
     assert not failed, failed
     # The cache really churned while batches were in flight.
     assert samples[("worker_weight_evicts_total", "")] > 0
+
+
+@pytest.mark.slow
+def test_reloads_under_load_at_depth_two_answer_every_request(
+    zoo_repo: Path,
+    zoo_models: dict[str, Any],
+    zoo_runtime: Any,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """RepositoryModelLoad of a serving model whose weights changed swaps in a new version
+    while batches of the old one are launched: the old version drains (its launched
+    batches count: their requests are answered on it) and only then is freed. Clients
+    running through three swaps between two sets of weights (``mlp`` and its variant
+    ``mlp_v000``, one artifact) each get an answer that is one version's, exactly, and
+    nothing fails."""
+    repo = tmp_path / "repo"
+    for name in ("mlp", "resnet"):
+        shutil.copytree(zoo_repo / name, repo / name)
+    versions = [load_bundle(zoo_repo / "mlp"), load_bundle(zoo_repo / "mlp_v000")]
+    assert versions[0].read_artifact() == versions[1].read_artifact()
+    config = worker_config(
+        repo,
+        include=("mlp", "resnet"),
+        cache_dir=tmp_path / "jaxcache",
+        scheduler=SchedulerConfig(pipeline_depth=2),
+        mode="explicit",
+        max_concurrent_requests=0,
+    )
+    caplog.set_level(logging.INFO, logger="reactantserver")
+    with running_worker(config) as address:
+        stop = threading.Event()
+        errors: list[BaseException] = []
+        answered = [0]
+
+        def check(name: str, inputs: dict[str, np.ndarray], result: Any) -> None:
+            program, _ = zoo_models[name]
+            candidates = versions if name == "mlp" else [load_bundle(zoo_repo / name)]
+            for bundle in candidates:
+                want = expected_outputs(bundle, program, zoo_runtime, inputs)
+                if all(
+                    np.allclose(result.as_numpy(k), v, rtol=1e-5, atol=1e-5)
+                    for k, v in want.items()
+                ):
+                    return
+            raise AssertionError(f"{name}: the answer is no version's")
+
+        def client(seed: int) -> None:
+            c = grpcclient.InferenceServerClient(f"127.0.0.1:{address.grpc_port}")
+            rng = np.random.default_rng(seed)
+            try:
+                while not stop.is_set():
+                    name = ("mlp", "resnet")[int(rng.integers(2))]
+                    bundle = load_bundle(zoo_repo / name)
+                    inputs = client_inputs(bundle, 1, rng)
+                    infer = []
+                    for spec in bundle.client_inputs:
+                        arr = inputs[spec.name]
+                        ii = grpcclient.InferInput(spec.name, list(arr.shape), spec.datatype)
+                        ii.set_data_from_numpy(arr)
+                        infer.append(ii)
+                    check(name, inputs, c.infer(name, infer))
+                    answered[0] += 1
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                c.close()
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        control = grpcclient.InferenceServerClient(f"127.0.0.1:{address.grpc_port}")
+        try:
+            for i in range(3):
+                time.sleep(0.5)
+                weights = versions[(i + 1) % 2].path / "weights.safetensors"
+                shutil.copyfile(weights, repo / "mlp" / "weights.safetensors")
+                control.load_model("mlp")  # returns once the new version serves
+        finally:
+            time.sleep(0.5)
+            stop.set()
+            for t in threads:
+                t.join(60)
+            control.close()
+        assert address.metrics_port is not None
+        samples = _samples(address.metrics_port)
+    assert not errors, errors[:3]
+    assert answered[0] > 20
+    retired = [r.getMessage() for r in caplog.records if "retired" in r.getMessage()]
+    assert len(retired) == 3, retired  # three old versions of mlp drained and freed
+    failed = {k: v for k, v in samples.items() if "fail" in k[0] and v}
+    assert not failed, failed
