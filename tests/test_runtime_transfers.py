@@ -94,3 +94,39 @@ def test_programs_of_one_artifact_are_shared_per_output_memory(zoo_repo: Path) -
     assert "shared" not in {r.cache for r in pinned.compile_reports}
     assert [r.cache for r in again.compile_reports] == ["shared"] * len(again.sizes)
     assert again.paths == dict.fromkeys(again.sizes, "pinned_host")
+
+
+def test_a_pinned_host_compile_that_fails_falls_back_to_the_asynchronous_copy(
+    zoo_repo: Path, zoo_models: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where the outputs cannot be compiled into the chosen memory (here a kind the CPU
+    does not have), the program is compiled without, copies its outputs asynchronously,
+    answers the same, and the next bundle of that artifact shares the fallback instead of
+    failing the same compile again."""
+    import jax
+
+    from reactantserver.runtime import EnvironmentReport
+
+    runtime = Runtime(
+        RuntimeConfig(backend="cpu"),
+        jax.devices("cpu")[0],
+        "cpu",
+        False,
+        "",
+        EnvironmentReport(applied={}, ignored={}, jax_was_initialised=True),
+        output_memory="no_such_memory",
+    )
+    runtime.output_path = "pinned_host"
+    bundle = load_bundle(zoo_repo / "mlp")
+    model = runtime.load(bundle)
+    assert set(model.paths.values()) == {"copy_async"}
+    assert "shared" not in {r.cache for r in model.compile_reports}  # compiled, once each
+    warned = [r.getMessage() for r in caplog.records if "pinned host memory" in r.getMessage()]
+    assert len(warned) == len(model.sizes)
+    variant = runtime.load(load_bundle(zoo_repo / "mlp_v000"))
+    assert [r.cache for r in variant.compile_reports] == ["shared"] * len(variant.sizes)
+    assert set(variant.paths.values()) == {"copy_async"}
+    reference, weights = zoo_models["mlp"]
+    x = [np.ones(shape, np.float32) for shape in model.input_shapes(8)]
+    for a, b in zip(reference.execute(x, weights), model.execute(x, weights), strict=True):
+        np.testing.assert_array_equal(a, b)

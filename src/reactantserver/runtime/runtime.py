@@ -103,6 +103,8 @@ class Runtime:
         fell_back: bool,
         cache_dir: str,
         environment: EnvironmentReport,
+        *,
+        output_memory: str = "pinned_host",
     ) -> None:
         self.config = cfg
         self.device = device
@@ -114,6 +116,9 @@ class Runtime:
         self.environment = environment
         #: Compiled programs by artifact and argument types, shared between bundles.
         self.programs = SharedPrograms()
+        #: The memory kind a ``pinned_host``-path program's outputs are compiled into (a
+        #: constructor argument so that a test can make that compile fail on the CPU).
+        self.output_memory = output_memory
         #: Keys of programs whose pinned-host compile failed (compiled without instead).
         self._pinned_failed: set[Any] = set()
         #: How executions move their inputs and outputs (``model.output_path``).
@@ -236,7 +241,11 @@ class Runtime:
         if path == "pinned_host":
             try:
                 compiled, report = compile_at(
-                    bundle.name, exported, args, size, output_memory=(self.device, "pinned_host")
+                    bundle.name,
+                    exported,
+                    args,
+                    size,
+                    output_memory=(self.device, self.output_memory),
                 )
                 return compiled, report, path
             except Exception as exc:
