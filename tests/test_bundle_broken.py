@@ -117,59 +117,59 @@ SCAN_CASES: list[tuple[str, str, Break, str]] = [
         "unknown_datatype",
         "double",
         edit_manifest(_set("inputs.0.datatype", "FLOAT")),
-        f"manifest.yaml: inputs[0].datatype: expected one of {DATATYPES}, got 'FLOAT'",
+        f"manifest.yaml:7: inputs[0].datatype: expected one of {DATATYPES}, got 'FLOAT'",
     ),
     (
         "batch_size_zero",
         "double",
         edit_manifest(_set("batching.compiled_batch_sizes", [0, 4])),
-        "manifest.yaml: batching.compiled_batch_sizes[0]: expected a positive integer, got 0",
+        "manifest.yaml:3: batching.compiled_batch_sizes[0]: expected a positive integer, got 0",
     ),
     (
         "duplicate_batch_size",
         "double",
         edit_manifest(_set("batching.compiled_batch_sizes", [1, 4, 4])),
-        "manifest.yaml: batching.compiled_batch_sizes[2]: duplicate batch size 4",
+        "manifest.yaml:3: batching.compiled_batch_sizes[2]: duplicate batch size 4",
     ),
     (
         "typo_key",
         "double",
         edit_manifest(_set("batching", {"compiled_batch_size": [1, 4]})),
-        "manifest.yaml: batching.compiled_batch_size: unknown key; expected one of "
-        "compiled_batch_sizes",
+        "manifest.yaml:3: batching.compiled_batch_size: unknown key; expected one of "
+        "compiled_batch_sizes (did you mean 'compiled_batch_sizes'?)",
     ),
     (
         "format_version",
         "double",
         edit_manifest(_set("format_version", 2)),
-        "manifest.yaml: format_version: expected 1, got 2",
+        "manifest.yaml:5: format_version: expected 1, got 2",
     ),
     (
         "missing_outputs",
         "double",
         edit_manifest(_delete("outputs")),
-        "manifest.yaml: outputs: required key is missing (the executable's tensors, in "
+        "manifest.yaml:1: outputs: required key is missing (the executable's tensors, in "
         "argument order)",
     ),
     (
         "bytes_on_device",
         "double",
         edit_manifest(_set("inputs.0.datatype", "BYTES")),
-        "manifest.yaml: inputs[0].datatype: BYTES is allowed only on "
+        "manifest.yaml:7: inputs[0].datatype: BYTES is allowed only on "
         "client_inputs/client_outputs of a bundle with a model.py",
     ),
     (
         "no_batch_axis",
         "double",
         edit_manifest(_set("inputs.0.shape", [4, 16])),
-        "manifest.yaml: inputs[0].shape: expected -1 on axis 0 (the batch axis) because "
+        "manifest.yaml:9: inputs[0].shape: expected -1 on axis 0 (the batch axis) because "
         "batching.compiled_batch_sizes is set, got [4, 16]",
     ),
     (
         "variable_axis",
         "double",
         edit_manifest(_set("inputs.0.shape", [-1, -1])),
-        "manifest.yaml: inputs[0].shape[1]: variable axes (-1 outside the batch axis) are not "
+        "manifest.yaml:9: inputs[0].shape[1]: variable axes (-1 outside the batch axis) are not "
         "supported on executable tensors in format 1; export one bundle per shape",
     ),
     (
@@ -178,14 +178,14 @@ SCAN_CASES: list[tuple[str, str, Break, str]] = [
         edit_manifest(
             _set("client_inputs", [{"name": "x", "datatype": "UINT8", "shape": [-1, 16]}])
         ),
-        "manifest.yaml: client_inputs: allowed only in a bundle with a model.py (none found)",
+        "manifest.yaml:4: client_inputs: allowed only in a bundle with a model.py (none found)",
     ),
     (
         "invalid_yaml",
         "double",
         write_text("manifest.yaml", "format_version: 1\ninputs: [\n"),
-        "manifest.yaml: not valid YAML: expected the node content, but found '<stream end>' "
-        "at line 3, column 1",
+        "manifest.yaml:3: not valid YAML: expected the node content, but found '<stream end>' "
+        "(column 1)",
     ),
     (
         "no_argument_order",

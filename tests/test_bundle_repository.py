@@ -15,7 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reactantserver.bundle import Bundle, load_bundle, scan_repository, signature, write_weights
+from reactantserver.bundle import (
+    Bundle,
+    find_bundles,
+    load_bundle,
+    scan_repository,
+    signature,
+    write_weights,
+)
 from reactantserver.errors import BundleError, ConfigError, ExecutionFailed, InvalidArgument
 from reactantserver.hooks import Hooks, load_hooks, run_postprocess, run_preprocess
 
@@ -284,3 +291,17 @@ def test_bundle_and_hooks_modules_import_without_jax() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
     )
     assert out.stdout.strip() == "False"
+
+
+def test_find_bundles_names_the_directories_that_are_no_bundle(tmp_path: Path) -> None:
+    """A visible directory without a manifest.yaml is no bundle, and is named as such
+    (hidden ones and files are not); with an allowlist, only the names on it."""
+    repo = tmp_path / "repo"
+    for name in ("good", "notes", ".hidden"):
+        (repo / name).mkdir(parents=True)
+    (repo / "good" / "manifest.yaml").write_text("format_version: 1\n")
+    (repo / "README").write_text("not a directory\n")
+    listing = find_bundles([repo])
+    assert list(listing.paths) == ["good"] and listing.unbundled == (repo / "notes",)
+    assert find_bundles([repo], include=("good",)).unbundled == ()
+    assert find_bundles([repo], include=("notes",)).unbundled == (repo / "notes",)

@@ -25,6 +25,7 @@ import pytest
 from test_bundle_broken import LOAD_CASES, SCAN_CASES
 
 from reactantserver.bundle import parse_manifest
+from reactantserver.errors import BundleError
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 _MARKED = re.compile(r"<!-- doc-test: (?P<what>[^>]*?) -->\n```[a-z]*\n(?P<body>.*?)```", re.S)
@@ -100,3 +101,13 @@ def test_bundles_page_error_messages_are_the_real_ones() -> None:
     known = {name: message for name, _, _, message in SCAN_CASES + LOAD_CASES}
     for name, message in listed:
         assert known[name] == message, name
+
+
+def test_bundles_page_reports_every_problem_of_its_broken_manifest() -> None:
+    """docs/bundles.md's manifest with three mistakes, and the three lines it shows."""
+    marked = [b for m, b in blocks("bundles.md") if m == "elsewhere tests/test_export_docs.py"]
+    manifest = next(b for b in marked if b.startswith("# models/my-model/manifest.yaml"))
+    shown = next(b for b in marked if b.startswith("bundle 'my-model': "))
+    with pytest.raises(BundleError) as info:
+        parse_manifest("my-model", manifest, has_model_py=False)  # the comment is line 1
+    assert str(info.value).splitlines() == shown.splitlines()

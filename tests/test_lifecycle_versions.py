@@ -466,3 +466,18 @@ class VersionsMachine(RuleBasedStateMachine):
 
 TestVersionsMachine = VersionsMachine.TestCase
 TestVersionsMachine.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
+
+
+def test_an_unknown_name_is_answered_with_the_closest_known_ones() -> None:
+    """``NOT_FOUND: model 'irsi' is not loaded; did you mean 'iris'?`` -- a hint only for
+    a name the worker never had, and only when a known name is close."""
+    versions: ModelVersions[Version] = ModelVersions()
+    for name in ("iris", "mlp", "double"):
+        versions.begin_load(name)
+        versions.loaded(name, Version(name, "b1", 1), batching="b1")
+    with pytest.raises(NotFound) as typo:
+        versions.admit("irsi")
+    assert str(typo.value) == "model 'irsi' is not loaded; did you mean 'iris'?"
+    with pytest.raises(NotFound) as unrelated:
+        versions.admit("resnet50")
+    assert str(unrelated.value) == "model 'resnet50' is not loaded"

@@ -703,6 +703,41 @@ async def test_the_watcher_acts_on_the_second_identical_poll_and_never_retries_a
         np.testing.assert_array_equal(await answer(worker), np.full((1, 16), 3.0))
 
 
+async def test_a_directory_without_a_manifest_is_one_warning_and_a_typo_gets_a_hint(
+    zoo_repo: Path,
+    compile_cache: Path,
+    tmp_path: Path,
+    autojump_clock: trio.testing.MockClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A repository directory that is no bundle (no manifest.yaml) is named once, however
+    many polls see it, and again only if it comes back after it was fixed; a request for
+    a misspelt model is told the name it probably meant."""
+    repo = copy_bundles(zoo_repo, tmp_path, "double")
+    (repo / "notes").mkdir()
+    config = dynamic(worker_config(repo, cache_dir=compile_cache, metrics=False))
+    caplog.set_level(logging.WARNING, logger="reactantserver.worker")
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "has no manifest.yaml" in r.getMessage()]
+
+    async with virtual_worker(config) as worker:
+        for _ in range(5):
+            await next_poll(worker)
+        assert warnings() == [
+            f"repository: {repo / 'notes'} has no manifest.yaml, so it is not a bundle (add "
+            "the manifest, or move the directory out of the repository)"
+        ]
+        (repo / "notes").rmdir()
+        await next_poll(worker)
+        (repo / "notes").mkdir()
+        await next_poll(worker)
+        assert len(warnings()) == 2
+        with pytest.raises(NotFound) as typo:
+            await answer(worker, "doubel")
+        assert str(typo.value) == "model 'doubel' is not loaded; did you mean 'double'?"
+
+
 @pytest.mark.parametrize("mode", ["static", "explicit"])
 async def test_without_a_watcher_nothing_on_disk_is_ever_picked_up(
     zoo_repo: Path,

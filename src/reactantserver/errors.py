@@ -51,12 +51,19 @@ class ConfigError(ReactantError):
 
 
 class BundleError(ReactantError):
-    """A model bundle on disk is malformed or does not match its manifest."""
+    """A model bundle on disk is malformed or does not match its manifest.
 
-    def __init__(self, bundle: str, message: str) -> None:
-        super().__init__(f"bundle {bundle!r}: {message}")
+    Like ``ConfigError``, one error can carry every problem a check found at once (a
+    manifest with an unknown key and two bad datatypes is one load, not three): the
+    message is one ``bundle 'name': problem`` line per problem; ``problems`` holds the
+    problems, ``detail`` them joined with ``; `` (a one-line reason for the index).
+    """
+
+    def __init__(self, bundle: str, message: str, *more: str) -> None:
+        self.problems: tuple[str, ...] = (message, *more)
+        super().__init__("\n".join(f"bundle {bundle!r}: {p}" for p in self.problems))
         self.bundle = bundle
-        self.detail = message
+        self.detail = "; ".join(self.problems)
 
 
 class LifecycleError(ReactantError):

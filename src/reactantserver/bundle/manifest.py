@@ -39,15 +39,20 @@ names each violation, in one place an author can read top to bottom.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal, NoReturn
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, NoReturn, ParamSpec, TypeVar
 
 import attrs
 from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from ..errors import BundleError
+from ..names import did_you_mean
 from ..tensors import DATATYPES, to_numpy_dtype
+
+_T = TypeVar("_T")
+_D = TypeVar("_D")
+_P = ParamSpec("_P")
 
 MANIFEST_FILE = "manifest.yaml"
 MODEL_PY = "model.py"
@@ -177,24 +182,81 @@ class Manifest:
         return out
 
 
-class _Checker:
-    """Typed access to plain YAML data that fails with ``file: key.path: message``."""
+class _Abandon(Exception):
+    """A value cannot be used: its problem is recorded, and what depends on it is skipped
+    (checking goes on with the next key)."""
 
-    def __init__(self, bundle: str, file: str) -> None:
+
+class _Checker:
+    """Typed access to plain YAML data that records ``file:line: key.path: message``
+    problems -- every one of them, like a node file's -- and raises them together at the
+    end (:meth:`finish`).
+
+    ``fail`` records a problem and abandons the value being checked (``_Abandon``, caught
+    by :meth:`attempt` around each independent part); ``problem`` records one and goes
+    on. ``lines`` maps key paths (``inputs[0].datatype``) to 1-based lines; a missing key
+    is reported at the line of the mapping that lacks it, data without lines (the
+    exporter's) without a line.
+    """
+
+    def __init__(self, bundle: str, file: str, lines: Mapping[str, int] | None = None) -> None:
         self.bundle = bundle
         self.file = file
+        self.lines = lines
+        #: (line, order found, text): reported in file order.
+        self.problems: list[tuple[int, int, str]] = []
+
+    def problem(self, path: str, message: str) -> None:
+        line = self._line(path)
+        where = f"{self.file}:{line}" if line else self.file
+        text = f"{where}: {path}: {message}" if path else f"{where}: {message}"
+        if all(text != known for _, _, known in self.problems):
+            self.problems.append((line, len(self.problems), text))
 
     def fail(self, path: str, message: str) -> NoReturn:
-        where = f"{self.file}: {path}: " if path else f"{self.file}: "
-        raise BundleError(self.bundle, where + message)
+        self.problem(path, message)
+        raise _Abandon
+
+    def attempt(
+        self, default: _D, check: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs
+    ) -> _T | _D:
+        """``check(*args, **kwargs)``, or ``default`` when it abandoned its value (its
+        problem is recorded)."""
+        try:
+            return check(*args, **kwargs)
+        except _Abandon:
+            return default
+
+    @property
+    def count(self) -> int:
+        return len(self.problems)
+
+    def finish(self) -> None:
+        """Raise every problem found as one ``BundleError`` (none: return)."""
+        if self.problems:
+            ordered = [text for _, _, text in sorted(self.problems)]
+            raise BundleError(self.bundle, *ordered)
+
+    def _line(self, path: str) -> int:
+        if self.lines is None:
+            return 0
+        probe = path
+        while probe not in self.lines and probe:
+            cut = probe.rfind("[") if probe.endswith("]") else probe.rfind(".")
+            probe = probe[: max(cut, 0)]
+        return self.lines.get(probe, 0)
 
     def mapping(self, value: Any, path: str, allowed: Sequence[str]) -> Mapping[str, Any]:
+        """``value`` as a mapping; each unknown key is a problem of its own (and ignored)."""
         if not isinstance(value, Mapping):
             self.fail(path, f"expected a mapping, got {_describe(value)}")
         for key in value:
             if key not in allowed:
                 sub = f"{path}.{key}" if path else str(key)
-                self.fail(sub, f"unknown key; expected one of {', '.join(allowed)}")
+                hint = did_you_mean(str(key), allowed)
+                self.problem(
+                    sub, f"unknown key; expected one of {', '.join(allowed)}{_paren(hint)}"
+                )
         return value
 
     def string(self, value: Any, path: str) -> str:
@@ -220,6 +282,11 @@ class _Checker:
         return value
 
 
+def _paren(hint: str) -> str:
+    """``"; did you mean 'x'?"`` -> ``" (did you mean 'x'?)"``, as config messages say it."""
+    return f" ({hint.removeprefix('; ')})" if hint else ""
+
+
 def _describe(value: Any) -> str:
     if value is None:
         return "nothing (null)"
@@ -235,114 +302,234 @@ def _describe(value: Any) -> str:
 def _tensor(
     c: _Checker, value: Any, path: str, *, client: bool, batched: bool | None, meta: bool
 ) -> TensorSpec:
+    """One tensor; every problem of it recorded, then abandoned if it had any."""
+    before = c.count
     m = c.mapping(value, path, _TENSOR_KEYS)
     for key in _TENSOR_KEYS:
         if key not in m:
-            c.fail(f"{path}.{key}", "required key is missing")
-    name = c.string(m["name"], f"{path}.name")
-    datatype = m["datatype"]
+            c.problem(f"{path}.{key}", "required key is missing")
+    name = c.attempt("", c.string, m["name"], f"{path}.name") if "name" in m else ""
+    datatype = m.get("datatype")
     allowed = DATATYPES if client else EXECUTABLE_DATATYPES
-    if datatype == "BYTES" and not client:
-        c.fail(
+    if "datatype" not in m:
+        pass
+    elif datatype == "BYTES" and not client:
+        c.problem(
             f"{path}.datatype",
             "BYTES is allowed only on client_inputs/client_outputs of a bundle with a model.py",
         )
-    if not isinstance(datatype, str) or datatype not in allowed:
-        c.fail(
-            f"{path}.datatype", f"expected one of {', '.join(allowed)}, got {_describe(datatype)}"
+    elif not isinstance(datatype, str) or datatype not in allowed:
+        hint = did_you_mean(datatype, allowed) if isinstance(datatype, str) else ""
+        c.problem(
+            f"{path}.datatype",
+            f"expected one of {', '.join(allowed)}, got {_describe(datatype)}{_paren(hint)}",
         )
-    raw_shape = c.sequence(m["shape"], f"{path}.shape", "axis extents")
     shape: list[int] = []
-    for i, d in enumerate(raw_shape):
-        if isinstance(d, bool) or not isinstance(d, int) or (d <= 0 and d != -1):
-            c.fail(f"{path}.shape[{i}]", f"expected a positive extent or -1, got {_describe(d)}")
-        shape.append(d)
+    if "shape" in m:
+        raw_shape = c.attempt(None, c.sequence, m["shape"], f"{path}.shape", "axis extents")
+        for i, d in enumerate(raw_shape or ()):
+            if isinstance(d, bool) or not isinstance(d, int) or (d <= 0 and d != -1):
+                c.problem(
+                    f"{path}.shape[{i}]", f"expected a positive extent or -1, got {_describe(d)}"
+                )
+            else:
+                shape.append(d)
+        if raw_shape is not None and len(shape) == len(raw_shape):
+            _check_axes(c, shape, path, client=client, batched=batched, meta=meta)
+    if c.count > before:
+        raise _Abandon
+    return TensorSpec(name=name, datatype=str(datatype), shape=tuple(shape))
+
+
+def _check_axes(
+    c: _Checker, shape: list[int], path: str, *, client: bool, batched: bool | None, meta: bool
+) -> None:
+    """The batch-axis rules; ``batched`` None: not known (meta, or a bad ``batching:``)."""
+    if batched is None:
+        return
     if batched and (not shape or shape[0] != -1):
-        c.fail(
+        c.problem(
             f"{path}.shape",
             "expected -1 on axis 0 (the batch axis) because "
             f"batching.compiled_batch_sizes is set, got {shape}",
         )
+        return
     if not client and not meta:
         first = 1 if batched else 0
         for i in range(first, len(shape)):
-            if shape[i] == -1:
-                if batched:
-                    c.fail(
-                        f"{path}.shape[{i}]",
-                        "variable axes (-1 outside the batch axis) are not supported on "
-                        "executable tensors in format 1; export one bundle per shape",
-                    )
-                c.fail(
+            if shape[i] != -1:
+                continue
+            if batched:
+                c.problem(
+                    f"{path}.shape[{i}]",
+                    "variable axes (-1 outside the batch axis) are not supported on "
+                    "executable tensors in format 1; export one bundle per shape",
+                )
+            else:
+                c.problem(
                     f"{path}.shape[{i}]",
                     "-1 needs batching.compiled_batch_sizes (this bundle is unbatched, so "
                     "every axis of an executable tensor is fixed)",
                 )
-    return TensorSpec(name=name, datatype=datatype, shape=tuple(shape))
 
 
 def _tensors(
     c: _Checker, value: Any, path: str, *, client: bool, batched: bool | None, meta: bool = False
 ) -> tuple[TensorSpec, ...]:
+    """A list of tensors: every tensor checked, then abandoned if any had a problem."""
     items = c.sequence(value, path, "tensors ({name, datatype, shape})")
     if not items:
         c.fail(path, "expected at least one tensor, got an empty list")
-    specs = tuple(
-        _tensor(c, v, f"{path}[{i}]", client=client, batched=batched, meta=meta)
-        for i, v in enumerate(items)
-    )
+    before = c.count
+    specs: list[TensorSpec] = []
+    for i, v in enumerate(items):
+        spec = c.attempt(
+            None, _tensor, c, v, f"{path}[{i}]", client=client, batched=batched, meta=meta
+        )
+        if spec is not None:
+            specs.append(spec)
     seen: set[str] = set()
-    for i, spec in enumerate(specs):
-        if spec.name in seen:
-            c.fail(f"{path}[{i}].name", f"duplicate tensor name {spec.name!r}")
-        seen.add(spec.name)
-    return specs
+    for i, v in enumerate(items):
+        name = v.get("name") if isinstance(v, Mapping) else None
+        if isinstance(name, str) and name:
+            if name in seen:
+                c.problem(f"{path}[{i}].name", f"duplicate tensor name {name!r}")
+            seen.add(name)
+    if c.count > before:
+        raise _Abandon
+    return tuple(specs)
 
 
 def _batch_sizes(c: _Checker, value: Any) -> tuple[int, ...]:
+    before = c.count
     m = c.mapping(value, "batching", _BATCHING_KEYS)
+    if c.count > before:
+        # A misspelt key: whether the model is batched is unknown, and the batch-axis
+        # rules would only echo the typo.
+        raise _Abandon
     raw = m.get("compiled_batch_sizes", [])
     path = "batching.compiled_batch_sizes"
     items = c.sequence(raw, path, "positive integers")
-    sizes = [c.positive_int(v, f"{path}[{i}]") for i, v in enumerate(items)]
-    for i, s in enumerate(sizes):
-        if s in sizes[:i]:
-            c.fail(f"{path}[{i}]", f"duplicate batch size {s}")
+    sizes = [c.attempt(0, c.positive_int, v, f"{path}[{i}]") for i, v in enumerate(items)]
+    for i, size in enumerate(sizes):
+        if size and size in sizes[:i]:
+            c.problem(f"{path}[{i}]", f"duplicate batch size {size}")
+    if c.count > before:
+        raise _Abandon
     return tuple(sorted(sizes))
 
 
 def load_yaml(bundle: str, text: str, file: str = MANIFEST_FILE) -> Any:
     """Parse YAML text (safe loader), mapping syntax errors to ``BundleError``."""
+    return load_yaml_lines(bundle, text, file)[0]
+
+
+def load_yaml_lines(
+    bundle: str, text: str, file: str = MANIFEST_FILE
+) -> tuple[Any, dict[str, int]]:
+    """Parse YAML text into plain data and the 1-based line of every key path
+    (``inputs[0].datatype``; ``""`` is line 1), mapping syntax errors to ``BundleError``.
+
+    The round-trip loader keeps positions; its containers and scalars are turned into the
+    plain ``dict`` / ``list`` / ``int`` / ``float`` / ``bool`` / ``str`` the safe loader
+    gives, so the rules see the same values either way.
+    """
     try:
-        return YAML(typ="safe", pure=True).load(text)
+        doc = YAML(typ="rt", pure=True).load(text)
     except MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise BundleError(bundle, f"{file}: not valid YAML: {exc.problem}{where}") from None
+        mark = exc.problem_mark or exc.context_mark
+        where = f":{mark.line + 1}" if mark else ""
+        column = f" (column {mark.column + 1})" if mark else ""
+        what = exc.problem or exc.context or "unreadable"
+        raise BundleError(bundle, f"{file}{where}: not valid YAML: {what}{column}") from None
     except YAMLError as exc:
         raise BundleError(bundle, f"{file}: not valid YAML: {exc}") from None
+    lines: dict[str, int] = {"": 1}
+    return _plain(doc, "", lines), lines
+
+
+def _plain(node: Any, path: str, lines: dict[str, int]) -> Any:
+    if isinstance(node, Mapping):
+        out: dict[Any, Any] = {}
+        for key, value in node.items():
+            child = f"{path}.{key}" if path else str(key)
+            lines[child] = _position(node, key, item=False) or lines.get(path, 1)
+            out[_plain_scalar(key)] = _plain(value, child, lines)
+        return out
+    if isinstance(node, list):
+        items = []
+        for index, value in enumerate(node):
+            child = f"{path}[{index}]"
+            lines[child] = _position(node, index, item=True) or lines.get(path, 1)
+            items.append(_plain(value, child, lines))
+        return items
+    return _plain_scalar(node)
+
+
+def _plain_scalar(node: Any) -> Any:
+    # ruamel's round-trip scalars subclass the builtins (ScalarBoolean subclasses int).
+    if type(node).__name__ == "ScalarBoolean" or isinstance(node, bool):
+        return bool(node)
+    if isinstance(node, int):
+        return int(node)
+    if isinstance(node, float):
+        return float(node)
+    if isinstance(node, str):
+        return str(node)
+    return node
+
+
+def _position(container: Any, key: object, *, item: bool) -> int | None:
+    """1-based line of a key (or list item) of a round-trip container, if it kept one."""
+    lc = getattr(container, "lc", None)
+    if lc is None:
+        return None
+    try:
+        row = lc.item(key)[0] if item else lc.key(key)[0]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return int(row) + 1
 
 
 def parse_manifest(bundle: str, text: str, *, has_model_py: bool) -> Manifest:
-    """Parse and validate manifest text for the bundle named ``bundle``.
+    """Parse and validate manifest text for the bundle named ``bundle``: every problem of
+    it at once, each with its line.
 
     ``has_model_py`` says whether the bundle directory holds a ``model.py``: client
     tensors and ``kind: meta`` need one.
     """
-    return manifest_from_data(bundle, load_yaml(bundle, text), has_model_py=has_model_py)
+    data, lines = load_yaml_lines(bundle, text)
+    return _validate(_Checker(bundle, MANIFEST_FILE, lines), data, has_model_py=has_model_py)
 
 
 def manifest_from_data(bundle: str, data: Any, *, has_model_py: bool) -> Manifest:
     """Validate already-loaded manifest data (used by the parser and the exporter)."""
-    c = _Checker(bundle, MANIFEST_FILE)
+    return _validate(_Checker(bundle, MANIFEST_FILE), data, has_model_py=has_model_py)
+
+
+def _validate(c: _Checker, data: Any, *, has_model_py: bool) -> Manifest:
+    """Every rule of the module docstring; all problems at once (``BundleError``)."""
+    try:
+        manifest = _checked(c, data, has_model_py=has_model_py)
+    except _Abandon:
+        manifest = None
+    c.finish()
+    assert manifest is not None  # no problem recorded: every part was built
+    return manifest
+
+
+def _checked(c: _Checker, data: Any, *, has_model_py: bool) -> Manifest | None:
+    """The manifest, or None when a problem was recorded (``_Abandon`` when nothing more
+    can be checked)."""
     if data is None:
         c.fail("", "the file is empty; expected a mapping with format_version, kind, ...")
     top = c.mapping(data, "", _ALL_KEYS)
     if "format_version" not in top:
-        c.fail("format_version", f"required key is missing (expected {FORMAT_VERSION})")
-    version = str(top["format_version"])
-    if isinstance(top["format_version"], bool) or version not in _ACCEPTED_VERSIONS:
-        c.fail(
+        c.problem("format_version", f"required key is missing (expected {FORMAT_VERSION})")
+    elif isinstance(top["format_version"], bool) or str(top["format_version"]) not in (
+        _ACCEPTED_VERSIONS
+    ):
+        c.problem(
             "format_version",
             f"expected {FORMAT_VERSION}, got {_describe(top['format_version'])}",
         )
@@ -351,41 +538,40 @@ def manifest_from_data(bundle: str, data: Any, *, has_model_py: bool) -> Manifes
         c.fail("kind", f"expected one of model, meta, got {_describe(kind)}")
     allowed = _MODEL_KEYS if kind == "model" else _META_KEYS
     for key in top:
-        if key not in allowed:
-            c.fail(key, f"not allowed in a kind: {kind} bundle")
+        if key in _ALL_KEYS and key not in allowed:
+            c.problem(key, f"not allowed in a kind: {kind} bundle")
     description = top.get("description", "")
     if not isinstance(description, str):
-        c.fail("description", f"expected a string, got {_describe(description)}")
+        c.problem("description", f"expected a string, got {_describe(description)}")
     declared = top.get("name")
     if declared is not None:
-        declared = c.string(declared, "name")
+        declared = c.attempt(None, c.string, declared, "name")
     provenance = top.get("provenance", {})
     if not isinstance(provenance, Mapping):
-        c.fail("provenance", f"expected a mapping, got {_describe(provenance)}")
+        c.problem("provenance", f"expected a mapping, got {_describe(provenance)}")
+        provenance = {}
 
     for key in ("client_inputs", "client_outputs"):
         if key in top and not has_model_py:
-            c.fail(key, f"allowed only in a bundle with a {MODEL_PY} (none found)")
+            c.problem(key, f"allowed only in a bundle with a {MODEL_PY} (none found)")
 
     if kind == "meta":
         if not has_model_py:
-            c.fail("kind", f"a kind: meta bundle needs a {MODEL_PY} (none found)")
+            c.problem("kind", f"a kind: meta bundle needs a {MODEL_PY} (none found)")
+        client: list[tuple[TensorSpec, ...] | None] = []
         for key in ("client_inputs", "client_outputs"):
             if key not in top:
-                c.fail(key, "required key is missing (a kind: meta bundle declares its tensors)")
-        client_in = _tensors(
-            c, top["client_inputs"], "client_inputs", client=True, batched=None, meta=True
-        )
-        client_out = _tensors(
-            c, top["client_outputs"], "client_outputs", client=True, batched=None, meta=True
-        )
-        raw_calls = c.sequence(top.get("calls", []), "calls", "model names")
-        calls = tuple(c.string(v, f"calls[{i}]") for i, v in enumerate(raw_calls))
-        for i, callee in enumerate(calls):
-            if callee in calls[:i]:
-                c.fail(f"calls[{i}]", f"duplicate model name {callee!r}")
-            if callee == bundle:
-                c.fail(f"calls[{i}]", "a meta model cannot call itself")
+                c.problem(key, "required key is missing (a kind: meta bundle declares its tensors)")
+                client.append(None)
+                continue
+            client.append(
+                c.attempt(None, _tensors, c, top[key], key, client=True, batched=None, meta=True)
+            )
+        calls: tuple[str, ...] = c.attempt((), _calls, c, top.get("calls", []), c.bundle)
+        if c.count:
+            return None
+        client_in, client_out = client
+        assert client_in is not None and client_out is not None
         return Manifest(
             format_version=FORMAT_VERSION,
             kind="meta",
@@ -402,35 +588,33 @@ def manifest_from_data(bundle: str, data: Any, *, has_model_py: bool) -> Manifes
             provenance=dict(provenance),
         )
 
-    sizes = _batch_sizes(c, top["batching"]) if "batching" in top else ()
-    batched = bool(sizes)
-    executable = []
+    sizes = c.attempt(None, _batch_sizes, c, top["batching"]) if "batching" in top else ()
+    # Batching unknown (its own problem): the batch-axis rules are not checked.
+    batched = bool(sizes) if sizes is not None else None
+    tensors: dict[str, tuple[TensorSpec, ...] | None] = {}
     for key in ("inputs", "outputs"):
         if key not in top:
-            c.fail(key, "required key is missing (the executable's tensors, in argument order)")
-        executable.append(_tensors(c, top[key], key, client=False, batched=batched))
-    inputs, outputs = executable
-    client_inputs = (
-        _tensors(c, top["client_inputs"], "client_inputs", client=True, batched=batched)
-        if "client_inputs" in top
-        else None
-    )
-    client_outputs = (
-        _tensors(c, top["client_outputs"], "client_outputs", client=True, batched=batched)
-        if "client_outputs" in top
-        else None
-    )
-    artifact = c.file_name(top.get("artifact", DEFAULT_ARTIFACT), "artifact")
-    weights = c.file_name(top.get("weights", DEFAULT_WEIGHTS), "weights")
-    if artifact == weights:
-        c.fail("weights", f"must differ from artifact ({artifact!r})")
+            c.problem(key, "required key is missing (the executable's tensors, in argument order)")
+            continue
+        tensors[key] = c.attempt(None, _tensors, c, top[key], key, client=False, batched=batched)
+    for key in ("client_inputs", "client_outputs"):
+        if key in top:
+            tensors[key] = c.attempt(None, _tensors, c, top[key], key, client=True, batched=batched)
+    artifact = c.attempt("", c.file_name, top.get("artifact", DEFAULT_ARTIFACT), "artifact")
+    weights = c.attempt("", c.file_name, top.get("weights", DEFAULT_WEIGHTS), "weights")
+    if artifact and artifact == weights:
+        c.problem("weights", f"must differ from artifact ({artifact!r})")
+    if c.count:
+        return None
+    inputs, outputs = tensors["inputs"], tensors["outputs"]
+    assert inputs is not None and outputs is not None and sizes is not None
     return Manifest(
         format_version=FORMAT_VERSION,
         kind="model",
         inputs=inputs,
         outputs=outputs,
-        client_inputs=client_inputs,
-        client_outputs=client_outputs,
+        client_inputs=tensors.get("client_inputs"),
+        client_outputs=tensors.get("client_outputs"),
         compiled_batch_sizes=sizes,
         artifact=artifact,
         weights=weights,
@@ -439,6 +623,20 @@ def manifest_from_data(bundle: str, data: Any, *, has_model_py: bool) -> Manifes
         declared_name=declared,
         provenance=dict(provenance),
     )
+
+
+def _calls(c: _Checker, value: Any, bundle: str) -> tuple[str, ...]:
+    raw = c.sequence(value, "calls", "model names")
+    before = c.count
+    calls = [c.attempt("", c.string, v, f"calls[{i}]") for i, v in enumerate(raw)]
+    for i, callee in enumerate(calls):
+        if callee and callee in calls[:i]:
+            c.problem(f"calls[{i}]", f"duplicate model name {callee!r}")
+        if callee == bundle:
+            c.problem(f"calls[{i}]", "a meta model cannot call itself")
+    if c.count > before:
+        raise _Abandon
+    return tuple(calls)
 
 
 def dump_manifest(manifest: Manifest) -> str:

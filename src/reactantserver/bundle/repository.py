@@ -6,7 +6,9 @@ A model repository is a directory; each immediate subdirectory holding a
 ``manifest.yaml`` is a bundle, named after the directory (a ``name:`` key in the
 manifest is informational only: renaming the directory renames the model). Hidden
 directories (``.foo``) are skipped so editors and the exporter's temporary
-directories never show up as models.
+directories never show up as models. A visible subdirectory *without* a manifest is no
+bundle either, but it is most likely one that lost (or never got) its manifest, so
+``find_bundles`` names those too (``BundleListing.unbundled``): the worker says so once.
 
 ``load_bundle`` does every check that needs no JAX, cheapest first: the manifest
 (``manifest.py`` rules), the artifact's presence, the weights header and its
@@ -194,6 +196,8 @@ class BundleListing:
     paths: Mapping[str, Path]
     #: name -> the first *other* repository directory that has it too (ignored).
     duplicates: Mapping[str, Path]
+    #: Visible subdirectories with no manifest.yaml (not bundles; the worker warns once).
+    unbundled: tuple[Path, ...] = ()
 
 
 @attrs.frozen
@@ -206,13 +210,18 @@ class ScanResult:
 
 def bundle_dirs(directory: Path) -> list[Path]:
     """Immediate, visible subdirectories of ``directory`` holding a manifest.yaml."""
-    out = []
+    return _subdirectories(directory)[0]
+
+
+def _subdirectories(directory: Path) -> tuple[list[Path], list[Path]]:
+    """``directory``'s visible subdirectories: those with a manifest.yaml, and the others."""
+    bundles: list[Path] = []
+    others: list[Path] = []
     for entry in sorted(directory.iterdir(), key=lambda p: p.name):
         if entry.name.startswith(".") or not entry.is_dir():
             continue
-        if (entry / MANIFEST_FILE).is_file():
-            out.append(entry)
-    return out
+        (bundles if (entry / MANIFEST_FILE).is_file() else others).append(entry)
+    return bundles, others
 
 
 def find_bundles(
@@ -227,8 +236,10 @@ def find_bundles(
     wanted = set(include)
     paths: dict[str, Path] = {}
     duplicates: dict[str, Path] = {}
+    unbundled: list[Path] = []
     for directory in directories:
-        for path in bundle_dirs(Path(directory)):
+        bundles, others = _subdirectories(Path(directory))
+        for path in bundles:
             name = path.name
             if wanted and name not in wanted:
                 continue
@@ -236,7 +247,8 @@ def find_bundles(
                 duplicates.setdefault(name, Path(directory))
             else:
                 paths[name] = path
-    return BundleListing(paths=paths, duplicates=duplicates)
+        unbundled.extend(p for p in others if not wanted or p.name in wanted)
+    return BundleListing(paths=paths, duplicates=duplicates, unbundled=tuple(unbundled))
 
 
 def scan_repository(

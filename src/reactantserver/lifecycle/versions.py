@@ -89,6 +89,7 @@ from typing import Any, Generic, TypeAlias, TypeVar
 import attrs
 
 from ..errors import BundleError, LifecycleError, NotFound, ReactantError, Unavailable
+from ..names import did_you_mean
 from .states import LifecycleEvent, ModelRecord, ModelState, ModelTable, admits_requests
 
 __all__ = [
@@ -469,4 +470,7 @@ class ModelVersions(Generic[V]):
             return NotFound(f"model {name!r} failed to load: {record.error}")
         if record.state is ModelState.DRAINING:
             return NotFound(f"model {name!r} is being unloaded")
-        return NotFound(f"model {name!r} is not loaded")
+        # A name this worker never had is most often a typo: name the closest it has.
+        known = self._states.records
+        hint = "" if name in known else did_you_mean(name, {*known, *self._by_name})
+        return NotFound(f"model {name!r} is not loaded{hint}")

@@ -4,6 +4,9 @@ Theory of operation
 -------------------
 :meth:`RepositoryDriver.load_startup_set` loads the startup set -- ``models_include``, or
 every bundle when it is empty, in every mode -- and returns the signatures it came from.
+A repository directory without a ``manifest.yaml`` is no bundle: it gets one warning
+line, the first time a listing shows it (not one per poll; again only if it comes back
+after it was fixed or removed).
 They are taken *before* the bundles are read: a file that changes in between then
 differs from the baseline and is reloaded by the watcher, never missed. Bundles that
 fail their checks are reported and listed as failed; in explicit mode every other bundle
@@ -29,7 +32,7 @@ from pathlib import Path
 import attrs
 import trio
 
-from ..bundle import Signature, find_bundles, scan_repository, signature
+from ..bundle import MANIFEST_FILE, Signature, find_bundles, scan_repository, signature
 from ..config import ServerConfig
 from ..lifecycle import Action, ModelState, ModelVersions, RepositoryWatch, changed_files
 from ..models import ServedModel
@@ -38,7 +41,7 @@ from ..threads import ThreadRunner
 from .build import Version
 from .lifecycle import LifecycleDriver
 
-__all__ = ["RepositoryDriver", "RepositoryStatistics", "list_signatures"]
+__all__ = ["RepositoryDriver", "RepositoryListing", "RepositoryStatistics", "list_signatures"]
 
 # One logger for the whole worker package (operators filter on "reactantserver.worker").
 log = logging.getLogger(__package__)
@@ -47,19 +50,28 @@ log = logging.getLogger(__package__)
 Listing = Mapping[str, tuple[Path, Signature]]
 
 
-def list_signatures(
-    model_dirs: Sequence[str], include: Sequence[str]
-) -> dict[str, tuple[Path, Signature]]:
+@attrs.frozen
+class RepositoryListing:
+    """One listing of the repository: its bundles, and the directories that are none."""
+
+    #: name -> (bundle directory, signature), the first directory winning.
+    bundles: Mapping[str, tuple[Path, Signature]]
+    #: Visible subdirectories without a manifest.yaml.
+    unbundled: tuple[Path, ...] = ()
+
+
+def list_signatures(model_dirs: Sequence[str], include: Sequence[str]) -> RepositoryListing:
     """Every bundle directory (first one wins) and its signature; blocking (a thread).
 
     Raises ``OSError`` when a repository directory cannot be listed.
     """
+    found = find_bundles(model_dirs, include=include)
     out: dict[str, tuple[Path, Signature]] = {}
-    for name, path in find_bundles(model_dirs, include=include).paths.items():
+    for name, path in found.paths.items():
         sig = signature(path)
         if sig:  # empty: the directory vanished while we looked
             out[name] = (path, sig)
-    return out
+    return RepositoryListing(out, found.unbundled)
 
 
 @attrs.frozen
@@ -89,6 +101,8 @@ class RepositoryDriver:
         self._thread = thread
         self._polls = 0
         self._poll_failures = 0
+        #: Directories without a manifest the log has named (each once while it lasts).
+        self._unbundled: set[Path] = set()
 
     def statistics(self) -> RepositoryStatistics:
         return RepositoryStatistics(polls=self._polls, poll_failures=self._poll_failures)
@@ -97,9 +111,11 @@ class RepositoryDriver:
         """Load the startup set; the signatures it came from (the watch's baseline)."""
         cfg = self._config
         explicit = cfg.model_control_mode == "explicit"
-        listing = await self._thread(
+        found = await self._thread(
             list_signatures, cfg.model_dirs, () if explicit else cfg.models_include
         )
+        self._note_unbundled(found.unbundled)
+        listing = found.bundles
         scan = await self._thread(
             partial(scan_repository, cfg.model_dirs, include=cfg.models_include)
         )
@@ -142,15 +158,29 @@ class RepositoryDriver:
         while True:
             await trio.sleep(cfg.model_poll_seconds)
             try:
-                listing = await self._thread(list_signatures, cfg.model_dirs, cfg.models_include)
+                found = await self._thread(list_signatures, cfg.model_dirs, cfg.models_include)
             except OSError as exc:
                 self._poll_failures += 1
                 log.warning("repository poll failed (%s); leaving every model as it is", exc)
                 continue
+            self._note_unbundled(found.unbundled)
+            listing = found.bundles
             actions = watch.observe({name: sig for name, (_, sig) in listing.items()})
             for action in actions:
                 await self._apply(action, listing)
             self._polls += 1
+
+    def _note_unbundled(self, unbundled: Sequence[Path]) -> None:
+        """One warning per repository directory that has no manifest, while it has none."""
+        now = set(unbundled)
+        for path in sorted(now - self._unbundled):
+            log.warning(
+                "repository: %s has no %s, so it is not a bundle (add the manifest, or "
+                "move the directory out of the repository)",
+                path,
+                MANIFEST_FILE,
+            )
+        self._unbundled = now
 
     async def _apply(self, action: Action, listing: Listing) -> None:
         """Carry out one repository change through the lifecycle driver."""
