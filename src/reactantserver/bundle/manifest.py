@@ -5,10 +5,20 @@ Theory of operation
 ``parse_manifest`` turns the YAML text of a bundle's ``manifest.yaml`` into a frozen
 ``Manifest`` or raises ``BundleError``. Parsing is strict: unknown keys are refused
 (a typo such as ``compiled_batch_size`` must not silently yield an unbatched model),
-every value is type-checked, and every message names the file, the key path and what
-was expected, e.g.::
+every value is type-checked, and every message names the file and line, the key path
+and what was expected (and, where a known name is close, which one was probably meant),
+e.g.::
 
-    bundle 'mlp': manifest.yaml: inputs[0].datatype: expected one of BOOL, ..., got 'FLOAT'
+    bundle 'mlp': manifest.yaml:7: inputs[0].datatype: expected one of BOOL, ..., got 'FLOAT'
+
+**Every problem at once**, as a node file's (``reactantserver.config``): the checks do not
+stop at the first problem. ``_Checker`` records each one; a value that cannot be used is
+abandoned (``_Abandon``) and the check moves to the next independent part -- the next
+key, the next tensor -- so one load reports an unknown key *and* each bad datatype. A
+check that depends on a bad value is skipped rather than run on a stand-in, so the report
+has no echoes (a misspelt ``batching:`` key does not also make every ``-1`` axis an
+error). Lines come from ruamel's round-trip loader (``load_yaml_lines``); data handed in
+by the exporter has none, and its messages say only ``manifest.yaml:``.
 
 The rules (format 1), all checked here without touching any other file:
 
