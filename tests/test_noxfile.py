@@ -392,8 +392,9 @@ def test_nox_serve_stops_gracefully_and_leaves_nothing_behind(
 def test_nox_serve_fails_with_the_servers_status_when_serving_fails(
     tmp_path: Path, nox_site: Path, zoo_repo: Path
 ) -> None:
-    """A node file with problems: every one is reported and nox exits 2, the server's
-    status. A port already taken: one line, and status 1."""
+    """A node file with problems: every one is reported at the check step and nox exits
+    2, the server's status for it. A port already taken: one line naming the variable
+    that moves it, and the server's status 78."""
     bad = tmp_path / "bad.yaml"
     bad.write_text("model_repo: nowhere\nglobal:\n  scheduler:\n    discipline: fiar\n")
     argv = nox_argv(sys.executable, "-s", "serve", "--no-venv", "--no-install", "--", str(bad))
@@ -420,8 +421,10 @@ def test_nox_serve_fails_with_the_servers_status_when_serving_fails(
         done = subprocess.run(
             argv, capture_output=True, text=True, env=environment(nox_site), timeout=120
         )
-    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.returncode == 78, done.stdout + done.stderr  # EX_CONFIG (startup.py)
     assert (
-        f"reactantserver serve: cannot listen for gRPC on 127.0.0.1:{port}: address already in use"
+        f"reactantserver serve: cannot listen for gRPC on 127.0.0.1:{port}: address already in "
+        "use; another process is listening there (stop it, or choose another port: "
+        "INFERENCE_SERVER_ENDPOINTS_PORT=PORT in the environment for one run"
     ) in done.stderr
     assert "Traceback" not in done.stderr
