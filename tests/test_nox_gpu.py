@@ -88,7 +88,7 @@ def test_a_step_that_no_longer_fits_the_budget_is_skipped_and_said(tmp_path: Pat
     assert done.returncode == 0, done.stderr
     summary = (tmp_path / "summary.txt").read_text()
     assert "tests      skipped" in summary
-    assert "5 s of the budget left, it needs about 150 s" in summary
+    assert "5 s of the budget left, it needs about 120 s" in summary
 
 
 def test_a_step_over_its_limit_is_killed_with_everything_it_started(tmp_path: Path) -> None:
