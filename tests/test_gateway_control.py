@@ -281,3 +281,23 @@ def test_a_worker_leaving_or_joining_triggers_a_fleet_repack() -> None:
     assert controller.due() == "fleet"
     back = controller.repack(2.0, {}, "fleet")
     assert all(len(ws) == 3 for ws in back.placement.models.values())
+
+
+def test_set_model_placement_of_a_misspelt_model_names_the_closest() -> None:
+    table = build_table(
+        None,
+        [
+            WorkerSnapshot(
+                address="w0:1",
+                name="w0",
+                discipline="fifo",
+                models=(ModelSnapshot(name="iris"), ModelSnapshot(name="resnet50")),
+            )
+        ],
+    )
+    controller = LptController(GatewaySchedulingConfig(mode="lpt_packing"), table)
+    with pytest.raises(NotFound) as typo:
+        controller.set_model_placement("irsi", replicas=1, now=0.0, arrivals={})
+    assert str(typo.value).endswith(
+        "(set allow_unknown_model to place it ahead of its loading); did you mean 'iris'?"
+    )

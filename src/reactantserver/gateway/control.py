@@ -52,6 +52,7 @@ from ..config.schema import (
     GatewaySchedulingConfig,
 )
 from ..errors import FailedPrecondition, InvalidArgument, NotFound
+from ..names import did_you_mean
 from .estimates import LoadEstimator, RepackCadence, Trigger
 from .packing import ModelDemand, PackPolicy, PackResult, Placement, WorkerCapacity, pack
 from .policy import policy_value
@@ -274,9 +275,10 @@ class LptController:
         if not name:
             raise InvalidArgument("name: expected a model name; got ''")
         if not allow_unknown_model and name not in self.table.catalog():
+            hint = did_you_mean(name, self.table.known | set(self.table.catalog()))
             raise NotFound(
                 f"model {name!r} is not served by any ready worker "
-                "(set allow_unknown_model to place it ahead of its loading)"
+                f"(set allow_unknown_model to place it ahead of its loading){hint}"
             )
         entry = self._overrides.get(name, GatewayModelConfig())
         if replicas < -1:
