@@ -130,3 +130,25 @@ def test_a_pinned_host_compile_that_fails_falls_back_to_the_asynchronous_copy(
     x = [np.ones(shape, np.float32) for shape in model.input_shapes(8)]
     for a, b in zip(reference.execute(x, weights), model.execute(x, weights), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_an_out_of_memory_that_surfaces_at_fetch_is_resource_exhausted(zoo_repo: Path) -> None:
+    """An asynchronous execution's error surfaces when its outputs are fetched: the launch
+    returns, and the fetch raises what ``execute`` would (RESOURCE_EXHAUSTED for memory)."""
+    from fake_device import jax_out_of_memory
+
+    from reactantserver.errors import ResourceExhausted
+    from reactantserver.runtime.model import LoadedModel
+
+    class Pending:
+        """An output whose computation failed on the device: reading it raises."""
+
+        def __array__(self, *args: Any, **kwargs: Any) -> Any:
+            raise jax_out_of_memory(1 << 30)
+
+    bundle = load_bundle(zoo_repo / "double")
+    model = LoadedModel(bundle, {s: (lambda *args: [Pending()]) for s in (1, 4, 8)}, [])
+    weights: list[Any] = [object()] * len(bundle.weight_specs)
+    launched = model.launch([np.zeros((4, 16), np.float32)], weights)
+    with pytest.raises(ResourceExhausted, match="ran out of memory executing at batch size 4"):
+        model.fetch(launched)

@@ -521,3 +521,32 @@ async def test_a_thread_backed_device_at_depth_two() -> None:
     assert (
         sum(seconds) <= device.done_at[charged[-1][0].seq] - min(device.launched_at.values()) + 1e-3
     )  # the threads' stamps sit a few microseconds outside the device's own
+
+
+async def test_out_of_memory_in_a_launched_batch_fails_only_that_batch(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A batch whose execution runs out of device memory (surfacing when its outputs are
+    collected) answers its callers RESOURCE_EXHAUSTED with the executor's message; the
+    batch launched behind it and later ones are answered, and the loop stays ready."""
+    from reactantserver.errors import ResourceExhausted
+
+    def fail(batch: Batch) -> Exception | None:
+        if batch.model == "a" and batch.requests[0].payload == "big":
+            return ResourceExhausted("model 'a': the device ran out of memory executing")
+        return None
+
+    gpu = FakeGpu(lambda b: 1.0, t_out=0.5, fail=fail)
+    scheduler, charged = make(gpu, 2, sizes=[1], discipline="fifo")
+    got: dict[Any, Any] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(scheduler.run)
+        for key, model in (("big", "a"), ("behind", "b"), ("after", "a")):
+            scheduler.enqueue(model, key, answer=answers_into(got, key))
+        while len(got) < 3:
+            await trio.sleep(0.1)
+        assert scheduler.ready
+        await scheduler.aclose()
+    assert isinstance(got["big"][2], ResourceExhausted)
+    assert got["behind"][1] == ("out", "behind") and got["after"][1] == ("out", "after")
+    assert len(charged) == 3 and not gpu.violations
