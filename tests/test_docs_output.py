@@ -2,7 +2,7 @@
 
 The convention (docs pages and README.md)
 -----------------------------------------
-A fenced block *shows output* when its info string is ``text``, when it is a ``console``
+A fenced block *shows output* when its info string is ``text`` or ``json``, when it is a ``console``
 block of output alone, or when one of its ``$ `` commands is followed by what it prints
 (a block of commands alone shows none; a block without an info string and without a
 ``$ `` line is a diagram or a formula). Every such block carries a marker, an HTML
@@ -81,6 +81,7 @@ PATHS: dict[str, dict[str, str]] = {
         "/var/cache/reactantserver": "cache",
     },
     "docs/bundles.md": {"'models/": "'{repo}/"},
+    "docs/meta_models.md": {"/srv/models": "models"},
 }
 
 _FENCE = re.compile(r"^```(?P<info>[^\n`]*)\n(?P<body>.*?)^```[ \t]*$", re.S | re.M)
@@ -105,7 +106,7 @@ class Block:
     def shows_output(self) -> bool:
         """``text``; a ``console`` block of output alone; any block with a ``$ `` command
         followed by what it prints (commands alone show no output)."""
-        if self.info == "text":
+        if self.info in ("text", "json"):
             return True
         lines = self.body.splitlines()
         if not any(line.startswith("$ ") for line in lines):
@@ -330,6 +331,8 @@ def _complete(command: str) -> bool:
 MASKS = [
     # The simulators say how long the simulation took in real time.
     (re.compile(r"simulated in \d+\.\d+ s\b"), "simulated in N s"),
+    # An exporter's summary line: "3 bundles in DIR (10.4 s)".
+    (re.compile(r"^(\d+ bundles in .*) \(\d+\.\d+ s\)$", re.M), r"\1 (N s)"),
 ]
 
 
