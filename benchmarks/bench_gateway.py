@@ -1,10 +1,19 @@
 """Gateway benchmark: the same load direct to one worker and through a gateway in front of it.
 
-What it measures (issue 17), side by side in one run:
+What it measures (issues 17 and 34), side by side in one run:
 
-* one-row ``double`` requests (``y = 2 * x``, FP32 ``[1, 16]``) at 1, 16 and 64 in flight,
-  closed loop (``tritonclient.grpc.aio``, this process): requests/s and p50/p99, direct and
-  through the gateway, and the p50 the gateway adds;
+* one-row ``double`` requests (``y = 2 * x``, FP32 ``[1, 16]``), closed loop, in client
+  shapes (``--shapes``): ``CxS`` is C HTTP/2 connections with S requests in flight on each
+  (default ``1x1,1x16,4x16,16x4,1x64``): requests/s and p50/p99, direct and through the
+  gateway, and the p50 the gateway adds. The gateway sees the shape the client has: a
+  single connection hands it a burst in one read, several connections in several reads,
+  and 64 in flight are more than the 32 streams it opens to one worker, so a shape can
+  cost it more per request than another with the same requests in flight;
+* the load generator (``--load``): ``tritonclient`` (``tritonclient.grpc.aio`` in this
+  process, one channel per connection) or ``h2load`` (nghttp2's C load generator, Debian
+  ``nghttp2-client``: ``-c C -m S`` POSTing the framed request, a fraction of the CPU per
+  request, on a core of the load generator's; its per-request log gives the latencies,
+  and every answer is checked to be 200 with a whole OK reply);
 * CPU per request (user + system, ``psutil``) of the gateway process and of the worker, and
   their ratio -- the gateway's cost relative to the work it fronts. The worker's CPU is
   taken in the same window as the gateway's (through the gateway), and also direct;
@@ -20,8 +29,8 @@ What it measures (issue 17), side by side in one run:
   core, which is latency a deployment would not see;
 * one 38 MB input inline through the gateway and direct (``double_38mb``, as in
   ``bench_serve``): what the raw-byte path's copies cost a large tensor;
-* where the gateway's CPU goes: a ``py-spy`` profile of the gateway under the 16-in-flight
-  load (samples holding the GIL, by package), when py-spy can attach.
+* where the gateway's CPU goes: a ``py-spy`` profile of the gateway under each shape's
+  load (samples holding the GIL, by package, a column per shape), when py-spy can attach.
 
 Processes as deployed: ``python -m reactantserver.cli serve node.yaml`` (one CPU worker,
 ``fair``, ``max_concurrent_requests: 1024``) and ``python -m reactantserver.cli gateway
@@ -30,10 +39,12 @@ gateway alternating (each run takes every layout in turn), and each figure is th
 Latency and requests/s are properties of the trio and of the cores they were given; CPU
 per request is each process's own.
 
-    python benchmarks/bench_gateway.py                  # the tables (about 3 minutes)
+    python benchmarks/bench_gateway.py                  # the tables (about 5 minutes)
     python benchmarks/bench_gateway.py --runs 1 --seconds 2
+    python benchmarks/bench_gateway.py --load h2load --shapes 1x16,4x16,16x4
     python benchmarks/bench_gateway.py --baseline REV   # this gateway against REV's,
-                                                        # three pairs of processes
+                                                        # three pairs of processes, 1x16
+    python benchmarks/bench_gateway.py --baseline REV --shapes 1x16,4x16  # a table each
 """
 
 from __future__ import annotations
@@ -72,14 +83,54 @@ from bench_serve import (  # noqa: E402
     free_port,
     process_cpu,
     run_in_workdir,
+    small_input,
     start_ours,
     tensor_input,
     wait_ready,
 )
 
 MODEL = "double"
-CONCURRENCY = (1, 16, 64)
 LAYOUTS = ("shared", "pinned")
+LOADS = ("tritonclient", "h2load")
+#: The shapes measured unless ``--shapes`` says otherwise: one connection at 1, 16 and 64
+#: in flight (issue 17's rows), and 64 in flight over 4 and 16 connections (issue 34).
+DEFAULT_SHAPES = "1x1,1x16,4x16,16x4,1x64"
+#: ``--baseline``'s shapes unless ``--shapes`` says otherwise (each costs a full set of
+#: windows per pair of processes).
+BASELINE_SHAPES = "1x16"
+INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
+#: h2load runs this much past the measured window, so that no connection is closing in it.
+H2LOAD_TAIL = 0.5
+
+
+@attrs.frozen(order=True)
+class Shape:
+    """A client shape: ``connections`` HTTP/2 connections, ``streams`` requests in flight
+    on each (a closed loop: each stream sends its next request when it has its answer)."""
+
+    connections: int
+    streams: int
+
+    @property
+    def in_flight(self) -> int:
+        return self.connections * self.streams
+
+    def __str__(self) -> str:
+        return f"{self.connections}x{self.streams}"
+
+
+def parse_shapes(text: str) -> list[Shape]:
+    """``"1x16,4x16"`` -> the shapes, in order, each once (``--shapes``)."""
+    shapes = []
+    for part in text.split(","):
+        found = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", part)
+        if found is None or int(found[1]) < 1 or int(found[2]) < 1:
+            raise argparse.ArgumentTypeError(
+                f"{part.strip()!r} is not a client shape: write CONNECTIONSxSTREAMS, both at "
+                "least 1, shapes separated by commas (e.g. 1x16,4x16,16x4)"
+            )
+        shapes.append(Shape(int(found[1]), int(found[2])))
+    return list(dict.fromkeys(shapes))
 
 
 @attrs.frozen
@@ -135,12 +186,190 @@ def place(layout: Layout, gateway: Server, worker: Server) -> None:
     pin(os.getpid(), layout.load)
 
 
+# ------------------------------------------------------------------ load generators
+
+
+def framed_request() -> bytes:
+    """The one-row ``double`` request as h2load posts it: the gRPC length prefix, then the
+    serialized ``ModelInferRequest`` (the request the Python client sends)."""
+    from tritonclient.grpc import service_pb2 as pb
+
+    x, _ = small_input()
+    tensor = pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=x.shape)
+    message = pb.ModelInferRequest(
+        model_name=MODEL, inputs=[tensor], raw_input_contents=[x.tobytes()]
+    ).SerializeToString()
+    return b"\x00" + len(message).to_bytes(4, "big") + message
+
+
+async def check_request(url: str, framed: bytes) -> int:
+    """Send ``framed`` once as raw bytes (grpc) and check that the answer is ``2 * x``;
+    returns the length of the framed answer, the DATA every OK answer to it carries."""
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+
+    async with grpc.aio.insecure_channel(url) as channel:
+        raw = await channel.unary_unary(INFER_PATH)(framed[5:])
+    y = np.frombuffer(pb.ModelInferResponse.FromString(raw).raw_output_contents[0], np.float32)
+    x, _ = small_input()
+    if not np.array_equal(y, 2 * x.ravel()):
+        raise AssertionError(f"{url}: wrong answer {y!r} to h2load's request (2 * {x!r})")
+    return 5 + len(raw)
+
+
+def h2load_latencies(log: str, opened: float, closed: float) -> list[float]:
+    """Sorted latencies (seconds) of the requests in h2load's ``--log-file`` text that ended
+    between ``opened`` and ``closed`` (seconds since the epoch), the window whose CPU is
+    read. Raises on any request answered other than HTTP 200 (-1: the stream failed),
+    inside the window or not."""
+    latencies = []
+    bad: Counter[str] = Counter()
+    for line in log.splitlines():
+        start_us, status, took_us = line.split("\t")[:3]
+        if status != "200":
+            bad[status] += 1
+        if opened <= (int(start_us) + int(took_us)) / 1e6 <= closed:
+            latencies.append(int(took_us) / 1e6)
+    if bad:
+        raise AssertionError(
+            f"h2load: requests answered with HTTP status other than 200: {dict(bad)}"
+        )
+    latencies.sort()
+    return latencies
+
+
+def check_h2load_summary(out: str, reply_bytes: int) -> None:
+    """h2load's summary says every request it finished succeeded with a whole OK answer:
+    none failed or errored, and its DATA bytes are ``reply_bytes`` per request done (a
+    gRPC error is trailers-only, no DATA: a shortfall is an answer that was not OK)."""
+    requests = re.search(
+        r"requests: .*?(\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored", out
+    )
+    traffic = re.search(r"traffic: .*\((\d+)\) data", out)
+    if requests is None or traffic is None:
+        raise AssertionError(f"h2load's summary was not understood:\n{out[-2000:]}")
+    done, succeeded, failed, errored = map(int, requests.groups())
+    data = int(traffic[1])
+    if failed or errored or succeeded != done or data != done * reply_bytes:
+        raise AssertionError(
+            f"h2load: {done} done, {succeeded} succeeded, {failed} failed, {errored} errored, "
+            f"{data} DATA bytes where {done} OK answers carry {done * reply_bytes}:\n{out[-2000:]}"
+        )
+
+
+@attrs.frozen
+class TritonLoad:
+    """``tritonclient.grpc.aio`` in this process: one channel per connection, the shape's
+    streams as coroutines each looping ``infer`` (:func:`bench_serve.closed_loop`)."""
+
+    name = "tritonclient.grpc.aio in this process"
+
+    async def window(
+        self, url: str, shape: Shape, *, seconds: float, warmup: float, pids: Sequence[int]
+    ) -> LoadResult:
+        """One closed-loop window; its ``cpu_seconds`` is every pid's CPU and, last, this
+        process's own (``time.process_time`` counts no children) as a numpy array."""
+        return await closed_loop(
+            url,
+            MODEL,
+            shape.in_flight,
+            connections=shape.connections,
+            seconds=seconds,
+            warmup=warmup,
+            cpu=lambda: np.array([*(process_cpu(p) for p in pids), time.process_time()]),  # type: ignore[arg-type,return-value]
+        )
+
+
+@attrs.frozen
+class H2Load:
+    """nghttp2's ``h2load`` as the load generator: ``-c`` connections x ``-m`` streams,
+    each stream posting :func:`framed_request` again as it has its answer."""
+
+    exe: str
+    #: The file h2load posts (:func:`framed_request`).
+    body: Path
+    #: DATA bytes of one OK answer (:func:`check_request`).
+    reply_bytes: int
+    name = "h2load (nghttp2, C) in its own process"
+
+    def command(self, url: str, shape: Shape, seconds: float, log: Path) -> list[str]:
+        return [
+            self.exe, "-c", str(shape.connections), "-m", str(shape.streams),
+            "-D", f"{max(1, round(seconds * 1000))}ms", "-d", str(self.body),
+            "-H", "content-type: application/grpc", "-H", "te: trailers",
+            f"--log-file={log}", f"http://{url}{INFER_PATH}",
+        ]  # fmt: skip
+
+    async def window(
+        self, url: str, shape: Shape, *, seconds: float, warmup: float, pids: Sequence[int]
+    ) -> LoadResult:
+        """One window of ``seconds`` after ``warmup``, h2load running a little past both;
+        its ``cpu_seconds`` is every pid's CPU and, last, h2load's, as a numpy array. The
+        requests counted are those that ended inside the window."""
+        log = self.body.with_name(f"h2load_{shape}.tsv")
+        argv = self.command(url, shape, warmup + seconds + H2LOAD_TAIL, log)
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        try:
+
+            def cpu() -> np.ndarray:
+                return np.array([*(process_cpu(p) for p in pids), process_cpu(proc.pid)])
+
+            await asyncio.sleep(warmup)
+            opened, at_open = time.time(), cpu()
+            await asyncio.sleep(seconds)
+            closed, at_close = time.time(), cpu()
+            if proc.returncode is not None:
+                raise RuntimeError("h2load ended before its window did")
+            out = (await proc.communicate())[0].decode(errors="replace")
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"h2load failed ({proc.returncode}): {' '.join(argv)}\n{out[-2000:]}"
+            )
+        check_h2load_summary(out, self.reply_bytes)
+        latencies = h2load_latencies(log.read_text(), opened, closed)
+        return LoadResult(
+            shape.in_flight,
+            len(latencies),
+            closed - opened,
+            tuple(latencies),
+            at_close - at_open,  # type: ignore[arg-type]
+        )
+
+
+Load = TritonLoad | H2Load
+
+
+async def load_generator(name: str, workdir: Path, urls: Sequence[str]) -> Load:
+    """The ``--load`` asked for; for h2load, its request checked against each of ``urls``
+    (the answer ``2 * x``, and its length learnt)."""
+    if name == "tritonclient":
+        return TritonLoad()
+    exe = shutil.which("h2load")
+    if exe is None:
+        raise SystemExit(
+            "--load h2load: h2load not found on PATH (Debian/Ubuntu: apt-get install "
+            "nghttp2-client); or use --load tritonclient"
+        )
+    body = workdir / "request.bin"
+    body.write_bytes(framed_request())
+    lengths = {await check_request(url, body.read_bytes()) for url in urls}
+    if len(lengths) != 1:
+        raise AssertionError(f"the answers to h2load's request differ in length: {lengths}")
+    return H2Load(exe, body, lengths.pop())
+
+
 @attrs.frozen
 class Pair:
-    """One row: the direct and the gateway windows at one concurrency (medians of runs)."""
+    """One row: the direct and the gateway windows in one client shape (medians of runs)."""
 
     layout: Layout
-    concurrency: int
+    shape: Shape
     direct: list[LoadResult]
     gateway: list[LoadResult]
     gateway_cpu: list[float]  # gateway CPU per request, seconds
@@ -182,20 +411,6 @@ def start_gateway(
     return Server("gateway", proc, port, log)
 
 
-async def _window(url: str, n: int, args: argparse.Namespace, pids: Sequence[int]) -> LoadResult:
-    """One closed-loop window; ``cpu`` reads every pid's CPU and, last, this process's
-    own (the load generator's: ``time.process_time`` counts no children) as a numpy
-    array (subtractable)."""
-    return await closed_loop(
-        url,
-        MODEL,
-        n,
-        seconds=args.seconds,
-        warmup=args.warmup,
-        cpu=lambda: np.array([*(process_cpu(p) for p in pids), time.process_time()]),  # type: ignore[arg-type,return-value]
-    )
-
-
 def cpu_per_request(via: LoadResult) -> tuple[float, float]:
     """The gateway's and the worker's CPU per request in a window through the gateway."""
     gateway, worker = np.asarray(via.cpu_seconds)[:2] / via.requests
@@ -203,26 +418,33 @@ def cpu_per_request(via: LoadResult) -> tuple[float, float]:
 
 
 async def measure(
-    args: argparse.Namespace, worker: Server, gateway: Server, where: Sequence[Layout]
+    args: argparse.Namespace,
+    load: Load,
+    worker: Server,
+    gateway: Server,
+    where: Sequence[Layout],
 ) -> list[Pair]:
-    """Every row in every layout; a run takes each layout in turn, so the layouts see
+    """Every shape in every layout; a run takes each layout in turn, so the layouts see
     the same stretch of a noisy machine."""
     pairs = {
-        (layout.name, n): Pair(layout, n, [], [], [], []) for layout in where for n in CONCURRENCY
+        (layout.name, shape): Pair(layout, shape, [], [], [], [])
+        for layout in where
+        for shape in args.shapes
     }
-    for n in CONCURRENCY:
+    window = partial(load.window, seconds=args.seconds, warmup=args.warmup)
+    for shape in args.shapes:
         for _, layout in itertools.product(range(args.runs), where):
             place(layout, gateway, worker)
-            pair = pairs[layout.name, n]
-            direct = await _window(worker.url, n, args, [worker.proc.pid])
-            via = await _window(gateway.url, n, args, [gateway.proc.pid, worker.proc.pid])
+            pair = pairs[layout.name, shape]
+            direct = await window(worker.url, shape, pids=[worker.proc.pid])
+            via = await window(gateway.url, shape, pids=[gateway.proc.pid, worker.proc.pid])
             gw_cpu, wkr_cpu = cpu_per_request(via)
             pair.direct.append(attrs.evolve(direct, cpu_seconds=float(direct.cpu_seconds[0])))  # type: ignore[index]
             pair.gateway.append(via)
             pair.gateway_cpu.append(gw_cpu)
             pair.worker_cpu_via.append(wkr_cpu)
-            gw, wkr, load = (float(c) / via.seconds for c in via.cpu_seconds)  # type: ignore[attr-defined]
-            pair.busy_via.append((load, gw, wkr))
+            gw, wkr, busy_load = (float(c) / via.seconds for c in via.cpu_seconds)  # type: ignore[attr-defined]
+            pair.busy_via.append((busy_load, gw, wkr))
     return list(pairs.values())
 
 
@@ -268,11 +490,11 @@ def pair_ratios(base: Side, this: Side) -> list[float]:
 
 
 async def against_baseline(
-    args: argparse.Namespace, worker: Server, workdir: Path, where: Sequence[Layout]
-) -> list[tuple[Layout, Side, Side]]:
+    args: argparse.Namespace, load: Load, worker: Server, workdir: Path, where: Sequence[Layout]
+) -> list[tuple[Layout, Shape, Side, Side]]:
     """This tree's gateway and the one at ``--baseline`` in front of the same worker, both
-    running, their windows alternating (16 in flight, ``--runs`` each per layout and pair):
-    the CPU a change saves, with the machine's drift shared by both sides.
+    running, their windows alternating (each shape, ``--runs`` windows each per layout,
+    shape and pair): the CPU a change saves, with the machine's drift shared by both sides.
 
     Both gateways are started afresh ``--pairs`` times (which starts first alternates):
     one pair of processes can sit a few percent apart on identical code -- where each
@@ -281,7 +503,12 @@ async def against_baseline(
     tree = baseline_tree(args.baseline, workdir)
     if tree is None:
         return []
-    sides = {layout: (Side(args.baseline[:12]), Side("this tree")) for layout in where}
+    sides = {
+        (layout, shape): (Side(args.baseline[:12]), Side("this tree"))
+        for layout in where
+        for shape in args.shapes
+    }
+    window = partial(load.window, seconds=args.seconds, warmup=args.warmup)
     for pair in range(max(1, args.pairs)):
         if pair % 2 == 0:
             old = start_gateway(worker, workdir, src=tree / "src")
@@ -292,33 +519,34 @@ async def against_baseline(
         try:
             await wait_ready(old, [MODEL])
             await wait_ready(new, [MODEL])
-            for layout in where:
-                for side in sides[layout]:
+            for layout, shape in itertools.product(where, args.shapes):
+                for side in sides[layout, shape]:
                     side.per_pair.append(args.runs)
                 for run in range(args.runs):
                     for i in (0, 1) if run % 2 == 0 else (1, 0):
                         gateway = (old, new)[i]
                         place(layout, gateway, worker)
-                        via = await _window(
-                            gateway.url, 16, args, [gateway.proc.pid, worker.proc.pid]
+                        via = await window(
+                            gateway.url, shape, pids=[gateway.proc.pid, worker.proc.pid]
                         )
                         gw_cpu, wkr_cpu = cpu_per_request(via)
-                        side = sides[layout][i]
+                        side = sides[layout, shape][i]
                         side.gateway_cpu.append(gw_cpu)
                         side.worker_cpu.append(wkr_cpu)
                         side.p50.append(via.p50)
         finally:
             old.stop()
             new.stop()
-    return [(layout, *sides[layout]) for layout in where]
+    return [(layout, shape, *sides[layout, shape]) for layout, shape in sides]
 
 
-def baseline_report(rows: Sequence[tuple[Layout, Side, Side]]) -> None:
+def baseline_report(rows: Sequence[tuple[Layout, Shape, Side, Side]], load: Load) -> None:
     print("this tree's gateway against the baseline's, in front of the same worker, windows")
-    print("alternating; 16 in flight, medians; both gateways restarted for each pair")
-    for layout, base, this in rows:
+    print(f"alternating; medians; both gateways restarted for each pair; load: {load.name}")
+    for layout, shape, base, this in rows:
         print()
-        print(f"cores -- {layout.describe()}")
+        print(f"shape {shape} ({shape.connections} connections x {shape.streams} in flight "
+              f"each), cores -- {layout.describe()}")  # fmt: skip
         print(f"{'gateway':>12} | {'gw us':>6} {'wkr us':>7} {'gw/wkr':>7} {'p50 ms':>7}")
         print(base.row())
         print(this.row(base))
@@ -369,12 +597,15 @@ def _bucket(frame: str) -> str:
     return "other (Python runtime, logging, enum, ...)"
 
 
-def profile(pid: int, seconds: float, workdir: Path) -> Counter[str] | str:
-    """py-spy's GIL-holding samples of ``pid``, by the package of the innermost frame."""
+def profile(
+    pid: int, seconds: float, workdir: Path, name: str = "gateway.pyspy"
+) -> Counter[str] | str:
+    """py-spy's GIL-holding samples of ``pid``, by the package of the innermost frame (the
+    raw stacks kept in ``workdir``/``name``)."""
     spy = shutil.which("py-spy")
     if spy is None:
         return "py-spy not found (pip install py-spy): no profile"
-    out = workdir / "gateway.pyspy"
+    out = workdir / name
     proc = subprocess.run(
         [spy, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "250",
          "--gil", "--nonblocking", "--format", "raw", "--output", str(out)],
@@ -403,24 +634,33 @@ def _stack_bucket(stack: str) -> str:
     return _bucket(path.group(1) if path else leaf)
 
 
-async def profiled_load(args: argparse.Namespace, gateway: Server, workdir: Path) -> object:
-    load = asyncio.ensure_future(
-        closed_loop(
-            gateway.url, MODEL, 16, seconds=args.profile_seconds + 1, warmup=0.5, cpu=lambda: 0.0
-        )
+async def profiled_load(
+    args: argparse.Namespace, load: Load, gateway: Server, workdir: Path, shape: Shape
+) -> Counter[str] | str:
+    """py-spy's profile of the gateway (:func:`profile`) under ``shape``'s load."""
+    running = asyncio.ensure_future(
+        load.window(gateway.url, shape, seconds=args.profile_seconds + 1, warmup=0.5, pids=[])
     )
     await asyncio.sleep(0.7)
-    counts = await asyncio.to_thread(profile, gateway.proc.pid, args.profile_seconds, workdir)
-    await load
+    counts = await asyncio.to_thread(
+        profile, gateway.proc.pid, args.profile_seconds, workdir, f"gateway_{shape}.pyspy"
+    )
+    await running
     return counts
 
 
 # ------------------------------------------------------------------------------ report
 
 
-def report(pairs: list[Pair], big_direct: float, big_via: float, counts: object) -> None:
+def report(
+    pairs: list[Pair],
+    load: Load,
+    big_direct: float,
+    big_via: float,
+    profiles: dict[Shape, Counter[str] | str],
+) -> None:
     print(f"one worker (double, CPU), direct and through one gateway; {os.cpu_count()} CPUs; "
-          "load generator in this process; medians")  # fmt: skip
+          f"load generator: {load.name}; medians")  # fmt: skip
     for layout in dict.fromkeys(p.layout for p in pairs):
         print()
         print(f"cores -- {layout.describe()}")
@@ -429,6 +669,7 @@ def report(pairs: list[Pair], big_direct: float, big_via: float, counts: object)
         print()
         bursts(rows)
     print()
+    print("shape CxS: C connections with S requests in flight on each")
     print("wkr us / gw us: CPU per request of the worker / gateway process; gw/wkr: the gateway's")
     print(
         "CPU per request over the worker's in the same window; gw/direct: over the worker's direct"
@@ -441,20 +682,31 @@ def report(pairs: list[Pair], big_direct: float, big_via: float, counts: object)
     print(f"one 38 MB input, inline: direct {big_direct * 1e3:.0f} ms, through the gateway "
           f"{big_via * 1e3:.0f} ms (x{big_via / big_direct:.2f})")  # fmt: skip
     print()
-    if isinstance(counts, str):
-        print(counts)
+    print_profiles(profiles)
+
+
+def print_profiles(profiles: dict[Shape, Counter[str] | str]) -> None:
+    """Where the gateway's CPU goes, a column per shape (percent of its samples)."""
+    counted = {shape: c for shape, c in profiles.items() if isinstance(c, Counter)}
+    for shape, why in profiles.items():
+        if not isinstance(why, Counter):
+            print(f"{shape}: {why}")
+    if not counted:
         return
-    assert isinstance(counts, Counter)
-    total = sum(counts.values()) or 1
-    print("where the gateway's CPU goes (py-spy, GIL-holding samples, 16 in flight):")
-    for label, n in counts.most_common():
-        print(f"  {n / total * 100:5.1f} %  {label}")
+    print("where the gateway's CPU goes (py-spy, GIL-holding samples, % of each shape's):")
+    totals = {shape: sum(c.values()) or 1 for shape, c in counted.items()}
+    labels = sum(counted.values(), Counter()).most_common()
+    print("  " + " ".join(f"{shape!s:>6}" for shape in counted))
+    for label, _ in labels:
+        shares = " ".join(f"{c[label] / totals[s] * 100:>6.1f}" for s, c in counted.items())
+        print(f"  {shares}  {label}")
 
 
 def table(pairs: Sequence[Pair]) -> None:
-    """Throughput, latency and CPU per request, direct and through the gateway."""
+    """Throughput, latency and CPU per request, direct and through the gateway, a row per
+    client shape."""
     head = (
-        f"{'in flight':>9} | {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'wkr us':>7} | "
+        f"{'shape':>9} | {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'wkr us':>7} | "
         f"{'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'gw us':>6} {'wkr us':>7} | "
         f"{'+p50 ms':>7} {'gw/wkr':>6} {'gw/direct':>9}"
     )
@@ -472,7 +724,7 @@ def table(pairs: Sequence[Pair]) -> None:
         g_cpu = med(p.gateway_cpu)
         w_cpu = med(p.worker_cpu_via)
         print(
-            f"{p.concurrency:>9} | {d_rps:>7.0f} {d_p50 * 1e3:>7.2f} {d_p99 * 1e3:>7.2f} "
+            f"{p.shape!s:>9} | {d_rps:>7.0f} {d_p50 * 1e3:>7.2f} {d_p99 * 1e3:>7.2f} "
             f"{d_cpu * 1e6:>7.0f} | {g_rps:>7.0f} {g_p50 * 1e3:>7.2f} {g_p99 * 1e3:>7.2f} "
             f"{g_cpu * 1e6:>6.0f} {w_cpu * 1e6:>7.0f} | {(g_p50 - d_p50) * 1e3:>7.2f} "
             f"{g_cpu / w_cpu:>6.2f} {g_cpu / d_cpu:>9.2f}"
@@ -482,12 +734,12 @@ def table(pairs: Sequence[Pair]) -> None:
 def bursts(pairs: Sequence[Pair]) -> None:
     """The added p50 beside the burst bound and the busy cores, and window by window."""
     med = Pair.med
-    print(f"{'in flight':>9} | {'+p50 ms':>7} | {'burst':>8} | "
+    print(f"{'shape':>9} | {'+p50 ms':>7} | {'burst':>8} | "
           f"{'load':>5} {'gw':>5} {'wkr':>5} {'all':>5} cores of {os.cpu_count()} | "
           "+p50 ms, window by window")  # fmt: skip
     for p in pairs:
         added = med([r.p50 for r in p.gateway]) - med([r.p50 for r in p.direct])
-        burst = p.concurrency * med(p.gateway_cpu)
+        burst = p.shape.in_flight * med(p.gateway_cpu)
         busy = [med([b[i] for b in p.busy_via]) for i in range(3)]
         # Each gateway window against the direct window just before it: the spread a
         # closed loop on shared cores shows from one window to the next.
@@ -495,7 +747,7 @@ def bursts(pairs: Sequence[Pair]) -> None:
             f"{(g.p50 - d.p50) * 1e3:.2f}" for d, g in zip(p.direct, p.gateway, strict=True)
         )
         print(
-            f"{p.concurrency:>9} | {added * 1e3:>7.2f} | {burst * 1e3:>5.2f} ms | "
+            f"{p.shape!s:>9} | {added * 1e3:>7.2f} | {burst * 1e3:>5.2f} ms | "
             + " ".join(f"{b:>5.2f}" for b in busy)
             + f" {sum(busy):>5.2f}             | {each}"
         )
@@ -512,23 +764,27 @@ async def _run(args: argparse.Namespace, workdir: Path) -> None:
         # rest of the run is back on all of them.
         cores = os.sched_getaffinity(0)
         if args.baseline:
-            compared = await against_baseline(args, worker, workdir, layouts(args.layouts, cores))
-            baseline_report(compared)
+            load = await load_generator(args.load, workdir, [worker.url])
+            compared = await against_baseline(
+                args, load, worker, workdir, layouts(args.layouts, cores)
+            )
+            baseline_report(compared, load)
             return
         gateway = start_gateway(worker, workdir)
         await wait_ready(gateway, [MODEL, BIG_MODEL])
-        pairs = await measure(args, worker, gateway, layouts(args.layouts, cores))
+        load = await load_generator(args.load, workdir, [worker.url, gateway.url])
+        pairs = await measure(args, load, worker, gateway, layouts(args.layouts, cores))
         place(*layouts(["shared"], cores), gateway, worker)
         big_direct = await big(worker.url, args.big_repeats)
         big_via = await big(gateway.url, args.big_repeats)
-        counts = (
-            await profiled_load(args, gateway, workdir) if args.profile_seconds else "no profile"
-        )
+        profiles: dict[Shape, Counter[str] | str] = {}
+        for shape in args.shapes if args.profile_seconds else ():
+            profiles[shape] = await profiled_load(args, load, gateway, workdir, shape)
     finally:
         if gateway is not None:
             gateway.stop()
         worker.stop()
-    report(pairs, big_direct, big_via, counts)
+    report(pairs, load, big_direct, big_via, profiles or {Shape(1, 16): "no profile"})
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -537,7 +793,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="measured window")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured lead-in")
     parser.add_argument("--big-repeats", type=int, default=3, help="38 MB calls per side")
-    parser.add_argument("--profile-seconds", type=float, default=5.0, help="0: no profile")
+    parser.add_argument(
+        "--profile-seconds", type=float, default=5.0, help="per shape; 0: no profile"
+    )
+    parser.add_argument(
+        "--shapes",
+        type=parse_shapes,
+        metavar="CxS,...",
+        help="client shapes, CxS: C connections with S requests in flight on each (default "
+        f"{DEFAULT_SHAPES}; with --baseline {BASELINE_SHAPES})",
+    )
+    parser.add_argument(
+        "--load",
+        choices=LOADS,
+        default="tritonclient",
+        help="the load generator: tritonclient.grpc.aio in this process, or nghttp2's h2load "
+        "(apt-get install nghttp2-client) in a process of its own",
+    )
     parser.add_argument(
         "--layouts",
         nargs="+",
@@ -550,17 +822,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--baseline",
         metavar="REV",
         help="instead of the tables: this tree's gateway against the one at git revision REV "
-        "(CPU per request and p50 at 16 in flight, side by side)",
+        "(CPU per request and p50 in each shape, side by side)",
     )
     parser.add_argument(
         "--pairs",
         type=int,
         default=3,
         help="with --baseline: start both gateways afresh this many times (--runs windows "
-        "each per layout); one pair of processes can be a few percent apart on identical code",
+        "each per layout and shape); one pair of processes can be a few percent apart on "
+        "identical code",
     )
     parser.add_argument("--workdir", help="keep the repository, cache and logs here")
     args = parser.parse_args(argv)
+    if args.shapes is None:
+        args.shapes = parse_shapes(BASELINE_SHAPES if args.baseline else DEFAULT_SHAPES)
     run_in_workdir(args.workdir, "rs_bench_gateway_", partial(_run, args))
 
 

@@ -341,17 +341,25 @@ async def closed_loop(
     warmup: float,
     cpu: Callable[[], float],
     inputs: Sequence[InferInput] | None = None,
+    connections: int = 1,
 ) -> LoadResult:
     """``concurrency`` coroutines each sending ``inputs`` back to back (default: one
-    ``double`` row, whose answer is checked first).
+    ``double`` row, whose answer is checked first), spread evenly over ``connections``
+    clients, each its own HTTP/2 connection (a channel of its own subchannel pool: grpc
+    would otherwise share one connection among channels to the same address).
 
     Requests started before the window opens (the warm-up) or answered after it closes
     are not counted; CPU is read at the window's edges.
     """
-    client = aioclient.InferenceServerClient(url, channel_args=CHANNEL_ARGS)
+    own = [("grpc.use_local_subchannel_pool", 1)] if connections > 1 else []
+    clients = [
+        aioclient.InferenceServerClient(url, channel_args=[*CHANNEL_ARGS, *own])
+        for _ in range(connections)
+    ]
     try:
         if inputs is None:
-            await check_double(client, model)
+            for client in clients:
+                await check_double(client, model)
             inputs = [small_input()[1]]
         inp = list(inputs)
         loop = asyncio.get_running_loop()
@@ -364,7 +372,7 @@ async def closed_loop(
             await asyncio.sleep(max(0.0, at - loop.time()))
             marks[name] = cpu()
 
-        async def one() -> None:
+        async def one(client: aioclient.InferenceServerClient) -> None:
             while (t0 := loop.time()) < end:
                 await client.infer(model, inp)
                 t1 = loop.time()
@@ -372,14 +380,17 @@ async def closed_loop(
                     latencies.append(t1 - t0)
 
         await asyncio.gather(
-            edge("start", start), edge("end", end), *(one() for _ in range(concurrency))
+            edge("start", start),
+            edge("end", end),
+            *(one(clients[i % connections]) for i in range(concurrency)),
         )
         latencies.sort()
         return LoadResult(
             concurrency, len(latencies), seconds, tuple(latencies), marks["end"] - marks["start"]
         )
     finally:
-        await client.close()
+        for client in clients:
+            await client.close()
 
 
 def big_array() -> np.ndarray:
