@@ -171,9 +171,39 @@ _LESS_OVER_AT_A_HIGHER_PRESSURE = (
 )
 
 
+#: Found by Hypothesis: m1 fits nowhere, and the repair's two mirror-image arrangements
+#: (w0 and w1 swapped) have the same excess and the same highest pressure -- summed in
+#: another order, so one last bit apart. Compared without a rounding tolerance the
+#: previous placement lost to its mirror image at every repack, for ever.
+_MIRRORS_EQUAL_BUT_FOR_ROUNDING = (
+    [
+        ModelDemand(name="m0", rate=0.0, cost=0.001, nbytes=188),
+        ModelDemand(name="m1", rate=40.0, cost=0.03, nbytes=13),
+        ModelDemand(name="m2", rate=0.0, cost=0.001, nbytes=0),
+        ModelDemand(name="m3", rate=1.0, cost=0.001, nbytes=187),
+        ModelDemand(name="m4", rate=1.0, cost=0.001, nbytes=400),
+        ModelDemand(name="m5", rate=2.5, cost=0.03, nbytes=0),
+        ModelDemand(name="m6", rate=0.0, cost=0.001, nbytes=213),
+    ],
+    [
+        WorkerCapacity(address="w0:80", budget=600),
+        WorkerCapacity(address="w1:80", budget=600),
+        WorkerCapacity(address="w2:80", budget=600),
+        WorkerCapacity(address="w3:80", budget=1000),
+    ],
+    PackPolicy(
+        default_replicas=2,
+        replicas={"m1": 1, "m4": 4},
+        hysteresis=0.0,
+        forbid_memory_oversubscription=True,
+    ),
+)
+
+
 @settings(max_examples=300, deadline=None)
 @given(problem=pack_problems(), rnd=st.randoms(use_true_random=False))
 @example(problem=_NOTHING_FITS, rnd=random.Random(0))
+@example(problem=_MIRRORS_EQUAL_BUT_FOR_ROUNDING, rnd=random.Random(0))
 @example(problem=_LESS_OVER_AT_A_HIGHER_PRESSURE, rnd=random.Random(0))
 def test_packing_is_deterministic(problem: tuple, rnd: random.Random) -> None:  # type: ignore[type-arg]
     """The result depends only on the input: the same input in any order gives the same

@@ -58,6 +58,7 @@ oversubscription that remains, and packing again from a result either keeps it o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Literal
@@ -346,7 +347,11 @@ def _previous_if_as_good(
     old_excess, new_excess = excess(old.values()), excess(bins.values())
     if old_excess != new_excess:
         return old if old_excess < new_excess else None
-    return old if highest(old.values()) <= highest(bins.values()) * factor else None
+    # A worker's compute is a float sum whose order follows the packing order, so the same
+    # pressure summed for two arrangements can differ in its last bit: equal within
+    # rounding is equal (else two mirror-image repairs of equal worth flip for ever).
+    old_high, limit = highest(old.values()), highest(bins.values()) * factor
+    return old if old_high <= limit or math.isclose(old_high, limit, rel_tol=1e-9) else None
 
 
 def _repair(bins: list[_Bin], shares: Mapping[str, tuple[float, int]]) -> tuple[str, ...]:
