@@ -11,13 +11,18 @@ when it is ready.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from gateway_harness import Process, fake_workers, free_port, start_cli, wait_until
+from grpclib.client import Channel
+from grpclib.exceptions import GRPCError
 from tritonclient.utils import InferenceServerException
+
+from reactantserver.protocol.grpc.health import v1 as health
 
 X = np.arange(16, dtype=np.float32).reshape(1, 16)
 
@@ -48,6 +53,23 @@ def answers(address: str, model: str) -> bool:
         return False
     finally:
         client.close()
+
+
+def health_of(address: str, service: str) -> object:
+    """grpc.health.v1 Check of ``service``: its ServingStatus, or the gRPC status name."""
+
+    async def check() -> object:
+        host, port = address.rsplit(":", 1)
+        channel = Channel(host, int(port))
+        try:
+            stub = health.HealthStub(channel)
+            return (await stub.check(health.HealthCheckRequest(service=service))).status
+        except GRPCError as exc:
+            return exc.status.name
+        finally:
+            channel.close()
+
+    return asyncio.run(check())
 
 
 def gateway(log: Path, workers: list[str], **env: str) -> tuple[Process, str]:
@@ -111,9 +133,16 @@ def test_workers_down_before_the_gateway_started(tmp_path: Path) -> None:
         status, message = refused(address, "double")
         assert status == "UNAVAILABLE" and "(0 of 2 workers ready)" in message
         assert refused(address, "echos")[0] == "NOT_FOUND"
+        # Health agrees: an expected model is known but not serving (a probe waits), an
+        # unknown name is NOT_FOUND, and the gateway itself is not ready yet.
+        serving = health.HealthCheckResponseServingStatus
+        assert health_of(address, "double") == serving.NOT_SERVING
+        assert health_of(address, "echos") == "NOT_FOUND"
+        assert health_of(address, "") == serving.NOT_SERVING
         with fake_workers(2, ports=ports):
             wait_until(lambda: "gateway ready: " in gw.text(), what="the ready line")
             wait_until(lambda: answers(address, "double"), what="double served")
+            assert health_of(address, "double") == serving.SERVING
         text = gw.text()
         start = text.split("gateway ready:")[0]
         assert " WARNING " not in start and " ERROR " not in start, start

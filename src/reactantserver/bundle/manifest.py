@@ -59,6 +59,7 @@ from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ..errors import BundleError
 from ..names import did_you_mean
 from ..tensors import DATATYPES, to_numpy_dtype
+from ..yaml_lines import line_of, plain_scalar
 
 _T = TypeVar("_T")
 _D = TypeVar("_D")
@@ -463,42 +464,17 @@ def _plain(node: Any, path: str, lines: dict[str, int]) -> Any:
         out: dict[Any, Any] = {}
         for key, value in node.items():
             child = f"{path}.{key}" if path else str(key)
-            lines[child] = _position(node, key, item=False) or lines.get(path, 1)
-            out[_plain_scalar(key)] = _plain(value, child, lines)
+            lines[child] = line_of(node, key, item=False) or lines.get(path, 1)
+            out[plain_scalar(key)] = _plain(value, child, lines)
         return out
     if isinstance(node, list):
         items = []
         for index, value in enumerate(node):
             child = f"{path}[{index}]"
-            lines[child] = _position(node, index, item=True) or lines.get(path, 1)
+            lines[child] = line_of(node, index, item=True) or lines.get(path, 1)
             items.append(_plain(value, child, lines))
         return items
-    return _plain_scalar(node)
-
-
-def _plain_scalar(node: Any) -> Any:
-    # ruamel's round-trip scalars subclass the builtins (ScalarBoolean subclasses int).
-    if type(node).__name__ == "ScalarBoolean" or isinstance(node, bool):
-        return bool(node)
-    if isinstance(node, int):
-        return int(node)
-    if isinstance(node, float):
-        return float(node)
-    if isinstance(node, str):
-        return str(node)
-    return node
-
-
-def _position(container: Any, key: object, *, item: bool) -> int | None:
-    """1-based line of a key (or list item) of a round-trip container, if it kept one."""
-    lc = getattr(container, "lc", None)
-    if lc is None:
-        return None
-    try:
-        row = lc.item(key)[0] if item else lc.key(key)[0]
-    except (KeyError, IndexError, TypeError):
-        return None
-    return int(row) + 1
+    return plain_scalar(node)
 
 
 def parse_manifest(bundle: str, text: str, *, has_model_py: bool) -> Manifest:

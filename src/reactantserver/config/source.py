@@ -41,6 +41,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from ..errors import ConfigError
+from ..yaml_lines import line_of, plain_scalar
 
 #: A key path: mapping keys are ``str``, list positions ``int``.
 Path = tuple[str | int, ...]
@@ -219,19 +220,6 @@ def read_yaml(path: str | os.PathLike[str]) -> tuple[dict[str, Any], SourceMap]:
     return data, SourceMap(file, lines)
 
 
-def _position(container: Any, key: object, *, item: bool) -> int | None:
-    """1-based line of a key (or list item) of a ruamel container, if it kept one."""
-    lc = getattr(container, "lc", None)
-    if lc is None:
-        return None
-    try:
-        # Keys pulled in through a ``<<:`` merge have no position of their own.
-        row = lc.item(key)[0] if item else lc.key(key)[0]
-    except (KeyError, IndexError, TypeError):
-        return None
-    return int(row) + 1
-
-
 def _plain(node: Any, path: Path, lines: dict[Path, int]) -> Any:
     if isinstance(node, Mapping):
         out: dict[Any, Any] = {}
@@ -240,7 +228,7 @@ def _plain(node: Any, path: Path, lines: dict[Path, int]) -> Any:
             # by names (a model may well live in a directory called 123), so keys are text.
             name = str(key)
             child = (*path, name)
-            lines[child] = _position(node, key, item=False) or lines.get(path, 1)
+            lines[child] = line_of(node, key, item=False) or lines.get(path, 1)
             if value is None:
                 continue
             out[name] = _plain(value, child, lines)
@@ -249,20 +237,10 @@ def _plain(node: Any, path: Path, lines: dict[Path, int]) -> Any:
         items = []
         for index, value in enumerate(node):
             child = (*path, index)
-            lines[child] = _position(node, index, item=True) or lines.get(path, 1)
+            lines[child] = line_of(node, index, item=True) or lines.get(path, 1)
             items.append(_plain(value, child, lines))
         return items
-    # ruamel's round-trip scalars subclass the builtins (ScalarFloat, ScalarInt, and
-    # ScalarBoolean, which subclasses int); normalise them so checks can use ``type``.
-    if type(node).__name__ == "ScalarBoolean" or isinstance(node, bool):
-        return bool(node)
-    if isinstance(node, int):
-        return int(node)
-    if isinstance(node, float):
-        return float(node)
-    if isinstance(node, str):
-        return str(node)
-    return node
+    return plain_scalar(node)
 
 
 class RawTree:
