@@ -652,17 +652,24 @@ class Scheduler:
                 ),
             )
 
+    async def _prepared(self, batch: Batch) -> bool:
+        """``prepare`` ``batch`` (weights acquired; not timed); on failure fail only its
+        requests, charge nothing (it never reached the device) and say False."""
+        try:
+            await self._executor.prepare(batch)
+        except Exception as exc:
+            self._failed += 1
+            self._policy.complete(batch, 0.0, trio.current_time(), ok=False)
+            self._fail_batch(batch, _executor_error(batch, "preparing", exc))
+            return False
+        return True
+
     async def _dispatch(self, nursery: trio.Nursery, batch: Batch) -> None:
         policy = self._policy
         executor = self._executor
         self._executing = batch
         try:
-            try:
-                await executor.prepare(batch)
-            except Exception as exc:
-                self._failed += 1
-                policy.complete(batch, 0.0, trio.current_time(), ok=False)
-                self._fail_batch(batch, _executor_error(batch, "preparing", exc))
+            if not await self._prepared(batch):
                 return
             start = trio.current_time()
             if self._blocking and (batch.cost < self._inline_max or self._inline_max == math.inf):
@@ -757,16 +764,10 @@ class Scheduler:
 
     async def _launch(self, nursery: trio.Nursery, batch: Batch) -> None:
         """Prepare ``batch`` (weights acquired), then launch it and queue it for landing."""
-        policy = self._policy
         executor: Any = self._executor
         self._executing = batch
         try:
-            try:
-                await executor.prepare(batch)
-            except Exception as exc:
-                self._failed += 1
-                policy.complete(batch, 0.0, trio.current_time(), ok=False)
-                self._fail_batch(batch, _executor_error(batch, "preparing", exc))
+            if not await self._prepared(batch):
                 return
         finally:
             self._executing = None
