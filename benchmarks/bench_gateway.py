@@ -307,6 +307,7 @@ class H2Load:
         its ``cpu_seconds`` is every pid's CPU and, last, h2load's, as a numpy array. The
         requests counted are those that ended inside the window."""
         log = self.body.with_name(f"h2load_{shape}.tsv")
+        log.unlink(missing_ok=True)  # h2load appends to a log that is there
         argv = self.command(url, shape, warmup + seconds + H2LOAD_TAIL, log)
         proc = await asyncio.create_subprocess_exec(
             *argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
