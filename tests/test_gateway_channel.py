@@ -253,6 +253,158 @@ def test_stream_slots_bound_the_calls_on_the_wire() -> None:
     run(main)
 
 
+def test_a_waiter_without_a_task_takes_its_turn_in_the_same_line() -> None:
+    """``wait_for_slot`` (a forwarded call's wait): waiters without a task share one line
+    with coroutine waiters, first come first served; a freed slot is handed over in the
+    event handling that freed it (``granted`` runs holding it, ``start_granted`` sends the
+    call there); a cancelled waiter leaves the line and is never granted; one whose
+    deadline passes is told so, naming the key, and nothing of it is sent; every slot
+    comes back."""
+
+    async def main() -> None:
+        worker = Worker()
+        await worker.start()
+        client = WorkerClient(f"127.0.0.1:{worker.port}", max_streams=1)
+        order: list[str] = []
+        outcomes: dict[str, Reply | ChannelError] = {}
+        expired: list[DeadlineExceeded] = []
+
+        def answered(name: str) -> Callable[[Reply | ChannelError], None]:
+            def on_done(outcome: Reply | ChannelError) -> None:
+                order.append(f"{name} answered")
+                outcomes[name] = outcome
+
+            return on_done
+
+        def granted(name: str) -> Callable[[], None]:
+            def on_granted() -> None:
+                order.append(f"{name} granted")
+                call = client.start_granted(b"/t.T/Echo", name.encode(), deadline(), answered(name))
+                assert call is not None
+
+            return on_granted
+
+        # No connection yet: such a caller waits in a task (start_when_ready).
+        assert client.wait_for_slot(deadline(), granted("x"), expired.append) is None
+        holding = asyncio.ensure_future(client.call(b"/t.T/Hold", b"x", deadline()))
+        while worker.active < 1:
+            await asyncio.sleep(0.01)
+        assert client.start(b"/t.T/Echo", b"a", deadline(), answered("a")) is None
+
+        async def coroutine() -> None:
+            await client.call(b"/t.T/Echo", b"c", deadline())
+            order.append("c answered")
+
+        a = client.wait_for_slot(deadline(), granted("a"), expired.append)
+        c = asyncio.ensure_future(coroutine())
+        await asyncio.sleep(0.01)  # c is in line behind a
+        gone = client.wait_for_slot(deadline(), granted("gone"), expired.append)
+        client.wait_for_slot(deadline(0.05), granted("late"), expired.append)
+        b = client.wait_for_slot(deadline(), granted("b"), expired.append)
+        assert a is not None and gone is not None and b is not None
+        assert client.statistics().waiting == 5
+        gone.cancel()
+        gone.cancel()  # twice: a no-op
+        await asyncio.sleep(0.2)
+        assert [type(e) for e in expired] == [DeadlineExceeded]
+        assert "worker_client.max_concurrent_streams" in str(expired[0])
+        assert client.statistics().waiting == 3
+        worker.release.set()
+        await holding
+        await c
+        while "b answered" not in order:
+            await asyncio.sleep(0.01)
+        # One slot: a's answer hands it to c (sent by its task), c's answer to b -- before
+        # c's coroutine, woken by that answer, has run again.
+        assert order == ["a granted", "a answered", "b granted", "c answered", "b answered"]
+        assert {name: bytes(r.payload) for name, r in outcomes.items()} == {"a": b"a", "b": b"b"}  # type: ignore[union-attr]
+        assert worker.calls == 4  # the hold, a, c and b: neither the cancelled nor the late
+        b.cancel()  # after its grant: a no-op
+        stats = client.statistics()
+        assert (stats.active_streams, stats.waiting) == (0, 0)
+        await client.wait_closed()
+        await worker.stop()
+
+    run(main)
+
+
+def test_waiters_in_line_expire_by_their_own_deadlines() -> None:
+    """Deadlines in line are in any order (clients set their own): each waiter is told at
+    its deadline, earliest first, by the line's one timer -- one with a later deadline
+    than those behind it does not hold them up, and one still in its time stays."""
+
+    async def main() -> None:
+        worker = Worker()
+        await worker.start()
+        client = WorkerClient(f"127.0.0.1:{worker.port}", max_streams=1)
+        holding = asyncio.ensure_future(client.call(b"/t.T/Hold", b"x", deadline()))
+        while worker.active < 1:
+            await asyncio.sleep(0.01)
+        told: list[tuple[str, float]] = []
+        loop = asyncio.get_running_loop()
+        waits = {}
+        for name, seconds in [("c", 0.3), ("a", 0.05), ("b", 0.15), ("patient", 30.0)]:
+            at = deadline(seconds)
+
+            def expired(exc: DeadlineExceeded, name: str = name, at: float = at) -> None:
+                told.append((name, loop.time() - at))
+
+            waits[name] = client.wait_for_slot(at, lambda: None, expired)
+        await asyncio.sleep(0.5)
+        assert [name for name, _ in told] == ["a", "b", "c"]
+        assert all(0 <= late < 0.1 for _, late in told)
+        assert client.statistics().waiting == 1
+        waits["patient"].cancel()  # type: ignore[union-attr]
+        assert client.statistics().waiting == 0
+        worker.release.set()
+        await holding
+        assert worker.calls == 1 and client.statistics().active_streams == 0
+        await client.wait_closed()
+        await worker.stop()
+
+    run(main)
+
+
+def test_a_slot_granted_after_the_connection_went_is_kept_for_the_next_one() -> None:
+    """A waiter handed a slot when the connection has just failed (its calls' slots coming
+    back as they fail) cannot send there: ``start_granted`` says None, the slot still held,
+    and the call goes out on the next connection (``start_when_ready(holding=True)``)."""
+
+    async def main() -> None:
+        worker = Worker()
+        await worker.start()
+        client = WorkerClient(f"127.0.0.1:{worker.port}", max_streams=1)
+        holding = asyncio.ensure_future(client.call(b"/t.T/Hold", b"x", deadline()))
+        while worker.active < 1:
+            await asyncio.sleep(0.01)
+        started: list[object] = []
+        wait = client.wait_for_slot(
+            deadline(),
+            lambda: started.append(client.start_granted(b"/t.T/Echo", b"y", deadline(), print)),
+            lambda exc: started.append(exc),
+        )
+        assert wait is not None
+        port = worker.port
+        await worker.stop()
+        with pytest.raises(ChannelError):
+            await holding
+        assert started == [None]
+        assert client.statistics().active_streams == 1  # the granted slot, still held
+        again = Worker()
+        await again.start(port)
+        future: asyncio.Future[Reply | ChannelError] = asyncio.get_running_loop().create_future()
+        await client.start_when_ready(
+            b"/t.T/Echo", b"next", deadline(), future.set_result, holding=True
+        )
+        reply = await future
+        assert isinstance(reply, Reply) and bytes(reply.payload) == b"txen"
+        assert client.statistics().active_streams == 0
+        await client.wait_closed()
+        await again.stop()
+
+    run(main)
+
+
 def test_no_connection_means_unprocessed() -> None:
     async def main() -> None:
         with socket.socket() as s:

@@ -16,9 +16,12 @@ Theory of operation
 (RESOURCE_EXHAUSTED); :func:`~.wire.peek_infer` (model name, id, input shapes); the route
 table's replicas of the model; the batch extent of the batch input gives the item count;
 ``router.choose`` gives a ticket; the bytes go to the ticket's worker with the remaining
-deadline. Three things can make a call wait, and only those run in a task (rare): the model
-is unknown (one single-flight refresh of the route table, then NOT_FOUND), the worker's
-stream slots are all taken, or its connection is being (re)opened.
+deadline. When the worker's stream slots are all taken -- the usual case when clients have
+more calls in flight than the gateway opens streams to a worker -- the call waits in the
+worker's line without a task (:class:`.pool.SlotWait`): the slot freed by an answer is
+handed to it in that answer's event handling, and it is sent from there. Two things make a
+call wait in a task (rare): the model is unknown (one single-flight refresh of the route
+table, then NOT_FOUND), or the worker's connection is being (re)opened.
 
 The worker's answer is passed back as received: OK with the response bytes untouched, any
 other status with its message. Failover to the ticket's next replica happens only when the
@@ -61,7 +64,7 @@ from ..status import to_status
 from ..transport.unary import UnaryCall
 from .calls import CANCELLED, DEADLINE_EXCEEDED, FAILOVER_STATUSES, NOT_FOUND, OK
 from .channel import Call, ChannelError, Reply
-from .pool import WorkerClient
+from .pool import SlotWait, WorkerClient
 from .routing import Outcome, Router, Ticket
 from .stats import GatewayStats
 from .table import Replica, items_of
@@ -132,9 +135,10 @@ class Forward:
         self._peek: InferPeek | None = None
         self._ticket: Ticket | None = None
         self._client: WorkerClient | None = None
-        #: The worker call in flight (to cancel if the client goes away).
-        self._pending: Call | None = None
-        #: The task of a call that has to wait (refresh, slot, connection).
+        #: The worker call in flight, or the wait for its stream slot (to cancel if the
+        #: client goes away).
+        self._pending: Call | SlotWait | None = None
+        #: The task of a call that has to wait (a table refresh, a connection).
         self._task: asyncio.Task[None] | None = None
         self._sent_at = 0.0
         #: Counted in ``infer_in_flight`` (past the admission cap).
@@ -194,7 +198,8 @@ class Forward:
         self._send(now)
 
     def _send(self, now: float) -> None:
-        """Start the call on the ticket's worker (a task if it must wait for it)."""
+        """Start the call on the ticket's worker, or line up for one of its stream slots
+        (a task only if its connection must be opened first)."""
         ticket = self._ticket
         assert ticket is not None and ticket.worker is not None
         proxy = self._proxy
@@ -211,12 +216,39 @@ class Forward:
         except ChannelError as exc:
             self._on_reply(exc)
             return
-        if pending is None:
+        if pending is not None:
+            self._pending = pending
+            return
+        self._pending = client.wait_for_slot(self._deadline, self._slot_granted, self._fail)
+        if self._pending is None:
             self._wait(self._send_when_ready(client))
+
+    def _slot_granted(self) -> None:
+        """A stream slot came free for this call (in the event handling of the worker
+        connection that freed it): send it there."""
+        self._pending = None
+        client = self._client
+        assert client is not None
+        try:
+            pending = client.start_granted(
+                INFER_PATH,
+                self._data,
+                self._deadline,
+                self._on_reply,
+                tell=self._call.deadline is not None,
+            )
+        except ChannelError as exc:
+            self._on_reply(exc)
+            return
+        except Exception as exc:  # the deadline passed
+            self._fail(exc)
+            return
+        if pending is None:  # the connection went meanwhile: reopen it, holding the slot
+            self._wait(self._send_when_ready(client, holding=True))
         else:
             self._pending = pending
 
-    async def _send_when_ready(self, client: WorkerClient) -> None:
+    async def _send_when_ready(self, client: WorkerClient, *, holding: bool = False) -> None:
         try:
             self._pending = await client.start_when_ready(
                 INFER_PATH,
@@ -224,6 +256,7 @@ class Forward:
                 self._deadline,
                 self._on_reply,
                 tell=self._call.deadline is not None,
+                holding=holding,
             )
         except ChannelError as exc:
             self._on_reply(exc)

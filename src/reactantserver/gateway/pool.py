@@ -14,19 +14,36 @@ Stream slots bound what is in flight to one worker: at most
 ``DeadlineExceeded``; nothing was sent). The wait is bounded in length too: every caller is
 an inbound gateway call, which the gateway's admission cap already bounds.
 
+One line, two kinds of waiter: a coroutine (:meth:`WorkerClient.call`,
+:meth:`WorkerClient.start_when_ready`) awaits a future; a forwarded ModelInfer waits as a
+:class:`SlotWait`, without a task -- a freed slot is handed to it synchronously, from the
+event handling of the worker connection that freed it, and it starts its call there
+(:meth:`WorkerClient.start_granted`); their deadlines sit in one heap under one timer,
+armed for the earliest (an entry that no longer waits is dropped when it reaches the top,
+or when the heap is rebuilt at twice the waiters). More calls in flight than slots is the
+usual case for a busy gateway (64 requests in flight from its clients against 32 slots to
+the worker), and a task, a future, a timer and their wake-ups per waiting call were a
+quarter of the gateway's CPU there (docs/benchmarks.md, "Client shapes").
+
 Everything runs on the asyncio loop's thread; nothing here locks.
 
 Invariants: a slot is taken and returned exactly once per call that took one (a waiter
 cancelled after being handed a slot gives it back); ``active`` never exceeds the slot
-limit in force when each slot was granted; at most one connection attempt is in flight.
+limit in force when each slot was granted; at most one connection attempt is in flight;
+a :class:`SlotWait` is in the line exactly while it waits, and ends once: granted,
+expired or cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import heapq
 import logging
+import math
 import socket
+from collections.abc import Callable
 
 import attrs
 
@@ -61,6 +78,47 @@ class ClientStatistics:
     connect_failures: int
 
 
+class SlotWait:
+    """A caller in line for a stream slot without a task (:meth:`WorkerClient.wait_for_slot`):
+    ``granted`` runs once, holding the slot, when one is handed to it; ``expired`` runs
+    once, with why, if its deadline passes first; neither after :meth:`cancel`."""
+
+    __slots__ = ("_client", "deadline", "expired", "granted", "waiting")
+
+    def __init__(
+        self,
+        client: WorkerClient,
+        deadline: float,
+        granted: Callable[[], None],
+        expired: Callable[[DeadlineExceeded], None],
+    ) -> None:
+        self._client = client
+        self.deadline = deadline
+        self.granted = granted
+        self.expired = expired
+        #: In the client's line (granted, expired and cancelled ones are not).
+        self.waiting = True
+
+    def cancel(self) -> None:
+        """The caller is gone: leave the line (after a grant, a no-op)."""
+        if self.waiting:
+            self.waiting = False
+            self._client._waiters.remove(self)
+
+    def _expire(self) -> None:
+        if self.waiting:
+            self.cancel()
+            self.expired(self._client._slot_deadline())
+
+    def _grant(self) -> None:
+        """Handed a slot (already out of the line)."""
+        self.waiting = False
+        try:
+            self.granted()
+        except Exception:  # the caller's bug: it must not reach the connection that freed the slot
+            log.exception("starting a call on a freed stream slot failed")
+
+
 class WorkerClient:
     """One worker's connection and stream slots (see the module docstring)."""
 
@@ -89,8 +147,19 @@ class WorkerClient:
         #: Replaced connections still finishing their calls.
         self._draining: set[WorkerConnection] = set()
         self._connecting: asyncio.Future[WorkerConnection] | None = None
+        #: The loop the connections run on (known once one is opened): asked once, as
+        #: Python 3.11's ``asyncio.get_running_loop`` makes a ``getpid`` system call.
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._active = 0
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        #: Callers in line for a slot, in arrival order (module docstring).
+        self._waiters: collections.deque[asyncio.Future[None] | SlotWait] = collections.deque()
+        #: ``(deadline, arrival, wait)`` of the :class:`SlotWait` callers (and of some that
+        #: no longer wait, dropped lazily), a heap; one timer, for its earliest entry --
+        #: as the worker connection keeps its calls' deadlines (:mod:`.channel`).
+        self._expiries: list[tuple[float, int, SlotWait]] = []
+        self._arrivals = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
         self._calls = 0
         self._connects = 0
         self._connect_failures = 0
@@ -159,6 +228,64 @@ class WorkerClient:
         self._active += 1
         return self._start(conn, path, payload, deadline, on_done, tell)
 
+    def wait_for_slot(
+        self,
+        deadline: float,
+        granted: Callable[[], None],
+        expired: Callable[[DeadlineExceeded], None],
+    ) -> SlotWait | None:
+        """Line up for a stream slot without a task, when :meth:`start` said to wait and a
+        connection is up: ``granted`` runs once, from the loop, holding a slot -- it must
+        then call :meth:`start_granted` -- or ``expired`` once when ``deadline`` passes first.
+        None when there is no usable connection: then wait with :meth:`start_when_ready`."""
+        conn, loop = self._conn, self._loop
+        if conn is None or not conn.usable or loop is None:
+            return None
+        wait = SlotWait(self, deadline, granted, expired)
+        self._waiters.append(wait)
+        heap = self._expiries
+        if len(heap) >= 2 * len(self._waiters) + 64:
+            # Mostly granted or cancelled waiters' entries: rebuild from those waiting.
+            heap[:] = [entry for entry in heap if entry[2].waiting]
+            heapq.heapify(heap)
+        self._arrivals += 1
+        heapq.heappush(heap, (deadline, self._arrivals, wait))
+        if deadline < self._timer_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer_at = deadline
+            self._timer = loop.call_at(deadline, self._expire_waits)
+        return wait
+
+    def _expire_waits(self) -> None:
+        """The earliest deadline in line came: every waiter past its deadline is told."""
+        assert self._loop is not None
+        limit = max(self._timer_at, self._loop.time())
+        self._timer, self._timer_at = None, math.inf
+        heap = self._expiries
+        while heap and heap[0][0] <= limit:
+            heapq.heappop(heap)[2]._expire()  # a no-op unless it still waits
+        if heap:
+            self._timer_at = heap[0][0]
+            self._timer = self._loop.call_at(self._timer_at, self._expire_waits)
+
+    def start_granted(
+        self,
+        path: bytes,
+        payload: bytes | memoryview,
+        deadline: float,
+        on_done: OnDone,
+        *,
+        tell: bool = True,
+    ) -> Call | None:
+        """Start a call on the slot a :class:`SlotWait` was granted. None when the
+        connection went meanwhile: the slot is still held, for
+        ``start_when_ready(..., holding=True)``. Raises as :meth:`start` (the slot given back)."""
+        conn = self._conn
+        if conn is None or not conn.usable:
+            return None
+        return self._start(conn, path, payload, deadline, on_done, tell)
+
     async def start_when_ready(
         self,
         path: bytes,
@@ -167,9 +294,12 @@ class WorkerClient:
         on_done: OnDone,
         *,
         tell: bool = True,
+        holding: bool = False,
     ) -> Call:
-        """:meth:`start`, after waiting (until ``deadline``) for a slot and a connection."""
-        await self._acquire(deadline)
+        """:meth:`start`, after waiting (until ``deadline``) for a slot (unless ``holding``
+        one already: :meth:`start_granted` said None) and a connection."""
+        if not holding:
+            await self._acquire(deadline)
         try:
             conn = await self._usable(deadline)
         except BaseException:
@@ -234,22 +364,30 @@ class WorkerClient:
                 self._release()  # handed a slot just as we were cancelled: pass it on
             raise
         except DeadlineExceeded:
-            raise DeadlineExceeded(
-                f"the deadline passed while waiting for one of the {self._limit()} streams "
-                f"to worker {self.label} (worker_client.max_concurrent_streams)"
-            ) from None
+            raise self._slot_deadline() from None
         finally:
             timer.cancel()
-            try:
-                self._waiters.remove(waiter)
-            except ValueError:
-                pass  # handed a slot: already taken off the queue
+            # Handed a slot: already taken off the line (and a failed ``remove`` would
+            # format the future's repr into its message, callbacks and all).
+            if not waiter.done() or waiter.cancelled() or waiter.exception() is not None:
+                with contextlib.suppress(ValueError):  # skipped by _release already
+                    self._waiters.remove(waiter)
+
+    def _slot_deadline(self) -> DeadlineExceeded:
+        return DeadlineExceeded(
+            f"the deadline passed while waiting for one of the {self._limit()} streams "
+            f"to worker {self.label} (worker_client.max_concurrent_streams)"
+        )
 
     def _release(self) -> None:
         while self._waiters:
             waiter = self._waiters.popleft()
+            # The slot passes to the waiter, ``active`` unchanged.
+            if isinstance(waiter, SlotWait):
+                waiter._grant()  # in the line only while waiting
+                return
             if not waiter.done():
-                waiter.set_result(None)  # the slot passes to the waiter, ``active`` unchanged
+                waiter.set_result(None)
                 return
         self._active -= 1
 
@@ -276,7 +414,7 @@ class WorkerClient:
             ) from None
 
     async def _connect(self) -> WorkerConnection:
-        loop = asyncio.get_running_loop()
+        self._loop = loop = asyncio.get_running_loop()
         self._connects += 1
         try:
             try:
