@@ -683,7 +683,10 @@ def report(
     print(f"one 38 MB input, inline: direct {big_direct * 1e3:.0f} ms, through the gateway "
           f"{big_via * 1e3:.0f} ms (x{big_via / big_direct:.2f})")  # fmt: skip
     print()
-    print_profiles(profiles)
+    if profiles:
+        print_profiles(profiles)
+    else:
+        print("no profile (--profile-seconds 0)")
 
 
 def print_profiles(profiles: dict[Shape, Counter[str] | str]) -> None:
@@ -785,7 +788,7 @@ async def _run(args: argparse.Namespace, workdir: Path) -> None:
         if gateway is not None:
             gateway.stop()
         worker.stop()
-    report(pairs, load, big_direct, big_via, profiles or {Shape(1, 16): "no profile"})
+    report(pairs, load, big_direct, big_via, profiles)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -316,3 +316,24 @@ def test_h2load_drives_the_shape_and_its_answers_are_checked(tmp_path: Path) -> 
         and len(result.latencies) == result.requests
     )
     assert len(result.cpu_seconds) == 2  # the pid given, then h2load's
+
+
+def test_the_profile_has_a_column_per_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each shape's samples as percentages of its own total, a row per bucket (the largest
+    overall first); a shape py-spy could not profile says why instead of a column."""
+    one, four = bg.Shape(1, 16), bg.Shape(4, 16)
+    bg.print_profiles(
+        {
+            one: Counter({"wire": 30, "event loop": 10}),
+            four: Counter({"wire": 60, "event loop": 20, "slots": 20}),
+            bg.Shape(16, 4): "py-spy not found (pip install py-spy): no profile",
+        }
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "16x4: py-spy not found (pip install py-spy): no profile"
+    assert lines[2].split() == ["1x16", "4x16"]
+    assert [line.split() for line in lines[3:]] == [
+        ["75.0", "60.0", "wire"],
+        ["25.0", "20.0", "event", "loop"],
+        ["0.0", "20.0", "slots"],
+    ]
