@@ -61,7 +61,7 @@ class AbuseBudget:
     __slots__ = ("_at", "_credited", "_tokens", "peer_resets", "provoked", "streams", "wasted")
 
     def __init__(self, now: float) -> None:
-        #: Calls started on the connection (streams that got a handler).
+        #: Calls started on the connection (streams that got a handler), counted by the caller.
         self.streams = 0
         #: Calls the peer reset prematurely, and streams the server was made to reset.
         self.peer_resets = 0
@@ -72,10 +72,6 @@ class AbuseBudget:
         self._at = now
         #: :attr:`streams` when the bucket was last refilled.
         self._credited = 0
-
-    def started(self) -> None:
-        """A call started (a stream got a handler)."""
-        self.streams += 1
 
     def peer_reset(self, started_at: float, now: float) -> str | None:
         """The peer reset a call that started at ``started_at``."""
