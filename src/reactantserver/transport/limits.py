@@ -54,12 +54,12 @@ def _positive(_: object, attribute: Any, value: float) -> None:
 class SettingNames:
     """The configuration keys that set a :class:`WireLimits`, for the messages that refuse
     a peer: each names the setting of the process that says it (a worker's ``endpoints:``,
-    a gateway's ``grpc:``), so that an operator changes the right file."""
+    a gateway's ``grpc:``), so that an operator changes the right file. The idle timeout
+    refuses nothing (an idle connection gets GOAWAY NO_ERROR) and has no name here."""
 
     max_connections: str = "endpoints.max_connections"
     max_concurrent_streams: str = "endpoints.max_concurrent_streams"
     handshake_timeout: str = "endpoints.handshake_timeout_seconds"
-    idle_timeout: str = "endpoints.idle_timeout_seconds"
     max_message_bytes: str = "endpoints.max_message_bytes"
 
 
@@ -68,7 +68,6 @@ GATEWAY_SETTING_NAMES = SettingNames(
     max_connections="grpc.max_connections",
     max_concurrent_streams="grpc.max_concurrent_streams",
     handshake_timeout="grpc.handshake_timeout_seconds",
-    idle_timeout="grpc.idle_timeout_seconds",
     max_message_bytes="grpc.max_recv_msg_bytes",
 )
 
@@ -99,7 +98,7 @@ class WireLimits:
     stream_window: int = attrs.field(default=16 << 20, validator=_between(65535, _MAX_WINDOW))
     #: SETTINGS_MAX_HEADER_LIST_SIZE (h2's default): decoded header bytes per request.
     max_header_list_size: int = attrs.field(default=1 << 16, validator=_between(1024, 1 << 24))
-    #: The keys that set the five configurable bounds, as refusals name them.
+    #: The keys that set the configurable bounds, as refusals name them.
     names: SettingNames = SettingNames()
 
     @classmethod
