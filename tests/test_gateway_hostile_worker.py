@@ -34,6 +34,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from gateway_harness import fake_workers, running_gateway, wait_until
+from h2_client import PREFACE, frame
 from tritonclient.utils import InferenceServerException
 from worker_harness import free_port
 
@@ -42,19 +43,11 @@ from reactantserver.gateway.channel import ChannelError
 from reactantserver.gateway.pool import WorkerClient
 from reactantserver.transport.limits import WireLimits
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, RST_STREAM, SETTINGS, GOAWAY, WINDOW_UPDATE, CONTINUATION = (
     0x0, 0x1, 0x3, 0x4, 0x7, 0x8, 0x9,
 )  # fmt: skip
 END_STREAM, END_HEADERS, ACK = 0x1, 0x4, 0x1
 PROTOCOL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR, ENHANCE_YOUR_CALM = 0x1, 0x3, 0x6, 0xB
-
-
-def frame(
-    kind: int, flags: int, sid: int, payload: bytes = b"", length: int | None = None
-) -> bytes:
-    size = len(payload) if length is None else length
-    return struct.pack(">I", size)[1:] + bytes([kind, flags]) + struct.pack(">I", sid) + payload
 
 
 def frames_in(buffer: bytearray) -> Iterator[tuple[int, int, int, bytes]]:
@@ -112,7 +105,7 @@ class RawWorker:
         self.connections += 1
         encoder = hpack.Encoder()
         buffer = bytearray()
-        writer.write(frame(SETTINGS, 0, 0))
+        writer.write(frame(SETTINGS, 0, 0, b""))
         calls = 0
         preface_seen = False
         try:
@@ -126,7 +119,7 @@ class RawWorker:
                     preface_seen = True
                 for kind, flags, sid, payload in frames_in(buffer):
                     if kind == SETTINGS and not flags & ACK:
-                        writer.write(frame(SETTINGS, ACK, 0))
+                        writer.write(frame(SETTINGS, ACK, 0, b""))
                     elif kind == GOAWAY:
                         self.goaways.append((int.from_bytes(payload[4:8], "big"), payload[8:]))
                     elif kind == RST_STREAM:
@@ -367,7 +360,7 @@ def x_input() -> list[grpcclient.InferInput]:
 @pytest.mark.parametrize(
     ("violation", "code_name"),
     [
-        (frame(DATA, 0, 1, length=(1 << 20) + 1), "FRAME_SIZE_ERROR"),
+        (frame(DATA, 0, 1, b"", length=(1 << 20) + 1), "FRAME_SIZE_ERROR"),
         (frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", 0)), "PROTOCOL_ERROR"),
     ],
     ids=["frame_too_large", "zero_window_update"],
