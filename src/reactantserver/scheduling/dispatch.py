@@ -612,10 +612,20 @@ class Scheduler:
     # ---------------------------------------------------------------- the loop
 
     async def _loop(self, nursery: trio.Nursery) -> None:
+        """Take batches: at depth 1 ``_dispatch`` each (it returns once the batch is
+        answered); in the pipeline ``_launch`` each while fewer than ``pipeline_depth``
+        are in flight and the head has not overrun (the launcher)."""
         policy = self._policy
+        depth = self.pipeline_depth
+        step = self._dispatch if depth == 1 else self._launch
         while not policy.closed:
             now = trio.current_time()
             self._expire(now)
+            if len(self._flight) >= depth or self._health is Health.OVERRUN:
+                # The pipeline: woken by the collector when a batch lands (or by a
+                # sooner deadline). At depth 1 neither holds here.
+                await self._sleep(policy.next_deadline(), idle=False)
+                continue
             decision = policy.next_batch(now)
             for request in decision.shed:
                 self._fail(request.seq, _shed_error(request))
@@ -623,7 +633,7 @@ class Scheduler:
                 # No checkpoint since next_batch: nothing can have slipped in.
                 await self._sleep(policy.next_deadline(), idle=True)
                 continue
-            await self._dispatch(nursery, decision.batch)
+            await step(nursery, decision.batch)
 
     async def _sleep(self, until: float, *, idle: bool) -> None:
         """Sleep until ``_wakeup`` is set or ``until``. ``idle``: waiting for work, so
@@ -733,34 +743,17 @@ class Scheduler:
     # ------------------------------------------------------------ the pipeline
 
     async def _pipeline(self, nursery: trio.Nursery) -> None:
-        """The launcher, with the collector beside it (see "The pipeline" above)."""
+        """The launcher (``_loop``), with the collector beside it (see "The pipeline")."""
         landed = trio.Event()
         nursery.start_soon(self._collector, landed)
         try:
-            await self._launcher(nursery)
+            await self._loop(nursery)
         finally:
             self._launcher_done = True
             self._collected.set()
             # Every launched batch lands before run() goes on: never abandoned.
             with trio.CancelScope(shield=True):
                 await landed.wait()
-
-    async def _launcher(self, nursery: trio.Nursery) -> None:
-        policy = self._policy
-        while not policy.closed:
-            now = trio.current_time()
-            self._expire(now)
-            if len(self._flight) >= self.pipeline_depth or self._health is Health.OVERRUN:
-                # Woken by the collector when a batch lands (or by a sooner deadline).
-                await self._sleep(policy.next_deadline(), idle=False)
-                continue
-            decision = policy.next_batch(now)
-            for request in decision.shed:
-                self._fail(request.seq, _shed_error(request))
-            if decision.batch is None:
-                await self._sleep(policy.next_deadline(), idle=True)
-                continue
-            await self._launch(nursery, decision.batch)
 
     async def _launch(self, nursery: trio.Nursery, batch: Batch) -> None:
         """Prepare ``batch`` (weights acquired), then launch it and queue it for landing."""
