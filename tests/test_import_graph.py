@@ -16,6 +16,7 @@ still a circle to a reader, and hides the layering it breaks.
 from __future__ import annotations
 
 import ast
+from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 import pytest
@@ -80,29 +81,11 @@ def test_the_fleet_simulator_sits_above_scheduling_and_gateway() -> None:
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One cycle of ``graph`` (a path that returns to its start), or None."""
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        stack.append(node)
-        for nxt in sorted(graph[node]):
-            if state.get(nxt) == 1:
-                return [*stack[stack.index(nxt) :], nxt]
-            if nxt not in state:
-                found = visit(nxt)
-                if found:
-                    return found
-        stack.pop()
-        state[node] = 2
-        return None
-
-    for node in sorted(graph):
-        if node not in state:
-            found = visit(node)
-            if found:
-                return found
+    """One cycle of ``graph`` (a path along its edges that returns to its start), or None."""
+    try:
+        TopologicalSorter(graph).prepare()
+    except CycleError as exc:
+        return exc.args[1][::-1]  # graphlib follows the edges backwards (to predecessors)
     return None
 
 
