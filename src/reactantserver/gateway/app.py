@@ -183,7 +183,7 @@ class Gateway:
         table = self.router.table
         if table.serves(service):
             return True
-        if service in table.known or any(service in w.models for w in table.workers.values()):
+        if service in table.known:  # holds every model a worker lists
             return False
         return None
 

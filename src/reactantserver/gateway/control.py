@@ -275,7 +275,7 @@ class LptController:
         if not name:
             raise InvalidArgument("name: expected a model name; got ''")
         if not allow_unknown_model and name not in self.table.catalog():
-            hint = did_you_mean(name, self.table.known | set(self.table.catalog()))
+            hint = did_you_mean(name, self.table.known)  # every model a worker listed
             raise NotFound(
                 f"model {name!r} is not served by any ready worker "
                 f"(set allow_unknown_model to place it ahead of its loading){hint}"

@@ -556,7 +556,7 @@ def refusal(table: RouteTable, model: str, workers: int) -> NotFound | Unavailab
         )
     return NotFound(
         f"model {model!r} is not served by any worker behind this gateway ({ready} of "
-        f"{workers} workers ready){did_you_mean(model, table.known | set(table.models))}"
+        f"{workers} workers ready){did_you_mean(model, table.known)}"
     )
 
 
