@@ -576,11 +576,6 @@ class SchedulingPolicy:
         return None if first is None else first[0]
 
     @property
-    def in_flight(self) -> tuple[Batch, ...]:
-        """Every batch handed out and not yet completed, oldest first."""
-        return tuple(batch for batch, _ in self._running.values())
-
-    @property
     def queued(self) -> int:
         """Requests queued over all models."""
         return self._queued
