@@ -15,6 +15,7 @@ import h2.events
 import h2.settings
 import hpack
 import pytest
+from h2_client import frame as _frame  # a raw frame; `frame` names a parameter here
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -403,13 +404,6 @@ FRAME_SIZE_ERROR, ENHANCE_YOUR_CALM = 0x6, 0xB
 PROTOCOL_ERROR, FLOW_CONTROL_ERROR = 0x1, 0x3
 
 
-def _frame(
-    kind: int, flags: int, sid: int, payload: bytes = b"", length: int | None = None
-) -> bytes:
-    size = len(payload) if length is None else length
-    return size.to_bytes(3, "big") + bytes([kind, flags]) + sid.to_bytes(4, "big") + payload
-
-
 def _answer_head(sid: int) -> bytes:
     return _frame(0x1, 0x4, sid, hpack.Encoder().encode([(b":status", b"200")]))
 
@@ -429,7 +423,7 @@ def test_a_frame_past_our_advertised_frame_size_is_refused_from_its_header() -> 
     pump(client, server)
     limit = WireLimits().max_frame_size
     assert client.receive(_answer_head(sid) + _frame(0x0, 0, sid, bytes(limit)))
-    error = _refused(client, _frame(0x0, 0, sid, length=limit + 1))
+    error = _refused(client, _frame(0x0, 0, sid, b"", length=limit + 1))
     assert error.code == FRAME_SIZE_ERROR
     assert "SETTINGS_MAX_FRAME_SIZE" in str(error)
 
@@ -459,11 +453,11 @@ def test_header_blocks_are_bounded_in_frames_and_in_bytes() -> None:
     sid = request(client)
     limit = WireLimits().max_header_list_size
     head = _frame(0x1, 0, sid, b"\x00" * (limit - 10))
-    error = _refused(client, head + _frame(0x9, 0, sid, length=11))  # its header alone
+    error = _refused(client, head + _frame(0x9, 0, sid, b"", length=11))  # its header alone
     assert error.code == ENHANCE_YOUR_CALM
     client, _ = connect()
     request(client)
-    assert _refused(client, _frame(0x1, 0x4, 1, length=limit + 1)).code == ENHANCE_YOUR_CALM
+    assert _refused(client, _frame(0x1, 0x4, 1, b"", length=limit + 1)).code == ENHANCE_YOUR_CALM
 
 
 def test_data_past_a_window_we_granted_is_a_flow_control_error() -> None:
