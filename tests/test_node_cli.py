@@ -82,6 +82,16 @@ def _free_pair() -> int:
     raise RuntimeError("no two consecutive free ports")
 
 
+@contextmanager
+def taken(port: int) -> Iterator[None]:
+    """``127.0.0.1:port`` held by a listener meanwhile (another process on the port)."""
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        yield
+
+
 class Node:
     """A running ``reactantserver node`` subprocess and its log."""
 
@@ -337,13 +347,9 @@ def test_a_worker_whose_port_is_taken_stops_the_node_at_once(
     """A taken port is no crash: the worker exits 78 (EX_CONFIG) with one line, and the
     node stops at once with that line and status 78, without a restart."""
     path, ports = node_yaml(tmp_path, double_repo)
-    with socket.socket() as squatter:
-        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        squatter.bind(("127.0.0.1", ports["base"]))
-        squatter.listen()
-        with running_node(path, tmp_path, REACTANT_ROLE="workers") as node:
-            rc = node.proc.wait(180)
-            text = node.text()
+    with taken(ports["base"]), running_node(path, tmp_path, REACTANT_ROLE="workers") as node:
+        rc = node.proc.wait(180)
+        text = node.text()
     assert rc == 78, text
     line = f"reactantserver serve: cannot listen for gRPC on 127.0.0.1:{ports['base']}: address"
     # Repeated by the supervisor, as an error.
@@ -360,14 +366,10 @@ def test_a_gateway_whose_public_port_is_taken_stops_the_node_at_once(
     process. The gateway exits 78 with its one line; the node repeats it, stops the
     workers it started and exits 78 -- no restart loop."""
     path, ports = node_yaml(tmp_path, double_repo)
-    with socket.socket() as squatter:
-        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        squatter.bind(("127.0.0.1", ports["grpc"]))
-        squatter.listen()
-        with running_node(path, tmp_path, REACTANT_CPU_WORKERS="2") as node:
-            pids = [node.pid("worker0"), node.pid("worker1")]
-            rc = node.proc.wait(180)
-            text = node.text()
+    with taken(ports["grpc"]), running_node(path, tmp_path, REACTANT_CPU_WORKERS="2") as node:
+        pids = [node.pid("worker0"), node.pid("worker1")]
+        rc = node.proc.wait(180)
+        text = node.text()
     assert rc == 78, text
     line = (
         f"reactantserver gateway: cannot listen for gRPC on 127.0.0.1:{ports['grpc']}: "
