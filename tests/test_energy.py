@@ -9,7 +9,11 @@ under the real dispatch loop on virtual time.
 
 from __future__ import annotations
 
+import http.server
 import math
+import subprocess
+import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -447,3 +451,39 @@ def test_report_counts_a_restarted_worker_from_zero_and_says_not_measured() -> N
     table = render(report)
     assert "energy: not measured" in table
     assert "cost: not set (cost.device_hour)" in table
+
+
+def test_report_into_a_pipe_closed_early_ends_quietly() -> None:
+    """``reactantserver report ADDRESS | head``: the reader leaves before the table is
+    written; the command ends with 141 (128 + SIGPIPE, as a shell shows for ``yes`` in
+    ``yes | head``) and no traceback, no 'Exception ignored' at exit."""
+    body = exposition("w0", {"a": (10, 5, 1, 0)}).encode()
+    closed = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            closed.wait(30)  # answer only once the reader is gone
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    address = f"127.0.0.1:{server.server_address[1]}"
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "reactantserver.cli", "report", address, "--interval", "0.05"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        assert child.stdout is not None and child.stderr is not None
+        child.stdout.close()
+        closed.set()
+        err = child.stderr.read().decode()
+        assert child.wait(timeout=60) == 141, err
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert err == ""

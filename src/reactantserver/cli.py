@@ -52,6 +52,7 @@ never imports JAX.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -63,6 +64,9 @@ if TYPE_CHECKING:
 
 #: Status for a configuration or command-line error (argparse's own is 2 as well).
 EXIT_USAGE = 2
+#: Status when stdout's reader went away: 128 + SIGPIPE (13), what a shell shows for
+#: ``yes`` in ``yes | head``.
+EXIT_BROKEN_PIPE = 141
 
 
 def _add_config(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -433,9 +437,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         status: int = args.run(args)
+        sys.stdout.flush()  # here, so that a reader gone early is seen below
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:
+        # ``reactantserver report ADDRESS | head``: the reader left. End quietly, with
+        # the status a shell shows for a tool killed by SIGPIPE; what is still buffered
+        # goes to /dev/null, not into a second error at the interpreter's exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     return status
 
 
