@@ -82,13 +82,8 @@ from .report import (
 __all__ = [
     "ClosedLoop",
     "FleetModel",
-    "FleetModelReport",
-    "FleetReport",
     "FleetSimulation",
     "FleetWorker",
-    "FleetWorkerReport",
-    "LoadEvent",
-    "RepackEvent",
     "offered_fleet_load",
     "simulate_fleet",
     "zipf_fleet_catalog",
