@@ -64,19 +64,11 @@ ERROR_PREFIX = "reactantserver "
 
 
 def error_lines(lines: collections.abc.Iterable[str]) -> list[str]:
-    """The command line's error lines among a child's last lines of output (relayed as
-    ``[name] reactantserver serve: ...``), without the relay prefix or the hint about
-    tracebacks; the last line when there is none."""
-    out = []
-    last = ""
-    for line in lines:
-        text = line.split("] ", 1)[1] if line.startswith("[") and "] " in line else line
-        if not text.strip():
-            continue
-        last = text
-        if text.startswith(ERROR_PREFIX) and "--log-level debug" not in text:
-            out.append(text)
-    return out or ([last] if last else [])
+    """The command line's error lines (``reactantserver serve: ...``) among a child's last
+    lines of output, without the hint about tracebacks; the last line when there is none."""
+    said = [line for line in lines if line.strip()]
+    out = [s for s in said if s.startswith(ERROR_PREFIX) and "--log-level debug" not in s]
+    return out or said[-1:]
 
 
 def describe_exit(code: int) -> str:
@@ -98,7 +90,7 @@ class _Slot:
     #: Set when the current process has been reaped.
     gone: trio.Event = attrs.field(factory=trio.Event)
     starts: int = 0
-    #: The current (or last) process's last lines of output, for its error.
+    #: The current (or last) process's last lines of output (no relay prefix), for its error.
     tail: collections.deque[str] = attrs.field(factory=lambda: collections.deque(maxlen=KEPT_LINES))
 
 
@@ -216,9 +208,10 @@ class Supervisor:
     async def _wait(self, slot: _Slot, process: spawn.Child) -> int:
         name = slot.plan.name
         slot.tail.clear()
+        relayed = f"[{name}] "  # what spawn.relay_lines puts before each line
 
         def sink(line: str) -> None:
-            slot.tail.append(line)
+            slot.tail.append(line.removeprefix(relayed))
             self._sink(line)
 
         async with trio.open_nursery() as relays:
