@@ -112,12 +112,27 @@ def joules_per_row(
     return (last.joules - first.joules) / (runs * size)
 
 
+def random_inputs(rng: Any, bundle: Any, program: Any, size: int) -> list[list[np.ndarray]]:
+    """Four draws of random inputs for ``program`` at batch ``size``."""
+    return [
+        [
+            rng.standard_normal(shape).astype(spec.numpy_dtype)
+            for spec, shape in zip(bundle.inputs, program.input_shapes(size), strict=True)
+        ]
+        for _ in range(4)
+    ]
+
+
+def p50_p99(samples: list[float]) -> tuple[float, float]:
+    """The median and the 99th percentile (rank ``int(0.99 n)``) of ``samples``."""
+    ordered = sorted(samples)
+    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
 def curve(
     runtime: Any, path: Path, repeats: int, reader: Any = None, energy_seconds: float = 0.0
 ) -> list[tuple[int, float, float, float | None]]:
     """(size, p50 seconds, p99 seconds, joules per row or None) per compiled size."""
-    from reactantserver.bundle import load_bundle
-
     bundle = load_bundle(path)
     program = runtime.load(bundle)
     weights = runtime.to_device(bundle.read_weights())
@@ -125,13 +140,7 @@ def curve(
     rows = []
     try:
         for size in program.sizes:
-            draws = [
-                [
-                    rng.standard_normal(shape).astype(spec.numpy_dtype)
-                    for spec, shape in zip(bundle.inputs, program.input_shapes(size), strict=True)
-                ]
-                for _ in range(4)
-            ]
+            draws = random_inputs(rng, bundle, program, size)
             for i in range(3):
                 program.execute(draws[i % 4], weights)
             times = []
@@ -139,18 +148,10 @@ def curve(
                 start = time.perf_counter()
                 program.execute(draws[i % 4], weights)
                 times.append(time.perf_counter() - start)
-            times.sort()
             joules = joules_per_row(
                 lambda d: program.execute(d, weights), draws, size, reader, energy_seconds
             )
-            rows.append(
-                (
-                    size,
-                    statistics.median(times),
-                    times[min(len(times) - 1, int(0.99 * len(times)))],
-                    joules,
-                )
-            )
+            rows.append((size, *p50_p99(times), joules))
     finally:
         runtime.free(weights)
     return rows
@@ -166,13 +167,7 @@ def side_by_side(
     program = runtime.load(bundle, sizes=(1,))
     weights = runtime.to_device(bundle.read_weights())
     rng = np.random.default_rng(1)
-    draws = [
-        [
-            rng.standard_normal(shape).astype(spec.numpy_dtype)
-            for spec, shape in zip(bundle.inputs, program.input_shapes(1), strict=True)
-        ]
-        for _ in range(4)
-    ]
+    draws = random_inputs(rng, bundle, program, 1)
     exported = deserialize_artifact(bundle)
     args = [np.asarray(d) for d in draws[0]]
     plain = jax.jit(exported.call).lower(*args, *weights).compile()
@@ -221,17 +216,7 @@ def side_by_side(
             times["ours, 2 in flight"].append((time.perf_counter() - start) / (per_round + 1))
     finally:
         runtime.free(weights)
-    out = []
-    for name, samples in times.items():
-        samples.sort()
-        out.append(
-            (
-                name,
-                statistics.median(samples),
-                samples[min(len(samples) - 1, int(0.99 * len(samples)))],
-            )
-        )
-    return out
+    return [(name, *p50_p99(samples)) for name, samples in times.items()]
 
 
 def _torch_mlp(bundle: Any, width: int) -> Any:
