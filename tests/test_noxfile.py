@@ -285,19 +285,9 @@ def _node_file(tmp: Path, repo: Path, port: int, metrics: int) -> Path:
     return node
 
 
-class _Holding:
-    """A listening socket held for the length of a test (closed with the runs)."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 @pytest.fixture
-def started(tmp_path: Path) -> Iterator[list[Running | _Holding]]:
-    runs: list[Running | _Holding] = []
+def started(tmp_path: Path) -> Iterator[list[Running | socket.socket]]:
+    runs: list[Running | socket.socket] = []
     yield runs
     for run in runs:
         run.close()
@@ -334,7 +324,7 @@ def test_nox_serve_stops_gracefully_and_leaves_nothing_behind(
     zoo_repo: Path,
     tmp_path: Path,
     nox_site: Path,
-    started: list[Running | _Holding],
+    started: list[Running | socket.socket],
     python: str,
     stop: str,
 ) -> None:
@@ -353,7 +343,7 @@ def test_nox_serve_stops_gracefully_and_leaves_nothing_behind(
         for sock in held:
             sock.bind(("127.0.0.1", 0))
             sock.listen()
-            started.append(_Holding(sock))
+            started.append(sock)  # held until the runs close
         node = _node_file(tmp_path, zoo_repo, *(s.getsockname()[1] for s in held))
         moved = {
             "INFERENCE_SERVER_ENDPOINTS_PORT": str(port),
