@@ -141,21 +141,23 @@ def repository_models(directories: Sequence[str]) -> list[str]:
     from ..bundle.repository import find_bundles  # numpy and the hooks: only when needed
 
     try:
-        return sorted(find_bundles(directories).paths)
+        return list(find_bundles(directories).paths)
     except OSError:
         return []
 
 
-def assigned_models(
-    node: NodeConfig,
-    workers: Iterable[ServerConfig],
-    list_repository: Callable[[Sequence[str]], Iterable[str]] = repository_models,
-) -> tuple[str, ...]:
+def assigned_models(node: NodeConfig, workers: Iterable[ServerConfig]) -> tuple[str, ...]:
     """The models ``node`` assigns to its workers: each one's ``models_include``, or every
     bundle of its repository when that is empty, and the ``models:`` pins; sorted."""
     names = set(node.models)
+    repositories: set[tuple[str, ...]] = set()
     for cfg in workers:
-        names.update(cfg.models_include or list_repository(cfg.model_dirs))
+        if cfg.models_include:
+            names.update(cfg.models_include)
+        else:
+            repositories.add(cfg.model_dirs)
+    for directories in repositories:  # the workers' shared repository is listed once
+        names.update(repository_models(directories))
     return tuple(sorted(names))
 
 
