@@ -123,18 +123,13 @@ class EnergyLedger:
         advance = reading.joules - last.joules
         busy = sum(self._open.values())
         span = max(seconds, busy)
-        attributed: dict[str, float] = {}
         if span > 0:
-            for model, t in self._open.items():
-                attributed[model] = advance * t / span
-        if span <= 0:
-            idle = advance  # energy with no time and no batch: nobody ran
-        elif busy >= span:
+            attributed = {model: advance * t / span for model, t in self._open.items()}
             # Busy the whole interval: no idle energy. The shares were computed against
             # ``busy`` itself, so they already sum to the advance.
-            idle = 0.0
+            idle = 0.0 if busy >= span else advance - sum(attributed.values())
         else:
-            idle = advance - sum(attributed.values())
+            attributed, idle = {}, advance  # energy with no time and no batch: nobody ran
         for model, joules in attributed.items():
             self._model_joules[model] = self._model_joules.get(model, 0.0) + joules
         self._idle += idle
