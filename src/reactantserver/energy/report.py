@@ -141,11 +141,13 @@ def build(before: Scrape, after: Scrape, seconds: float, address: str) -> Report
     """The report for the window between two scrapes ``seconds`` apart."""
     workers = tuple(sorted(after.workers))
     delta: dict[tuple[str, str], dict[str, float]] = {}
-    for key, fields in after.models.items():
-        old = before.models.get(key, {})
-        delta[key] = {f: _advance(old.get(f), v) for f, v in fields.items()}
+    # model -> (worker, its advances), for every worker with the model's series
+    per_model: dict[str, list[tuple[str, dict[str, float]]]] = {}
     busy: dict[str, float] = {}
-    for (worker, _), d in delta.items():
+    for (worker, model), fields in after.models.items():
+        old = before.models.get((worker, model), {})
+        d = delta[worker, model] = {f: _advance(old.get(f), v) for f, v in fields.items()}
+        per_model.setdefault(model, []).append((worker, d))
         busy[worker] = busy.get(worker, 0.0) + d.get("compute", 0.0)
     price = {
         w: (after.workers[w].device_hour if after.workers[w].device_hour is not None
@@ -155,8 +157,7 @@ def build(before: Scrape, after: Scrape, seconds: float, address: str) -> Report
     measured = {w: s.energy_source for w, s in after.workers.items() if s.energy_source}
 
     models: list[ModelReport] = []
-    for model in sorted({m for _, m in delta}):
-        rows = [(w, d) for (w, m), d in delta.items() if m == model]
+    for model, rows in sorted(per_model.items()):
         req = sum(d.get("requests", 0.0) for _, d in rows)
         dispatches = sum(d.get("dispatches", 0.0) for _, d in rows)
         compute = sum(d.get("compute", 0.0) for _, d in rows)
