@@ -675,7 +675,6 @@ class Scheduler:
         return True
 
     async def _dispatch(self, nursery: trio.Nursery, batch: Batch) -> None:
-        policy = self._policy
         executor = self._executor
         self._executing = batch
         try:
@@ -691,8 +690,7 @@ class Scheduler:
                 result = await self._execution(nursery, batch, start)
                 if result is None:  # overran: its requests were failed already
                     now = trio.current_time()
-                    policy.complete(batch, now - start, now, ok=False)
-                    self._batch_done(batch, now - start)
+                    self._complete(batch, now - start, now, ok=False)
                     return
             now = trio.current_time()
             if self._blocking:
@@ -860,8 +858,7 @@ class Scheduler:
             ran(batch)
         now = trio.current_time()
         if flight.overran:
-            self._policy.complete(batch, seconds, now, ok=False)
-            self._batch_done(batch, seconds)
+            self._complete(batch, seconds, now, ok=False)
             if self._health is Health.OVERRUN:
                 self._health = Health.READY
                 log.warning("model %r: the overrunning execution returned", batch.model)
@@ -915,22 +912,19 @@ class Scheduler:
         version, and the version swap it sets off changes the model's batching, which
         must not receive this batch's cost sample.
         """
-        policy = self._policy
         if isinstance(result, outcome.Error):
             error = result.error
             if not isinstance(error, Exception):
                 raise error
             self._failed += 1
-            policy.complete(batch, elapsed, now, ok=False)
-            self._batch_done(batch, elapsed)
+            self._complete(batch, elapsed, now, ok=False)
             self._fail_batch(batch, _executor_error(batch, "executing", error))
             return
         assert isinstance(result, outcome.Value)
         values = result.value
         if len(values) != len(batch.requests):
             self._failed += 1
-            policy.complete(batch, elapsed, now, ok=False)
-            self._batch_done(batch, elapsed)
+            self._complete(batch, elapsed, now, ok=False)
             self._fail_batch(
                 batch,
                 lambda: ExecutionFailed(
@@ -939,8 +933,7 @@ class Scheduler:
                 ),
             )
             return
-        policy.complete(batch, elapsed, now)
-        self._batch_done(batch, elapsed)
+        self._complete(batch, elapsed, now)
         answers = self._answers
         for request, value in zip(batch.requests, values, strict=True):
             answer = answers.pop(request.seq, None)
@@ -957,8 +950,10 @@ class Scheduler:
             else:
                 answer(value, None)
 
-    def _batch_done(self, batch: Batch, seconds: float) -> None:
-        """``on_batch`` for a batch that reached the device (see the class docstring)."""
+    def _complete(self, batch: Batch, seconds: float, now: float, *, ok: bool = True) -> None:
+        """``policy.complete`` of a batch that reached the device, then ``on_batch`` (see
+        the class docstring) with the same seconds."""
+        self._policy.complete(batch, seconds, now, ok=ok)
         if self._on_batch is not None:
             try:
                 self._on_batch(batch, seconds)
