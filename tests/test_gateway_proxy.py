@@ -271,6 +271,11 @@ def test_not_found_fails_over_and_refreshes(two: list[FakeWorker]) -> None:
             ),
             what="the refresh",
         )
+        # The counter counts a round when it starts; the table changes when it ends.
+        wait_until(
+            lambda: len(gw.gateway.router.table.replicas("double")) == 1,
+            what="the refreshed table",
+        )
         _, text = http_get(gw.metrics_url + "/metrics")
         failovers = metric(text, "gateway_failovers_total")
         assert failovers >= 1
