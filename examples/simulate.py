@@ -28,6 +28,7 @@ real dispatch loop, and a cost model stands in for execution. Time is
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 from reactantserver.config import GatewaySchedulingConfig, SchedulerConfig
@@ -104,7 +105,7 @@ def main() -> None:
         rate = saturating_rate(specs, args.saturate)
         how = f"every model at {args.saturate:g}x its weighted share"
     else:
-        rate = sum(s.rate for s in specs) * args.load / offered_load(specs)
+        rate = math.fsum(s.rate for s in specs) * args.load / offered_load(specs)
         how = f"{args.load:g}x device capacity"
     specs = with_total_rate(specs, rate)
     arrivals = len(poisson_arrivals(specs, args.duration, seed=args.seed))

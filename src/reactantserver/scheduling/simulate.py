@@ -191,7 +191,7 @@ def zipf_models(
     exponent = math.log(high / low) / math.log(n) if n > 1 else 0.0
     s = exponent if zipf_s is None else zipf_s
     popularity = [rank**-s for rank in range(1, n + 1)]
-    total = sum(popularity)
+    total = math.fsum(popularity)
     return [
         ModelSpec(
             name=f"m{i:02d}",
@@ -209,7 +209,7 @@ def zipf_models(
 
 def with_total_rate(specs: Sequence[ModelSpec], total_rate: float) -> list[ModelSpec]:
     """The same models with arrival rates rescaled to sum to ``total_rate``."""
-    current = sum(s.rate for s in specs)
+    current = math.fsum(s.rate for s in specs)
     return [attrs.evolve(s, rate=s.rate * total_rate / current) for s in specs]
 
 
@@ -219,8 +219,8 @@ def saturating_rate(specs: Sequence[ModelSpec], margin: float = 1.5) -> float:
     Demand is counted at the cheapest per-row cost (full batches), so the model stays
     backlogged even when the scheduler batches it fully.
     """
-    total_weight = sum(s.weight for s in specs)
-    total_rate = sum(s.rate for s in specs)
+    total_weight = math.fsum(s.weight for s in specs)
+    total_rate = math.fsum(s.rate for s in specs)
     need = 0.0
     for s in specs:
         top = max(s.batch_sizes)
