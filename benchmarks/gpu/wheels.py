@@ -43,6 +43,7 @@ WHEELS: dict[str, str] = {
     "attrs==26.1.0": "cattrs needs a recent attrs",
     "typing-extensions==4.16.0": "cattrs, betterproto",
     "ruamel.yaml==0.19.1": "node files",
+    "nvidia-ml-py==13.615.71": "NVML: the energy meter (pynvml), in the cuda extra",
     "pytest-trio==0.8.0": "the test suite's trio mode",
     "nox==2026.10.20": "nox -s gpu",
     "argcomplete==3.7.2": "nox",
