@@ -30,7 +30,7 @@ events to :class:`_Processor`, grpclib's ``EventsProcessor`` with these changes:
   handed back to the connection window, and no more window is granted for it.
 * **Frames are judged by their header.** h2 waits for a whole frame before checking its
   length, so a DATA frame declaring 16 MiB was buffered although we advertise 1 MiB;
-  :class:`.h2frames.FrameCutter` checks the 9-byte header first: FRAME_SIZE_ERROR, GOAWAY. It
+  :class:`.h2parse.FrameReader` checks the 9-byte header first: FRAME_SIZE_ERROR, GOAWAY. It
   also bounds a header block (HEADERS plus CONTINUATIONs) to ``max_header_list_size``
   bytes: h2 would buffer up to 64 CONTINUATION frames of any allowed size.
 * **What a peer makes us do for nothing is budgeted** (:class:`.abuse.AbuseBudget`, one
