@@ -115,3 +115,39 @@ def test_the_cycle_finder_finds_one() -> None:
     """The check above can fail: a two-module circle is reported as such."""
     assert _cycle({"a": {"b"}, "b": {"a"}, "c": set()}) == ["a", "b", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+#: grpclib's connection and stream machinery (and the modules only it needs): the server's
+#: edge once subclassed or reached into these; it now uses grpclib's public records only
+#: (``const``, ``exceptions``, ``metadata``, ``encoding``).
+_GRPCLIB_SHELL = ("grpclib.protocol", "grpclib.server", "grpclib.utils", "grpclib.stream",
+                  "grpclib.events", "grpclib.config")  # fmt: skip
+#: The server's edge and the handlers it runs (transport/, and the gateway's served side).
+_SERVED = [*_modules("transport").values(), PACKAGE / "gateway" / "proxy.py",
+           PACKAGE / "gateway" / "app.py"]  # fmt: skip
+#: The owned HTTP/2 core's modules still moving off h2/hpack/hyperframe (issue 34), and
+#: hpack_blocks (hpack's public API); every other transport module names HTTP/2 events,
+#: errors and codes through ``transport.h2events`` alone.
+_H2_ALLOWED = {"h2events", "h2lean", "h2parse", "h2frames", "h2settings", "hpack_blocks"}
+
+
+def _imports_any(path: Path, names: tuple[str, ...]) -> list[str]:
+    return sorted(i for i in _imports(path) if any(i == n or i.startswith(n + ".") for n in names))
+
+
+def test_the_served_side_does_not_use_grpclibs_connection_or_stream() -> None:
+    """No module of the server's edge or of the handlers it serves imports grpclib's
+    protocol, server, stream, events, utils or config modules (whose private attributes
+    the edge once reached into), anywhere in its source."""
+    offenders = {_module_name(p): _imports_any(p, _GRPCLIB_SHELL) for p in _SERVED}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_transport_names_h2_only_through_h2events() -> None:
+    """Outside the core's own modules, transport/ imports no h2, hpack or hyperframe."""
+    offenders = {
+        name: _imports_any(path, ("h2", "hpack", "hyperframe"))
+        for name, path in _modules("transport").items()
+        if name.rpartition(".")[2] not in _H2_ALLOWED
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
