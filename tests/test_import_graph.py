@@ -125,10 +125,11 @@ _GRPCLIB_SHELL = ("grpclib.protocol", "grpclib.server", "grpclib.utils", "grpcli
 #: The server's edge and the handlers it runs (transport/, and the gateway's served side).
 _SERVED = [*_modules("transport").values(), PACKAGE / "gateway" / "proxy.py",
            PACKAGE / "gateway" / "app.py"]  # fmt: skip
-#: The owned HTTP/2 core's modules still moving off h2/hpack/hyperframe (issue 34), and
-#: hpack_blocks (hpack's public API); every other transport module names HTTP/2 events,
-#: errors and codes through ``transport.h2events`` alone.
-_H2_ALLOWED = {"h2events", "h2lean", "h2parse", "h2frames", "h2settings", "hpack_blocks"}
+#: The modules that use hpack (through its public API: the decoder and its errors); h2 and
+#: hyperframe are imported by no transport module (test_the_http2_core_does_not_import_h2),
+#: and every transport module names HTTP/2 events, errors and codes through
+#: ``transport.h2events`` alone.
+_H2_ALLOWED = {"h2lean", "hpack_blocks"}
 
 
 def _imports_any(path: Path, names: tuple[str, ...]) -> list[str]:
