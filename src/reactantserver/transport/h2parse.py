@@ -6,7 +6,7 @@ A hyperframe ``Frame`` object built for every frame (a ``Flags`` set, the paddin
 priority mixins' ``__init__``, ``parse_frame_header``, ``parse_body``) costs more than the
 two or three fields a connection then reads: a fifth of the gateway's server-side CPU at
 16 calls in flight. :class:`FrameReader` cuts frames from the reads (lengths judged from
-the 9-byte header, header blocks bounded and joined, no copy of a body that arrived whole)
+the 9-byte header, header blocks bounded and joined, each body copied at most once)
 and yields ``(type, flags, stream_id, body)``; a connection dispatches on the type byte to
 one small handler per frame type, which reads its fields with this module's parsers, by
 slicing. The same reader serves the worker's server connection
