@@ -4,14 +4,11 @@
   (:class:`.h2lean.ServerConnection`) whose *first* SETTINGS frame carries every limit of
   :class:`~.limits.WireLimits` (stream count, header list size, frame size, stream
   window), in force from the first byte.
-  Its SETTINGS values and h2's reference connection (:func:`h2_reference_connection`,
-  re-exported) live in :mod:`.h2settings`, below both this module and :mod:`.h2lean`,
-  so that the two do not import each other.
-* Received bytes are cut into frames by :class:`.h2frames.FrameCutter` (a frame's length
-  judged from its 9-byte header, header blocks bounded, each body copied once, quiet
-  frame classes whose ``repr`` does not hex-encode the payload) for h2's connection (the
-  reference, and the client's); the server's own connection reads the same cuts without
-  frame objects (:class:`.h2parse.RawFrameCutter`).
+  Its SETTINGS values live in :mod:`.h2settings`, below both this module and
+  :mod:`.h2lean`, so that the two do not import each other.
+* Received bytes are cut into frames by :class:`.h2parse.FrameReader` (a frame's length
+  judged from its 9-byte header, header blocks bounded and joined, no copy of a body that
+  arrived whole).
 * :class:`CorkedTransport`: everything written during one read's callback, or else
   during one pass of the event loop, leaves in one ``send`` (a unary answer is written in
   three steps; each ``send`` releases the GIL, and the event loop then waits on the
@@ -27,7 +24,6 @@ import threading
 from collections.abc import Callable
 
 from .h2lean import ServerConnection
-from .h2settings import h2_reference_connection
 from .limits import WireLimits
 
 log = logging.getLogger(__name__)
@@ -36,7 +32,6 @@ __all__ = [
     "FLUSH_BYTES",
     "CorkedTransport",
     "HeldWrites",
-    "h2_reference_connection",
     "held_writes",
     "new_h2_connection",
 ]

@@ -28,6 +28,11 @@ events to :class:`_Processor`, a table from event class to handler:
   ``max_message_bytes`` (or a bad flag, a second message on a unary call, a stream cut
   short) is answered, the stream is reset, the bytes buffered for it are dropped and
   handed back to the connection window, and no more window is granted for it.
+* **Frames are judged by their header.** The connection's frame reader
+  (:class:`.h2parse.FrameReader`) checks a frame's 9-byte header before waiting for its
+  body (FRAME_SIZE_ERROR, GOAWAY, for a DATA frame declaring 16 MiB when we advertise
+  1 MiB) and bounds a header block (HEADERS plus CONTINUATIONs) to
+  ``max_header_list_size`` bytes.
 * **What a peer makes us do for nothing is budgeted** (:class:`.abuse.AbuseBudget`, one
   per connection, given the loop's time). A peer may reset a call it started (a client
   cancelling), but a reset frees the stream's slot under ``max_concurrent_streams`` after
@@ -61,10 +66,10 @@ Calls are served two ways, both released through :meth:`_Processor._released` (w
 frees the stream's slot): a *direct* method (:mod:`.unary`, ModelInfer) by the event
 handlers themselves, without a task; any other by the sink (:mod:`.server`), whose
 ``accept`` returns the :class:`Receiver` the stream's events go to. Everything written
-is queued in the connection (:mod:`.h2lean`, whose frame cutter also judges each frame
-by its 9-byte header) and handed to the :class:`.h2conn.CorkedTransport` by
-:meth:`GuardedProtocol.flush`: one ``send`` per read, or per loop pass. Not here: the
-request handlers (:mod:`.server`), message codecs and the Trio bridge (:mod:`.grpc`).
+is queued in the connection (:mod:`.h2lean`) and handed to the
+:class:`.h2conn.CorkedTransport` by :meth:`GuardedProtocol.flush`: one ``send`` per read,
+or per loop pass. Not here: the request handlers (:mod:`.server`), message codecs and
+the Trio bridge (:mod:`.grpc`).
 """
 
 from __future__ import annotations
@@ -302,7 +307,7 @@ class _Processor:
             self._judged(self.budget.wasted_frames(1, self._guard.read_at), Fault.FRAME_FLOOD)
             return
         now = self._guard.read_at
-        decision = self.sink.admit(event.headers, self._guard.peer, now)  # type: ignore[arg-type]
+        decision = self.sink.admit(event.headers, self._guard.peer, now)
         if isinstance(decision, Refusal):
             self._answer(sid, decision)
             self._guard.fault(decision.fault, decision.message)
@@ -360,13 +365,13 @@ class _Processor:
                 self._refuse(sid, refusal, event.flow_controlled_length)
                 return
         if sid in self.direct.calls:
-            self.direct.data(sid, event.data, event.flow_controlled_length)  # type: ignore[arg-type]
+            self.direct.data(sid, event.data, event.flow_controlled_length)
             return
         if not event.flow_controlled_length:
             return  # a DATA frame with no payload and no padding: nothing to read or ack
         stream = self.streams.get(sid)
         if stream is not None:
-            stream.received(event.data, event.flow_controlled_length)  # type: ignore[arg-type]
+            stream.received(event.data, event.flow_controlled_length)
         else:  # a stream already answered: its bytes are dropped, the window given back
             self._h2.acknowledge_received_data(event.flow_controlled_length, sid)
 
