@@ -4,18 +4,15 @@
   (:class:`.h2lean.ServerConnection`) whose *first* SETTINGS frame carries every limit of
   :class:`~.limits.WireLimits` (stream count, header list size, frame size, stream
   window), in force from the first byte.
-  Its SETTINGS values and h2's reference connection (:func:`h2_reference_connection`,
-  re-exported) live in :mod:`.h2settings`, below both this module and :mod:`.h2lean`,
-  so that the two do not import each other.
-* Received bytes are cut into frames by :class:`.h2frames.FrameCutter` (a frame's length
-  judged from its 9-byte header, header blocks bounded, each body copied once, quiet
-  frame classes whose ``repr`` does not hex-encode the payload) for h2's connection (the
-  reference, and the client's); the server's own connection reads the same cuts without
-  frame objects (:class:`.h2parse.RawFrameCutter`).
+  Its SETTINGS values live in :mod:`.h2settings`, below both this module and
+  :mod:`.h2lean`, so that the two do not import each other.
+* Received bytes are cut into frames by :class:`.h2parse.FrameReader` (a frame's length
+  judged from its 9-byte header, header blocks bounded and joined, each body copied at
+  most once).
 * :class:`CorkedTransport`: everything written during one read's callback, or else
-  during one pass of the event loop, leaves in one ``send`` (grpclib alone makes three
-  per unary response; each ``send`` releases the GIL, and the event loop then waits on
-  the device thread). :class:`HeldWrites` says which: writes made inside a connection's
+  during one pass of the event loop, leaves in one ``send`` (a unary answer is written in
+  three steps; each ``send`` releases the GIL, and the event loop then waits on the
+  device thread). :class:`HeldWrites` says which: writes made inside a connection's
   ``data_received`` go out as it returns.
 """
 
@@ -25,10 +22,8 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
 
 from .h2lean import ServerConnection
-from .h2settings import h2_reference_connection
 from .limits import WireLimits
 
 log = logging.getLogger(__name__)
@@ -37,7 +32,6 @@ __all__ = [
     "FLUSH_BYTES",
     "CorkedTransport",
     "HeldWrites",
-    "h2_reference_connection",
     "held_writes",
     "new_h2_connection",
 ]
@@ -116,7 +110,7 @@ def held_writes() -> HeldWrites:
 
 
 class CorkedTransport:
-    """The parts of an asyncio transport grpclib uses, with writes gathered per loop pass.
+    """An asyncio transport's writes, gathered per loop pass.
 
     ``write`` appends to a list and, the first time, owes ``flush`` to the protocol
     callback running now (:func:`held_writes`) or, outside one, schedules it with ``call_soon``:
@@ -157,12 +151,6 @@ class CorkedTransport:
         self._pending.clear()
         self._size = 0
 
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
-
     def close(self) -> None:
         self.flush()  # e.g. a GOAWAY written just before closing
         self._transport.close()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._transport.get_extra_info(name, default)

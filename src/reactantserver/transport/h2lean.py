@@ -1,4 +1,4 @@
-"""A lean server-side HTTP/2 connection: what grpclib drives, without h2's per-frame layers.
+"""The server side of an HTTP/2 connection, our own: sans-IO, without h2's per-frame layers.
 
 Why
 ---
@@ -13,16 +13,19 @@ the measured gain.
 
 What it is
 ----------
-A drop-in for the part of ``H2Connection`` that grpclib's ``protocol``/``server`` modules
-and :mod:`.h2guard` / :mod:`.server` use, emitting **h2's own event classes** (so grpclib's
-``EventsProcessor`` and our ``_Processor`` need no change) and raising **h2's own
-exceptions** (``h2.exceptions.ProtocolError`` and subclasses, which :mod:`.h2guard`
-catches). Received bytes are cut into frames by :class:`.h2parse.RawFrameCutter` (preface
-check, frame length judged from the header, header blocks bounded, CONTINUATION joined,
-one copy per body) as ``(type, flags, stream id, body)``, no frame objects: the type byte
-picks a handler, which reads its fields by slicing (:mod:`.h2parse`, which also raises h2's
-and hyperframe's errors for a malformed frame, in their order); a DATA payload is a view
-of the body. Frames we send are written as bytes directly.
+Bytes in (``receive_data`` -> events), bytes out (``send_*`` queue frames,
+``data_to_send`` hands them over); never a socket or a loop: :mod:`.h2guard` is the
+asyncio edge that feeds it. Its methods keep the names and arguments of h2's
+``H2Connection`` that the edge calls; its events, exceptions and codes are our own
+(:mod:`.h2events`: slotted events with h2's names and fields, ``ProtocolError`` and its
+subclasses carrying the GOAWAY's error code), and nothing here imports h2 or hyperframe:
+h2 is the oracle of ``tests/test_h2lean.py`` only. Received bytes are cut into frames by
+:class:`.h2parse.FrameReader` (preface check, frame length judged from the header, header
+blocks bounded, CONTINUATION joined, each body copied at most once) as ``(type,
+flags, stream id, body)``, no frame objects: the type byte picks a handler, which reads
+its fields by slicing (:mod:`.h2parse`, which refuses a malformed frame as h2 and
+hyperframe do, in their order); a DATA payload is a view of the read. Frames we send are
+written as bytes directly.
 
 Semantics (RFC 9113, server side; as h2 behaves, except where noted):
 
@@ -38,9 +41,11 @@ Semantics (RFC 9113, server side; as h2 behaves, except where noted):
   Trailers without END_STREAM -> PROTOCOL_ERROR.
 * flow control both ways: inbound DATA past a window -> FLOW_CONTROL_ERROR; our windows are
   reopened by :meth:`ServerConnection.acknowledge_received_data` once half a window is
-  consumed (h2's ``WindowManager`` rule); WINDOW_UPDATE past 2^31-1 -> FLOW_CONTROL_ERROR
-  (a stream error on a stream, a connection error on the connection); a zero increment ->
-  PROTOCOL_ERROR. We never send more than the peer's windows allow.
+  consumed (h2's ``WindowManager`` rule); WINDOW_UPDATE past 2^31-1 -> FLOW_CONTROL_ERROR,
+  a zero increment -> PROTOCOL_ERROR, each a stream error on a stream (RST_STREAM, a reset
+  the peer provoked, budgeted by the guard) and a connection error on the connection
+  (RFC 9113 §6.9; h2 makes a zero increment a connection error on a stream too). We never
+  send more than the peer's windows allow.
 * SETTINGS applied and acknowledged at once (INITIAL_WINDOW_SIZE shifts every open
   stream's send window; MAX_FRAME_SIZE bounds our frames; HEADER_TABLE_SIZE: see HPACK);
   PING answered; PRIORITY reported; PUSH_PROMISE -> PROTOCOL_ERROR; unknown frame types
@@ -70,8 +75,10 @@ is one, raw strings), so no table is searched, the peer's decoder table never ch
 a block does not depend on what was sent before. When the peer lowers SETTINGS_HEADER_TABLE_SIZE below the 4096 bytes an encoder
 starts with, the next block begins with a dynamic table size update (RFC 7541 §4.2).
 
-Invariant (tests/test_h2lean.py): for the same client bytes, the events (types and key
-fields) and whether a connection error was raised are those of h2's ``H2Connection``.
+Invariant (tests/test_h2lean.py): for the same client bytes, the events (class names and
+key fields) and whether a connection error was raised (and its code) are those of h2's
+``H2Connection`` -- except where noted above (a zero WINDOW_UPDATE on a stream, the first
+frame after the preface), which that test leaves out and checks on its own.
 """
 
 from __future__ import annotations
@@ -79,22 +86,22 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from enum import IntEnum
-from typing import Any
 
-import h2.errors
-import h2.exceptions
-import h2.settings
-from h2.connection import ConnectionState
-from h2.errors import ErrorCodes
-from h2.events import (
+from hpack import HPACKError, OversizedHeaderListError
+
+from . import h2events, h2parse, h2rules
+from .h2events import (
+    ConnectionState,
     ConnectionTerminated,
     DataReceived,
+    ErrorCodes,
     Event,
     PingAckReceived,
     PingReceived,
     PriorityUpdated,
     RemoteSettingsChanged,
     RequestReceived,
+    SettingCodes,
     SettingsAcknowledged,
     StreamEnded,
     StreamReset,
@@ -102,13 +109,8 @@ from h2.events import (
     UnknownFrameReceived,
     WindowUpdated,
 )
-from h2.settings import SettingCodes
-from hpack import HPACKError, OversizedHeaderListError
-from hyperframe.frame import ExtensionFrame
-
-from . import h2parse, h2rules
-from .h2parse import ALTSVC, FRAME_NAMES, KNOWN_TYPES, Body, Priority, RawFrameCutter
-from .h2settings import ServerSettings, local_settings
+from .h2parse import ALTSVC, FRAME_NAMES, KNOWN_TYPES, Body, FrameReader, Priority
+from .h2settings import Settings, check_received, local_settings
 from .h2wire import (
     ACK,
     CONTINUATION,
@@ -159,13 +161,6 @@ def _ascii_field(name: bytes, value: bytes) -> tuple[str, str]:
     """A header's name and value as text (grpclib's ``header_encoding``);
     UnicodeDecodeError for a byte that is not ASCII."""
     return name.decode("ascii"), value.decode("ascii")
-
-
-def _error_code(value: int) -> ErrorCodes | int:
-    try:
-        return ErrorCodes(value)
-    except ValueError:
-        return value
 
 
 # ---------------------------------------------------------------------- HPACK (ours)
@@ -225,12 +220,12 @@ class _Window:
         if self.size < 0:
             broken = h2rules.received(n, self.size + n, "a receive window")
             assert broken is not None
-            raise h2.exceptions.FlowControlError(broken.message)
+            raise h2events.FlowControlError(broken.message)
 
     def opened(self, n: int) -> None:
         self.size += n
         if self.size > MAX_WINDOW:
-            raise h2.exceptions.FlowControlError(f"window of {self.size} bytes past 2^31-1")
+            raise h2events.FlowControlError(f"window of {self.size} bytes past 2^31-1")
         if self.size > self.max_size:
             self.max_size = self.size
 
@@ -294,28 +289,27 @@ class ServerConnection:
     """The server side of one HTTP/2 connection (module docstring)."""
 
     def __init__(self, limits: WireLimits) -> None:
-        self.local_settings = ServerSettings(client=False, initial_values=local_settings(limits))
-        self.remote_settings = h2.settings.Settings(client=True)
+        self.local_settings = Settings(client=False, initial_values=local_settings(limits))
+        self.remote_settings = Settings(client=True)
         self.state_machine = _ConnectionStateMachine()
         self.streams: dict[int, H2Stream] = {}
         self.highest_inbound_stream_id = 0
         self.max_outbound_frame_size = self.remote_settings.max_frame_size
-        #: The peer's SETTINGS_INITIAL_WINDOW_SIZE, read per new stream (h2's ``Settings``
-        #: answers it through a property and a mapping lookup).
+        #: The peer's SETTINGS_INITIAL_WINDOW_SIZE, read per new stream.
         self._initial_send_window = self.remote_settings.initial_window_size
         self.outbound_flow_control_window = DEFAULT_WINDOW
         self._recv_window = _Window(DEFAULT_WINDOW)
         self._stream_window = limits.stream_window
         self._blocks = BlockDecoder(_ascii_field, limits.max_header_list_size)
-        self.incoming_buffer = RawFrameCutter(limits.max_header_list_size)
-        self.incoming_buffer.max_frame_size = limits.max_frame_size
+        self.reader = FrameReader(
+            server=True,
+            max_frame_size=limits.max_frame_size,
+            max_header_block=limits.max_header_list_size,
+        )
         self._out: list[bytes | memoryview] = []
         #: The closed streams remembered (oldest first): reset, and ended normally.
         self._resets: OrderedDict[int, None] = OrderedDict()
         self._endings: OrderedDict[int, None] = OrderedDict()
-        #: The peer's first SETTINGS frame has arrived (RFC 9113 §3.4: it must be the
-        #: first frame after the preface).
-        self._peer_settings = False
         #: Frames that asked for nothing (PING, SETTINGS, DATA without payload or
         #: END_STREAM, a frame on a closed stream answered RST_STREAM), counted for the
         #: guard's abuse budget (:mod:`.abuse`, which is given the time). The streams we
@@ -325,9 +319,8 @@ class ServerConnection:
         #: A dynamic table size update owed at the start of our next header block.
         self._table_update: bytes = b""
         self._table_size = DEFAULT_TABLE
-        # A handler per frame type: (flags, stream id, body, events). grpclib deletes
-        # this attribute on close (to break h2's reference cycles).
-        self._frame_dispatch_table: dict[int, _Handler] = {
+        # A handler per frame type: (flags, stream id, body, events).
+        self._dispatch: dict[int, _Handler] = {
             DATA: self._on_data,
             HEADERS: self._on_headers,
             PRIORITY: self._on_priority,
@@ -362,15 +355,15 @@ class ServerConnection:
     def _sendable(self, stream_id: int) -> H2Stream:
         """The stream we may send on now, or h2's exception for why not."""
         if self.state_machine.state is ConnectionState.CLOSED:
-            raise h2.exceptions.ProtocolError("the connection is closed (GOAWAY)")
+            raise h2events.ProtocolError("the connection is closed (GOAWAY)")
         stream = self.streams.get(stream_id)
         if stream is None:
             raise self._missing(stream_id)
         state = stream.state_machine.state
         if state is StreamState.HALF_CLOSED_LOCAL:  # we ended it: h2's error, too
-            raise h2.exceptions.ProtocolError(f"stream {stream_id} was ended by this side")
+            raise h2events.ProtocolError(f"stream {stream_id} was ended by this side")
         if state is StreamState.CLOSED:
-            raise h2.exceptions.StreamClosedError(stream_id)
+            raise h2events.StreamClosedError(stream_id)
         return stream
 
     def _end_local(self, stream: H2Stream) -> None:
@@ -385,14 +378,11 @@ class ServerConnection:
         stream_id: int,
         headers: Iterable[tuple[str, str]],
         end_stream: bool = False,
-        priority_weight: int | None = None,
-        priority_depends_on: int | None = None,
-        priority_exclusive: bool | None = None,
     ) -> None:
         stream = self._sendable(stream_id)
         sm = stream.state_machine
         if sm.headers_sent and not end_stream:
-            raise h2.exceptions.ProtocolError("Trailers must have END_STREAM set")
+            raise h2events.ProtocolError("Trailers must have END_STREAM set")
         block = CONSTANT_BLOCKS.get(headers)
         if block is None:
             block = encode_headers(headers)
@@ -420,18 +410,15 @@ class ServerConnection:
         stream_id: int,
         data: bytes | memoryview,
         end_stream: bool = False,
-        pad_length: Any = None,
     ) -> None:
-        if pad_length is not None:
-            raise ValueError("this connection does not pad what it sends")
         stream = self._sendable(stream_id)
         size = len(data) if isinstance(data, bytes) else memoryview(data).nbytes
         if size > self.max_outbound_frame_size:
-            raise h2.exceptions.FrameTooLargeError(
+            raise h2events.FrameTooLargeError(
                 f"Cannot send frame size {size}, max is {self.max_outbound_frame_size}"
             )
         if size > stream.send_window or size > self.outbound_flow_control_window:
-            raise h2.exceptions.FlowControlError(
+            raise h2events.FlowControlError(
                 f"Cannot send {size} bytes, flow control window is "
                 f"{min(stream.send_window, self.outbound_flow_control_window)}"
             )
@@ -489,12 +476,9 @@ class ServerConnection:
         self._end_local(stream)
         return True
 
-    def end_stream(self, stream_id: int) -> None:
-        self.send_data(stream_id, b"", end_stream=True)
-
     def reset_stream(self, stream_id: int, error_code: ErrorCodes | int = 0) -> None:
         if self.state_machine.state is ConnectionState.CLOSED:
-            raise h2.exceptions.ProtocolError("the connection is closed (GOAWAY)")
+            raise h2events.ProtocolError("the connection is closed (GOAWAY)")
         stream = self.streams.get(stream_id)
         if stream is None:
             raise self._missing(stream_id)
@@ -507,17 +491,12 @@ class ServerConnection:
             raise self._missing(stream_id)
         return min(self.outbound_flow_control_window, stream.send_window)
 
-    def increment_flow_control_window(self, increment: int, stream_id: int | None = None) -> None:
+    def increment_flow_control_window(self, increment: int) -> None:
+        """Grow the connection's receive window (our streams' start at our SETTINGS')."""
         if not 1 <= increment <= MAX_WINDOW:
             raise ValueError("Flow control increment must be between 1 and 2^31-1")
-        if stream_id:
-            stream = self.streams.get(stream_id)
-            if stream is None:
-                raise h2.exceptions.StreamClosedError(stream_id)
-            stream.recv_window.opened(increment)
-        else:
-            self._recv_window.opened(increment)
-        self._out.append(_window_update(stream_id or 0, increment))
+        self._recv_window.opened(increment)
+        self._out.append(_window_update(0, increment))
 
     def acknowledge_received_data(self, acknowledged_size: int, stream_id: int) -> None:
         if acknowledged_size < 0:
@@ -531,11 +510,6 @@ class ServerConnection:
             increment = stream.recv_window.processed_bytes(acknowledged_size)
             if increment:
                 self._out.append(_window_update(stream_id, increment))
-
-    def ping(self, opaque_data: bytes) -> None:
-        if len(opaque_data) != 8:
-            raise ValueError(f"PING data must be 8 bytes, not {opaque_data!r}")
-        self._out.append(frame_head(PING, 0, 0, 8) + bytes(opaque_data))
 
     def close_connection(
         self,
@@ -553,10 +527,10 @@ class ServerConnection:
 
     def receive_data(self, data: bytes) -> list[Event]:
         events: list[Event] = []
-        self.incoming_buffer.add_data(data)
-        dispatch = self._frame_dispatch_table
+        self.reader.feed(data)
+        dispatch = self._dispatch
         try:
-            for kind, flags, sid, body in self.incoming_buffer:
+            for kind, flags, sid, body in self.reader:
                 if self.state_machine.state is not ConnectionState.SERVER_OPEN:
                     self._check_state(kind, flags, body)
                 handler = dispatch.get(kind)
@@ -564,40 +538,29 @@ class ServerConnection:
                     self._on_unknown(kind, flags, sid, body, events)
                 else:
                     handler(flags, sid, body, events)
-        except h2.exceptions.ProtocolError as err:
-            self._terminate(err.error_code)
+        except h2events.ProtocolError as err:
+            self.close_connection(err.error_code)  # a connection error: GOAWAY, its code
             raise
         return events
 
     def _check_state(self, kind: int, flags: int, body: Body) -> None:
-        """The preface must be followed by the peer's SETTINGS (RFC 9113 §3.4; h2 does not
-        check it), then h2's connection states: after GOAWAY either way only GOAWAY (and
-        frames of unknown type, and a CONTINUATION outside a header block, which h2 judges
-        by its stream alone) may arrive; before the first request, no DATA or RST_STREAM.
-        h2 checks a frame's body before its state (:func:`.h2parse.check_body`)."""
-        if not self._peer_settings and (kind != SETTINGS or flags & ACK):
-            name = FRAME_NAMES.get(kind, f"a frame of type {kind:#x}")
-            if kind == SETTINGS:
-                name = "a SETTINGS acknowledgement"
-            raise h2.exceptions.ProtocolError(
-                f"the connection preface was followed by {name}, not by the client's "
-                "SETTINGS frame (RFC 9113 section 3.4)"
-            )
+        """h2's connection states: after GOAWAY either way only GOAWAY (and frames of
+        unknown type, and a CONTINUATION outside a header block, which h2 judges by its
+        stream alone) may arrive; before the first request, no DATA or RST_STREAM. h2
+        checks a frame's body before its state (:func:`.h2parse.check_body`). (That the
+        preface is followed by the peer's SETTINGS, RFC 9113 §3.4, which h2 does not
+        check, is the reader's rule: :class:`.h2parse.FrameReader`.)"""
         if self.state_machine.state is ConnectionState.CLOSED:
             if kind not in (GOAWAY, CONTINUATION) and kind in KNOWN_TYPES:
                 h2parse.check_body(kind, flags, body)
                 if kind == HEADERS:  # h2 decodes a block before it looks at the state
                     self._decode(h2parse.headers(flags, body)[0])
-                raise h2.exceptions.ProtocolError(f"{FRAME_NAMES[kind]} received after GOAWAY")
+                raise h2events.ProtocolError(f"{FRAME_NAMES[kind]} received after GOAWAY")
         elif kind in (DATA, RST_STREAM):
             h2parse.check_body(kind, flags, body)
-            raise h2.exceptions.ProtocolError(
+            raise h2events.ProtocolError(
                 f"{FRAME_NAMES[kind]} received before any stream was opened"
             )
-
-    def _terminate(self, error_code: ErrorCodes | int) -> None:
-        """A connection error: GOAWAY with its code (h2's ``_terminate_connection``)."""
-        self.close_connection(error_code)
 
     def _close(self, stream: H2Stream, how: ClosedBy) -> None:
         stream.state_machine.state = StreamState.CLOSED
@@ -624,11 +587,11 @@ class ServerConnection:
         """
         return not sid % 2 or sid > self.highest_inbound_stream_id
 
-    def _missing(self, sid: int) -> h2.exceptions.ProtocolError:
+    def _missing(self, sid: int) -> h2events.ProtocolError:
         """h2's error for a stream not in :attr:`streams`: idle, or closed."""
         if self._is_idle(sid):
-            return h2.exceptions.NoSuchStreamError(sid)
-        return h2.exceptions.StreamClosedError(sid)
+            return h2events.NoSuchStreamError(sid)
+        return h2events.StreamClosedError(sid)
 
     def _decode(self, block: bytes) -> tuple[tuple[str, str], ...] | None:
         """A header block's headers (remembered per block while the table cannot have
@@ -639,18 +602,18 @@ class ServerConnection:
         try:
             return self._blocks.decode(block)
         except OversizedHeaderListError as err:
-            raise h2.exceptions.DenialOfServiceError(f"Oversized header block: {err}") from err
+            raise h2events.DenialOfServiceError(f"Oversized header block: {err}") from err
         except UnicodeDecodeError:
             return None
         except (HPACKError, IndexError, TypeError) as err:
-            raise h2.exceptions.ProtocolError(f"Error decoding header block: {err}") from err
+            raise h2events.ProtocolError(f"Error decoding header block: {err}") from err
 
     @staticmethod
     def _text(headers: tuple[tuple[str, str], ...] | None) -> tuple[tuple[str, str], ...]:
         """The headers an event carries; a connection error if they are not ASCII (h2
         lets its UnicodeDecodeError escape here, which grpclib does not catch)."""
         if headers is None:
-            raise h2.exceptions.ProtocolError("a header name or value that is not ASCII")
+            raise h2events.ProtocolError("a header name or value that is not ASCII")
         return headers
 
     def _on_headers(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
@@ -667,10 +630,10 @@ class ServerConnection:
                     self._out.append(_rst(sid, ErrorCodes.STREAM_CLOSED))
                     return
                 if how is ClosedBy.END:
-                    raise h2.exceptions.StreamClosedError(sid)
-                raise h2.exceptions.StreamIDTooLowError(sid, self.highest_inbound_stream_id)
+                    raise h2events.StreamClosedError(sid)
+                raise h2events.StreamIDTooLowError(sid, self.highest_inbound_stream_id)
             if not sid % 2:
-                raise h2.exceptions.ProtocolError("Invalid stream ID for peer.")
+                raise h2events.ProtocolError("Invalid stream ID for peer.")
             self.highest_inbound_stream_id = sid
             if self.state_machine.state is ConnectionState.IDLE:
                 self.state_machine.state = ConnectionState.SERVER_OPEN
@@ -680,23 +643,23 @@ class ServerConnection:
             # decoder's tuple, the same object each time a block comes again (what
             # :meth:`.server._Calls.admit` remembers its verdict by).
             headers = self._text(headers)
-            event: Event = RequestReceived(stream_id=sid, headers=headers)  # type: ignore[arg-type]
+            event: RequestReceived | TrailersReceived = RequestReceived(sid, headers)
         else:
             if stream.state_machine.state is StreamState.HALF_CLOSED_REMOTE:
                 self._reset_on_error(stream, events)
                 return
             if not flags & END_STREAM:
-                raise h2.exceptions.ProtocolError("Trailers must have END_STREAM set")
-            event = TrailersReceived(stream_id=sid, headers=self._text(headers))  # type: ignore[arg-type]
+                raise h2events.ProtocolError("Trailers must have END_STREAM set")
+            event = TrailersReceived(sid, self._text(headers))
         events.append(event)
         if flags & END_STREAM:
             ended = StreamEnded(stream_id=sid)
-            event.stream_ended = ended  # type: ignore[attr-defined]
+            event.stream_ended = ended
             events.append(ended)
             self._end_remote(stream)
         if fields is not None:
             priority = self._priority(sid, fields)
-            event.priority_updated = priority  # type: ignore[attr-defined]
+            event.priority_updated = priority
             events.append(priority)
 
     def _end_remote(self, stream: H2Stream) -> None:
@@ -724,7 +687,7 @@ class ServerConnection:
         stream = self.streams.get(sid)
         if stream is None or stream.state_machine.state is StreamState.HALF_CLOSED_REMOTE:
             if stream is None and self._is_idle(sid):
-                raise h2.exceptions.NoSuchStreamError(sid)
+                raise h2events.NoSuchStreamError(sid)
             # Closed or half-closed (remote): its bytes go back to the connection window.
             increment = self._recv_window.processed_bytes(length)
             if increment:
@@ -738,12 +701,8 @@ class ServerConnection:
         stream.recv_window.consumed(length)
         if not length and not flags & END_STREAM:
             self.wasted += 1  # carries nothing and ends nothing
-        # h2 declares bytes; a view of the frame's one copy is what grpclib joins.
-        event = DataReceived(
-            stream_id=sid,
-            data=payload,  # type: ignore[arg-type]
-            flow_controlled_length=length,
-        )
+        # A view of the read (or of the one copy of a frame split between reads).
+        event = DataReceived(sid, payload, length)
         events.append(event)
         if flags & END_STREAM:
             ended = StreamEnded(stream_id=sid)
@@ -757,52 +716,45 @@ class ServerConnection:
         if stream is None:
             return  # idle (h2 ignores it too) or already closed (RFC 9113 §5.1: ignore)
         self._close(stream, ClosedBy.RESET)
-        events.append(StreamReset(stream_id=sid, error_code=_error_code(code), remote_reset=True))
+        events.append(
+            StreamReset(stream_id=sid, error_code=h2events.error_code(code), remote_reset=True)
+        )
 
     def _on_window_update(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         increment = h2parse.window_update(body)
-        if not sid:
-            window = self.outbound_flow_control_window + increment
-            if window > MAX_WINDOW:
-                raise h2.exceptions.FlowControlError(
-                    f"connection send window of {window} bytes past 2^31-1"
-                )
-            self.outbound_flow_control_window = window
+        if not sid:  # a zero increment or an overflow: a connection error (RFC 9113 §6.9)
+            broken = h2rules.window_update(increment, self.outbound_flow_control_window, 0)
+            if broken is not None:
+                raise h2events.ProtocolError(broken.message, h2events.error_code(broken.code))
+            self.outbound_flow_control_window += increment
             events.append(WindowUpdated(stream_id=0, delta=increment))
             return
         stream = self.streams.get(sid)
         if stream is None:
             if self._is_idle(sid):
-                raise h2.exceptions.NoSuchStreamError(sid)
+                raise h2events.NoSuchStreamError(sid)
             return  # closed: ignored
-        window = stream.send_window + increment
-        if window > MAX_WINDOW:  # a stream error (RFC 9113 §6.9.1)
-            self._out.append(_rst(sid, ErrorCodes.FLOW_CONTROL_ERROR))
+        broken = h2rules.window_update(increment, stream.send_window, sid)
+        if broken is not None:  # a stream error (RFC 9113 §6.9, §6.9.1): the guard budgets it
+            code = h2events.error_code(broken.code)
+            self._out.append(_rst(sid, code))
             self._close(stream, ClosedBy.RESET)
-            events.append(
-                StreamReset(
-                    stream_id=sid, error_code=ErrorCodes.FLOW_CONTROL_ERROR, remote_reset=False
-                )
-            )
+            events.append(StreamReset(stream_id=sid, error_code=code, remote_reset=False))
             return
-        stream.send_window = window
+        stream.send_window += increment
         events.append(WindowUpdated(stream_id=sid, delta=increment))
 
     def _on_settings(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         values = h2parse.settings(flags, body)
         self.wasted += 1  # one each way per connection is due; a flood is not
         if flags & ACK:
-            ack = SettingsAcknowledged()
-            ack.changed_settings = self.local_settings.acknowledge()
-            events.append(ack)
+            events.append(SettingsAcknowledged(changed_settings={}))  # ours never change
             return
-        self._peer_settings = True
-        remote = self.remote_settings
         for code, value in values.items():
-            remote.validate_received_setting(code, value)  # h2's errors and codes
-        remote.update(values)
-        events.append(RemoteSettingsChanged.from_settings(remote, values))
-        changes = remote.acknowledge()
+            check_received(code, value, from_client=True)
+        remote = self.remote_settings
+        changes = remote.apply(values)
+        events.append(RemoteSettingsChanged(changed_settings=changes))
         window = changes.get(SettingCodes.INITIAL_WINDOW_SIZE)
         if window is not None:
             self._initial_send_window = remote.initial_window_size
@@ -810,7 +762,7 @@ class ServerConnection:
             for stream in self.streams.values():
                 stream.send_window += delta
                 if stream.send_window > MAX_WINDOW:
-                    raise h2.exceptions.FlowControlError(
+                    raise h2events.FlowControlError(
                         f"SETTINGS_INITIAL_WINDOW_SIZE takes stream {stream.stream_id}'s "
                         "window past 2^31-1"
                     )
@@ -835,42 +787,40 @@ class ServerConnection:
         last, code, extra = h2parse.goaway(body)
         self.state_machine.state = ConnectionState.CLOSED
         self._out.clear()  # nothing more may be sent (h2 drops its unsent output too)
-        event = ConnectionTerminated()
-        event.error_code = _error_code(code)
-        event.last_stream_id = last
-        event.additional_data = extra or None
-        events.append(event)
+        events.append(
+            ConnectionTerminated(
+                error_code=h2events.error_code(code),
+                last_stream_id=last,
+                additional_data=extra or None,
+            )
+        )
 
     def _priority(self, sid: int, fields: Priority) -> PriorityUpdated:
         depends_on, weight, exclusive = fields
         if depends_on == sid:
-            raise h2.exceptions.ProtocolError(f"Stream {sid} may not depend on itself")
-        event = PriorityUpdated()
-        event.stream_id = sid
-        event.depends_on = depends_on
-        event.exclusive = exclusive
-        event.weight = weight + 1  # the byte holds weight - 1
-        return event
+            raise h2events.ProtocolError(f"Stream {sid} may not depend on itself")
+        # The byte holds weight - 1.
+        return PriorityUpdated(sid, depends_on=depends_on, weight=weight + 1, exclusive=exclusive)
 
     def _on_priority(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         events.append(self._priority(sid, h2parse.priority(body)))
 
     def _on_push_promise(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         h2parse.push_promise(flags, body)
-        raise h2.exceptions.ProtocolError("Received pushed stream")
+        raise h2events.ProtocolError("Received pushed stream")
 
     def _on_continuation(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         """A CONTINUATION outside a header block (those within one were joined to it:
-        :class:`.h2parse.RawFrameCutter`): h2's error for its stream's state."""
+        :class:`.h2parse.FrameReader`): h2's error for its stream's state."""
         if sid not in self.streams:
             if self._is_idle(sid):
-                raise h2.exceptions.NoSuchStreamError(sid)
+                raise h2events.NoSuchStreamError(sid)
             if sid in self._resets:  # a stream error, as h2
                 self.wasted += 1
                 self._out.append(_rst(sid, ErrorCodes.STREAM_CLOSED))
                 return
-            raise h2.exceptions.StreamClosedError(sid)
-        raise h2.exceptions.ProtocolError("Received a CONTINUATION frame outside a header block")
+            raise h2events.StreamClosedError(sid)
+        raise h2events.ProtocolError("Received a CONTINUATION frame outside a header block")
 
     def _on_altsvc(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         h2parse.altsvc(body)  # checked as h2 does, then ignored (a server's right, RFC 7838)
@@ -880,7 +830,5 @@ class ServerConnection:
             self.state_machine.state = ConnectionState.SERVER_OPEN
 
     def _on_unknown(self, kind: int, flags: int, sid: int, body: Body, events: list[Event]) -> None:
-        """A frame of a type we do not know: reported (the one frame object we build)."""
-        frame = ExtensionFrame(type=kind, stream_id=sid, flag_byte=flags, body=bytes(body))
-        frame.body_len = len(body)
-        events.append(UnknownFrameReceived(frame=frame))
+        """A frame of a type we do not know: reported, and otherwise ignored."""
+        events.append(UnknownFrameReceived(type=kind, flags=flags, stream_id=sid, body=bytes(body)))

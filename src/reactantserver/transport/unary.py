@@ -1,9 +1,9 @@
-"""Unary calls served by the connection's event handling: no task, no grpclib stream.
+"""Unary calls served by the connection's event handling: no task, no stream object.
 
 A *direct* method (a :class:`DirectHandler` in the server's mapping, next to grpclib
 ``Handler``\\ s) is served without the per-call machinery of the task path
-(:mod:`.server`): no asyncio task, no grpclib stream with its buffer and events, no
-deadline wrapper. The connection's events processor (:mod:`.h2guard`) collects the request
+(:mod:`.server`): no asyncio task, no stream object with its buffer and wake-ups, no
+deadline timer. The connection's events processor (:mod:`.h2guard`) collects the request
 message as its DATA arrives and, when the stream ends, calls the handler synchronously
 with a :class:`UnaryCall` and the message; the handler answers later -- from any callback
 on the loop -- with :meth:`UnaryCall.answer` or :meth:`UnaryCall.fail`, exactly once. It
@@ -50,22 +50,20 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
-import h2.exceptions
 from grpclib.metadata import encode_grpc_message
 
 from reactantserver.status import INTERNAL_MESSAGE, StatusCode
 
+from . import h2events
 from .framing import RequestHead
 from .h2lean import CONSTANT_BLOCKS
 from .h2wire import take_views
 from .limits import Fault
 
 if TYPE_CHECKING:
-    from grpclib.protocol import Connection
-
     from .h2lean import ServerConnection
 
 log = logging.getLogger(__name__)
@@ -139,18 +137,28 @@ def message_pieces(
     return views, size + 5
 
 
-def status_headers(code: int, message: str, *, headers_sent: bool, http_status: int = 200,
+def status_headers(code: int, message: str | None, *, headers_sent: bool, http_status: int = 200,
                    extra: Sequence[tuple[str, str]] = ()) -> list[tuple[str, str]]:  # fmt: skip
-    """The header block that ends a call with ``code``: trailers after the initial
-    headers, or a trailers-only answer (``:status`` and content type first)."""
-    status = [
-        ("grpc-status", str(int(code))),
-        ("grpc-message", encode_grpc_message(message)),
-        *extra,
-    ]
+    """The header block that ends a call with ``code`` (and ``message``, if not None):
+    trailers after the initial headers, or a trailers-only answer (``:status`` and
+    content type first)."""
+    status = [("grpc-status", str(int(code))), *extra]
+    if message is not None:
+        status.insert(1, ("grpc-message", encode_grpc_message(message)))
     if headers_sent:
         return status
     return [(":status", str(http_status)), ("content-type", "application/grpc+proto"), *status]
+
+
+class Output(Protocol):
+    """The connection's asyncio side, as the calls write through it (:mod:`.h2guard`)."""
+
+    #: The transport takes writes (False while the peer reads slower than we write).
+    writable: bool
+
+    def flush(self) -> None:
+        """Hand what the connection queued to the transport."""
+        ...
 
 
 class UnaryCall:
@@ -224,14 +232,15 @@ class DirectCalls:
     def __init__(
         self,
         h2: ServerConnection,
-        connection: Connection,
+        guard: Output,
         peer: str,
         fault: Callable[[Fault, str], None],
         released: Callable[[int], None],
         clock: Callable[[], float],
     ) -> None:
         self._h2 = h2
-        self._connection = connection
+        #: The connection's asyncio side: ``flush`` and ``writable``.
+        self._guard = guard
         self._peer = peer
         #: Reports a client's mistake (the connection's fault log and counters).
         self._fault = fault
@@ -333,12 +342,11 @@ class DirectCalls:
             if size <= SEND_CHUNK and conn.send_answer(
                 sid, ANSWER_HEADERS, pending, size, OK_TRAILERS
             ):
-                self._connection.data_sent += size
-                self._connection.flush()
+                self._guard.flush()
                 self._forget(call)
                 return
             conn.send_headers(sid, ANSWER_HEADERS)
-        except h2.exceptions.ProtocolError:
+        except h2events.ProtocolError:
             self._gone(call)
             return
         call._pending = pending
@@ -351,10 +359,10 @@ class DirectCalls:
             self._h2.send_headers(
                 call.stream_id, status_headers(code, message, headers_sent=False), end_stream=True
             )
-        except h2.exceptions.ProtocolError:
+        except h2events.ProtocolError:
             self._gone(call)
             return
-        self._connection.flush()
+        self._guard.flush()
         self._forget(call)
 
     def _gone(self, call: UnaryCall) -> None:
@@ -367,7 +375,7 @@ class DirectCalls:
         """Send what the windows allow of ``call``'s answer; its trailers once all is out."""
         try:
             self._pump_frames(call)
-        except h2.exceptions.ProtocolError:
+        except h2events.ProtocolError:
             self._gone(call)
 
     def _pump_frames(self, call: UnaryCall) -> None:
@@ -380,20 +388,19 @@ class DirectCalls:
                 conn.local_flow_control_window(sid), conn.max_outbound_frame_size, SEND_CHUNK
             )
             if room <= 0:
-                self._connection.flush()
+                self._guard.flush()
                 self.blocked[sid] = call
                 return
-            data, size = frame_pieces(pending, room)
+            data, _ = frame_pieces(pending, room)
             conn.send_data(sid, data)
-            self._connection.data_sent += size
             if pending:
-                self._connection.flush()  # one frame at a time: bounded memory
-                if not self._connection.write_ready.is_set():
+                self._guard.flush()  # one frame at a time: bounded memory
+                if not self._guard.writable:
                     self.blocked[sid] = call  # the peer reads slower than we write
                     return
         call._pending = None
         conn.send_headers(sid, OK_TRAILERS, end_stream=True)
-        self._connection.flush()
+        self._guard.flush()
         self._forget(call)
 
     def _forget(self, call: UnaryCall) -> None:
