@@ -279,17 +279,14 @@ class ServerStream:
         self, *, status: Status = Status.OK, status_message: str | None = None
     ) -> None:
         """End the call with ``status`` (trailers-only if nothing was sent)."""
-        self.end(status, status_message)
-
-    def end(self, status: Status, message: str | None) -> None:
         if self.trailers_sent:
             raise CallError(f"{self.path}: the call was already answered")
         if self.unary and status is Status.OK and not self.message_sent:
             raise CallError(f"{self.path}: a unary call ended OK without its message")
-        if status is Status.OK and message is None and self.headers_sent:
+        if status is Status.OK and status_message is None and self.headers_sent:
             headers: Sequence[tuple[str, str]] = OK_TRAILERS
         else:
-            headers = status_headers(status.value, message, headers_sent=self.headers_sent)
+            headers = status_headers(status.value, status_message, headers_sent=self.headers_sent)
         self._h2.send_headers(self.id, headers, end_stream=True)
         self.trailers_sent = self.headers_sent = True
         self._guard.flush()
@@ -444,7 +441,7 @@ class _Calls:
             log.error("%s ended without answering", head.path)  # our bug
             status, message = Status.INTERNAL, INTERNAL_MESSAGE
         try:
-            stream.end(status, message)
+            await stream.send_trailing_metadata(status=status, status_message=message)
         except h2events.ProtocolError:
             pass  # the peer is gone, or the connection closed (GOAWAY)
 
