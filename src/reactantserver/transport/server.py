@@ -87,8 +87,8 @@ from .unary import (
     SEND_CHUNK,
     DirectAdmission,
     DirectHandler,
-    frame_pieces,
     message_pieces,
+    send_frames,
     status_headers,
 )
 
@@ -255,25 +255,12 @@ class ServerStream:
         if not self.headers_sent:
             h2.send_headers(sid, ANSWER_HEADERS)
             self.headers_sent = True
-        await self._send(pending)
+        while not send_frames(h2, sid, pending, self._guard):
+            await self._wait()  # a WINDOW_UPDATE, or the transport drained
         if self.unary:
             h2.send_headers(sid, OK_TRAILERS, end_stream=True)
             self.trailers_sent = True
         self._guard.flush()
-
-    async def _send(self, pending: collections.deque[memoryview]) -> None:
-        """Send ``pending`` in DATA frames as the windows and the transport allow."""
-        h2, sid, guard = self._h2, self.id, self._guard
-        while pending:
-            room = min(h2.local_flow_control_window(sid), h2.max_outbound_frame_size, SEND_CHUNK)
-            if room <= 0 or not guard.writable:
-                guard.flush()
-                await self._wait()  # a WINDOW_UPDATE, or the transport drained
-                continue
-            data, _ = frame_pieces(pending, room)
-            h2.send_data(sid, data)
-            if pending:
-                guard.flush()  # one frame at a time: bounded memory
 
     async def send_trailing_metadata(
         self, *, status: Status = Status.OK, status_message: str | None = None
