@@ -21,8 +21,8 @@ Receiving
   h2's per-frame work is paid that many times.
 * Received bytes are cut into frames by
   :class:`~reactantserver.client.h2frames.HyperframeReader` (``server=False``: no
-  preface), no body copied that arrived whole in one read, a DATA payload a view of the
-  read (or of the one copy of a frame split between reads), every frame of a quiet class
+  preface), each body copied at most once (a large DATA payload whole in its read is a
+  view of the read), every frame of a quiet class
   whose ``repr`` does not hex-encode the payload (h2 builds a received frame's ``repr``
   for its no-op trace log: 14 % of the client's CPU on a 38 MB answer). grpclib then
   joins a message's payloads once.

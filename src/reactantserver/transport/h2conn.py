@@ -7,8 +7,8 @@
   Its SETTINGS values live in :mod:`.h2settings`, below both this module and
   :mod:`.h2lean`, so that the two do not import each other.
 * Received bytes are cut into frames by :class:`.h2parse.FrameReader` (a frame's length
-  judged from its 9-byte header, header blocks bounded and joined, no copy of a body that
-  arrived whole).
+  judged from its 9-byte header, header blocks bounded and joined, each body copied at
+  most once).
 * :class:`CorkedTransport`: everything written during one read's callback, or else
   during one pass of the event loop, leaves in one ``send`` (a unary answer is written in
   three steps; each ``send`` releases the GIL, and the event loop then waits on the

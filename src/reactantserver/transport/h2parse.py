@@ -6,7 +6,7 @@ A hyperframe ``Frame`` object built for every frame (a ``Flags`` set, the paddin
 priority mixins' ``__init__``, ``parse_frame_header``, ``parse_body``) costs more than the
 two or three fields a connection then reads: a fifth of the gateway's server-side CPU at
 16 calls in flight. :class:`FrameReader` cuts frames from the reads (lengths judged from
-the 9-byte header, header blocks bounded and joined, no copy of a body that arrived whole)
+the 9-byte header, header blocks bounded and joined, each body copied at most once)
 and yields ``(type, flags, stream_id, body)``; a connection dispatches on the type byte to
 one small handler per frame type, which reads its fields with this module's parsers, by
 slicing. The same reader serves the worker's server connection
@@ -103,18 +103,6 @@ FRAME_NAMES = {
 }
 KNOWN_TYPES = frozenset(FRAME_NAMES)
 
-#: hyperframe's class names, for the messages h2 gives.
-_NAMES = {
-    DATA: "DataFrame",
-    HEADERS: "HeadersFrame",
-    PRIORITY: "PriorityFrame",
-    RST_STREAM: "RstStreamFrame",
-    SETTINGS: "SettingsFrame",
-    PUSH_PROMISE: "PushPromiseFrame",
-    PING: "PingFrame",
-    GOAWAY: "GoAwayFrame",
-    CONTINUATION: "ContinuationFrame",
-}
 _ON_A_STREAM = frozenset({DATA, HEADERS, PRIORITY, RST_STREAM, PUSH_PROMISE, CONTINUATION})
 _ON_THE_CONNECTION = frozenset({SETTINGS, PING, GOAWAY})
 _BLOCK_KINDS = frozenset({HEADERS, PUSH_PROMISE, CONTINUATION})
@@ -291,6 +279,10 @@ _CHECKS: dict[int, Callable[[Body], object]] = {
 
 # ---------------------------------------------------------------------- the reader
 
+#: A body whole in its read is a view of the read when it is at least 1/VIEW_SHARE of it
+#: (so a view keeps at most this many times its size alive), else a copy.
+VIEW_SHARE = 4
+
 
 class FrameReader:
     """Received bytes cut into frames, ``(type, flags, stream id, body)``, for either role.
@@ -305,12 +297,15 @@ class FrameReader:
     SETTINGS_MAX_HEADER_LIST_SIZE.
 
     Use: :meth:`feed` each read, then iterate the frames it completed. The checks, their
-    order and the joined header blocks are the module docstring's. Bodies are never copied
-    for a frame that arrives whole in one read: the body is a view of that read (a
-    ``bytes``, which nothing changes), kept alive as long as the view is; a frame split
-    between reads has its body allocated once, at the length its header declares, and
-    filled as the reads arrive. A frame's length is judged from its 9-byte header, before
-    its body is waited for, so nothing longer than we advertised is ever allocated.
+    order and the joined header blocks are the module docstring's. Each body is a
+    ``memoryview`` copied at most once: a frame whole in one read that makes up at least
+    :data:`VIEW_SHARE` of it is a view of that read (a ``bytes``, which nothing changes),
+    not copied at all; a smaller one is copied, so that keeping its body does not keep the
+    whole read alive (else a peer could make us hold a read's worth of memory for each
+    small DATA frame, which the windows count by its own size); a frame split between
+    reads has its body allocated once, at the length its header declares, and filled as
+    the reads arrive. A frame's length is judged from its 9-byte header, before its body
+    is waited for, so nothing longer than we advertised is ever allocated.
     """
 
     def __init__(self, server: bool, max_frame_size: int, max_header_block: int) -> None:
@@ -320,8 +315,9 @@ class FrameReader:
         self._preface = PREFACE if server else b""
         #: The peer's first frame (its SETTINGS) has arrived.
         self._settled = False
-        #: What is left of the latest read, not yet cut into frames.
+        #: What is left of the latest read, not yet cut into frames, and the read's length.
         self._rest = memoryview(b"")
+        self._read = 0
         #: A frame header split between reads (fewer than 9 bytes so far).
         self._head = b""
         #: A frame whose body is split between reads: its header, and its body, allocated
@@ -348,6 +344,7 @@ class FrameReader:
         if self._rest:  # the frames of the previous read were not all taken
             data = self._rest.tobytes() + data
         self._rest = memoryview(data)
+        self._read = len(data)
 
     def __iter__(self) -> FrameReader:
         return self
@@ -376,19 +373,16 @@ class FrameReader:
                 )
             ):
                 self._rest = rest[end:]
-                return kind, flags, sid, rest[9:end]
+                if length * VIEW_SHARE >= self._read:
+                    return kind, flags, sid, rest[9:end]
+                return kind, flags, sid, memoryview(rest[9:end].tobytes())
         while True:
             header, body = self._next_frame()
             kind, flags = header[3], header[4]
             sid = int.from_bytes(header[5:9], "big") & MAX_STREAM_ID
             if not _stream_id_fits(kind, sid):
-                rule = (
-                    f"must be non-zero for {_NAMES[kind]}"
-                    if kind in _ON_A_STREAM
-                    else f"must be zero for {_NAMES[kind]} with stream_id={sid}"
-                )
                 raise h2events.ProtocolError(
-                    f"Received frame with invalid header: Stream ID {rule}"
+                    f"Received frame with invalid header: {FRAME_NAMES[kind]} on stream {sid}"
                 )
             if not self._settled:
                 self._first(kind, flags)
@@ -443,7 +437,9 @@ class FrameReader:
                 end = 9 + self._judge(header)
                 if len(rest) >= end:  # the whole frame in this read: the usual case
                     self._rest = rest[end:]
-                    return header, rest[9:end]
+                    if (end - 9) * VIEW_SHARE >= self._read:
+                        return header, rest[9:end]
+                    return header, memoryview(rest[9:end].tobytes())
                 header, rest = header.tobytes(), rest[9:]
             else:
                 self._head = rest.tobytes()
