@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import h2.settings
 import pytest
 from grpclib.const import Cardinality, Handler
 from h2_client import H2Client, grpc_message
@@ -174,6 +175,29 @@ def test_an_answer_larger_than_the_window_waits_for_window_updates(server: Strea
     assert result.grpc_status == 0, result.grpc_message
     assert _messages(result.data) == [_pattern(1_000_000)]
     assert max(result.frames) <= 16384
+    assert server.idle()
+
+
+def test_an_answer_past_the_transports_buffer_waits_for_the_client_to_read(
+    server: StreamServer,
+) -> None:
+    """24 MiB answered to a client that allows it all (16 MiB frames, full windows) but
+    does not read for a second: the server stops at the transport's high-water mark,
+    goes on as the client reads, and nothing is lost."""
+    codes = h2.settings.SettingCodes
+    huge = 24 * 1024 * 1024
+    with H2Client(server.port) as client:
+        client.conn.update_settings(
+            {codes.MAX_FRAME_SIZE: (1 << 24) - 1, codes.INITIAL_WINDOW_SIZE: (1 << 31) - 1}
+        )
+        client.conn.increment_flow_control_window((1 << 31) - 1 - 65535)
+        client.flush()
+        sid = client.start("/t.S/Big")
+        client.send(sid, grpc_message(str(huge).encode()), end_stream=True)
+        time.sleep(1.0)  # not reading: the server's socket and transport buffers fill
+        result = client.wait(sid, timeout=60)
+    assert result.grpc_status == 0, result.grpc_message
+    assert _messages(result.data) == [_pattern(huge)]
     assert server.idle()
 
 

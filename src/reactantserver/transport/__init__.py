@@ -17,18 +17,20 @@ Sans-IO (no grpclib, h2 or asyncio; importable anywhere):
 ``transport.reclaim``
     When to give memory back after a hostile burst.
 
-On asyncio, grpclib and h2 (import them explicitly, so that importing this package
-stays free of them):
+On asyncio and grpclib's public records (import them explicitly, so that importing this
+package stays free of them):
 
 ``transport.guest``
     Trio as the guest of a standard asyncio loop: where the two event loops meet.
 ``transport.h2conn``
-    The h2 connection with every limit in its first SETTINGS; corked writes.
+    The server connection with every limit in its first SETTINGS; corked writes.
 ``transport.h2guard``
-    Guarded HTTP/2 connections: every per-peer limit and check, below any handler.
+    Guarded HTTP/2 connections (the asyncio protocol around the sans-IO connection):
+    every per-peer limit and check, below any handler.
 ``transport.server``
     ``GuardedServer``: a hardened gRPC server from a handler table and ``WireLimits``
-    (no ``Service``: a gateway builds its own from it).
+    (no ``Service``: a gateway builds its own from it), and ``ServerStream``, what a
+    handler of the task path reads and writes.
 ``transport.grpc``
     :func:`~reactantserver.transport.grpc.serve_grpc`: the worker's listener, a
     ``GuardedServer`` on the asyncio loop that hosts Trio as its guest, serving

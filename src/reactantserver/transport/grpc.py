@@ -286,8 +286,8 @@ class _Bridge:
             code = StatusCode.CANCELLED
             raise
         except Exception:
-            # Transport trouble after the call (the client went away mid-send): grpclib
-            # logs it and answers UNKNOWN if it still can.
+            # Transport trouble after the call (the client went away mid-send): the
+            # server ends the call without a status (the stream is gone), or INTERNAL.
             code = StatusCode.UNKNOWN
             raise
         finally:

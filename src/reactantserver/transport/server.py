@@ -87,8 +87,8 @@ from .unary import (
     SEND_CHUNK,
     DirectAdmission,
     DirectHandler,
-    frame_pieces,
     message_pieces,
+    send_frames,
     status_headers,
 )
 
@@ -255,41 +255,25 @@ class ServerStream:
         if not self.headers_sent:
             h2.send_headers(sid, ANSWER_HEADERS)
             self.headers_sent = True
-        await self._send(pending)
+        while not send_frames(h2, sid, pending, self._guard):
+            await self._wait()  # a WINDOW_UPDATE, or the transport drained
         if self.unary:
             h2.send_headers(sid, OK_TRAILERS, end_stream=True)
             self.trailers_sent = True
         self._guard.flush()
 
-    async def _send(self, pending: collections.deque[memoryview]) -> None:
-        """Send ``pending`` in DATA frames as the windows and the transport allow."""
-        h2, sid, guard = self._h2, self.id, self._guard
-        while pending:
-            room = min(h2.local_flow_control_window(sid), h2.max_outbound_frame_size, SEND_CHUNK)
-            if room <= 0 or not guard.writable:
-                guard.flush()
-                await self._wait()  # a WINDOW_UPDATE, or the transport drained
-                continue
-            data, _ = frame_pieces(pending, room)
-            h2.send_data(sid, data)
-            if pending:
-                guard.flush()  # one frame at a time: bounded memory
-
     async def send_trailing_metadata(
         self, *, status: Status = Status.OK, status_message: str | None = None
     ) -> None:
         """End the call with ``status`` (trailers-only if nothing was sent)."""
-        self.end(status, status_message)
-
-    def end(self, status: Status, message: str | None) -> None:
         if self.trailers_sent:
             raise CallError(f"{self.path}: the call was already answered")
         if self.unary and status is Status.OK and not self.message_sent:
             raise CallError(f"{self.path}: a unary call ended OK without its message")
-        if status is Status.OK and message is None and self.headers_sent:
+        if status is Status.OK and status_message is None and self.headers_sent:
             headers: Sequence[tuple[str, str]] = OK_TRAILERS
         else:
-            headers = status_headers(status.value, message, headers_sent=self.headers_sent)
+            headers = status_headers(status.value, status_message, headers_sent=self.headers_sent)
         self._h2.send_headers(self.id, headers, end_stream=True)
         self.trailers_sent = self.headers_sent = True
         self._guard.flush()
@@ -444,7 +428,7 @@ class _Calls:
             log.error("%s ended without answering", head.path)  # our bug
             status, message = Status.INTERNAL, INTERNAL_MESSAGE
         try:
-            stream.end(status, message)
+            await stream.send_trailing_metadata(status=status, status_message=message)
         except h2events.ProtocolError:
             pass  # the peer is gone, or the connection closed (GOAWAY)
 

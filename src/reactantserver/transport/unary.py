@@ -100,14 +100,23 @@ class DirectAdmission:
         return True
 
 
-def frame_pieces(
-    pending: collections.deque[memoryview], room: int
-) -> tuple[bytes | memoryview, int]:
-    """The next DATA frame's payload, at most ``room`` bytes off the front of ``pending``,
-    and its length. One piece is sent as the view it is; several are joined (a small
-    message and its 5-byte prefix)."""
-    views, size = take_views(pending, room)
-    return (views[0] if len(views) == 1 else b"".join(views)), size
+def send_frames(h2: ServerConnection, sid: int, pending: collections.deque[memoryview],
+                output: Output) -> bool:  # fmt: skip
+    """Queue ``pending`` on stream ``sid`` in DATA frames of at most :data:`SEND_CHUNK`
+    bytes, each handed to the transport at once (bounded memory), as far as the windows
+    and the transport allow: False when it must wait for a WINDOW_UPDATE or a drained
+    transport, True once all is queued. A frame of one piece is sent as the view it is;
+    several are joined (a small message and its 5-byte prefix)."""
+    while pending:
+        room = min(h2.local_flow_control_window(sid), h2.max_outbound_frame_size, SEND_CHUNK)
+        if room <= 0 or not output.writable:
+            output.flush()
+            return False
+        views, _ = take_views(pending, room)
+        h2.send_data(sid, views[0] if len(views) == 1 else b"".join(views))
+        if pending:
+            output.flush()
+    return True
 
 
 def _message(chunks: list[memoryview]) -> bytes | memoryview:
@@ -381,23 +390,10 @@ class DirectCalls:
     def _pump_frames(self, call: UnaryCall) -> None:
         conn = self._h2
         sid = call.stream_id
-        pending = call._pending
-        assert pending is not None
-        while pending:
-            room = min(
-                conn.local_flow_control_window(sid), conn.max_outbound_frame_size, SEND_CHUNK
-            )
-            if room <= 0:
-                self._guard.flush()
-                self.blocked[sid] = call
-                return
-            data, _ = frame_pieces(pending, room)
-            conn.send_data(sid, data)
-            if pending:
-                self._guard.flush()  # one frame at a time: bounded memory
-                if not self._guard.writable:
-                    self.blocked[sid] = call  # the peer reads slower than we write
-                    return
+        assert call._pending is not None
+        if not send_frames(conn, sid, call._pending, self._guard):
+            self.blocked[sid] = call  # until a WINDOW_UPDATE or the transport drains
+            return
         call._pending = None
         conn.send_headers(sid, OK_TRAILERS, end_stream=True)
         self._guard.flush()
