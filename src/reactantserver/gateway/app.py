@@ -107,16 +107,6 @@ class Gateway:
 
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
-        names = config.worker_names or ("",) * len(config.endpoints)
-        self.clients = tuple(
-            WorkerClient(
-                address,
-                name,
-                max_streams=config.worker_client.max_concurrent_streams,
-                max_reply_bytes=config.grpc.max_send_msg_bytes,
-            )
-            for address, name in zip(config.endpoints, names, strict=True)
-        )
         #: lpt_packing's driver (None in the other modes); its controller owns the router.
         self.lpt: LptDriver | None = None
         controller = None
@@ -127,6 +117,17 @@ class Gateway:
             self.router: Router = controller.router
         else:
             self.router = make_router(config.scheduling, first)
+        names = config.worker_names or ("",) * len(config.endpoints)
+        self.clients = tuple(
+            WorkerClient(
+                address,
+                name,
+                max_streams=config.worker_client.max_concurrent_streams,
+                max_reply_bytes=config.grpc.max_send_msg_bytes,
+                inflight=self.router.inflight.worker(address),  # one count, router and pool
+            )
+            for address, name in zip(config.endpoints, names, strict=True)
+        )
         self.stats = GatewayStats()
         #: The hardened wire's counts (connections, streams, client mistakes by kind).
         self.wire = WireCounters()
