@@ -99,17 +99,33 @@ class SlotWait(Waiter):
     def cancel(self) -> None:
         """The caller is gone: leave the line (after a grant, a no-op)."""
         self._client._slots.leave(self)
+        self._forget()
 
     def expire(self) -> None:
-        self.expired(self._client._slot_deadline())
+        expired = self.expired
+        self._forget()
+        expired(self._client._slot_deadline())
 
     def grant(self) -> bool:
         """Handed a slot (already out of the line): the call starts on it."""
+        granted = self.granted
+        self._forget()
         try:
-            self.granted()
+            granted()
         except Exception:  # the caller's bug: it must not reach the connection that freed the slot
             log.exception("starting a call on a freed stream slot failed")
         return True
+
+    def _forget(self) -> None:
+        """Ended: drop the caller, so that the line's deadline entry for this wait (dropped
+        lazily, :class:`~.inflight.StreamSlots`) keeps nothing of its call alive -- a call
+        held there outlived its answer and fed the cyclic collector's passes."""
+        self.granted = _nothing
+        self.expired = _nothing
+
+
+def _nothing(*_: object) -> None:
+    """What an ended :class:`SlotWait` calls (nothing: it calls nobody again)."""
 
 
 class _FutureWait(Waiter):
