@@ -191,7 +191,7 @@ class Forward:
         self._model = peek.model
         first = replicas[0]
         items = items_of(first, peek.shape_of(first.batch_input_name))
-        self._ticket = self._proxy.router.choose(peek.model, items, now)
+        self._ticket = self._proxy.router.choose(peek.model, items, now, replicas)
         self._send(now)
 
     def _send(self, now: float) -> None:

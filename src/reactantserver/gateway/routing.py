@@ -179,6 +179,18 @@ class _PairAccounts:
         self.routed_requests = 0
         self.routed_items = 0
 
+    def add(self, items: int, work: float) -> None:
+        """One request routed here."""
+        self.pair.add(items, work)
+        self.worker.add(items, work)
+        self.routed_requests += 1
+        self.routed_items += items
+
+    def remove(self, items: int, work: float) -> None:
+        """One request here released (or moved on by failover)."""
+        self.pair.remove(items, work)
+        self.worker.remove(items, work)
+
 
 class Router:
     """The seam (see the module docstring); subclasses supply :meth:`_order`."""
@@ -221,9 +233,13 @@ class Router:
         self.table = table
         self._rotations.clear()
 
-    def choose(self, model: str, items: int, now: float) -> Ticket:
-        """Route one request of ``items`` items; raises ``NotFound`` if nothing serves it."""
-        replicas = self.table.replicas(model)
+    def choose(
+        self, model: str, items: int, now: float, replicas: tuple[Replica, ...] | None = None
+    ) -> Ticket:
+        """Route one request of ``items`` items; raises ``NotFound`` if nothing serves it.
+        ``replicas``: the table's replicas of ``model``, when the caller has read them."""
+        if replicas is None:
+            replicas = self.table.replicas(model)
         if not replicas:
             raise NotFound(f"model {model!r} is not served by any ready worker")
         items = max(1, items)
@@ -330,37 +346,33 @@ class Router:
 
     # ----------------------------------------------------------------- private
 
-    def _work(self, model: str, worker: str, items: int) -> float:
-        if self.work_basis == "requests":
-            return 1.0
-        if self.work_basis == "items":
-            return float(items)
-        return items * self.table.cost_per_item(model, worker)
-
     def _account(self, ticket: Ticket) -> None:
         worker = ticket.worker
         assert worker is not None
-        items = ticket.items
-        ticket.work = work = self._work(ticket.model, worker, items)
-        key = (ticket.model, worker)
+        model, items = ticket.model, ticket.items
+        key = (model, worker)
         accounts = self._accounts.get(key)
         if accounts is None:
             load = self._workers.get(worker)
             if load is None:
                 load = self._workers[worker] = self.inflight.worker(worker).load
             accounts = self._accounts[key] = _PairAccounts(load)
+        basis = self.work_basis
+        if basis == "requests":
+            work = 1.0
+        elif basis == "items":
+            work = float(items)
+        else:
+            work = items * self.table.cost_per_item(model, worker)
+        ticket.work = work
         ticket.accounts = accounts
-        accounts.pair.add(items, work)
-        accounts.worker.add(items, work)
-        accounts.routed_requests += 1
-        accounts.routed_items += items
+        accounts.add(items, work)
 
     def _unaccount(self, ticket: Ticket) -> None:
         accounts = ticket.accounts
         assert accounts is not None and ticket.worker is not None
         ticket.accounts = None
-        accounts.pair.remove(ticket.items, ticket.work)
-        accounts.worker.remove(ticket.items, ticket.work)
+        accounts.remove(ticket.items, ticket.work)
 
 
 def _rotations(replicas: tuple[Replica, ...]) -> tuple[tuple[str, ...], ...]:
