@@ -8,7 +8,9 @@ registry, by a Hypothesis state machine and by a few plain examples.
 
 from __future__ import annotations
 
+import gc
 import math
+import weakref
 
 import pytest
 from hypothesis import settings
@@ -23,6 +25,7 @@ from reactantserver.gateway.inflight import (
     Waiter,
     fails_over,
 )
+from reactantserver.gateway.pool import SlotWait, WorkerClient
 from reactantserver.gateway.routing import RoundRobinRouter, Ticket
 from reactantserver.gateway.table import ModelSnapshot, WorkerSnapshot, build_table
 
@@ -368,3 +371,35 @@ def test_router_and_pool_share_one_count_per_worker() -> None:
     assert (load.requests, load.items) == (1, 3)
     router.release(ticket)
     assert (load.requests, load.items) == (0, 0)
+
+
+def test_an_ended_slot_wait_keeps_nothing_of_its_call_alive() -> None:
+    """The line drops a granted or cancelled wait's deadline entry lazily: until then the
+    entry must not hold the call (its Forward, request and ticket) -- held, calls
+    outlived their answers and fed the cyclic collector's passes."""
+
+    class Caller:
+        def granted(self) -> None:
+            self.started = True
+
+        def expired(self, exc: Exception) -> None:
+            raise AssertionError("not expected")
+
+    client = WorkerClient("127.0.0.1:1")
+    slots = client.inflight.slots
+    assert slots.take(1)
+    callers = [Caller(), Caller()]
+    refs = [weakref.ref(c) for c in callers]
+    waits = [SlotWait(client, 10.0, c.granted, c.expired) for c in callers]
+    for wait in waits:
+        slots.join(wait)
+    granted = slots.release()
+    assert granted is waits[0] and granted.grant() and callers[0].started
+    waits[1].cancel()
+    del callers, granted, waits
+    gc.disable()  # reference counting alone must free them
+    try:
+        assert [ref() for ref in refs] == [None, None]
+    finally:
+        gc.enable()
+    assert slots.next_deadline() == math.inf  # the stale entries go when next looked at
