@@ -190,7 +190,6 @@ class InflightMachine(RuleBasedStateMachine):
     def arrive(self) -> None:
         call = _Call(len(self.calls))
         self.calls.append(call)
-        self.admission.enter()
         before = self.admission.infer
         if not self.admission.admit():
             assert self.admission.cap and before >= self.admission.cap
@@ -336,17 +335,16 @@ def test_waiters_expire_by_their_own_deadlines() -> None:
 
 def test_admission_refuses_at_the_cap_and_counts_the_refusal() -> None:
     admission = Admission(cap=2)
-    for _ in range(3):
-        admission.enter()
+    admission.enter()  # another RPC: in flight, not under the cap
     assert admission.admit() and admission.admit() and not admission.admit()
-    assert (admission.calls, admission.infer, admission.shed) == (3, 2, 1)
-    admission.leave(False)
+    assert (admission.calls, admission.infer, admission.shed) == (4, 2, 1)
+    admission.leave(False)  # the refused one
     admission.leave(True)
-    admission.enter()
     assert admission.admit()
     admission.leave(True)
     admission.leave(True)
-    assert (admission.calls, admission.infer) == (0, 0)
+    admission.leave(False)
+    assert (admission.calls, admission.infer, admission.shed) == (0, 0, 1)
     with pytest.raises(LifecycleError):
         admission.leave(False)
 

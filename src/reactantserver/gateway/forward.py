@@ -150,18 +150,21 @@ class Forward:
         """Admit, route and send (or hand the wait to a task)."""
         proxy = self._proxy
         admission = proxy.admission
-        admission.enter()
         self._call.on_cancel = self._cancelled
+        if proxy.draining:
+            admission.enter()
+            self._fail(
+                Unavailable("the gateway is shutting down; retry (another gateway, or later)")
+            )
+            return
+        self._admitted = admission.admit()  # counted in flight either way
         try:
-            if proxy.draining:
-                raise Unavailable("the gateway is shutting down; retry (another gateway, or later)")
-            if not admission.admit():
+            if not self._admitted:
                 raise ResourceExhausted(
                     f"{admission.infer} ModelInfer calls are in flight at the gateway; "
                     f"the limit is {admission.cap} (grpc.max_concurrent_requests_per_worker x "
                     f"{len(proxy.clients)} workers); retry later"
                 )
-            self._admitted = True
             self._peek = peek = peek_infer(self._data)
             if not peek.model:
                 raise InvalidArgument("ModelInfer: model_name is empty")

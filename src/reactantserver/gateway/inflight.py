@@ -73,11 +73,14 @@ class Admission:
         self.shed = 0
 
     def enter(self) -> None:
-        """A call arrived (any RPC); :meth:`leave` once when it is answered."""
+        """A call arrived (any RPC but ModelInfer: :meth:`admit`); :meth:`leave` once when
+        it is answered."""
         self.calls += 1
 
     def admit(self) -> bool:
-        """Admit one ModelInfer under the cap (True), or refuse it and count it shed."""
+        """A ModelInfer arrived (counted as :meth:`enter` does): admit it under the cap
+        (True), or refuse it and count it shed; :meth:`leave` once either way."""
+        self.calls += 1
         if self.cap and self.infer >= self.cap:
             self.shed += 1
             return False

@@ -251,7 +251,11 @@ class WorkerClient:
         would have to wait for either (then :meth:`start_when_ready`). ``on_done`` runs once
         with the outcome; raises as :meth:`.WorkerConnection.start` (nothing sent)."""
         conn = self._conn
-        if conn is None or not conn.usable or not self._slots.take(self._limit_of(conn)):
+        if (
+            conn is None
+            or not conn.usable
+            or not self._slots.take(conn.slot_limit(self._max_streams))
+        ):
             return None
         return self._start(conn, path, payload, deadline, on_done, tell)
 

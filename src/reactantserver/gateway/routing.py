@@ -179,18 +179,6 @@ class _PairAccounts:
         self.routed_requests = 0
         self.routed_items = 0
 
-    def add(self, items: int, work: float) -> None:
-        """One request routed here."""
-        self.pair.add(items, work)
-        self.worker.add(items, work)
-        self.routed_requests += 1
-        self.routed_items += items
-
-    def remove(self, items: int, work: float) -> None:
-        """One request here released (or moved on by failover)."""
-        self.pair.remove(items, work)
-        self.worker.remove(items, work)
-
 
 class Router:
     """The seam (see the module docstring); subclasses supply :meth:`_order`."""
@@ -366,13 +354,17 @@ class Router:
             work = items * self.table.cost_per_item(model, worker)
         ticket.work = work
         ticket.accounts = accounts
-        accounts.add(items, work)
+        accounts.pair.add(items, work)
+        accounts.worker.add(items, work)
+        accounts.routed_requests += 1
+        accounts.routed_items += items
 
     def _unaccount(self, ticket: Ticket) -> None:
         accounts = ticket.accounts
         assert accounts is not None and ticket.worker is not None
         ticket.accounts = None
-        accounts.remove(ticket.items, ticket.work)
+        accounts.pair.remove(ticket.items, ticket.work)
+        accounts.worker.remove(ticket.items, ticket.work)
 
 
 def _rotations(replicas: tuple[Replica, ...]) -> tuple[tuple[str, ...], ...]:
