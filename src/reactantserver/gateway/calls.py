@@ -21,8 +21,6 @@ from .pool import WorkerClient
 
 #: gRPC status codes the gateway's handlers compare against.
 OK, CANCELLED, DEADLINE_EXCEEDED, NOT_FOUND, UNIMPLEMENTED, UNAVAILABLE = 0, 1, 4, 5, 12, 14
-#: Worker statuses after which the request cannot have run: fail over.
-FAILOVER_STATUSES = frozenset({NOT_FOUND, UNAVAILABLE})
 
 
 class Raw:

@@ -62,8 +62,9 @@ from ..errors import (
 )
 from ..status import to_status
 from ..transport.unary import UnaryCall
-from .calls import CANCELLED, DEADLINE_EXCEEDED, FAILOVER_STATUSES, NOT_FOUND, OK
+from .calls import CANCELLED, DEADLINE_EXCEEDED, NOT_FOUND, OK
 from .channel import Call, ChannelError, Reply
+from .inflight import Admission, fails_over
 from .pool import SlotWait, WorkerClient
 from .routing import Outcome, Router, Ticket
 from .stats import GatewayStats
@@ -91,9 +92,7 @@ class Gateway(Protocol):
     @property
     def draining(self) -> bool: ...
     @property
-    def cap(self) -> int:
-        """ModelInfer calls in flight at most (0: no cap)."""
-        ...
+    def admission(self) -> Admission: ...
 
     @property
     def timeout(self) -> float:
@@ -141,7 +140,7 @@ class Forward:
         #: The task of a call that has to wait (a table refresh, a connection).
         self._task: asyncio.Task[None] | None = None
         self._sent_at = 0.0
-        #: Counted in ``infer_in_flight`` (past the admission cap).
+        #: Admitted under the cap (counted in ``admission.infer``).
         self._admitted = False
         self._closed = False
 
@@ -150,21 +149,22 @@ class Forward:
     def begin(self) -> None:
         """Admit, route and send (or hand the wait to a task)."""
         proxy = self._proxy
-        stats = proxy.stats
-        stats.in_flight += 1
+        admission = proxy.admission
         self._call.on_cancel = self._cancelled
+        if proxy.draining:
+            admission.enter()
+            self._fail(
+                Unavailable("the gateway is shutting down; retry (another gateway, or later)")
+            )
+            return
+        self._admitted = admission.admit()  # counted in flight either way
         try:
-            if proxy.draining:
-                raise Unavailable("the gateway is shutting down; retry (another gateway, or later)")
-            if proxy.cap and stats.infer_in_flight >= proxy.cap:
-                stats.shed += 1
+            if not self._admitted:
                 raise ResourceExhausted(
-                    f"{stats.infer_in_flight} ModelInfer calls are in flight at the gateway; "
-                    f"the limit is {proxy.cap} (grpc.max_concurrent_requests_per_worker x "
+                    f"{admission.infer} ModelInfer calls are in flight at the gateway; "
+                    f"the limit is {admission.cap} (grpc.max_concurrent_requests_per_worker x "
                     f"{len(proxy.clients)} workers); retry later"
                 )
-            stats.infer_in_flight += 1
-            self._admitted = True
             self._peek = peek = peek_infer(self._data)
             if not peek.model:
                 raise InvalidArgument("ModelInfer: model_name is empty")
@@ -194,7 +194,7 @@ class Forward:
         self._model = peek.model
         first = replicas[0]
         items = items_of(first, peek.shape_of(first.batch_input_name))
-        self._ticket = self._proxy.router.choose(peek.model, items, now)
+        self._ticket = self._proxy.router.choose(peek.model, items, now, replicas)
         self._send(now)
 
     def _send(self, now: float) -> None:
@@ -273,7 +273,9 @@ class Forward:
         try:
             if isinstance(outcome, ChannelError):
                 proxy.refresh_soon()
-                if outcome.unprocessed and proxy.router.failover(ticket) is not None:
+                if fails_over(None, unprocessed=outcome.unprocessed) and (
+                    proxy.router.failover(ticket) is not None
+                ):
                     self._send(now)
                     return
                 assert self._peek is not None
@@ -284,7 +286,7 @@ class Forward:
                 self._close(OK, "ok", now)
                 self._call.answer_framed(outcome.framed)  # the worker's bytes, as they came
                 return
-            if status in FAILOVER_STATUSES:
+            if fails_over(status):
                 if status == NOT_FOUND:
                     proxy.refresh_soon()
                 if proxy.router.failover(ticket) is not None:
@@ -342,13 +344,10 @@ class Forward:
         """Account the call's end, once: the ticket, the counts, the statistics."""
         self._closed = True
         proxy = self._proxy
-        stats = proxy.stats
         if self._ticket is not None:
             proxy.router.release(self._ticket, outcome)
-        if self._admitted:
-            stats.infer_in_flight -= 1
-        stats.in_flight -= 1
+        proxy.admission.leave(self._admitted)
         if now is None:
             now = proxy.loop.time()
-        stats.finish(RPC, self._model, code, now - self._started)
+        proxy.stats.finish(RPC, self._model, code, now - self._started)
         proxy.call_ended()

@@ -14,16 +14,17 @@ Stream slots bound what is in flight to one worker: at most
 ``DeadlineExceeded``; nothing was sent). The wait is bounded in length too: every caller is
 an inbound gateway call, which the gateway's admission cap already bounds.
 
-One line, two kinds of waiter: a coroutine (:meth:`WorkerClient.call`,
-:meth:`WorkerClient.start_when_ready`) awaits a future; a forwarded ModelInfer waits as a
-:class:`SlotWait`, without a task -- a freed slot is handed to it synchronously, from the
-event handling of the worker connection that freed it, and it starts its call there
-(:meth:`WorkerClient.start_granted`); their deadlines sit in one heap under one timer,
-armed for the earliest (an entry that no longer waits is dropped when it reaches the top,
-or when the heap is rebuilt at twice the waiters). More calls in flight than slots is the
-usual case for a busy gateway (64 requests in flight from its clients against 32 slots to
-the worker), and a task, a future, a timer and their wake-ups per waiting call were a
-quarter of the gateway's CPU there (docs/benchmarks.md, "Client shapes").
+The slot counts and the line are :class:`~.inflight.StreamSlots` (sans-IO: it decides who
+holds a slot, who waits, who is next and whose deadline passed, given ``now``); this class
+carries its decisions out. One line, two kinds of waiter: a coroutine
+(:meth:`WorkerClient.call`, :meth:`WorkerClient.start_when_ready`) awaits a future; a
+forwarded ModelInfer waits as a :class:`SlotWait`, without a task -- a freed slot is handed
+to it synchronously, from the event handling of the worker connection that freed it, and it
+starts its call there (:meth:`WorkerClient.start_granted`). Their deadlines are one heap
+under one timer, armed for the earliest. More calls in flight than slots is the usual case
+for a busy gateway (64 requests in flight from its clients against 32 slots to the worker),
+and a task, a future, a timer and their wake-ups per waiting call were a quarter of the
+gateway's CPU there (docs/benchmarks.md, "Client shapes").
 
 Everything runs on the asyncio loop's thread; nothing here locks.
 
@@ -37,9 +38,6 @@ expired or cancelled.
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
-import heapq
 import logging
 import math
 import socket
@@ -59,6 +57,7 @@ from .channel import (
     Reply,
     WorkerConnection,
 )
+from .inflight import StreamSlots, Waiter, WorkerInflight
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +77,12 @@ class ClientStatistics:
     connect_failures: int
 
 
-class SlotWait:
+class SlotWait(Waiter):
     """A caller in line for a stream slot without a task (:meth:`WorkerClient.wait_for_slot`):
     ``granted`` runs once, holding the slot, when one is handed to it; ``expired`` runs
     once, with why, if its deadline passes first; neither after :meth:`cancel`."""
 
-    __slots__ = ("_client", "deadline", "expired", "granted", "waiting")
+    __slots__ = ("_client", "expired", "granted")
 
     def __init__(
         self,
@@ -92,31 +91,62 @@ class SlotWait:
         granted: Callable[[], None],
         expired: Callable[[DeadlineExceeded], None],
     ) -> None:
+        super().__init__(deadline)
         self._client = client
-        self.deadline = deadline
         self.granted = granted
         self.expired = expired
-        #: In the client's line (granted, expired and cancelled ones are not).
-        self.waiting = True
 
     def cancel(self) -> None:
         """The caller is gone: leave the line (after a grant, a no-op)."""
-        if self.waiting:
-            self.waiting = False
-            self._client._waiters.remove(self)
+        self._client._slots.leave(self)
+        self._forget()
 
-    def _expire(self) -> None:
-        if self.waiting:
-            self.cancel()
-            self.expired(self._client._slot_deadline())
+    def expire(self) -> None:
+        expired = self.expired
+        self._forget()
+        expired(self._client._slot_deadline())
 
-    def _grant(self) -> None:
-        """Handed a slot (already out of the line)."""
-        self.waiting = False
+    def grant(self) -> bool:
+        """Handed a slot (already out of the line): the call starts on it."""
+        granted = self.granted
+        self._forget()
         try:
-            self.granted()
+            granted()
         except Exception:  # the caller's bug: it must not reach the connection that freed the slot
             log.exception("starting a call on a freed stream slot failed")
+        return True
+
+    def _forget(self) -> None:
+        """Ended: drop the caller, so that the line's deadline entry for this wait (dropped
+        lazily, :class:`~.inflight.StreamSlots`) keeps nothing of its call alive -- a call
+        held there outlived its answer and fed the cyclic collector's passes."""
+        self.granted = _nothing
+        self.expired = _nothing
+
+
+def _nothing(*_: object) -> None:
+    """What an ended :class:`SlotWait` calls (nothing: it calls nobody again)."""
+
+
+class _FutureWait(Waiter):
+    """A coroutine's place in the line (:meth:`WorkerClient._acquire`): a future."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, deadline: float, future: asyncio.Future[None]) -> None:
+        super().__init__(deadline)
+        self.future = future
+
+    def expire(self) -> None:
+        if not self.future.done():
+            self.future.set_exception(DeadlineExceeded("deadline"))
+
+    def grant(self) -> bool:
+        """Handed a slot: False when the coroutine is gone (cancelled), to pass it on."""
+        if self.future.done():
+            return False
+        self.future.set_result(None)
+        return True
 
 
 class WorkerClient:
@@ -130,6 +160,7 @@ class WorkerClient:
         max_streams: int = 32,
         max_reply_bytes: int = 512 * 1024 * 1024,
         limits: WireLimits = LIMITS,
+        inflight: WorkerInflight | None = None,
     ) -> None:
         parsed = split_host_port(address)
         if parsed is None:
@@ -150,14 +181,11 @@ class WorkerClient:
         #: The loop the connections run on (known once one is opened): asked once, as
         #: Python 3.11's ``asyncio.get_running_loop`` makes a ``getpid`` system call.
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._active = 0
-        #: Callers in line for a slot, in arrival order (module docstring).
-        self._waiters: collections.deque[asyncio.Future[None] | SlotWait] = collections.deque()
-        #: ``(deadline, arrival, wait)`` of the :class:`SlotWait` callers (and of some that
-        #: no longer wait, dropped lazily), a heap; one timer, for its earliest entry --
-        #: as the worker connection keeps its calls' deadlines (:mod:`.channel`).
-        self._expiries: list[tuple[float, int, SlotWait]] = []
-        self._arrivals = 0
+        #: The worker's in-flight counts (shared with the router, :mod:`.inflight`): its
+        #: stream slots and their line are decided there; one timer here, for the line's
+        #: earliest deadline -- as the worker connection keeps its calls' deadlines.
+        self.inflight = inflight if inflight is not None else WorkerInflight()
+        self._slots: StreamSlots = self.inflight.slots
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
         self._calls = 0
@@ -175,8 +203,8 @@ class WorkerClient:
             address=self.address,
             name=self.name,
             connected=conn is not None and conn.usable,
-            active_streams=self._active,
-            waiting=len(self._waiters),
+            active_streams=self._slots.active,
+            waiting=len(self._slots.line),
             stream_limit=self._limit(),
             calls=self._calls,
             connects=self._connects,
@@ -223,9 +251,12 @@ class WorkerClient:
         would have to wait for either (then :meth:`start_when_ready`). ``on_done`` runs once
         with the outcome; raises as :meth:`.WorkerConnection.start` (nothing sent)."""
         conn = self._conn
-        if self._waiters or conn is None or not conn.takes_another(self._active, self._max_streams):
+        if (
+            conn is None
+            or not conn.usable
+            or not self._slots.take(conn.slot_limit(self._max_streams))
+        ):
             return None
-        self._active += 1
         return self._start(conn, path, payload, deadline, on_done, tell)
 
     def wait_for_slot(
@@ -238,36 +269,35 @@ class WorkerClient:
         connection is up: ``granted`` runs once, from the loop, holding a slot -- it must
         then call :meth:`start_granted` -- or ``expired`` once when ``deadline`` passes first.
         None when there is no usable connection: then wait with :meth:`start_when_ready`."""
-        conn, loop = self._conn, self._loop
-        if conn is None or not conn.usable or loop is None:
+        conn = self._conn
+        if conn is None or not conn.usable or self._loop is None:
             return None
         wait = SlotWait(self, deadline, granted, expired)
-        self._waiters.append(wait)
-        heap = self._expiries
-        if len(heap) >= 2 * len(self._waiters) + 64:
-            # Mostly granted or cancelled waiters' entries: rebuild from those waiting.
-            heap[:] = [entry for entry in heap if entry[2].waiting]
-            heapq.heapify(heap)
-        self._arrivals += 1
-        heapq.heappush(heap, (deadline, self._arrivals, wait))
-        if deadline < self._timer_at:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer_at = deadline
-            self._timer = loop.call_at(deadline, self._expire_waits)
+        self._join(wait)
         return wait
+
+    def _join(self, wait: SlotWait | _FutureWait) -> None:
+        """Line up ``wait``; the timer moves to its deadline if that is now the earliest."""
+        if self._slots.join(wait) and wait.deadline < self._timer_at:
+            self._arm(wait.deadline)
+
+    def _arm(self, when: float) -> None:
+        assert self._loop is not None
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = when
+        self._timer = self._loop.call_at(when, self._expire_waits)
 
     def _expire_waits(self) -> None:
         """The earliest deadline in line came: every waiter past its deadline is told."""
         assert self._loop is not None
-        limit = max(self._timer_at, self._loop.time())
+        now = max(self._timer_at, self._loop.time())
         self._timer, self._timer_at = None, math.inf
-        heap = self._expiries
-        while heap and heap[0][0] <= limit:
-            heapq.heappop(heap)[2]._expire()  # a no-op unless it still waits
-        if heap:
-            self._timer_at = heap[0][0]
-            self._timer = self._loop.call_at(self._timer_at, self._expire_waits)
+        for wait in self._slots.expire(now):
+            wait.expire()
+        when = self._slots.next_deadline()
+        if when < math.inf:
+            self._arm(when)
 
     def start_granted(
         self,
@@ -350,28 +380,21 @@ class WorkerClient:
         return conn.slot_limit(self._max_streams)
 
     async def _acquire(self, deadline: float) -> None:
-        if self._active < self._limit() and not self._waiters:
-            self._active += 1
+        if self._slots.take(self._limit()):
             return
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-        self._waiters.append(waiter)
-        timer = loop.call_at(deadline, _expire_waiter, waiter)
+        self._loop = loop = asyncio.get_running_loop()
+        wait = _FutureWait(deadline, loop.create_future())
+        self._join(wait)
         try:
-            await waiter
+            await wait.future
         except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
+            if wait.future.done() and not wait.future.cancelled():
                 self._release()  # handed a slot just as we were cancelled: pass it on
             raise
         except DeadlineExceeded:
             raise self._slot_deadline() from None
         finally:
-            timer.cancel()
-            # Handed a slot: already taken off the line (and a failed ``remove`` would
-            # format the future's repr into its message, callbacks and all).
-            if not waiter.done() or waiter.cancelled() or waiter.exception() is not None:
-                with contextlib.suppress(ValueError):  # skipped by _release already
-                    self._waiters.remove(waiter)
+            self._slots.leave(wait)  # a no-op once granted or expired
 
     def _slot_deadline(self) -> DeadlineExceeded:
         return DeadlineExceeded(
@@ -380,16 +403,10 @@ class WorkerClient:
         )
 
     def _release(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            # The slot passes to the waiter, ``active`` unchanged.
-            if isinstance(waiter, SlotWait):
-                waiter._grant()  # in the line only while waiting
+        """A slot holder is done: the slot passes to the first waiter still there."""
+        while (wait := self._slots.release()) is not None:
+            if wait.grant():
                 return
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-        self._active -= 1
 
     # ---------------------------------------------------------------- the connection
 
@@ -443,8 +460,3 @@ class WorkerClient:
             return conn
         finally:
             self._connecting = None
-
-
-def _expire_waiter(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_exception(DeadlineExceeded("deadline"))

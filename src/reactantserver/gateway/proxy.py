@@ -66,7 +66,6 @@ from ..transport.unary import DirectHandler, UnaryCall
 from .calls import (
     CANCELLED,
     DEADLINE_EXCEEDED,
-    FAILOVER_STATUSES,
     OK,
     CallInfo,
     ControlPlane,
@@ -79,6 +78,7 @@ from .calls import (
 from .channel import ChannelError, Reply
 from .fanout import FanOut
 from .forward import Forward
+from .inflight import fails_over
 from .policy import not_lpt
 from .pool import WorkerClient
 from .prober import Registrations
@@ -121,9 +121,10 @@ class Proxy:
         #: Refresh the route table now (single-flight) / soon (from a callback).
         self.refresh = refresh
         self.refresh_soon = refresh_soon
+        #: The gateway's calls in flight and the ModelInfer cap (:mod:`.inflight`).
+        self.admission = stats.admission
         per_worker = config.grpc.max_concurrent_requests_per_worker
-        self.cap = per_worker * len(config.endpoints)
-        stats.max_concurrent = self.cap
+        self.admission.cap = per_worker * len(config.endpoints)
         #: A call's deadline when its client set none.
         self.timeout = config.worker_client.request_timeout_seconds
         self.loop = asyncio.get_running_loop()
@@ -204,7 +205,7 @@ class Proxy:
 
     def call_ended(self) -> None:
         """A call was answered: the last one of a drain sets the gateway idle."""
-        if self._draining and self.stats.in_flight == 0:
+        if self._draining and self.admission.calls == 0:
             self._idle.set()
 
     async def wait_idle(self) -> None:
@@ -223,7 +224,7 @@ class Proxy:
         )
         code = OK
         stats = self.stats
-        stats.in_flight += 1
+        self.admission.enter()
         try:
             if self._draining:
                 raise Unavailable("the gateway is shutting down; retry (another gateway, or later)")
@@ -252,7 +253,7 @@ class Proxy:
             code = status.code.value
             raise GRPCError(Status(status.code.value), status.message) from None
         finally:
-            stats.in_flight -= 1
+            self.admission.leave(False)
             stats.finish(rpc, call.model, code, loop.time() - started)
             self.call_ended()
 
@@ -338,7 +339,7 @@ class Proxy:
                 self.refresh_soon()
                 continue
             self.stats.worker_call(call.rpc, client.name, loop.time() - started)
-            if reply.status not in FAILOVER_STATUSES:
+            if not fails_over(reply.status):
                 return reply, candidates
             last = reply
         return last, candidates

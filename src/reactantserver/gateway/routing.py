@@ -78,7 +78,6 @@ runs.
 
 from __future__ import annotations
 
-import collections
 import itertools
 import math
 from collections.abc import Mapping
@@ -90,6 +89,7 @@ import attrs
 from ..config.schema import GatewaySchedulingConfig, WorkBasis
 from ..errors import LifecycleError, NotFound, Unavailable
 from ..names import did_you_mean
+from .inflight import Inflight, Load
 from .table import Replica, RouteTable
 
 Outcome = Literal["ok", "error", "cancelled", "deadline"]
@@ -167,40 +167,14 @@ class RouterStatistics:
     released: Mapping[str, int]
 
 
-class _Account:
-    """Mutable in-flight sums of one (model, worker) pair or one worker."""
-
-    __slots__ = ("items", "requests", "work")
-
-    def __init__(self) -> None:
-        self.requests = 0
-        self.items = 0
-        self.work = 0.0
-
-    def add(self, items: int, work: float) -> None:
-        self.requests += 1
-        self.items += items
-        self.work += work
-
-    def remove(self, items: int, work: float) -> None:
-        self.requests -= 1
-        self.items -= items
-        self.work -= work
-        if self.requests < 0 or self.items < 0:
-            raise LifecycleError("gateway router: in-flight count went negative")
-        if self.requests == 0:
-            self.items = 0
-            self.work = 0.0  # no float residue once idle
-
-
 class _PairAccounts:
     """One (model, worker) pair's in-flight sums and routed counts, with its worker's
     in-flight sums: everything a request there adds to (found once per ticket)."""
 
     __slots__ = ("pair", "routed_items", "routed_requests", "worker")
 
-    def __init__(self, worker: _Account) -> None:
-        self.pair = _Account()
+    def __init__(self, worker: Load) -> None:
+        self.pair = Load()
         self.worker = worker
         self.routed_requests = 0
         self.routed_items = 0
@@ -212,14 +186,21 @@ class Router:
     mode = "router"
 
     def __init__(
-        self, table: RouteTable | None = None, *, work_basis: WorkBasis = "compute"
+        self,
+        table: RouteTable | None = None,
+        *,
+        work_basis: WorkBasis = "compute",
+        inflight: Inflight | None = None,
     ) -> None:
         self.table = table if table is not None else RouteTable()
         self.work_basis: WorkBasis = work_basis
-        #: (model, worker) -> its accounts, and worker -> its in-flight sums; made on first
-        #: use, read with .get() where absence means "none".
+        #: Each worker's in-flight counts (:mod:`.inflight`), shared with the pool: the
+        #: router accounts its load there.
+        self.inflight = inflight if inflight is not None else Inflight()
+        #: (model, worker) -> its accounts (made on first use, read with .get() where
+        #: absence means "none"), and the workers routed to so far.
         self._accounts: dict[tuple[str, str], _PairAccounts] = {}
-        self._workers: collections.defaultdict[str, _Account] = collections.defaultdict(_Account)
+        self._workers: dict[str, Load] = {}
         self._seq = itertools.count()
         self._chosen = 0
         self._failovers = 0
@@ -240,9 +221,13 @@ class Router:
         self.table = table
         self._rotations.clear()
 
-    def choose(self, model: str, items: int, now: float) -> Ticket:
-        """Route one request of ``items`` items; raises ``NotFound`` if nothing serves it."""
-        replicas = self.table.replicas(model)
+    def choose(
+        self, model: str, items: int, now: float, replicas: tuple[Replica, ...] | None = None
+    ) -> Ticket:
+        """Route one request of ``items`` items; raises ``NotFound`` if nothing serves it.
+        ``replicas``: the table's replicas of ``model``, when the caller has read them."""
+        if replicas is None:
+            replicas = self.table.replicas(model)
         if not replicas:
             raise NotFound(f"model {model!r} is not served by any ready worker")
         items = max(1, items)
@@ -318,13 +303,13 @@ class Router:
 
     def load(self, worker: str) -> float:
         """In-flight work on ``worker`` in the configured basis (all models)."""
-        account = self._workers.get(worker)
-        return 0.0 if account is None else account.work
+        load = self._workers.get(worker)
+        return 0.0 if load is None else load.work
 
     def requests(self, worker: str) -> int:
         """Requests in flight on ``worker`` (all models)."""
-        account = self._workers.get(worker)
-        return 0 if account is None else account.requests
+        load = self._workers.get(worker)
+        return 0 if load is None else load.requests
 
     def outstanding_items(self, model: str, worker: str) -> int:
         accounts = self._accounts.get((model, worker))
@@ -349,22 +334,25 @@ class Router:
 
     # ----------------------------------------------------------------- private
 
-    def _work(self, model: str, worker: str, items: int) -> float:
-        if self.work_basis == "requests":
-            return 1.0
-        if self.work_basis == "items":
-            return float(items)
-        return items * self.table.cost_per_item(model, worker)
-
     def _account(self, ticket: Ticket) -> None:
         worker = ticket.worker
         assert worker is not None
-        items = ticket.items
-        ticket.work = work = self._work(ticket.model, worker, items)
-        key = (ticket.model, worker)
+        model, items = ticket.model, ticket.items
+        key = (model, worker)
         accounts = self._accounts.get(key)
         if accounts is None:
-            accounts = self._accounts[key] = _PairAccounts(self._workers[worker])
+            load = self._workers.get(worker)
+            if load is None:
+                load = self._workers[worker] = self.inflight.worker(worker).load
+            accounts = self._accounts[key] = _PairAccounts(load)
+        basis = self.work_basis
+        if basis == "requests":
+            work = 1.0
+        elif basis == "items":
+            work = float(items)
+        else:
+            work = items * self.table.cost_per_item(model, worker)
+        ticket.work = work
         ticket.accounts = accounts
         accounts.pair.add(items, work)
         accounts.worker.add(items, work)

@@ -21,6 +21,7 @@ from types import MappingProxyType
 import attrs
 
 from ..histogram import LATENCY_BUCKETS, Histogram, HistogramSnapshot
+from .inflight import Admission
 
 
 @attrs.frozen(kw_only=True)
@@ -73,18 +74,32 @@ def status_name(code: int) -> str:
 
 
 class GatewayStats:
-    """Mutable counters (event-loop thread only); see the module docstring."""
+    """Mutable counters (event-loop thread only); see the module docstring. The calls in
+    flight are the :class:`~.inflight.Admission`'s counts, read here, not kept twice."""
 
-    def __init__(self, max_concurrent: int = 0) -> None:
-        self.max_concurrent = max_concurrent
-        self.in_flight = 0
-        self.infer_in_flight = 0
-        self.shed = 0
+    def __init__(self, max_concurrent: int = 0, admission: Admission | None = None) -> None:
+        self.admission = admission if admission is not None else Admission(max_concurrent)
         self.refreshes_requested = 0
         self.refreshes_run = 0
         self._requests: Counter[tuple[str, str, str]] = Counter()
         self._latency: dict[tuple[str, str], Histogram] = {}
         self._worker_latency: dict[tuple[str, str], Histogram] = {}
+
+    @property
+    def in_flight(self) -> int:
+        return self.admission.calls
+
+    @property
+    def infer_in_flight(self) -> int:
+        return self.admission.infer
+
+    @property
+    def shed(self) -> int:
+        return self.admission.shed
+
+    @property
+    def max_concurrent(self) -> int:
+        return self.admission.cap
 
     def finish(self, rpc: str, model: str, code: int, seconds: float) -> None:
         """One call answered with status ``code`` after ``seconds``."""
