@@ -13,7 +13,7 @@ third of the gateway's CPU per request (docs/benchmarks.md, "The gateway").
 Theory of operation
 -------------------
 :meth:`Forward.begin`: refuse when draining (UNAVAILABLE) or over the admission cap
-(RESOURCE_EXHAUSTED); :func:`~.wire.peek_infer` (model name, id, input shapes); the route
+(RESOURCE_EXHAUSTED; the rule and the counts are :class:`~.inflight.Admission`'s); :func:`~.wire.peek_infer` (model name, id, input shapes); the route
 table's replicas of the model; the batch extent of the batch input gives the item count;
 ``router.choose`` gives a ticket; the bytes go to the ticket's worker with the remaining
 deadline. When the worker's stream slots are all taken -- the usual case when clients have

@@ -236,7 +236,8 @@ class WorkerInflight:
 
 class Inflight:
     """Worker address -> its :class:`WorkerInflight`, made on first use: the one registry
-    that the router accounts in, the pool's clients wait in, and the metrics read."""
+    that the router accounts in and the pool's clients wait in (the metrics read both
+    through their statistics)."""
 
     __slots__ = ("_workers",)
 
@@ -248,9 +249,3 @@ class Inflight:
         if found is None:
             found = self._workers[address] = WorkerInflight()
         return found
-
-    def get(self, address: str) -> WorkerInflight | None:
-        return self._workers.get(address)
-
-    def items(self) -> list[tuple[str, WorkerInflight]]:
-        return sorted(self._workers.items())

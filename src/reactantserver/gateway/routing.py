@@ -25,7 +25,10 @@ requests, items (the batch extent of the batch input), and *work* in the configu
 learned cost per item of that model on that worker (the table's EWMA; fleet mean, then 1.0,
 before any sample). A ticket remembers the work it added so that release subtracts exactly
 that; when a worker's in-flight request count returns to 0 its float sums are reset to 0,
-so rounding can never leave a residue.
+so rounding can never leave a residue. A worker's sums are its
+:class:`~reactantserver.gateway.inflight.WorkerInflight`'s ``load``, in the registry
+(``router.inflight``) that the gateway's pool shares: the one count of what is in flight
+on each worker, beside its connection's stream slots.
 
 Policies (one class each):
 
