@@ -356,9 +356,7 @@ class ServerConnection:
         """The stream we may send on now, or h2's exception for why not."""
         if self.state_machine.state is ConnectionState.CLOSED:
             raise h2events.ProtocolError("the connection is closed (GOAWAY)")
-        stream = self.streams.get(stream_id)
-        if stream is None:
-            raise self._missing(stream_id)
+        stream = self._stream(stream_id)
         state = stream.state_machine.state
         if state is StreamState.HALF_CLOSED_LOCAL:  # we ended it: h2's error, too
             raise h2events.ProtocolError(f"stream {stream_id} was ended by this side")
@@ -479,17 +477,11 @@ class ServerConnection:
     def reset_stream(self, stream_id: int, error_code: ErrorCodes | int = 0) -> None:
         if self.state_machine.state is ConnectionState.CLOSED:
             raise h2events.ProtocolError("the connection is closed (GOAWAY)")
-        stream = self.streams.get(stream_id)
-        if stream is None:
-            raise self._missing(stream_id)
         self._out.append(_rst(stream_id, error_code))
-        self._close(stream, ClosedBy.RESET)
+        self._close(self._stream(stream_id), ClosedBy.RESET)
 
     def local_flow_control_window(self, stream_id: int) -> int:
-        stream = self.streams.get(stream_id)
-        if stream is None:
-            raise self._missing(stream_id)
-        return min(self.outbound_flow_control_window, stream.send_window)
+        return min(self.outbound_flow_control_window, self._stream(stream_id).send_window)
 
     def increment_flow_control_window(self, increment: int) -> None:
         """Grow the connection's receive window (our streams' start at our SETTINGS')."""
@@ -587,11 +579,14 @@ class ServerConnection:
         """
         return not sid % 2 or sid > self.highest_inbound_stream_id
 
-    def _missing(self, sid: int) -> h2events.ProtocolError:
-        """h2's error for a stream not in :attr:`streams`: idle, or closed."""
+    def _stream(self, sid: int) -> H2Stream:
+        """An open stream, or h2's error for a stream not in :attr:`streams`: idle, or closed."""
+        stream = self.streams.get(sid)
+        if stream is not None:
+            return stream
         if self._is_idle(sid):
-            return h2events.NoSuchStreamError(sid)
-        return h2events.StreamClosedError(sid)
+            raise h2events.NoSuchStreamError(sid)
+        raise h2events.StreamClosedError(sid)
 
     def _decode(self, block: bytes) -> tuple[tuple[str, str], ...] | None:
         """A header block's headers (remembered per block while the table cannot have
@@ -626,9 +621,7 @@ class ServerConnection:
             if sid <= self.highest_inbound_stream_id:
                 how = self._closed_how(sid)
                 if how is ClosedBy.RESET:
-                    self.wasted += 1
-                    self._out.append(_rst(sid, ErrorCodes.STREAM_CLOSED))
-                    return
+                    return self._answer_closed(sid)
                 if how is ClosedBy.END:
                     raise h2events.StreamClosedError(sid)
                 raise h2events.StreamIDTooLowError(sid, self.highest_inbound_stream_id)
@@ -653,33 +646,44 @@ class ServerConnection:
             event = TrailersReceived(sid, self._text(headers))
         events.append(event)
         if flags & END_STREAM:
-            ended = StreamEnded(stream_id=sid)
-            event.stream_ended = ended
-            events.append(ended)
-            self._end_remote(stream)
+            self._end_remote(stream, event, events)
         if fields is not None:
             priority = self._priority(sid, fields)
             event.priority_updated = priority
             events.append(priority)
 
-    def _end_remote(self, stream: H2Stream) -> None:
+    def _end_remote(
+        self,
+        stream: H2Stream,
+        event: RequestReceived | TrailersReceived | DataReceived,
+        events: list[Event],
+    ) -> None:
+        """The peer ended the stream (END_STREAM on ``event``'s frame): StreamEnded."""
+        ended = StreamEnded(stream_id=stream.stream_id)
+        event.stream_ended = ended
+        events.append(ended)
         sm = stream.state_machine
         if sm.state is StreamState.HALF_CLOSED_LOCAL:
             self._close(stream, ClosedBy.END)
         else:
             sm.state = StreamState.HALF_CLOSED_REMOTE
 
-    def _reset_on_error(self, stream: H2Stream, events: list[Event]) -> None:
-        """A frame the stream's state forbids: RST_STREAM STREAM_CLOSED (a stream error)."""
-        self._out.append(_rst(stream.stream_id, ErrorCodes.STREAM_CLOSED))
+    def _reset_on_error(
+        self,
+        stream: H2Stream,
+        events: list[Event],
+        code: ErrorCodes | int = ErrorCodes.STREAM_CLOSED,
+    ) -> None:
+        """A stream error the peer provoked (by default a frame the stream's state forbids):
+        RST_STREAM with ``code``, reported as an event the guard budgets."""
+        self._out.append(_rst(stream.stream_id, code))
         self._close(stream, ClosedBy.RESET)
-        events.append(
-            StreamReset(
-                stream_id=stream.stream_id,
-                error_code=ErrorCodes.STREAM_CLOSED,
-                remote_reset=False,
-            )
-        )
+        events.append(StreamReset(stream_id=stream.stream_id, error_code=code, remote_reset=False))
+
+    def _answer_closed(self, sid: int) -> None:
+        """A frame on a stream we reset and forgot: RST_STREAM STREAM_CLOSED, for nothing."""
+        self.wasted += 1
+        self._out.append(_rst(sid, ErrorCodes.STREAM_CLOSED))
 
     def _on_data(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         payload, length = h2parse.data(flags, body)
@@ -692,12 +696,9 @@ class ServerConnection:
             increment = self._recv_window.processed_bytes(length)
             if increment:
                 self._out.append(_window_update(0, increment))
-            if stream is not None:
-                self._reset_on_error(stream, events)
-            else:
-                self.wasted += 1
-                self._out.append(_rst(sid, ErrorCodes.STREAM_CLOSED))
-            return
+            if stream is None:
+                return self._answer_closed(sid)
+            return self._reset_on_error(stream, events)
         stream.recv_window.consumed(length)
         if not length and not flags & END_STREAM:
             self.wasted += 1  # carries nothing and ends nothing
@@ -705,10 +706,7 @@ class ServerConnection:
         event = DataReceived(sid, payload, length)
         events.append(event)
         if flags & END_STREAM:
-            ended = StreamEnded(stream_id=sid)
-            event.stream_ended = ended
-            events.append(ended)
-            self._end_remote(stream)
+            self._end_remote(stream, event, events)
 
     def _on_rst_stream(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         code = h2parse.rst_stream(body)
@@ -735,12 +733,8 @@ class ServerConnection:
                 raise h2events.NoSuchStreamError(sid)
             return  # closed: ignored
         broken = h2rules.window_update(increment, stream.send_window, sid)
-        if broken is not None:  # a stream error (RFC 9113 §6.9, §6.9.1): the guard budgets it
-            code = h2events.error_code(broken.code)
-            self._out.append(_rst(sid, code))
-            self._close(stream, ClosedBy.RESET)
-            events.append(StreamReset(stream_id=sid, error_code=code, remote_reset=False))
-            return
+        if broken is not None:  # a stream error (RFC 9113 §6.9, §6.9.1)
+            return self._reset_on_error(stream, events, h2events.error_code(broken.code))
         stream.send_window += increment
         events.append(WindowUpdated(stream_id=sid, delta=increment))
 
@@ -816,9 +810,7 @@ class ServerConnection:
             if self._is_idle(sid):
                 raise h2events.NoSuchStreamError(sid)
             if sid in self._resets:  # a stream error, as h2
-                self.wasted += 1
-                self._out.append(_rst(sid, ErrorCodes.STREAM_CLOSED))
-                return
+                return self._answer_closed(sid)
             raise h2events.StreamClosedError(sid)
         raise h2events.ProtocolError("Received a CONTINUATION frame outside a header block")
 
