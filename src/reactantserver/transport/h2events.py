@@ -7,14 +7,8 @@ module and no other. They carry the names and fields h2's do (h2 stays the oracl
 differential tests, ``tests/test_h2lean.py``, which compares them by name and field), but
 nothing here imports h2: the events are small slotted records, the exceptions one
 hierarchy under :class:`H2Error`, the codes RFC 9113's numbers as ``IntEnum``.
-
-Exceptions: :class:`ProtocolError` (a connection error; its ``error_code`` goes into the
-GOAWAY) and its subclasses, each with the code RFC 9113 gives its case:
-:class:`FlowControlError` (FLOW_CONTROL_ERROR), :class:`FrameTooLargeError` and
-:class:`FrameDataMissingError` (FRAME_SIZE_ERROR), :class:`DenialOfServiceError`
-(ENHANCE_YOUR_CALM), :class:`InvalidSettingsValueError` (its setting's code),
-:class:`StreamIDTooLowError` and :class:`NoSuchStreamError` (PROTOCOL_ERROR), and
-:class:`StreamClosedError` (STREAM_CLOSED; also what sending on a closed stream raises).
+:class:`ProtocolError` is a connection error; its ``error_code`` (each subclass's: the code
+RFC 9113 gives its case) goes into the GOAWAY.
 """
 
 from __future__ import annotations
