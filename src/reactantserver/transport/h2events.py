@@ -200,7 +200,6 @@ class WindowUpdated(Event):
 class ChangedSetting:
     """One setting a SETTINGS frame changed: the value before (None: never set), the new."""
 
-    setting: SettingCodes | int
     original_value: int | None
     new_value: int
 

@@ -91,6 +91,6 @@ class Settings:
         changes: dict[SettingCodes | int, ChangedSetting] = {}
         for code, value in received.items():
             key = setting_code(code)
-            changes[key] = ChangedSetting(key, self.values.get(key), value)
+            changes[key] = ChangedSetting(self.values.get(key), value)
             self.values[key] = value
         return changes
