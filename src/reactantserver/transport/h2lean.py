@@ -108,6 +108,7 @@ from .h2wire import (
     ACK,
     CONTINUATION,
     DATA,
+    DEFAULT_FRAME,
     DEFAULT_TABLE,
     DEFAULT_WINDOW,
     END_HEADERS,
@@ -286,9 +287,9 @@ class ServerConnection:
         self.state_machine = _ConnectionStateMachine()
         self.streams: dict[int, H2Stream] = {}
         self.highest_inbound_stream_id = 0
-        self.max_outbound_frame_size = self.remote_settings.max_frame_size
+        self.max_outbound_frame_size = DEFAULT_FRAME
         #: The peer's SETTINGS_INITIAL_WINDOW_SIZE, read per new stream.
-        self._initial_send_window = self.remote_settings.initial_window_size
+        self._initial_send_window = DEFAULT_WINDOW
         self.outbound_flow_control_window = DEFAULT_WINDOW
         self._recv_window = _Window(DEFAULT_WINDOW)
         self._stream_window = limits.stream_window
@@ -732,13 +733,12 @@ class ServerConnection:
             return
         for code, value in values.items():
             check_received(code, value)
-        remote = self.remote_settings
-        changes = remote.apply(values)
+        changes = self.remote_settings.apply(values)
         events.append(RemoteSettingsChanged(changed_settings=changes))
         window = changes.get(SettingCodes.INITIAL_WINDOW_SIZE)
         if window is not None:
-            self._initial_send_window = remote.initial_window_size
-            delta = window.new_value - (window.original_value or DEFAULT_WINDOW)
+            delta = window.new_value - self._initial_send_window
+            self._initial_send_window = window.new_value
             for stream in self.streams.values():
                 stream.send_window += delta
                 if stream.send_window > MAX_WINDOW:
@@ -746,8 +746,9 @@ class ServerConnection:
                         f"SETTINGS_INITIAL_WINDOW_SIZE takes stream {stream.stream_id}'s "
                         "window past 2^31-1"
                     )
-        if SettingCodes.MAX_FRAME_SIZE in changes:
-            self.max_outbound_frame_size = remote.max_frame_size
+        frame_size = changes.get(SettingCodes.MAX_FRAME_SIZE)
+        if frame_size is not None:
+            self.max_outbound_frame_size = frame_size.new_value
         table = changes.get(SettingCodes.HEADER_TABLE_SIZE)
         if table is not None and table.new_value < self._table_size:
             self._table_size = table.new_value

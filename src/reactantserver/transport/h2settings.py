@@ -78,14 +78,6 @@ class Settings:
         for code, value in (initial_values or {}).items():
             self.values[code] = value
 
-    @property
-    def initial_window_size(self) -> int:
-        return self.values[SettingCodes.INITIAL_WINDOW_SIZE]
-
-    @property
-    def max_frame_size(self) -> int:
-        return self.values[SettingCodes.MAX_FRAME_SIZE]
-
     def apply(self, received: dict[int, int]) -> dict[SettingCodes | int, ChangedSetting]:
         """A SETTINGS frame's values (already checked), in force now: what changed."""
         changes: dict[SettingCodes | int, ChangedSetting] = {}
