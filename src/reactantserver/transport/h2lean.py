@@ -345,7 +345,9 @@ class ServerConnection:
         """The stream we may send on now, or h2's exception for why not."""
         if self.state_machine.state is ConnectionState.CLOSED:
             raise h2events.ProtocolError("the connection is closed (GOAWAY)")
-        stream = self._stream(stream_id)
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            raise self._missing(stream_id)
         state = stream.state_machine.state
         if state is StreamState.HALF_CLOSED_LOCAL:  # we ended it: h2's error, too
             raise h2events.ProtocolError(f"stream {stream_id} was ended by this side")
@@ -466,11 +468,17 @@ class ServerConnection:
     def reset_stream(self, stream_id: int, error_code: ErrorCodes | int = 0) -> None:
         if self.state_machine.state is ConnectionState.CLOSED:
             raise h2events.ProtocolError("the connection is closed (GOAWAY)")
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            raise self._missing(stream_id)
         self._out.append(_rst(stream_id, error_code))
-        self._close(self._stream(stream_id), ClosedBy.RESET)
+        self._close(stream, ClosedBy.RESET)
 
     def local_flow_control_window(self, stream_id: int) -> int:
-        return min(self.outbound_flow_control_window, self._stream(stream_id).send_window)
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            raise self._missing(stream_id)
+        return min(self.outbound_flow_control_window, stream.send_window)
 
     def increment_flow_control_window(self, increment: int) -> None:
         """Grow the connection's receive window (our streams' start at our SETTINGS')."""
@@ -566,14 +574,11 @@ class ServerConnection:
         """
         return not sid % 2 or sid > self.highest_inbound_stream_id
 
-    def _stream(self, sid: int) -> H2Stream:
-        """An open stream, or h2's error for a stream not in :attr:`streams`: idle, or closed."""
-        stream = self.streams.get(sid)
-        if stream is not None:
-            return stream
+    def _missing(self, sid: int) -> h2events.ProtocolError:
+        """h2's error for a stream not in :attr:`streams`: idle, or closed."""
         if self._is_idle(sid):
-            raise h2events.NoSuchStreamError(sid)
-        raise h2events.StreamClosedError(sid)
+            return h2events.NoSuchStreamError(sid)
+        return h2events.StreamClosedError(sid)
 
     def _decode(self, block: bytes) -> tuple[tuple[str, str], ...] | None:
         """A header block's headers (remembered per block while the table cannot have
