@@ -46,18 +46,15 @@ def setting_code(code: int) -> SettingCodes | int:
 def check_received(code: int, value: int) -> None:
     """A setting received from a client, against its range (RFC 9113 §6.5.2, RFC 8441 §3):
     :class:`~.h2events.InvalidSettingsValueError` with the code RFC 9113 gives."""
-    if code == SettingCodes.ENABLE_PUSH:
-        invalid = ErrorCodes.PROTOCOL_ERROR if value not in (0, 1) else None
-    elif code == SettingCodes.INITIAL_WINDOW_SIZE:
-        invalid = ErrorCodes.FLOW_CONTROL_ERROR if value > MAX_WINDOW else None
+    if code == SettingCodes.INITIAL_WINDOW_SIZE:
+        bad, invalid = value > MAX_WINDOW, ErrorCodes.FLOW_CONTROL_ERROR
     elif code == SettingCodes.MAX_FRAME_SIZE:
-        bad = not DEFAULT_FRAME <= value <= MAX_FRAME_CEILING
-        invalid = ErrorCodes.PROTOCOL_ERROR if bad else None
-    elif code == SettingCodes.ENABLE_CONNECT_PROTOCOL:
-        invalid = ErrorCodes.PROTOCOL_ERROR if value not in (0, 1) else None
+        bad, invalid = not DEFAULT_FRAME <= value <= MAX_FRAME_CEILING, ErrorCodes.PROTOCOL_ERROR
+    elif code in (SettingCodes.ENABLE_PUSH, SettingCodes.ENABLE_CONNECT_PROTOCOL):
+        bad, invalid = value not in (0, 1), ErrorCodes.PROTOCOL_ERROR
     else:
-        invalid = None
-    if invalid is not None:
+        return
+    if bad:
         raise InvalidSettingsValueError(f"Setting {code} has invalid value {value}", invalid)
 
 
