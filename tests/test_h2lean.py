@@ -640,3 +640,17 @@ def test_a_zero_window_increment() -> None:
     goaway = GoAwayFrame(0)
     goaway.parse_body(memoryview(server.data_to_send()[9:]))
     assert goaway.error_code == h2events.ErrorCodes.PROTOCOL_ERROR
+
+
+def test_initial_window_changes_move_open_streams_by_the_difference() -> None:
+    """RFC 9113 §6.9.2: each SETTINGS_INITIAL_WINDOW_SIZE moves an open stream's send
+    window by new - old, also from 0 (a window of 0 set, then 100: +100), as h2's."""
+    client = _Client()
+    wire = PREFACE + SettingsFrame(0).serialize() + client.bytes_of(("headers", 1, False, None, []))
+    for value in (0, 100):
+        wire += client.bytes_of(("settings", {SettingCodes.INITIAL_WINDOW_SIZE: value}))
+    ours, theirs = ServerConnection(LIMITS), _h2_server()
+    for conn in (ours, theirs):
+        conn.initiate_connection()
+        conn.receive_data(wire)
+    assert ours.local_flow_control_window(1) == theirs.local_flow_control_window(1) == 100

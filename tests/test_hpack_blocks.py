@@ -1,6 +1,6 @@
 """HPACK as the lean HTTP/2 endpoints use it (``transport/hpack_blocks.py``).
 
-Invariants: a block :func:`table_neutral` accepts leaves a decoder's dynamic table as it
+Invariants: a block :func:`field_ends` accepts (table-neutral) leaves a decoder's dynamic table as it
 was; :class:`BlockDecoder` decodes every block of a connection -- whatever mix of indexed
 fields, literals with and without indexing, and table size updates the peer's encoder
 chose -- to exactly what a plain ``hpack.Decoder`` gives, in the same order; our own
@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from reactantserver.transport.hpack_blocks import (
     BlockDecoder,
     encode_headers,
+    field_ends,
     literal,
-    table_neutral,
 )
 
 
@@ -54,7 +54,7 @@ headers_st = st.lists(
     ],
 )
 def test_table_neutral_blocks_are_recognised(block: bytes, neutral: bool) -> None:
-    assert table_neutral(block) is neutral
+    assert (field_ends(block) is not None) is neutral
 
 
 @settings(max_examples=200, deadline=None)
@@ -79,7 +79,7 @@ def test_block_decoder_decodes_as_hpack_does(
         for _ in range(2):  # the second time a repeated block may come from the cache
             before = list(plain.header_table.dynamic_entries)
             want = tuple(plain.decode(block, raw=True))
-            if table_neutral(block):
+            if field_ends(block) is not None:
                 assert list(plain.header_table.dynamic_entries) == before
             assert ours.decode(block) == want
             assert [tuple(h) for h in want] == pairs or not literal_only

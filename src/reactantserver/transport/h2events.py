@@ -6,15 +6,9 @@ names them, and the codes (error codes, setting codes, connection states), throu
 module and no other. They carry the names and fields h2's do (h2 stays the oracle of the
 differential tests, ``tests/test_h2lean.py``, which compares them by name and field), but
 nothing here imports h2: the events are small slotted records, the exceptions one
-hierarchy under :class:`H2Error`, the codes RFC 9113's numbers as ``IntEnum``.
-
-Exceptions: :class:`ProtocolError` (a connection error; its ``error_code`` goes into the
-GOAWAY) and its subclasses, each with the code RFC 9113 gives its case:
-:class:`FlowControlError` (FLOW_CONTROL_ERROR), :class:`FrameTooLargeError` and
-:class:`FrameDataMissingError` (FRAME_SIZE_ERROR), :class:`DenialOfServiceError`
-(ENHANCE_YOUR_CALM), :class:`InvalidSettingsValueError` (its setting's code),
-:class:`StreamIDTooLowError` and :class:`NoSuchStreamError` (PROTOCOL_ERROR), and
-:class:`StreamClosedError` (STREAM_CLOSED; also what sending on a closed stream raises).
+hierarchy under :class:`ProtocolError`, the codes RFC 9113's numbers as ``IntEnum``.
+:class:`ProtocolError` is a connection error; its ``error_code`` (each subclass's: the code
+RFC 9113 gives its case) goes into the GOAWAY.
 """
 
 from __future__ import annotations
@@ -75,11 +69,7 @@ def error_code(value: int) -> ErrorCodes | int:
 # ---------------------------------------------------------------------- exceptions
 
 
-class H2Error(Exception):
-    """Any HTTP/2 error of ours."""
-
-
-class ProtocolError(H2Error):
+class ProtocolError(Exception):
     """The peer broke HTTP/2's rules (or a call would): a connection error with
     ``error_code`` (PROTOCOL_ERROR unless the subclass or the caller says otherwise)."""
 
@@ -116,8 +106,6 @@ class StreamIDTooLowError(ProtocolError):
 
     def __init__(self, stream_id: int, max_stream_id: int) -> None:
         super().__init__(f"StreamIDTooLowError: {stream_id} is lower than {max_stream_id}")
-        self.stream_id = stream_id
-        self.max_stream_id = max_stream_id
 
 
 class NoSuchStreamError(ProtocolError):
@@ -125,7 +113,6 @@ class NoSuchStreamError(ProtocolError):
 
     def __init__(self, stream_id: int) -> None:
         super().__init__(f"no stream {stream_id}")
-        self.stream_id = stream_id
 
 
 class StreamClosedError(NoSuchStreamError):
@@ -134,8 +121,7 @@ class StreamClosedError(NoSuchStreamError):
     error_code = ErrorCodes.STREAM_CLOSED
 
     def __init__(self, stream_id: int) -> None:
-        super().__init__(stream_id)
-        self.args = (f"stream {stream_id} is closed",)
+        ProtocolError.__init__(self, f"stream {stream_id} is closed")
 
 
 # ---------------------------------------------------------------------- events
@@ -206,7 +192,6 @@ class WindowUpdated(Event):
 class ChangedSetting:
     """One setting a SETTINGS frame changed: the value before (None: never set), the new."""
 
-    setting: SettingCodes | int
     original_value: int | None
     new_value: int
 

@@ -19,13 +19,10 @@ asyncio edge that feeds it. Its methods keep the names and arguments of h2's
 ``H2Connection`` that the edge calls; its events, exceptions and codes are our own
 (:mod:`.h2events`: slotted events with h2's names and fields, ``ProtocolError`` and its
 subclasses carrying the GOAWAY's error code), and nothing here imports h2 or hyperframe:
-h2 is the oracle of ``tests/test_h2lean.py`` only. Received bytes are cut into frames by
-:class:`.h2parse.FrameReader` (preface check, frame length judged from the header, header
-blocks bounded, CONTINUATION joined, each body copied at most once) as ``(type,
-flags, stream id, body)``, no frame objects: the type byte picks a handler, which reads
-its fields by slicing (:mod:`.h2parse`, which refuses a malformed frame as h2 and
-hyperframe do, in their order); a DATA payload is a view of the read. Frames we send are
-written as bytes directly.
+h2 is the oracle of ``tests/test_h2lean.py`` only. Received frames come from
+:class:`.h2parse.FrameReader` as ``(type, flags, stream id, body)`` (:mod:`.h2parse` says
+how, and how a malformed frame is refused); the type byte picks a handler. Frames we send
+are written as bytes directly.
 
 Semantics (RFC 9113, server side; as h2 behaves, except where noted):
 
@@ -52,28 +49,24 @@ Semantics (RFC 9113, server side; as h2 behaves, except where noted):
   reported (UnknownFrameReceived) and otherwise ignored; ALTSVC ignored; padding stripped.
 * the client's preface must be followed by its SETTINGS frame (RFC 9113 §3.4): any other
   first frame is a connection error, PROTOCOL_ERROR (h2 does not check this).
-* what the peer makes us do for nothing is reported, not judged: the frames that asked
-  for nothing are counted (:attr:`~ServerConnection.wasted`), the streams we reset on a
-  stream error it provoked are events; the guard's abuse budget (:mod:`.abuse`) is given
-  the time and judges both -- MadeYouReset (CVE-2025-8671) resets and frame floods.
+* what the peer makes us do for nothing is reported, not judged: frames counted in
+  :attr:`~ServerConnection.wasted`, the streams we reset on its stream errors as events;
+  the guard's abuse budget judges both (:mod:`.abuse`).
 * GOAWAY either way closes the connection state: any later frame but GOAWAY is a
   PROTOCOL_ERROR, and nothing more may be sent but GOAWAY.
 * a connection error queues GOAWAY (last stream id, error code) and raises.
 
 What it refuses or leaves out: opening streams (a server never does; no push), priority
 trees (reported, not kept), SETTINGS_MAX_CONCURRENT_STREAMS as a connection error (the
-guard refuses one stream too many with REFUSED_STREAM, see :class:`.h2settings.ServerSettings`),
-header validation (ours is :func:`.framing.request_head`, as with h2's ``H2_CONFIG``),
-and the stream-level WINDOW_UPDATE on a half-closed (remote) stream (h2 sends one; the
-peer may send nothing more on it).
+guard refuses one stream too many with REFUSED_STREAM: :mod:`.h2settings`), header
+validation (ours is :func:`.framing.request_head`, as with h2's ``H2_CONFIG``), and the
+stream-level WINDOW_UPDATE on a half-closed (remote) stream (h2 sends one; the peer may
+send nothing more on it).
 
-HPACK (:mod:`.hpack_blocks`, shared with the gateway's client): received blocks are
-decoded by ``hpack.Decoder`` (bounded by SETTINGS_MAX_HEADER_LIST_SIZE), a block that cannot
-change the dynamic table once per connection while the table stays as it was. Our header
-blocks are literals that never enter the dynamic table (static-table name index where there
-is one, raw strings), so no table is searched, the peer's decoder table never changes, and
-a block does not depend on what was sent before. When the peer lowers SETTINGS_HEADER_TABLE_SIZE below the 4096 bytes an encoder
-starts with, the next block begins with a dynamic table size update (RFC 7541 §4.2).
+HPACK is :mod:`.hpack_blocks` (decoding bounded by SETTINGS_MAX_HEADER_LIST_SIZE; our blocks
+never touch the dynamic table). When the peer lowers SETTINGS_HEADER_TABLE_SIZE below the
+4096 bytes an encoder starts with, our next block begins with a dynamic table size update
+(RFC 7541 §4.2).
 
 Invariant (tests/test_h2lean.py): for the same client bytes, the events (class names and
 key fields) and whether a connection error was raised (and its code) are those of h2's
@@ -115,6 +108,8 @@ from .h2wire import (
     ACK,
     CONTINUATION,
     DATA,
+    DEFAULT_FRAME,
+    DEFAULT_TABLE,
     DEFAULT_WINDOW,
     END_HEADERS,
     END_STREAM,
@@ -134,8 +129,6 @@ from .limits import WireLimits
 
 #: A frame type's handler: (flags, stream id, body, the events so far).
 _Handler = Callable[[int, int, Body, list[Event]], None]
-#: The dynamic table size an HPACK encoder starts with (SETTINGS_HEADER_TABLE_SIZE default).
-DEFAULT_TABLE = 4096
 #: Closed streams whose ending is remembered. Those reset (RST_STREAM either way): as many
 #: as h2 remembers closed streams of any kind -- a frame that arrives late on one is a
 #: stream error, answered RST_STREAM(STREAM_CLOSED), where a forgotten one would be a
@@ -294,9 +287,9 @@ class ServerConnection:
         self.state_machine = _ConnectionStateMachine()
         self.streams: dict[int, H2Stream] = {}
         self.highest_inbound_stream_id = 0
-        self.max_outbound_frame_size = self.remote_settings.max_frame_size
+        self.max_outbound_frame_size = DEFAULT_FRAME
         #: The peer's SETTINGS_INITIAL_WINDOW_SIZE, read per new stream.
-        self._initial_send_window = self.remote_settings.initial_window_size
+        self._initial_send_window = DEFAULT_WINDOW
         self.outbound_flow_control_window = DEFAULT_WINDOW
         self._recv_window = _Window(DEFAULT_WINDOW)
         self._stream_window = limits.stream_window
@@ -311,15 +304,11 @@ class ServerConnection:
         self._resets: OrderedDict[int, None] = OrderedDict()
         self._endings: OrderedDict[int, None] = OrderedDict()
         #: Frames that asked for nothing (PING, SETTINGS, DATA without payload or
-        #: END_STREAM, a frame on a closed stream answered RST_STREAM), counted for the
-        #: guard's abuse budget (:mod:`.abuse`, which is given the time). The streams we
-        #: reset on a stream error the peer provoked are reported as events
-        #: (``StreamReset`` with ``remote_reset`` False), which the guard budgets.
+        #: END_STREAM, a frame on a closed stream answered RST_STREAM), for :mod:`.abuse`.
         self.wasted = 0
         #: A dynamic table size update owed at the start of our next header block.
         self._table_update: bytes = b""
         self._table_size = DEFAULT_TABLE
-        # A handler per frame type: (flags, stream id, body, events).
         self._dispatch: dict[int, _Handler] = {
             DATA: self._on_data,
             HEADERS: self._on_headers,
@@ -339,7 +328,7 @@ class ServerConnection:
     def initiate_connection(self) -> None:
         body = b"".join(
             int(code).to_bytes(2, "big") + value.to_bytes(4, "big")
-            for code, value in self.local_settings.items()
+            for code, value in self.local_settings.values.items()
         )
         self._out.append(frame_head(SETTINGS, 0, 0, len(body)) + body)
 
@@ -547,9 +536,7 @@ class ServerConnection:
         """h2's connection states: after GOAWAY either way only GOAWAY (and frames of
         unknown type, and a CONTINUATION outside a header block, which h2 judges by its
         stream alone) may arrive; before the first request, no DATA or RST_STREAM. h2
-        checks a frame's body before its state (:func:`.h2parse.check_body`). (That the
-        preface is followed by the peer's SETTINGS, RFC 9113 §3.4, which h2 does not
-        check, is the reader's rule: :class:`.h2parse.FrameReader`.)"""
+        checks a frame's body before its state (:func:`.h2parse.check_body`)."""
         if self.state_machine.state is ConnectionState.CLOSED:
             if kind not in (GOAWAY, CONTINUATION) and kind in KNOWN_TYPES:
                 h2parse.check_body(kind, flags, body)
@@ -626,9 +613,7 @@ class ServerConnection:
             if sid <= self.highest_inbound_stream_id:
                 how = self._closed_how(sid)
                 if how is ClosedBy.RESET:
-                    self.wasted += 1
-                    self._out.append(_rst(sid, ErrorCodes.STREAM_CLOSED))
-                    return
+                    return self._answer_closed(sid)
                 if how is ClosedBy.END:
                     raise h2events.StreamClosedError(sid)
                 raise h2events.StreamIDTooLowError(sid, self.highest_inbound_stream_id)
@@ -653,33 +638,44 @@ class ServerConnection:
             event = TrailersReceived(sid, self._text(headers))
         events.append(event)
         if flags & END_STREAM:
-            ended = StreamEnded(stream_id=sid)
-            event.stream_ended = ended
-            events.append(ended)
-            self._end_remote(stream)
+            self._end_remote(stream, event, events)
         if fields is not None:
             priority = self._priority(sid, fields)
             event.priority_updated = priority
             events.append(priority)
 
-    def _end_remote(self, stream: H2Stream) -> None:
+    def _end_remote(
+        self,
+        stream: H2Stream,
+        event: RequestReceived | TrailersReceived | DataReceived,
+        events: list[Event],
+    ) -> None:
+        """The peer ended the stream (END_STREAM on ``event``'s frame): StreamEnded."""
+        ended = StreamEnded(stream_id=stream.stream_id)
+        event.stream_ended = ended
+        events.append(ended)
         sm = stream.state_machine
         if sm.state is StreamState.HALF_CLOSED_LOCAL:
             self._close(stream, ClosedBy.END)
         else:
             sm.state = StreamState.HALF_CLOSED_REMOTE
 
-    def _reset_on_error(self, stream: H2Stream, events: list[Event]) -> None:
-        """A frame the stream's state forbids: RST_STREAM STREAM_CLOSED (a stream error)."""
-        self._out.append(_rst(stream.stream_id, ErrorCodes.STREAM_CLOSED))
+    def _reset_on_error(
+        self,
+        stream: H2Stream,
+        events: list[Event],
+        code: ErrorCodes | int = ErrorCodes.STREAM_CLOSED,
+    ) -> None:
+        """A stream error the peer provoked (by default a frame the stream's state forbids):
+        RST_STREAM with ``code``, reported as an event the guard budgets."""
+        self._out.append(_rst(stream.stream_id, code))
         self._close(stream, ClosedBy.RESET)
-        events.append(
-            StreamReset(
-                stream_id=stream.stream_id,
-                error_code=ErrorCodes.STREAM_CLOSED,
-                remote_reset=False,
-            )
-        )
+        events.append(StreamReset(stream_id=stream.stream_id, error_code=code, remote_reset=False))
+
+    def _answer_closed(self, sid: int) -> None:
+        """A frame on a stream we reset and forgot: RST_STREAM STREAM_CLOSED, for nothing."""
+        self.wasted += 1
+        self._out.append(_rst(sid, ErrorCodes.STREAM_CLOSED))
 
     def _on_data(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         payload, length = h2parse.data(flags, body)
@@ -692,12 +688,9 @@ class ServerConnection:
             increment = self._recv_window.processed_bytes(length)
             if increment:
                 self._out.append(_window_update(0, increment))
-            if stream is not None:
-                self._reset_on_error(stream, events)
-            else:
-                self.wasted += 1
-                self._out.append(_rst(sid, ErrorCodes.STREAM_CLOSED))
-            return
+            if stream is None:
+                return self._answer_closed(sid)
+            return self._reset_on_error(stream, events)
         stream.recv_window.consumed(length)
         if not length and not flags & END_STREAM:
             self.wasted += 1  # carries nothing and ends nothing
@@ -705,10 +698,7 @@ class ServerConnection:
         event = DataReceived(sid, payload, length)
         events.append(event)
         if flags & END_STREAM:
-            ended = StreamEnded(stream_id=sid)
-            event.stream_ended = ended
-            events.append(ended)
-            self._end_remote(stream)
+            self._end_remote(stream, event, events)
 
     def _on_rst_stream(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         code = h2parse.rst_stream(body)
@@ -735,12 +725,8 @@ class ServerConnection:
                 raise h2events.NoSuchStreamError(sid)
             return  # closed: ignored
         broken = h2rules.window_update(increment, stream.send_window, sid)
-        if broken is not None:  # a stream error (RFC 9113 §6.9, §6.9.1): the guard budgets it
-            code = h2events.error_code(broken.code)
-            self._out.append(_rst(sid, code))
-            self._close(stream, ClosedBy.RESET)
-            events.append(StreamReset(stream_id=sid, error_code=code, remote_reset=False))
-            return
+        if broken is not None:  # a stream error (RFC 9113 §6.9, §6.9.1)
+            return self._reset_on_error(stream, events, h2events.error_code(broken.code))
         stream.send_window += increment
         events.append(WindowUpdated(stream_id=sid, delta=increment))
 
@@ -751,14 +737,13 @@ class ServerConnection:
             events.append(SettingsAcknowledged(changed_settings={}))  # ours never change
             return
         for code, value in values.items():
-            check_received(code, value, from_client=True)
-        remote = self.remote_settings
-        changes = remote.apply(values)
+            check_received(code, value)
+        changes = self.remote_settings.apply(values)
         events.append(RemoteSettingsChanged(changed_settings=changes))
         window = changes.get(SettingCodes.INITIAL_WINDOW_SIZE)
         if window is not None:
-            self._initial_send_window = remote.initial_window_size
-            delta = window.new_value - (window.original_value or DEFAULT_WINDOW)
+            delta = window.new_value - self._initial_send_window
+            self._initial_send_window = window.new_value
             for stream in self.streams.values():
                 stream.send_window += delta
                 if stream.send_window > MAX_WINDOW:
@@ -766,8 +751,9 @@ class ServerConnection:
                         f"SETTINGS_INITIAL_WINDOW_SIZE takes stream {stream.stream_id}'s "
                         "window past 2^31-1"
                     )
-        if SettingCodes.MAX_FRAME_SIZE in changes:
-            self.max_outbound_frame_size = remote.max_frame_size
+        frame_size = changes.get(SettingCodes.MAX_FRAME_SIZE)
+        if frame_size is not None:
+            self.max_outbound_frame_size = frame_size.new_value
         table = changes.get(SettingCodes.HEADER_TABLE_SIZE)
         if table is not None and table.new_value < self._table_size:
             self._table_size = table.new_value
@@ -816,9 +802,7 @@ class ServerConnection:
             if self._is_idle(sid):
                 raise h2events.NoSuchStreamError(sid)
             if sid in self._resets:  # a stream error, as h2
-                self.wasted += 1
-                self._out.append(_rst(sid, ErrorCodes.STREAM_CLOSED))
-                return
+                return self._answer_closed(sid)
             raise h2events.StreamClosedError(sid)
         raise h2events.ProtocolError("Received a CONTINUATION frame outside a header block")
 

@@ -129,6 +129,15 @@ def _u32(body: Body, at: int) -> int:
     return int.from_bytes(body[at : at + 4], "big")
 
 
+def _padding(flags: int, body: Body) -> tuple[int, int]:
+    """The pad length and where the fields after the pad-length byte start."""
+    if not flags & PADDED:
+        return 0, 0
+    if not body:
+        raise _missing("Invalid Padding data")
+    return body[0], 1
+
+
 # ---------------------------------------------------------------------- the parsers
 
 
@@ -137,9 +146,7 @@ def data(flags: int, body: Body) -> tuple[memoryview, int]:
     (the whole body: payload, padding and the pad-length byte)."""
     if not flags & PADDED:
         return body, len(body)
-    if not body:
-        raise _missing("Invalid Padding data")
-    pad = body[0]
+    pad = _padding(flags, body)[0]
     if pad and pad >= len(body):
         raise _bad_padding()
     return body[1 : len(body) - pad], len(body)
@@ -156,11 +163,7 @@ def headers(flags: int, body: Body) -> tuple[bytes, Priority | None]:
     PRIORITY flag)."""
     if not flags & (PADDED | PRIORITY_FLAG):
         return bytes(body), None
-    start = pad = 0
-    if flags & PADDED:
-        if not body:
-            raise _missing("Invalid Padding data")
-        pad, start = body[0], 1
+    pad, start = _padding(flags, body)
     rest = len(body) - start  # hyperframe's body length: after the pad-length byte
     fields = None
     if flags & PRIORITY_FLAG:
@@ -175,11 +178,7 @@ def headers(flags: int, body: Body) -> tuple[bytes, Priority | None]:
 
 def push_promise(flags: int, body: Body) -> tuple[int, bytes]:
     """A PUSH_PROMISE frame's promised stream id and header block fragment."""
-    start = pad = 0
-    if flags & PADDED:
-        if not body:
-            raise _missing("Invalid Padding data")
-        pad, start = body[0], 1
+    pad, start = _padding(flags, body)
     if len(body) < start + 4:
         raise _missing("Invalid PUSH_PROMISE body")
     promised = _u32(body, start)

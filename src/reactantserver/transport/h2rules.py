@@ -30,9 +30,8 @@ The rules (RFC 9113):
   error FLOW_CONTROL_ERROR (§6.9.1);
 * a WINDOW_UPDATE of zero: PROTOCOL_ERROR, a stream error on a stream and a connection
   error on stream 0 (§6.9); one that takes a send window past 2^31-1: FLOW_CONTROL_ERROR,
-  likewise (§6.9.1). The server refuses a zero increment while parsing the frame, a
-  connection error even on a stream, as h2 does (§5.4.1 lets an endpoint treat any stream
-  error as a connection error); the client resets just the stream.
+  likewise (§6.9.1). Both roles reset just the stream (h2 makes a zero increment a
+  connection error even on a stream).
 """
 
 from __future__ import annotations

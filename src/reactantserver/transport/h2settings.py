@@ -19,10 +19,8 @@ which gRPC clients retry, and :mod:`.h2guard` does that.
 
 from __future__ import annotations
 
-from collections.abc import ItemsView
-
 from .h2events import ChangedSetting, ErrorCodes, InvalidSettingsValueError, SettingCodes
-from .h2wire import DEFAULT_FRAME, DEFAULT_WINDOW, MAX_FRAME_CEILING, MAX_WINDOW
+from .h2wire import DEFAULT_FRAME, DEFAULT_TABLE, DEFAULT_WINDOW, MAX_FRAME_CEILING, MAX_WINDOW
 from .limits import WireLimits
 
 
@@ -45,22 +43,18 @@ def setting_code(code: int) -> SettingCodes | int:
         return code
 
 
-def check_received(code: int, value: int, *, from_client: bool) -> None:
-    """A received setting's value against its range (RFC 9113 §6.5.2, RFC 8441 §3):
+def check_received(code: int, value: int) -> None:
+    """A setting received from a client, against its range (RFC 9113 §6.5.2, RFC 8441 §3):
     :class:`~.h2events.InvalidSettingsValueError` with the code RFC 9113 gives."""
-    if code == SettingCodes.ENABLE_PUSH:
-        bad = value not in (0, 1) or (not from_client and value != 0)
-        invalid = ErrorCodes.PROTOCOL_ERROR if bad else None
-    elif code == SettingCodes.INITIAL_WINDOW_SIZE:
-        invalid = ErrorCodes.FLOW_CONTROL_ERROR if value > MAX_WINDOW else None
+    if code == SettingCodes.INITIAL_WINDOW_SIZE:
+        bad, invalid = value > MAX_WINDOW, ErrorCodes.FLOW_CONTROL_ERROR
     elif code == SettingCodes.MAX_FRAME_SIZE:
-        bad = not DEFAULT_FRAME <= value <= MAX_FRAME_CEILING
-        invalid = ErrorCodes.PROTOCOL_ERROR if bad else None
-    elif code == SettingCodes.ENABLE_CONNECT_PROTOCOL:
-        invalid = ErrorCodes.PROTOCOL_ERROR if value not in (0, 1) else None
+        bad, invalid = not DEFAULT_FRAME <= value <= MAX_FRAME_CEILING, ErrorCodes.PROTOCOL_ERROR
+    elif code in (SettingCodes.ENABLE_PUSH, SettingCodes.ENABLE_CONNECT_PROTOCOL):
+        bad, invalid = value not in (0, 1), ErrorCodes.PROTOCOL_ERROR
     else:
-        invalid = None
-    if invalid is not None:
+        return
+    if bad:
         raise InvalidSettingsValueError(f"Setting {code} has invalid value {value}", invalid)
 
 
@@ -72,7 +66,7 @@ class Settings:
 
     def __init__(self, client: bool, initial_values: dict[SettingCodes, int] | None = None) -> None:
         self.values: dict[SettingCodes | int, int] = {
-            SettingCodes.HEADER_TABLE_SIZE: 4096,
+            SettingCodes.HEADER_TABLE_SIZE: DEFAULT_TABLE,
             SettingCodes.ENABLE_PUSH: int(client),
             SettingCodes.INITIAL_WINDOW_SIZE: DEFAULT_WINDOW,
             SettingCodes.MAX_FRAME_SIZE: DEFAULT_FRAME,
@@ -81,22 +75,11 @@ class Settings:
         for code, value in (initial_values or {}).items():
             self.values[code] = value
 
-    def items(self) -> ItemsView[SettingCodes | int, int]:
-        return self.values.items()
-
-    @property
-    def initial_window_size(self) -> int:
-        return self.values[SettingCodes.INITIAL_WINDOW_SIZE]
-
-    @property
-    def max_frame_size(self) -> int:
-        return self.values[SettingCodes.MAX_FRAME_SIZE]
-
     def apply(self, received: dict[int, int]) -> dict[SettingCodes | int, ChangedSetting]:
         """A SETTINGS frame's values (already checked), in force now: what changed."""
         changes: dict[SettingCodes | int, ChangedSetting] = {}
         for code, value in received.items():
             key = setting_code(code)
-            changes[key] = ChangedSetting(key, self.values.get(key), value)
+            changes[key] = ChangedSetting(self.values.get(key), value)
             self.values[key] = value
         return changes

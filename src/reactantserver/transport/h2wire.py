@@ -27,6 +27,7 @@ SETTINGS_MAX_HEADER_LIST_SIZE = 6
 #: HTTP/2's defaults before the peer's SETTINGS say otherwise.
 DEFAULT_WINDOW = 65535
 DEFAULT_FRAME = 16384
+DEFAULT_TABLE = 4096  # SETTINGS_HEADER_TABLE_SIZE: the HPACK dynamic table an encoder starts with
 MAX_WINDOW = 2**31 - 1
 MAX_STREAM_ID = 2**31 - 1
 #: A frame longer than this is refused whatever the peer claims (HTTP/2's own ceiling).

@@ -54,17 +54,9 @@ def hpack_int(value: int, prefix_bits: int, first: int) -> bytes:
 
 
 STATIC_TABLE: tuple[tuple[bytes, bytes], ...] = HeaderTable.STATIC_TABLE
-
-
-def _static_names() -> dict[bytes, int]:
-    names: dict[bytes, int] = {}
-    for index, (name, _value) in enumerate(STATIC_TABLE, start=1):
-        names.setdefault(name, index)
-    return names
-
-
-#: The static table's first index for each header name (RFC 7541 Appendix A).
-STATIC_NAMES = _static_names()
+#: The static table's first index for each header name (RFC 7541 Appendix A): reversed,
+#: so that a name's first index is written last.
+STATIC_NAMES = {name: i for i, (name, _) in reversed(list(enumerate(STATIC_TABLE, start=1)))}
 
 
 def literal(name: str | bytes, value: str | bytes) -> bytes:
@@ -158,11 +150,6 @@ def _plain_literal(field: bytes) -> tuple[bytes, bytes] | None:
     return name, field[at + 1 : at + 1 + length]
 
 
-def table_neutral(block: bytes) -> bool:
-    """Whether decoding ``block`` leaves the dynamic table as it was (:func:`field_ends`)."""
-    return field_ends(block) is not None
-
-
 class BlockDecoder(Generic[T]):
     """``hpack.Decoder`` with the caches of table-neutral blocks and fields (module
     docstring).
@@ -199,7 +186,13 @@ class BlockDecoder(Generic[T]):
                         blocks.clear()
                     blocks[key] = headers
                 return headers
-        return self._decode_whole(block, neutral=ends is not None)
+        raw: Iterable[tuple[bytes, bytes]] = self.decoder.decode(block, raw=True)
+        if ends is None:
+            # The table may have changed: everything remembered is stale (cleared before
+            # ``convert``, which may raise, and the caller may go on decoding).
+            blocks.clear()
+            self._fields.clear()
+        return tuple([self._convert(name, value) for name, value in raw])
 
     def _from_fields(self, block: bytes, ends: list[int]) -> tuple[tuple[T, ...] | None, bool]:
         """The headers of a table-neutral block, field by field (each remembered); None
@@ -230,12 +223,3 @@ class BlockDecoder(Generic[T]):
         if size > self.decoder.max_header_list_size:
             return None, False
         return tuple(out), repeated
-
-    def _decode_whole(self, block: bytes, *, neutral: bool) -> tuple[T, ...]:
-        raw: Iterable[tuple[bytes, bytes]] = self.decoder.decode(block, raw=True)
-        if not neutral:
-            # The table may have changed: everything remembered is stale (cleared before
-            # ``convert``, which may raise, and the caller may go on decoding).
-            self._blocks.clear()
-            self._fields.clear()
-        return tuple([self._convert(name, value) for name, value in raw])
