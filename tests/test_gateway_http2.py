@@ -26,11 +26,14 @@ from reactantserver.gateway.http2 import (
     encode_request,
     request_prefix,
 )
+from reactantserver.transport.abuse import FLOOD_BURST, FLOOD_RATE, RESET_MIN_STREAMS
 from reactantserver.transport.h2wire import CANCEL, REFUSED_STREAM
 from reactantserver.transport.hpack_blocks import literal
 from reactantserver.transport.limits import WireLimits
 
 PATH = b"/inference.GRPCInferenceService/ModelInfer"
+#: The time every read is given (the abuse budget's clock; the tests of it give others).
+NOW = 0.0
 
 
 def _server(**settings_: int) -> h2.connection.H2Connection:
@@ -67,7 +70,7 @@ def pump(
         if out:
             theirs += server.receive_data(out)
         if back:
-            ours += client.receive(back)
+            ours += client.receive(back, NOW)
     raise AssertionError("the connection never went quiet")
 
 
@@ -95,7 +98,7 @@ def send_all(
         for event in events:
             if isinstance(event, h2.events.DataReceived):
                 server.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-        client.receive(server.data_to_send())
+        client.receive(server.data_to_send(), NOW)
     return theirs
 
 
@@ -184,9 +187,9 @@ def test_any_answer_split_anywhere_decodes_the_same(size: int, splits: list[int]
     events: list[Event] = []
     at = 0
     for cut in splits:
-        events += client.receive(wire[at : at + cut])
+        events += client.receive(wire[at : at + cut], NOW)
         at += cut
-    events += client.receive(wire[at:])
+    events += client.receive(wire[at:], NOW)
     data = b"".join(bytes(e[2]) for e in events if e[0] == "data")  # type: ignore[arg-type]
     heads = [e for e in events if e[0] == "headers"]
     assert data == payload
@@ -283,7 +286,7 @@ def test_a_response_larger_than_our_stream_window_is_let_through() -> None:
             server.send_data(sid, b"\x01" * n)
             sent += n
             room -= n
-        events = client.receive(server.data_to_send())
+        events = client.receive(server.data_to_send(), NOW)
         received += sum(len(e[2]) for e in events if e[0] == "data")  # type: ignore[arg-type]
         server.receive_data(client.data_to_send())
         assert events, "the server stalled"
@@ -361,7 +364,7 @@ def test_ping_is_answered_and_priority_and_unknown_frames_are_ignored() -> None:
     server.ping(b"12345678")
     priority = b"\x00\x00\x05\x02\x00\x00\x00\x00\x03" + b"\x00\x00\x00\x00\x10"
     unknown = b"\x00\x00\x03\xfa\x00\x00\x00\x00\x00abc"
-    ours = client.receive(server.data_to_send() + priority + unknown)
+    ours = client.receive(server.data_to_send() + priority + unknown, NOW)
     assert ours == []
     theirs = server.receive_data(client.data_to_send())
     assert any(isinstance(e, h2.events.PingAckReceived) for e in theirs)
@@ -392,7 +395,7 @@ def test_protocol_errors_raise(frame: bytes) -> None:
     client, _ = connect()
     request(client)
     with pytest.raises(ProtocolError):
-        client.receive(frame)
+        client.receive(frame, NOW)
 
 
 # --------------------------------------------------------------------------- bounds
@@ -410,7 +413,7 @@ def _answer_head(sid: int) -> bytes:
 
 def _refused(client: ClientConnection, data: bytes) -> ProtocolError:
     with pytest.raises(ProtocolError) as caught:
-        client.receive(data)
+        client.receive(data, NOW)
     return caught.value
 
 
@@ -422,7 +425,7 @@ def test_a_frame_past_our_advertised_frame_size_is_refused_from_its_header() -> 
     client.send_data(sid, b"", end_stream=True)
     pump(client, server)
     limit = WireLimits().max_frame_size
-    assert client.receive(_answer_head(sid) + _frame(0x0, 0, sid, bytes(limit)))
+    assert client.receive(_answer_head(sid) + _frame(0x0, 0, sid, bytes(limit)), NOW)
     error = _refused(client, _frame(0x0, 0, sid, b"", length=limit + 1))
     assert error.code == FRAME_SIZE_ERROR
     assert "SETTINGS_MAX_FRAME_SIZE" in str(error)
@@ -441,7 +444,7 @@ def test_header_blocks_are_bounded_in_frames_and_in_bytes() -> None:
     frames = [_frame(0x1, 0, sid, pieces[0])]
     frames += [_frame(0x9, 0, sid, p) for p in pieces[1:-1]]
     frames.append(_frame(0x9, 0x4, sid, pieces[-1]))
-    (event,) = client.receive(b"".join(frames))
+    (event,) = client.receive(b"".join(frames), NOW)
     assert event[0] == "headers" and dict(event[2])[b"x-pad"] == b"p" * 100  # type: ignore[call-overload]
 
     client, _ = connect()
@@ -478,9 +481,9 @@ def test_data_past_a_window_we_granted_is_a_flow_control_error() -> None:
     client, _ = connect(ClientConnection(limits))
     request(client)
     client.data_to_send()
-    assert client.receive(_answer_head(1) + chunk * 2)  # half: a WINDOW_UPDATE is queued
+    assert client.receive(_answer_head(1) + chunk * 2, NOW)  # half: a WINDOW_UPDATE is queued
     client.data_to_send()  # ... and handed out: the worker may send 32 KiB more
-    assert client.receive(chunk * 3)
+    assert client.receive(chunk * 3, NOW)
 
     client, _ = connect(ClientConnection(limits))
     sids = [request(client) for _ in range(3)]
@@ -502,13 +505,13 @@ def test_a_zero_window_update_is_a_stream_error_on_a_stream_and_fatal_on_the_con
     client.send_data(a, b"", end_stream=True)
     client.send_data(b, b"", end_stream=True)
     pump(client, server)
-    events = client.receive(_frame(0x8, 0, a, (0).to_bytes(4, "big")))
+    events = client.receive(_frame(0x8, 0, a, (0).to_bytes(4, "big")), NOW)
     assert [e[:3] for e in events] == [("error", a, PROTOCOL_ERROR)]
     _, theirs = pump(client, server)
     assert [(type(e), e.stream_id, e.error_code) for e in theirs] == [
         (h2.events.StreamReset, a, PROTOCOL_ERROR)
     ]
-    events = client.receive(_frame(0x8, 0, b, (2**31 - 1).to_bytes(4, "big")))
+    events = client.receive(_frame(0x8, 0, b, (2**31 - 1).to_bytes(4, "big")), NOW)
     assert [e[:3] for e in events] == [("error", b, FLOW_CONTROL_ERROR)]
     c = request(client)
     client.send_data(c, b"", end_stream=True)
@@ -517,3 +520,97 @@ def test_a_zero_window_update_is_a_stream_error_on_a_stream_and_fatal_on_the_con
     ours, _ = pump(client, server)
     assert [e[:2] for e in ours] == [("headers", c)]
     assert _refused(client, _frame(0x8, 0, 0, (0).to_bytes(4, "big"))).code == PROTOCOL_ERROR
+
+
+def test_the_peers_first_frame_must_be_settings() -> None:
+    """RFC 9113 §3.4: the server's connection preface is a SETTINGS frame, its first.
+    Before: any frame was taken first. Now anything else -- a PING, a SETTINGS ACK, an
+    answer's HEADERS -- is PROTOCOL_ERROR; h2's preface (``connect``) and a SETTINGS
+    frame cut before its header's end pass."""
+    ping = _frame(0x6, 0, 0, bytes(8))
+    settings_ack = _frame(0x4, 0x1, 0, b"")
+    for first in (ping, settings_ack, _answer_head(1)):
+        client = ClientConnection()
+        client.initiate()
+        request(client)
+        error = _refused(client, first + _frame(0x4, 0, 0, b""))
+        assert error.code == PROTOCOL_ERROR and "first frame" in str(error)
+    client = ClientConnection()
+    client.initiate()
+    preface = _frame(0x4, 0, 0, (3).to_bytes(2, "big") + (7).to_bytes(4, "big"))
+    assert client.receive(preface[:4], NOW) == []
+    assert client.receive(preface[4:] + ping, NOW) == [("window", 0, None, None)]
+    assert client.peer_max_streams == 7
+    assert client.receive(ping, NOW) == []  # the rule is for the first frame only
+
+
+# --------------------------------------------------------------------------- the abuse budget
+# One budget per connection (transport/abuse.py), as the worker's server side keeps for
+# each of its clients: frames that ask for nothing, and the resets a worker provokes.
+
+
+def _settled() -> ClientConnection:
+    """A client whose peer sent its (empty) SETTINGS; no stream limit."""
+    client = ClientConnection()
+    client.initiate()
+    client.receive(_frame(0x4, 0, 0, b""), NOW)
+    client.data_to_send()
+    return client
+
+
+WASTED = {
+    "ping": _frame(0x6, 0, 0, bytes(8)),
+    "settings": _frame(0x4, 0, 0, b""),
+    "empty_data": _frame(0x0, 0, 1, b""),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(WASTED))
+def test_frames_for_nothing_are_budgeted(kind: str) -> None:
+    """PING, SETTINGS and empty DATA frames (without END_STREAM) each take one token of
+    the budget's bucket, which refills with time: half a bucket at once passes, again
+    once the bucket refilled; a whole bucket at once is ENHANCE_YOUR_CALM."""
+    half = FLOOD_BURST // 2
+    client = _settled()
+    request(client)
+    client.receive(WASTED[kind] * half, NOW)
+    client.receive(WASTED[kind] * half, NOW + FLOOD_BURST / FLOOD_RATE)
+    assert client.open_streams == 1
+    error = _refused(client, WASTED[kind] * FLOOD_BURST)
+    assert error.code == ENHANCE_YOUR_CALM and "asked for nothing" in str(error)
+
+
+def test_a_correct_peer_pinging_once_per_call_never_spends_the_budget() -> None:
+    """h2's server answering 3 bursts of calls, each call answered with a PING (as
+    gRPC's flow-control probes do), all at the same instant: each call earns what its
+    PING costs."""
+    client, server = connect(max_concurrent_streams=FLOOD_BURST)
+    for _ in range(3):
+        sids = [request(client) for _ in range(FLOOD_BURST)]
+        for sid in sids:
+            client.send_data(sid, b"", end_stream=True)
+        pump(client, server)
+        for sid in sids:
+            server.send_headers(
+                sid, [(b":status", b"200"), (b"grpc-status", b"0")], end_stream=True
+            )
+            server.ping(sid.to_bytes(8, "big"))
+        ours, theirs = pump(client, server)
+        assert len(ours) == FLOOD_BURST
+        assert sum(isinstance(e, h2.events.PingAckReceived) for e in theirs) == FLOOD_BURST
+    assert client.budget.wasted > FLOOD_BURST
+
+
+def test_resets_the_peer_provokes_are_budgeted() -> None:
+    """MadeYouReset (CVE-2025-8671) in the client role: each WINDOW_UPDATE of 0 on a call
+    is a stream error we answer with RST_STREAM. Once RESET_MIN_STREAMS calls were made,
+    more provoked resets than half the calls is ENHANCE_YOUR_CALM, on the reset that
+    crosses it; up to half pass."""
+    client = _settled()
+    sids = [request(client) for _ in range(RESET_MIN_STREAMS)]
+    zero = (0).to_bytes(4, "big")
+    half = RESET_MIN_STREAMS // 2
+    events = client.receive(b"".join(_frame(0x8, 0, sid, zero) for sid in sids[:half]), NOW)
+    assert [e[0] for e in events] == ["error"] * half
+    error = _refused(client, _frame(0x8, 0, sids[half], zero))
+    assert error.code == ENHANCE_YOUR_CALM and "reset by the server" in str(error)

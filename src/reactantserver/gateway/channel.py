@@ -62,10 +62,11 @@ Flow control: inbound windows are large (:data:`LIMITS`: those the worker grants
 clients) and replenished as data arrives; outbound data waits for the worker's window
 updates.
 
-A worker that breaks HTTP/2 -- a frame past the frame size we advertised, a header block
-too long or in too many frames, DATA past a window we granted, a WINDOW_UPDATE of zero on
-the connection (:mod:`.http2`, after the rules the worker holds its own clients to) -- gets
-GOAWAY with the error's code, and the connection fails like any other lost one: its calls
+A worker that breaks HTTP/2 -- a first frame other than SETTINGS, a frame past the frame
+size we advertised, a header block too long or in too many frames, DATA past a window we
+granted, a WINDOW_UPDATE of zero on the connection, more PING, SETTINGS, empty DATA or
+provoked stream errors than the abuse budget allows (:mod:`.http2`, after the rules the
+worker holds its own clients to) -- gets GOAWAY with the error's code, and the connection fails like any other lost one: its calls
 fail as unprocessed or not by whether they were sent in full, the pool opens a new
 connection for the next call. A stream error (a zero or overflowing WINDOW_UPDATE on one
 stream) resets that stream and fails its call the same way.
@@ -216,7 +217,7 @@ class WorkerConnection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         #: This thread's owed flushes (made on the loop's thread: the loop is running).
         self._held = held_writes()
-        self._h2 = http2.ClientConnection(limits)
+        self._h2 = http2.ClientConnection(limits, self._loop.time())
         self._prefixes: dict[bytes, bytes] = {}
         #: Header blocks seen -> what they say (:func:`_header_fields`); the worker sends
         #: the same few blocks on every call.
@@ -255,7 +256,7 @@ class WorkerConnection(asyncio.Protocol):
 
     def _received(self, data: bytes) -> None:
         try:
-            events = self._h2.receive(data)
+            events = self._h2.receive(data, self._loop.time())
         except http2.ProtocolError as exc:
             self._h2.close(exc.code)  # GOAWAY saying why, then the socket closes
             self._flush()

@@ -42,7 +42,16 @@ stream's rule (a stream error, RFC 9113 §5.4.2)
 
 A peer that breaks the protocol raises :class:`ProtocolError` (a connection error), whose
 ``code`` is the HTTP/2 error code for the GOAWAY the caller sends before it closes the
-socket; the connection is then unusable.
+socket; the connection is then unusable. The peer's first frame must be a SETTINGS frame
+(its connection preface, RFC 9113 §3.4): anything else is PROTOCOL_ERROR.
+
+What a worker makes us do for nothing is budgeted as the worker's server side budgets its
+clients (:class:`~reactantserver.transport.abuse.AbuseBudget`, one per connection, given
+the time with each read): PING and SETTINGS frames (each owes an answer), DATA frames that
+carry nothing and end nothing, and the streams we reset on a stream error it provoked,
+against the calls we started on the connection. Past the budget, :meth:`receive` raises
+:class:`ProtocolError` with ENHANCE_YOUR_CALM (the caller sends GOAWAY and drops the
+connection, as for any other connection error).
 
 Bounds (:mod:`reactantserver.transport.h2rules`, the rules the server side holds its
 clients to, with the same limits, :class:`~reactantserver.transport.limits.WireLimits`):
@@ -65,6 +74,7 @@ from __future__ import annotations
 import hpack
 
 from ..transport import h2rules
+from ..transport.abuse import AbuseBudget
 from ..transport.h2rules import Violation
 from ..transport.h2wire import (
     ACK,
@@ -75,6 +85,7 @@ from ..transport.h2wire import (
     DEFAULT_WINDOW,
     END_HEADERS,
     END_STREAM,
+    ENHANCE_YOUR_CALM,
     FRAME_HEAD,
     GOAWAY,
     HEADERS,
@@ -161,9 +172,10 @@ class _Stream:
 class ClientConnection:
     """One HTTP/2 client connection's state (see the module docstring); ``limits``: what
     we advertise and hold the peer to (the frame size, the header list size, the windows;
-    the same defaults as the server side's)."""
+    the same defaults as the server side's); ``now``: the clock's reading (the one
+    :meth:`receive` is given) when the connection is made."""
 
-    def __init__(self, limits: WireLimits | None = None) -> None:
+    def __init__(self, limits: WireLimits | None = None, now: float = 0.0) -> None:
         limits = limits if limits is not None else WireLimits()
         self._out: list[bytes | memoryview] = []
         self._in = bytearray()  # a frame split across reads, until its end arrives
@@ -199,6 +211,12 @@ class ClientConnection:
         self._block_size = 0
         #: The peer's GOAWAY: no new streams on this connection.
         self.goaway_received = False
+        #: No frame has come yet: the first must be SETTINGS (RFC 9113 §3.4).
+        self._preface_due = True
+        #: What the peer made us do for nothing (module docstring); ``streams`` counts
+        #: the streams we opened, ``_now`` is the time :meth:`receive` was given.
+        self.budget = AbuseBudget(now)
+        self._now = now
 
     # ---------------------------------------------------------------- sending
 
@@ -244,6 +262,7 @@ class ClientConnection:
         stream_id = self._next_id
         self._next_id += 2
         self._streams[stream_id] = _Stream(self.peer_initial_window, self._stream_window)
+        self.budget.streams += 1
         limit = self.peer_max_frame
         flags = END_STREAM if end_stream else 0
         if len(header_block) <= limit:
@@ -278,6 +297,7 @@ class ClientConnection:
         stream_id = self._next_id
         self._next_id += 2
         self._streams[stream_id] = _Stream(self.peer_initial_window - size, self._stream_window)
+        self.budget.streams += 1
         self.send_window -= size
         out = self._out
         out.append(frame_head(HEADERS, END_HEADERS, stream_id, len(header_block)))
@@ -357,12 +377,14 @@ class ClientConnection:
 
     # ---------------------------------------------------------------- receiving
 
-    def receive(self, data: bytes) -> list[Event]:
-        """Feed bytes read from the socket; the events they complete.
+    def receive(self, data: bytes, now: float) -> list[Event]:
+        """Feed bytes read from the socket at ``now`` (for the abuse budget, in seconds of
+        any monotonic clock); the events they complete.
 
         Payloads are views of the bytes read (DATA is not copied here); a frame split
         across reads waits in a buffer for its end.
         """
+        self._now = now
         if self._in:
             self._in += data
             if len(self._in) < self._need:
@@ -373,6 +395,10 @@ class ClientConnection:
         events: list[Event] = []
         pos = 0
         end = len(data)
+        if self._preface_due and end >= 9:  # ``data`` starts with the peer's first frame
+            if data[3] != SETTINGS or data[4] & ACK:
+                raise ProtocolError("the peer's first frame is not SETTINGS (RFC 9113 §3.4)")
+            self._preface_due = False
         unpack = FRAME_HEAD.unpack_from
         while end - pos >= 9:
             high, low, kind, flags, stream_id = unpack(data, pos)
@@ -434,9 +460,11 @@ class ClientConnection:
             if self._streams.pop(stream_id, None) is not None:
                 events.append(("reset", stream_id, int.from_bytes(payload, "big"), None))
         elif kind == SETTINGS:
+            self._wasted()  # one each way per connection is due; a flood is not
             if not flags & ACK:
                 self._settings_in(payload, events)
         elif kind == PING:
+            self._wasted()  # we send none: an ACK is as unasked for
             if not flags & ACK:
                 self._out.append(frame(PING, ACK, 0, bytes(payload)))
         elif kind == GOAWAY:
@@ -474,6 +502,8 @@ class ClientConnection:
         self, flags: int, stream_id: int, payload: memoryview, events: list[Event]
     ) -> None:
         flow = len(payload)  # padding counts against the windows too
+        if not flow and not flags & END_STREAM:
+            self._wasted()  # carries nothing and ends nothing
         left = self._recv_left - flow
         if left < 0:  # past the window we granted
             broken = h2rules.received(flow, self._recv_left, "the connection")
@@ -520,6 +550,16 @@ class ClientConnection:
         del self._streams[stream_id]
         self._out.append(frame(RST_STREAM, 0, stream_id, broken.code.to_bytes(4, "big")))
         events.append(("error", stream_id, broken.code, broken.message))
+        self._judge(self.budget.provoked_resets(1))
+
+    def _wasted(self) -> None:
+        """The peer sent a frame that asks for nothing (module docstring)."""
+        self._judge(self.budget.wasted_frames(1, self._now))
+
+    def _judge(self, verdict: str | None) -> None:
+        """Past the abuse budget (a verdict): a connection error, ENHANCE_YOUR_CALM."""
+        if verdict is not None:
+            raise ProtocolError(verdict, ENHANCE_YOUR_CALM)
 
     def _end_block(self, events: list[Event]) -> None:
         assert self._block is not None
