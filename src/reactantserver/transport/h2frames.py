@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import h2.exceptions
 from h2.frame_buffer import FrameBuffer
 from hyperframe.exceptions import InvalidDataError, InvalidFrameError, InvalidPaddingError
 from hyperframe.frame import (
@@ -38,7 +37,7 @@ from hyperframe.frame import (
     WindowUpdateFrame,
 )
 
-from . import h2rules
+from . import h2events, h2rules
 from .h2wire import CONTINUATION, HEADERS, PUSH_PROMISE
 
 if TYPE_CHECKING:
@@ -164,11 +163,11 @@ class FrameCutter(FrameBuffer):
         length = int.from_bytes(header[:3], "big")
         broken = h2rules.frame_size(length, self.max_frame_size)
         if broken is not None:
-            raise h2.exceptions.FrameTooLargeError(broken.message)
+            raise h2events.FrameTooLargeError(broken.message)
         if header[3] in _HEADER_FRAMES:
             broken = h2rules.header_block(length + self._block_so_far(), self._max_header_block)
             if broken is not None:
-                raise h2.exceptions.DenialOfServiceError(broken.message)
+                raise h2events.DenialOfServiceError(broken.message)
         return length
 
     def _block_so_far(self) -> int:
@@ -222,15 +221,15 @@ class FrameCutter(FrameBuffer):
         try:
             frame, _ = Frame.parse_frame_header(memoryview(header))
         except (InvalidDataError, InvalidFrameError) as err:
-            raise h2.exceptions.ProtocolError(f"Received frame with invalid header: {err}") from err
+            raise h2events.ProtocolError(f"Received frame with invalid header: {err}") from err
         quiet = QUIET.get(type(frame))
         if quiet is not None:
             frame.__class__ = quiet  # same layout, a cheap repr (see _quiet)
         try:
             frame.parse_body(memoryview(body))
         except InvalidDataError as err:
-            raise h2.exceptions.ProtocolError("Received frame with non-compliant data") from err
+            raise h2events.ProtocolError("Received frame with non-compliant data") from err
         except InvalidFrameError as err:
-            raise h2.exceptions.FrameDataMissingError("Frame data missing or invalid") from err
+            raise h2events.FrameDataMissingError("Frame data missing or invalid") from err
         whole = self._update_header_buffer(frame)
         return whole if whole is not None else self.__next__()

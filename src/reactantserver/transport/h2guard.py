@@ -77,16 +77,15 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-import h2.events
-import h2.exceptions
 from grpclib.config import Configuration
 from grpclib.protocol import Connection, EventsProcessor, Stream
-from h2.errors import ErrorCodes
 
+from . import h2events
 from .abuse import AbuseBudget
 from .faultlog import FaultLog
 from .framing import MessageFramer, Refusal
 from .h2conn import CorkedTransport, held_writes, new_h2_connection
+from .h2events import ErrorCodes
 from .h2lean import ServerConnection
 from .limits import Fault, WireCounters, WireLimits
 from .unary import DirectAdmission, DirectCalls, status_headers
@@ -263,7 +262,7 @@ class _Processor(EventsProcessor):
 
     # ------------------------------------------------------------------ streams
 
-    def process_request_received(self, event: h2.events.RequestReceived) -> None:
+    def process_request_received(self, event: h2events.RequestReceived) -> None:
         sid = event.stream_id
         state = self._h2.streams.get(sid)
         if state is None or state.closed:
@@ -343,7 +342,7 @@ class _Processor(EventsProcessor):
         if not self.streams and not self.direct.calls:
             self._guard.idle()
 
-    def process_data_received(self, event: h2.events.DataReceived) -> None:
+    def process_data_received(self, event: h2events.DataReceived) -> None:
         sid = event.stream_id
         framer = self._framers.get(sid)
         if framer is not None:
@@ -363,7 +362,7 @@ class _Processor(EventsProcessor):
             return
         super().process_data_received(event)
 
-    def process_stream_ended(self, event: h2.events.StreamEnded) -> None:
+    def process_stream_ended(self, event: h2events.StreamEnded) -> None:
         sid = event.stream_id
         framer = self._framers.pop(sid, None)
         if framer is not None:
@@ -377,7 +376,7 @@ class _Processor(EventsProcessor):
             return
         super().process_stream_ended(event)
 
-    def process_window_updated(self, event: h2.events.WindowUpdated) -> None:
+    def process_window_updated(self, event: h2events.WindowUpdated) -> None:
         # Most peers send a WINDOW_UPDATE or two per call; with only direct calls open
         # (nothing waits in grpclib's streams) and no answer blocked, it changes nothing.
         if self.streams:
@@ -385,7 +384,7 @@ class _Processor(EventsProcessor):
         if self.direct.blocked:
             self.direct.window(event.stream_id)
 
-    def process_stream_reset(self, event: h2.events.StreamReset) -> None:
+    def process_stream_reset(self, event: h2events.StreamReset) -> None:
         self._framers.pop(event.stream_id, None)
         started = self._started.pop(event.stream_id, None)
         self.direct.cancel(event.stream_id)
@@ -412,7 +411,7 @@ class _Processor(EventsProcessor):
         self._guard.fault(fault, f"{verdict}; connection closed with GOAWAY ENHANCE_YOUR_CALM")
         self._guard.goaway(ErrorCodes.ENHANCE_YOUR_CALM, b"too much work asked for nothing")
 
-    def process_remote_settings_changed(self, event: h2.events.RemoteSettingsChanged) -> None:
+    def process_remote_settings_changed(self, event: h2events.RemoteSettingsChanged) -> None:
         # The peer's first SETTINGS frame (after its preface) completes the handshake.
         self._guard.handshake_done()
         super().process_remote_settings_changed(event)
@@ -542,10 +541,10 @@ class GuardedProtocol(asyncio.Protocol):
     def _received(self, connection: Connection, processor: _Processor, data: bytes) -> None:
         try:
             events = connection.feed(data)
-        except h2.exceptions.ProtocolError as exc:
+        except h2events.ProtocolError as exc:
             kind = (
                 Fault.FRAME_TOO_LARGE
-                if isinstance(exc, h2.exceptions.FrameTooLargeError)
+                if isinstance(exc, h2events.FrameTooLargeError)
                 else Fault.PROTOCOL_ERROR
             )
             self.fault(kind, f"{exc or type(exc).__name__}; connection closed with GOAWAY")

@@ -16,7 +16,7 @@ What it is
 A drop-in for the part of ``H2Connection`` that grpclib's ``protocol``/``server`` modules
 and :mod:`.h2guard` / :mod:`.server` use, emitting **h2's own event classes** (so grpclib's
 ``EventsProcessor`` and our ``_Processor`` need no change) and raising **h2's own
-exceptions** (``h2.exceptions.ProtocolError`` and subclasses, which :mod:`.h2guard`
+exceptions** (``h2events.ProtocolError`` and subclasses, which :mod:`.h2guard`
 catches). Received bytes are cut into frames by :class:`.h2parse.RawFrameCutter` (preface
 check, frame length judged from the header, header blocks bounded, CONTINUATION joined,
 one copy per body) as ``(type, flags, stream id, body)``, no frame objects: the type byte
@@ -81,20 +81,23 @@ from collections.abc import Callable, Iterable, Sequence
 from enum import IntEnum
 from typing import Any
 
-import h2.errors
-import h2.exceptions
 import h2.settings
-from h2.connection import ConnectionState
-from h2.errors import ErrorCodes
-from h2.events import (
+from hpack import HPACKError, OversizedHeaderListError
+from hyperframe.frame import ExtensionFrame
+
+from . import h2events, h2parse, h2rules
+from .h2events import (
+    ConnectionState,
     ConnectionTerminated,
     DataReceived,
+    ErrorCodes,
     Event,
     PingAckReceived,
     PingReceived,
     PriorityUpdated,
     RemoteSettingsChanged,
     RequestReceived,
+    SettingCodes,
     SettingsAcknowledged,
     StreamEnded,
     StreamReset,
@@ -102,11 +105,6 @@ from h2.events import (
     UnknownFrameReceived,
     WindowUpdated,
 )
-from h2.settings import SettingCodes
-from hpack import HPACKError, OversizedHeaderListError
-from hyperframe.frame import ExtensionFrame
-
-from . import h2parse, h2rules
 from .h2parse import ALTSVC, FRAME_NAMES, KNOWN_TYPES, Body, Priority, RawFrameCutter
 from .h2settings import ServerSettings, local_settings
 from .h2wire import (
@@ -225,12 +223,12 @@ class _Window:
         if self.size < 0:
             broken = h2rules.received(n, self.size + n, "a receive window")
             assert broken is not None
-            raise h2.exceptions.FlowControlError(broken.message)
+            raise h2events.FlowControlError(broken.message)
 
     def opened(self, n: int) -> None:
         self.size += n
         if self.size > MAX_WINDOW:
-            raise h2.exceptions.FlowControlError(f"window of {self.size} bytes past 2^31-1")
+            raise h2events.FlowControlError(f"window of {self.size} bytes past 2^31-1")
         if self.size > self.max_size:
             self.max_size = self.size
 
@@ -362,15 +360,15 @@ class ServerConnection:
     def _sendable(self, stream_id: int) -> H2Stream:
         """The stream we may send on now, or h2's exception for why not."""
         if self.state_machine.state is ConnectionState.CLOSED:
-            raise h2.exceptions.ProtocolError("the connection is closed (GOAWAY)")
+            raise h2events.ProtocolError("the connection is closed (GOAWAY)")
         stream = self.streams.get(stream_id)
         if stream is None:
             raise self._missing(stream_id)
         state = stream.state_machine.state
         if state is StreamState.HALF_CLOSED_LOCAL:  # we ended it: h2's error, too
-            raise h2.exceptions.ProtocolError(f"stream {stream_id} was ended by this side")
+            raise h2events.ProtocolError(f"stream {stream_id} was ended by this side")
         if state is StreamState.CLOSED:
-            raise h2.exceptions.StreamClosedError(stream_id)
+            raise h2events.StreamClosedError(stream_id)
         return stream
 
     def _end_local(self, stream: H2Stream) -> None:
@@ -392,7 +390,7 @@ class ServerConnection:
         stream = self._sendable(stream_id)
         sm = stream.state_machine
         if sm.headers_sent and not end_stream:
-            raise h2.exceptions.ProtocolError("Trailers must have END_STREAM set")
+            raise h2events.ProtocolError("Trailers must have END_STREAM set")
         block = CONSTANT_BLOCKS.get(headers)
         if block is None:
             block = encode_headers(headers)
@@ -427,11 +425,11 @@ class ServerConnection:
         stream = self._sendable(stream_id)
         size = len(data) if isinstance(data, bytes) else memoryview(data).nbytes
         if size > self.max_outbound_frame_size:
-            raise h2.exceptions.FrameTooLargeError(
+            raise h2events.FrameTooLargeError(
                 f"Cannot send frame size {size}, max is {self.max_outbound_frame_size}"
             )
         if size > stream.send_window or size > self.outbound_flow_control_window:
-            raise h2.exceptions.FlowControlError(
+            raise h2events.FlowControlError(
                 f"Cannot send {size} bytes, flow control window is "
                 f"{min(stream.send_window, self.outbound_flow_control_window)}"
             )
@@ -494,7 +492,7 @@ class ServerConnection:
 
     def reset_stream(self, stream_id: int, error_code: ErrorCodes | int = 0) -> None:
         if self.state_machine.state is ConnectionState.CLOSED:
-            raise h2.exceptions.ProtocolError("the connection is closed (GOAWAY)")
+            raise h2events.ProtocolError("the connection is closed (GOAWAY)")
         stream = self.streams.get(stream_id)
         if stream is None:
             raise self._missing(stream_id)
@@ -513,7 +511,7 @@ class ServerConnection:
         if stream_id:
             stream = self.streams.get(stream_id)
             if stream is None:
-                raise h2.exceptions.StreamClosedError(stream_id)
+                raise h2events.StreamClosedError(stream_id)
             stream.recv_window.opened(increment)
         else:
             self._recv_window.opened(increment)
@@ -564,7 +562,7 @@ class ServerConnection:
                     self._on_unknown(kind, flags, sid, body, events)
                 else:
                     handler(flags, sid, body, events)
-        except h2.exceptions.ProtocolError as err:
+        except h2events.ProtocolError as err:
             self._terminate(err.error_code)
             raise
         return events
@@ -579,7 +577,7 @@ class ServerConnection:
             name = FRAME_NAMES.get(kind, f"a frame of type {kind:#x}")
             if kind == SETTINGS:
                 name = "a SETTINGS acknowledgement"
-            raise h2.exceptions.ProtocolError(
+            raise h2events.ProtocolError(
                 f"the connection preface was followed by {name}, not by the client's "
                 "SETTINGS frame (RFC 9113 section 3.4)"
             )
@@ -588,10 +586,10 @@ class ServerConnection:
                 h2parse.check_body(kind, flags, body)
                 if kind == HEADERS:  # h2 decodes a block before it looks at the state
                     self._decode(h2parse.headers(flags, body)[0])
-                raise h2.exceptions.ProtocolError(f"{FRAME_NAMES[kind]} received after GOAWAY")
+                raise h2events.ProtocolError(f"{FRAME_NAMES[kind]} received after GOAWAY")
         elif kind in (DATA, RST_STREAM):
             h2parse.check_body(kind, flags, body)
-            raise h2.exceptions.ProtocolError(
+            raise h2events.ProtocolError(
                 f"{FRAME_NAMES[kind]} received before any stream was opened"
             )
 
@@ -624,11 +622,11 @@ class ServerConnection:
         """
         return not sid % 2 or sid > self.highest_inbound_stream_id
 
-    def _missing(self, sid: int) -> h2.exceptions.ProtocolError:
+    def _missing(self, sid: int) -> h2events.ProtocolError:
         """h2's error for a stream not in :attr:`streams`: idle, or closed."""
         if self._is_idle(sid):
-            return h2.exceptions.NoSuchStreamError(sid)
-        return h2.exceptions.StreamClosedError(sid)
+            return h2events.NoSuchStreamError(sid)
+        return h2events.StreamClosedError(sid)
 
     def _decode(self, block: bytes) -> tuple[tuple[str, str], ...] | None:
         """A header block's headers (remembered per block while the table cannot have
@@ -639,18 +637,18 @@ class ServerConnection:
         try:
             return self._blocks.decode(block)
         except OversizedHeaderListError as err:
-            raise h2.exceptions.DenialOfServiceError(f"Oversized header block: {err}") from err
+            raise h2events.DenialOfServiceError(f"Oversized header block: {err}") from err
         except UnicodeDecodeError:
             return None
         except (HPACKError, IndexError, TypeError) as err:
-            raise h2.exceptions.ProtocolError(f"Error decoding header block: {err}") from err
+            raise h2events.ProtocolError(f"Error decoding header block: {err}") from err
 
     @staticmethod
     def _text(headers: tuple[tuple[str, str], ...] | None) -> tuple[tuple[str, str], ...]:
         """The headers an event carries; a connection error if they are not ASCII (h2
         lets its UnicodeDecodeError escape here, which grpclib does not catch)."""
         if headers is None:
-            raise h2.exceptions.ProtocolError("a header name or value that is not ASCII")
+            raise h2events.ProtocolError("a header name or value that is not ASCII")
         return headers
 
     def _on_headers(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
@@ -667,10 +665,10 @@ class ServerConnection:
                     self._out.append(_rst(sid, ErrorCodes.STREAM_CLOSED))
                     return
                 if how is ClosedBy.END:
-                    raise h2.exceptions.StreamClosedError(sid)
-                raise h2.exceptions.StreamIDTooLowError(sid, self.highest_inbound_stream_id)
+                    raise h2events.StreamClosedError(sid)
+                raise h2events.StreamIDTooLowError(sid, self.highest_inbound_stream_id)
             if not sid % 2:
-                raise h2.exceptions.ProtocolError("Invalid stream ID for peer.")
+                raise h2events.ProtocolError("Invalid stream ID for peer.")
             self.highest_inbound_stream_id = sid
             if self.state_machine.state is ConnectionState.IDLE:
                 self.state_machine.state = ConnectionState.SERVER_OPEN
@@ -686,7 +684,7 @@ class ServerConnection:
                 self._reset_on_error(stream, events)
                 return
             if not flags & END_STREAM:
-                raise h2.exceptions.ProtocolError("Trailers must have END_STREAM set")
+                raise h2events.ProtocolError("Trailers must have END_STREAM set")
             event = TrailersReceived(stream_id=sid, headers=self._text(headers))  # type: ignore[arg-type]
         events.append(event)
         if flags & END_STREAM:
@@ -724,7 +722,7 @@ class ServerConnection:
         stream = self.streams.get(sid)
         if stream is None or stream.state_machine.state is StreamState.HALF_CLOSED_REMOTE:
             if stream is None and self._is_idle(sid):
-                raise h2.exceptions.NoSuchStreamError(sid)
+                raise h2events.NoSuchStreamError(sid)
             # Closed or half-closed (remote): its bytes go back to the connection window.
             increment = self._recv_window.processed_bytes(length)
             if increment:
@@ -764,7 +762,7 @@ class ServerConnection:
         if not sid:
             window = self.outbound_flow_control_window + increment
             if window > MAX_WINDOW:
-                raise h2.exceptions.FlowControlError(
+                raise h2events.FlowControlError(
                     f"connection send window of {window} bytes past 2^31-1"
                 )
             self.outbound_flow_control_window = window
@@ -773,7 +771,7 @@ class ServerConnection:
         stream = self.streams.get(sid)
         if stream is None:
             if self._is_idle(sid):
-                raise h2.exceptions.NoSuchStreamError(sid)
+                raise h2events.NoSuchStreamError(sid)
             return  # closed: ignored
         window = stream.send_window + increment
         if window > MAX_WINDOW:  # a stream error (RFC 9113 §6.9.1)
@@ -810,7 +808,7 @@ class ServerConnection:
             for stream in self.streams.values():
                 stream.send_window += delta
                 if stream.send_window > MAX_WINDOW:
-                    raise h2.exceptions.FlowControlError(
+                    raise h2events.FlowControlError(
                         f"SETTINGS_INITIAL_WINDOW_SIZE takes stream {stream.stream_id}'s "
                         "window past 2^31-1"
                     )
@@ -844,7 +842,7 @@ class ServerConnection:
     def _priority(self, sid: int, fields: Priority) -> PriorityUpdated:
         depends_on, weight, exclusive = fields
         if depends_on == sid:
-            raise h2.exceptions.ProtocolError(f"Stream {sid} may not depend on itself")
+            raise h2events.ProtocolError(f"Stream {sid} may not depend on itself")
         event = PriorityUpdated()
         event.stream_id = sid
         event.depends_on = depends_on
@@ -857,20 +855,20 @@ class ServerConnection:
 
     def _on_push_promise(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         h2parse.push_promise(flags, body)
-        raise h2.exceptions.ProtocolError("Received pushed stream")
+        raise h2events.ProtocolError("Received pushed stream")
 
     def _on_continuation(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         """A CONTINUATION outside a header block (those within one were joined to it:
         :class:`.h2parse.RawFrameCutter`): h2's error for its stream's state."""
         if sid not in self.streams:
             if self._is_idle(sid):
-                raise h2.exceptions.NoSuchStreamError(sid)
+                raise h2events.NoSuchStreamError(sid)
             if sid in self._resets:  # a stream error, as h2
                 self.wasted += 1
                 self._out.append(_rst(sid, ErrorCodes.STREAM_CLOSED))
                 return
-            raise h2.exceptions.StreamClosedError(sid)
-        raise h2.exceptions.ProtocolError("Received a CONTINUATION frame outside a header block")
+            raise h2events.StreamClosedError(sid)
+        raise h2events.ProtocolError("Received a CONTINUATION frame outside a header block")
 
     def _on_altsvc(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         h2parse.altsvc(body)  # checked as h2 does, then ignored (a server's right, RFC 7838)

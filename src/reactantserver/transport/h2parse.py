@@ -53,9 +53,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import h2.exceptions
-
-from . import h2rules
+from . import h2events, h2rules
 from .h2frames import FrameCutter
 from .h2wire import (
     ACK,
@@ -123,16 +121,16 @@ def _stream_id_fits(kind: int, sid: int) -> bool:
     return sid != 0 if kind in _ON_A_STREAM else not (sid and kind in _ON_THE_CONNECTION)
 
 
-def _missing(detail: str) -> h2.exceptions.FrameDataMissingError:
-    return h2.exceptions.FrameDataMissingError(f"Frame data missing or invalid: {detail}")
+def _missing(detail: str) -> h2events.FrameDataMissingError:
+    return h2events.FrameDataMissingError(f"Frame data missing or invalid: {detail}")
 
 
-def _noncompliant(detail: str) -> h2.exceptions.ProtocolError:
-    return h2.exceptions.ProtocolError(f"Received frame with non-compliant data: {detail}")
+def _noncompliant(detail: str) -> h2events.ProtocolError:
+    return h2events.ProtocolError(f"Received frame with non-compliant data: {detail}")
 
 
-def _bad_padding() -> h2.exceptions.ProtocolError:
-    return h2.exceptions.ProtocolError("Received frame with invalid padding.")
+def _bad_padding() -> h2events.ProtocolError:
+    return h2events.ProtocolError("Received frame with invalid padding.")
 
 
 def _u32(body: Body, at: int) -> int:
@@ -339,7 +337,7 @@ class RawFrameCutter(FrameCutter):
                     if kind in _ON_A_STREAM
                     else f"must be zero for {_NAMES[kind]} with stream_id={sid}"
                 )
-                raise h2.exceptions.ProtocolError(
+                raise h2events.ProtocolError(
                     f"Received frame with invalid header: Stream ID {rule}"
                 )
             if self._block is not None:
@@ -372,12 +370,12 @@ class RawFrameCutter(FrameCutter):
         first_kind, first_flags, first_sid, prefix = self._block
         if kind != CONTINUATION or sid != first_sid:
             check_body(kind, flags, body)  # its own errors first, as h2's buffer
-            raise h2.exceptions.ProtocolError("Invalid frame during header block.")
+            raise h2events.ProtocolError("Invalid frame during header block.")
         self._fragments.append(body)
         self._block_len += len(body)
         broken = h2rules.block_frames(len(self._fragments))
         if broken is not None:
-            raise h2.exceptions.ProtocolError(broken.message)
+            raise h2events.ProtocolError(broken.message)
         if not flags & END_HEADERS:
             return None
         joined = b"".join([prefix, *self._fragments])

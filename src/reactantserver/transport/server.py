@@ -69,7 +69,6 @@ from typing import Any
 
 import attrs
 import grpclib.server
-import h2.exceptions
 from grpclib import GRPCError
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.encoding.base import CodecBase
@@ -82,6 +81,7 @@ from grpclib.utils import Wrapper
 
 from reactantserver.status import INTERNAL_MESSAGE, StatusCode
 
+from . import h2events
 from .faultlog import FaultLog
 from .framing import Refusal, RequestHead, request_head
 from .h2guard import ConnectionTable, GuardedProtocol
@@ -335,7 +335,7 @@ class _Calls:
             else:
                 log.exception("%s failed with an unexpected error", head.path)
                 status, message = Status.INTERNAL, INTERNAL_MESSAGE
-        except (StreamTerminatedError, h2.exceptions.StreamClosedError):
+        except (StreamTerminatedError, h2events.StreamClosedError):
             return  # the peer reset the stream or the connection is gone: nobody to tell
         except Exception:
             log.exception("%s failed with an unexpected error", head.path)
@@ -360,7 +360,7 @@ class _Calls:
                 await stream.send_trailing_metadata(
                     status=Status.INTERNAL, status_message=INTERNAL_MESSAGE
                 )
-        except (h2.exceptions.StreamClosedError, StreamTerminatedError, GrpclibProtocolError):
+        except (h2events.StreamClosedError, StreamTerminatedError, GrpclibProtocolError):
             pass  # the peer is gone, or trailers went out after all
 
 

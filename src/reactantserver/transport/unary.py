@@ -53,11 +53,11 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
-import h2.exceptions
 from grpclib.metadata import encode_grpc_message
 
 from reactantserver.status import INTERNAL_MESSAGE, StatusCode
 
+from . import h2events
 from .framing import RequestHead
 from .h2lean import CONSTANT_BLOCKS
 from .h2wire import take_views
@@ -338,7 +338,7 @@ class DirectCalls:
                 self._forget(call)
                 return
             conn.send_headers(sid, ANSWER_HEADERS)
-        except h2.exceptions.ProtocolError:
+        except h2events.ProtocolError:
             self._gone(call)
             return
         call._pending = pending
@@ -351,7 +351,7 @@ class DirectCalls:
             self._h2.send_headers(
                 call.stream_id, status_headers(code, message, headers_sent=False), end_stream=True
             )
-        except h2.exceptions.ProtocolError:
+        except h2events.ProtocolError:
             self._gone(call)
             return
         self._connection.flush()
@@ -367,7 +367,7 @@ class DirectCalls:
         """Send what the windows allow of ``call``'s answer; its trailers once all is out."""
         try:
             self._pump_frames(call)
-        except h2.exceptions.ProtocolError:
+        except h2events.ProtocolError:
             self._gone(call)
 
     def _pump_frames(self, call: UnaryCall) -> None:
