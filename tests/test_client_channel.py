@@ -29,7 +29,7 @@ from strategies import message_sends
 from reactantserver.client import AsyncClient
 from reactantserver.client.channel import MAX_FRAME, ClientChannel, Pieces, _H2Connection
 from reactantserver.protocol import inference as pb
-from reactantserver.transport.h2frames import FrameCutter
+from reactantserver.transport.h2frames import HyperframeReader
 
 _CONFIG = h2.config.H2Configuration(client_side=True, header_encoding="ascii")
 _HEADERS = [(":method", "POST"), (":path", "/x"), (":scheme", "http"), (":authority", "a")]
@@ -115,7 +115,7 @@ def test_received_bytes_are_cut_into_h2s_frames_on_the_client_side(
     stream = _server_bytes(payloads, pads)
     points = sorted({min(c, len(stream)) for c in cuts} | {0, len(stream)})
     chunks = [stream[a:b] for a, b in itertools.pairwise(points)]
-    ours = FrameCutter(1 << 16, server=False)
+    ours = HyperframeReader(1 << 16, server=False)
     theirs = FrameBuffer(server=False)
     ours.max_frame_size = theirs.max_frame_size = MAX_FRAME
     assert _frames(ours, chunks) == _frames(theirs, chunks)

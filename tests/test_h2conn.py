@@ -1,16 +1,19 @@
-"""The frame cutters and the connections built on them, driven with bytes (sans-IO).
+"""The one frame reader and the connections built on it, driven with bytes (sans-IO).
 
-* h2's connection with our :class:`~reactantserver.transport.h2frames.FrameCutter` (as the
-  client's channel and the server's reference, ``h2_reference_connection``, use it): a DATA
-  frame reaches the stream as h2's own ``DataReceived`` with its bytes and flow-controlled
-  length unchanged, while its ``repr`` (built by h2 for every received frame) stays short
-  and does not depend on the payload's size; every other frame type h2 formats on receipt
-  is handled by h2's own handler for it, with the same short ``repr``.
-* the server's connection as :func:`~reactantserver.transport.h2conn.new_h2_connection`
-  builds it (:mod:`~reactantserver.transport.h2lean`, on
-  :class:`~reactantserver.transport.h2parse.RawFrameCutter`): a DATA payload is a view of
-  the frame's one body copy.
-* both cutters cut the frames h2's own buffer does, however the bytes are split into reads.
+The oracle is h2 through its public API: an ``H2Connection`` with its own frame buffer,
+fed the same bytes with ``receive_data``.
+
+* :class:`~reactantserver.transport.h2parse.FrameReader`, however the bytes of a
+  connection are split into reads, gives the frames h2 reads from them: the events of our
+  server connection (:mod:`~reactantserver.transport.h2lean`) and of h2's connection given
+  our reader (:class:`~reactantserver.transport.h2frames.HyperframeReader`, as the
+  client's channel and the server's reference use it) are h2's own.
+* h2's connection given our reader: each frame it is handed has a ``repr`` that stays
+  short whatever the payload's size, and every frame type is handled by h2's own handler.
+* a DATA payload is never copied out of a read that held its frame whole; a frame split
+  between reads is copied once.
+* in the client role (no preface) the reader is the same: frame size judged from the
+  header, the first frame must be the peer's SETTINGS.
 """
 
 from __future__ import annotations
@@ -21,22 +24,67 @@ from typing import Any
 import h2.config
 import h2.connection
 import h2.events
+import h2.exceptions
 import h2.settings
-from hyperframe.frame import FRAMES, DataFrame
+import pytest
+from hyperframe.frame import (
+    ContinuationFrame,
+    DataFrame,
+    HeadersFrame,
+    PingFrame,
+    SettingsFrame,
+    WindowUpdateFrame,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reactantserver.config.schema import EndpointsConfig
-from reactantserver.transport import h2parse
+from reactantserver.transport import h2events, h2parse
 from reactantserver.transport.h2conn import h2_reference_connection, new_h2_connection
-from reactantserver.transport.h2wire import DATA, HEADERS
+from reactantserver.transport.h2frames import HyperframeReader
+from reactantserver.transport.h2wire import DATA, HEADERS, PREFACE, SETTINGS
+from reactantserver.transport.h2wire import frame as raw_frame
 from reactantserver.transport.limits import WireLimits
 
 LIMITS = WireLimits.from_endpoints(EndpointsConfig())
+REQUEST = [(":method", "POST"), (":path", "/x"), (":scheme", "http"), (":authority", "a")]
+
+
+def _h2_oracle() -> h2.connection.H2Connection:
+    """h2's own server connection, its own frame buffer, our frame size: the oracle."""
+    conn = h2.connection.H2Connection(
+        h2.config.H2Configuration(
+            client_side=False, header_encoding="ascii", validate_inbound_headers=False
+        )
+    )
+    conn.max_inbound_frame_size = LIMITS.max_frame_size
+    conn.initiate_connection()
+    conn.data_to_send()
+    return conn
+
+
+def _summary(event: Any) -> tuple[Any, ...]:
+    """An event's class name and the fields the callers read."""
+    kind = type(event).__name__
+    if kind in ("RequestReceived", "TrailersReceived"):
+        return (kind, event.stream_id, tuple(tuple(h) for h in event.headers))
+    if kind == "DataReceived":
+        return (kind, event.stream_id, bytes(event.data), event.flow_controlled_length)
+    if kind == "WindowUpdated":
+        return (kind, event.stream_id, event.delta)
+    if kind in ("PingReceived", "PingAckReceived"):
+        return (kind, bytes(event.ping_data))
+    if kind == "StreamReset":
+        return (kind, event.stream_id, int(event.error_code))
+    return (kind, getattr(event, "stream_id", None))
+
+
+def _events(conn: Any, chunks: list[bytes]) -> list[tuple[Any, ...]]:
+    return [_summary(e) for chunk in chunks for e in conn.receive_data(chunk)]
 
 
 def _pair(lean: bool = False) -> tuple[Any, h2.connection.H2Connection]:
-    """A server connection (h2's with our cutter; ``lean``: ours) and h2's client,
+    """A server connection (h2's given our reader; ``lean``: ours) and h2's client,
     past the handshake."""
     server = new_h2_connection(LIMITS) if lean else h2_reference_connection(LIMITS)
     server.initiate_connection()
@@ -48,153 +96,156 @@ def _pair(lean: bool = False) -> tuple[Any, h2.connection.H2Connection]:
     return server, client
 
 
-def test_data_frames_arrive_unchanged_with_a_short_repr() -> None:
-    server, client = _pair()
-    client.send_headers(1, [(":method", "POST"), (":path", "/x"), (":scheme", "http"),
-                            (":authority", "a")])  # fmt: skip
-    server.receive_data(client.data_to_send())
-    payload = bytes(range(256)) * 64  # 16 KiB
-    wire = DataFrame(1, payload, flags=["END_STREAM"]).serialize()
-    buffer = server.incoming_buffer
-    buffer.add_data(wire)
-    frame = next(buffer)
-    assert isinstance(frame, DataFrame) and bytes(frame.data) == payload
-    assert len(repr(frame)) < 200  # hyperframe's own repr hex-encodes the whole payload
-    events = server._receive_frame(frame)
-    (data, ended) = events
-    assert isinstance(data, h2.events.DataReceived)
-    assert data.data == payload and data.flow_controlled_length == len(payload)
-    assert isinstance(ended, h2.events.StreamEnded)
-
-
-def test_data_through_receive_data_is_h2s_own_handling() -> None:
-    """The whole path (buffer, dispatch, flow control) as grpclib drives it."""
-    for lean in (False, True):
-        server, client = _pair(lean)
-        client.send_headers(1, [(":method", "POST"), (":path", "/x"), (":scheme", "http"),
-                                (":authority", "a")])  # fmt: skip
-        client.send_data(1, b"x" * 1000, end_stream=True)
-        events = server.receive_data(client.data_to_send())
-        received = [e for e in events if isinstance(e, h2.events.DataReceived)]
-        assert [e.data for e in received] == [b"x" * 1000]
-        assert any(isinstance(e, h2.events.StreamEnded) for e in events)
-
-
-def test_the_lean_servers_data_payloads_are_views_of_one_copy() -> None:
-    """Padded or not, whole in one read or split between reads: each DATA payload the
-    lean server reports is a view of the body copy its frame cutter made, and its
-    flow-controlled length counts the padding."""
-    server, client = _pair(lean=True)
-    client.send_headers(1, [(":method", "POST"), (":path", "/x"), (":scheme", "http"),
-                            (":authority", "a")])  # fmt: skip
-    server.receive_data(client.data_to_send())
-    payload = bytes(range(256)) * 8
-    padded = DataFrame(1, payload, flags=["PADDED"])
-    padded.pad_length = 7
-    wire = padded.serialize() + DataFrame(1, payload, flags=["END_STREAM"]).serialize()
-    events = server.receive_data(wire[:100]) + server.receive_data(wire[100:])
-    received = [e for e in events if isinstance(e, h2.events.DataReceived)]
-    assert [bytes(e.data) for e in received] == [payload, payload]
-    assert [e.flow_controlled_length for e in received] == [len(payload) + 8, len(payload)]
-    for event in received:
-        assert isinstance(event.data, memoryview)
-        assert isinstance(event.data.obj, bytes | bytearray)  # the frame's body, not a copy
-        assert len(event.data.obj) == event.flow_controlled_length
-
-
-def test_every_quiet_frame_type_is_handled_by_h2s_own_handler() -> None:
-    """HEADERS, PING, WINDOW_UPDATE, SETTINGS and RST_STREAM through the quiet classes give
-    the events h2 gives for its own classes."""
-    server, client = _pair()
-    client.send_headers(1, [(":method", "POST"), (":path", "/x"), (":scheme", "http"),
-                            (":authority", "a")])  # fmt: skip
-    client.ping(b"12345678")
-    client.increment_flow_control_window(1000)
-    client.update_settings({h2.settings.SettingCodes.MAX_FRAME_SIZE: 32768})
-    client.reset_stream(1)
-    wire = client.data_to_send()
-    buffer = server.incoming_buffer
-    buffer.add_data(wire)
-    frames = list(buffer)
-    assert [type(f).__name__ for f in frames] == [
-        "QuietHeadersFrame",
-        "QuietPingFrame",
-        "QuietWindowUpdateFrame",
-        "QuietSettingsFrame",
-        "QuietRstStreamFrame",
-    ]
-    assert all(len(repr(f)) < 80 for f in frames)
-    events = [e for f in frames for e in server._receive_frame(f)]
-    kinds = [type(e) for e in events]
-    assert kinds == [
-        h2.events.RequestReceived,
-        h2.events.PingReceived,
-        h2.events.WindowUpdated,
-        h2.events.RemoteSettingsChanged,
-        h2.events.StreamReset,
-    ]
-    assert server.data_to_send()  # the PING and SETTINGS acknowledgements
-
-
-def _frames_of(buffer: object, chunks: list[bytes]) -> list[tuple[str, int, bytes]]:
-    """Each frame a buffer yields: its hyperframe class name, stream and payload."""
-    out = []
-    for chunk in chunks:
-        buffer.add_data(chunk)  # type: ignore[attr-defined]
-        for f in buffer:  # type: ignore[attr-defined]
-            if isinstance(f, tuple):  # h2parse.RawFrameCutter's (type, flags, stream, body)
-                kind, flags, sid, raw = f
-                body = bytes(
-                    h2parse.data(flags, raw)[0]
-                    if kind == DATA
-                    else h2parse.headers(flags, raw)[0]
-                    if kind == HEADERS
-                    else raw
-                )
-                out.append((FRAMES[kind].__name__, sid, body))
-                continue
-            base = next(c for c in type(f).__mro__ if c.__module__ == "hyperframe.frame")
-            body = bytes(f.data) if hasattr(f, "data") else f.serialize_body()
-            out.append((base.__name__, f.stream_id, body))
-    return out
-
-
 @settings(max_examples=150, deadline=None)
 @given(
     payloads=st.lists(st.binary(max_size=3000), min_size=1, max_size=8),
     pads=st.lists(st.integers(0, 40), min_size=8, max_size=8),
+    continuations=st.integers(0, 3),
     cuts=st.lists(st.integers(0, 30000), max_size=12),
 )
-def test_frames_cut_from_reads_are_h2s_frames(
-    payloads: list[bytes], pads: list[int], cuts: list[int]
+def test_frames_cut_from_reads_give_h2s_events(
+    payloads: list[bytes], pads: list[int], continuations: int, cuts: list[int]
 ) -> None:
     """Invariant: however the bytes of a connection are split into reads (the preface,
-    then HEADERS, padded and unpadded DATA, PING, WINDOW_UPDATE, SETTINGS), our buffers
-    (FrameCutter's hyperframe frames, RawFrameCutter's raw ones) yield exactly the frames
-    h2's own buffer yields: the same types, streams and payloads."""
-    from h2.frame_buffer import FrameBuffer
-    from hyperframe.frame import HeadersFrame, PingFrame, SettingsFrame, WindowUpdateFrame
+    SETTINGS, HEADERS with CONTINUATIONs, padded and unpadded DATA, PING, WINDOW_UPDATE),
+    our server connection and h2's connection given our reader report exactly the events
+    h2 reports with its own buffer: the same types, streams, headers and payloads."""
+    import hpack
 
-    from reactantserver.transport.h2frames import FrameCutter
-
-    wire = [b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", SettingsFrame(0).serialize()]
-    wire.append(HeadersFrame(1, b"\x82\x84\x86", flags=["END_HEADERS"]).serialize())
+    block = hpack.Encoder().encode(REQUEST)
+    step = max(1, len(block) // (continuations + 1))  # the block cut into CONTINUATIONs
+    pieces = [block[i : i + step] for i in range(0, len(block), step)]
+    wire = [PREFACE, SettingsFrame(0).serialize()]
+    wire.append(HeadersFrame(1, pieces[0], flags=[] if pieces[1:] else ["END_HEADERS"]).serialize())
+    for i, piece in enumerate(pieces[1:], start=2):
+        flags = ["END_HEADERS"] if i == len(pieces) else []
+        wire.append(ContinuationFrame(1, piece, flags=flags).serialize())
     for i, payload in enumerate(payloads):
         d = DataFrame(1, payload)
         if pads[i]:
             d.flags.add("PADDED")
             d.pad_length = pads[i]
         wire.append(d.serialize())
-        wire.append(PingFrame(0, opaque_data=bytes(8)).serialize())
+        wire.append(PingFrame(0, opaque_data=bytes([i]) * 8).serialize())
         wire.append(WindowUpdateFrame(1, window_increment=i + 1).serialize())
     stream = b"".join(wire)
     points = sorted({min(c, len(stream)) for c in cuts} | {0, len(stream)})
     chunks = [stream[a:b] for a, b in itertools.pairwise(points)]
-    ours = FrameCutter(LIMITS.max_header_list_size)
-    raw = h2parse.RawFrameCutter(LIMITS.max_header_list_size)
-    ours.max_frame_size = raw.max_frame_size = theirs_max = LIMITS.max_frame_size
-    theirs = FrameBuffer(server=True)
-    theirs.max_frame_size = theirs_max
-    expected = _frames_of(theirs, chunks)
-    assert _frames_of(ours, chunks) == expected
-    assert _frames_of(raw, chunks) == expected
+    expected = _events(_h2_oracle(), chunks)
+    assert expected[1][0] == "RequestReceived"  # the oracle read the block
+    for ours in (new_h2_connection(LIMITS), h2_reference_connection(LIMITS)):
+        ours.initiate_connection()
+        assert _events(ours, chunks) == expected
+
+
+def test_h2s_connection_given_our_reader_sees_short_reprs_and_h2s_events() -> None:
+    """Every frame type our reader hands h2 (HEADERS, DATA, PING, WINDOW_UPDATE, SETTINGS,
+    RST_STREAM) has a ``repr`` that does not grow with its payload, and h2's own handler
+    gives, through ``receive_data``, the events h2 gives with its own buffer."""
+    server, client = _pair()
+    oracle = _h2_oracle()
+    oracle.receive_data(PREFACE + SettingsFrame(0).serialize())
+    client.send_headers(1, REQUEST)
+    client.send_data(1, bytes(range(256)) * 64)  # 16 KiB
+    client.ping(b"12345678")
+    client.increment_flow_control_window(1000)
+    client.update_settings({h2.settings.SettingCodes.MAX_FRAME_SIZE: 32768})
+    client.reset_stream(1)
+    wire = client.data_to_send()
+    reader = HyperframeReader(LIMITS.max_header_list_size, server=False)
+    reader.max_frame_size = LIMITS.max_frame_size
+    reader.add_data(SettingsFrame(0).serialize() + wire)
+    frames = list(reader)[1:]
+    assert [type(f).__name__ for f in frames] == [
+        "QuietHeadersFrame",
+        "QuietDataFrame",
+        "QuietPingFrame",
+        "QuietWindowUpdateFrame",
+        "QuietSettingsFrame",
+        "QuietRstStreamFrame",
+    ]
+    assert all(len(repr(f)) < 80 for f in frames)  # hyperframe's hex-encodes the payload
+    assert isinstance(frames[1].data, memoryview)  # a view of the read, not a copy
+    ours = _events(server, [wire])
+    assert ours == _events(oracle, [wire])
+    assert [e[0] for e in ours] == [
+        "RequestReceived",
+        "DataReceived",
+        "PingReceived",
+        "WindowUpdated",
+        "RemoteSettingsChanged",
+        "StreamReset",
+    ]
+    assert server.data_to_send()  # the PING and SETTINGS acknowledgements
+
+
+def test_the_lean_servers_data_payloads_are_views_never_copies_of_a_whole_frame() -> None:
+    """Padded or not: a DATA frame whole in one read is reported as a view of that read;
+    one split between reads as a view of the one copy its body was gathered in. The
+    flow-controlled length counts the padding."""
+    server, client = _pair(lean=True)
+    client.send_headers(1, REQUEST)
+    server.receive_data(client.data_to_send())
+    payload = bytes(range(256)) * 8
+    padded = DataFrame(1, payload, flags=["PADDED"])
+    padded.pad_length = 7
+    wire = padded.serialize() + DataFrame(1, payload, flags=["END_STREAM"]).serialize()
+    first, second = wire[:100], wire[100:]
+    events = server.receive_data(first) + server.receive_data(second)
+    received = [e for e in events if isinstance(e, h2events.DataReceived)]
+    assert [bytes(e.data) for e in received] == [payload, payload]
+    assert [e.flow_controlled_length for e in received] == [len(payload) + 8, len(payload)]
+    split, whole = (e.data for e in received)
+    assert isinstance(split, memoryview) and isinstance(whole, memoryview)
+    assert isinstance(split.obj, bytearray) and len(split.obj) == len(payload) + 8
+    assert whole.obj is second  # the read itself
+
+
+def test_the_client_role_reads_the_same_frames_without_a_preface() -> None:
+    """A client's reader expects no preface; the server's first frame must be its
+    SETTINGS (RFC 9113 3.4); a frame longer than advertised is refused from its header
+    alone, before its body is waited for; header blocks are joined."""
+    reader = h2parse.FrameReader(server=False, max_frame_size=16384, max_header_block=4096)
+    reader.feed(
+        raw_frame(SETTINGS, 0, 0)
+        + raw_frame(HEADERS, 0, 3, b"ab")
+        + raw_frame(0x9, 0x4, 3, b"cd")
+        + raw_frame(DATA, 0x1, 3, b"xyz")
+    )
+    frames = [(k, f, s, bytes(b)) for k, f, s, b in reader]
+    assert frames == [(SETTINGS, 0, 0, b""), (HEADERS, 0x4, 3, b"abcd"), (DATA, 0x1, 3, b"xyz")]
+    big = h2parse.FrameReader(server=False, max_frame_size=16384, max_header_block=4096)
+    big.feed(
+        raw_frame(SETTINGS, 0, 0) + (16385).to_bytes(3, "big") + bytes([DATA, 0]) + b"\0\0\0\1"
+    )
+    with pytest.raises(h2events.FrameTooLargeError):
+        list(big)
+    first = h2parse.FrameReader(server=False, max_frame_size=16384, max_header_block=4096)
+    first.feed(raw_frame(0x6, 0, 0, bytes(8)))
+    with pytest.raises(h2events.ProtocolError, match="SETTINGS"):
+        list(first)
+
+
+def test_a_header_block_is_bounded_by_its_bytes_before_they_arrive() -> None:
+    """A HEADERS frame then CONTINUATIONs: refused (ENHANCE_YOUR_CALM) as soon as a frame's
+    header announces more than the bound, in either role."""
+    for server in (True, False):
+        reader = h2parse.FrameReader(server=server, max_frame_size=16384, max_header_block=100)
+        reader.feed((PREFACE if server else b"") + raw_frame(SETTINGS, 0, 0))
+        reader.feed(raw_frame(HEADERS, 0, 1, bytes(60)))
+        assert [k for k, *_ in reader] == [SETTINGS]
+        reader.feed((60).to_bytes(3, "big") + bytes([0x9, 0]) + (1).to_bytes(4, "big"))
+        with pytest.raises(h2events.DenialOfServiceError) as caught:
+            list(reader)
+        assert caught.value.error_code == h2events.ErrorCodes.ENHANCE_YOUR_CALM
+
+
+def test_a_bad_preface_is_h2s_error() -> None:
+    reader = h2parse.FrameReader(server=True, max_frame_size=16384, max_header_block=100)
+    reader.feed(PREFACE[:5])
+    with pytest.raises(h2events.ProtocolError, match="preamble"):
+        reader.feed(b"XXXX")
+    oracle = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+    oracle.receive_data(PREFACE[:5])
+    with pytest.raises(h2.exceptions.ProtocolError, match="preamble"):
+        oracle.receive_data(b"XXXX")

@@ -20,8 +20,9 @@ Receiving
   frame): a 38 MB answer from our server arrives in ~150 frames instead of ~2,300, and
   h2's per-frame work is paid that many times.
 * Received bytes are cut into frames by
-  :class:`~reactantserver.transport.h2frames.FrameCutter` (``server=False``: no preface),
-  each body copied once, a DATA payload a view of that copy, every frame of a quiet class
+  :class:`~reactantserver.transport.h2frames.HyperframeReader` (``server=False``: no
+  preface), no body copied that arrived whole in one read, a DATA payload a view of the
+  read (or of the one copy of a frame split between reads), every frame of a quiet class
   whose ``repr`` does not hex-encode the payload (h2 builds a received frame's ``repr``
   for its no-op trace log: 14 % of the client's CPU on a 38 MB answer). grpclib then
   joins a message's payloads once.
@@ -74,7 +75,7 @@ from h2.connection import H2Connection
 from h2.settings import SettingCodes
 from hyperframe.frame import DataFrame, Frame
 
-from reactantserver.transport.h2frames import FrameCutter, route_quiet_frames
+from reactantserver.transport.h2frames import HyperframeReader, route_quiet_frames
 from reactantserver.transport.h2wire import (
     DATA,
     DEFAULT_WINDOW,
@@ -254,7 +255,7 @@ class _Protocol(H2Protocol):
             },
         )
         conn.max_inbound_frame_size = MAX_FRAME
-        conn.incoming_buffer = FrameCutter(MAX_HEADER_LIST, server=False)
+        conn.incoming_buffer = HyperframeReader(MAX_HEADER_LIST, server=False)  # type: ignore[assignment]
         route_quiet_frames(conn)
         conn.initiate_connection()
         raise_by = self.config.http2_connection_window_size - DEFAULT_WINDOW

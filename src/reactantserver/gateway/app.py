@@ -42,10 +42,8 @@ from __future__ import annotations
 import json
 import logging
 import socket
-from typing import Any
 
 import attrs
-import grpclib.server
 import trio
 from grpclib.const import Cardinality, Handler
 from prometheus_client import CollectorRegistry
@@ -61,7 +59,7 @@ from ..signals import drain_on_signals
 from ..transport import guest
 from ..transport.health import HealthServicer
 from ..transport.limits import WireCounters, WireLimits
-from ..transport.server import GuardedServer
+from ..transport.server import GuardedServer, ServerStream
 from ..transport.unary import DirectHandler
 from .calls import Raw, RawCodec
 from .control import LptController
@@ -217,7 +215,7 @@ class Gateway:
         table.update(self.health.mapping())
         answerer = ReflectionAnswerer.from_package(services=SERVICES)
 
-        async def reflect(stream: grpclib.server.Stream[Any, Any]) -> None:
+        async def reflect(stream: ServerStream) -> None:
             async for request in stream:
                 await stream.send_message(answerer.answer_bytes(request))
 

@@ -42,9 +42,7 @@ import itertools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
-from typing import Any
 
-import grpclib.server
 from grpclib import GRPCError
 from grpclib.const import Cardinality, Handler, Status
 
@@ -214,9 +212,7 @@ class Proxy:
 
     # ------------------------------------------------------------------ one call
 
-    async def _serve(
-        self, rpc: str, method: Method, stream: grpclib.server.Stream[Any, Any]
-    ) -> None:
+    async def _serve(self, rpc: str, method: Method, stream: ServerStream) -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
         remaining = stream.deadline.time_remaining() if stream.deadline is not None else None
@@ -235,8 +231,7 @@ class Proxy:
                 raise DeadlineExceeded(f"{rpc}: the deadline had passed when the call arrived")
             data = await stream.recv_message()
             assert data is not None  # a unary request always carries its message
-            assert isinstance(stream, ServerStream)
-            await stream.send_unary_message(await method(data, call))
+            await stream.send_message(await method(data, call))
         except Passthrough as exc:
             code = exc.code
             raise GRPCError(status_of(exc.code), exc.message) from None
@@ -261,7 +256,7 @@ class Proxy:
             stats.finish(rpc, call.model, code, loop.time() - started)
             self.call_ended()
 
-    async def _refuse_stream(self, rpc: str, stream: grpclib.server.Stream[Any, Any]) -> None:
+    async def _refuse_stream(self, rpc: str, stream: ServerStream) -> None:
         self.stats.finish(rpc, "", 12, 0.0)
         raise GRPCError(
             Status.UNIMPLEMENTED,

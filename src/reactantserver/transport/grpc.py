@@ -72,7 +72,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from typing import Any
 
-import grpclib.server
 import trio
 from grpclib import GRPCError
 from grpclib.const import Cardinality, Handler, Status
@@ -93,7 +92,7 @@ from . import guest
 from .h2guard import GuardedProtocol
 from .health import HealthServicer
 from .limits import Fault, WireCounters, WireLimits
-from .server import GuardedServer
+from .server import GuardedServer, ServerStream
 from .unary import DirectHandler, UnaryCall
 
 log = logging.getLogger(__name__)
@@ -190,13 +189,6 @@ class _SizeLimitedCodec(ProtoCodec):
             ) from None
 
 
-def _peer(stream: grpclib.server.Stream[Any, Any]) -> str:
-    addr = stream.peer.addr() if stream.peer is not None else None
-    if not addr:
-        return ""
-    return f"{addr[0]}:{addr[1]}"
-
-
 class _Bridge:
     """The handler table, the one call helper, and the in-flight count for draining.
 
@@ -269,7 +261,7 @@ class _Bridge:
         self,
         rpc: str,
         method: _Method,
-        stream: grpclib.server.Stream[Any, Any],
+        stream: ServerStream,
         *,
         receive: bool = True,
     ) -> None:
@@ -302,7 +294,7 @@ class _Bridge:
             self._service.record_rpc(rpc, code)
             self._leave()
 
-    async def reflect(self, reply_type: type[Any], stream: grpclib.server.Stream[Any, Any]) -> None:
+    async def reflect(self, reply_type: type[Any], stream: ServerStream) -> None:
         """One reflection stream; the answerer is sans-IO and fast, so no Trio hop."""
         if self._draining:
             raise GRPCError(Status.UNAVAILABLE, "server is shutting down")
@@ -324,7 +316,7 @@ class _Bridge:
         rpc: str,
         method: _Method,
         request: Any,
-        stream: grpclib.server.Stream[Any, Any],
+        stream: ServerStream,
     ) -> Any:
         """Run ``method`` as a Trio task and wait here (asyncio) for its outcome.
 
@@ -335,7 +327,7 @@ class _Bridge:
         """
         now = trio.current_time()
         remaining = stream.deadline.time_remaining() if stream.deadline is not None else math.inf
-        ctx = CallContext(deadline=now + remaining, peer=_peer(stream))
+        ctx = CallContext(deadline=now + remaining, peer=stream.peer)
         scope = trio.CancelScope(deadline=ctx.deadline)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._calls.start_soon(self._call, rpc, method, request, ctx, scope, future)

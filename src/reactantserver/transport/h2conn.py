@@ -7,11 +7,10 @@
   Its SETTINGS values and h2's reference connection (:func:`h2_reference_connection`,
   re-exported) live in :mod:`.h2settings`, below both this module and :mod:`.h2lean`,
   so that the two do not import each other.
-* Received bytes are cut into frames by :class:`.h2frames.FrameCutter` (a frame's length
-  judged from its 9-byte header, header blocks bounded, each body copied once, quiet
-  frame classes whose ``repr`` does not hex-encode the payload) for h2's connection (the
-  reference, and the client's); the server's own connection reads the same cuts without
-  frame objects (:class:`.h2parse.RawFrameCutter`).
+* Received bytes are cut into frames by :class:`.h2parse.FrameReader` (a frame's length
+  judged from its 9-byte header, header blocks bounded and joined, no copy of a body that
+  arrived whole); h2's connections (the reference, and the client's) get them as quiet
+  hyperframe frames (:class:`.h2frames.HyperframeReader`).
 * :class:`CorkedTransport`: everything written during one read's callback, or else
   during one pass of the event loop, leaves in one ``send`` (grpclib alone makes three
   per unary response; each ``send`` releases the GIL, and the event loop then waits on

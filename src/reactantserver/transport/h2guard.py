@@ -1,38 +1,38 @@
-"""HTTP/2 connections a hostile peer cannot stop, slow or fool: grpclib's protocol, guarded.
+"""HTTP/2 connections a hostile peer cannot stop, slow or fool: the server's asyncio edge.
 
-grpclib does the gRPC work (streams, flow-control bookkeeping, message send and receive)
-and our lean HTTP/2 connection (:mod:`.h2lean`, h2's events and errors) does the protocol.
-Both trust their peer more than a server facing anyone on the
-network may, and this module closes the gaps at the layer where bytes become events --
-below any request handler, so every server built on it (the worker's, a gateway's) gets
-the same protection, whatever the asyncio/Trio bridge above it looks like.
+Our HTTP/2 connection (:mod:`.h2lean`, sans-IO: bytes in, events and bytes out) does the
+protocol; this module is the thin asyncio layer around it -- one :class:`GuardedProtocol`
+per accepted socket feeds it the bytes, hands the events to the calls they belong to and
+writes what comes out -- and closes, at the layer where bytes become events, the gaps a
+server facing anyone on the network must close. Every server built on it (the worker's,
+a gateway's) gets the same protection, whatever the asyncio/Trio bridge above it looks like.
 
 Theory of operation
 -------------------
 One :class:`GuardedProtocol` per accepted socket. It builds the HTTP/2 connection itself (so
 that every limit is in the first SETTINGS frame), feeds it the bytes, and hands the
-events to :class:`_Processor`, grpclib's ``EventsProcessor`` with these changes:
+events to :class:`_Processor`, a table from event class to handler:
 
-* **Unknown events are ignored.** grpclib raises ``NotImplementedError`` for an h2 event
-  it has no handler for (``UnknownFrameReceived``: any frame type it does not know, e.g.
-  PRIORITY_UPDATE 0x10, ORIGIN 0xC), which escaped the protocol callback and ended the
-  process. RFC 9113 §4.1 and §5.5: unknown frame types MUST be ignored.
+* **Unknown events are ignored.** Any frame type the connection does not know (e.g.
+  PRIORITY_UPDATE 0x10, ORIGIN 0xC) is an event no handler is registered for: RFC 9113
+  §4.1 and §5.5, unknown frame types MUST be ignored. So are PING, SETTINGS ACK and
+  PRIORITY, which ask a gRPC server for nothing (the connection answers PING itself).
 * **Requests are judged at HEADERS.** Before a stream gets a handler, its headers pass
   :func:`.framing.request_head` through the sink's ``admit`` (method, content type,
   encoding, ``grpc-timeout``, known path); a refusal is answered trailers-only at once.
   A stream past ``max_concurrent_streams`` is reset with REFUSED_STREAM (clients retry
-  it); h2 would instead tear the whole connection down, so its own count is disabled
-  (:class:`.h2settings.ServerSettings`) and the limit is enforced here, per stream.
+  it) instead of tearing the whole connection down: the limit is enforced here, per
+  stream.
 * **Messages are judged as DATA arrives.** A :class:`.framing.MessageFramer` per stream
   reads each 5-byte gRPC prefix the moment it is complete: a declared length over
   ``max_message_bytes`` (or a bad flag, a second message on a unary call, a stream cut
   short) is answered, the stream is reset, the bytes buffered for it are dropped and
   handed back to the connection window, and no more window is granted for it.
-* **Frames are judged by their header.** h2 waits for a whole frame before checking its
-  length, so a DATA frame declaring 16 MiB was buffered although we advertise 1 MiB;
-  :class:`.h2frames.FrameCutter` checks the 9-byte header first: FRAME_SIZE_ERROR, GOAWAY. It
-  also bounds a header block (HEADERS plus CONTINUATIONs) to ``max_header_list_size``
-  bytes: h2 would buffer up to 64 CONTINUATION frames of any allowed size.
+* **Frames are judged by their header.** The connection's frame reader
+  (:class:`.h2parse.FrameReader`) checks a frame's 9-byte header before waiting for its
+  body (FRAME_SIZE_ERROR, GOAWAY, for a DATA frame declaring 16 MiB when we advertise
+  1 MiB) and bounds a header block (HEADERS plus CONTINUATIONs) to
+  ``max_header_list_size`` bytes.
 * **What a peer makes us do for nothing is budgeted** (:class:`.abuse.AbuseBudget`, one
   per connection, given the loop's time). A peer may reset a call it started (a client
   cancelling), but a reset frees the stream's slot under ``max_concurrent_streams`` after
@@ -54,19 +54,25 @@ events to :class:`_Processor`, grpclib's ``EventsProcessor`` with these changes:
   within ``handshake_timeout``, and sends GOAWAY and closes after ``idle_timeout`` with
   no open stream (both checked by a periodic sweep of the table, not a timer per
   connection). A peer that stops reading our output stops being read (the protocol
-  pauses reading while the transport's write buffer is full), so PING or SETTINGS
-  floods cannot grow our buffers.
+  pauses reading while the transport's write buffer is full, and answers wait), so PING
+  or SETTINGS floods cannot grow our buffers.
 * **Nothing escapes a callback.** A protocol error in the peer's bytes is a clean
-  connection error (h2's GOAWAY, then close), counted and logged through the rate-limited
+  connection error (GOAWAY, then close), counted and logged through the rate-limited
   :class:`~.faultlog.FaultLog`; an exception in our own event handling is logged with its
   traceback and closes that connection only: one bad connection must not end the
   server.
 
-The HTTP/2 connection itself is :mod:`.h2lean`; its first SETTINGS, the early
-frame-length check and the corked transport are in :mod:`.h2conn`.
+Calls are served two ways, both released through :meth:`_Processor._released` (which
+frees the stream's slot): a *direct* method (:mod:`.unary`, ModelInfer) by the event
+handlers themselves, without a task; every other method by the sink (:mod:`.server`),
+whose ``accept`` returns the :class:`Receiver` the stream's DATA, end, window updates
+and drain go to. Everything written -- by either, and by the connection itself -- is
+queued in the connection and handed to the :class:`.h2conn.CorkedTransport` by
+:meth:`GuardedProtocol.flush`: one ``send`` per read, or per loop pass.
 
-What is deliberately not here: the request handlers (:mod:`.server`), message codecs and
-the Trio bridge (:mod:`.grpc`). This module imports grpclib's ``protocol`` module only.
+The HTTP/2 connection itself is :mod:`.h2lean`; its first SETTINGS and the corked
+transport are in :mod:`.h2conn`. What is deliberately not here: the request handlers
+(:mod:`.server`), message codecs and the Trio bridge (:mod:`.grpc`).
 """
 
 from __future__ import annotations
@@ -76,9 +82,6 @@ import logging
 import socket
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
-
-from grpclib.config import Configuration
-from grpclib.protocol import Connection, EventsProcessor, Stream
 
 from . import h2events
 from .abuse import AbuseBudget
@@ -115,6 +118,26 @@ class Admitted(Protocol):
         ...
 
 
+class Receiver(Protocol):
+    """A served stream, as the connection's events reach it (:class:`.server.ServerStream`)."""
+
+    def received(self, data: memoryview, flow_controlled_length: int) -> None:
+        """A DATA payload the framer accepted (acknowledged once it is read)."""
+        ...
+
+    def ended(self) -> None:
+        """The peer ended the stream after a whole message."""
+        ...
+
+    def wake(self) -> None:
+        """A window grew or the transport drained: a blocked send may go on."""
+        ...
+
+    def drop(self) -> int:
+        """Forget what was received and not read; the flow-controlled bytes of it."""
+        ...
+
+
 class RequestSink(Protocol):
     """The request layer above a connection (one per connection): :mod:`.server`."""
 
@@ -125,12 +148,14 @@ class RequestSink(Protocol):
         they were read at."""
         ...
 
-    def accept(self, stream: Stream, admitted: Any, release: Callable[[], None]) -> None:
+    def accept(
+        self, guard: GuardedProtocol, sid: int, admitted: Any, release: Callable[[], None]
+    ) -> Receiver:
         """Start serving an admitted stream; call ``release`` once when it is done."""
         ...
 
-    def cancel(self, stream: Stream) -> None:
-        """Stop serving ``stream`` (reset by the peer, or refused by the framer)."""
+    def cancel(self, sid: int) -> None:
+        """Stop serving stream ``sid`` (reset by the peer, or refused by the framer)."""
         ...
 
     def close(self) -> None:
@@ -229,21 +254,19 @@ class ConnectionTable:
             protocol.abort()
 
 
-class _Processor(EventsProcessor):
-    """grpclib's events processor with the checks of the module docstring."""
+class _Processor:
+    """The connection's events, each to its handler (the checks of the module docstring)."""
 
-    handler: RequestSink  # type: ignore[assignment]
-
-    def __init__(self, sink: RequestSink, connection: Connection, guard: GuardedProtocol) -> None:
-        super().__init__(sink, connection)  # type: ignore[arg-type]
+    def __init__(self, sink: RequestSink, guard: GuardedProtocol, h2: ServerConnection) -> None:
+        self.sink = sink
         self._guard = guard
+        self._h2 = h2
         self._limits = guard.limits
         self._counters = guard.table.counters
-        self._h2: ServerConnection = connection._connection  # type: ignore[assignment]
-        #: Calls to direct methods (:mod:`.unary`): no grpclib stream, no task.
-        self.direct = DirectCalls(
-            self._h2, connection, guard.peer, guard.fault, self._released, guard.now
-        )
+        #: Calls to direct methods (:mod:`.unary`): no task, no stream object.
+        self.direct = DirectCalls(h2, guard, guard.peer, guard.fault, self._released, guard.now)
+        #: The sink's calls (every other method), by stream id.
+        self.streams: dict[int, Receiver] = {}
         self._framers: dict[int, MessageFramer] = {}
         #: The setting that bounds a request message here, named when one is refused.
         self._message_key = guard.limits.names.max_message_bytes
@@ -252,22 +275,29 @@ class _Processor(EventsProcessor):
         #: What the peer made us do for nothing, judged (module docstring); calls started
         #: are counted into it here (``budget.streams``), the rest through :meth:`tally`.
         self.budget = AbuseBudget(guard.opened_at)
-        #: The lean connection, and its count of frames for nothing the budget was told of.
-        self.lean = self._h2
+        #: The lean connection's count of frames for nothing the budget was told of.
         self.seen_wasted = 0
-        #: Event class -> its handler (grpclib's ``processors``; grpclib's ``process``, which
-        #: raises for an event it has no handler for, is not used), emptied on close so that
-        #: the loop over one read's events stops handling them once the connection closed.
-        self.handlers: dict[type, Any] = self.processors
+        #: Event class -> its handler; any other event is ignored. Emptied on close, so
+        #: that the loop over one read's events stops handling them once the connection
+        #: closed.
+        self.handlers: dict[type, Callable[[Any], None]] = {
+            h2events.RequestReceived: self.request_received,
+            h2events.DataReceived: self.data_received,
+            h2events.StreamEnded: self.stream_ended,
+            h2events.WindowUpdated: self.window_updated,
+            h2events.StreamReset: self.stream_reset,
+            h2events.RemoteSettingsChanged: self.settings_changed,
+            h2events.ConnectionTerminated: self.connection_terminated,
+        }
 
     # ------------------------------------------------------------------ streams
 
-    def process_request_received(self, event: h2events.RequestReceived) -> None:
+    def request_received(self, event: h2events.RequestReceived) -> None:
         sid = event.stream_id
         state = self._h2.streams.get(sid)
         if state is None or state.closed:
             # The peer reset it within the same read (HEADERS and RST_STREAM together):
-            # nothing was started, nothing is owed, and h2 would refuse to reset it again.
+            # nothing was started, nothing is owed, and it cannot be reset again.
             return
         open_calls = len(self.streams) + len(self.direct.calls)
         if open_calls >= self._limits.max_concurrent_streams:
@@ -280,69 +310,58 @@ class _Processor(EventsProcessor):
             self._judged(self.budget.wasted_frames(1, self._guard.read_at), Fault.FRAME_FLOOD)
             return
         now = self._guard.read_at
-        decision = self.handler.admit(event.headers, self._guard.peer, now)  # type: ignore[arg-type]
+        decision = self.sink.admit(event.headers, self._guard.peer, now)  # type: ignore[arg-type]
         if isinstance(decision, Refusal):
             self._answer(sid, decision)
             self._guard.fault(decision.fault, decision.message)
             if decision.fault in _MALFORMED:  # refused before it started: an answer for nothing
                 self._judged(self.budget.wasted_frames(1, now), Fault.FRAME_FLOOD)
             return
-        if isinstance(decision, DirectAdmission):
-            self._started[sid] = now
-            self.budget.streams += 1
-            self._framers[sid] = MessageFramer(
-                self._limits.max_message_bytes, unary=True, setting=self._message_key
-            )
-            self._count_opened()
-            self.direct.open(sid, decision)  # released through self._released
-            return
-        stream = self.connection.create_stream(stream_id=sid)
         self._started[sid] = now
         self.budget.streams += 1
-        release = self.register(stream)
         self._framers[sid] = MessageFramer(
             self._limits.max_message_bytes,
             unary=decision.unary_request,
             setting=self._message_key,
         )
-        self.handler.accept(stream, decision, release)
-
-    def register(self, stream: Stream) -> Callable[[], None]:
-        sid = stream.id
-        assert sid is not None
-        return self._opened(sid, super().register(stream))
-
-    def _opened(self, sid: int, release: Callable[[], None]) -> Callable[[], None]:
-        """Count a grpclib stream that got a handler; its release (``release``: grpclib's
-        part). A direct call is counted alike and released by :meth:`_released`."""
-        self._count_opened()
-        return lambda: self._released(sid, release)
-
-    def _count_opened(self) -> None:
         counters = self._counters
         counters.streams_open += 1
         if counters.streams_open > counters.streams_peak:
             counters.streams_peak = counters.streams_open
         self._guard.busy()
+        if isinstance(decision, DirectAdmission):
+            self.direct.open(sid, decision)  # released through self._released
+        else:
+            self.streams[sid] = self.sink.accept(
+                self._guard, sid, decision, lambda: self._released(sid)
+            )
 
-    def _released(self, sid: int, release: Callable[[], None] | None = None) -> None:
+    def _released(self, sid: int) -> None:
         """A stream's handler is done with it (once per stream that got one)."""
         self._counters.streams_open -= 1
         self._framers.pop(sid, None)
         self._started.pop(sid, None)
-        if release is not None:
-            release()
-        # A handler that finished while the peer is still sending (no END_STREAM yet)
-        # asks it to stop (RFC 9113 §8.1), so that h2 forgets the stream: a peer could
-        # otherwise keep answered streams open past our limit.
-        state = self._h2.streams.get(sid)
-        if state is not None and not state.closed and not self.connection.is_closing():
-            self._h2.reset_stream(sid, ErrorCodes.NO_ERROR)
-            self.connection.flush()
+        h2 = self._h2
+        stream = self.streams.pop(sid, None)
+        if not self._guard.is_closing():
+            # What the handler did not read is dropped, not consumed: the connection's
+            # window gets it back.
+            unread = stream.drop() if stream is not None else 0
+            if unread:
+                h2.acknowledge_received_data(unread, sid)
+            # A handler that finished while the peer is still sending (no END_STREAM)
+            # asks it to stop (RFC 9113 §8.1), so that the connection forgets the stream:
+            # a peer could otherwise keep answered streams open past our limit.
+            state = h2.streams.get(sid)
+            if state is not None and not state.closed:
+                h2.reset_stream(sid, ErrorCodes.NO_ERROR)
+                self._guard.flush()
+            elif unread:
+                self._guard.flush()
         if not self.streams and not self.direct.calls:
             self._guard.idle()
 
-    def process_data_received(self, event: h2events.DataReceived) -> None:
+    def data_received(self, event: h2events.DataReceived) -> None:
         sid = event.stream_id
         framer = self._framers.get(sid)
         if framer is not None:
@@ -352,17 +371,16 @@ class _Processor(EventsProcessor):
                 return
         if sid in self.direct.calls:
             self.direct.data(sid, event.data, event.flow_controlled_length)  # type: ignore[arg-type]
-            self.connection.data_received += len(event.data)
             return
         if not event.flow_controlled_length:
-            # A DATA frame with no payload and no padding (legal anywhere in a stream) holds
-            # nothing to read or acknowledge; handed on, grpclib's buffer would take it for
-            # the end of the stream (its end mark is an entry of no flow-controlled bytes)
-            # and a handler reading across it would read short.
-            return
-        super().process_data_received(event)
+            return  # a DATA frame with no payload and no padding: nothing to read or ack
+        stream = self.streams.get(sid)
+        if stream is not None:
+            stream.received(event.data, event.flow_controlled_length)  # type: ignore[arg-type]
+        else:  # a stream already answered: its bytes are dropped, the window given back
+            self._h2.acknowledge_received_data(event.flow_controlled_length, sid)
 
-    def process_stream_ended(self, event: h2events.StreamEnded) -> None:
+    def stream_ended(self, event: h2events.StreamEnded) -> None:
         sid = event.stream_id
         framer = self._framers.pop(sid, None)
         if framer is not None:
@@ -371,24 +389,33 @@ class _Processor(EventsProcessor):
                 self._refuse(sid, refusal, 0)
                 return
         if sid in self.direct.calls:
-            self.connection.streams_succeeded += 1
             self.direct.ended(sid, self._guard.read_at)
             return
-        super().process_stream_ended(event)
+        stream = self.streams.get(sid)
+        if stream is not None:
+            stream.ended()
 
-    def process_window_updated(self, event: h2events.WindowUpdated) -> None:
+    def window_updated(self, event: h2events.WindowUpdated) -> None:
         # Most peers send a WINDOW_UPDATE or two per call; with only direct calls open
-        # (nothing waits in grpclib's streams) and no answer blocked, it changes nothing.
+        # and no answer blocked, it changes nothing.
         if self.streams:
-            super().process_window_updated(event)
+            if event.stream_id:
+                stream = self.streams.get(event.stream_id)
+                if stream is not None:
+                    stream.wake()
+            else:
+                for stream in self.streams.values():
+                    stream.wake()
         if self.direct.blocked:
             self.direct.window(event.stream_id)
 
-    def process_stream_reset(self, event: h2events.StreamReset) -> None:
-        self._framers.pop(event.stream_id, None)
-        started = self._started.pop(event.stream_id, None)
-        self.direct.cancel(event.stream_id)
-        super().process_stream_reset(event)
+    def stream_reset(self, event: h2events.StreamReset) -> None:
+        sid = event.stream_id
+        self._framers.pop(sid, None)
+        started = self._started.pop(sid, None)
+        self.direct.cancel(sid)
+        if sid in self.streams:
+            self.sink.cancel(sid)
         budget = self.budget
         if event.remote_reset:
             if started is not None:
@@ -400,8 +427,8 @@ class _Processor(EventsProcessor):
 
     def tally(self) -> None:
         """Hand the budget the frames for nothing the lean connection counted."""
-        wasted = self.lean.wasted - self.seen_wasted
-        self.seen_wasted = self.lean.wasted
+        wasted = self._h2.wasted - self.seen_wasted
+        self.seen_wasted = self._h2.wasted
         self._judged(self.budget.wasted_frames(wasted, self._guard.read_at), Fault.FRAME_FLOOD)
 
     def _judged(self, verdict: str | None, fault: Fault) -> None:
@@ -411,19 +438,23 @@ class _Processor(EventsProcessor):
         self._guard.fault(fault, f"{verdict}; connection closed with GOAWAY ENHANCE_YOUR_CALM")
         self._guard.goaway(ErrorCodes.ENHANCE_YOUR_CALM, b"too much work asked for nothing")
 
-    def process_remote_settings_changed(self, event: h2events.RemoteSettingsChanged) -> None:
+    def settings_changed(self, event: h2events.RemoteSettingsChanged) -> None:
         # The peer's first SETTINGS frame (after its preface) completes the handshake.
         self._guard.handshake_done()
-        super().process_remote_settings_changed(event)
-        self.direct.resume()  # its initial window may have grown
+        self.resume()  # its initial window may have grown
+
+    def connection_terminated(self, event: h2events.ConnectionTerminated) -> None:
+        self._guard.abort()  # the peer's GOAWAY: its calls are over
 
     def resume(self) -> None:
-        """The transport drained: answers waiting for it go on."""
+        """The transport drained (or windows grew): answers waiting for it go on."""
+        for stream in self.streams.values():
+            stream.wake()
         self.direct.resume()
 
-    def close(self, reason: str = "Connection closed") -> None:
-        self.handlers.clear()  # before grpclib drops it: events still queued are ignored
-        super().close(reason)
+    def close(self) -> None:
+        self.handlers.clear()  # events still queued in this read are ignored
+        self.sink.close()
         self.direct.close()
 
     # ------------------------------------------------------------------ refusing
@@ -437,8 +468,8 @@ class _Processor(EventsProcessor):
             self._judged(self.budget.provoked_resets(1), Fault.RAPID_RESET)
         stream = self.streams.get(sid)
         if stream is not None:
-            unacked += stream.buffer.unacked_size()  # drains the buffer's queue
-            self.handler.cancel(stream)
+            unacked += stream.drop()
+            self.sink.cancel(sid)
         self.direct.cancel(sid)  # its DATA was acknowledged as it came
         if unacked:
             # The stream is closed now, so this opens the connection window only: the
@@ -477,13 +508,17 @@ class GuardedProtocol(asyncio.Protocol):
         self.limits = table.limits
         self._sink = sink
         self.peer = ""
-        self.connection: Connection | None = None
+        #: The HTTP/2 connection (made in ``connection_made``, unless refused).
+        self.h2: ServerConnection | None = None
         self._processor: _Processor | None = None
         self._transport: asyncio.Transport | None = None
         self._cork: CorkedTransport | None = None
         #: This thread's owed flushes (the protocol is made on its loop's thread).
         self._held = held_writes()
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: The transport takes writes (False between ``pause_writing`` and
+        #: ``resume_writing``: answers wait, frame by frame).
+        self.writable = True
         self._handshaken = False
         #: GOAWAY sent or the connection refused: input is no longer read.
         self._closing = False
@@ -513,34 +548,29 @@ class GuardedProtocol(asyncio.Protocol):
                 self._refuse_connection()
                 return
             self._cork = CorkedTransport(transport, loop)
-            conn = new_h2_connection(self.limits)
-            conn.initiate_connection()
-            conn.increment_flow_control_window(self.limits.connection_window - 65535)
-            self.connection = Connection(
-                conn,  # type: ignore[arg-type]  # the subset of H2Connection grpclib uses
-                self._cork,  # type: ignore[arg-type]
-                config=Configuration().__for_server__(),
-            )
-            self._processor = _Processor(self._sink, self.connection, self)
-            self.connection.flush()
+            self.h2 = h2 = new_h2_connection(self.limits)
+            h2.initiate_connection()
+            h2.increment_flow_control_window(self.limits.connection_window - 65535)
+            self._processor = _Processor(self._sink, self, h2)
+            self.flush()
         except Exception:
             log.exception("setting up the connection from %s failed; closing it", self.peer)
             self.abort()
 
     def data_received(self, data: bytes) -> None:
-        if self._closing or self.connection is None or self._processor is None:
+        if self._closing or self.h2 is None or self._processor is None:
             return
         self.read_at = self.now()
         held = self._held
         held.enter()  # what this read provokes is sent as it returns
         try:
-            self._received(self.connection, self._processor, data)
+            self._received(self.h2, self._processor, data)
         finally:
             held.leave()
 
-    def _received(self, connection: Connection, processor: _Processor, data: bytes) -> None:
+    def _received(self, h2: ServerConnection, processor: _Processor, data: bytes) -> None:
         try:
-            events = connection.feed(data)
+            events = h2.receive_data(data)
         except h2events.ProtocolError as exc:
             kind = (
                 Fault.FRAME_TOO_LARGE
@@ -548,48 +578,54 @@ class GuardedProtocol(asyncio.Protocol):
                 else Fault.PROTOCOL_ERROR
             )
             self.fault(kind, f"{exc or type(exc).__name__}; connection closed with GOAWAY")
-            self.abort()  # h2 has queued its GOAWAY; abort flushes it first
+            self.abort()  # the connection has queued its GOAWAY; abort flushes it first
             return
         except Exception as exc:
-            # h2 choked on the bytes themselves (a header value that is not ASCII, ...);
-            # its header-compression state is now unknown, so the connection must end.
+            # The connection choked on the bytes themselves; its header-compression state
+            # is now unknown, so the connection must end.
             self.fault(
                 Fault.PROTOCOL_ERROR,
                 f"undecodable input ({type(exc).__name__}: {exc}); connection closed with GOAWAY",
             )
             try:
-                connection._connection.close_connection(ErrorCodes.PROTOCOL_ERROR)
-            except Exception:  # h2 is in a state where it cannot even say so
+                h2.close_connection(ErrorCodes.PROTOCOL_ERROR)
+            except Exception:  # it is in a state where it cannot even say so
                 log.debug("no GOAWAY for %s", self.peer, exc_info=True)
             self.abort()
             return
         try:
-            connection.flush()
             handlers = processor.handlers
             for event in events:
                 handle = handlers.get(event.__class__)
                 if handle is not None:
                     handle(event)
-                # Any other event -- UnknownFrameReceived above all -- has no meaning for a
-                # gRPC server and is ignored, as RFC 9113 §5.5 requires for unknown frames.
-            if processor.lean.wasted != processor.seen_wasted:
+            if h2.wasted != processor.seen_wasted:
                 processor.tally()
-            connection.flush()
+            self.flush()
         except Exception:
             log.exception("serving the connection from %s failed; closing it", self.peer)
             self.abort()
 
+    def flush(self) -> None:
+        """Hand what the connection queued to the (corked) transport."""
+        assert self.h2 is not None and self._cork is not None
+        data = self.h2.data_to_send()
+        if data:
+            self._cork.write(data)
+
+    def is_closing(self) -> bool:
+        """The transport is closing or closed: nothing written reaches the peer."""
+        return self._transport is None or self._transport.is_closing()
+
     def pause_writing(self) -> None:
         # The peer does not read what we write: stop reading what it writes, so that
         # answers it provokes (PING and SETTINGS ACKs, refusals) cannot pile up here.
-        if self.connection is not None:
-            self.connection.pause_writing()
+        self.writable = False
         if self._transport is not None and not self._transport.is_closing():
             self._transport.pause_reading()
 
     def resume_writing(self) -> None:
-        if self.connection is not None:
-            self.connection.resume_writing()
+        self.writable = True
         if self._processor is not None:
             self._processor.resume()
         if self._transport is not None and not self._transport.is_closing():
@@ -601,7 +637,7 @@ class GuardedProtocol(asyncio.Protocol):
             self._cork.discard()
         if self._processor is not None:
             try:
-                self._processor.close("Connection lost")
+                self._processor.close()
             except Exception:
                 log.exception("closing the connection from %s failed", self.peer)
 
@@ -658,25 +694,26 @@ class GuardedProtocol(asyncio.Protocol):
         Streams already running are not cut short by the GOAWAY itself; whoever calls
         this has let them finish (a graceful stop) or has none (idle).
         """
-        if self._closing or self.connection is None or self.connection.is_closing():
+        if self._closing or self.h2 is None or self.is_closing():
             return
         self._closing = True
         try:
-            self.connection._connection.close_connection(error, debug)
-            self.connection.flush()
-        except Exception:  # h2 is already in a closed state
+            self.h2.close_connection(error, debug)
+            self.flush()
+        except Exception:  # the connection is already closed
             log.debug("GOAWAY not sent to %s", self.peer, exc_info=True)
         assert self._loop is not None
         self._loop.call_later(GOAWAY_LINGER, self.abort)
 
     def abort(self) -> None:
-        """Close now: cancel the connection's calls, flush what is queued, close."""
+        """Close now: flush what is queued, cancel the connection's calls, close."""
         self._closing = True
         self.table.closed(self)
-        if self._processor is not None:
-            if self.connection is not None and not self.connection.is_closing():
-                self.connection.flush()
-            self._processor.close("Connection closed by the server")
+        if self._processor is not None and self._cork is not None:
+            if not self.is_closing():
+                self.flush()
+            self._cork.close()  # sends what is corked (a GOAWAY), then closes
+            self._processor.close()
         elif self._transport is not None:
             self._transport.close()
 

@@ -17,9 +17,9 @@ A drop-in for the part of ``H2Connection`` that grpclib's ``protocol``/``server`
 and :mod:`.h2guard` / :mod:`.server` use, emitting **h2's own event classes** (so grpclib's
 ``EventsProcessor`` and our ``_Processor`` need no change) and raising **h2's own
 exceptions** (``h2events.ProtocolError`` and subclasses, which :mod:`.h2guard`
-catches). Received bytes are cut into frames by :class:`.h2parse.RawFrameCutter` (preface
+catches). Received bytes are cut into frames by :class:`.h2parse.FrameReader` (preface
 check, frame length judged from the header, header blocks bounded, CONTINUATION joined,
-one copy per body) as ``(type, flags, stream id, body)``, no frame objects: the type byte
+no copy of a body that arrived whole) as ``(type, flags, stream id, body)``, no frame objects: the type byte
 picks a handler, which reads its fields by slicing (:mod:`.h2parse`, which also raises h2's
 and hyperframe's errors for a malformed frame, in their order); a DATA payload is a view
 of the body. Frames we send are written as bytes directly.
@@ -105,7 +105,7 @@ from .h2events import (
     UnknownFrameReceived,
     WindowUpdated,
 )
-from .h2parse import ALTSVC, FRAME_NAMES, KNOWN_TYPES, Body, Priority, RawFrameCutter
+from .h2parse import ALTSVC, FRAME_NAMES, KNOWN_TYPES, Body, FrameReader, Priority
 from .h2settings import ServerSettings, local_settings
 from .h2wire import (
     ACK,
@@ -305,15 +305,15 @@ class ServerConnection:
         self._recv_window = _Window(DEFAULT_WINDOW)
         self._stream_window = limits.stream_window
         self._blocks = BlockDecoder(_ascii_field, limits.max_header_list_size)
-        self.incoming_buffer = RawFrameCutter(limits.max_header_list_size)
-        self.incoming_buffer.max_frame_size = limits.max_frame_size
+        self.reader = FrameReader(
+            server=True,
+            max_frame_size=limits.max_frame_size,
+            max_header_block=limits.max_header_list_size,
+        )
         self._out: list[bytes | memoryview] = []
         #: The closed streams remembered (oldest first): reset, and ended normally.
         self._resets: OrderedDict[int, None] = OrderedDict()
         self._endings: OrderedDict[int, None] = OrderedDict()
-        #: The peer's first SETTINGS frame has arrived (RFC 9113 §3.4: it must be the
-        #: first frame after the preface).
-        self._peer_settings = False
         #: Frames that asked for nothing (PING, SETTINGS, DATA without payload or
         #: END_STREAM, a frame on a closed stream answered RST_STREAM), counted for the
         #: guard's abuse budget (:mod:`.abuse`, which is given the time). The streams we
@@ -551,10 +551,10 @@ class ServerConnection:
 
     def receive_data(self, data: bytes) -> list[Event]:
         events: list[Event] = []
-        self.incoming_buffer.add_data(data)
+        self.reader.feed(data)
         dispatch = self._frame_dispatch_table
         try:
-            for kind, flags, sid, body in self.incoming_buffer:
+            for kind, flags, sid, body in self.reader:
                 if self.state_machine.state is not ConnectionState.SERVER_OPEN:
                     self._check_state(kind, flags, body)
                 handler = dispatch.get(kind)
@@ -568,19 +568,12 @@ class ServerConnection:
         return events
 
     def _check_state(self, kind: int, flags: int, body: Body) -> None:
-        """The preface must be followed by the peer's SETTINGS (RFC 9113 §3.4; h2 does not
-        check it), then h2's connection states: after GOAWAY either way only GOAWAY (and
-        frames of unknown type, and a CONTINUATION outside a header block, which h2 judges
-        by its stream alone) may arrive; before the first request, no DATA or RST_STREAM.
-        h2 checks a frame's body before its state (:func:`.h2parse.check_body`)."""
-        if not self._peer_settings and (kind != SETTINGS or flags & ACK):
-            name = FRAME_NAMES.get(kind, f"a frame of type {kind:#x}")
-            if kind == SETTINGS:
-                name = "a SETTINGS acknowledgement"
-            raise h2events.ProtocolError(
-                f"the connection preface was followed by {name}, not by the client's "
-                "SETTINGS frame (RFC 9113 section 3.4)"
-            )
+        """h2's connection states: after GOAWAY either way only GOAWAY (and frames of
+        unknown type, and a CONTINUATION outside a header block, which h2 judges by its
+        stream alone) may arrive; before the first request, no DATA or RST_STREAM. h2
+        checks a frame's body before its state (:func:`.h2parse.check_body`). (That the
+        preface is followed by the peer's SETTINGS, RFC 9113 §3.4, which h2 does not
+        check, is the reader's rule: :class:`.h2parse.FrameReader`.)"""
         if self.state_machine.state is ConnectionState.CLOSED:
             if kind not in (GOAWAY, CONTINUATION) and kind in KNOWN_TYPES:
                 h2parse.check_body(kind, flags, body)
@@ -794,7 +787,6 @@ class ServerConnection:
             ack.changed_settings = self.local_settings.acknowledge()
             events.append(ack)
             return
-        self._peer_settings = True
         remote = self.remote_settings
         for code, value in values.items():
             remote.validate_received_setting(code, value)  # h2's errors and codes
@@ -859,7 +851,7 @@ class ServerConnection:
 
     def _on_continuation(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         """A CONTINUATION outside a header block (those within one were joined to it:
-        :class:`.h2parse.RawFrameCutter`): h2's error for its stream's state."""
+        :class:`.h2parse.FrameReader`): h2's error for its stream's state."""
         if sid not in self.streams:
             if self._is_idle(sid):
                 raise h2events.NoSuchStreamError(sid)

@@ -1,27 +1,25 @@
-"""Received HTTP/2 frames read straight from their bytes: the lean server's receive path.
+"""Received HTTP/2 frames read straight from their bytes, for either role.
 
 Why
 ---
-:class:`.h2frames.FrameCutter` builds a hyperframe ``Frame`` object for every frame (a
-``Flags`` set, the padding and priority mixins' ``__init__``, ``parse_frame_header``,
-``parse_body``) for the two or three fields the connection then reads: a fifth of the
-gateway's server-side CPU at 16 calls in flight. :class:`RawFrameCutter` cuts the same
-frames from the same reads (it *is* a FrameCutter: one copy per body, lengths judged from
-the 9-byte header, header blocks bounded) but yields ``(type, flags, stream_id, body)``;
-the connection (:class:`.h2lean.ServerConnection`) dispatches on the type byte to one small
-handler per frame type, which reads its fields with this module's parsers, by slicing. A
-DATA payload is a view of the frame's one body copy. Only frames of a type we do not know
-become objects (hyperframe's ``ExtensionFrame``, for ``UnknownFrameReceived``; rare).
-
-The other users of FrameCutter (h2's connection: the client's channel, and the server's
-reference in tests and benchmarks) keep hyperframe's frames.
+A hyperframe ``Frame`` object built for every frame (a ``Flags`` set, the padding and
+priority mixins' ``__init__``, ``parse_frame_header``, ``parse_body``) costs more than the
+two or three fields a connection then reads: a fifth of the gateway's server-side CPU at
+16 calls in flight. :class:`FrameReader` cuts frames from the reads (lengths judged from
+the 9-byte header, header blocks bounded and joined, no copy of a body that arrived whole)
+and yields ``(type, flags, stream_id, body)``; a connection dispatches on the type byte to
+one small handler per frame type, which reads its fields with this module's parsers, by
+slicing. The same reader serves the worker's server connection
+(:class:`.h2lean.ServerConnection`), the gateway's client to its workers and h2's
+connections of the Python client and the tests' reference (through an adapter that builds
+hyperframe frames from what it yields).
 
 Errors: exactly h2's for each malformed frame
 ---------------------------------------------
 h2's buffer and hyperframe refuse a malformed frame with these h2 exceptions, and so does
 this module, checked in the same order (tests/test_h2lean.py feeds both the same bytes):
 
-1. from the 9-byte header, before the body is waited for (FrameCutter._judge): a frame
+1. from the 9-byte header, before the body is waited for (FrameReader._judge): a frame
    longer than our SETTINGS_MAX_FRAME_SIZE -> ``FrameTooLargeError``; a header block past
    the bound -> ``DenialOfServiceError``;
 2. the stream id against the type (hyperframe's constructors): DATA, HEADERS, PRIORITY,
@@ -54,7 +52,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from . import h2events, h2rules
-from .h2frames import FrameCutter
 from .h2wire import (
     ACK,
     CONTINUATION,
@@ -63,9 +60,11 @@ from .h2wire import (
     FRAME_HEAD,
     GOAWAY,
     HEADERS,
+    MAX_STREAM_ID,
     MAX_WINDOW,
     PADDED,
     PING,
+    PREFACE,
     PRIORITY,
     PRIORITY_FLAG,
     PUSH_PROMISE,
@@ -74,9 +73,10 @@ from .h2wire import (
     WINDOW_UPDATE,
 )
 
-#: A received frame's body: a private copy (FrameCutter), never written to again.
-Body = bytes | bytearray
-#: A received frame, as :class:`RawFrameCutter` yields it: type, flags, stream id, body.
+#: A received frame's body: a view of the read that held it whole, or of the one copy made
+#: of a frame split between reads; nothing writes to either again.
+Body = memoryview
+#: A received frame, as :class:`FrameReader` yields it: type, flags, stream id, body.
 RawFrame = tuple[int, int, int, Body]
 #: A PRIORITY frame's (or a HEADERS frame's) priority fields: the stream depended on, the
 #: weight byte as sent (weight - 1) and the exclusive bit.
@@ -144,13 +144,13 @@ def data(flags: int, body: Body) -> tuple[memoryview, int]:
     """A DATA frame's payload (a view of ``body``, no copy) and its flow-controlled length
     (the whole body: payload, padding and the pad-length byte)."""
     if not flags & PADDED:
-        return memoryview(body), len(body)
+        return body, len(body)
     if not body:
         raise _missing("Invalid Padding data")
     pad = body[0]
     if pad and pad >= len(body):
         raise _bad_padding()
-    return memoryview(body)[1 : len(body) - pad], len(body)
+    return body[1 : len(body) - pad], len(body)
 
 
 def priority_fields(body: Body, at: int) -> Priority:
@@ -283,54 +283,98 @@ _CHECKS: dict[int, Callable[[Body], object]] = {
 }
 
 
-# ---------------------------------------------------------------------- the cutter
+# ---------------------------------------------------------------------- the reader
 
 
-class RawFrameCutter(FrameCutter):
-    """A :class:`.h2frames.FrameCutter` yielding :data:`RawFrame` tuples, header blocks
-    joined (module docstring: the checks and their order)."""
+class FrameReader:
+    """Received bytes cut into frames, ``(type, flags, stream id, body)``, for either role.
 
-    def __init__(self, max_header_block: int) -> None:
-        super().__init__(max_header_block, server=True)
+    ``server``: the peer is a client, whose connection preface is checked first (h2's
+    error, ``ProtocolError("Invalid HTTP/2 preamble.")``, raised by :meth:`feed`); a client
+    expects no preface from its server. In both roles the peer's first frame must be its
+    SETTINGS (RFC 9113 section 3.4: the preface of either side ends with one); anything
+    else is a connection error, PROTOCOL_ERROR. ``max_frame_size``: the
+    SETTINGS_MAX_FRAME_SIZE we advertised (an attribute: h2's connection sets it when it
+    drives a reader); ``max_header_block``: the bound of a header block's bytes, our
+    SETTINGS_MAX_HEADER_LIST_SIZE.
+
+    Use: :meth:`feed` each read, then iterate the frames it completed. The checks, their
+    order and the joined header blocks are the module docstring's. Bodies are never copied
+    for a frame that arrives whole in one read: the body is a view of that read (a
+    ``bytes``, which nothing changes), kept alive as long as the view is; a frame split
+    between reads has its body allocated once, at the length its header declares, and
+    filled as the reads arrive. A frame's length is judged from its 9-byte header, before
+    its body is waited for, so nothing longer than we advertised is ever allocated.
+    """
+
+    def __init__(self, server: bool, max_frame_size: int, max_header_block: int) -> None:
+        self.max_frame_size = max_frame_size
+        self.max_header_block = max_header_block
+        #: What is still to come of the client's connection preface.
+        self._preface = PREFACE if server else b""
+        #: The peer's first frame (its SETTINGS) has arrived.
+        self._settled = False
+        #: What is left of the latest read, not yet cut into frames.
+        self._rest = memoryview(b"")
+        #: A frame header split between reads (fewer than 9 bytes so far).
+        self._head = b""
+        #: A frame whose body is split between reads: its header, and its body, allocated
+        #: once at its declared length and filled as the reads arrive.
+        self._header = b""
+        self._body: bytearray | None = None
+        self._filled = 0
         #: The open header block: its first frame's type, flags and stream id, the body
         #: prefix its joined frame gets, its fragments so far and their total length.
         self._block: tuple[int, int, int, bytes] | None = None
-        self._fragments: list[bytes | bytearray] = []
+        self._fragments: list[bytes | memoryview] = []
         self._block_len = 0
 
-    def _block_so_far(self) -> int:
-        return self._block_len
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        """One read, to be cut by iterating (views of it stay valid: a ``bytes`` is
+        kept as it is, anything else is copied once)."""
+        data = data if isinstance(data, bytes) else bytes(data)
+        if self._preface:
+            take = min(len(self._preface), len(data))
+            if data[:take] != self._preface[:take]:
+                raise h2events.ProtocolError("Invalid HTTP/2 preamble.")
+            self._preface = self._preface[take:]
+            data = data[take:]
+        if self._rest:  # the frames of the previous read were not all taken
+            data = self._rest.tobytes() + data
+        self._rest = memoryview(data)
 
-    def __iter__(self) -> RawFrameCutter:
+    def __iter__(self) -> FrameReader:
         return self
 
-    def __next__(self) -> RawFrame:  # type: ignore[override]
-        # The usual frame first: whole in what is left of the read, no header block open,
+    def __next__(self) -> RawFrame:
+        # The usual frame first: whole in what is left of the read, nothing held over,
         # nothing to refuse. It is cut here with one unpack; anything else (a frame split
-        # between reads, a block to join, a frame some rule refuses) takes the general
-        # path below from the same bytes, which gives the same frame or the error.
+        # between reads, a block to join, the first frame, a frame some rule refuses)
+        # takes the general path below from the same bytes, which gives the same frame
+        # or the error.
         rest = self._rest
-        if len(rest) >= 9 and self._block is None and self._body is None and not self._head:
+        if len(rest) >= 9 and self._settled and self._body is None and self._block is None:
             high, low, kind, flags, sid = FRAME_HEAD.unpack_from(rest)
             length = high << 8 | low
             end = 9 + length
-            sid &= 0x7FFFFFFF
+            sid &= MAX_STREAM_ID
             if (
                 end <= len(rest)
+                and not self._head
                 and length <= self.max_frame_size
                 # _stream_id_fits, written out: most frames of every call come this way
                 and (sid != 0 if kind in _ON_A_STREAM else not (sid and kind in _ON_THE_CONNECTION))
                 and (
                     kind not in _BLOCK_KINDS
-                    or (flags & END_HEADERS and length <= self._max_header_block)
+                    or (flags & END_HEADERS and length <= self.max_header_block)
                 )
             ):
                 self._rest = rest[end:]
-                return kind, flags, sid, rest[9:end].tobytes()
+                return kind, flags, sid, rest[9:end]
         while True:
             header, body = self._next_frame()
             kind, flags = header[3], header[4]
-            sid = int.from_bytes(header[5:9], "big") & 0x7FFFFFFF
+            sid = int.from_bytes(header[5:9], "big") & MAX_STREAM_ID
             if not _stream_id_fits(kind, sid):
                 rule = (
                     f"must be non-zero for {_NAMES[kind]}"
@@ -340,6 +384,8 @@ class RawFrameCutter(FrameCutter):
                 raise h2events.ProtocolError(
                     f"Received frame with invalid header: Stream ID {rule}"
                 )
+            if not self._settled:
+                self._first(kind, flags)
             if self._block is not None:
                 whole = self._continue_block(kind, flags, sid, body)
                 if whole is not None:
@@ -348,6 +394,67 @@ class RawFrameCutter(FrameCutter):
                 self._open_block(kind, flags, sid, body)
             else:
                 return kind, flags, sid, body
+
+    def _first(self, kind: int, flags: int) -> None:
+        """The peer's first frame: its SETTINGS, or a connection error (RFC 9113 3.4)."""
+        if kind != SETTINGS or flags & ACK:
+            name = FRAME_NAMES.get(kind, f"a frame of type {kind:#x}")
+            if kind == SETTINGS:
+                name = "a SETTINGS acknowledgement"
+            raise h2events.ProtocolError(
+                f"the peer's first frame was {name}, not its SETTINGS frame (RFC 9113 section 3.4)"
+            )
+        self._settled = True
+
+    def _judge(self, header: bytes | memoryview) -> int:
+        """The frame length a 9-byte header declares, refusing what we never accept."""
+        length = int.from_bytes(header[:3], "big")
+        broken = h2rules.frame_size(length, self.max_frame_size)
+        if broken is not None:
+            raise h2events.FrameTooLargeError(broken.message)
+        if header[3] in _BLOCK_KINDS:
+            broken = h2rules.header_block(length + self._block_len, self.max_header_block)
+            if broken is not None:
+                raise h2events.DenialOfServiceError(broken.message)
+        return length
+
+    def _next_frame(self) -> tuple[bytes | memoryview, Body]:
+        """The next whole frame: (its 9-byte header, its body). StopIteration when no
+        whole frame is left."""
+        rest = self._rest
+        if self._body is None:
+            if self._head:  # a header split between reads
+                take = 9 - len(self._head)
+                self._head += rest[:take].tobytes()
+                rest = rest[take:]
+                if len(self._head) < 9:
+                    self._rest = rest
+                    raise StopIteration
+                header: bytes | memoryview = self._head
+                self._head = b""
+            elif len(rest) >= 9:
+                header = rest[:9]
+                end = 9 + self._judge(header)
+                if len(rest) >= end:  # the whole frame in this read: the usual case
+                    self._rest = rest[end:]
+                    return header, rest[9:end]
+                header, rest = header.tobytes(), rest[9:]
+            else:
+                self._head = rest.tobytes()
+                self._rest = memoryview(b"")
+                raise StopIteration
+            self._header = bytes(header)
+            self._body = bytearray(self._judge(header))
+            self._filled = 0
+        body, filled = self._body, self._filled
+        take = min(len(body) - filled, len(rest))
+        body[filled : filled + take] = rest[:take]
+        self._filled = filled = filled + take
+        self._rest = rest[take:]
+        if filled < len(body):
+            raise StopIteration
+        self._body = None  # the frame owns it now; nothing writes to it again
+        return self._header, memoryview(body)
 
     def _open_block(self, kind: int, flags: int, sid: int, body: Body) -> None:
         """A HEADERS or PUSH_PROMISE without END_HEADERS: checked now (as h2 parses it
@@ -380,4 +487,4 @@ class RawFrameCutter(FrameCutter):
             return None
         joined = b"".join([prefix, *self._fragments])
         self._block, self._fragments, self._block_len = None, [], 0
-        return first_kind, (first_flags & ~PADDED) | END_HEADERS, first_sid, joined
+        return first_kind, (first_flags & ~PADDED) | END_HEADERS, first_sid, memoryview(joined)

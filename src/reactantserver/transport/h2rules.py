@@ -1,7 +1,7 @@
 """The bounds every HTTP/2 end we implement holds its peer to, written once for both roles.
 
 The worker's and the gateway's server side (:mod:`.h2lean`, cutting frames with
-:class:`.h2parse.RawFrameCutter`) and the gateway's client to its workers
+:class:`.h2parse.FrameReader`) and the gateway's client to its workers
 (:mod:`reactantserver.gateway.http2`) receive frames from a peer they cannot trust: a
 hostile client, or a broken or compromised worker. Each rule here judges one thing a peer
 can do wrong and returns ``None`` or the :class:`Violation` -- the HTTP/2 error code and a

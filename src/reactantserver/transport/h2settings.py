@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import h2.settings
 from h2.settings import SettingCodes
 
-from .h2frames import FrameCutter, route_quiet_frames
+from .h2frames import HyperframeReader, route_quiet_frames
 from .limits import WireLimits
 
 if TYPE_CHECKING:
@@ -82,6 +82,6 @@ def h2_reference_connection(limits: WireLimits) -> H2Connection:
     conn.local_settings = ServerSettings(client=False, initial_values=local_settings(limits))
     conn.max_inbound_frame_size = limits.max_frame_size
     conn.decoder.max_header_list_size = limits.max_header_list_size
-    conn.incoming_buffer = FrameCutter(limits.max_header_list_size)
+    conn.incoming_buffer = HyperframeReader(limits.max_header_list_size)  # type: ignore[assignment]
     route_quiet_frames(conn)
     return conn

@@ -29,13 +29,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
-import grpclib.server
+import grpclib.const
 from grpclib import GRPCError
 from grpclib.const import Handler, Status
 
 from reactantserver.protocol.grpc.health import v1 as health
+
+if TYPE_CHECKING:
+    from .server import ServerStream
 
 _Status = health.HealthCheckResponseServingStatus
 SERVING, NOT_SERVING, SERVICE_UNKNOWN = 1, 2, 3  # the protocol's ServingStatus numbers
@@ -95,7 +98,7 @@ class HealthServicer:
             ),
         }
 
-    async def check(self, stream: grpclib.server.Stream[Any, Any]) -> None:
+    async def check(self, stream: ServerStream) -> None:
         request = await stream.recv_message()
         assert request is not None  # a unary request always carries its message
         status = self.status(request.service)
@@ -106,7 +109,7 @@ class HealthServicer:
             )
         await stream.send_message(health.HealthCheckResponse(status=_Status(status)))
 
-    async def watch(self, stream: grpclib.server.Stream[Any, Any]) -> None:
+    async def watch(self, stream: ServerStream) -> None:
         request = await stream.recv_message()
         assert request is not None
         self._untold += 1
@@ -117,7 +120,7 @@ class HealthServicer:
             if self._draining and self._untold == 0:
                 self._told.set()
 
-    async def _watch(self, stream: grpclib.server.Stream[Any, Any], service: str) -> None:
+    async def _watch(self, stream: ServerStream, service: str) -> None:
         last = None
         while True:
             known = self.status(service)

@@ -11,46 +11,45 @@ Theory of operation
 Per connection, a :class:`_Calls` object is the ``RequestSink`` of
 :mod:`.h2guard`: ``admit`` judges a request's headers (:func:`.framing.request_head`,
 then the path against the mapping, then its metadata) and computes its deadline *at
-arrival*; ``accept`` runs the handler as an asyncio task whose done-callback releases the
-stream -- a callback, because a task cancelled before it first runs never executes its
-own ``finally`` (grpclib's ``request_handler`` leaks the stream then).
+arrival*; ``accept`` makes the call's :class:`ServerStream` and runs the handler with it
+as an asyncio task whose done-callback releases the stream -- a callback, because a task
+cancelled before it first runs never executes its own ``finally``.
 
 Each call ends with exactly one status, chosen here and nowhere else:
 
 * the handler's ``GRPCError`` as raised (this is how every expected outcome arrives);
 * DEADLINE_EXCEEDED when the deadline had passed before the handler could start, or
-  passes while it runs -- never UNKNOWN, and never a traceback (a deadline is an
-  outcome, not an error);
-* nothing at all when the peer reset the stream or the connection went away;
+  passes while it runs (the task is cancelled, ``asyncio.timeout``) -- never UNKNOWN,
+  and never a traceback (a deadline is an outcome, not an error);
+* nothing at all when the peer reset the stream (the task is cancelled) or the
+  connection went away;
 * INTERNAL with the fixed message ``internal error`` for anything else, with the
   traceback in the log: that is our bug.
 
-grpclib's own ``request_handler`` is not used: it answers UNKNOWN for a deadline that
-passed on arrival or a malformed ``grpc-timeout``, logs a traceback per such request,
-and leaks a stream cancelled before its task starts.
+**The stream.** :class:`ServerStream` is what a handler is given: ``recv_message`` (and
+``async for``), ``send_message``, ``send_trailing_metadata``, ``metadata``, ``deadline``,
+``peer``, written on the connection's own methods (``send_headers``, ``send_data``,
+``send_answer``, ``acknowledge_received_data``). A request's DATA is kept as the views the
+connection parsed and acknowledged as its messages are read, so a handler that reads
+slowly holds the peer to one window. A call that answers one message (unary and
+client-streaming) answers it in one pass: the initial headers (a constant list, built
+once), the message framed straight from its pieces and the OK trailers (constant too)
+queued back to back -- one ``send_answer`` step when it fits a frame and the windows --
+and handed to the transport once. Beyond the windows it waits for WINDOW_UPDATE, frame
+by frame; a streaming answer sends each message the same way, without trailers.
+
+A large answer leaves in DATA frames of at most :data:`SEND_CHUNK` (256 KiB) even when
+the peer allows 16 MiB frames and windows (gRPC's C core does): the frame is copied on
+its way to the socket (:mod:`.h2lean` joins a frame's header and payload once, then the
+transport), and a 256 KiB frame is copied while it sits in the CPU's cache, a 16 MiB one
+from main memory into freshly mapped pages every time. Each frame is handed to the
+transport at once, and the next waits while the transport's buffer is over its
+high-water mark. Measured on a 38 MB answer: server CPU per call 0.75-0.8x, median
+latency 0.85x (docs/benchmarks.md).
 
 Housekeeping: every :data:`TICK` seconds the server sweeps its connections for
 handshake and idle timeouts, flushes the rate-limited fault log and, once a hostile
 burst is over, gives its memory back (:mod:`.reclaim`).
-
-**Unary answers in one pass.** Handlers get a :class:`ServerStream`, grpclib's server
-stream plus :meth:`ServerStream.send_unary_reply`: the initial headers (a constant list,
-built once), the one message framed straight from its pieces (its 5-byte prefix, then
-the pieces as they are: an encoder's ``memoryview``\\ s of result arrays are copied once,
-into the DATA frames, instead of being joined, prefixed and re-read in chunks first)
-and the OK trailers (constant too), written to h2 back to back and handed to the
-transport once, as far as the peer's flow-control windows allow (beyond them it waits
-for WINDOW_UPDATE, frame by frame). grpclib's own send path makes three passes
-through its events and h2 and copies a large message three times.
-
-A large answer leaves in DATA frames of at most :data:`SEND_CHUNK` (256 KiB) even when
-the peer allows 16 MiB frames and windows (gRPC's C core does): the frame is copied on
-its way to the socket (five or six times under h2, which this was measured with;
-:mod:`.h2lean` joins a frame's header and payload once, then the transport), and a
-256 KiB frame is copied while it sits in the CPU's cache, a 16 MiB one from main memory
-into freshly mapped pages every time. Each frame is handed to the transport at once, and
-the next waits while the transport's buffer is over its high-water mark. Measured on a 38 MB answer: server CPU per call
-0.75-0.8x, median latency 0.85x (docs/benchmarks.md).
 
 Shutdown helpers: :meth:`GuardedServer.goaway` (no new streams, on every connection),
 :meth:`GuardedServer.close` (stop listening, close every connection, cancel every call)
@@ -62,22 +61,17 @@ from __future__ import annotations
 
 import asyncio
 import binascii
+import collections
 import logging
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
-import grpclib.server
 from grpclib import GRPCError
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.encoding.base import CodecBase
-from grpclib.events import _DispatchServerEvents
-from grpclib.exceptions import ProtocolError as GrpclibProtocolError
-from grpclib.exceptions import StreamTerminatedError
 from grpclib.metadata import Deadline, decode_metadata
-from grpclib.protocol import Stream
-from grpclib.utils import Wrapper
 
 from reactantserver.status import INTERNAL_MESSAGE, StatusCode
 
@@ -95,6 +89,7 @@ from .unary import (
     DirectHandler,
     frame_pieces,
     message_pieces,
+    status_headers,
 )
 
 log = logging.getLogger(__name__)
@@ -119,58 +114,185 @@ class Admission:
         return self.handler.cardinality in _UNARY_REQUEST
 
 
-class ServerStream(grpclib.server.Stream):
-    """grpclib's server stream, plus the one-pass unary answer (module docstring)."""
+class CallError(RuntimeError):
+    """A handler used its stream out of order (our bug: answered INTERNAL)."""
 
-    async def send_unary_message(self, message: Any) -> None:
-        """``send_message`` for a unary call's one answer: encoded by the server's codec
-        (which enforces the send limit), then sent with its trailers in one pass."""
-        await self.send_unary_reply((self._codec.encode(message, self._send_type),))
 
-    async def send_unary_reply(self, parts: Sequence[bytes | memoryview]) -> None:
-        """Answer a unary call with the message ``b"".join(parts)`` and status OK."""
-        if self._send_initial_metadata_done or self._send_trailing_metadata_done:
-            raise GrpclibProtocolError("the call was already answered")
-        # grpclib's protocol-level stream and its h2 connection: this subclass writes
-        # what grpclib's send_headers/send_data would, without their per-call layers.
-        stream = self._stream
-        h2 = stream._h2_connection
-        write = stream._transport.write
-        connection = stream.connection
-        sid = stream.id
-        pending, _ = message_pieces(parts)
-        await connection.write_ready.wait()
-        if sid not in h2.streams:
-            raise StreamTerminatedError("the stream was closed before the answer")
-        h2.send_headers(sid, ANSWER_HEADERS)
-        connection.headers_send_process()
-        self._send_initial_metadata_done = True
+class ServerStream:
+    """One call served by a task: what its handler reads and writes (module docstring)."""
+
+    def __init__(
+        self,
+        guard: GuardedProtocol,
+        sid: int,
+        admitted: Admission,
+        codec: CodecBase,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        assert guard.h2 is not None
+        self._guard = guard
+        self._h2 = guard.h2
+        self._loop = loop
+        self.id = sid
+        handler = admitted.handler
+        self._codec = codec
+        self._recv_type = handler.request_type
+        self._send_type = handler.reply_type
+        #: One message answers the call, and is sent with status OK.
+        self.unary = not handler.cardinality.server_streaming
+        #: The request's metadata (grpclib's multidict), deadline and client address.
+        self.metadata = admitted.metadata
+        self.deadline = admitted.deadline
+        self.peer = guard.peer
+        self.path = admitted.head.path
+        #: Received and not yet read: payload views, their size, their flow-controlled
+        #: bytes not yet acknowledged, the length of the message being read (-1: its
+        #: prefix is not read yet), and whether the peer ended the stream.
+        self._chunks: collections.deque[memoryview] = collections.deque()
+        self._size = 0
+        self._unacked = 0
+        self._length = -1
+        self._ended = False
+        #: The handler's wait for input, a window or a drained transport.
+        self._waiter: asyncio.Future[None] | None = None
+        self.headers_sent = False
+        self.message_sent = False
+        self.trailers_sent = False
+
+    # ---------------------------------------------------------------- the connection's side
+
+    def received(self, data: memoryview, flow_controlled_length: int) -> None:
+        self._chunks.append(data)
+        self._size += len(data)
+        self._unacked += flow_controlled_length
+        self.wake()
+
+    def ended(self) -> None:
+        self._ended = True
+        self.wake()
+
+    def wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def drop(self) -> int:
+        self._chunks.clear()
+        self._size = 0
+        unacked, self._unacked = self._unacked, 0
+        return unacked
+
+    async def _wait(self) -> None:
+        self._waiter = self._loop.create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    # ---------------------------------------------------------------- the handler's side
+
+    async def recv_message(self) -> Any:
+        """The next request message, decoded; None once the peer ended the stream."""
+        while True:
+            if self._length < 0 and self._size >= 5:
+                self._length = int.from_bytes(self._take(5)[1:], "big")
+            if 0 <= self._length <= self._size:
+                break
+            if self._ended:
+                return None  # (a message cut short was refused by the framer)
+            await self._wait()
+        data = self._take(self._length)
+        self._length = -1
+        if self._unacked:  # read: the peer may send as much again
+            self._h2.acknowledge_received_data(self._unacked, self.id)
+            self._unacked = 0
+            self._guard.flush()
+        return self._codec.decode(data, self._recv_type)
+
+    def _take(self, n: int) -> bytes:
+        """The next ``n`` received bytes."""
+        self._size -= n
+        chunks = self._chunks
+        parts = []
+        while n:
+            chunk = chunks[0]
+            if len(chunk) <= n:
+                parts.append(chunks.popleft())
+                n -= len(chunk)
+            else:
+                parts.append(chunk[:n])
+                chunks[0] = chunk[n:]
+                n = 0
+        return bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
+
+    def __aiter__(self) -> ServerStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        message = await self.recv_message()
+        if message is None:
+            raise StopAsyncIteration
+        return message
+
+    async def send_message(self, message: Any) -> None:
+        """Send one answer message, encoded by the server's codec (which enforces the send
+        limit); on a call that answers one message, with its OK trailers."""
+        if self.trailers_sent or (self.unary and self.message_sent):
+            raise CallError(f"{self.path}: the call was already answered")
+        pending, size = message_pieces((self._codec.encode(message, self._send_type),))
+        self.message_sent = True
+        h2, sid = self._h2, self.id
+        if (
+            self.unary
+            and not self.headers_sent
+            and size <= SEND_CHUNK
+            and self._guard.writable
+            and h2.send_answer(sid, ANSWER_HEADERS, pending, size, OK_TRAILERS)
+        ):
+            self.headers_sent = self.trailers_sent = True
+            self._guard.flush()
+            return
+        if not self.headers_sent:
+            h2.send_headers(sid, ANSWER_HEADERS)
+            self.headers_sent = True
+        await self._send(pending)
+        if self.unary:
+            h2.send_headers(sid, OK_TRAILERS, end_stream=True)
+            self.trailers_sent = True
+        self._guard.flush()
+
+    async def _send(self, pending: collections.deque[memoryview]) -> None:
+        """Send ``pending`` in DATA frames as the windows and the transport allow."""
+        h2, sid, guard = self._h2, self.id, self._guard
         while pending:
-            window = min(h2.local_flow_control_window(sid), h2.max_outbound_frame_size, SEND_CHUNK)
-            if window <= 0:
-                write(h2.data_to_send())
-                stream.window_updated.clear()
-                await stream.window_updated.wait()
-                await connection.write_ready.wait()
-                if sid not in h2.streams:
-                    raise StreamTerminatedError("the stream was reset during the answer")
+            room = min(h2.local_flow_control_window(sid), h2.max_outbound_frame_size, SEND_CHUNK)
+            if room <= 0 or not guard.writable:
+                guard.flush()
+                await self._wait()  # a WINDOW_UPDATE, or the transport drained
                 continue
-            data, written = frame_pieces(pending, window)
+            data, _ = frame_pieces(pending, room)
             h2.send_data(sid, data)
-            stream.data_sent += written
-            connection.data_sent += written
-            connection.data_send_process()
             if pending:
-                write(h2.data_to_send())  # one frame at a time: bounded memory
-                if not connection.write_ready.is_set():
-                    await connection.write_ready.wait()  # the peer reads slower
-                    if sid not in h2.streams:
-                        raise StreamTerminatedError("the stream was reset during the answer")
-        self._send_message_done = True
-        h2.send_headers(sid, OK_TRAILERS, end_stream=True)
-        write(h2.data_to_send())
-        connection.headers_send_process()
-        self._send_trailing_metadata_done = True
+                guard.flush()  # one frame at a time: bounded memory
+
+    async def send_trailing_metadata(
+        self, *, status: Status = Status.OK, status_message: str | None = None
+    ) -> None:
+        """End the call with ``status`` (trailers-only if nothing was sent)."""
+        self.end(status, status_message)
+
+    def end(self, status: Status, message: str | None) -> None:
+        if self.trailers_sent:
+            raise CallError(f"{self.path}: the call was already answered")
+        if self.unary and status is Status.OK and not self.message_sent:
+            raise CallError(f"{self.path}: a unary call ended OK without its message")
+        if status is Status.OK and message is None and self.headers_sent:
+            headers: Sequence[tuple[str, str]] = OK_TRAILERS
+        else:
+            headers = status_headers(status.value, message, headers_sent=self.headers_sent)
+        self._h2.send_headers(self.id, headers, end_stream=True)
+        self.trailers_sent = self.headers_sent = True
+        self._guard.flush()
 
 
 class _Calls:
@@ -179,7 +301,7 @@ class _Calls:
     def __init__(self, server: GuardedServer) -> None:
         self._server = server
         self._loop = asyncio.get_running_loop()
-        self._tasks: dict[Stream, asyncio.Task[None]] = {}
+        self._tasks: dict[int, asyncio.Task[None]] = {}
         self._peer = ""
         #: The headers of the last request judged and :func:`request_head`'s verdict: a
         #: client sends the same header block call after call, and the connection's
@@ -233,7 +355,10 @@ class _Calls:
         deadline = None if head.timeout is None else Deadline.from_timeout(head.timeout)
         return Admission(handler, head, metadata, deadline)
 
-    def accept(self, stream: Stream, admitted: Admission, release: Callable[[], None]) -> None:
+    def accept(
+        self, guard: GuardedProtocol, sid: int, admitted: Admission, release: Callable[[], None]
+    ) -> ServerStream:
+        stream = ServerStream(guard, sid, admitted, self._server.codec, self._loop)
         released = False
 
         def release_once() -> None:
@@ -246,11 +371,11 @@ class _Calls:
                     log.exception("releasing a stream of %s failed", self._peer)
 
         task = self._loop.create_task(self._serve(stream, admitted, release_once))
-        self._tasks[stream] = task
+        self._tasks[sid] = task
         self._server.tasks.add(task)
 
         def done(task: asyncio.Task[None]) -> None:
-            self._tasks.pop(stream, None)
+            self._tasks.pop(sid, None)
             self._server.tasks.discard(task)
             # Retrieve the outcome: an unretrieved exception would reach the loop's
             # exception handler as "never retrieved", without the call it belongs to.
@@ -259,9 +384,10 @@ class _Calls:
             release_once()
 
         task.add_done_callback(done)
+        return stream
 
-    def cancel(self, stream: Stream) -> None:
-        task = self._tasks.pop(stream, None)
+    def cancel(self, sid: int) -> None:
+        task = self._tasks.pop(sid, None)
         if task is not None:
             task.cancel()
 
@@ -273,7 +399,7 @@ class _Calls:
     # ---------------------------------------------------------------- one call
 
     async def _serve(
-        self, h2_stream: Stream, admitted: Admission, release: Callable[[], None]
+        self, stream: ServerStream, admitted: Admission, release: Callable[[], None]
     ) -> None:
         """Run one call and answer it; ``release`` frees its stream slot once answered.
 
@@ -282,86 +408,45 @@ class _Calls:
         answer, already opened its next stream, which would then find the slot taken.
         """
         try:
-            await self._call(h2_stream, admitted)
+            await self._call(stream, admitted)
         finally:
             release()
 
-    async def _call(self, h2_stream: Stream, admitted: Admission) -> None:
+    async def _call(self, stream: ServerStream, admitted: Admission) -> None:
         handler, head = admitted.handler, admitted.head
-        server = self._server
-        stream = ServerStream(
-            h2_stream,
-            head.path,
-            handler.cardinality,
-            handler.request_type,
-            handler.reply_type,
-            codec=server.codec,
-            status_details_codec=None,
-            dispatch=server.dispatch,
-            deadline=admitted.deadline,
-            user_agent=head.user_agent,
-        )
-        stream.metadata = admitted.metadata
         status, message = Status.OK, None
-        # The wrapper is how grpclib interrupts a handler: the processor cancels it with
-        # StreamTerminatedError when the peer resets, and our timer with TimeoutError.
-        wrapper = h2_stream.wrapper = Wrapper()
-        timer: asyncio.TimerHandle | None = None
+        remaining = None if admitted.deadline is None else admitted.deadline.time_remaining()
+        timeout = asyncio.timeout(remaining)
         try:
-            if admitted.deadline is not None:
-                remaining = admitted.deadline.time_remaining()
-                if remaining <= 0:
-                    text = (
-                        "deadline exceeded before the call started "
-                        f"(grpc-timeout {head.timeout_text!r})"
-                    )
-                    server.table.fault(Fault.EXPIRED_ON_ARRIVAL, self._peer, text)
-                    raise GRPCError(Status.DEADLINE_EXCEEDED, text)
-                timer = self._loop.call_later(
-                    remaining, wrapper.cancel, TimeoutError("deadline exceeded")
-                )
-            try:
-                with wrapper:
-                    await handler.func(stream)
-            finally:
-                if timer is not None:
-                    timer.cancel()
+            if remaining is not None and remaining <= 0:
+                text = f"deadline exceeded before the call started (grpc-timeout {head.timeout_text!r})"
+                self._server.table.fault(Fault.EXPIRED_ON_ARRIVAL, self._peer, text)
+                raise GRPCError(Status.DEADLINE_EXCEEDED, text)
+            async with timeout:
+                await handler.func(stream)
         except GRPCError as exc:
             status, message = exc.status, exc.message
         except TimeoutError:
-            if wrapper.cancelled:  # our deadline timer fired
+            if timeout.expired():  # the call's deadline passed
                 status = Status.DEADLINE_EXCEEDED
                 message = f"deadline exceeded (grpc-timeout {head.timeout_text!r})"
             else:
                 log.exception("%s failed with an unexpected error", head.path)
                 status, message = Status.INTERNAL, INTERNAL_MESSAGE
-        except (StreamTerminatedError, h2events.StreamClosedError):
-            return  # the peer reset the stream or the connection is gone: nobody to tell
+        except h2events.ProtocolError:
+            return  # the stream or the connection closed under the call: nobody to tell
         except Exception:
             log.exception("%s failed with an unexpected error", head.path)
             status, message = Status.INTERNAL, INTERNAL_MESSAGE
-        await self._finish(stream, h2_stream, status, message)
-
-    async def _finish(
-        self,
-        stream: grpclib.server.Stream[Any, Any],
-        h2_stream: Stream,
-        status: Status,
-        message: str | None,
-    ) -> None:
-        if stream._send_trailing_metadata_done or not h2_stream.closable:
+        if stream.trailers_sent:
             return
+        if stream.unary and status is Status.OK and not stream.message_sent:
+            log.error("%s ended without answering", head.path)  # our bug
+            status, message = Status.INTERNAL, INTERNAL_MESSAGE
         try:
-            try:
-                await stream.send_trailing_metadata(status=status, status_message=message)
-            except GrpclibProtocolError:
-                # A unary handler that returned without a message: our bug.
-                log.exception("%s ended without answering", stream._method_name)
-                await stream.send_trailing_metadata(
-                    status=Status.INTERNAL, status_message=INTERNAL_MESSAGE
-                )
-        except (h2events.StreamClosedError, StreamTerminatedError, GrpclibProtocolError):
-            pass  # the peer is gone, or trailers went out after all
+            stream.end(status, message)
+        except h2events.ProtocolError:
+            pass  # the peer is gone, or the connection closed (GOAWAY)
 
 
 class GuardedServer:
@@ -382,7 +467,6 @@ class GuardedServer:
         self.counters = counters if counters is not None else WireCounters()
         self.faults = faults if faults is not None else FaultLog()
         self.table = ConnectionTable(limits, self.counters, self.faults)
-        self.dispatch = _DispatchServerEvents()
         #: Every running call task, for ``wait_closed``.
         self.tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.AbstractServer | None = None

@@ -50,7 +50,7 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 from grpclib.metadata import encode_grpc_message
@@ -64,8 +64,6 @@ from .h2wire import take_views
 from .limits import Fault
 
 if TYPE_CHECKING:
-    from grpclib.protocol import Connection
-
     from .h2lean import ServerConnection
 
 log = logging.getLogger(__name__)
@@ -139,18 +137,28 @@ def message_pieces(
     return views, size + 5
 
 
-def status_headers(code: int, message: str, *, headers_sent: bool, http_status: int = 200,
+def status_headers(code: int, message: str | None, *, headers_sent: bool, http_status: int = 200,
                    extra: Sequence[tuple[str, str]] = ()) -> list[tuple[str, str]]:  # fmt: skip
-    """The header block that ends a call with ``code``: trailers after the initial
-    headers, or a trailers-only answer (``:status`` and content type first)."""
-    status = [
-        ("grpc-status", str(int(code))),
-        ("grpc-message", encode_grpc_message(message)),
-        *extra,
-    ]
+    """The header block that ends a call with ``code`` (and ``message``, if not None):
+    trailers after the initial headers, or a trailers-only answer (``:status`` and
+    content type first)."""
+    status = [("grpc-status", str(int(code))), *extra]
+    if message is not None:
+        status.insert(1, ("grpc-message", encode_grpc_message(message)))
     if headers_sent:
         return status
     return [(":status", str(http_status)), ("content-type", "application/grpc+proto"), *status]
+
+
+class Output(Protocol):
+    """The connection's asyncio side, as the calls write through it (:mod:`.h2guard`)."""
+
+    #: The transport takes writes (False while the peer reads slower than we write).
+    writable: bool
+
+    def flush(self) -> None:
+        """Hand what the connection queued to the transport."""
+        ...
 
 
 class UnaryCall:
@@ -224,14 +232,15 @@ class DirectCalls:
     def __init__(
         self,
         h2: ServerConnection,
-        connection: Connection,
+        guard: Output,
         peer: str,
         fault: Callable[[Fault, str], None],
         released: Callable[[int], None],
         clock: Callable[[], float],
     ) -> None:
         self._h2 = h2
-        self._connection = connection
+        #: The connection's asyncio side: ``flush`` and ``writable``.
+        self._guard = guard
         self._peer = peer
         #: Reports a client's mistake (the connection's fault log and counters).
         self._fault = fault
@@ -333,8 +342,7 @@ class DirectCalls:
             if size <= SEND_CHUNK and conn.send_answer(
                 sid, ANSWER_HEADERS, pending, size, OK_TRAILERS
             ):
-                self._connection.data_sent += size
-                self._connection.flush()
+                self._guard.flush()
                 self._forget(call)
                 return
             conn.send_headers(sid, ANSWER_HEADERS)
@@ -354,7 +362,7 @@ class DirectCalls:
         except h2events.ProtocolError:
             self._gone(call)
             return
-        self._connection.flush()
+        self._guard.flush()
         self._forget(call)
 
     def _gone(self, call: UnaryCall) -> None:
@@ -380,20 +388,19 @@ class DirectCalls:
                 conn.local_flow_control_window(sid), conn.max_outbound_frame_size, SEND_CHUNK
             )
             if room <= 0:
-                self._connection.flush()
+                self._guard.flush()
                 self.blocked[sid] = call
                 return
-            data, size = frame_pieces(pending, room)
+            data, _ = frame_pieces(pending, room)
             conn.send_data(sid, data)
-            self._connection.data_sent += size
             if pending:
-                self._connection.flush()  # one frame at a time: bounded memory
-                if not self._connection.write_ready.is_set():
+                self._guard.flush()  # one frame at a time: bounded memory
+                if not self._guard.writable:
                     self.blocked[sid] = call  # the peer reads slower than we write
                     return
         call._pending = None
         conn.send_headers(sid, OK_TRAILERS, end_stream=True)
-        self._connection.flush()
+        self._guard.flush()
         self._forget(call)
 
     def _forget(self, call: UnaryCall) -> None:
