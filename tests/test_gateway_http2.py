@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 from reactantserver.gateway.http2 import (
     ClientConnection,
     Event,
-    ProtocolError,
     encode_request,
     request_prefix,
 )
 from reactantserver.transport.abuse import FLOOD_BURST, FLOOD_RATE, RESET_MIN_STREAMS
+from reactantserver.transport.h2events import ProtocolError
 from reactantserver.transport.h2wire import CANCEL, REFUSED_STREAM
 from reactantserver.transport.hpack_blocks import literal
 from reactantserver.transport.limits import WireLimits
@@ -389,6 +389,12 @@ def test_stream_limit_and_window_changes_from_settings() -> None:
         b"\x00\x00\x03\x03\x00\x00\x00\x00\x01abc",  # RST_STREAM of 3 bytes
         b"\x00\x00\x05\x04\x00\x00\x00\x00\x00abcde",  # SETTINGS of 5 bytes
         b"\x00\x00\x01\x01\x04\x00\x00\x00\x01\xbf",  # an undecodable header block
+        # Refused by the frame reader shared with the server side (transport/h2parse.py):
+        b"\x00\x00\x01\x00\x00\x00\x00\x00\x00x",  # DATA on stream 0
+        b"\x00\x00\x00\x06\x00\x00\x00\x00\x01",  # PING on a stream
+        b"\x00\x00\x07\x06\x00\x00\x00\x00\x00abcdefg",  # PING of 7 bytes
+        b"\x00\x00\x06\x04\x01\x00\x00\x00\x00abcdef",  # SETTINGS ACK with a payload
+        b"\x00\x00\x01\x09\x04\x00\x00\x00\x01\x88",  # CONTINUATION without HEADERS
     ],
 )
 def test_protocol_errors_raise(frame: bytes) -> None:
@@ -427,7 +433,7 @@ def test_a_frame_past_our_advertised_frame_size_is_refused_from_its_header() -> 
     limit = WireLimits().max_frame_size
     assert client.receive(_answer_head(sid) + _frame(0x0, 0, sid, bytes(limit)), NOW)
     error = _refused(client, _frame(0x0, 0, sid, b"", length=limit + 1))
-    assert error.code == FRAME_SIZE_ERROR
+    assert error.error_code == FRAME_SIZE_ERROR
     assert "SETTINGS_MAX_FRAME_SIZE" in str(error)
 
 
@@ -450,17 +456,19 @@ def test_header_blocks_are_bounded_in_frames_and_in_bytes() -> None:
     client, _ = connect()
     sid = request(client)
     flood = [_frame(0x1, 0, sid, b"\x88")] + [_frame(0x9, 0, sid, b"") for _ in range(64)]
-    assert _refused(client, b"".join(flood)).code == PROTOCOL_ERROR
+    assert _refused(client, b"".join(flood)).error_code == PROTOCOL_ERROR
 
     client, _ = connect()
     sid = request(client)
     limit = WireLimits().max_header_list_size
     head = _frame(0x1, 0, sid, b"\x00" * (limit - 10))
     error = _refused(client, head + _frame(0x9, 0, sid, b"", length=11))  # its header alone
-    assert error.code == ENHANCE_YOUR_CALM
+    assert error.error_code == ENHANCE_YOUR_CALM
     client, _ = connect()
     request(client)
-    assert _refused(client, _frame(0x1, 0x4, 1, b"", length=limit + 1)).code == ENHANCE_YOUR_CALM
+    assert (
+        _refused(client, _frame(0x1, 0x4, 1, b"", length=limit + 1)).error_code == ENHANCE_YOUR_CALM
+    )
 
 
 def test_data_past_a_window_we_granted_is_a_flow_control_error() -> None:
@@ -476,7 +484,7 @@ def test_data_past_a_window_we_granted_is_a_flow_control_error() -> None:
     client.data_to_send()
     body = _answer_head(1) + chunk * 4  # 65,536 bytes: one past the stream window
     error = _refused(client, body)
-    assert error.code == FLOW_CONTROL_ERROR and "stream 1" in str(error)
+    assert error.error_code == FLOW_CONTROL_ERROR and "stream 1" in str(error)
 
     client, _ = connect(ClientConnection(limits))
     request(client)
@@ -492,7 +500,7 @@ def test_data_past_a_window_we_granted_is_a_flow_control_error() -> None:
     two = b"".join(_frame(0x0, 0, s, bytes(16384 * 3)) for s in sids[:2])  # 98,304 bytes
     over = _frame(0x0, 0, sids[2], bytes(16384 * 3))  # within its stream, past the connection
     error = _refused(client, answers + two + over)
-    assert error.code == FLOW_CONTROL_ERROR and "the connection" in str(error)
+    assert error.error_code == FLOW_CONTROL_ERROR and "the connection" in str(error)
 
 
 def test_a_zero_window_update_is_a_stream_error_on_a_stream_and_fatal_on_the_connection() -> None:
@@ -519,7 +527,7 @@ def test_a_zero_window_update_is_a_stream_error_on_a_stream_and_fatal_on_the_con
     server.send_headers(c, [(b":status", b"200"), (b"grpc-status", b"0")], end_stream=True)
     ours, _ = pump(client, server)
     assert [e[:2] for e in ours] == [("headers", c)]
-    assert _refused(client, _frame(0x8, 0, 0, (0).to_bytes(4, "big"))).code == PROTOCOL_ERROR
+    assert _refused(client, _frame(0x8, 0, 0, (0).to_bytes(4, "big"))).error_code == PROTOCOL_ERROR
 
 
 def test_the_peers_first_frame_must_be_settings() -> None:
@@ -534,7 +542,7 @@ def test_the_peers_first_frame_must_be_settings() -> None:
         client.initiate()
         request(client)
         error = _refused(client, first + _frame(0x4, 0, 0, b""))
-        assert error.code == PROTOCOL_ERROR and "first frame" in str(error)
+        assert error.error_code == PROTOCOL_ERROR and "first frame" in str(error)
     client = ClientConnection()
     client.initiate()
     preface = _frame(0x4, 0, 0, (3).to_bytes(2, "big") + (7).to_bytes(4, "big"))
@@ -577,7 +585,7 @@ def test_frames_for_nothing_are_budgeted(kind: str) -> None:
     client.receive(WASTED[kind] * half, NOW + FLOOD_BURST / FLOOD_RATE)
     assert client.open_streams == 1
     error = _refused(client, WASTED[kind] * FLOOD_BURST)
-    assert error.code == ENHANCE_YOUR_CALM and "asked for nothing" in str(error)
+    assert error.error_code == ENHANCE_YOUR_CALM and "asked for nothing" in str(error)
 
 
 def test_a_correct_peer_pinging_once_per_call_never_spends_the_budget() -> None:
@@ -613,4 +621,4 @@ def test_resets_the_peer_provokes_are_budgeted() -> None:
     events = client.receive(b"".join(_frame(0x8, 0, sid, zero) for sid in sids[:half]), NOW)
     assert [e[0] for e in events] == ["error"] * half
     error = _refused(client, _frame(0x8, 0, sids[half], zero))
-    assert error.code == ENHANCE_YOUR_CALM and "reset by the server" in str(error)
+    assert error.error_code == ENHANCE_YOUR_CALM and "reset by the server" in str(error)

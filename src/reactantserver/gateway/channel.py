@@ -88,6 +88,7 @@ from collections.abc import Callable
 from urllib.parse import unquote
 
 from ..errors import DeadlineExceeded
+from ..transport import h2events
 from ..transport.h2conn import held_writes
 from ..transport.h2wire import CANCEL, REFUSED_STREAM
 from ..transport.limits import WireLimits
@@ -257,10 +258,11 @@ class WorkerConnection(asyncio.Protocol):
     def _received(self, data: bytes) -> None:
         try:
             events = self._h2.receive(data, self._loop.time())
-        except http2.ProtocolError as exc:
-            self._h2.close(exc.code)  # GOAWAY saying why, then the socket closes
+        except h2events.ProtocolError as exc:
+            code = int(exc.error_code)
+            self._h2.close(code)  # GOAWAY saying why, then the socket closes
             self._flush()
-            self._fail(f"protocol error from the worker ({_code_name(exc.code)}): {exc}")
+            self._fail(f"protocol error from the worker ({_code_name(code)}): {exc}")
             return
         for kind, stream_id, a, b in events:
             if kind == "data":
@@ -613,21 +615,11 @@ class WorkerConnection(asyncio.Protocol):
             self._fail(reason)
 
 
-_CODE_NAMES = {
-    0x0: "NO_ERROR",
-    0x1: "PROTOCOL_ERROR",
-    0x2: "INTERNAL_ERROR",
-    0x3: "FLOW_CONTROL_ERROR",
-    0x5: "STREAM_CLOSED",
-    0x6: "FRAME_SIZE_ERROR",
-    0x7: "REFUSED_STREAM",
-    0x8: "CANCEL",
-    0xB: "ENHANCE_YOUR_CALM",
-}
-
-
 def _code_name(code: int) -> str:
-    return _CODE_NAMES.get(code, f"HTTP/2 error code {code:#x}")
+    try:
+        return h2events.ErrorCodes(code).name
+    except ValueError:
+        return f"HTTP/2 error code {code:#x}"
 
 
 #: ``(:status, grpc-status, grpc-message)`` of a header block, None where absent.
