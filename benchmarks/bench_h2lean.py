@@ -37,14 +37,16 @@ import h2.connection
 import h2.events
 
 from reactantserver.config.schema import EndpointsConfig
-from reactantserver.transport.h2conn import h2_reference_connection
+from reactantserver.transport import h2events
 from reactantserver.transport.h2lean import ServerConnection
 from reactantserver.transport.limits import WireLimits
 from reactantserver.transport.unary import ANSWER_HEADERS as ANSWER
 from reactantserver.transport.unary import OK_TRAILERS as TRAILERS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import bench_serve as bs
+from h2_reference import h2_reference_connection  # h2 is the tests' oracle, not the server's
 
 LIMITS = WireLimits.from_endpoints(EndpointsConfig())
 REQUEST = [
@@ -64,8 +66,9 @@ def h2_server() -> h2.connection.H2Connection:
     return h2_reference_connection(LIMITS)
 
 
-def per_call(make: Callable[[], Any], calls: int) -> tuple[float, float]:
-    """Microseconds per call (receive, send) through the server connection ``make()``."""
+def per_call(make: Callable[[], Any], data_event: type, calls: int) -> tuple[float, float]:
+    """Microseconds per call (receive, send) through the server connection ``make()``
+    (whose DATA events are ``data_event``: h2's, or ours)."""
     server = make()
     server.initiate_connection()
     client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
@@ -82,7 +85,7 @@ def per_call(make: Callable[[], Any], calls: int) -> tuple[float, float]:
         wire = client.data_to_send()
         t0 = time.perf_counter()
         for event in server.receive_data(wire):
-            if isinstance(event, h2.events.DataReceived):
+            if isinstance(event, data_event):
                 server.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
         t1 = time.perf_counter()
         server.send_headers(sid, ANSWER)
@@ -102,8 +105,10 @@ def per_call(make: Callable[[], Any], calls: int) -> tuple[float, float]:
 def in_process(rounds: int, calls: int) -> None:
     samples: dict[str, list[tuple[float, float]]] = {"h2": [], "h2lean": []}
     for _ in range(rounds):
-        samples["h2"].append(per_call(h2_server, calls))
-        samples["h2lean"].append(per_call(lambda: ServerConnection(LIMITS), calls))
+        samples["h2"].append(per_call(h2_server, h2.events.DataReceived, calls))
+        samples["h2lean"].append(
+            per_call(lambda: ServerConnection(LIMITS), h2events.DataReceived, calls)
+        )
     med = {
         k: (statistics.median(r for r, _ in v), statistics.median(s for _, s in v))
         for k, v in samples.items()

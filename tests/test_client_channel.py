@@ -28,8 +28,8 @@ from strategies import message_sends
 
 from reactantserver.client import AsyncClient
 from reactantserver.client.channel import MAX_FRAME, ClientChannel, Pieces, _H2Connection
+from reactantserver.client.h2frames import HyperframeReader
 from reactantserver.protocol import inference as pb
-from reactantserver.transport.h2frames import HyperframeReader
 
 _CONFIG = h2.config.H2Configuration(client_side=True, header_encoding="ascii")
 _HEADERS = [(":method", "POST"), (":path", "/x"), (":scheme", "http"), (":authority", "a")]

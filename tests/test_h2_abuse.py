@@ -152,6 +152,8 @@ PROVOCATIONS = {
     "window_overflow": (lambda sid: window_update(sid, 2**31 - 1), FLOW_CONTROL_ERROR),
     # DATA on a stream the client already ended: STREAM_CLOSED (§5.1).
     "data_after_end": (lambda sid: RawClient.data(sid, b"x"), STREAM_CLOSED),
+    # A WINDOW_UPDATE of 0 on the stream: a stream error, PROTOCOL_ERROR (§6.9).
+    "zero_increment": (lambda sid: window_update(sid, 0), PROTOCOL_ERROR),
 }
 
 

@@ -8,6 +8,8 @@ still a circle to a reader, and hides the layering it breaks.
 * The worker's scheduling package never imports the gateway: the fleet simulator, which
   drives both, lives above them (:mod:`reactantserver.fleet`).
 * The transport (the HTTP/2 and gRPC layer both roles stand on) never imports the gateway.
+* The transport and the gateway import neither h2 nor hyperframe: the HTTP/2 core is our
+  own, and h2 is a test-only dependency (the differential tests' oracle).
 * Within ``transport/`` and within ``gateway/``, no module imports itself through others
   (the circles ``h2conn`` <-> ``h2lean`` and ``proxy`` <-> ``forward`` were restructured
   away, not hidden behind lazy imports).
@@ -80,6 +82,17 @@ def test_the_fleet_simulator_sits_above_scheduling_and_gateway() -> None:
     assert any(i.startswith("reactantserver.scheduling.") for i in imported)
 
 
+@pytest.mark.parametrize("subpackage", ["transport", "gateway"])
+def test_the_http2_core_does_not_import_h2(subpackage: str) -> None:
+    """No module of ``subpackage`` imports h2 or hyperframe, anywhere in its source."""
+    offenders = {
+        name: sorted(i for i in _imports(path) if i.split(".")[0] in ("h2", "hyperframe"))
+        for name, path in _modules(subpackage).items()
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+    assert _modules(subpackage)  # the check looked at something
+
+
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     """One cycle of ``graph`` (a path along its edges that returns to its start), or None."""
     try:
@@ -102,3 +115,40 @@ def test_the_cycle_finder_finds_one() -> None:
     """The check above can fail: a two-module circle is reported as such."""
     assert _cycle({"a": {"b"}, "b": {"a"}, "c": set()}) == ["a", "b", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+#: grpclib's connection and stream machinery (and the modules only it needs): the server's
+#: edge once subclassed or reached into these; it now uses grpclib's public records only
+#: (``const``, ``exceptions``, ``metadata``, ``encoding``).
+_GRPCLIB_SHELL = ("grpclib.protocol", "grpclib.server", "grpclib.utils", "grpclib.stream",
+                  "grpclib.events", "grpclib.config")  # fmt: skip
+#: The server's edge and the handlers it runs (transport/, and the gateway's served side).
+_SERVED = [*_modules("transport").values(), PACKAGE / "gateway" / "proxy.py",
+           PACKAGE / "gateway" / "app.py"]  # fmt: skip
+#: The modules that use hpack (through its public API: the decoder and its errors); h2 and
+#: hyperframe are imported by no transport module (test_the_http2_core_does_not_import_h2),
+#: and every transport module names HTTP/2 events, errors and codes through
+#: ``transport.h2events`` alone.
+_H2_ALLOWED = {"h2lean", "hpack_blocks"}
+
+
+def _imports_any(path: Path, names: tuple[str, ...]) -> list[str]:
+    return sorted(i for i in _imports(path) if any(i == n or i.startswith(n + ".") for n in names))
+
+
+def test_the_served_side_does_not_use_grpclibs_connection_or_stream() -> None:
+    """No module of the server's edge or of the handlers it serves imports grpclib's
+    protocol, server, stream, events, utils or config modules (whose private attributes
+    the edge once reached into), anywhere in its source."""
+    offenders = {_module_name(p): _imports_any(p, _GRPCLIB_SHELL) for p in _SERVED}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_transport_names_h2_only_through_h2events() -> None:
+    """Outside the core's own modules, transport/ imports no h2, hpack or hyperframe."""
+    offenders = {
+        name: _imports_any(path, ("h2", "hpack", "hyperframe"))
+        for name, path in _modules("transport").items()
+        if name.rpartition(".")[2] not in _H2_ALLOWED
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}

@@ -20,7 +20,7 @@ Receiving
   frame): a 38 MB answer from our server arrives in ~150 frames instead of ~2,300, and
   h2's per-frame work is paid that many times.
 * Received bytes are cut into frames by
-  :class:`~reactantserver.transport.h2frames.HyperframeReader` (``server=False``: no
+  :class:`~reactantserver.client.h2frames.HyperframeReader` (``server=False``: no
   preface), no body copied that arrived whole in one read, a DATA payload a view of the
   read (or of the one copy of a frame split between reads), every frame of a quiet class
   whose ``repr`` does not hex-encode the payload (h2 builds a received frame's ``repr``
@@ -75,7 +75,7 @@ from h2.connection import H2Connection
 from h2.settings import SettingCodes
 from hyperframe.frame import DataFrame, Frame
 
-from reactantserver.transport.h2frames import HyperframeReader, route_quiet_frames
+from reactantserver.client.h2frames import HyperframeReader, route_quiet_frames
 from reactantserver.transport.h2wire import (
     DATA,
     DEFAULT_WINDOW,

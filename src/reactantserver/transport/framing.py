@@ -167,7 +167,7 @@ class MessageFramer:
         #: Messages whose prefix was read.
         self._count = 0
 
-    def feed(self, data: bytes) -> Refusal | None:
+    def feed(self, data: bytes | memoryview) -> Refusal | None:
         """The next DATA payload of the stream; a refusal ends the stream."""
         size = len(data)
         pos = 0

@@ -4,13 +4,11 @@
   (:class:`.h2lean.ServerConnection`) whose *first* SETTINGS frame carries every limit of
   :class:`~.limits.WireLimits` (stream count, header list size, frame size, stream
   window), in force from the first byte.
-  Its SETTINGS values and h2's reference connection (:func:`h2_reference_connection`,
-  re-exported) live in :mod:`.h2settings`, below both this module and :mod:`.h2lean`,
-  so that the two do not import each other.
+  Its SETTINGS values live in :mod:`.h2settings`, below both this module and
+  :mod:`.h2lean`, so that the two do not import each other.
 * Received bytes are cut into frames by :class:`.h2parse.FrameReader` (a frame's length
   judged from its 9-byte header, header blocks bounded and joined, no copy of a body that
-  arrived whole); h2's connections (the reference, and the client's) get them as quiet
-  hyperframe frames (:class:`.h2frames.HyperframeReader`).
+  arrived whole).
 * :class:`CorkedTransport`: everything written during one read's callback, or else
   during one pass of the event loop, leaves in one ``send`` (grpclib alone makes three
   per unary response; each ``send`` releases the GIL, and the event loop then waits on
@@ -27,7 +25,6 @@ from collections.abc import Callable
 from typing import Any
 
 from .h2lean import ServerConnection
-from .h2settings import h2_reference_connection
 from .limits import WireLimits
 
 log = logging.getLogger(__name__)
@@ -36,7 +33,6 @@ __all__ = [
     "FLUSH_BYTES",
     "CorkedTransport",
     "HeldWrites",
-    "h2_reference_connection",
     "held_writes",
     "new_h2_connection",
 ]

@@ -1,69 +1,297 @@
-"""The one place the server's HTTP/2 events, exceptions and codes come from.
+"""The one place the server's HTTP/2 events, exceptions and codes come from: our own.
 
-Every module under :mod:`reactantserver.transport` names an HTTP/2 event class (what a
-connection's ``receive_data`` returns), an HTTP/2 exception (what it raises for a peer's
-error) or a code (error codes, setting codes, connection states) through this module, and
-no other. Today these are h2's own classes, re-exported; the owned core
-(:mod:`.h2lean`) replaces them with its own definitions here, behind the same names, so
-that h2 becomes a test-only dependency (the oracle of the differential tests).
+A connection (:class:`.h2lean.ServerConnection`) returns events from ``receive_data`` and
+raises exceptions for a peer's error; every module under :mod:`reactantserver.transport`
+names them, and the codes (error codes, setting codes, connection states), through this
+module and no other. They carry the names and fields h2's do (h2 stays the oracle of the
+differential tests, ``tests/test_h2lean.py``, which compares them by name and field), but
+nothing here imports h2: the events are small slotted records, the exceptions one
+hierarchy under :class:`H2Error`, the codes RFC 9113's numbers as ``IntEnum``.
+
+Exceptions: :class:`ProtocolError` (a connection error; its ``error_code`` goes into the
+GOAWAY) and its subclasses, each with the code RFC 9113 gives its case:
+:class:`FlowControlError` (FLOW_CONTROL_ERROR), :class:`FrameTooLargeError` and
+:class:`FrameDataMissingError` (FRAME_SIZE_ERROR), :class:`DenialOfServiceError`
+(ENHANCE_YOUR_CALM), :class:`InvalidSettingsValueError` (its setting's code),
+:class:`StreamIDTooLowError` and :class:`NoSuchStreamError` (PROTOCOL_ERROR), and
+:class:`StreamClosedError` (STREAM_CLOSED; also what sending on a closed stream raises).
 """
 
 from __future__ import annotations
 
-from h2.connection import ConnectionState
-from h2.errors import ErrorCodes
-from h2.events import (
-    ConnectionTerminated,
-    DataReceived,
-    Event,
-    PingAckReceived,
-    PingReceived,
-    PriorityUpdated,
-    RemoteSettingsChanged,
-    RequestReceived,
-    SettingsAcknowledged,
-    StreamEnded,
-    StreamReset,
-    TrailersReceived,
-    UnknownFrameReceived,
-    WindowUpdated,
-)
-from h2.exceptions import (
-    DenialOfServiceError,
-    FlowControlError,
-    FrameDataMissingError,
-    FrameTooLargeError,
-    NoSuchStreamError,
-    ProtocolError,
-    StreamClosedError,
-    StreamIDTooLowError,
-)
-from h2.settings import SettingCodes
+import enum
+from typing import Any
 
-__all__ = [
-    "ConnectionState",
-    "ConnectionTerminated",
-    "DataReceived",
-    "DenialOfServiceError",
-    "ErrorCodes",
-    "Event",
-    "FlowControlError",
-    "FrameDataMissingError",
-    "FrameTooLargeError",
-    "NoSuchStreamError",
-    "PingAckReceived",
-    "PingReceived",
-    "PriorityUpdated",
-    "ProtocolError",
-    "RemoteSettingsChanged",
-    "RequestReceived",
-    "SettingCodes",
-    "SettingsAcknowledged",
-    "StreamClosedError",
-    "StreamEnded",
-    "StreamIDTooLowError",
-    "StreamReset",
-    "TrailersReceived",
-    "UnknownFrameReceived",
-    "WindowUpdated",
-]
+
+class ErrorCodes(enum.IntEnum):
+    """HTTP/2 error codes (RFC 9113 section 7)."""
+
+    NO_ERROR = 0x0
+    PROTOCOL_ERROR = 0x1
+    INTERNAL_ERROR = 0x2
+    FLOW_CONTROL_ERROR = 0x3
+    SETTINGS_TIMEOUT = 0x4
+    STREAM_CLOSED = 0x5
+    FRAME_SIZE_ERROR = 0x6
+    REFUSED_STREAM = 0x7
+    CANCEL = 0x8
+    COMPRESSION_ERROR = 0x9
+    CONNECT_ERROR = 0xA
+    ENHANCE_YOUR_CALM = 0xB
+    INADEQUATE_SECURITY = 0xC
+    HTTP_1_1_REQUIRED = 0xD
+
+
+class SettingCodes(enum.IntEnum):
+    """HTTP/2 setting codes (RFC 9113 section 6.5.2; RFC 8441's CONNECT protocol)."""
+
+    HEADER_TABLE_SIZE = 0x1
+    ENABLE_PUSH = 0x2
+    MAX_CONCURRENT_STREAMS = 0x3
+    INITIAL_WINDOW_SIZE = 0x4
+    MAX_FRAME_SIZE = 0x5
+    MAX_HEADER_LIST_SIZE = 0x6
+    ENABLE_CONNECT_PROTOCOL = 0x8
+
+
+class ConnectionState(enum.Enum):
+    """A server connection's state: idle until the first stream (or ALTSVC), open, and
+    closed by GOAWAY either way."""
+
+    IDLE = 0
+    SERVER_OPEN = 2
+    CLOSED = 3
+
+
+def error_code(value: int) -> ErrorCodes | int:
+    """``value`` as an :class:`ErrorCodes` member when it is one (a peer may send any)."""
+    try:
+        return ErrorCodes(value)
+    except ValueError:
+        return value
+
+
+# ---------------------------------------------------------------------- exceptions
+
+
+class H2Error(Exception):
+    """Any HTTP/2 error of ours."""
+
+
+class ProtocolError(H2Error):
+    """The peer broke HTTP/2's rules (or a call would): a connection error with
+    ``error_code`` (PROTOCOL_ERROR unless the subclass or the caller says otherwise)."""
+
+    error_code: ErrorCodes | int = ErrorCodes.PROTOCOL_ERROR
+
+    def __init__(self, message: str = "", error_code: ErrorCodes | int | None = None) -> None:
+        super().__init__(message)
+        if error_code is not None:
+            self.error_code = error_code
+
+
+class FlowControlError(ProtocolError):
+    error_code = ErrorCodes.FLOW_CONTROL_ERROR
+
+
+class FrameTooLargeError(ProtocolError):
+    error_code = ErrorCodes.FRAME_SIZE_ERROR
+
+
+class FrameDataMissingError(ProtocolError):
+    error_code = ErrorCodes.FRAME_SIZE_ERROR
+
+
+class DenialOfServiceError(ProtocolError):
+    error_code = ErrorCodes.ENHANCE_YOUR_CALM
+
+
+class InvalidSettingsValueError(ProtocolError):
+    """A setting out of its range (the code depends on the setting: ``error_code``)."""
+
+
+class StreamIDTooLowError(ProtocolError):
+    """A new stream's id is not above the highest the peer opened before."""
+
+    def __init__(self, stream_id: int, max_stream_id: int) -> None:
+        super().__init__(f"StreamIDTooLowError: {stream_id} is lower than {max_stream_id}")
+        self.stream_id = stream_id
+        self.max_stream_id = max_stream_id
+
+
+class NoSuchStreamError(ProtocolError):
+    """A frame (or a call) names a stream that does not exist: idle, or forgotten."""
+
+    def __init__(self, stream_id: int) -> None:
+        super().__init__(f"no stream {stream_id}")
+        self.stream_id = stream_id
+
+
+class StreamClosedError(NoSuchStreamError):
+    """A frame (or a call) on a stream that is closed."""
+
+    error_code = ErrorCodes.STREAM_CLOSED
+
+    def __init__(self, stream_id: int) -> None:
+        super().__init__(stream_id)
+        self.args = (f"stream {stream_id} is closed",)
+
+
+# ---------------------------------------------------------------------- events
+
+
+class Event:
+    """A thing the peer did, as :meth:`.h2lean.ServerConnection.receive_data` reports it."""
+
+    __slots__: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return f"<{type(self).__name__} {fields}>"
+
+
+class RequestReceived(Event):
+    """A new stream's request headers (``stream_ended``/``priority_updated``: the events
+    the same frame gave too, else None)."""
+
+    __slots__ = ("headers", "priority_updated", "stream_ended", "stream_id")
+
+    def __init__(self, stream_id: int, headers: Any) -> None:
+        self.stream_id = stream_id
+        self.headers = headers
+        self.stream_ended: StreamEnded | None = None
+        self.priority_updated: PriorityUpdated | None = None
+
+
+class TrailersReceived(Event):
+    """A stream's trailers (always with END_STREAM; the same fields)."""
+
+    __slots__ = ("headers", "priority_updated", "stream_ended", "stream_id")
+
+    def __init__(self, stream_id: int, headers: Any) -> None:
+        self.stream_id = stream_id
+        self.headers = headers
+        self.stream_ended: StreamEnded | None = None
+        self.priority_updated: PriorityUpdated | None = None
+
+
+class DataReceived(Event):
+    """A DATA frame's payload (a view, not a copy) and its flow-controlled length (the
+    payload and any padding)."""
+
+    __slots__ = ("data", "flow_controlled_length", "stream_ended", "stream_id")
+
+    def __init__(self, stream_id: int, data: memoryview, flow_controlled_length: int) -> None:
+        self.stream_id = stream_id
+        self.data = data
+        self.flow_controlled_length = flow_controlled_length
+        self.stream_ended: StreamEnded | None = None
+
+
+class StreamEnded(Event):
+    __slots__ = ("stream_id",)
+
+    def __init__(self, stream_id: int) -> None:
+        self.stream_id = stream_id
+
+
+class StreamReset(Event):
+    """A stream reset: by the peer (``remote_reset``), or by us on a stream error the
+    peer provoked (the abuse budget counts both)."""
+
+    __slots__ = ("error_code", "remote_reset", "stream_id")
+
+    def __init__(self, stream_id: int, error_code: ErrorCodes | int, remote_reset: bool) -> None:
+        self.stream_id = stream_id
+        self.error_code = error_code
+        self.remote_reset = remote_reset
+
+
+class WindowUpdated(Event):
+    """A send window grew by ``delta`` (stream 0: the connection's)."""
+
+    __slots__ = ("delta", "stream_id")
+
+    def __init__(self, stream_id: int, delta: int) -> None:
+        self.stream_id = stream_id
+        self.delta = delta
+
+
+class ChangedSetting:
+    """One setting a SETTINGS frame changed: its code, the value before (None: never
+    set) and the new one."""
+
+    __slots__ = ("new_value", "original_value", "setting")
+
+    def __init__(self, setting: SettingCodes | int, original_value: int | None, new_value: int):
+        self.setting = setting
+        self.original_value = original_value
+        self.new_value = new_value
+
+    def __repr__(self) -> str:
+        return f"ChangedSetting({self.setting!r}, {self.original_value}, {self.new_value})"
+
+
+class RemoteSettingsChanged(Event):
+    __slots__ = ("changed_settings",)
+
+    def __init__(self, changed_settings: dict[SettingCodes | int, ChangedSetting]) -> None:
+        self.changed_settings = changed_settings
+
+
+class SettingsAcknowledged(Event):
+    __slots__ = ("changed_settings",)
+
+    def __init__(self, changed_settings: dict[SettingCodes | int, ChangedSetting]) -> None:
+        self.changed_settings = changed_settings
+
+
+class PingReceived(Event):
+    __slots__ = ("ping_data",)
+
+    def __init__(self, ping_data: bytes) -> None:
+        self.ping_data = ping_data
+
+
+class PingAckReceived(Event):
+    __slots__ = ("ping_data",)
+
+    def __init__(self, ping_data: bytes) -> None:
+        self.ping_data = ping_data
+
+
+class ConnectionTerminated(Event):
+    """The peer's GOAWAY."""
+
+    __slots__ = ("additional_data", "error_code", "last_stream_id")
+
+    def __init__(
+        self, error_code: ErrorCodes | int, last_stream_id: int, additional_data: bytes | None
+    ) -> None:
+        self.error_code = error_code
+        self.last_stream_id = last_stream_id
+        self.additional_data = additional_data
+
+
+class PriorityUpdated(Event):
+    """A stream's priority fields (reported; priorities are not kept)."""
+
+    __slots__ = ("depends_on", "exclusive", "stream_id", "weight")
+
+    def __init__(self, stream_id: int, depends_on: int, weight: int, exclusive: bool) -> None:
+        self.stream_id = stream_id
+        self.depends_on = depends_on
+        self.weight = weight
+        self.exclusive = exclusive
+
+
+class UnknownFrameReceived(Event):
+    """A frame of a type HTTP/2 does not define (ignored otherwise, RFC 9113 5.5)."""
+
+    __slots__ = ("body", "flags", "stream_id", "type")
+
+    def __init__(self, type: int, flags: int, stream_id: int, body: bytes) -> None:
+        self.type = type
+        self.flags = flags
+        self.stream_id = stream_id
+        self.body = body

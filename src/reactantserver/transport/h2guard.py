@@ -310,7 +310,7 @@ class _Processor:
             self._judged(self.budget.wasted_frames(1, self._guard.read_at), Fault.FRAME_FLOOD)
             return
         now = self._guard.read_at
-        decision = self.sink.admit(event.headers, self._guard.peer, now)  # type: ignore[arg-type]
+        decision = self.sink.admit(event.headers, self._guard.peer, now)
         if isinstance(decision, Refusal):
             self._answer(sid, decision)
             self._guard.fault(decision.fault, decision.message)
@@ -370,13 +370,13 @@ class _Processor:
                 self._refuse(sid, refusal, event.flow_controlled_length)
                 return
         if sid in self.direct.calls:
-            self.direct.data(sid, event.data, event.flow_controlled_length)  # type: ignore[arg-type]
+            self.direct.data(sid, event.data, event.flow_controlled_length)
             return
         if not event.flow_controlled_length:
             return  # a DATA frame with no payload and no padding: nothing to read or ack
         stream = self.streams.get(sid)
         if stream is not None:
-            stream.received(event.data, event.flow_controlled_length)  # type: ignore[arg-type]
+            stream.received(event.data, event.flow_controlled_length)
         else:  # a stream already answered: its bytes are dropped, the window given back
             self._h2.acknowledge_received_data(event.flow_controlled_length, sid)
 

@@ -1,4 +1,4 @@
-"""A lean server-side HTTP/2 connection: what grpclib drives, without h2's per-frame layers.
+"""The server side of an HTTP/2 connection, our own: sans-IO, without h2's per-frame layers.
 
 Why
 ---
@@ -13,16 +13,19 @@ the measured gain.
 
 What it is
 ----------
-A drop-in for the part of ``H2Connection`` that grpclib's ``protocol``/``server`` modules
-and :mod:`.h2guard` / :mod:`.server` use, emitting **h2's own event classes** (so grpclib's
-``EventsProcessor`` and our ``_Processor`` need no change) and raising **h2's own
-exceptions** (``h2events.ProtocolError`` and subclasses, which :mod:`.h2guard`
-catches). Received bytes are cut into frames by :class:`.h2parse.FrameReader` (preface
-check, frame length judged from the header, header blocks bounded, CONTINUATION joined,
-no copy of a body that arrived whole) as ``(type, flags, stream id, body)``, no frame objects: the type byte
-picks a handler, which reads its fields by slicing (:mod:`.h2parse`, which also raises h2's
-and hyperframe's errors for a malformed frame, in their order); a DATA payload is a view
-of the body. Frames we send are written as bytes directly.
+Bytes in (``receive_data`` -> events), bytes out (``send_*`` queue frames,
+``data_to_send`` hands them over); never a socket or a loop: :mod:`.h2guard` is the
+asyncio edge that feeds it. Its methods keep the names and arguments of h2's
+``H2Connection`` that the edge calls; its events, exceptions and codes are our own
+(:mod:`.h2events`: slotted events with h2's names and fields, ``ProtocolError`` and its
+subclasses carrying the GOAWAY's error code), and nothing here imports h2 or hyperframe:
+h2 is the oracle of ``tests/test_h2lean.py`` only. Received bytes are cut into frames by
+:class:`.h2parse.FrameReader` (preface check, frame length judged from the header, header
+blocks bounded, CONTINUATION joined, no copy of a body that arrived whole) as ``(type,
+flags, stream id, body)``, no frame objects: the type byte picks a handler, which reads
+its fields by slicing (:mod:`.h2parse`, which refuses a malformed frame as h2 and
+hyperframe do, in their order); a DATA payload is a view of the read. Frames we send are
+written as bytes directly.
 
 Semantics (RFC 9113, server side; as h2 behaves, except where noted):
 
@@ -38,9 +41,11 @@ Semantics (RFC 9113, server side; as h2 behaves, except where noted):
   Trailers without END_STREAM -> PROTOCOL_ERROR.
 * flow control both ways: inbound DATA past a window -> FLOW_CONTROL_ERROR; our windows are
   reopened by :meth:`ServerConnection.acknowledge_received_data` once half a window is
-  consumed (h2's ``WindowManager`` rule); WINDOW_UPDATE past 2^31-1 -> FLOW_CONTROL_ERROR
-  (a stream error on a stream, a connection error on the connection); a zero increment ->
-  PROTOCOL_ERROR. We never send more than the peer's windows allow.
+  consumed (h2's ``WindowManager`` rule); WINDOW_UPDATE past 2^31-1 -> FLOW_CONTROL_ERROR,
+  a zero increment -> PROTOCOL_ERROR, each a stream error on a stream (RST_STREAM, a reset
+  the peer provoked, budgeted by the guard) and a connection error on the connection
+  (RFC 9113 §6.9; h2 makes a zero increment a connection error on a stream too). We never
+  send more than the peer's windows allow.
 * SETTINGS applied and acknowledged at once (INITIAL_WINDOW_SIZE shifts every open
   stream's send window; MAX_FRAME_SIZE bounds our frames; HEADER_TABLE_SIZE: see HPACK);
   PING answered; PRIORITY reported; PUSH_PROMISE -> PROTOCOL_ERROR; unknown frame types
@@ -70,8 +75,10 @@ is one, raw strings), so no table is searched, the peer's decoder table never ch
 a block does not depend on what was sent before. When the peer lowers SETTINGS_HEADER_TABLE_SIZE below the 4096 bytes an encoder
 starts with, the next block begins with a dynamic table size update (RFC 7541 §4.2).
 
-Invariant (tests/test_h2lean.py): for the same client bytes, the events (types and key
-fields) and whether a connection error was raised are those of h2's ``H2Connection``.
+Invariant (tests/test_h2lean.py): for the same client bytes, the events (class names and
+key fields) and whether a connection error was raised (and its code) are those of h2's
+``H2Connection`` -- except where noted above (a zero WINDOW_UPDATE on a stream, the first
+frame after the preface), which that test leaves out and checks on its own.
 """
 
 from __future__ import annotations
@@ -81,9 +88,7 @@ from collections.abc import Callable, Iterable, Sequence
 from enum import IntEnum
 from typing import Any
 
-import h2.settings
 from hpack import HPACKError, OversizedHeaderListError
-from hyperframe.frame import ExtensionFrame
 
 from . import h2events, h2parse, h2rules
 from .h2events import (
@@ -106,7 +111,7 @@ from .h2events import (
     WindowUpdated,
 )
 from .h2parse import ALTSVC, FRAME_NAMES, KNOWN_TYPES, Body, FrameReader, Priority
-from .h2settings import ServerSettings, local_settings
+from .h2settings import Settings, check_received, local_settings
 from .h2wire import (
     ACK,
     CONTINUATION,
@@ -157,13 +162,6 @@ def _ascii_field(name: bytes, value: bytes) -> tuple[str, str]:
     """A header's name and value as text (grpclib's ``header_encoding``);
     UnicodeDecodeError for a byte that is not ASCII."""
     return name.decode("ascii"), value.decode("ascii")
-
-
-def _error_code(value: int) -> ErrorCodes | int:
-    try:
-        return ErrorCodes(value)
-    except ValueError:
-        return value
 
 
 # ---------------------------------------------------------------------- HPACK (ours)
@@ -292,14 +290,13 @@ class ServerConnection:
     """The server side of one HTTP/2 connection (module docstring)."""
 
     def __init__(self, limits: WireLimits) -> None:
-        self.local_settings = ServerSettings(client=False, initial_values=local_settings(limits))
-        self.remote_settings = h2.settings.Settings(client=True)
+        self.local_settings = Settings(client=False, initial_values=local_settings(limits))
+        self.remote_settings = Settings(client=True)
         self.state_machine = _ConnectionStateMachine()
         self.streams: dict[int, H2Stream] = {}
         self.highest_inbound_stream_id = 0
         self.max_outbound_frame_size = self.remote_settings.max_frame_size
-        #: The peer's SETTINGS_INITIAL_WINDOW_SIZE, read per new stream (h2's ``Settings``
-        #: answers it through a property and a mapping lookup).
+        #: The peer's SETTINGS_INITIAL_WINDOW_SIZE, read per new stream.
         self._initial_send_window = self.remote_settings.initial_window_size
         self.outbound_flow_control_window = DEFAULT_WINDOW
         self._recv_window = _Window(DEFAULT_WINDOW)
@@ -323,9 +320,8 @@ class ServerConnection:
         #: A dynamic table size update owed at the start of our next header block.
         self._table_update: bytes = b""
         self._table_size = DEFAULT_TABLE
-        # A handler per frame type: (flags, stream id, body, events). grpclib deletes
-        # this attribute on close (to break h2's reference cycles).
-        self._frame_dispatch_table: dict[int, _Handler] = {
+        # A handler per frame type: (flags, stream id, body, events).
+        self._dispatch: dict[int, _Handler] = {
             DATA: self._on_data,
             HEADERS: self._on_headers,
             PRIORITY: self._on_priority,
@@ -552,7 +548,7 @@ class ServerConnection:
     def receive_data(self, data: bytes) -> list[Event]:
         events: list[Event] = []
         self.reader.feed(data)
-        dispatch = self._frame_dispatch_table
+        dispatch = self._dispatch
         try:
             for kind, flags, sid, body in self.reader:
                 if self.state_machine.state is not ConnectionState.SERVER_OPEN:
@@ -671,23 +667,23 @@ class ServerConnection:
             # decoder's tuple, the same object each time a block comes again (what
             # :meth:`.server._Calls.admit` remembers its verdict by).
             headers = self._text(headers)
-            event: Event = RequestReceived(stream_id=sid, headers=headers)  # type: ignore[arg-type]
+            event: RequestReceived | TrailersReceived = RequestReceived(sid, headers)
         else:
             if stream.state_machine.state is StreamState.HALF_CLOSED_REMOTE:
                 self._reset_on_error(stream, events)
                 return
             if not flags & END_STREAM:
                 raise h2events.ProtocolError("Trailers must have END_STREAM set")
-            event = TrailersReceived(stream_id=sid, headers=self._text(headers))  # type: ignore[arg-type]
+            event = TrailersReceived(sid, self._text(headers))
         events.append(event)
         if flags & END_STREAM:
             ended = StreamEnded(stream_id=sid)
-            event.stream_ended = ended  # type: ignore[attr-defined]
+            event.stream_ended = ended
             events.append(ended)
             self._end_remote(stream)
         if fields is not None:
             priority = self._priority(sid, fields)
-            event.priority_updated = priority  # type: ignore[attr-defined]
+            event.priority_updated = priority
             events.append(priority)
 
     def _end_remote(self, stream: H2Stream) -> None:
@@ -729,12 +725,8 @@ class ServerConnection:
         stream.recv_window.consumed(length)
         if not length and not flags & END_STREAM:
             self.wasted += 1  # carries nothing and ends nothing
-        # h2 declares bytes; a view of the frame's one copy is what grpclib joins.
-        event = DataReceived(
-            stream_id=sid,
-            data=payload,  # type: ignore[arg-type]
-            flow_controlled_length=length,
-        )
+        # A view of the read (or of the one copy of a frame split between reads).
+        event = DataReceived(sid, payload, length)
         events.append(event)
         if flags & END_STREAM:
             ended = StreamEnded(stream_id=sid)
@@ -748,17 +740,17 @@ class ServerConnection:
         if stream is None:
             return  # idle (h2 ignores it too) or already closed (RFC 9113 §5.1: ignore)
         self._close(stream, ClosedBy.RESET)
-        events.append(StreamReset(stream_id=sid, error_code=_error_code(code), remote_reset=True))
+        events.append(
+            StreamReset(stream_id=sid, error_code=h2events.error_code(code), remote_reset=True)
+        )
 
     def _on_window_update(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         increment = h2parse.window_update(body)
-        if not sid:
-            window = self.outbound_flow_control_window + increment
-            if window > MAX_WINDOW:
-                raise h2events.FlowControlError(
-                    f"connection send window of {window} bytes past 2^31-1"
-                )
-            self.outbound_flow_control_window = window
+        if not sid:  # a zero increment or an overflow: a connection error (RFC 9113 §6.9)
+            broken = h2rules.window_update(increment, self.outbound_flow_control_window, 0)
+            if broken is not None:
+                raise h2events.ProtocolError(broken.message, h2events.error_code(broken.code))
+            self.outbound_flow_control_window += increment
             events.append(WindowUpdated(stream_id=0, delta=increment))
             return
         stream = self.streams.get(sid)
@@ -766,33 +758,27 @@ class ServerConnection:
             if self._is_idle(sid):
                 raise h2events.NoSuchStreamError(sid)
             return  # closed: ignored
-        window = stream.send_window + increment
-        if window > MAX_WINDOW:  # a stream error (RFC 9113 §6.9.1)
-            self._out.append(_rst(sid, ErrorCodes.FLOW_CONTROL_ERROR))
+        broken = h2rules.window_update(increment, stream.send_window, sid)
+        if broken is not None:  # a stream error (RFC 9113 §6.9, §6.9.1): the guard budgets it
+            code = h2events.error_code(broken.code)
+            self._out.append(_rst(sid, code))
             self._close(stream, ClosedBy.RESET)
-            events.append(
-                StreamReset(
-                    stream_id=sid, error_code=ErrorCodes.FLOW_CONTROL_ERROR, remote_reset=False
-                )
-            )
+            events.append(StreamReset(stream_id=sid, error_code=code, remote_reset=False))
             return
-        stream.send_window = window
+        stream.send_window += increment
         events.append(WindowUpdated(stream_id=sid, delta=increment))
 
     def _on_settings(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         values = h2parse.settings(flags, body)
         self.wasted += 1  # one each way per connection is due; a flood is not
         if flags & ACK:
-            ack = SettingsAcknowledged()
-            ack.changed_settings = self.local_settings.acknowledge()
-            events.append(ack)
+            events.append(SettingsAcknowledged(changed_settings={}))  # ours never change
             return
-        remote = self.remote_settings
         for code, value in values.items():
-            remote.validate_received_setting(code, value)  # h2's errors and codes
-        remote.update(values)
-        events.append(RemoteSettingsChanged.from_settings(remote, values))
-        changes = remote.acknowledge()
+            check_received(code, value, from_client=True)
+        remote = self.remote_settings
+        changes = remote.apply(values)
+        events.append(RemoteSettingsChanged(changed_settings=changes))
         window = changes.get(SettingCodes.INITIAL_WINDOW_SIZE)
         if window is not None:
             self._initial_send_window = remote.initial_window_size
@@ -825,22 +811,20 @@ class ServerConnection:
         last, code, extra = h2parse.goaway(body)
         self.state_machine.state = ConnectionState.CLOSED
         self._out.clear()  # nothing more may be sent (h2 drops its unsent output too)
-        event = ConnectionTerminated()
-        event.error_code = _error_code(code)
-        event.last_stream_id = last
-        event.additional_data = extra or None
-        events.append(event)
+        events.append(
+            ConnectionTerminated(
+                error_code=h2events.error_code(code),
+                last_stream_id=last,
+                additional_data=extra or None,
+            )
+        )
 
     def _priority(self, sid: int, fields: Priority) -> PriorityUpdated:
         depends_on, weight, exclusive = fields
         if depends_on == sid:
             raise h2events.ProtocolError(f"Stream {sid} may not depend on itself")
-        event = PriorityUpdated()
-        event.stream_id = sid
-        event.depends_on = depends_on
-        event.exclusive = exclusive
-        event.weight = weight + 1  # the byte holds weight - 1
-        return event
+        # The byte holds weight - 1.
+        return PriorityUpdated(sid, depends_on=depends_on, weight=weight + 1, exclusive=exclusive)
 
     def _on_priority(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         events.append(self._priority(sid, h2parse.priority(body)))
@@ -870,7 +854,5 @@ class ServerConnection:
             self.state_machine.state = ConnectionState.SERVER_OPEN
 
     def _on_unknown(self, kind: int, flags: int, sid: int, body: Body, events: list[Event]) -> None:
-        """A frame of a type we do not know: reported (the one frame object we build)."""
-        frame = ExtensionFrame(type=kind, stream_id=sid, flag_byte=flags, body=bytes(body))
-        frame.body_len = len(body)
-        events.append(UnknownFrameReceived(frame=frame))
+        """A frame of a type we do not know: reported, and otherwise ignored."""
+        events.append(UnknownFrameReceived(type=kind, flags=flags, stream_id=sid, body=bytes(body)))

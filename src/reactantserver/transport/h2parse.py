@@ -16,9 +16,13 @@ hyperframe frames from what it yields).
 
 Errors: exactly h2's for each malformed frame
 ---------------------------------------------
-h2's buffer and hyperframe refuse a malformed frame with these h2 exceptions, and so does
-this module, checked in the same order (tests/test_h2lean.py feeds both the same bytes):
+h2's buffer and hyperframe refuse a malformed frame with h2's exceptions, and this module
+with ours of the same names and codes (:mod:`.h2events`), checked in the same order
+(tests/test_h2lean.py and tests/test_h2conn.py feed both the same bytes):
 
+0. the client's connection preface (server role; :meth:`FrameReader.feed`) ->
+   ``ProtocolError("Invalid HTTP/2 preamble.")``; and, after (2), a first frame that is
+   not the peer's SETTINGS -> ``ProtocolError`` (RFC 9113 §3.4; h2 does not check this);
 1. from the 9-byte header, before the body is waited for (FrameReader._judge): a frame
    longer than our SETTINGS_MAX_FRAME_SIZE -> ``FrameTooLargeError``; a header block past
    the bound -> ``DenialOfServiceError``;
@@ -27,7 +31,7 @@ this module, checked in the same order (tests/test_h2lean.py feeds both the same
    a stream -> ``ProtocolError("Received frame with invalid header: ...")``;
 3. the body (hyperframe's ``parse_body``; here the parsers below): a body too short, or of
    the wrong size for its type -> ``FrameDataMissingError``; a value the type forbids (a
-   SETTINGS ACK with a payload, a WINDOW_UPDATE increment outside 1..2^31-1, a promised
+   SETTINGS ACK with a payload, a WINDOW_UPDATE increment past 2^31-1, a promised
    stream id that is 0 or odd) -> ``ProtocolError("Received frame with non-compliant
    data")``; padding as long as the body -> ``ProtocolError("Received frame with invalid
    padding.")``;
@@ -243,11 +247,13 @@ def goaway(body: Body) -> tuple[int, int, bytes]:
 
 
 def window_update(body: Body) -> int:
-    """A WINDOW_UPDATE frame's increment (1..2^31-1; the reserved bit is not masked)."""
+    """A WINDOW_UPDATE frame's increment (0..2^31-1; the reserved bit is not masked, as
+    hyperframe). A zero increment is the connection's to judge (RFC 9113 §6.9: a stream
+    error on a stream, a connection error on the connection; h2 refuses it here)."""
     if len(body) != 4:
         raise _missing(f"WINDOW_UPDATE frame must have 4 byte length: got {len(body)}")
     increment = int.from_bytes(body, "big")  # read per WINDOW_UPDATE: two per call
-    if not 1 <= increment <= MAX_WINDOW:
+    if increment > MAX_WINDOW:
         raise _noncompliant("WINDOW_UPDATE increment must be between 1 to 2^31-1")
     return increment
 

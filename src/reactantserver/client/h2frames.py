@@ -2,13 +2,15 @@
 
 The ends of ours that receive HTTP/2 through h2's connection and hyperframe's frame
 classes use this: the Python client's channel (:mod:`reactantserver.client.channel`) and
-h2's server connection as the reference of ours (:func:`.h2conn.h2_reference_connection`).
-Frames are cut by the one reader every end of ours uses (:class:`.h2parse.FrameReader`:
+h2's server connection as the reference of ours in tests and benchmarks
+(``tests/h2_reference.py``). Frames are cut by the one reader every end of ours uses
+(:class:`~reactantserver.transport.h2parse.FrameReader`:
 the preface, a frame's length judged from its 9-byte header, header blocks bounded and
 joined, no copy of a body that arrived whole); this module only turns what it yields into
 hyperframe frames, through hyperframe's public methods.
 
-* :class:`HyperframeReader`: what h2's connection takes as its ``incoming_buffer``.
+* :class:`HyperframeReader`: what h2's connection takes as its ``incoming_buffer``; the
+  reader's errors become h2's own exceptions (what h2's ``receive_data`` handles).
 * :data:`QUIET`: the received frame classes with a ``repr`` that does not copy and
   hex-encode the payload (:func:`_quiet`), and a DATA frame whose payload is a view.
 * :func:`route_quiet_frames`: teaches an ``H2Connection``'s dispatch table the quiet
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import h2.exceptions
 from hyperframe.exceptions import InvalidDataError, InvalidFrameError, InvalidPaddingError
 from hyperframe.frame import (
     FRAMES,
@@ -35,9 +38,9 @@ from hyperframe.frame import (
     WindowUpdateFrame,
 )
 
-from . import h2events
-from .h2parse import FrameReader
-from .h2wire import DEFAULT_FRAME
+from reactantserver.transport import h2events
+from reactantserver.transport.h2parse import FrameReader, RawFrame
+from reactantserver.transport.h2wire import DEFAULT_FRAME
 
 if TYPE_CHECKING:
     from h2.connection import H2Connection
@@ -109,10 +112,25 @@ def route_quiet_frames(conn: H2Connection) -> None:
         dispatch[quiet] = dispatch[base]
 
 
+#: Our reader's exceptions as h2's, most specific first.
+_AS_H2: tuple[tuple[type[h2events.ProtocolError], type[h2.exceptions.ProtocolError]], ...] = (
+    (h2events.FrameTooLargeError, h2.exceptions.FrameTooLargeError),
+    (h2events.FrameDataMissingError, h2.exceptions.FrameDataMissingError),
+    (h2events.DenialOfServiceError, h2.exceptions.DenialOfServiceError),
+    (h2events.ProtocolError, h2.exceptions.ProtocolError),
+)
+
+
+def _as_h2(err: h2events.ProtocolError) -> h2.exceptions.ProtocolError:
+    kind = next(theirs for ours, theirs in _AS_H2 if isinstance(err, ours))
+    return kind(str(err))
+
+
 class HyperframeReader:
-    """h2's ``incoming_buffer``, cut by :class:`.h2parse.FrameReader`: each frame it yields
-    becomes its hyperframe frame (the quiet subclass, :data:`QUIET`), with h2's errors for
-    a body hyperframe refuses. ``server``: the peer is a client (its preface is checked)."""
+    """h2's ``incoming_buffer``, cut by :class:`~reactantserver.transport.h2parse.FrameReader`:
+    each frame it yields becomes its hyperframe frame (the quiet subclass, :data:`QUIET`),
+    with h2's errors for what the reader or hyperframe refuses. ``server``: the peer is a
+    client (its preface is checked)."""
 
     def __init__(self, max_header_block: int, *, server: bool = True) -> None:
         self.reader = FrameReader(server, DEFAULT_FRAME, max_header_block)
@@ -126,13 +144,20 @@ class HyperframeReader:
         self.reader.max_frame_size = value
 
     def add_data(self, data: bytes) -> None:
-        self.reader.feed(data)
+        try:
+            self.reader.feed(data)
+        except h2events.ProtocolError as err:
+            raise _as_h2(err) from err
 
     def __iter__(self) -> HyperframeReader:
         return self
 
     def __next__(self) -> Frame:
-        kind, flags, sid, body = next(self.reader)
+        try:
+            raw: RawFrame = next(self.reader)
+        except h2events.ProtocolError as err:
+            raise _as_h2(err) from err
+        kind, flags, sid, body = raw
         known = FRAMES.get(kind)
         if known is None:
             return ExtensionFrame(type=kind, stream_id=sid, flag_byte=flags, body=bytes(body))
@@ -141,7 +166,7 @@ class HyperframeReader:
         try:
             frame.parse_body(body)
         except InvalidDataError as err:
-            raise h2events.ProtocolError("Received frame with non-compliant data") from err
+            raise h2.exceptions.ProtocolError("Received frame with non-compliant data") from err
         except InvalidFrameError as err:
-            raise h2events.FrameDataMissingError("Frame data missing or invalid") from err
+            raise h2.exceptions.FrameDataMissingError("Frame data missing or invalid") from err
         return frame
