@@ -92,9 +92,6 @@ from ..transport.h2wire import (
     DEFAULT_WINDOW,
     END_HEADERS,
     END_STREAM,
-    ENHANCE_YOUR_CALM,
-    FLOW_CONTROL_ERROR,
-    FRAME_SIZE_ERROR,
     GOAWAY,
     HEADERS,
     MAX_FRAME_CEILING,
@@ -105,7 +102,6 @@ from ..transport.h2wire import (
     PING,
     PREFACE,
     PRIORITY_FLAG,
-    PROTOCOL_ERROR,
     PUSH_PROMISE,
     RST_STREAM,
     SETTINGS,
@@ -527,17 +523,8 @@ class ClientConnection:
         events.append(("window", 0, None, None))
 
 
-#: The exception for each code a rule of :mod:`~reactantserver.transport.h2rules` gives.
-_ERRORS: dict[int, type[h2events.ProtocolError]] = {
-    PROTOCOL_ERROR: h2events.ProtocolError,
-    FLOW_CONTROL_ERROR: h2events.FlowControlError,
-    FRAME_SIZE_ERROR: h2events.FrameTooLargeError,
-    ENHANCE_YOUR_CALM: h2events.DenialOfServiceError,
-}
-
-
 def _error(broken: Violation | None) -> h2events.ProtocolError:
     """The connection error for a rule's violation (the caller's own comparison already
     found one)."""
     assert broken is not None
-    return _ERRORS[broken.code](broken.message)
+    return h2events.ProtocolError(broken.message, broken.code)
