@@ -14,6 +14,7 @@ import h2.connection
 import h2.events
 import h2.settings
 import hpack
+import hypothesis
 import pytest
 from h2_client import frame as _frame  # a raw frame; `frame` names a parameter here
 from hypothesis import example, given, settings
@@ -622,3 +623,62 @@ def test_resets_the_peer_provokes_are_budgeted() -> None:
     assert [e[0] for e in events] == ["error"] * half
     error = _refused(client, _frame(0x8, 0, sids[half], zero))
     assert error.error_code == ENHANCE_YOUR_CALM and "reset by the server" in str(error)
+
+
+# --------------------------------------------------------------------------- fuzz
+# A hostile worker's bytes, generated: whatever arrives, the client either reports events
+# on the streams it opened or raises a connection error (h2events.ProtocolError, with a
+# code for its GOAWAY) -- never another exception, never an event for a stream it did not
+# open.
+
+_worker_frames = st.lists(
+    st.tuples(
+        st.one_of(st.integers(0, 0xA), st.sampled_from([0x10, 0xFA])),  # the frame type
+        st.sampled_from([0, 0x1, 0x4, 0x5, 0x8, 0x9, 0x20, 0x24, 0x25, 0x2D, 0xFF]),  # flags
+        st.sampled_from([0, 1, 3, 5, 7, 2, 2**31 - 1]),  # the stream: 1, 3, 5 are ours
+        st.one_of(
+            st.binary(max_size=24),
+            st.just(hpack.Encoder().encode([(b":status", b"200"), (b"grpc-status", b"0")])),
+            st.integers(0, 2**31 - 1).map(lambda n: n.to_bytes(4, "big")),
+        ),
+        st.one_of(st.none(), st.integers(0, 2**24 - 1)),  # a length that lies
+    ),
+    max_size=12,
+)
+
+
+@settings(deadline=None, max_examples=300)
+@given(frames=_worker_frames, cuts=st.lists(st.integers(1, 40), max_size=6), preface=st.booleans())
+def test_any_bytes_from_a_worker_are_events_or_a_connection_error(
+    frames: list[tuple[int, int, int, bytes, int | None]], cuts: list[int], preface: bool
+) -> None:
+    client = ClientConnection()
+    client.initiate()
+    ours = {request(client) for _ in range(3)}
+    client.data_to_send()
+    wire = _frame(0x4, 0, 0, b"") if preface else b""
+    wire += b"".join(_frame(k, f, s, p, length=n) for k, f, s, p, n in frames)
+    at, events = 0, []
+    try:
+        for cut in [*cuts, len(wire)]:
+            events += client.receive(wire[at : at + cut], NOW)
+            at += cut
+    except ProtocolError as error:
+        assert 0 <= error.error_code <= 0xD
+        hypothesis.event(f"connection error {int(error.error_code):#x}")
+        return
+    hypothesis.event(f"{len(events)} events" if len(events) < 3 else "3+ events")
+    out, pos = client.data_to_send(), 0
+    while pos < len(out):  # what it answers: whole frames, of the kinds a client answers with
+        assert out[pos + 3] in (
+            0x3,
+            0x4,
+            0x6,
+            0x8,
+        )  # RST_STREAM, SETTINGS ACK, PING ACK, WINDOW_UPDATE
+        pos += 9 + int.from_bytes(out[pos : pos + 3], "big")
+    assert pos == len(out)
+    for kind, stream_id, _, _ in events:
+        assert kind in ("headers", "data", "reset", "error", "goaway", "window")
+        if kind in ("headers", "data", "reset", "error"):
+            assert stream_id in ours
