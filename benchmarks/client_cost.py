@@ -5,7 +5,8 @@
 ``N`` calls (default 8) of ``BIG_MODEL`` (default ``double_38mb``, as ``bench_serve``
 builds it) with ``bench_serve.big_array()`` inline, ``time.process_time`` around each (the
 client process only; median printed), then ``SMALL`` (default 2000) one-row calls of
-``double`` in a row. Run it with ``PYTHONPATH`` at two checkouts, alternating, to compare
+``double`` in a row: the client's CPU per call over all of them and the median wall time
+of one call. Run it with ``PYTHONPATH`` at two checkouts, alternating, to compare
 clients side by side against the same server.
 """
 
@@ -43,11 +44,17 @@ async def main(url: str, model: str, n: int, small: int) -> None:
         if small:
             one = np.ones((1, bs.FEATURES), np.float32)
             await client.infer(bs.SMALL_MODEL, {"x": one})
+            walls = []
             c0 = time.process_time()
             for _ in range(small):
+                t0 = time.perf_counter()
                 await client.infer(bs.SMALL_MODEL, {"x": one})
+                walls.append(time.perf_counter() - t0)
             per_call = (time.process_time() - c0) / small
-            print(f"{bs.SMALL_MODEL}: client CPU {per_call * 1e6:.0f} us per call ({small} calls)")
+            print(
+                f"{bs.SMALL_MODEL}: client CPU {per_call * 1e6:.0f} us per call, "
+                f"p50 {statistics.median(walls) * 1e6:.0f} us ({small} calls)"
+            )
 
 
 if __name__ == "__main__":
