@@ -9,7 +9,7 @@ speak them.
 * A call past its timeout raises ``TimeoutError`` and resets its stream (the server's
   handler is cancelled); the connection goes on.
 * More calls at once than the server's SETTINGS_MAX_CONCURRENT_STREAMS wait for a stream
-  instead of being refused.
+  instead of being refused; after a GOAWAY they go to a new connection (h2's server).
 """
 
 from __future__ import annotations
@@ -18,6 +18,10 @@ import asyncio
 import itertools
 from collections.abc import Awaitable, Callable
 
+import h2.config
+import h2.connection
+import h2.events
+import h2.settings
 import numpy as np
 import pytest
 from grpclib.const import Cardinality, Handler, Status
@@ -182,3 +186,59 @@ def test_more_calls_than_the_servers_stream_limit_wait_for_a_stream() -> None:
             assert pb.ModelInferResponse().parse(answer).raw_output_contents == [b"%d" % i]
 
     _against_grpclib(call)
+
+
+class _OneCallPerConnection(asyncio.Protocol):
+    """An h2 server allowing one stream at a time that answers one call (echoing its
+    message back) and then says GOAWAY, naming that call as its last: the other calls
+    must go to new connections."""
+
+    connections = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        type(self).connections += 1
+        self.transport = transport
+        self.h2 = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=False, header_encoding=None)
+        )
+        self.h2.local_settings = h2.settings.Settings(
+            client=False, initial_values={h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 1}
+        )
+        self.h2.initiate_connection()
+        self.message = b""
+        transport.write(self.h2.data_to_send())
+
+    def data_received(self, data: bytes) -> None:
+        for event in self.h2.receive_data(data):
+            if isinstance(event, h2.events.DataReceived):
+                self.message += event.data
+                self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            elif isinstance(event, h2.events.StreamEnded):
+                sid = event.stream_id
+                self.h2.send_headers(
+                    sid, [(b":status", b"200"), (b"content-type", b"application/grpc")]
+                )
+                self.h2.send_data(sid, self.message)
+                self.h2.send_headers(sid, [(b"grpc-status", b"0")], end_stream=True)
+                self.h2.close_connection(last_stream_id=sid)
+        self.transport.write(self.h2.data_to_send())
+
+
+def test_calls_waiting_for_a_stream_move_to_a_new_connection_after_goaway() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(_OneCallPerConnection, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        channel = _channel(port)
+        try:
+            answers = await asyncio.gather(
+                *(channel.unary(INFER, [b"%d" % i], timeout=30) for i in range(5))
+            )
+        finally:
+            channel.close()
+            server.close()
+        assert answers == [b"%d" % i for i in range(5)]
+        assert _OneCallPerConnection.connections == 5
+
+    asyncio.run(main())

@@ -96,6 +96,21 @@ def message_of(views: list[memoryview]) -> bytes | None:
     return views[0].tobytes() if len(views) == 1 else b"".join(views)
 
 
+#: A call sends at most this much DATA before it lets the transport say it is full
+#: (``pause_writing``): what the socket does not take at once is copied into the
+#: transport's buffer, so a large request goes out a chunk at a time.
+SEND_CHUNK = 1 << 20
+
+
+class _Gone(Exception):
+    """The connection became unusable before the call could open a stream on it."""
+
+
+def _retrieve(task: asyncio.Task[_Protocol]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 class _Call:
     """One unary call on a connection: what it still has to send, and its answer."""
 
@@ -214,6 +229,7 @@ class _Protocol(asyncio.Protocol):
             )
             for later in [c for c in self.calls.values() if c.stream_id > stream_id]:
                 self._end(later, unprocessed)
+            self._wake_all()  # calls waiting for a stream go to a new connection
             return
         call = self.calls.get(stream_id)
         if call is None:
@@ -257,6 +273,9 @@ class _Protocol(asyncio.Protocol):
         calls, self.calls = self.calls, {}
         for call in calls.values():
             call.fail(exc)
+        self._wake_all()
+
+    def _wake_all(self) -> None:
         while self.slots:
             waiter = self.slots.popleft()
             if not waiter.done():
@@ -290,7 +309,7 @@ class _Protocol(asyncio.Protocol):
         conn = self.conn
         while not conn.can_open:
             if not self.usable:
-                raise self.failure or StreamTerminatedError("the server went away (GOAWAY)")
+                raise _Gone  # before the call began: the channel opens a new connection
             waiter = asyncio.get_running_loop().create_future()
             self.slots.append(waiter)
             await waiter
@@ -305,14 +324,14 @@ class _Protocol(asyncio.Protocol):
         stream_id = conn.open_stream(header_block)
         call = self.calls[stream_id] = _Call(stream_id, pending)
         try:
-            conn.send_pieces(stream_id, pending, end_stream=True)
+            conn.send_pieces(stream_id, pending, end_stream=True, most=SEND_CHUNK)
             self.flush()
             while call.pending and not call.done.done():
                 call.wake = asyncio.get_running_loop().create_future()
                 if self.paused or not conn.window(stream_id):
                     await call.wake
                     continue
-                conn.send_pieces(stream_id, pending, end_stream=True)
+                conn.send_pieces(stream_id, pending, end_stream=True, most=SEND_CHUNK)
                 self.flush()
             return await call.done
         except BaseException:
@@ -349,9 +368,14 @@ class Channel:
         block = self._blocks.get(path)
         if block is None:
             block = self._blocks[path] = request_block(path, self._authority)
+        block = with_timeout(block, timeout)
         async with asyncio.timeout(timeout):
-            protocol = await self._connected()
-            return await protocol.call(with_timeout(block, timeout), parts)
+            while True:
+                protocol = await self._connected()
+                try:
+                    return await protocol.call(block, parts)
+                except _Gone:
+                    continue
 
     async def _connected(self) -> _Protocol:
         protocol = self._protocol
@@ -359,6 +383,8 @@ class Channel:
             return protocol
         if self._connecting is None:
             self._connecting = asyncio.ensure_future(self._connect())
+            # Its failure is raised to the calls awaiting it; none may be left to.
+            self._connecting.add_done_callback(_retrieve)
         connecting = self._connecting
         try:
             return await asyncio.shield(connecting)

@@ -260,16 +260,22 @@ class ClientConnection:
         return max(0, min(stream.send_window, self.send_window))
 
     def send_pieces(
-        self, stream_id: int, pending: collections.deque[memoryview], *, end_stream: bool
+        self,
+        stream_id: int,
+        pending: collections.deque[memoryview],
+        *,
+        end_stream: bool,
+        most: int = MAX_WINDOW,
     ) -> int:
         """DATA frames taking from the front of ``pending`` (byte views, left with what
-        did not go) as much as the windows allow, each frame at most the peer's frame size
-        and its payload views of the pieces (not copied). The frame that empties
-        ``pending`` ends the stream when ``end_stream``. The number of bytes sent."""
+        did not go) as much as the windows allow, and at most ``most`` bytes, each frame
+        at most the peer's frame size and its payload views of the pieces (not copied).
+        The frame that empties ``pending`` ends the stream when ``end_stream``. The
+        number of bytes sent."""
         stream = self._streams.get(stream_id)
         if stream is None:
             raise ProtocolError(f"stream {stream_id} is not open")
-        room = min(stream.send_window, self.send_window)
+        room = min(stream.send_window, self.send_window, most)
         limit = self.peer_max_frame
         out = self._out
         sent = 0
