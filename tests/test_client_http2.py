@@ -253,6 +253,38 @@ def test_views_handed_out_survive_later_reads() -> None:
     assert b"".join(views) == b"".join(bytes([i]) * 10_000 for i in range(4))  # type: ignore[arg-type]
 
 
+def test_a_data_frame_cut_anywhere_is_passed_on_in_pieces_ending_with_its_flag() -> None:
+    """A DATA frame split across reads comes out as views of each read, in order, the
+    last one alone carrying END_STREAM; one for a stream we reset comes out not at all,
+    and the windows are counted the same (the next frames are judged as usual)."""
+    client, server = connect()
+    a, b = request(client), request(client)
+    send(client, a)
+    send(client, b)
+    pump(client, server)
+    client.reset(b)
+    server.send_headers(a, [(b":status", b"200")])
+    server.send_data(b, b"B" * 5000)
+    server.send_data(a, bytes(range(256)) * 20, end_stream=True)
+    wire = server.data_to_send()
+    for cut in range(0, len(wire), 97):
+        for second in (cut + 1, cut + 5000):
+            fresh, _ = connect()
+            x, y = request(fresh), request(fresh)
+            send(fresh, x)
+            send(fresh, y)
+            fresh.reset(y)
+            fresh.data_to_send()
+            events = []
+            for piece in (wire[:cut], wire[cut:second], wire[second:]):
+                events += fresh.receive(piece)
+            data = [e for e in events if e[0] == "data"]
+            assert {e[1] for e in data} == {x}
+            assert b"".join(bytes(e[2]) for e in data) == bytes(range(256)) * 20  # type: ignore[arg-type]
+            assert [e[3] for e in data] == [False] * (len(data) - 1) + [True]
+            assert not fresh.is_open(x)
+
+
 def test_a_response_larger_than_our_stream_window_is_let_through() -> None:
     """Our WINDOW_UPDATEs reopen the windows as data arrives (20 MiB > the 16 MiB stream
     window), so a large answer never stalls."""

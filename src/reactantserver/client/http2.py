@@ -173,6 +173,11 @@ class ClientConnection:
         self._out: list[Piece] = []
         self._in = bytearray()  # a frame split across reads, until its end arrives
         self._need = 0  # ... and how many bytes that takes
+        # A DATA frame passed on as it arrives: payload bytes still to come, its stream
+        # (0: nobody listens), whether it ends the stream.
+        self._split_left = 0
+        self._split_stream = 0
+        self._split_end = False
         self._decoder: BlockDecoder[tuple[bytes, bytes]] = BlockDecoder(_raw_field, max_header_list)
         self._streams: dict[int, _Stream] = {}
         self._next_id = 1
@@ -319,29 +324,45 @@ class ClientConnection:
     # ---------------------------------------------------------------- receiving
 
     def receive(self, data: bytes) -> list[Event]:
-        """Feed bytes read from the socket; the events they complete. Payloads are views
-        of what was read. A frame split across reads is gathered in a buffer of its own
-        (only its bytes: the read that completes it is not copied past its end), whose
-        views are handed out as they are: the buffer is then replaced, never reused."""
+        """Feed bytes read from the socket; the events they complete.
+
+        Payloads are views of what was read, never copied here. A DATA frame split
+        across reads is passed on a piece per read (its windows judged from its header,
+        the last piece carrying its END_STREAM); any other frame split across reads is
+        gathered in a buffer of its own, only its bytes, whose views are handed out as
+        they are (the buffer is then replaced, never reused).
+        """
         events: list[Event] = []
         view = memoryview(data)
         start = 0
-        while self._in:
-            missing = self._need - len(self._in)
-            if len(data) - start < missing:
-                self._in += view[start:]
+        while True:
+            if self._split_left:
+                start = self._split_more(view, start, events)
+                if self._split_left:
+                    return events
+            elif self._in:
+                missing = self._need - len(self._in)
+                if len(data) - start < missing:
+                    self._in += view[start:]
+                    return events
+                self._in += view[start : start + missing]
+                start += missing
+                if self._need == 9:  # its header is whole: its length is known now
+                    head = self._in
+                    length = self._judge(head, 0)
+                    if length and head[3] == DATA and not head[4] & PADDED and self._block is None:
+                        self._in = bytearray()
+                        self._split_open(head[4], FRAME_HEAD.unpack_from(head)[4], length)
+                        continue
+                    self._need += length
+                    if length:
+                        continue
+                gathered = self._in
+                self._in = bytearray()
+                self._frames(gathered, 0, events)  # exactly the one frame
+            else:
+                self._frames(data, start, events)
                 return events
-            self._in += view[start : start + missing]
-            start += missing
-            if self._need == 9:  # its header is whole: its length is known now
-                self._need += self._judge(self._in, 0)
-                if self._need > 9:
-                    continue
-            gathered = self._in
-            self._in = bytearray()
-            self._frames(gathered, 0, events)  # exactly the one frame
-        self._frames(data, start, events)
-        return events
 
     def _judge(self, buffer: bytes | bytearray, pos: int) -> int:
         """The length of the frame whose header is at ``pos``, judged before its body is
@@ -355,7 +376,8 @@ class ClientConnection:
         return length
 
     def _frames(self, buffer: bytes | bytearray, pos: int, events: list[Event]) -> None:
-        """Every whole frame of ``buffer`` from ``pos``; the rest kept for the next read."""
+        """Every whole frame of ``buffer`` from ``pos``; then the start of a DATA frame
+        passed on, or the rest kept for the next read."""
         view = memoryview(buffer)
         end = len(buffer)
         unpack = FRAME_HEAD.unpack_from
@@ -364,17 +386,42 @@ class ClientConnection:
             length = high << 8 | low
             if end - pos < 9 + length or length > self._max_frame_in:
                 self._judge(buffer, pos)
+                if kind == DATA and not flags & PADDED and self._block is None:
+                    self._split_open(flags, stream_id, length)
+                    pos = self._split_more(view, pos + 9, events)
                 break
             stream_id &= MAX_STREAM_ID
             payload = view[pos + 9 : pos + 9 + length]
             pos += 9 + length
             if kind == DATA and self._block is None:  # the usual frame, at once
-                self._data_in(flags, stream_id, payload, events)
+                if self._account(flags, stream_id, length):
+                    data = _unpad(payload) if flags & PADDED else payload
+                    events.append(("data", stream_id, data, bool(flags & END_STREAM)))
             else:
                 self._frame_in(kind, flags, stream_id, payload, events)
         if pos < end:
             self._in += view[pos:]
             self._need = 9 if end - pos < 9 else 9 + self._judge(buffer, pos)
+
+    def _split_open(self, flags: int, stream_id: int, length: int) -> None:
+        """An unpadded DATA frame of ``length`` bytes whose header came without all its
+        payload: judged and counted now, its payload passed on as it comes."""
+        stream_id &= MAX_STREAM_ID
+        self._split_stream = stream_id if self._account(flags, stream_id, length) else 0
+        self._split_end = bool(flags & END_STREAM)
+        self._split_left = length
+
+    def _split_more(self, view: memoryview, start: int, events: list[Event]) -> int:
+        """The next piece of a DATA frame passed on, from ``view`` at ``start``; where
+        the read goes on after it."""
+        taken = min(self._split_left, len(view) - start)
+        if not taken:
+            return start
+        self._split_left -= taken
+        if self._split_stream:  # 0: a stream we reset, nobody listens
+            end = self._split_end and not self._split_left
+            events.append(("data", self._split_stream, view[start : start + taken], end))
+        return start + taken
 
     def _frame_in(
         self, kind: int, flags: int, stream_id: int, payload: memoryview, events: list[Event]
@@ -384,7 +431,9 @@ class ClientConnection:
         if self._block is not None and kind != CONTINUATION:
             raise ProtocolError("a header block was interrupted by another frame")
         if kind == DATA:
-            self._data_in(flags, stream_id, payload, events)
+            if self._account(flags, stream_id, len(payload)):
+                data = _unpad(payload) if flags & PADDED else payload
+                events.append(("data", stream_id, data, bool(flags & END_STREAM)))
         elif kind == HEADERS:
             if stream_id == 0:
                 raise ProtocolError("HEADERS on stream 0")
@@ -456,10 +505,10 @@ class ClientConnection:
             stream.send_window += increment
         events.append(("window", 0, None, None))
 
-    def _data_in(
-        self, flags: int, stream_id: int, payload: memoryview, events: list[Event]
-    ) -> None:
-        flow = len(payload)  # padding counts against the windows too
+    def _account(self, flags: int, stream_id: int, flow: int) -> bool:
+        """A DATA frame of ``flow`` bytes (padding included) on ``stream_id``, against the
+        receive windows we granted, replenished with WINDOW_UPDATE once half is used; its
+        END_STREAM closes the stream. Whether anyone listens (False: a stream we reset)."""
         left = self._recv_left - flow
         if left < 0:
             raise ProtocolError.of(h2rules.received(flow, self._recv_left, "the connection"))
@@ -474,24 +523,22 @@ class ClientConnection:
         if stream is None:
             if stream_id >= self._next_id or stream_id == 0:
                 raise ProtocolError(f"DATA on stream {stream_id}, which was never opened")
-            return  # a stream we reset: the connection window is all that counts
+            return False  # a stream we reset: the connection window is all that counts
         left = stream.recv_left - flow
         if left < 0:
             raise ProtocolError.of(h2rules.received(flow, stream.recv_left, f"stream {stream_id}"))
         stream.recv_left = left
-        data = _unpad(payload) if flags & PADDED else payload
-        end = bool(flags & END_STREAM)
-        if end:
+        if flags & END_STREAM:
             del self._streams[stream_id]
-        else:
-            unacked = stream.recv_unacked + flow
-            if unacked >= self._stream_window // 2:
-                self._out.append(frame(WINDOW_UPDATE, 0, stream_id, unacked.to_bytes(4, "big")))
-                stream.granting += unacked
-                self._grants.append(stream)
-                unacked = 0
-            stream.recv_unacked = unacked
-        events.append(("data", stream_id, data, end))
+            return True
+        unacked = stream.recv_unacked + flow
+        if unacked >= self._stream_window // 2:
+            self._out.append(frame(WINDOW_UPDATE, 0, stream_id, unacked.to_bytes(4, "big")))
+            stream.granting += unacked
+            self._grants.append(stream)
+            unacked = 0
+        stream.recv_unacked = unacked
+        return True
 
     def _refuse_block(self, length: int) -> None:
         """A HEADERS, PUSH_PROMISE or CONTINUATION of ``length`` bytes that takes its
