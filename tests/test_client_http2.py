@@ -510,3 +510,28 @@ def test_a_zero_window_update_is_a_stream_error_on_a_stream_and_fatal_on_the_con
     ours, _ = pump(client, server)
     assert [e[:2] for e in ours] == [("headers", c)]
     assert _refused(client, _frame(0x8, 0, 0, (0).to_bytes(4, "big"))).code == PROTOCOL_ERROR
+
+
+def test_the_client_imports_no_http2_library_and_no_gateway() -> None:
+    """Issue 34: the client's HTTP/2 is its own, over the transport's sans-IO helpers;
+    grpclib is used for its codec and exceptions only (h2 comes along with it, for
+    betterproto's generated stubs, but the client never touches it)."""
+    import ast
+    from pathlib import Path
+
+    import reactantserver.client
+
+    banned = ("h2", "hyperframe", "grpclib.client", "grpclib.protocol", "reactantserver.gateway",
+              "reactantserver.transport.h2frames")  # fmt: skip
+    found = {}
+    for path in Path(reactantserver.client.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            for name in names:
+                if any(name == b or name.startswith(b + ".") for b in banned):
+                    found.setdefault(path.name, []).append(name)
+    assert found == {}
