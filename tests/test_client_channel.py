@@ -242,3 +242,43 @@ def test_calls_waiting_for_a_stream_move_to_a_new_connection_after_goaway() -> N
         assert _OneCallPerConnection.connections == 5
 
     asyncio.run(main())
+
+
+class _AnswersEarly(asyncio.Protocol):
+    """An h2 server that answers each call as soon as its HEADERS arrive, reading none of
+    its DATA (the client is left blocked on the 64 KiB window), then resets the stream
+    (NO_ERROR), as a server refusing a request early does."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.h2 = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=False, header_encoding=None)
+        )
+        self.h2.initiate_connection()
+        transport.write(self.h2.data_to_send())
+
+    def data_received(self, data: bytes) -> None:
+        for event in self.h2.receive_data(data):
+            if isinstance(event, h2.events.RequestReceived):
+                sid = event.stream_id
+                self.h2.send_headers(sid, [(b":status", b"200")])
+                self.h2.send_data(sid, b"\x00\x00\x00\x00\x05early")
+                self.h2.send_headers(sid, [(b"grpc-status", b"0")], end_stream=True)
+                self.h2.reset_stream(sid, 0)
+        self.transport.write(self.h2.data_to_send())
+
+
+def test_an_answer_before_the_whole_request_was_sent_ends_the_call() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(_AnswersEarly, "127.0.0.1", 0)
+        channel = _channel(server.sockets[0].getsockname()[1])
+        try:
+            for _ in range(2):  # and the connection goes on
+                assert await channel.unary(INFER, [bytes(1 << 20)], timeout=10) == b"early"
+        finally:
+            channel.close()
+            server.close()
+
+    asyncio.run(main())

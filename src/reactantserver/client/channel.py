@@ -152,6 +152,7 @@ class _Call:
                 self.done.set_result(message_of(self.answer))
             except GRPCError as exc:
                 self.done.set_exception(exc)
+            self.poke()  # the server may answer before the whole request was sent
 
     def fail(self, exc: BaseException) -> None:
         if not self.done.done():
