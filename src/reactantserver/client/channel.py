@@ -8,8 +8,9 @@ request's HEADERS (a constant block per path, plus ``grpc-timeout``), then its o
 message -- the 5-byte gRPC prefix and the pieces its encoder made, a ``ModelInfer``
 request's tensors among them -- as DATA frames whose payloads are views of the pieces,
 within the server's windows; then it waits for the answer's headers, message and
-trailers. The only copy of a tensor sent is the kernel's; an answer's message is joined
-once from the frames it came in (:mod:`.http2` slices frames out of what was read).
+trailers. The only copy of a tensor sent is the kernel's; an answer's message is copied
+once, piece by piece as it is read, into a buffer of its own (:mod:`.http2` slices
+frames out of what was read), which the caller gets as a read-only ``memoryview``.
 
 The asyncio edge is thin: :class:`_Protocol` feeds what the socket reads to the sans-IO
 connection, hands its events to the calls waiting for them, and writes what the
@@ -75,27 +76,6 @@ def write_pieces(transport: asyncio.WriteTransport, pieces: Iterable[Piece]) -> 
         transport.write(group[0] if len(group) == 1 else b"".join(group))
 
 
-def message_of(views: list[memoryview]) -> bytes | None:
-    """The one gRPC message that ``views`` (an answer's DATA, in order) carry, joined
-    once; None for no message. ``GRPCError`` (INTERNAL) for anything else."""
-    total = sum(v.nbytes for v in views)
-    if not total:
-        return None
-    head = views[0][:5].tobytes() if views[0].nbytes >= 5 else b"".join(views)[:5]
-    if len(head) < 5 or head[0] != 0 or total != 5 + int.from_bytes(head[1:5], "big"):
-        raise GRPCError(Status.INTERNAL, "the answer is not one uncompressed gRPC message, whole")
-    if views[0].nbytes > 5:
-        views = [views[0][5:], *views[1:]]
-    else:  # the prefix spans frames: drop its bytes
-        skip = 5
-        while skip:
-            first = views[0]
-            cut = min(skip, first.nbytes)
-            views = [first[cut:], *views[1:]] if cut < first.nbytes else views[1:]
-            skip -= cut
-    return views[0].tobytes() if len(views) == 1 else b"".join(views)
-
-
 #: A call sends at most this much DATA before it lets the transport say it is full
 #: (``pause_writing``): what the socket does not take at once is copied into the
 #: transport's buffer, so a large request goes out a chunk at a time.
@@ -114,19 +94,34 @@ def _retrieve(task: asyncio.Task[_Protocol]) -> None:
 class _Call:
     """One unary call on a connection: what it still has to send, and its answer."""
 
-    __slots__ = ("answer", "done", "headers", "pending", "stream_id", "wake")
+    __slots__ = ("done", "headers", "message", "pending", "prefix", "stream_id", "wake")
 
     def __init__(self, stream_id: int, pending: collections.deque[memoryview]) -> None:
         self.stream_id = stream_id
         #: The request's bytes not yet sent.
         self.pending = pending
-        #: The answer's DATA payloads so far.
-        self.answer: list[memoryview] = []
+        #: The answer's gRPC prefix (5 bytes), then its message, as they arrive.
+        self.prefix = bytearray()
+        self.message = bytearray()
         self.headers: tuple[tuple[bytes, bytes], ...] | None = None
-        #: The call's outcome: the message (or None), or its exception.
-        self.done: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+        #: The call's outcome: the message (read-only; None for none), or its exception.
+        self.done: asyncio.Future[memoryview | None] = asyncio.get_running_loop().create_future()
         #: Set while the sender waits for a window (or a writable socket).
         self.wake: asyncio.Future[None] | None = None
+
+    def take(self, data: memoryview) -> bool:
+        """A piece of the answer's DATA, copied into its message (the only copy: the
+        bytes read are let go at once). False when the answer is not one uncompressed
+        message of the size its prefix says."""
+        prefix = self.prefix
+        if len(prefix) < 5:
+            need = 5 - len(prefix)
+            prefix += data[:need]
+            data = data[need:]
+            if prefix[0] != 0:
+                return False
+        self.message += data
+        return len(prefix) < 5 or len(self.message) <= int.from_bytes(prefix[1:5], "big")
 
     def finish(self, trailers: tuple[tuple[bytes, bytes], ...]) -> None:
         """The answer is whole: its outcome from the headers, trailers and message."""
@@ -147,12 +142,13 @@ class _Call:
                 status = Status.UNKNOWN
             text = unquote(fields.get(b"grpc-message", b"").decode("utf-8", "replace"))
             self.fail(GRPCError(status, text or None))
+        elif not self.prefix:
+            self.done.set_result(None)
+        elif len(self.prefix) < 5 or len(self.message) != int.from_bytes(self.prefix[1:5], "big"):
+            self.fail(GRPCError(Status.INTERNAL, "the answer's message was cut short"))
         elif not self.done.done():
-            try:
-                self.done.set_result(message_of(self.answer))
-            except GRPCError as exc:
-                self.done.set_exception(exc)
-            self.poke()  # the server may answer before the whole request was sent
+            self.done.set_result(memoryview(self.message).toreadonly())
+        self.poke()  # the server may answer before the whole request was sent
 
     def fail(self, exc: BaseException) -> None:
         if not self.done.done():
@@ -241,7 +237,11 @@ class _Protocol(asyncio.Protocol):
                 self.conn.reset(stream_id, 1)  # PROTOCOL_ERROR: DATA before HEADERS
                 self._end(call, StreamTerminatedError("the answer's DATA came before its HEADERS"))
                 return
-            call.answer.append(value)
+            if not call.take(value):
+                self.conn.reset(stream_id, 1)
+                message = "the answer is not one uncompressed gRPC message of the size it says"
+                self._end(call, GRPCError(Status.INTERNAL, message))
+                return
             if end:  # no trailers: finish() says so
                 self.calls.pop(stream_id, None)
                 call.finish(())
@@ -305,7 +305,7 @@ class _Protocol(asyncio.Protocol):
     def usable(self) -> bool:
         return self.failure is None and not self.conn.goaway_received
 
-    async def call(self, header_block: bytes, parts: Sequence[Piece]) -> bytes | None:
+    async def call(self, header_block: bytes, parts: Sequence[Piece]) -> memoryview | None:
         """One unary call: ``b"".join(parts)`` as its message; the answer's message."""
         conn = self.conn
         while not conn.can_open:
@@ -362,9 +362,9 @@ class Channel:
 
     async def unary(
         self, path: str, parts: Sequence[Piece], *, timeout: float | None = None
-    ) -> bytes | None:
+    ) -> memoryview | None:
         """Call ``path`` with the message ``b"".join(parts)`` (never joined here); the
-        answer's message (None when the server sent none). ``timeout``: seconds, sent as
+        answer's message, read-only (None when the server sent none). ``timeout``: seconds, sent as
         ``grpc-timeout`` and kept here (``TimeoutError``)."""
         block = self._blocks.get(path)
         if block is None:

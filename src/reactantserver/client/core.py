@@ -131,9 +131,13 @@ class _CountingCodec(ProtoCodec):
         self.sent += sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
         return parts
 
-    def decode(self, data: bytes, message_type: Any) -> Any:
+    def decode(self, data: bytes | memoryview, message_type: Any) -> Any:
+        """A ModelInfer answer is read in place (its outputs view ``data``); every other
+        message is parsed by betterproto from ``bytes``."""
         self.received += len(data)
-        return super().decode(data, message_type)
+        if message_type is InferResponseWire:
+            return InferResponseWire.FromString(data)
+        return super().decode(bytes(data), message_type)
 
 
 @attrs.frozen
