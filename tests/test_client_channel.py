@@ -282,3 +282,72 @@ def test_an_answer_before_the_whole_request_was_sent_ends_the_call() -> None:
             server.close()
 
     asyncio.run(main())
+
+
+class _Answers(asyncio.Protocol):
+    """An h2 server answering every call, once its request has ended, with the DATA in
+    ``payloads`` and grpc-status 0."""
+
+    payloads: tuple[bytes, ...] = ()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.h2 = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=False, header_encoding=None)
+        )
+        self.h2.initiate_connection()
+        transport.write(self.h2.data_to_send())
+
+    def data_received(self, data: bytes) -> None:
+        for event in self.h2.receive_data(data):
+            if isinstance(event, h2.events.StreamEnded):
+                sid = event.stream_id
+                self.h2.send_headers(sid, [(b":status", b"200")])
+                for payload in self.payloads:
+                    self.h2.send_data(sid, payload)
+                self.h2.send_headers(sid, [(b"grpc-status", b"0")], end_stream=True)
+        self.transport.write(self.h2.data_to_send())
+
+
+@pytest.mark.parametrize(
+    ("payloads", "answer"),
+    [
+        ((b"\x00\x00\x00", b"\x00\x03a", b"b", b"c"), b"abc"),  # the prefix across frames
+        ((), None),  # no message at all
+        ((b"\x00\x00\x00\x00\x00",), b""),  # an empty one
+        ((b"\x00\x00\x00\x00\x03ab",), "cut short"),
+        ((b"\x00\x00\x00\x00\x01ab",), "of the size it says"),
+        ((b"\x00\x00\x00\x00\x01a", b"\x00\x00\x00\x00\x01b"), "of the size it says"),
+        ((b"\x01\x00\x00\x00\x01a",), "uncompressed"),
+    ],
+)
+def test_the_answers_message_is_one_uncompressed_grpc_message_whole(
+    payloads: tuple[bytes, ...], answer: bytes | str | None
+) -> None:
+    """The message comes back read-only, however its frames cut it; anything but one
+    uncompressed message of the size its prefix says is INTERNAL."""
+
+    class Server(_Answers):
+        pass
+
+    Server.payloads = payloads
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(Server, "127.0.0.1", 0)
+        channel = _channel(server.sockets[0].getsockname()[1])
+        try:
+            if isinstance(answer, str):
+                with pytest.raises(GRPCError, match=answer) as caught:
+                    await channel.unary(INFER, [b"x"], timeout=10)
+                assert caught.value.status is Status.INTERNAL
+            else:
+                got = await channel.unary(INFER, [b"x"], timeout=10)
+                assert got == answer
+                assert got is None or got.readonly
+        finally:
+            channel.close()
+            server.close()
+
+    asyncio.run(main())
