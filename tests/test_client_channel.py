@@ -25,12 +25,16 @@ import h2.settings
 import numpy as np
 import pytest
 from grpclib.const import Cardinality, Handler, Status
-from grpclib.exceptions import GRPCError
+from grpclib.exceptions import GRPCError, StreamTerminatedError
 from grpclib.server import Server, Stream
 
 from reactantserver.client import AsyncClient
 from reactantserver.client.channel import Channel
+from reactantserver.client.http2 import ProtocolError as WireProtocolError
+from reactantserver.client.status import translate
 from reactantserver.protocol import inference as pb
+from reactantserver.status import StatusCode
+from reactantserver.transport.h2wire import FRAME_SIZE_ERROR
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 
@@ -349,5 +353,68 @@ def test_the_answers_message_is_one_uncompressed_grpc_message_whole(
         finally:
             channel.close()
             server.close()
+
+    asyncio.run(main())
+
+
+class _Oversized(asyncio.Protocol):
+    """A server whose first bytes are SETTINGS, then a DATA frame header of 2 MiB (past
+    the 1 MiB the client advertised); it records what the client writes back."""
+
+    received = bytearray()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.write(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        transport.write(b"\x20\x00\x00\x00\x00\x00\x00\x00\x01")
+
+    def data_received(self, data: bytes) -> None:
+        type(self).received += data
+
+
+def test_a_server_breaking_http2_fails_the_call_after_our_goaway() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(_Oversized, "127.0.0.1", 0)
+        channel = _channel(server.sockets[0].getsockname()[1])
+        try:
+            with pytest.raises(WireProtocolError) as caught:
+                await channel.unary(INFER, [b"x"], timeout=10)
+        finally:
+            channel.close()
+            server.close()
+        assert caught.value.code == FRAME_SIZE_ERROR
+        goaway = b"\x00\x00\x08\x07\x00\x00\x00\x00\x00" + bytes(4) + b"\x00\x00\x00\x06"
+        assert goaway in _Oversized.received
+        code, _ = translate(caught.value, rpc="ModelInfer", target="t")  # type: ignore[misc]
+        assert code is StatusCode.UNAVAILABLE
+
+    asyncio.run(main())
+
+
+class _AlwaysGoingAway(asyncio.Protocol):
+    """A server that says SETTINGS and GOAWAY (last stream 0) on every connection."""
+
+    connections = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        type(self).connections += 1
+        transport.write(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        transport.write(b"\x00\x00\x08\x07\x00\x00\x00\x00\x00" + bytes(8))
+
+
+def test_a_server_that_goes_away_before_any_call_fails_it_after_three_connections() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(_AlwaysGoingAway, "127.0.0.1", 0)
+        channel = _channel(server.sockets[0].getsockname()[1])
+        try:
+            with pytest.raises(StreamTerminatedError, match="went away without answering a call"):
+                await channel.unary(INFER, [b"x"], timeout=10)
+        finally:
+            channel.close()
+            server.close()
+        assert _AlwaysGoingAway.connections == 3
 
     asyncio.run(main())

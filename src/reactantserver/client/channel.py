@@ -21,12 +21,14 @@ the WINDOW_UPDATE; a full socket buffer waits for the transport's ``resume_writi
 
 Outcomes, in the exceptions :mod:`.status` translates: the server's status other than
 OK is grpclib's :class:`~grpclib.exceptions.GRPCError` (its public exception, with the
-status and the percent-decoded ``grpc-message``); a stream the server reset, or one it
-did not process (above a GOAWAY's last stream), is
+status and the percent-decoded ``grpc-message``); a stream the server reset is
 :class:`~grpclib.exceptions.StreamTerminatedError`; a lost connection is
 ``ConnectionResetError``; a server breaking HTTP/2 is :class:`.http2.ProtocolError`
 (after our GOAWAY). A call cancelled, or past its timeout (``TimeoutError``), resets its
-stream (RST_STREAM CANCEL).
+stream (RST_STREAM CANCEL). A call the server did not process -- it said GOAWAY before
+the call could open a stream, or naming a last stream below the call's -- goes to a new
+connection (RFC 9113 §6.8: it may be retried safely); after :data:`MOVES` connections
+that went away without answering anything, it fails (``StreamTerminatedError``).
 """
 
 from __future__ import annotations
@@ -82,8 +84,14 @@ def write_pieces(transport: asyncio.WriteTransport, pieces: Iterable[Piece]) -> 
 SEND_CHUNK = 1 << 20
 
 
+#: Connections a call tries when each says GOAWAY before answering any call (then it
+#: fails UNAVAILABLE, and the client's retry policy decides).
+MOVES = 3
+
+
 class _Gone(Exception):
-    """The connection became unusable before the call could open a stream on it."""
+    """The server said GOAWAY before it processed the call (before the call could open
+    a stream, or naming a last stream below the call's): it may go to a new connection."""
 
 
 def _retrieve(task: asyncio.Task[_Protocol]) -> None:
@@ -171,6 +179,8 @@ class _Protocol(asyncio.Protocol):
         #: Why the connection is unusable (None while it is usable).
         self.failure: BaseException | None = None
         self.paused = False
+        #: Calls the server answered on this connection.
+        self.answered = 0
         #: Calls waiting for a stream slot under the server's SETTINGS_MAX_CONCURRENT_STREAMS.
         self.slots: collections.deque[asyncio.Future[None]] = collections.deque()
 
@@ -220,13 +230,10 @@ class _Protocol(asyncio.Protocol):
                 if sending.pending:
                     sending.poke()
             return
-        if kind == "goaway":
-            unprocessed = StreamTerminatedError(
-                f"the server went away (GOAWAY, error code {value}) before this call"
-            )
+        if kind == "goaway":  # calls it did not process, or waiting, go to a new connection
             for later in [c for c in self.calls.values() if c.stream_id > stream_id]:
-                self._end(later, unprocessed)
-            self._wake_all()  # calls waiting for a stream go to a new connection
+                self._end(later, _Gone())
+            self._wake_all()
             return
         call = self.calls.get(stream_id)
         if call is None:
@@ -244,6 +251,7 @@ class _Protocol(asyncio.Protocol):
                 return
             if end:  # no trailers: finish() says so
                 self.calls.pop(stream_id, None)
+                self.answered += 1
                 call.finish(())
                 self._slot_freed()
         elif kind == "headers":
@@ -254,6 +262,7 @@ class _Protocol(asyncio.Protocol):
             if call.headers is None:  # trailers-only: one block says everything
                 call.headers = value
             self.calls.pop(stream_id, None)
+            self.answered += 1
             if not end:  # trailers without END_STREAM
                 self.conn.reset(stream_id, 1)
             call.finish(value)
@@ -308,9 +317,11 @@ class _Protocol(asyncio.Protocol):
     async def call(self, header_block: bytes, parts: Sequence[Piece]) -> memoryview | None:
         """One unary call: ``b"".join(parts)`` as its message; the answer's message."""
         conn = self.conn
-        while not conn.can_open:
-            if not self.usable:
+        while self.failure is not None or not conn.can_open:
+            if conn.goaway_received:
                 raise _Gone  # before the call began: the channel opens a new connection
+            if self.failure is not None:
+                raise self.failure  # it broke before the call could begin
             waiter = asyncio.get_running_loop().create_future()
             self.slots.append(waiter)
             await waiter
@@ -371,12 +382,14 @@ class Channel:
             block = self._blocks[path] = request_block(path, self._authority)
         block = with_timeout(block, timeout)
         async with asyncio.timeout(timeout):
-            while True:
+            barren = 0
+            while barren < MOVES:
                 protocol = await self._connected()
                 try:
                     return await protocol.call(block, parts)
                 except _Gone:
-                    continue
+                    barren += not protocol.answered
+            raise StreamTerminatedError(f"{MOVES} connections went away without answering a call")
 
     async def _connected(self) -> _Protocol:
         protocol = self._protocol
