@@ -10,7 +10,8 @@ into 16 KiB frames). With grpclib's public API only, a 38 MB ``ModelInfer`` cost
 client 2.5x the CPU (docs/client.md, "The connection"). This module is that
 connection without h2: it sends a message given as pieces -- the caller's tensors
 among them -- as DATA frames whose payloads are views of those pieces, and reads
-frames by slicing what arrives.
+frames by slicing what arrives (a DATA frame spanning reads is passed on a piece per
+read: its payload is never gathered here).
 
 It follows the gateway's client to its workers (:mod:`reactantserver.gateway.http2`):
 the same events, the same bounds from :mod:`reactantserver.transport.h2rules`, the same
