@@ -30,7 +30,7 @@ from grpclib.server import Server, Stream
 
 from reactantserver.client import AsyncClient
 from reactantserver.client.channel import Channel
-from reactantserver.client.http2 import ProtocolError as WireProtocolError
+from reactantserver.transport.h2events import ProtocolError as WireProtocolError
 from reactantserver.client.status import translate
 from reactantserver.protocol import inference as pb
 from reactantserver.status import StatusCode
@@ -383,7 +383,7 @@ def test_a_server_breaking_http2_fails_the_call_after_our_goaway() -> None:
         finally:
             channel.close()
             server.close()
-        assert caught.value.code == FRAME_SIZE_ERROR
+        assert caught.value.error_code == FRAME_SIZE_ERROR
         goaway = b"\x00\x00\x08\x07\x00\x00\x00\x00\x00" + bytes(4) + b"\x00\x00\x00\x06"
         assert goaway in _Oversized.received
         code, _ = translate(caught.value, rpc="ModelInfer", target="t")  # type: ignore[misc]

@@ -1,13 +1,18 @@
-"""The gateway's sans-IO HTTP/2 client (``gateway.http2``), with h2's server side as the oracle.
+"""The client role of HTTP/2 (``transport.h2client``: the gateway's to its workers and the
+Python client's), with h2's server side as the oracle.
 
 Every test wires a :class:`ClientConnection` to an h2 ``H2Connection(client_side=False)`` in
 memory: our bytes go into h2 and h2's into ours. h2 is strict about everything a client may
 do wrong (flow-control overruns, oversized frames, malformed header blocks, stream states),
 so "h2 accepted it" is the check that our output is valid HTTP/2, and h2's events say what
-it understood.
+it understood. Both send paths are tried (one buffer, ``send_data``, as the gateway sends;
+a queue of views, ``send_pieces``, as the Python client does), and both ways of receiving
+a DATA frame split across reads (gathered; ``pieces``, passed on a piece per read).
 """
 
 from __future__ import annotations
+
+import collections
 
 import h2.config
 import h2.connection
@@ -19,8 +24,9 @@ import pytest
 from h2_client import frame as _frame  # a raw frame; `frame` names a parameter here
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from strategies import message_sends
 
-from reactantserver.gateway.http2 import (
+from reactantserver.transport.h2client import (
     ClientConnection,
     Event,
     encode_request,
@@ -103,6 +109,39 @@ def send_all(
     return theirs
 
 
+def send(client: ClientConnection, stream_id: int, *pieces: bytes, end: bool = True) -> None:
+    """``pieces`` as one message's DATA, from a queue of views (all of it: the windows
+    are large enough)."""
+    pending = collections.deque(memoryview(p) for p in pieces if p)
+    client.send_pieces(stream_id, pending, end_stream=end)
+    assert not pending
+
+
+def send_pieces_all(
+    client: ClientConnection,
+    server: h2.connection.H2Connection,
+    stream_id: int,
+    pieces: list[bytes],
+) -> list[h2.events.Event]:
+    """Send the pieces as the windows allow, the server consuming as it arrives."""
+    theirs: list[h2.events.Event] = []
+    pending = collections.deque(memoryview(p) for p in pieces if p)
+    while True:
+        sent = client.send_pieces(stream_id, pending, end_stream=True)
+        assert sent or not pending, "stalled: no window and nothing in flight"
+        out = client.data_to_send()
+        while out:
+            events = server.receive_data(out)
+            for event in events:
+                if isinstance(event, h2.events.DataReceived):
+                    server.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            theirs += events
+            client.receive(server.data_to_send(), NOW)
+            out = client.data_to_send()
+        if not pending:
+            return theirs
+
+
 def test_settings_are_exchanged_and_acknowledged() -> None:
     client, server = connect(max_concurrent_streams=7, max_frame_size=32768)
     assert server.remote_settings.initial_window_size == 16 * 1024 * 1024
@@ -143,6 +182,24 @@ def test_a_unary_call_round_trip() -> None:
     assert client.open_streams == 0
 
 
+def test_a_message_given_as_pieces_goes_as_one_frame() -> None:
+    client, server = connect()
+    sid = request(client)
+    send(client, sid, b"\x00\x00\x00\x00\x03", b"a", b"", b"bc")
+    _, events = pump(client, server)
+    frames = [e.data for e in events if isinstance(e, h2.events.DataReceived)]
+    assert frames == [b"\x00\x00\x00\x00\x03abc"]  # the pieces are one frame, not four
+    assert any(isinstance(e, h2.events.StreamEnded) for e in events)
+
+
+def test_an_empty_message_from_pieces_still_ends_the_stream() -> None:
+    client, server = connect()
+    sid = request(client, timeout=None)
+    send(client, sid)
+    _, events = pump(client, server)
+    assert [e.stream_id for e in events if isinstance(e, h2.events.StreamEnded)] == [sid]
+
+
 def test_requests_without_a_timeout_send_none() -> None:
     client, server = connect()
     request(client, timeout=None)
@@ -162,6 +219,7 @@ def test_the_forwarded_timeout_decodes_as_sent(value: str) -> None:
     assert hpack.Decoder().decode(block)[-1] == ("grpc-timeout", value)
 
 
+@pytest.mark.parametrize("pieces", [False, True])
 @settings(deadline=None, max_examples=40)
 @given(
     st.integers(0, 300_000),
@@ -169,10 +227,13 @@ def test_the_forwarded_timeout_decodes_as_sent(value: str) -> None:
 )
 @example(300_000, [1, 8, 1, 9, 16384, 3])  # a frame header cut at every byte
 @example(70_000, [65_544])
-def test_any_answer_split_anywhere_decodes_the_same(size: int, splits: list[int]) -> None:
+def test_any_answer_split_anywhere_decodes_the_same(
+    pieces: bool, size: int, splits: list[int]
+) -> None:
     """However h2's bytes are cut into reads, the client sees the same headers, the same
-    data (byte for byte) and the same end of stream."""
-    client, server = connect()
+    data (byte for byte, padding stripped) and the same end of stream, DATA frames split
+    across reads gathered or passed on in pieces."""
+    client, server = connect(ClientConnection(pieces=pieces))
     sid = request(client)
     client.send_data(sid, b"", end_stream=True)
     pump(client, server)
@@ -181,7 +242,7 @@ def test_any_answer_split_anywhere_decodes_the_same(size: int, splits: list[int]
     sent = 0
     while sent < size:  # the server obeys our (large) windows
         n = min(server.local_flow_control_window(sid), server.max_outbound_frame_size, size - sent)
-        server.send_data(sid, payload[sent : sent + n])
+        server.send_data(sid, payload[sent : sent + n], pad_length=sent % 7 or None)
         sent += n
     server.send_headers(sid, [(b"grpc-status", b"0"), (b"grpc-message", b"")], end_stream=True)
     wire = server.data_to_send()
@@ -215,6 +276,80 @@ def test_large_requests_never_overrun_the_peers_windows_or_frame_size(
     assert b"".join(e.data for e in frames) == payload
     assert all(len(e.data) <= frame for e in frames)
     assert any(isinstance(e, h2.events.StreamEnded) for e in events)
+
+
+@settings(deadline=None, max_examples=60)
+@given(sends=message_sends(), frame=st.sampled_from([16384, 20000, 1 << 20]),
+       window=st.sampled_from([1, 700, 65535]))  # fmt: skip
+@example(sends=([[b"x" * 3000] * 5] * 4, [1]), frame=16384, window=1)
+def test_a_message_of_any_pieces_reaches_h2_whole_within_its_windows_and_frame_size(
+    sends: tuple[list[list[bytes]], list[int]], frame: int, window: int
+) -> None:
+    """Invariant: a message given as any pieces (some empty) reaches h2 as their
+    concatenation, in DATA frames no larger than h2's SETTINGS_MAX_FRAME_SIZE and within
+    its windows however small (h2 raises on any overrun), the last one ending the
+    stream; several calls on one connection each get their own."""
+    messages, _ = sends
+    client, server = connect(max_frame_size=frame, initial_window_size=window)
+    for pieces in messages:
+        sid = request(client)
+        events = send_pieces_all(client, server, sid, pieces)
+        frames = [e for e in events if isinstance(e, h2.events.DataReceived)]
+        assert b"".join(e.data for e in frames) == b"".join(pieces)
+        assert all(len(e.data) <= frame for e in frames)
+        assert [e.stream_id for e in events if isinstance(e, h2.events.StreamEnded)] == [sid]
+
+
+def test_views_handed_out_survive_later_reads() -> None:
+    """A DATA payload is a view of the bytes read, or of the buffer a split frame was
+    gathered in; later reads never overwrite it."""
+    for pieces in (False, True):
+        client, server = connect(ClientConnection(pieces=pieces))
+        sid = request(client)
+        send(client, sid)
+        pump(client, server)
+        server.send_headers(sid, [(b":status", b"200")])
+        wire = server.data_to_send()
+        for i in range(4):
+            server.send_data(sid, bytes([i]) * 10_000)
+        wire += server.data_to_send()
+        views = []
+        for at in range(0, len(wire), 777):
+            views += [e[2] for e in client.receive(wire[at : at + 777], NOW) if e[0] == "data"]
+        assert b"".join(views) == b"".join(bytes([i]) * 10_000 for i in range(4))  # type: ignore[arg-type]
+
+
+def test_a_data_frame_cut_anywhere_is_passed_on_in_pieces_ending_with_its_flag() -> None:
+    """With ``pieces``, a DATA frame split across reads comes out as views of each read,
+    in order, the last one alone carrying END_STREAM; one for a stream we reset comes
+    out not at all, and the windows are counted the same (the next frames are judged as
+    usual)."""
+    client, server = connect()
+    a, b = request(client), request(client)
+    send(client, a)
+    send(client, b)
+    pump(client, server)
+    client.reset(b)
+    server.send_headers(a, [(b":status", b"200")])
+    server.send_data(b, b"B" * 5000)
+    server.send_data(a, bytes(range(256)) * 20, end_stream=True)
+    wire = server.data_to_send()
+    for cut in range(0, len(wire), 97):
+        for second in (cut + 1, cut + 5000):
+            fresh, _ = connect(ClientConnection(pieces=True))
+            x, y = request(fresh), request(fresh)
+            send(fresh, x)
+            send(fresh, y)
+            fresh.reset(y)
+            fresh.data_to_send()
+            events = []
+            for piece in (wire[:cut], wire[cut:second], wire[second:]):
+                events += fresh.receive(piece, NOW)
+            data = [e for e in events if e[0] == "data"]
+            assert {e[1] for e in data} == {x}
+            assert b"".join(bytes(e[2]) for e in data) == bytes(range(256)) * 20  # type: ignore[arg-type]
+            assert [e[3] for e in data] == [False] * (len(data) - 1) + [True]
+            assert not fresh.is_open(x)
 
 
 def _state(client: ClientConnection) -> tuple[object, ...]:
@@ -381,6 +516,9 @@ def test_stream_limit_and_window_changes_from_settings() -> None:
     assert client.window(a) == 100
     with pytest.raises(ProtocolError, match="window"):
         client.send_data(a, b"x" * 101, end_stream=True)
+    pending = collections.deque([memoryview(b"x" * 101)])
+    assert client.send_pieces(a, pending, end_stream=True) == 100
+    assert bytes(pending[0]) == b"x" and client.window(a) == 0
 
 
 @pytest.mark.parametrize(
@@ -390,6 +528,7 @@ def test_stream_limit_and_window_changes_from_settings() -> None:
         b"\x00\x00\x03\x03\x00\x00\x00\x00\x01abc",  # RST_STREAM of 3 bytes
         b"\x00\x00\x05\x04\x00\x00\x00\x00\x00abcde",  # SETTINGS of 5 bytes
         b"\x00\x00\x01\x01\x04\x00\x00\x00\x01\xbf",  # an undecodable header block
+        b"\x00\x00\x01\x00\x00\x00\x00\x00\x09x",  # DATA on a stream never opened
         # Refused by the frame reader shared with the server side (transport/h2parse.py):
         b"\x00\x00\x01\x00\x00\x00\x00\x00\x00x",  # DATA on stream 0
         b"\x00\x00\x00\x06\x00\x00\x00\x00\x01",  # PING on a stream

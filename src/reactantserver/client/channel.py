@@ -1,4 +1,5 @@
-"""The client's connection to one server: unary gRPC calls over :mod:`.http2`, on asyncio.
+"""The client's connection to one server: unary gRPC calls over the transport's client
+role of HTTP/2 (:mod:`reactantserver.transport.h2client`, the gateway's too), on asyncio.
 
 Theory of operation
 -------------------
@@ -9,8 +10,8 @@ message -- the 5-byte gRPC prefix and the pieces its encoder made, a ``ModelInfe
 request's tensors among them -- as DATA frames whose payloads are views of the pieces,
 within the server's windows; then it waits for the answer's headers, message and
 trailers. The only copy of a tensor sent is the kernel's; an answer's message is copied
-once, piece by piece as it is read, into a buffer of its own (:mod:`.http2` slices
-frames out of what was read), which the caller gets as a read-only ``memoryview``.
+once, piece by piece as it is read, into a buffer of its own (the connection slices
+frames out of what was read and passes a DATA frame on a piece per read), which the caller gets as a read-only ``memoryview``.
 
 The asyncio edge is thin: :class:`_Protocol` feeds what the socket reads to the sans-IO
 connection, hands its events to the calls waiting for them, and writes what the
@@ -23,7 +24,8 @@ Outcomes, in the exceptions :mod:`.status` translates: the server's status other
 OK is grpclib's :class:`~grpclib.exceptions.GRPCError` (its public exception, with the
 status and the percent-decoded ``grpc-message``); a stream the server reset is
 :class:`~grpclib.exceptions.StreamTerminatedError`; a lost connection is
-``ConnectionResetError``; a server breaking HTTP/2 is :class:`.http2.ProtocolError`
+``ConnectionResetError``; a server breaking HTTP/2 is
+:class:`~reactantserver.transport.h2events.ProtocolError`
 (after our GOAWAY). A call cancelled, or past its timeout (``TimeoutError``), resets its
 stream (RST_STREAM CANCEL). A call the server did not process -- it said GOAWAY before
 the call could open a stream, or naming a last stream below the call's -- goes to a new
@@ -37,13 +39,16 @@ import asyncio
 import collections
 import contextlib
 import socket
+import time
 from collections.abc import Iterable, Sequence
 from urllib.parse import unquote
 
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
-from .http2 import ClientConnection, Event, Piece, ProtocolError, request_block, with_timeout
+from ..transport.h2client import ClientConnection, Event, Piece, encode_request, request_prefix
+from ..transport.h2events import ProtocolError
+from ..transport.limits import WireLimits
 
 #: Pieces smaller than this are joined into one ``write``; larger ones are written as
 #: they are (the transport sends them, or keeps what the socket did not take).
@@ -198,9 +203,9 @@ class _Protocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         try:
-            events = self.conn.receive(data)
+            events = self.conn.receive(data, time.monotonic())
         except ProtocolError as exc:
-            self.conn.close(exc.code)
+            self.conn.close(int(exc.error_code))
             self.flush()
             self._fail(exc)
             assert self.transport is not None
@@ -304,7 +309,7 @@ class _Protocol(asyncio.Protocol):
                 return
 
     def flush(self) -> None:
-        pieces = self.conn.data_to_send()
+        pieces = self.conn.pieces_to_send()
         if pieces and self.transport is not None and not self.transport.is_closing():
             write_pieces(self.transport, pieces)
 
@@ -356,6 +361,13 @@ class _Protocol(asyncio.Protocol):
             call.wake = None
 
 
+def grpc_timeout(seconds: float | None) -> str | None:
+    """``grpc-timeout`` for ``seconds``: whole milliseconds, rounded up (None: none)."""
+    if seconds is None:
+        return None
+    return "%dm" % max(1, -int(-seconds * 1000 // 1))
+
+
 class Channel:
     """Unary gRPC calls to ``host:port`` over one HTTP/2 connection at a time; the
     receive windows granted: ``stream_window`` per call, ``connection_window`` in all."""
@@ -379,8 +391,8 @@ class Channel:
         ``grpc-timeout`` and kept here (``TimeoutError``)."""
         block = self._blocks.get(path)
         if block is None:
-            block = self._blocks[path] = request_block(path, self._authority)
-        block = with_timeout(block, timeout)
+            block = self._blocks[path] = request_prefix(path.encode(), self._authority.encode())
+        block = encode_request(block, grpc_timeout(timeout))
         async with asyncio.timeout(timeout):
             barren = 0
             while barren < MOVES:
@@ -410,9 +422,10 @@ class Channel:
         old = self._protocol
         if old is not None and old.transport is not None and not old.calls:
             old.transport.close()  # done (GOAWAY or failed); with calls, it closes after them
-        conn = ClientConnection(
+        limits = WireLimits(
             stream_window=self._stream_window, connection_window=self._connection_window
         )
+        conn = ClientConnection(limits, time.monotonic(), pieces=True)
         loop = asyncio.get_running_loop()
         _, protocol = await loop.create_connection(lambda: _Protocol(conn), self.host, self.port)
         self._protocol = protocol

@@ -20,7 +20,8 @@ Invariants
   another KServe server may) map onto the nearest category, and the message then starts
   with the code's name so nothing is lost.
 * Transport failures -- connection refused or reset, a stream cut off, HTTP/2 protocol
-  trouble (grpclib's or :mod:`.http2`'s ``ProtocolError``) -- are UNAVAILABLE: the server could not be asked, and asking again may work.
+  trouble (grpclib's or :mod:`reactantserver.transport.h2events`'s ``ProtocolError``) --
+  are UNAVAILABLE: the server could not be asked, and asking again may work.
 * The call's own deadline passing on the client side (grpclib raises
   ``asyncio.TimeoutError``, which is the builtin ``TimeoutError``) is DEADLINE_EXCEEDED,
   like the server's own verdict.
@@ -46,7 +47,7 @@ from reactantserver.errors import (
 )
 from reactantserver.status import StatusCode, code_of
 
-from .http2 import ProtocolError as WireProtocolError
+from ..transport.h2events import ProtocolError as WireProtocolError
 
 #: Status codes worth asking again after a pause.
 RETRYABLE: frozenset[StatusCode] = frozenset(

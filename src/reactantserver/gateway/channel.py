@@ -7,7 +7,7 @@ can have executed the request (to decide failover), the exact ``grpc-timeout`` s
 writes whole seconds above 10 s), and nothing per call that the proxy does not need
 (grpclib's client creates a stream object, a deadline wrapper, metadata events and an
 encoder round trip per call). :class:`WorkerConnection` is an ``asyncio.Protocol`` over
-the sans-IO client of :mod:`.http2` that carries unary calls only: a call is started
+the sans-IO client of :mod:`~reactantserver.transport.h2client` that carries unary calls only: a call is started
 synchronously (:meth:`WorkerConnection.start`) with a callback that the protocol's event
 handling runs once with the outcome -- the gateway's ModelInfer answers its own client
 from there, so no task and no future exist per forwarded call -- or awaited
@@ -65,7 +65,7 @@ updates.
 A worker that breaks HTTP/2 -- a first frame other than SETTINGS, a frame past the frame
 size we advertised, a header block too long or in too many frames, DATA past a window we
 granted, a WINDOW_UPDATE of zero on the connection, more PING, SETTINGS, empty DATA or
-provoked stream errors than the abuse budget allows (:mod:`.http2`, after the rules the
+provoked stream errors than the abuse budget allows (:mod:`~reactantserver.transport.h2client`, after the rules the
 worker holds its own clients to) -- gets GOAWAY with the error's code, and the connection fails like any other lost one: its calls
 fail as unprocessed or not by whether they were sent in full, the pool opens a new
 connection for the next call. A stream error (a zero or overflowing WINDOW_UPDATE on one
@@ -89,10 +89,10 @@ from urllib.parse import unquote
 
 from ..errors import DeadlineExceeded
 from ..transport import h2events
+from ..transport import h2client
 from ..transport.h2conn import held_writes
 from ..transport.h2wire import CANCEL, REFUSED_STREAM
 from ..transport.limits import WireLimits
-from . import http2
 from .wire import encode_grpc_timeout
 
 log = logging.getLogger(__name__)
@@ -218,7 +218,7 @@ class WorkerConnection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         #: This thread's owed flushes (made on the loop's thread: the loop is running).
         self._held = held_writes()
-        self._h2 = http2.ClientConnection(limits, self._loop.time())
+        self._h2 = h2client.ClientConnection(limits, self._loop.time())
         self._prefixes: dict[bytes, bytes] = {}
         #: Header blocks seen -> what they say (:func:`_header_fields`); the worker sends
         #: the same few blocks on every call.
@@ -347,8 +347,8 @@ class WorkerConnection(asyncio.Protocol):
             raise DeadlineExceeded("the deadline passed before the call could be sent")
         prefix = self._prefixes.get(path)
         if prefix is None:
-            prefix = self._prefixes[path] = http2.request_prefix(path, self._authority)
-        block = http2.encode_request(prefix, encode_grpc_timeout(remaining)) if tell else prefix
+            prefix = self._prefixes[path] = h2client.request_prefix(path, self._authority)
+        block = h2client.encode_request(prefix, encode_grpc_timeout(remaining)) if tell else prefix
         h2c = self._h2
         stream_id = h2c.send_request(block, payload)  # a small request: queued whole
         whole = stream_id is not None
@@ -592,7 +592,7 @@ class WorkerConnection(asyncio.Protocol):
         )
 
     def _on_stream_error(self, stream_id: int, code: int, message: str) -> None:
-        """The worker broke a stream's rule; :mod:`.http2` reset the stream."""
+        """The worker broke a stream's rule; :mod:`~reactantserver.transport.h2client` reset the stream."""
         call = self._calls.get(stream_id)
         if call is None:
             return

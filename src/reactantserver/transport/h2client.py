@@ -1,4 +1,8 @@
-"""The client side of HTTP/2, as much as unary gRPC calls need, sans-IO.
+"""The client role of HTTP/2, as much as unary gRPC calls need, sans-IO: the one
+connection both of our clients use -- the gateway's to its workers
+(:mod:`reactantserver.gateway.channel`) and the Python client's
+(:mod:`reactantserver.client.channel`). Bytes in, events and pieces out, never a socket
+or a clock.
 
 Why not h2
 ----------
@@ -7,7 +11,10 @@ per frame, a state machine step per event, a debug ``repr`` of each frame, and a
 encoder that searches its table linearly for every header it sends. A client over h2 cost
 about 140 us of CPU per unary call (a third of the gateway's budget per forwarded request);
 one over this module costs about 78 us for the same calls (docs/benchmarks.md, "The
-gateway"). It does what a unary gRPC client needs and nothing else.
+gateway"). And h2 copies every DATA payload several times: the Python client over it
+spent 2.5x the CPU on a 38 MB ``ModelInfer`` (docs/client.md, "The connection"). Here a
+message goes out as DATA frames whose payloads are views of the caller's pieces, and
+comes in as views of the reads.
 
 What it implements (RFC 9113, client side): the connection preface and SETTINGS (acknowledged
 both ways); HEADERS and CONTINUATION out and in; DATA out and in with both levels of flow
@@ -28,23 +35,31 @@ cannot change the table -- the worker's answers are literals too -- once per con
 Theory of operation
 -------------------
 :class:`ClientConnection` takes bytes in (:meth:`~ClientConnection.receive`, returning
-events) and queues bytes out (:meth:`~ClientConnection.data_to_send`); it never touches a
+events) and queues bytes out (:meth:`~ClientConnection.data_to_send`, one buffer, or
+:meth:`~ClientConnection.pieces_to_send`, the pieces as queued); it never touches a
 socket or a clock. Events are tuples, first element the kind:
 
 ``("headers", stream_id, ((name, value), ...), end_stream)`` (a tuple: the decoder's own,
 shared by every block of the same bytes)
 ``("data", stream_id, memoryview, end_stream)``  -- a view of the bytes read
-``("reset", stream_id, error_code)``
+``("reset", stream_id, error_code, None)``
 ``("error", stream_id, error_code, message)`` -- we reset the stream: the peer broke a
 stream's rule (a stream error, RFC 9113 §5.4.2)
-``("goaway", last_stream_id, error_code)``
-``("window", 0, None)``                       -- send windows grew: blocked data may go
+``("goaway", last_stream_id, error_code, None)``
+``("window", 0, None, None)``                 -- send windows grew: blocked data may go
+
+A request goes out as :meth:`~ClientConnection.open_stream` (its HEADERS) and then
+:meth:`~ClientConnection.send_data` (one buffer) or :meth:`~ClientConnection.send_pieces`
+(a queue of views, as much as the windows allow), or, small, in one step
+(:meth:`~ClientConnection.send_request`).
 
 Frames are cut from the reads by :class:`~reactantserver.transport.h2parse.FrameReader`,
 the worker's server side's reader in the client role: it judges a frame's length from its
 9-byte header, a frame's stream id against its type, and the peer's first frame (its
 SETTINGS, RFC 9113 §3.4), and hands over each header block whole, its CONTINUATIONs
-joined. A DATA frame that arrived whole in one read is a view of that read.
+joined. A DATA frame that arrived whole in one read is a view of that read; one split
+across reads is gathered, or, with ``pieces`` (the Python client, whose answers may be
+tens of MB), passed on a piece per read, each a ``data`` event (END_STREAM on the last).
 
 A peer that breaks the protocol raises :class:`~reactantserver.transport.h2events.ProtocolError`
 or a subclass of it (a connection error), whose ``error_code`` is the HTTP/2 error code for
@@ -65,25 +80,29 @@ FRAME_SIZE_ERROR, judged from its header before its body is buffered; a header b
 bounded in bytes (our
 SETTINGS_MAX_HEADER_LIST_SIZE, also advertised) and in frames (64), ENHANCE_YOUR_CALM and
 PROTOCOL_ERROR; DATA past the receive window we granted, the stream's or the connection's,
-is FLOW_CONTROL_ERROR; a WINDOW_UPDATE of zero is PROTOCOL_ERROR and one overflowing a
+is FLOW_CONTROL_ERROR, and DATA on a stream we never opened PROTOCOL_ERROR; a
+WINDOW_UPDATE of zero is PROTOCOL_ERROR and one overflowing a
 send window FLOW_CONTROL_ERROR -- on a stream a stream error (RST_STREAM, the call fails
 as if the worker had reset it), on stream 0 a connection error.
 
-Invariants (``tests/test_gateway_http2.py``, against h2's server side as the oracle): every
-byte we write parses as valid HTTP/2 for h2; whatever h2 sends we decode to the same
-headers and data however the bytes are split; we never send more DATA than the peer's
-windows allow, nor a frame larger than its maximum frame size.
+Invariants (``tests/test_h2client.py``, against h2's server side as the oracle): every
+byte we write parses as valid HTTP/2 for h2 and carries the message unchanged however it
+was cut into pieces; whatever h2 sends we decode to the same headers and data however
+the bytes are split; we never send more DATA than the peer's windows allow, nor a frame
+larger than its maximum frame size.
 """
 
 from __future__ import annotations
 
+import collections
+
 import hpack
 
-from ..transport import h2events, h2parse, h2rules
-from ..transport.abuse import AbuseBudget
-from ..transport.h2parse import FrameReader
-from ..transport.h2rules import Violation
-from ..transport.h2wire import (
+from . import h2events, h2parse, h2rules
+from .abuse import AbuseBudget
+from .h2parse import FrameReader
+from .h2rules import Violation
+from .h2wire import (
     ACK,
     CANCEL,
     CONTINUATION,
@@ -114,11 +133,14 @@ from ..transport.h2wire import (
     WINDOW_UPDATE,
     frame,
     frame_head,
+    take_views,
 )
-from ..transport.hpack_blocks import BlockDecoder, encode_headers, hpack_int, literal
-from ..transport.limits import WireLimits
+from .hpack_blocks import BlockDecoder, encode_headers, hpack_int, literal
+from .limits import WireLimits
 
 Event = tuple[str, int, object, object]
+#: What goes out: our frames' bytes and views of the caller's DATA.
+Piece = bytes | memoryview
 
 
 def request_prefix(path: bytes, authority: bytes) -> bytes:
@@ -136,7 +158,8 @@ _TIMEOUT_NAME = literal(b"grpc-timeout", b"")[:-1]
 
 
 def encode_request(prefix: bytes, grpc_timeout: str | None) -> bytes:
-    """A request header block: ``prefix`` (:func:`request_prefix`) and ``grpc-timeout``."""
+    """A request header block: ``prefix`` (:func:`request_prefix`) and ``grpc-timeout``
+    (its value as sent, e.g. ``"250m"``; none for None)."""
     if grpc_timeout is None:
         return prefix
     value = grpc_timeout.encode("ascii")
@@ -164,14 +187,19 @@ class ClientConnection:
     """One HTTP/2 client connection's state (see the module docstring); ``limits``: what
     we advertise and hold the peer to (the frame size, the header list size, the windows;
     the same defaults as the server side's); ``now``: the clock's reading (the one
-    :meth:`receive` is given) when the connection is made."""
+    :meth:`receive` is given) when the connection is made; ``pieces``: a DATA frame split
+    across reads is passed on a piece per read, not gathered (module docstring)."""
 
-    def __init__(self, limits: WireLimits | None = None, now: float = 0.0) -> None:
+    def __init__(
+        self, limits: WireLimits | None = None, now: float = 0.0, *, pieces: bool = False
+    ) -> None:
         limits = limits if limits is not None else WireLimits()
-        self._out: list[bytes | memoryview] = []
+        self._out: list[Piece] = []
         #: Cuts the peer's bytes into frames and checks what the frame headers alone
         #: show (the server side's reader, in the client role: module docstring).
-        self._reader = FrameReader(False, limits.max_frame_size, limits.max_header_list_size)
+        self._reader = FrameReader(
+            False, limits.max_frame_size, limits.max_header_list_size, pieces=pieces
+        )
         self._decoder: BlockDecoder[tuple[bytes, bytes]] = BlockDecoder(
             _raw_field, limits.max_header_list_size
         )
@@ -328,6 +356,39 @@ class ClientConnection:
             )
             out.append(chunk)
 
+    def send_pieces(
+        self,
+        stream_id: int,
+        pending: collections.deque[memoryview],
+        *,
+        end_stream: bool,
+        most: int = MAX_WINDOW,
+    ) -> int:
+        """DATA frames taking from the front of ``pending`` (byte views, left with what
+        did not go) as much as the windows allow, and at most ``most`` bytes, each frame
+        at most the peer's frame size and its payload views of the pieces (not copied).
+        The frame that empties ``pending`` ends the stream when ``end_stream``. The
+        number of bytes sent."""
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            raise h2events.StreamClosedError(stream_id)
+        room = min(stream.send_window, self.send_window, most)
+        limit = self.peer_max_frame
+        out = self._out
+        sent = 0
+        while pending and room > 0:
+            views, size = take_views(pending, min(room, limit))
+            flags = END_STREAM if end_stream and not pending else 0
+            out.append(frame_head(DATA, flags, stream_id, size))
+            out += views
+            room -= size
+            sent += size
+        if end_stream and not pending and not sent:  # an empty message's end
+            out.append(frame_head(DATA, END_STREAM, stream_id, 0))
+        stream.send_window -= sent
+        self.send_window -= sent
+        return sent
+
     def reset(self, stream_id: int, code: int = CANCEL) -> None:
         """RST_STREAM: we are done with ``stream_id`` (late frames for it are ignored)."""
         if self._streams.pop(stream_id, None) is not None:
@@ -341,6 +402,15 @@ class ClientConnection:
     def data_to_send(self) -> bytes:
         """Everything queued to send, as one buffer (empty when nothing is). The
         WINDOW_UPDATEs in it take effect now: the peer may send what they grant."""
+        out = self.pieces_to_send()
+        if not out:
+            return b""
+        return out[0] if len(out) == 1 and isinstance(out[0], bytes) else b"".join(out)
+
+    def pieces_to_send(self) -> list[Piece]:
+        """Everything queued to send, in order, as the pieces it was queued as (a DATA
+        payload: views of the caller's pieces, not copied); the WINDOW_UPDATEs in it
+        take effect now, as with :meth:`data_to_send`."""
         if self._granting:
             self._recv_left += self._granting
             self._granting = 0
@@ -350,11 +420,8 @@ class ClientConnection:
                 stream.granting = 0
             self._grants.clear()
         out = self._out
-        if not out:
-            return b""
-        data = out[0] if len(out) == 1 and isinstance(out[0], bytes) else b"".join(out)
-        out.clear()
-        return data
+        self._out = []
+        return out
 
     @property
     def pending_bytes(self) -> int:
@@ -367,7 +434,8 @@ class ClientConnection:
         any monotonic clock); the events they complete.
 
         Payloads are views of the bytes read (DATA is not copied here); a frame split
-        across reads waits in the reader for its end.
+        across reads waits in the reader for its end (a DATA frame, with ``pieces``, is
+        passed on a piece per read).
         """
         self._now = now
         reader = self._reader
@@ -455,6 +523,8 @@ class ClientConnection:
         self._recv_unacked = unacked
         stream = self._streams.get(stream_id)
         if stream is None:
+            if stream_id >= self._next_id:
+                raise h2events.ProtocolError(f"DATA on stream {stream_id}, which was never opened")
             return  # a stream we reset: the connection window is all that counts
         left = stream.recv_left - flow
         if left < 0:
