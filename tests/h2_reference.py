@@ -14,8 +14,8 @@ import h2.settings
 from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.settings import SettingCodes
-
 from h2frames import HyperframeReader, route_quiet_frames
+
 from reactantserver.transport.h2settings import local_settings
 from reactantserver.transport.limits import WireLimits
 

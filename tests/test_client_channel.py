@@ -30,10 +30,10 @@ from grpclib.server import Server, Stream
 
 from reactantserver.client import AsyncClient
 from reactantserver.client.channel import Channel
-from reactantserver.transport.h2events import ProtocolError as WireProtocolError
 from reactantserver.client.status import translate
 from reactantserver.protocol import inference as pb
 from reactantserver.status import StatusCode
+from reactantserver.transport.h2events import ProtocolError as WireProtocolError
 from reactantserver.transport.h2wire import FRAME_SIZE_ERROR
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"

@@ -33,8 +33,8 @@ from strategies import (
 
 from reactantserver import errors, tensors
 from reactantserver.client import RetryPolicy, SharedMemoryRegion
-from reactantserver.client.codec import Placement, decode_outputs, encode_request
 from reactantserver.client.channel import grpc_timeout
+from reactantserver.client.codec import Placement, decode_outputs, encode_request
 from reactantserver.client.core import parse_url
 from reactantserver.client.shm import NAME_PREFIX
 from reactantserver.client.status import CATEGORIES, NEAREST, RETRYABLE, error_for, translate

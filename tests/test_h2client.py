@@ -26,13 +26,13 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from strategies import message_sends
 
+from reactantserver.transport.abuse import FLOOD_BURST, FLOOD_RATE, RESET_MIN_STREAMS
 from reactantserver.transport.h2client import (
     ClientConnection,
     Event,
     encode_request,
     request_prefix,
 )
-from reactantserver.transport.abuse import FLOOD_BURST, FLOOD_RATE, RESET_MIN_STREAMS
 from reactantserver.transport.h2events import ProtocolError
 from reactantserver.transport.h2wire import CANCEL, REFUSED_STREAM
 from reactantserver.transport.hpack_blocks import literal

@@ -28,6 +28,7 @@ import h2.exceptions
 import h2.settings
 import pytest
 from h2_reference import h2_reference_connection
+from h2frames import HyperframeReader
 from hyperframe.frame import (
     ContinuationFrame,
     DataFrame,
@@ -39,7 +40,6 @@ from hyperframe.frame import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from h2frames import HyperframeReader
 from reactantserver.config.schema import EndpointsConfig
 from reactantserver.transport import h2events, h2parse
 from reactantserver.transport.h2conn import new_h2_connection

@@ -365,7 +365,7 @@ def grpc_timeout(seconds: float | None) -> str | None:
     """``grpc-timeout`` for ``seconds``: whole milliseconds, rounded up (None: none)."""
     if seconds is None:
         return None
-    return "%dm" % max(1, -int(-seconds * 1000 // 1))
+    return f"{max(1, -int(-seconds * 1000 // 1))}m"
 
 
 class Channel:

@@ -88,8 +88,7 @@ from collections.abc import Callable
 from urllib.parse import unquote
 
 from ..errors import DeadlineExceeded
-from ..transport import h2events
-from ..transport import h2client
+from ..transport import h2client, h2events
 from ..transport.h2conn import held_writes
 from ..transport.h2wire import CANCEL, REFUSED_STREAM
 from ..transport.limits import WireLimits

@@ -400,10 +400,10 @@ class FrameReader:
         while True:
             if self._split_left:
                 return self._piece()
-            whole = self._next_frame()
-            if whole is None:  # a DATA frame passed on a piece per read begins
+            cut = self._next_frame()
+            if cut is None:  # a DATA frame passed on a piece per read begins
                 continue
-            header, body = whole
+            header, body = cut
             kind, flags = header[3], header[4]
             sid = int.from_bytes(header[5:9], "big") & MAX_STREAM_ID
             if not _stream_id_fits(kind, sid):
