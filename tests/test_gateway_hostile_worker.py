@@ -1,12 +1,13 @@
 """Issue 34: the gateway's client to its workers holds the bounds the workers hold their clients to.
 
-Before, the gateway's HTTP/2 client (``gateway/http2.py``) trusted its workers further than a
-worker trusts anyone: it took frames larger than it advertised, buffered CONTINUATIONs
-without bound, took DATA past its windows and WINDOW_UPDATEs of zero, took any frame as the
-worker's first, and answered floods of PINGs and stream errors without end. Now it refuses
-each with the code the worker's own server side would use (``transport/h2rules.py``, the
-abuse budget of ``transport/abuse.py``), GOAWAY first, and the calls on that connection
-fail as on any lost worker connection.
+Before, the gateway's HTTP/2 client (then ``gateway/http2.py``, now the transport's client
+role, ``transport/h2client.py``) trusted its workers further than a worker trusts anyone: it
+took frames larger than it advertised, buffered CONTINUATIONs without bound, took DATA past
+its windows and WINDOW_UPDATEs of zero, took any frame as the worker's first, and answered
+floods of PINGs and stream errors without end. Now it refuses each with the code the
+worker's own server side would use (``transport/h2rules.py``, the abuse budget of
+``transport/abuse.py``), GOAWAY first, and the calls on that connection fail as on any lost
+worker connection.
 
 Two kinds of hostile worker, on real sockets on 127.0.0.1:
 

@@ -10,9 +10,10 @@ the 9-byte header, header blocks bounded and joined, no copy of a body that arri
 and yields ``(type, flags, stream_id, body)``; a connection dispatches on the type byte to
 one small handler per frame type, which reads its fields with this module's parsers, by
 slicing. The same reader serves the worker's server connection
-(:class:`.h2lean.ServerConnection`), the gateway's client to its workers and h2's
-connections of the Python client and the tests' reference (through an adapter that builds
-hyperframe frames from what it yields).
+(:class:`.h2lean.ServerConnection`), the client role (:class:`.h2client.ClientConnection`:
+the gateway's client to its workers and the Python client's) and the tests' h2 reference
+(through an adapter, ``tests/h2frames.py``, that builds hyperframe frames from what it
+yields).
 
 Errors: exactly h2's for each malformed frame
 ---------------------------------------------
