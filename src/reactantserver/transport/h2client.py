@@ -402,26 +402,33 @@ class ClientConnection:
     def data_to_send(self) -> bytes:
         """Everything queued to send, as one buffer (empty when nothing is). The
         WINDOW_UPDATEs in it take effect now: the peer may send what they grant."""
-        out = self.pieces_to_send()
+        if self._granting or self._grants:
+            self._granted()
+        out = self._out
         if not out:
             return b""
-        return out[0] if len(out) == 1 and isinstance(out[0], bytes) else b"".join(out)
+        data = out[0] if len(out) == 1 and isinstance(out[0], bytes) else b"".join(out)
+        out.clear()
+        return data
 
     def pieces_to_send(self) -> list[Piece]:
         """Everything queued to send, in order, as the pieces it was queued as (a DATA
         payload: views of the caller's pieces, not copied); the WINDOW_UPDATEs in it
         take effect now, as with :meth:`data_to_send`."""
-        if self._granting:
-            self._recv_left += self._granting
-            self._granting = 0
-        if self._grants:
-            for stream in self._grants:
-                stream.recv_left += stream.granting
-                stream.granting = 0
-            self._grants.clear()
+        if self._granting or self._grants:
+            self._granted()
         out = self._out
         self._out = []
         return out
+
+    def _granted(self) -> None:
+        """The queued WINDOW_UPDATEs leave now: what they grant may be sent."""
+        self._recv_left += self._granting
+        self._granting = 0
+        for stream in self._grants:
+            stream.recv_left += stream.granting
+            stream.granting = 0
+        self._grants.clear()
 
     @property
     def pending_bytes(self) -> int:

@@ -120,6 +120,9 @@ _NAMES = {
 _ON_A_STREAM = frozenset({DATA, HEADERS, PRIORITY, RST_STREAM, PUSH_PROMISE, CONTINUATION})
 _ON_THE_CONNECTION = frozenset({SETTINGS, PING, GOAWAY})
 _BLOCK_KINDS = frozenset({HEADERS, PUSH_PROMISE, CONTINUATION})
+#: What is left of a read that is all taken: no view of it, so that it can go as soon as
+#: the frames cut from it are done with (not only at the next read).
+_NOTHING = memoryview(b"")
 
 
 def _stream_id_fits(kind: int, sid: int) -> bool:
@@ -461,7 +464,7 @@ class FrameReader:
                 self._head += rest[:take].tobytes()
                 rest = rest[take:]
                 if len(self._head) < 9:
-                    self._rest = rest
+                    self._rest = _NOTHING  # the read is all taken: let it go
                     raise StopIteration
                 header: bytes | memoryview = self._head
                 self._head = b""
@@ -474,7 +477,7 @@ class FrameReader:
                 header, rest = header.tobytes(), rest[9:]
             else:
                 self._head = rest.tobytes()
-                self._rest = memoryview(b"")
+                self._rest = _NOTHING
                 raise StopIteration
             length = self._judge(header)
             if self._pieces and self._split(header, length):
@@ -487,9 +490,10 @@ class FrameReader:
         take = min(len(body) - filled, len(rest))
         body[filled : filled + take] = rest[:take]
         self._filled = filled = filled + take
-        self._rest = rest[take:]
         if filled < len(body):
+            self._rest = _NOTHING
             raise StopIteration
+        self._rest = rest[take:]
         self._body = None  # the frame owns it now; nothing writes to it again
         return self._header, memoryview(body)
 
@@ -510,6 +514,7 @@ class FrameReader:
         rest = self._rest
         take = min(self._split_left, len(rest))
         if not take:
+            self._rest = _NOTHING  # a view of the read kept here would keep it alive
             raise StopIteration
         self._split_left -= take
         self._rest = rest[take:]
