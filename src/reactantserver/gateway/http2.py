@@ -16,7 +16,9 @@ both ways; PING answered; GOAWAY read (streams above the peer's last one are rep
 unprocessed; those at or below it go on, unlike h2, which stops reading at a GOAWAY) and
 written; PRIORITY and unknown frame types ignored; PUSH_PROMISE refused
 (push is disabled in our SETTINGS); padding stripped; the peer's SETTINGS_MAX_FRAME_SIZE,
-SETTINGS_INITIAL_WINDOW_SIZE and SETTINGS_MAX_CONCURRENT_STREAMS obeyed.
+SETTINGS_INITIAL_WINDOW_SIZE and SETTINGS_MAX_CONCURRENT_STREAMS obeyed. DATA, HEADERS or
+WINDOW_UPDATE on a stream we never opened is a connection error (RFC 9113 §5.1); late
+frames on a stream we reset or that ended are ignored.
 
 HPACK (:mod:`reactantserver.transport.hpack_blocks`, shared with the worker's server side):
 our request headers are written as literals that never enter the dynamic table
@@ -427,8 +429,8 @@ class ClientConnection:
         else:
             stream = self._streams.get(stream_id)
             if stream is None:
-                if increment == 0 and stream_id >= self._next_id:  # never opened
-                    raise h2events.ProtocolError(f"a WINDOW_UPDATE of 0 on idle stream {stream_id}")
+                if self._is_idle(stream_id):
+                    raise h2events.NoSuchStreamError(stream_id)
                 return  # closed: late frames are ignored (RFC 9113 §6.9)
             broken = h2rules.window_update(increment, stream.send_window, stream_id)
             if broken is not None:
@@ -455,6 +457,8 @@ class ClientConnection:
         self._recv_unacked = unacked
         stream = self._streams.get(stream_id)
         if stream is None:
+            if self._is_idle(stream_id):
+                raise h2events.NoSuchStreamError(stream_id)
             return  # a stream we reset: the connection window is all that counts
         left = stream.recv_left - flow
         if left < 0:
@@ -482,6 +486,12 @@ class ClientConnection:
         events.append(("error", stream_id, broken.code, broken.message))
         self._judge(self.budget.provoked_resets(1))
 
+    def _is_idle(self, stream_id: int) -> bool:
+        """``stream_id`` was never opened (by us: the peer may open none, push being
+        disabled): DATA, HEADERS or WINDOW_UPDATE on it is a connection error (RFC 9113
+        §5.1, as the server side and h2 hold it; RST_STREAM and PRIORITY are ignored)."""
+        return stream_id >= self._next_id or not stream_id & 1
+
     def _wasted(self) -> None:
         """The peer sent a frame that asks for nothing (module docstring)."""
         self._judge(self.budget.wasted_frames(1, self._now))
@@ -497,6 +507,8 @@ class ClientConnection:
         except hpack.HPACKError as exc:
             raise h2events.ProtocolError(f"undecodable header block: {exc}") from None
         if stream_id not in self._streams:
+            if self._is_idle(stream_id):
+                raise h2events.NoSuchStreamError(stream_id)
             return  # decoded for the table's sake; nobody waits for it
         if end:
             del self._streams[stream_id]
