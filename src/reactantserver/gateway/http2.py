@@ -64,17 +64,19 @@ Bounds (:mod:`reactantserver.transport.h2rules`, the rules the server side holds
 clients to, with the same limits, :class:`~reactantserver.transport.limits.WireLimits`;
 the reader's and ours): a frame longer than the SETTINGS_MAX_FRAME_SIZE we advertised is
 FRAME_SIZE_ERROR, judged from its header before its body is buffered; a header block is
-bounded in bytes (our
-SETTINGS_MAX_HEADER_LIST_SIZE, also advertised) and in frames (64), ENHANCE_YOUR_CALM and
-PROTOCOL_ERROR; DATA past the receive window we granted, the stream's or the connection's,
-is FLOW_CONTROL_ERROR; a WINDOW_UPDATE of zero is PROTOCOL_ERROR and one overflowing a
-send window FLOW_CONTROL_ERROR -- on a stream a stream error (RST_STREAM, the call fails
-as if the worker had reset it), on stream 0 a connection error.
+bounded in bytes (our SETTINGS_MAX_HEADER_LIST_SIZE, also advertised) and in frames (64),
+ENHANCE_YOUR_CALM and PROTOCOL_ERROR; DATA past the receive window we granted, the
+stream's or the connection's, is FLOW_CONTROL_ERROR; a WINDOW_UPDATE of zero is
+PROTOCOL_ERROR and one overflowing a send window FLOW_CONTROL_ERROR -- on a stream a
+stream error (RST_STREAM, the call fails as if the worker had reset it), on stream 0 a
+connection error.
 
-Invariants (``tests/test_gateway_http2.py``, against h2's server side as the oracle): every
-byte we write parses as valid HTTP/2 for h2; whatever h2 sends we decode to the same
-headers and data however the bytes are split; we never send more DATA than the peer's
-windows allow, nor a frame larger than its maximum frame size.
+Invariants (``tests/test_gateway_http2.py``, against h2's server side as the oracle, and
+its client side for frames on streams not open): every byte we write parses as valid
+HTTP/2 for h2; whatever h2 sends we decode to the same headers and data however the bytes
+are split; we never send more DATA than the peer's windows allow, nor a frame larger than
+its maximum frame size; whatever bytes a worker sends are events on our streams or a
+connection error (the fuzz there).
 """
 
 from __future__ import annotations
