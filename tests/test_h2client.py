@@ -17,6 +17,7 @@ import collections
 import h2.config
 import h2.connection
 import h2.events
+import h2.exceptions
 import h2.settings
 import hpack
 import hypothesis
@@ -786,7 +787,7 @@ _worker_frames = st.lists(
 )
 
 
-@settings(deadline=None, max_examples=300)
+@settings(deadline=None, max_examples=200)
 @given(frames=_worker_frames, cuts=st.lists(st.integers(1, 40), max_size=6), preface=st.booleans())
 def test_any_bytes_from_a_worker_are_events_or_a_connection_error(
     frames: list[tuple[int, int, int, bytes, int | None]], cuts: list[int], preface: bool
@@ -821,3 +822,61 @@ def test_any_bytes_from_a_worker_are_events_or_a_connection_error(
         assert kind in ("headers", "data", "reset", "error", "goaway", "window")
         if kind in ("headers", "data", "reset", "error"):
             assert stream_id in ours
+
+
+# --------------------------------------------------------------------------- stream states
+# Frames on streams we never opened (idle: an odd id we have not reached, any even id --
+# the worker may open none, push being disabled) and on streams we reset, with h2's
+# *client* side as the oracle: the same frames are a connection error for both, or for
+# neither.
+
+_ON_A_STREAM = {
+    "data": lambda sid: _frame(0x0, 0, sid, b"x"),
+    "headers": lambda sid: _answer_head(sid),
+    "rst_stream": lambda sid: _frame(0x3, 0, sid, bytes(4)),
+    "window_update": lambda sid: _frame(0x8, 0, sid, (5).to_bytes(4, "big")),
+    "window_update_0": lambda sid: _frame(0x8, 0, sid, bytes(4)),
+    "priority": lambda sid: _frame(0x2, 0, sid, bytes(5)),
+}
+
+
+def _h2_client() -> h2.connection.H2Connection:
+    """h2's client with streams 1 (then reset by us) and 3 open, after the server's SETTINGS."""
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    for sid in (1, 3):
+        client.send_headers(sid, [(":method", "POST"), (":scheme", "http"), (":path", "/x"),
+                                  (":authority", "w")])  # fmt: skip
+    client.reset_stream(1)
+    client.receive_data(_frame(0x4, 0, 0, b""))
+    return client
+
+
+@pytest.mark.parametrize("sid", [1, 5, 2], ids=["reset", "idle", "even"])
+@pytest.mark.parametrize("kind", sorted(_ON_A_STREAM))
+def test_frames_on_streams_not_open_are_judged_as_h2s_client_judges_them(
+    kind: str, sid: int
+) -> None:
+    """DATA, HEADERS and WINDOW_UPDATE on a stream never opened are a connection error
+    (RFC 9113 §5.1); RST_STREAM and PRIORITY there are ignored, as h2 and the server side
+    do; on a stream we reset, late frames are ignored. One deliberate difference: h2
+    makes a WINDOW_UPDATE of 0 on a stream it reset a connection error, which RFC 9113
+    §6.9 makes a stream error of a stream already gone -- we ignore it."""
+    data = _ON_A_STREAM[kind](sid)
+    client = _settled()
+    assert [request(client), request(client)] == [1, 3]
+    client.reset(1)
+    try:
+        client.receive(data, NOW)
+        ours = None
+    except ProtocolError as error:
+        ours = int(error.error_code)
+    try:
+        _h2_client().receive_data(data)
+        theirs = None
+    except h2.exceptions.ProtocolError as error:
+        theirs = int(error.error_code)
+    if (kind, sid) == ("window_update_0", 1):
+        assert (ours, theirs) == (None, PROTOCOL_ERROR)
+    else:
+        assert ours == theirs

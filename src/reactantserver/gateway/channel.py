@@ -64,12 +64,13 @@ updates.
 
 A worker that breaks HTTP/2 -- a first frame other than SETTINGS, a frame past the frame
 size we advertised, a header block too long or in too many frames, DATA past a window we
-granted, a WINDOW_UPDATE of zero on the connection, more PING, SETTINGS, empty DATA or
-provoked stream errors than the abuse budget allows (:mod:`~reactantserver.transport.h2client`, after the rules the
-worker holds its own clients to) -- gets GOAWAY with the error's code, and the connection fails like any other lost one: its calls
-fail as unprocessed or not by whether they were sent in full, the pool opens a new
-connection for the next call. A stream error (a zero or overflowing WINDOW_UPDATE on one
-stream) resets that stream and fails its call the same way.
+granted, a WINDOW_UPDATE of zero on the connection, a frame on a stream never opened,
+more PING, SETTINGS, empty DATA or provoked stream errors than the abuse budget allows
+(:mod:`~reactantserver.transport.h2client`, after the rules the worker holds its own
+clients to) -- gets GOAWAY with the error's code, and the connection fails like any other
+lost one: its calls fail as unprocessed or not by whether they were sent in full, the
+pool opens a new connection for the next call. A stream error (a zero or overflowing
+WINDOW_UPDATE on one stream) resets that stream and fails its call the same way.
 
 Invariants: every call's callback runs exactly once (answer, failure, deadline or
 cancellation), and its stream slot is returned exactly once; a connection that failed is

@@ -23,7 +23,9 @@ both ways; PING answered; GOAWAY read (streams above the peer's last one are rep
 unprocessed; those at or below it go on, unlike h2, which stops reading at a GOAWAY) and
 written; PRIORITY and unknown frame types ignored; PUSH_PROMISE refused
 (push is disabled in our SETTINGS); padding stripped; the peer's SETTINGS_MAX_FRAME_SIZE,
-SETTINGS_INITIAL_WINDOW_SIZE and SETTINGS_MAX_CONCURRENT_STREAMS obeyed.
+SETTINGS_INITIAL_WINDOW_SIZE and SETTINGS_MAX_CONCURRENT_STREAMS obeyed. DATA, HEADERS or
+WINDOW_UPDATE on a stream we never opened is a connection error (RFC 9113 §5.1); late
+frames on a stream we reset or that ended are ignored.
 
 HPACK (:mod:`reactantserver.transport.hpack_blocks`, shared with the worker's server side):
 our request headers are written as literals that never enter the dynamic table
@@ -77,19 +79,20 @@ Bounds (:mod:`reactantserver.transport.h2rules`, the rules the server side holds
 clients to, with the same limits, :class:`~reactantserver.transport.limits.WireLimits`;
 the reader's and ours): a frame longer than the SETTINGS_MAX_FRAME_SIZE we advertised is
 FRAME_SIZE_ERROR, judged from its header before its body is buffered; a header block is
-bounded in bytes (our
-SETTINGS_MAX_HEADER_LIST_SIZE, also advertised) and in frames (64), ENHANCE_YOUR_CALM and
-PROTOCOL_ERROR; DATA past the receive window we granted, the stream's or the connection's,
-is FLOW_CONTROL_ERROR, and DATA on a stream we never opened PROTOCOL_ERROR; a
-WINDOW_UPDATE of zero is PROTOCOL_ERROR and one overflowing a
-send window FLOW_CONTROL_ERROR -- on a stream a stream error (RST_STREAM, the call fails
-as if the worker had reset it), on stream 0 a connection error.
+bounded in bytes (our SETTINGS_MAX_HEADER_LIST_SIZE, also advertised) and in frames (64),
+ENHANCE_YOUR_CALM and PROTOCOL_ERROR; DATA past the receive window we granted, the
+stream's or the connection's, is FLOW_CONTROL_ERROR; a WINDOW_UPDATE of zero is
+PROTOCOL_ERROR and one overflowing a send window FLOW_CONTROL_ERROR -- on a stream a
+stream error (RST_STREAM, the call fails as if the worker had reset it), on stream 0 a
+connection error.
 
-Invariants (``tests/test_h2client.py``, against h2's server side as the oracle): every
-byte we write parses as valid HTTP/2 for h2 and carries the message unchanged however it
-was cut into pieces; whatever h2 sends we decode to the same headers and data however
-the bytes are split; we never send more DATA than the peer's windows allow, nor a frame
-larger than its maximum frame size.
+Invariants (``tests/test_h2client.py``, against h2's server side as the oracle, and its
+client side for frames on streams not open): every byte we write parses as valid HTTP/2
+for h2 and carries the message unchanged however it was cut into pieces; whatever h2
+sends we decode to the same headers and data however the bytes are split; we never send
+more DATA than the peer's windows allow, nor a frame larger than its maximum frame size;
+whatever bytes a worker sends are events on our streams or a connection error (the fuzz
+there).
 """
 
 from __future__ import annotations
@@ -502,8 +505,8 @@ class ClientConnection:
         else:
             stream = self._streams.get(stream_id)
             if stream is None:
-                if increment == 0 and stream_id >= self._next_id:  # never opened
-                    raise h2events.ProtocolError(f"a WINDOW_UPDATE of 0 on idle stream {stream_id}")
+                if self._is_idle(stream_id):
+                    raise h2events.NoSuchStreamError(stream_id)
                 return  # closed: late frames are ignored (RFC 9113 §6.9)
             broken = h2rules.window_update(increment, stream.send_window, stream_id)
             if broken is not None:
@@ -530,8 +533,8 @@ class ClientConnection:
         self._recv_unacked = unacked
         stream = self._streams.get(stream_id)
         if stream is None:
-            if stream_id >= self._next_id:
-                raise h2events.ProtocolError(f"DATA on stream {stream_id}, which was never opened")
+            if self._is_idle(stream_id):
+                raise h2events.NoSuchStreamError(stream_id)
             return  # a stream we reset: the connection window is all that counts
         left = stream.recv_left - flow
         if left < 0:
@@ -559,6 +562,12 @@ class ClientConnection:
         events.append(("error", stream_id, broken.code, broken.message))
         self._judge(self.budget.provoked_resets(1))
 
+    def _is_idle(self, stream_id: int) -> bool:
+        """``stream_id`` was never opened (by us: the peer may open none, push being
+        disabled): DATA, HEADERS or WINDOW_UPDATE on it is a connection error (RFC 9113
+        §5.1, as the server side and h2 hold it; RST_STREAM and PRIORITY are ignored)."""
+        return stream_id >= self._next_id or not stream_id & 1
+
     def _wasted(self) -> None:
         """The peer sent a frame that asks for nothing (module docstring)."""
         self._judge(self.budget.wasted_frames(1, self._now))
@@ -574,6 +583,8 @@ class ClientConnection:
         except hpack.HPACKError as exc:
             raise h2events.ProtocolError(f"undecodable header block: {exc}") from None
         if stream_id not in self._streams:
+            if self._is_idle(stream_id):
+                raise h2events.NoSuchStreamError(stream_id)
             return  # decoded for the table's sake; nobody waits for it
         if end:
             del self._streams[stream_id]

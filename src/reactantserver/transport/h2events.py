@@ -20,6 +20,7 @@ GOAWAY) and its subclasses, each with the code RFC 9113 gives its case:
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -143,155 +144,117 @@ class StreamClosedError(NoSuchStreamError):
 class Event:
     """A thing the peer did, as :meth:`.h2lean.ServerConnection.receive_data` reports it."""
 
-    __slots__: tuple[str, ...] = ()
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
-        return f"<{type(self).__name__} {fields}>"
+    __slots__ = ()
 
 
+@dataclass(slots=True, eq=False)  # slotted records, compared by identity (as h2's)
 class RequestReceived(Event):
-    """A new stream's request headers (``stream_ended``/``priority_updated``: the events
+    """A new stream's request headers (``stream_ended``, ``priority_updated``: the events
     the same frame gave too, else None)."""
 
-    __slots__ = ("headers", "priority_updated", "stream_ended", "stream_id")
-
-    def __init__(self, stream_id: int, headers: Any) -> None:
-        self.stream_id = stream_id
-        self.headers = headers
-        self.stream_ended: StreamEnded | None = None
-        self.priority_updated: PriorityUpdated | None = None
+    stream_id: int
+    headers: Any
+    stream_ended: StreamEnded | None = None
+    priority_updated: PriorityUpdated | None = None
 
 
+@dataclass(slots=True, eq=False)
 class TrailersReceived(Event):
-    """A stream's trailers (always with END_STREAM; the same fields)."""
+    """A stream's trailers (always with END_STREAM)."""
 
-    __slots__ = ("headers", "priority_updated", "stream_ended", "stream_id")
-
-    def __init__(self, stream_id: int, headers: Any) -> None:
-        self.stream_id = stream_id
-        self.headers = headers
-        self.stream_ended: StreamEnded | None = None
-        self.priority_updated: PriorityUpdated | None = None
+    stream_id: int
+    headers: Any
+    stream_ended: StreamEnded | None = None
+    priority_updated: PriorityUpdated | None = None
 
 
+@dataclass(slots=True, eq=False)
 class DataReceived(Event):
     """A DATA frame's payload (a view, not a copy) and its flow-controlled length (the
     payload and any padding)."""
 
-    __slots__ = ("data", "flow_controlled_length", "stream_ended", "stream_id")
-
-    def __init__(self, stream_id: int, data: memoryview, flow_controlled_length: int) -> None:
-        self.stream_id = stream_id
-        self.data = data
-        self.flow_controlled_length = flow_controlled_length
-        self.stream_ended: StreamEnded | None = None
+    stream_id: int
+    data: memoryview
+    flow_controlled_length: int
+    stream_ended: StreamEnded | None = None
 
 
+@dataclass(slots=True, eq=False)
 class StreamEnded(Event):
-    __slots__ = ("stream_id",)
-
-    def __init__(self, stream_id: int) -> None:
-        self.stream_id = stream_id
+    stream_id: int
 
 
+@dataclass(slots=True, eq=False)
 class StreamReset(Event):
     """A stream reset: by the peer (``remote_reset``), or by us on a stream error the
     peer provoked (the abuse budget counts both)."""
 
-    __slots__ = ("error_code", "remote_reset", "stream_id")
-
-    def __init__(self, stream_id: int, error_code: ErrorCodes | int, remote_reset: bool) -> None:
-        self.stream_id = stream_id
-        self.error_code = error_code
-        self.remote_reset = remote_reset
+    stream_id: int
+    error_code: ErrorCodes | int
+    remote_reset: bool
 
 
+@dataclass(slots=True, eq=False)
 class WindowUpdated(Event):
     """A send window grew by ``delta`` (stream 0: the connection's)."""
 
-    __slots__ = ("delta", "stream_id")
-
-    def __init__(self, stream_id: int, delta: int) -> None:
-        self.stream_id = stream_id
-        self.delta = delta
+    stream_id: int
+    delta: int
 
 
+@dataclass(slots=True)
 class ChangedSetting:
-    """One setting a SETTINGS frame changed: its code, the value before (None: never
-    set) and the new one."""
+    """One setting a SETTINGS frame changed: the value before (None: never set), the new."""
 
-    __slots__ = ("new_value", "original_value", "setting")
-
-    def __init__(self, setting: SettingCodes | int, original_value: int | None, new_value: int):
-        self.setting = setting
-        self.original_value = original_value
-        self.new_value = new_value
-
-    def __repr__(self) -> str:
-        return f"ChangedSetting({self.setting!r}, {self.original_value}, {self.new_value})"
+    setting: SettingCodes | int
+    original_value: int | None
+    new_value: int
 
 
+@dataclass(slots=True, eq=False)
 class RemoteSettingsChanged(Event):
-    __slots__ = ("changed_settings",)
-
-    def __init__(self, changed_settings: dict[SettingCodes | int, ChangedSetting]) -> None:
-        self.changed_settings = changed_settings
+    changed_settings: dict[SettingCodes | int, ChangedSetting]
 
 
+@dataclass(slots=True, eq=False)
 class SettingsAcknowledged(Event):
-    __slots__ = ("changed_settings",)
-
-    def __init__(self, changed_settings: dict[SettingCodes | int, ChangedSetting]) -> None:
-        self.changed_settings = changed_settings
+    changed_settings: dict[SettingCodes | int, ChangedSetting]
 
 
+@dataclass(slots=True, eq=False)
 class PingReceived(Event):
-    __slots__ = ("ping_data",)
-
-    def __init__(self, ping_data: bytes) -> None:
-        self.ping_data = ping_data
+    ping_data: bytes
 
 
+@dataclass(slots=True, eq=False)
 class PingAckReceived(Event):
-    __slots__ = ("ping_data",)
-
-    def __init__(self, ping_data: bytes) -> None:
-        self.ping_data = ping_data
+    ping_data: bytes
 
 
+@dataclass(slots=True, eq=False)
 class ConnectionTerminated(Event):
     """The peer's GOAWAY."""
 
-    __slots__ = ("additional_data", "error_code", "last_stream_id")
-
-    def __init__(
-        self, error_code: ErrorCodes | int, last_stream_id: int, additional_data: bytes | None
-    ) -> None:
-        self.error_code = error_code
-        self.last_stream_id = last_stream_id
-        self.additional_data = additional_data
+    error_code: ErrorCodes | int
+    last_stream_id: int
+    additional_data: bytes | None
 
 
+@dataclass(slots=True, eq=False)
 class PriorityUpdated(Event):
     """A stream's priority fields (reported; priorities are not kept)."""
 
-    __slots__ = ("depends_on", "exclusive", "stream_id", "weight")
-
-    def __init__(self, stream_id: int, depends_on: int, weight: int, exclusive: bool) -> None:
-        self.stream_id = stream_id
-        self.depends_on = depends_on
-        self.weight = weight
-        self.exclusive = exclusive
+    stream_id: int
+    depends_on: int
+    weight: int
+    exclusive: bool
 
 
+@dataclass(slots=True, eq=False)
 class UnknownFrameReceived(Event):
     """A frame of a type HTTP/2 does not define (ignored otherwise, RFC 9113 5.5)."""
 
-    __slots__ = ("body", "flags", "stream_id", "type")
-
-    def __init__(self, type: int, flags: int, stream_id: int, body: bytes) -> None:
-        self.type = type
-        self.flags = flags
-        self.stream_id = stream_id
-        self.body = body
+    type: int
+    flags: int
+    stream_id: int
+    body: bytes

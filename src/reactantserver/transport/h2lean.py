@@ -86,7 +86,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from enum import IntEnum
-from typing import Any
 
 from hpack import HPACKError, OversizedHeaderListError
 
@@ -379,9 +378,6 @@ class ServerConnection:
         stream_id: int,
         headers: Iterable[tuple[str, str]],
         end_stream: bool = False,
-        priority_weight: int | None = None,
-        priority_depends_on: int | None = None,
-        priority_exclusive: bool | None = None,
     ) -> None:
         stream = self._sendable(stream_id)
         sm = stream.state_machine
@@ -414,10 +410,7 @@ class ServerConnection:
         stream_id: int,
         data: bytes | memoryview,
         end_stream: bool = False,
-        pad_length: Any = None,
     ) -> None:
-        if pad_length is not None:
-            raise ValueError("this connection does not pad what it sends")
         stream = self._sendable(stream_id)
         size = len(data) if isinstance(data, bytes) else memoryview(data).nbytes
         if size > self.max_outbound_frame_size:
@@ -483,9 +476,6 @@ class ServerConnection:
         self._end_local(stream)
         return True
 
-    def end_stream(self, stream_id: int) -> None:
-        self.send_data(stream_id, b"", end_stream=True)
-
     def reset_stream(self, stream_id: int, error_code: ErrorCodes | int = 0) -> None:
         if self.state_machine.state is ConnectionState.CLOSED:
             raise h2events.ProtocolError("the connection is closed (GOAWAY)")
@@ -501,17 +491,12 @@ class ServerConnection:
             raise self._missing(stream_id)
         return min(self.outbound_flow_control_window, stream.send_window)
 
-    def increment_flow_control_window(self, increment: int, stream_id: int | None = None) -> None:
+    def increment_flow_control_window(self, increment: int) -> None:
+        """Grow the connection's receive window (our streams' start at our SETTINGS')."""
         if not 1 <= increment <= MAX_WINDOW:
             raise ValueError("Flow control increment must be between 1 and 2^31-1")
-        if stream_id:
-            stream = self.streams.get(stream_id)
-            if stream is None:
-                raise h2events.StreamClosedError(stream_id)
-            stream.recv_window.opened(increment)
-        else:
-            self._recv_window.opened(increment)
-        self._out.append(_window_update(stream_id or 0, increment))
+        self._recv_window.opened(increment)
+        self._out.append(_window_update(0, increment))
 
     def acknowledge_received_data(self, acknowledged_size: int, stream_id: int) -> None:
         if acknowledged_size < 0:
@@ -525,11 +510,6 @@ class ServerConnection:
             increment = stream.recv_window.processed_bytes(acknowledged_size)
             if increment:
                 self._out.append(_window_update(stream_id, increment))
-
-    def ping(self, opaque_data: bytes) -> None:
-        if len(opaque_data) != 8:
-            raise ValueError(f"PING data must be 8 bytes, not {opaque_data!r}")
-        self._out.append(frame_head(PING, 0, 0, 8) + bytes(opaque_data))
 
     def close_connection(
         self,
@@ -559,7 +539,7 @@ class ServerConnection:
                 else:
                     handler(flags, sid, body, events)
         except h2events.ProtocolError as err:
-            self._terminate(err.error_code)
+            self.close_connection(err.error_code)  # a connection error: GOAWAY, its code
             raise
         return events
 
@@ -581,10 +561,6 @@ class ServerConnection:
             raise h2events.ProtocolError(
                 f"{FRAME_NAMES[kind]} received before any stream was opened"
             )
-
-    def _terminate(self, error_code: ErrorCodes | int) -> None:
-        """A connection error: GOAWAY with its code (h2's ``_terminate_connection``)."""
-        self.close_connection(error_code)
 
     def _close(self, stream: H2Stream, how: ClosedBy) -> None:
         stream.state_machine.state = StreamState.CLOSED

@@ -105,18 +105,6 @@ FRAME_NAMES = {
 }
 KNOWN_TYPES = frozenset(FRAME_NAMES)
 
-#: hyperframe's class names, for the messages h2 gives.
-_NAMES = {
-    DATA: "DataFrame",
-    HEADERS: "HeadersFrame",
-    PRIORITY: "PriorityFrame",
-    RST_STREAM: "RstStreamFrame",
-    SETTINGS: "SettingsFrame",
-    PUSH_PROMISE: "PushPromiseFrame",
-    PING: "PingFrame",
-    GOAWAY: "GoAwayFrame",
-    CONTINUATION: "ContinuationFrame",
-}
 _ON_A_STREAM = frozenset({DATA, HEADERS, PRIORITY, RST_STREAM, PUSH_PROMISE, CONTINUATION})
 _ON_THE_CONNECTION = frozenset({SETTINGS, PING, GOAWAY})
 _BLOCK_KINDS = frozenset({HEADERS, PUSH_PROMISE, CONTINUATION})
@@ -411,13 +399,8 @@ class FrameReader:
             kind, flags = header[3], header[4]
             sid = int.from_bytes(header[5:9], "big") & MAX_STREAM_ID
             if not _stream_id_fits(kind, sid):
-                rule = (
-                    f"must be non-zero for {_NAMES[kind]}"
-                    if kind in _ON_A_STREAM
-                    else f"must be zero for {_NAMES[kind]} with stream_id={sid}"
-                )
                 raise h2events.ProtocolError(
-                    f"Received frame with invalid header: Stream ID {rule}"
+                    f"Received frame with invalid header: {FRAME_NAMES[kind]} on stream {sid}"
                 )
             if not self._settled:
                 self._first(kind, flags)
