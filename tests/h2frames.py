@@ -5,7 +5,7 @@ of ours in tests and benchmarks (``tests/h2_reference.py``, ``tests/test_h2conn.
 fed through this. Frames are cut by the one reader every end of ours uses
 (:class:`~reactantserver.transport.h2parse.FrameReader`:
 the preface, a frame's length judged from its 9-byte header, header blocks bounded and
-joined, no copy of a body that arrived whole); this module only turns what it yields into
+joined, each body copied at most once); this module only turns what it yields into
 hyperframe frames, through hyperframe's public methods.
 
 * :class:`HyperframeReader`: what h2's connection takes as its ``incoming_buffer``; the

@@ -10,8 +10,9 @@ fed the same bytes with ``receive_data``.
   client's channel and the server's reference use it) are h2's own.
 * h2's connection given our reader: each frame it is handed has a ``repr`` that stays
   short whatever the payload's size, and every frame type is handled by h2's own handler.
-* a DATA payload is never copied out of a read that held its frame whole; a frame split
-  between reads is copied once.
+* a DATA payload is copied at most once: not at all out of a read that held its frame
+  whole and is mostly that frame, once if it is a small part of its read (so that it does
+  not keep the read alive) or if its frame was split between reads.
 * in the client role (no preface) the reader is the same: frame size judged from the
   header, the first frame must be the peer's SETTINGS.
 """
@@ -200,6 +201,23 @@ def test_the_lean_servers_data_payloads_are_views_never_copies_of_a_whole_frame(
     assert isinstance(split, memoryview) and isinstance(whole, memoryview)
     assert isinstance(split.obj, bytearray) and len(split.obj) == len(payload) + 8
     assert whole.obj is second  # the read itself
+
+
+def test_a_small_body_does_not_keep_its_read_alive() -> None:
+    """A DATA frame that is a small part of the read it came in (here with a large frame
+    of an unknown type, which nothing keeps) is copied, so keeping its payload keeps only
+    its own bytes; a frame that is most of its read stays a view of it."""
+    server, client = _pair(lean=True)
+    client.send_headers(1, REQUEST)
+    server.receive_data(client.data_to_send())
+    small = DataFrame(1, b"tiny").serialize()
+    read = small + raw_frame(0xFA, 0, 0, bytes(60_000))
+    (event, _) = server.receive_data(read)
+    assert isinstance(event, h2events.DataReceived) and bytes(event.data) == b"tiny"
+    assert event.data.obj is not read and len(event.data.obj) == 4
+    big = DataFrame(1, bytes(50_000)).serialize()
+    (event,) = server.receive_data(big)
+    assert event.data.obj is big
 
 
 def test_the_client_role_reads_the_same_frames_without_a_preface() -> None:

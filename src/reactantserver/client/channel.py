@@ -11,7 +11,8 @@ request's tensors among them -- as DATA frames whose payloads are views of the p
 within the server's windows; then it waits for the answer's headers, message and
 trailers. The only copy of a tensor sent is the kernel's; an answer's message is copied
 once, piece by piece as it is read, into a buffer of its own (the connection slices
-frames out of what was read and passes a DATA frame on a piece per read), which the caller gets as a read-only ``memoryview``.
+frames out of what was read and passes a DATA frame on a piece per read), which the
+caller gets as a read-only ``memoryview``.
 
 The asyncio edge is thin: :class:`_Protocol` feeds what the socket reads to the sans-IO
 connection, hands its events to the calls waiting for them, and writes what the

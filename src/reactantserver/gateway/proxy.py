@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-Every handler runs on the asyncio loop, in the grpclib server's call task, and never
+Every handler runs on the asyncio loop, in the server's call task, and never
 crosses into Trio on a request's way (the one exception: a route-table refresh, at most
 one a second). Every message arrives and leaves as bytes (:class:`~.calls.RawCodec`); a
 handler reads what it needs and forwards the bytes it received.

@@ -1,17 +1,17 @@
-"""The gRPC listener: grpclib on the host asyncio loop, and the one asyncio <-> Trio seam.
+"""The gRPC listener: our server on the host asyncio loop, and the one asyncio <-> Trio seam.
 
-This is the only server module of reactantserver that serves over grpclib (it runs on
-asyncio only; the client runs its own asyncio loop). Everything it serves is in
+This is the worker's gRPC server (it runs on asyncio; the client runs its own asyncio
+loop). Everything it serves is in
 :class:`reactantserver.service.Service`; this module moves bytes and calls.
 
 Theory of operation
 -------------------
 The worker runs Trio as the *guest* of a standard asyncio loop
-(:mod:`~reactantserver.transport.guest`): both loops share the main thread, grpclib runs
-natively on asyncio, and Trio owns the structure (nurseries, the dispatch loop,
+(:mod:`~reactantserver.transport.guest`): both loops share the main thread, the server
+runs natively on asyncio, and Trio owns the structure (nurseries, the dispatch loop,
 signals). :func:`serve_grpc` is a Trio task: it binds the listening socket itself (so it
 can report the bound port, also for port 0, through ``task_status.started(port)``) and
-starts a grpclib ``Server`` on the host loop serving ``inference.GRPCInferenceService``,
+starts a :class:`~.server.GuardedServer` on the host loop serving ``inference.GRPCInferenceService``,
 ``reactant_control.ControlService`` and server reflection (``grpc.reflection.v1alpha``
 and ``v1``, so ``grpcurl list``/``describe`` work without ``.proto`` files). Called
 outside a guest run it says so.
@@ -24,7 +24,7 @@ dispatch loop settles the answers of a finished batch inside its Trio tick on th
 thread and calls their wake-ups; each runs ``Service.finish_infer``, encodes the response
 into pieces and writes it in one pass, headers, message and trailers
 (:meth:`.unary.UnaryCall.answer`): one crossing per batch, no task, no future and no
-grpclib stream per request. A call with a deadline gets one timer: past it, the request is
+stream object per request. A call with a deadline gets one timer: past it, the request is
 withdrawn and answered DEADLINE_EXCEEDED at once (a result that comes later is dropped).
 A client cancel or disconnect, or the server closing, withdraws the request synchronously
 (``Service.abandon_infer``).

@@ -7,12 +7,12 @@
   Its SETTINGS values live in :mod:`.h2settings`, below both this module and
   :mod:`.h2lean`, so that the two do not import each other.
 * Received bytes are cut into frames by :class:`.h2parse.FrameReader` (a frame's length
-  judged from its 9-byte header, header blocks bounded and joined, no copy of a body that
-  arrived whole).
+  judged from its 9-byte header, header blocks bounded and joined, each body copied at
+  most once).
 * :class:`CorkedTransport`: everything written during one read's callback, or else
-  during one pass of the event loop, leaves in one ``send`` (grpclib alone makes three
-  per unary response; each ``send`` releases the GIL, and the event loop then waits on
-  the device thread). :class:`HeldWrites` says which: writes made inside a connection's
+  during one pass of the event loop, leaves in one ``send`` (a unary answer is written in
+  three steps; each ``send`` releases the GIL, and the event loop then waits on the
+  device thread). :class:`HeldWrites` says which: writes made inside a connection's
   ``data_received`` go out as it returns.
 """
 
@@ -22,7 +22,6 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
 
 from .h2lean import ServerConnection
 from .limits import WireLimits
@@ -111,7 +110,7 @@ def held_writes() -> HeldWrites:
 
 
 class CorkedTransport:
-    """The parts of an asyncio transport grpclib uses, with writes gathered per loop pass.
+    """An asyncio transport's writes, gathered per loop pass.
 
     ``write`` appends to a list and, the first time, owes ``flush`` to the protocol
     callback running now (:func:`held_writes`) or, outside one, schedules it with ``call_soon``:
@@ -152,12 +151,6 @@ class CorkedTransport:
         self._pending.clear()
         self._size = 0
 
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
-
     def close(self) -> None:
         self.flush()  # e.g. a GOAWAY written just before closing
         self._transport.close()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._transport.get_extra_info(name, default)

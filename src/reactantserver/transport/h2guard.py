@@ -64,15 +64,12 @@ events to :class:`_Processor`, a table from event class to handler:
 
 Calls are served two ways, both released through :meth:`_Processor._released` (which
 frees the stream's slot): a *direct* method (:mod:`.unary`, ModelInfer) by the event
-handlers themselves, without a task; every other method by the sink (:mod:`.server`),
-whose ``accept`` returns the :class:`Receiver` the stream's DATA, end, window updates
-and drain go to. Everything written -- by either, and by the connection itself -- is
-queued in the connection and handed to the :class:`.h2conn.CorkedTransport` by
-:meth:`GuardedProtocol.flush`: one ``send`` per read, or per loop pass.
-
-The HTTP/2 connection itself is :mod:`.h2lean`; its first SETTINGS and the corked
-transport are in :mod:`.h2conn`. What is deliberately not here: the request handlers
-(:mod:`.server`), message codecs and the Trio bridge (:mod:`.grpc`).
+handlers themselves, without a task; any other by the sink (:mod:`.server`), whose
+``accept`` returns the :class:`Receiver` the stream's events go to. Everything written
+is queued in the connection (:mod:`.h2lean`) and handed to the
+:class:`.h2conn.CorkedTransport` by :meth:`GuardedProtocol.flush`: one ``send`` per read,
+or per loop pass. Not here: the request handlers (:mod:`.server`), message codecs and
+the Trio bridge (:mod:`.grpc`).
 """
 
 from __future__ import annotations
@@ -342,22 +339,20 @@ class _Processor:
         self._framers.pop(sid, None)
         self._started.pop(sid, None)
         h2 = self._h2
+        # What the handler did not read is dropped, not consumed: the connection's window
+        # gets it back. A handler that finished while the peer is still sending (no
+        # END_STREAM yet) asks it to stop (RFC 9113 §8.1), so that the connection forgets
+        # the stream: a peer could otherwise keep answered streams open past our limit.
         stream = self.streams.pop(sid, None)
-        if not self._guard.is_closing():
-            # What the handler did not read is dropped, not consumed: the connection's
-            # window gets it back.
-            unread = stream.drop() if stream is not None else 0
+        unread = stream.drop() if stream is not None else 0
+        state = h2.streams.get(sid)
+        still_open = state is not None and not state.closed
+        if (unread or still_open) and not self._guard.is_closing():
             if unread:
                 h2.acknowledge_received_data(unread, sid)
-            # A handler that finished while the peer is still sending (no END_STREAM)
-            # asks it to stop (RFC 9113 §8.1), so that the connection forgets the stream:
-            # a peer could otherwise keep answered streams open past our limit.
-            state = h2.streams.get(sid)
-            if state is not None and not state.closed:
+            if still_open:
                 h2.reset_stream(sid, ErrorCodes.NO_ERROR)
-                self._guard.flush()
-            elif unread:
-                self._guard.flush()
+            self._guard.flush()
         if not self.streams and not self.direct.calls:
             self._guard.idle()
 
@@ -398,16 +393,14 @@ class _Processor:
     def window_updated(self, event: h2events.WindowUpdated) -> None:
         # Most peers send a WINDOW_UPDATE or two per call; with only direct calls open
         # and no answer blocked, it changes nothing.
-        if self.streams:
-            if event.stream_id:
-                stream = self.streams.get(event.stream_id)
-                if stream is not None:
-                    stream.wake()
-            else:
-                for stream in self.streams.values():
-                    stream.wake()
+        sid = event.stream_id
+        if not sid:
+            for stream in self.streams.values():
+                stream.wake()
+        elif (waiting := self.streams.get(sid)) is not None:
+            waiting.wake()
         if self.direct.blocked:
-            self.direct.window(event.stream_id)
+            self.direct.window(sid)
 
     def stream_reset(self, event: h2events.StreamReset) -> None:
         sid = event.stream_id
@@ -608,10 +601,9 @@ class GuardedProtocol(asyncio.Protocol):
 
     def flush(self) -> None:
         """Hand what the connection queued to the (corked) transport."""
-        assert self.h2 is not None and self._cork is not None
-        data = self.h2.data_to_send()
+        data = self.h2.data_to_send()  # type: ignore[union-attr]  # (set up before any call)
         if data:
-            self._cork.write(data)
+            self._cork.write(data)  # type: ignore[union-attr]
 
     def is_closing(self) -> bool:
         """The transport is closing or closed: nothing written reaches the peer."""

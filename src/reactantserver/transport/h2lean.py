@@ -21,7 +21,7 @@ asyncio edge that feeds it. Its methods keep the names and arguments of h2's
 subclasses carrying the GOAWAY's error code), and nothing here imports h2 or hyperframe:
 h2 is the oracle of ``tests/test_h2lean.py`` only. Received bytes are cut into frames by
 :class:`.h2parse.FrameReader` (preface check, frame length judged from the header, header
-blocks bounded, CONTINUATION joined, no copy of a body that arrived whole) as ``(type,
+blocks bounded, CONTINUATION joined, each body copied at most once) as ``(type,
 flags, stream id, body)``, no frame objects: the type byte picks a handler, which reads
 its fields by slicing (:mod:`.h2parse`, which refuses a malformed frame as h2 and
 hyperframe do, in their order); a DATA payload is a view of the read. Frames we send are

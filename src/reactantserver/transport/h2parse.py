@@ -6,7 +6,7 @@ A hyperframe ``Frame`` object built for every frame (a ``Flags`` set, the paddin
 priority mixins' ``__init__``, ``parse_frame_header``, ``parse_body``) costs more than the
 two or three fields a connection then reads: a fifth of the gateway's server-side CPU at
 16 calls in flight. :class:`FrameReader` cuts frames from the reads (lengths judged from
-the 9-byte header, header blocks bounded and joined, no copy of a body that arrived whole)
+the 9-byte header, header blocks bounded and joined, each body copied at most once)
 and yields ``(type, flags, stream_id, body)``; a connection dispatches on the type byte to
 one small handler per frame type, which reads its fields with this module's parsers, by
 slicing. The same reader serves the worker's server connection
@@ -284,6 +284,10 @@ _CHECKS: dict[int, Callable[[Body], object]] = {
 
 # ---------------------------------------------------------------------- the reader
 
+#: A body whole in its read is a view of the read when it is at least 1/VIEW_SHARE of it
+#: (so a view keeps at most this many times its size alive), else a copy.
+VIEW_SHARE = 4
+
 
 class FrameReader:
     """Received bytes cut into frames, ``(type, flags, stream id, body)``, for either role.
@@ -298,17 +302,21 @@ class FrameReader:
     SETTINGS_MAX_HEADER_LIST_SIZE.
 
     Use: :meth:`feed` each read, then iterate the frames it completed. The checks, their
-    order and the joined header blocks are the module docstring's. Bodies are never copied
-    for a frame that arrives whole in one read: the body is a view of that read (a
-    ``bytes``, which nothing changes), kept alive as long as the view is; a frame split
-    between reads has its body allocated once, at the length its header declares, and
-    filled as the reads arrive. A frame's length is judged from its 9-byte header, before
-    its body is waited for, so nothing longer than we advertised is ever allocated.
+    order and the joined header blocks are the module docstring's. Each body is a
+    ``memoryview`` copied at most once: a frame whole in one read that makes up at least
+    :data:`VIEW_SHARE` of it is a view of that read (a ``bytes``, which nothing changes),
+    not copied at all; a smaller one is copied, so that keeping its body does not keep the
+    whole read alive (else a peer could make us hold a read's worth of memory for each
+    small DATA frame, which the windows count by its own size); a frame split between
+    reads has its body allocated once, at the length its header declares, and filled as
+    the reads arrive. A frame's length is judged from its 9-byte header, before its body
+    is waited for, so nothing longer than we advertised is ever allocated.
 
     ``pieces`` (the Python client's choice): an unpadded DATA frame split between reads
-    is not gathered but yielded a piece per read, each a DATA frame of its own (a view of
-    that read), END_STREAM on the last piece only -- a large answer is then never
-    copied here. The frame's length is judged from its header as any other's.
+    is not gathered but yielded a piece per read, each a DATA frame of its own (END_STREAM
+    on the last piece only), a view of that read by the same rule (a piece under
+    :data:`VIEW_SHARE` of its read is copied) -- a large answer is then never copied
+    here. The frame's length is judged from its header as any other's.
     """
 
     def __init__(
@@ -326,8 +334,9 @@ class FrameReader:
         self._preface = PREFACE if server else b""
         #: The peer's first frame (its SETTINGS) has arrived.
         self._settled = False
-        #: What is left of the latest read, not yet cut into frames.
+        #: What is left of the latest read, not yet cut into frames, and the read's length.
         self._rest = memoryview(b"")
+        self._read = 0
         #: A frame header split between reads (fewer than 9 bytes so far).
         self._head = b""
         #: A frame whose body is split between reads: its header, and its body, allocated
@@ -354,6 +363,7 @@ class FrameReader:
         if self._rest:  # the frames of the previous read were not all taken
             data = self._rest.tobytes() + data
         self._rest = memoryview(data)
+        self._read = len(data)
 
     def __iter__(self) -> FrameReader:
         return self
@@ -388,7 +398,9 @@ class FrameReader:
                 )
             ):
                 self._rest = rest[end:]
-                return kind, flags, sid, rest[9:end]
+                if length * VIEW_SHARE >= self._read:
+                    return kind, flags, sid, rest[9:end]
+                return kind, flags, sid, memoryview(rest[9:end].tobytes())
         while True:
             if self._split_left:
                 return self._piece()
@@ -456,7 +468,9 @@ class FrameReader:
                 end = 9 + self._judge(header)
                 if len(rest) >= end:  # the whole frame in this read: the usual case
                     self._rest = rest[end:]
-                    return header, rest[9:end]
+                    if (end - 9) * VIEW_SHARE >= self._read:
+                        return header, rest[9:end]
+                    return header, memoryview(rest[9:end].tobytes())
                 header, rest = header.tobytes(), rest[9:]
             else:
                 self._head = rest.tobytes()
@@ -502,7 +516,9 @@ class FrameReader:
         self._split_left -= take
         self._rest = rest[take:]
         flags = self._split_flags if not self._split_left else self._split_flags & ~END_STREAM
-        return DATA, flags, self._split_sid, rest[:take]
+        if take * VIEW_SHARE >= self._read:
+            return DATA, flags, self._split_sid, rest[:take]
+        return DATA, flags, self._split_sid, memoryview(rest[:take].tobytes())
 
     def _open_block(self, kind: int, flags: int, sid: int, body: Body) -> None:
         """A HEADERS or PUSH_PROMISE without END_HEADERS: checked now (as h2 parses it

@@ -17,7 +17,7 @@ answer NOT_SERVING from then on and tells every watcher at once, so load balance
 sending before the server closes: each watch sends NOT_SERVING and ends (status OK), and the
 server awaits :meth:`HealthServicer.wait_told` before its GOAWAY.
 
-The handlers run on the asyncio loop (grpclib's call tasks) and take no request-path lock;
+The handlers run on the asyncio loop (the server's call tasks) and take no request-path lock;
 ``status_of`` must not block. A watch costs one timer per ``poll_seconds``; polling rather
 than notifying keeps the servers free of health hooks on every state change.
 

@@ -2,7 +2,7 @@
 
 When thousands of streams end at once -- a client that opened many half-sent calls and
 left, or a flood of refused requests -- their objects are freed, but the process keeps
-their memory: grpclib's connections, streams and cancelled tasks form reference cycles
+their memory: connections, streams and cancelled tasks form reference cycles
 that only Python's cycle collector frees, and what is freed goes back to the C heap, not
 to the operating system. A server that survived an attack with its RSS 100 MB higher
 looks, to an operator, like one that leaks.

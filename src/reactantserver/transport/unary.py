@@ -1,9 +1,9 @@
-"""Unary calls served by the connection's event handling: no task, no grpclib stream.
+"""Unary calls served by the connection's event handling: no task, no stream object.
 
 A *direct* method (a :class:`DirectHandler` in the server's mapping, next to grpclib
 ``Handler``\\ s) is served without the per-call machinery of the task path
-(:mod:`.server`): no asyncio task, no grpclib stream with its buffer and events, no
-deadline wrapper. The connection's events processor (:mod:`.h2guard`) collects the request
+(:mod:`.server`): no asyncio task, no stream object with its buffer and wake-ups, no
+deadline timer. The connection's events processor (:mod:`.h2guard`) collects the request
 message as its DATA arrives and, when the stream ends, calls the handler synchronously
 with a :class:`UnaryCall` and the message; the handler answers later -- from any callback
 on the loop -- with :meth:`UnaryCall.answer` or :meth:`UnaryCall.fail`, exactly once. It
