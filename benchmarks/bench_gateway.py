@@ -577,7 +577,10 @@ async def big(url: str, repeats: int) -> float:
 #: Package of a frame's file -> the row it counts in (py-spy shows paths relative to the
 #: entries of sys.path, e.g. ``h2/connection.py``; first match wins).
 _BUCKETS = (
-    ("reactantserver/gateway/http2", "gateway: HTTP/2 client to the worker (http2.py, hpack)"),
+    (
+        "reactantserver/transport/h2client",
+        "gateway: HTTP/2 client to the worker (h2client.py, hpack)",
+    ),
     ("reactantserver/gateway/channel", "gateway: worker connections (channel.py, pool.py)"),
     ("reactantserver/gateway/pool", "gateway: worker connections (channel.py, pool.py)"),
     ("reactantserver/gateway", "gateway: proxy, peek, routing, stats"),
@@ -626,7 +629,7 @@ def profile(
 def _stack_bucket(stack: str) -> str:
     """The gateway's client side owns everything below it (its hpack decoding included);
     any other sample counts where its innermost frame is."""
-    if "reactantserver/gateway/http2" in stack:
+    if "reactantserver/transport/h2client" in stack:
         return _BUCKETS[0][1]
     if "reactantserver/gateway/channel" in stack or "reactantserver/gateway/pool" in stack:
         return _BUCKETS[1][1]

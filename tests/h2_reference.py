@@ -3,7 +3,7 @@
 ``tests/test_h2conn.py``) and the baseline of ``benchmarks/bench_h2lean.py``. Never used
 to serve: h2 is a test-only dependency of the server.
 
-Its frames are cut by our reader (:class:`~reactantserver.client.h2frames.HyperframeReader`,
+Its frames are cut by our reader (:class:`h2frames.HyperframeReader`,
 as the Python client's are), so that a frame's length and a header block's bytes are judged
 from the frame's header as ours are; the rest is h2's.
 """
@@ -14,8 +14,8 @@ import h2.settings
 from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.settings import SettingCodes
+from h2frames import HyperframeReader, route_quiet_frames
 
-from reactantserver.client.h2frames import HyperframeReader, route_quiet_frames
 from reactantserver.transport.h2settings import local_settings
 from reactantserver.transport.limits import WireLimits
 

@@ -1,10 +1,13 @@
 """Issue 34: the gateway's client to its workers holds the bounds the workers hold their clients to.
 
-Before, the gateway's HTTP/2 client (``gateway/http2.py``) trusted its workers further than a
-worker trusts anyone: it took frames larger than it advertised, buffered CONTINUATIONs
-without bound, took DATA past its windows and WINDOW_UPDATEs of zero. Now it refuses each
-with the code the worker's own server side would use (``transport/h2rules.py``), GOAWAY
-first, and the calls on that connection fail as on any lost worker connection.
+Before, the gateway's HTTP/2 client (then ``gateway/http2.py``, now the transport's client
+role, ``transport/h2client.py``) trusted its workers further than a worker trusts anyone: it
+took frames larger than it advertised, buffered CONTINUATIONs without bound, took DATA past
+its windows and WINDOW_UPDATEs of zero, took any frame as the worker's first, and answered
+floods of PINGs and stream errors without end. Now it refuses each with the code the
+worker's own server side would use (``transport/h2rules.py``, the abuse budget of
+``transport/abuse.py``), GOAWAY first, and the calls on that connection fail as on any lost
+worker connection.
 
 Two kinds of hostile worker, on real sockets on 127.0.0.1:
 
@@ -41,10 +44,11 @@ from worker_harness import free_port
 from reactantserver.config.schema import GatewayConfig, ListenConfig, LoggingConfig
 from reactantserver.gateway.channel import ChannelError
 from reactantserver.gateway.pool import WorkerClient
+from reactantserver.transport.abuse import RESET_MIN_STREAMS
 from reactantserver.transport.limits import WireLimits
 
-DATA, HEADERS, RST_STREAM, SETTINGS, GOAWAY, WINDOW_UPDATE, CONTINUATION = (
-    0x0, 0x1, 0x3, 0x4, 0x7, 0x8, 0x9,
+DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = (
+    0x0, 0x1, 0x3, 0x4, 0x6, 0x7, 0x8, 0x9,
 )  # fmt: skip
 END_STREAM, END_HEADERS, ACK = 0x1, 0x4, 0x1
 PROTOCOL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR, ENHANCE_YOUR_CALM = 0x1, 0x3, 0x6, 0xB
@@ -80,10 +84,13 @@ Script = Callable[[int, int, int, hpack.Encoder], bytes]
 
 class RawWorker:
     """A worker that speaks raw HTTP/2 bytes (module docstring); one script for all its
-    connections, given each request in turn."""
+    connections, given each request in turn. Each connection begins with the worker's
+    SETTINGS, except the first one when ``first_greets`` is False: there the script's
+    first answer is the worker's first frame (the gateway's SETTINGS go unacknowledged)."""
 
-    def __init__(self, script: Script) -> None:
+    def __init__(self, script: Script, *, first_greets: bool = True) -> None:
         self.script = script
+        self.first_greets = first_greets
         #: (error code, debug data) of each GOAWAY received, and (stream, code) of each
         #: RST_STREAM, over every connection.
         self.goaways: list[tuple[int, bytes]] = []
@@ -105,7 +112,9 @@ class RawWorker:
         self.connections += 1
         encoder = hpack.Encoder()
         buffer = bytearray()
-        writer.write(frame(SETTINGS, 0, 0, b""))
+        greets = connection > 0 or self.first_greets
+        if greets:
+            writer.write(frame(SETTINGS, 0, 0, b""))
         calls = 0
         preface_seen = False
         try:
@@ -118,7 +127,7 @@ class RawWorker:
                     del buffer[: len(PREFACE)]
                     preface_seen = True
                 for kind, flags, sid, payload in frames_in(buffer):
-                    if kind == SETTINGS and not flags & ACK:
+                    if kind == SETTINGS and not flags & ACK and greets:
                         writer.write(frame(SETTINGS, ACK, 0, b""))
                     elif kind == GOAWAY:
                         self.goaways.append((int.from_bytes(payload[4:8], "big"), payload[8:]))
@@ -196,7 +205,27 @@ CONNECTION_ERRORS: dict[str, tuple[Callable[[int], bytes], int, WireLimits]] = {
         PROTOCOL_ERROR,
         WireLimits(),
     ),
+    # The worker's first frame an answer, not SETTINGS (RFC 9113 §3.4; see UNGREETED).
+    "first_frame_not_settings": (
+        lambda sid: _head(sid) + frame(SETTINGS, 0, 0, b""),
+        PROTOCOL_ERROR,
+        WireLimits(),
+    ),
+    # 1,000 PINGs for one call (the abuse budget's bucket holds 500).
+    "ping_flood": (
+        lambda sid: frame(PING, 0, 0, bytes(8)) * 1000,
+        ENHANCE_YOUR_CALM,
+        WireLimits(),
+    ),
+    # An answer's headers, then 1,000 DATA frames carrying nothing and ending nothing.
+    "empty_data_flood": (
+        lambda sid: _head(sid) + frame(DATA, 0, sid, b"") * 1000,
+        ENHANCE_YOUR_CALM,
+        WireLimits(),
+    ),
 }
+#: The violations that are the first connection's first frame: no SETTINGS before them.
+UNGREETED = {"first_frame_not_settings"}
 
 
 @pytest.mark.parametrize("name", sorted(CONNECTION_ERRORS))
@@ -208,7 +237,7 @@ def test_a_worker_breaking_a_bound_gets_goaway_and_its_calls_fail_as_lost(name: 
     violation, code, limits = CONNECTION_ERRORS[name]
 
     async def main() -> None:
-        worker = RawWorker(first_call_only(violation))
+        worker = RawWorker(first_call_only(violation), first_greets=name not in UNGREETED)
         await worker.start()
         client = WorkerClient(f"127.0.0.1:{worker.port}", limits=limits)
         with pytest.raises(ChannelError) as caught:
@@ -247,6 +276,40 @@ def test_a_bad_window_update_on_a_stream_fails_that_call_only(increment: int, co
         assert (reply.status, bytes(reply.payload)) == (0, b"ok")
         assert worker.resets == [(1, code)] and worker.goaways == []
         assert client.statistics().connects == 1
+        client.close()
+        await client.wait_closed()
+        await worker.stop()
+
+    run(main)
+
+
+def test_a_worker_provoking_resets_on_most_calls_is_dropped() -> None:
+    """MadeYouReset (CVE-2025-8671) from a worker: every call answered with a WINDOW_UPDATE
+    of 0, a stream error the gateway resets. Each call fails alone, the connection going
+    on, until RESET_MIN_STREAMS calls were made with more than half so reset: then the
+    gateway sends GOAWAY(ENHANCE_YOUR_CALM) and drops the connection, and the next call
+    is made on a new one."""
+
+    def script(connection: int, call: int, sid: int, encoder: hpack.Encoder) -> bytes:
+        if connection == 0:
+            return _head(sid) + frame(WINDOW_UPDATE, 0, sid, struct.pack(">I", 0))
+        return ok_answer(encoder, sid, b"ok")
+
+    async def main() -> None:
+        worker = RawWorker(script)
+        await worker.start()
+        client = WorkerClient(f"127.0.0.1:{worker.port}")
+        for _ in range(RESET_MIN_STREAMS - 1):
+            with pytest.raises(ChannelError, match="stream error from the worker"):
+                await client.call(b"/t.T/Echo", b"x", deadline())
+        assert client.statistics().connects == 1 and worker.goaways == []
+        with pytest.raises(ChannelError, match="ENHANCE_YOUR_CALM"):
+            await client.call(b"/t.T/Echo", b"x", deadline())
+        reply = await client.call(b"/t.T/Echo", b"x", deadline())
+        assert (reply.status, bytes(reply.payload)) == (0, b"ok")
+        assert client.statistics().connects == 2
+        assert [c for c, _ in worker.goaways] == [ENHANCE_YOUR_CALM]
+        assert [c for _, c in worker.resets] == [PROTOCOL_ERROR] * RESET_MIN_STREAMS
         client.close()
         await client.wait_closed()
         await worker.stop()

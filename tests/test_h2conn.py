@@ -6,7 +6,7 @@ fed the same bytes with ``receive_data``.
 * :class:`~reactantserver.transport.h2parse.FrameReader`, however the bytes of a
   connection are split into reads, gives the frames h2 reads from them: the events of our
   server connection (:mod:`~reactantserver.transport.h2lean`) and of h2's connection given
-  our reader (:class:`~reactantserver.client.h2frames.HyperframeReader`, as the
+  our reader (:class:`h2frames.HyperframeReader`, as the
   client's channel and the server's reference use it) are h2's own.
 * h2's connection given our reader: each frame it is handed has a ``repr`` that stays
   short whatever the payload's size, and every frame type is handled by h2's own handler.
@@ -29,6 +29,7 @@ import h2.exceptions
 import h2.settings
 import pytest
 from h2_reference import h2_reference_connection
+from h2frames import HyperframeReader
 from hyperframe.frame import (
     ContinuationFrame,
     DataFrame,
@@ -40,7 +41,6 @@ from hyperframe.frame import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reactantserver.client.h2frames import HyperframeReader
 from reactantserver.config.schema import EndpointsConfig
 from reactantserver.transport import h2events, h2parse
 from reactantserver.transport.h2conn import new_h2_connection

@@ -8,8 +8,12 @@ still a circle to a reader, and hides the layering it breaks.
 * The worker's scheduling package never imports the gateway: the fleet simulator, which
   drives both, lives above them (:mod:`reactantserver.fleet`).
 * The transport (the HTTP/2 and gRPC layer both roles stand on) never imports the gateway.
-* The transport and the gateway import neither h2 nor hyperframe: the HTTP/2 core is our
-  own, and h2 is a test-only dependency (the differential tests' oracle).
+* No module of the package imports h2 or hyperframe: the HTTP/2 core is our own, both
+  roles (``transport/h2lean.py`` serving, ``transport/h2client.py`` the client role the
+  gateway and the Python client share), and h2 is a test-only dependency (the
+  differential tests' oracle).
+* The Python client imports neither the gateway nor grpclib's client or protocol: its
+  connection is the transport's client role.
 * Within ``transport/`` and within ``gateway/``, no module imports itself through others
   (the circles ``h2conn`` <-> ``h2lean`` and ``proxy`` <-> ``forward`` were restructured
   away, not hidden behind lazy imports).
@@ -82,15 +86,27 @@ def test_the_fleet_simulator_sits_above_scheduling_and_gateway() -> None:
     assert any(i.startswith("reactantserver.scheduling.") for i in imported)
 
 
-@pytest.mark.parametrize("subpackage", ["transport", "gateway"])
-def test_the_http2_core_does_not_import_h2(subpackage: str) -> None:
-    """No module of ``subpackage`` imports h2 or hyperframe, anywhere in its source."""
+def test_no_module_imports_h2() -> None:
+    """No module of the package (server, gateway, client, everything) imports h2 or
+    hyperframe, anywhere in its source."""
+    modules = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
     offenders = {
         name: sorted(i for i in _imports(path) if i.split(".")[0] in ("h2", "hyperframe"))
-        for name, path in _modules(subpackage).items()
+        for name, path in modules.items()
     }
     assert {k: v for k, v in offenders.items() if v} == {}
-    assert _modules(subpackage)  # the check looked at something
+    assert {"reactantserver.client.channel", "reactantserver.transport.h2client"} <= set(modules)
+
+
+def test_the_client_speaks_http2_through_the_transport_only() -> None:
+    """The Python client imports no gateway module and none of grpclib's client or
+    protocol (grpclib serves it for its codec, status and exceptions only); its HTTP/2
+    is the transport's client role, the gateway's too."""
+    banned = ("reactantserver.gateway", "grpclib.client", "grpclib.protocol")
+    offenders = {name: _imports_any(path, banned) for name, path in _modules("client").items()}
+    assert {k: v for k, v in offenders.items() if v} == {}
+    assert "reactantserver.transport.h2client" in _imports(PACKAGE / "client" / "channel.py")
+    assert "reactantserver.transport.h2client" in _imports(PACKAGE / "gateway" / "channel.py")
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -126,10 +142,10 @@ _GRPCLIB_SHELL = ("grpclib.protocol", "grpclib.server", "grpclib.utils", "grpcli
 _SERVED = [*_modules("transport").values(), PACKAGE / "gateway" / "proxy.py",
            PACKAGE / "gateway" / "app.py"]  # fmt: skip
 #: The modules that use hpack (through its public API: the decoder and its errors); h2 and
-#: hyperframe are imported by no transport module (test_the_http2_core_does_not_import_h2),
+#: hyperframe are imported by no module (test_no_module_imports_h2),
 #: and every transport module names HTTP/2 events, errors and codes through
 #: ``transport.h2events`` alone.
-_H2_ALLOWED = {"h2lean", "hpack_blocks"}
+_H2_ALLOWED = {"h2lean", "h2client", "hpack_blocks"}
 
 
 def _imports_any(path: Path, names: tuple[str, ...]) -> list[str]:

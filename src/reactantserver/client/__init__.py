@@ -16,7 +16,8 @@
 * ``client.shared_memory(nbytes)`` registers a :class:`SharedMemoryRegion` for a ``with``
   block; tensors then move through it instead of the socket.
 
-Layout: ``core`` (the engine: connection, RPCs, retries), ``codec`` (ModelInfer tensors
+Layout: ``core`` (the engine: RPCs, retries), ``channel`` and ``http2`` (its connection:
+unary gRPC calls over sans-IO HTTP/2), ``codec`` (ModelInfer tensors
 <-> numpy), ``wire`` (ModelInfer's two messages in protobuf, by hand), ``shm`` (the
 region), ``retry`` (the backoff policy), ``status`` (status codes -> errors, the one
 mapping point), ``records`` (what the RPCs return), ``sync`` / ``aio`` (the two front

@@ -1,6 +1,6 @@
 """Where the engine runs when the caller is not on asyncio: a private loop thread.
 
-grpclib runs on asyncio only. The blocking ``Client`` and ``AsyncClient`` under Trio
+The client's connection runs on asyncio only. The blocking ``Client`` and ``AsyncClient`` under Trio
 therefore run their :class:`~.core.Core` on a private asyncio loop on a daemon thread
 (:class:`LoopThread`), one per client, and hand it coroutines with
 ``asyncio.run_coroutine_threadsafe``:
@@ -41,7 +41,7 @@ class LoopThread:
 
     def __init__(self, name: str = "reactantserver-client") -> None:
         # Not asyncio.new_event_loop(): an installed event loop policy (uvloop's, say)
-        # would decide the loop. A plain selector loop is what grpclib needs.
+        # would decide the loop. A plain selector loop is all the connection needs.
         self.loop: asyncio.AbstractEventLoop = asyncio.SelectorEventLoop()
         self._closed = False
         started = threading.Event()

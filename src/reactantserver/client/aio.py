@@ -4,7 +4,7 @@
 binds to the async library of its first call (detected with ``sniffio``):
 
 * **asyncio**: the engine runs directly on the caller's loop -- no thread, no hop. The
-  client then belongs to that loop (grpclib's connection does); using it from another
+  client then belongs to that loop (its connection does); using it from another
   loop is an error.
 * **Trio**: the engine runs on a private asyncio loop thread and each call is awaited
   with :func:`._loop.trio_await`; cancelling the Trio task cancels the call.

@@ -1,178 +1,72 @@
-"""The client's HTTP/2 connection: grpclib's ``Channel``, cheap for large messages.
+"""The client's connection to one server: unary gRPC calls over the transport's client
+role of HTTP/2 (:mod:`reactantserver.transport.h2client`, the gateway's too), on asyncio.
 
-Why
----
-A 38 MB inline tensor cost the client as much CPU as the server (155-164 ms per call,
-docs/benchmarks.md "38 MB inline"), almost none of it protobuf: h2, hyperframe and
-grpclib copied (and h2 formatted) every byte several times on its way in and out. This
-module keeps grpclib's client (its call ``Stream``, events, deadlines, status handling)
-and h2's connection (its state machines and flow-control accounting), and changes how
-bytes become frames and frames become bytes, through their extension points: the
-channel's protocol factory, the protocol's ``connection_made``, the connection's
-``create_stream``, h2's ``incoming_buffer`` and frame dispatch table. Nothing is patched
-globally; other grpclib channels in the process are unaffected.
+Theory of operation
+-------------------
+:class:`Channel` opens one TCP connection on its first call, and a new one when the last
+went away or the server sent GOAWAY. :meth:`Channel.unary` makes one unary call: the
+request's HEADERS (a constant block per path, plus ``grpc-timeout``), then its one
+message -- the 5-byte gRPC prefix and the pieces its encoder made, a ``ModelInfer``
+request's tensors among them -- as DATA frames whose payloads are views of the pieces,
+within the server's windows; then it waits for the answer's headers, message and
+trailers. The only copy of a tensor sent is the kernel's; an answer's message is copied
+once, piece by piece as it is read, into a buffer of its own (the connection slices
+frames out of what was read and passes a DATA frame on a piece per read), which the
+caller gets as a read-only ``memoryview``.
 
-Receiving
----------
-* Our SETTINGS (the first frame) allow DATA frames of :data:`MAX_FRAME` bytes and the
-  stream window grpclib's ``Configuration`` asks for, in force from the first byte
-  (grpclib keeps HTTP/2's 16 KiB frames, and announces the window in a second SETTINGS
-  frame): a 38 MB answer from our server arrives in ~150 frames instead of ~2,300, and
-  h2's per-frame work is paid that many times.
-* Received bytes are cut into frames by
-  :class:`~reactantserver.client.h2frames.HyperframeReader` (``server=False``: no
-  preface), each body copied at most once (a large DATA payload whole in its read is a
-  view of the read), every frame of a quiet class
-  whose ``repr`` does not hex-encode the payload (h2 builds a received frame's ``repr``
-  for its no-op trace log: 14 % of the client's CPU on a 38 MB answer). grpclib then
-  joins a message's payloads once.
+The asyncio edge is thin: :class:`_Protocol` feeds what the socket reads to the sans-IO
+connection, hands its events to the calls waiting for them, and writes what the
+connection queued -- small pieces joined into one ``write``, large ones (a tensor's
+views) written as they are. It never blocks a call on anything but the server: a call
+over the peer's stream limit waits for a stream to end; DATA beyond a window waits for
+the WINDOW_UPDATE; a full socket buffer waits for the transport's ``resume_writing``.
 
-Sending
--------
-grpclib's ``send_message`` encodes a message into one ``bytes`` and concatenates the
-5-byte gRPC prefix to it (a copy); its stream cuts that into frame-sized ``bytes`` (a
-copy); h2 and hyperframe copy each frame four more times (a ``memoryview`` payload
-into ``bytes``, the body join, the header join, the output buffer and its ``bytes()``).
-Here a unary request goes out through :func:`send_unary`: the message as the pieces its
-encoder made (:meth:`.wire.InferRequestWire.parts`: the tensors are the caller's
-arrays), the prefix a piece of its own, each DATA frame a :class:`Payload` -- a list of
-``memoryview`` slices of those pieces that h2 measures with ``len`` and passes along
-untouched, so its windows and stream states are kept as for any payload -- and written
-to the transport as its 9-byte header and the slices themselves
-(:class:`_H2Connection`, :func:`write_pieces`). The kernel's copy is the only one. (A
-``grpclib`` stream's own ``send_data`` -- its ``send_message`` for streaming calls --
-gets the same frames.) Control frames (HEADERS, WINDOW_UPDATE, SETTINGS, ...) are
-serialized by hyperframe as before, and small pieces are joined into one write.
-
-:func:`send_unary` replaces grpclib's ``Stream.send_message`` for one unary request,
-setting the same call-state flags and counters (grpclib keeps them in private
-attributes, as the server's ``ServerStream.send_unary_reply`` does on its side); grpclib's
-``SendMessage`` event is not dispatched (nothing listens on this channel).
-
-Invariant (tests/test_client_channel.py): the bytes written for any sequence of sends
-are those h2's own connection writes for the joined message, and a connection's received
-bytes give the events h2's own buffer gives.
+Outcomes, in the exceptions :mod:`.status` translates: the server's status other than
+OK is grpclib's :class:`~grpclib.exceptions.GRPCError` (its public exception, with the
+status and the percent-decoded ``grpc-message``); a stream the server reset is
+:class:`~grpclib.exceptions.StreamTerminatedError`; a lost connection is
+``ConnectionResetError``; a server breaking HTTP/2 is
+:class:`~reactantserver.transport.h2events.ProtocolError`
+(after our GOAWAY). A call cancelled, or past its timeout (``TimeoutError``), resets its
+stream (RST_STREAM CANCEL). A call the server did not process -- it said GOAWAY before
+the call could open a stream, or naming a last stream below the call's -- goes to a new
+connection (RFC 9113 §6.8: it may be retried safely); after :data:`MOVES` connections
+that went away without answering anything, it fails (``StreamTerminatedError``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import socket
-import struct
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any
+from urllib.parse import unquote
 
-import grpclib.client
-import h2.settings
-from grpclib.client import Channel, Handler
-from grpclib.exceptions import ProtocolError
-from grpclib.protocol import Connection, EventsProcessor, H2Protocol, Stream
-from grpclib.utils import Wrapper
-from h2.config import H2Configuration
-from h2.connection import H2Connection
-from h2.settings import SettingCodes
-from hyperframe.frame import DataFrame, Frame
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError, StreamTerminatedError
 
-from reactantserver.client.h2frames import HyperframeReader, route_quiet_frames
-from reactantserver.transport.h2wire import (
-    DATA,
-    DEFAULT_WINDOW,
-    END_STREAM,
-    frame_head,
-    take_views,
-)
+from ..transport.h2client import ClientConnection, Event, Piece, encode_request, request_prefix
+from ..transport.h2events import ProtocolError
+from ..transport.limits import WireLimits
 
-#: Our SETTINGS_MAX_FRAME_SIZE: the largest frame the server may send us (HTTP/2's default
-#: is 16 KiB; our server sends at most 256 KiB, gRPC's C core up to what is allowed).
-MAX_FRAME = 1 << 20
-#: Our SETTINGS_MAX_HEADER_LIST_SIZE (h2's default), which also bounds a received header block.
-MAX_HEADER_LIST = 1 << 16
 #: Pieces smaller than this are joined into one ``write``; larger ones are written as
 #: they are (the transport sends them, or keeps what the socket did not take).
 JOIN_BYTES = 64 * 1024
 
-Piece = bytes | memoryview
-
-
-class Payload:
-    """A DATA frame's payload as ``memoryview`` slices of the message, not joined.
-
-    h2 measures a payload with ``len`` (flow control, frame size) and stores it in its
-    ``DataFrame``; it copies a ``memoryview`` into ``bytes`` first, and this is not one.
-    :meth:`_H2Connection._prepare_for_sending` writes the slices themselves.
-    """
-
-    __slots__ = ("nbytes", "views")
-
-    def __init__(self, views: list[memoryview], nbytes: int) -> None:
-        self.views = views
-        self.nbytes = nbytes
-
-    def __len__(self) -> int:
-        return self.nbytes
-
-
-class Pieces:
-    """The bytes still to send of a message given as pieces, taken a frame at a time."""
-
-    def __init__(self, pieces: Iterable[Piece]) -> None:
-        views = (memoryview(p).cast("B") for p in pieces)
-        self._rest = collections.deque(v for v in views if v.nbytes)
-        #: Bytes not taken yet.
-        self.left = sum(v.nbytes for v in self._rest)
-
-    def take(self, size: int) -> Payload:
-        """The next ``size`` bytes (at most :attr:`left`), as views of the pieces."""
-        views, taken = take_views(self._rest, size)
-        self.left -= taken
-        return Payload(views, taken)
-
-
-class _H2Connection(H2Connection):
-    """h2's client connection, queueing what it sends as a list of pieces.
-
-    A DATA frame carrying a :class:`Payload` is queued as its 9-byte header and the
-    payload's slices; every other frame as hyperframe serializes it. h2's own output
-    buffer (``_data_to_send``) is written by ``initiate_connection`` alone, before anything
-    else is queued, so it is taken first.
-    """
-
-    def __init__(self, config: H2Configuration) -> None:
-        super().__init__(config=config)
-        self._pieces: list[Piece] = []
-
-    def _prepare_for_sending(self, frames: list[Frame]) -> None:
-        for frame in frames:
-            payload = frame.data if type(frame) is DataFrame else None
-            if isinstance(payload, Payload) and "PADDED" not in frame.flags:
-                flags = END_STREAM if "END_STREAM" in frame.flags else 0
-                self._pieces.append(frame_head(DATA, flags, frame.stream_id, payload.nbytes))
-                self._pieces.extend(payload.views)
-            else:
-                self._pieces.append(frame.serialize())
-
-    def pieces_to_send(self) -> list[Piece]:
-        """Everything queued to send, in order (then forgotten), without joining it."""
-        pieces = self._pieces
-        self._pieces = []
-        if self._data_to_send:
-            pieces.insert(0, bytes(self._data_to_send))
-            self._data_to_send = bytearray()
-        return pieces
-
-    def data_to_send(self, amount: int | None = None) -> bytes:
-        """h2's ``data_to_send``: what is queued, as one ``bytes``."""
-        data = b"".join(self.pieces_to_send())
-        if amount is not None and len(data) > amount:
-            self._pieces.append(data[amount:])
-            data = data[:amount]
-        return data
-
-    def clear_outbound_data_buffer(self) -> None:
-        super().clear_outbound_data_buffer()
-        self._pieces = []
+#: HTTP statuses other than 200 -> the gRPC status they stand for (gRPC's
+#: doc/http-grpc-status-mapping.md); any other is UNKNOWN.
+HTTP_STATUSES = {
+    b"400": Status.INTERNAL,
+    b"401": Status.UNAUTHENTICATED,
+    b"403": Status.PERMISSION_DENIED,
+    b"404": Status.UNIMPLEMENTED,
+    b"429": Status.UNAVAILABLE,
+    b"502": Status.UNAVAILABLE,
+    b"503": Status.UNAVAILABLE,
+    b"504": Status.UNAVAILABLE,
+}
 
 
 def write_pieces(transport: asyncio.WriteTransport, pieces: Iterable[Piece]) -> None:
@@ -190,110 +84,362 @@ def write_pieces(transport: asyncio.WriteTransport, pieces: Iterable[Piece]) -> 
         transport.write(group[0] if len(group) == 1 else b"".join(group))
 
 
-class _Stream(Stream):
-    """grpclib's stream, sending a message's DATA frames as views of its pieces."""
-
-    _h2_connection: _H2Connection
-
-    async def send_data(self, data: bytes, end_stream: bool = False) -> None:
-        await self.send_pieces((data,), end_stream=end_stream)
-
-    async def send_pieces(self, pieces: Iterable[Piece], end_stream: bool = False) -> None:
-        """grpclib's ``send_data`` for the concatenation of ``pieces``: frame by frame
-        within the peer's windows and frame size, each frame a :class:`Payload`."""
-        assert self.id is not None
-        h2_conn = self._h2_connection
-        message = Pieces(pieces)
-        while True:
-            await self.connection.write_ready.wait()
-            window = h2_conn.local_flow_control_window(self.id)
-            if not window > 0:  # it can be negative after the peer shrank it
-                self.window_updated.clear()
-                await self.window_updated.wait()
-                continue  # other streams may have used the connection window meanwhile
-            size = min(window, h2_conn.max_outbound_frame_size, message.left)
-            payload: Any = message.take(size)  # h2 declares bytes | memoryview
-            last = not message.left
-            h2_conn.send_data(self.id, payload, end_stream=end_stream and last)
-            write_pieces(self._transport, h2_conn.pieces_to_send())
-            self.data_sent += size
-            self.connection.data_sent += size
-            self.connection.data_send_process()
-            if last:
-                return
+#: A call sends at most this much DATA before it lets the transport say it is full
+#: (``pause_writing``): what the socket does not take at once is copied into the
+#: transport's buffer, so a large request goes out a chunk at a time.
+SEND_CHUNK = 1 << 20
 
 
-class _Connection(Connection):
-    """grpclib's connection, whose streams are :class:`_Stream`."""
-
-    def create_stream(
-        self, *, stream_id: int | None = None, wrapper: Wrapper | None = None
-    ) -> Stream:
-        return _Stream(
-            self, self._connection, self._transport, stream_id=stream_id, wrapper=wrapper
-        )
+#: Connections a call tries when each says GOAWAY before answering any call (then it
+#: fails UNAVAILABLE, and the client's retry policy decides).
+MOVES = 3
 
 
-class _Protocol(H2Protocol):
-    """grpclib's client protocol over :class:`_H2Connection`, configured as the module
-    docstring says before its first SETTINGS frame is written."""
+class _Gone(Exception):
+    """The server said GOAWAY before it processed the call (before the call could open
+    a stream, or naming a last stream below the call's): it may go to a new connection."""
+
+
+def _retrieve(task: asyncio.Task[_Protocol]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+class _Call:
+    """One unary call on a connection: what it still has to send, and its answer."""
+
+    __slots__ = ("done", "headers", "message", "pending", "prefix", "stream_id", "wake")
+
+    def __init__(self, stream_id: int, pending: collections.deque[memoryview]) -> None:
+        self.stream_id = stream_id
+        #: The request's bytes not yet sent.
+        self.pending = pending
+        #: The answer's gRPC prefix (5 bytes), then its message, as they arrive.
+        self.prefix = bytearray()
+        self.message = bytearray()
+        self.headers: tuple[tuple[bytes, bytes], ...] | None = None
+        #: The call's outcome: the message (read-only; None for none), or its exception.
+        self.done: asyncio.Future[memoryview | None] = asyncio.get_running_loop().create_future()
+        #: Set while the sender waits for a window (or a writable socket).
+        self.wake: asyncio.Future[None] | None = None
+
+    def take(self, data: memoryview) -> bool:
+        """A piece of the answer's DATA, copied into its message (the only copy: the
+        bytes read are let go at once). False when the answer is not one uncompressed
+        message of the size its prefix says."""
+        prefix = self.prefix
+        if len(prefix) < 5:
+            need = 5 - len(prefix)
+            prefix += data[:need]
+            data = data[need:]
+            if prefix[0] != 0:
+                return False
+        self.message += data
+        return len(prefix) < 5 or len(self.message) <= int.from_bytes(prefix[1:5], "big")
+
+    def finish(self, trailers: tuple[tuple[bytes, bytes], ...]) -> None:
+        """The answer is whole: its outcome from the headers, trailers and message."""
+        headers = dict(self.headers or ())
+        http = headers.get(b":status")
+        if http != b"200":
+            status = HTTP_STATUSES.get(http or b"", Status.UNKNOWN)
+            self.fail(GRPCError(status, f"HTTP status {(http or b'none').decode()}"))
+            return
+        fields = dict(trailers)
+        code = fields.get(b"grpc-status")
+        if code is None:
+            self.fail(GRPCError(Status.UNKNOWN, "the answer carried no grpc-status"))
+        elif code != b"0":
+            try:
+                status = Status(int(code))
+            except ValueError:
+                status = Status.UNKNOWN
+            text = unquote(fields.get(b"grpc-message", b"").decode("utf-8", "replace"))
+            self.fail(GRPCError(status, text or None))
+        elif not self.prefix:
+            self.done.set_result(None)
+        elif len(self.prefix) < 5 or len(self.message) != int.from_bytes(self.prefix[1:5], "big"):
+            self.fail(GRPCError(Status.INTERNAL, "the answer's message was cut short"))
+        elif not self.done.done():
+            self.done.set_result(memoryview(self.message).toreadonly())
+        self.poke()  # the server may answer before the whole request was sent
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.done.done():
+            self.done.set_exception(exc)
+        self.poke()
+
+    def poke(self) -> None:
+        """Wake the sender (a window grew, the socket drained, or the call ended)."""
+        if self.wake is not None and not self.wake.done():
+            self.wake.set_result(None)
+
+
+class _Protocol(asyncio.Protocol):
+    """One connection's asyncio edge (module docstring)."""
+
+    def __init__(self, conn: ClientConnection) -> None:
+        self.conn = conn
+        self.transport: asyncio.Transport | None = None
+        self.calls: dict[int, _Call] = {}
+        #: Why the connection is unusable (None while it is usable).
+        self.failure: BaseException | None = None
+        self.paused = False
+        #: Calls the server answered on this connection.
+        self.answered = 0
+        #: Calls waiting for a stream slot under the server's SETTINGS_MAX_CONCURRENT_STREAMS.
+        self.slots: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    # ---------------------------------------------------------------- asyncio's side
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            # A small call must not wait ~40 ms for the peer's delayed ACK (as grpclib).
+            # A small call must not wait ~40 ms for the peer's delayed ACK.
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = _H2Connection(self.h2_config)
-        conn.local_settings = h2.settings.Settings(
-            client=True,
-            initial_values={
-                SettingCodes.MAX_CONCURRENT_STREAMS: 100,  # h2's default for a client
-                SettingCodes.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST,
-                SettingCodes.MAX_FRAME_SIZE: MAX_FRAME,
-                SettingCodes.INITIAL_WINDOW_SIZE: self.config.http2_stream_window_size,
-            },
+        self.conn.initiate()
+        self.flush()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self.conn.receive(data, time.monotonic())
+        except ProtocolError as exc:
+            self.conn.close(int(exc.error_code))
+            self.flush()
+            self._fail(exc)
+            assert self.transport is not None
+            self.transport.close()
+            return
+        for event in events:
+            self._event(event)
+        self.flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(ConnectionResetError(f"the connection was lost: {exc or 'closed'}"))
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        for call in self.calls.values():
+            call.poke()
+
+    # ---------------------------------------------------------------- events
+
+    def _event(self, event: Event) -> None:
+        kind, stream_id, value, end = event
+        if kind == "window":
+            for sending in self.calls.values():
+                if sending.pending:
+                    sending.poke()
+            return
+        if kind == "goaway":  # calls it did not process, or waiting, go to a new connection
+            for later in [c for c in self.calls.values() if c.stream_id > stream_id]:
+                self._end(later, _Gone())
+            self._wake_all()
+            return
+        call = self.calls.get(stream_id)
+        if call is None:
+            return
+        if kind == "data":
+            assert isinstance(value, memoryview)
+            if call.headers is None:
+                self.conn.reset(stream_id, 1)  # PROTOCOL_ERROR: DATA before HEADERS
+                self._end(call, StreamTerminatedError("the answer's DATA came before its HEADERS"))
+                return
+            if not call.take(value):
+                self.conn.reset(stream_id, 1)
+                message = "the answer is not one uncompressed gRPC message of the size it says"
+                self._end(call, GRPCError(Status.INTERNAL, message))
+                return
+            if end:  # no trailers: finish() says so
+                self.calls.pop(stream_id, None)
+                self.answered += 1
+                call.finish(())
+                self._slot_freed()
+        elif kind == "headers":
+            assert isinstance(value, tuple)
+            if call.headers is None and not end:
+                call.headers = value
+                return
+            if call.headers is None:  # trailers-only: one block says everything
+                call.headers = value
+            self.calls.pop(stream_id, None)
+            self.answered += 1
+            if not end:  # trailers without END_STREAM
+                self.conn.reset(stream_id, 1)
+            call.finish(value)
+            self._slot_freed()
+        else:  # "reset" by the server, or "error": we reset it
+            what = "reset by the server" if kind == "reset" else f"reset: {end}"
+            self._end(call, StreamTerminatedError(f"the call's stream was {what} (code {value})"))
+
+    def _end(self, call: _Call, exc: BaseException) -> None:
+        self.calls.pop(call.stream_id, None)
+        call.fail(exc)
+        self._slot_freed()
+
+    def _fail(self, exc: BaseException) -> None:
+        """The connection is done: every call on it fails with ``exc``."""
+        if self.failure is None:
+            self.failure = exc
+        calls, self.calls = self.calls, {}
+        for call in calls.values():
+            call.fail(exc)
+        self._wake_all()
+
+    def _wake_all(self) -> None:
+        while self.slots:
+            waiter = self.slots.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _slot_freed(self) -> None:
+        """A call ended: one waiting for a stream may open it; a connection the server
+        sent GOAWAY on closes with its last call."""
+        if self.conn.goaway_received and not self.calls and self.transport is not None:
+            self.flush()
+            self.transport.close()
+        while self.slots:
+            waiter = self.slots.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def flush(self) -> None:
+        pieces = self.conn.pieces_to_send()
+        if pieces and self.transport is not None and not self.transport.is_closing():
+            write_pieces(self.transport, pieces)
+
+    # ---------------------------------------------------------------- calls
+
+    @property
+    def usable(self) -> bool:
+        return self.failure is None and not self.conn.goaway_received
+
+    async def call(self, header_block: bytes, parts: Sequence[Piece]) -> memoryview | None:
+        """One unary call: ``b"".join(parts)`` as its message; the answer's message."""
+        conn = self.conn
+        while self.failure is not None or not conn.can_open:
+            if conn.goaway_received:
+                raise _Gone  # before the call began: the channel opens a new connection
+            if self.failure is not None:
+                raise self.failure  # it broke before the call could begin
+            waiter = asyncio.get_running_loop().create_future()
+            self.slots.append(waiter)
+            await waiter
+        size = 0
+        pending: collections.deque[memoryview] = collections.deque()
+        for part in parts:
+            view = memoryview(part).cast("B")
+            if view.nbytes:
+                pending.append(view)
+                size += view.nbytes
+        pending.appendleft(memoryview(b"\x00" + size.to_bytes(4, "big")))
+        stream_id = conn.open_stream(header_block)
+        call = self.calls[stream_id] = _Call(stream_id, pending)
+        try:
+            conn.send_pieces(stream_id, pending, end_stream=True, most=SEND_CHUNK)
+            self.flush()
+            while call.pending and not call.done.done():
+                call.wake = asyncio.get_running_loop().create_future()
+                if self.paused or not conn.window(stream_id):
+                    await call.wake
+                    continue
+                conn.send_pieces(stream_id, pending, end_stream=True, most=SEND_CHUNK)
+                self.flush()
+            return await call.done
+        except BaseException:
+            if self.calls.pop(stream_id, None) is not None:
+                conn.reset(stream_id)
+                self.flush()
+                self._slot_freed()
+            raise
+        finally:
+            call.wake = None
+
+
+def grpc_timeout(seconds: float | None) -> str | None:
+    """``grpc-timeout`` for ``seconds``: whole milliseconds, rounded up (None: none)."""
+    if seconds is None:
+        return None
+    return f"{max(1, -int(-seconds * 1000 // 1))}m"
+
+
+class Channel:
+    """Unary gRPC calls to ``host:port`` over one HTTP/2 connection at a time; the
+    receive windows granted: ``stream_window`` per call, ``connection_window`` in all."""
+
+    def __init__(self, host: str, port: int, *, stream_window: int, connection_window: int) -> None:
+        self.host = host
+        self.port = port
+        self._authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self._stream_window = stream_window
+        self._connection_window = connection_window
+        self._protocol: _Protocol | None = None
+        self._connecting: asyncio.Task[_Protocol] | None = None
+        #: path -> its request header block without the deadline.
+        self._blocks: dict[str, bytes] = {}
+
+    async def unary(
+        self, path: str, parts: Sequence[Piece], *, timeout: float | None = None
+    ) -> memoryview | None:
+        """Call ``path`` with the message ``b"".join(parts)`` (never joined here); the
+        answer's message, read-only (None when the server sent none). ``timeout``: seconds, sent as
+        ``grpc-timeout`` and kept here (``TimeoutError``)."""
+        block = self._blocks.get(path)
+        if block is None:
+            block = self._blocks[path] = request_prefix(path.encode(), self._authority.encode())
+        block = encode_request(block, grpc_timeout(timeout))
+        async with asyncio.timeout(timeout):
+            barren = 0
+            while barren < MOVES:
+                protocol = await self._connected()
+                try:
+                    return await protocol.call(block, parts)
+                except _Gone:
+                    barren += not protocol.answered
+            raise StreamTerminatedError(f"{MOVES} connections went away without answering a call")
+
+    async def _connected(self) -> _Protocol:
+        protocol = self._protocol
+        if protocol is not None and protocol.usable:
+            return protocol
+        if self._connecting is None:
+            self._connecting = asyncio.ensure_future(self._connect())
+            # Its failure is raised to the calls awaiting it; none may be left to.
+            self._connecting.add_done_callback(_retrieve)
+        connecting = self._connecting
+        try:
+            return await asyncio.shield(connecting)
+        finally:
+            if connecting.done() and self._connecting is connecting:
+                self._connecting = None
+
+    async def _connect(self) -> _Protocol:
+        old = self._protocol
+        if old is not None and old.transport is not None and not old.calls:
+            old.transport.close()  # done (GOAWAY or failed); with calls, it closes after them
+        limits = WireLimits(
+            stream_window=self._stream_window, connection_window=self._connection_window
         )
-        conn.max_inbound_frame_size = MAX_FRAME
-        conn.incoming_buffer = HyperframeReader(MAX_HEADER_LIST, server=False)  # type: ignore[assignment]
-        route_quiet_frames(conn)
-        conn.initiate_connection()
-        raise_by = self.config.http2_connection_window_size - DEFAULT_WINDOW
-        if raise_by > 0:
-            conn.increment_flow_control_window(raise_by)
-        self.connection = _Connection(conn, transport, config=self.config)
-        self.connection.flush()
-        self.connection.initialize()
-        self.processor = EventsProcessor(self.handler, self.connection)
+        conn = ClientConnection(limits, time.monotonic(), pieces=True)
+        loop = asyncio.get_running_loop()
+        _, protocol = await loop.create_connection(lambda: _Protocol(conn), self.host, self.port)
+        self._protocol = protocol
+        return protocol
 
-
-class ClientChannel(Channel):
-    """grpclib's ``Channel`` whose connections are built as the module docstring says."""
-
-    def _protocol_factory(self) -> H2Protocol:
-        return _Protocol(Handler(), self._config, self._h2_config)
-
-
-async def send_unary(call: grpclib.client.Stream[Any, Any], parts: Sequence[Piece]) -> None:
-    """Send a unary call's one message, ``b"".join(parts)``, and end the request.
-
-    ``call`` is a stream of a :class:`ClientChannel` (``channel.request(...)``); this is
-    its ``send_message(message, end=True)`` with the message given as its pieces, which
-    are never joined (module docstring).
-    """
-    if call._cardinality.client_streaming:
-        raise ProtocolError("send_unary sends the one message of a unary request")
-    if call._send_message_done:
-        raise ProtocolError("Message was already sent")
-    if not call._send_request_done:
-        await call.send_request()
-    stream = call._stream
-    assert isinstance(stream, _Stream), "a call of a ClientChannel"
-    size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
-    with call._wrapper:
-        await stream.send_pieces((struct.pack(">?I", False, size), *parts), end_stream=True)
-    call._send_message_done = True
-    call._end_done = True
-    call._messages_sent += 1
-    stream.connection.messages_sent += 1
-    stream.connection.last_message_sent = time.monotonic()
+    def close(self) -> None:
+        """GOAWAY and close the connection (calls on it fail)."""
+        if self._connecting is not None:
+            self._connecting.cancel()
+            self._connecting = None
+        protocol, self._protocol = self._protocol, None
+        if protocol is not None and protocol.transport is not None:
+            with contextlib.suppress(RuntimeError):  # the loop may be closing
+                protocol.conn.close()
+                protocol.flush()
+            protocol.transport.close()

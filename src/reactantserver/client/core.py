@@ -1,14 +1,15 @@
-"""The client engine: one grpclib connection and every RPC over it, on asyncio.
+"""The client engine: one HTTP/2 connection and every RPC over it, on asyncio.
 
 Theory of operation
 -------------------
-:class:`Core` owns one :class:`~.channel.ClientChannel` (grpclib's ``Channel``, with
-large messages cheap both ways) -- one HTTP/2 connection, opened on the first call and
-reopened after the server goes away -- with flow-control windows raised well above
-grpclib's 4 MiB defaults so large tensors stream without waiting for window updates.
-A request is sent as the pieces its encoder made (:func:`.channel.send_unary`): a
-ModelInfer request's tensors go from the caller's arrays to the socket uncopied. Every
-RPC goes through :meth:`Core.call`:
+:class:`Core` owns one :class:`~.channel.Channel` (unary gRPC calls over the client's
+own sans-IO HTTP/2, :mod:`.http2`) -- one connection, opened on the first call and
+reopened after the server goes away -- with flow-control windows well above HTTP/2's
+64 KiB defaults so large tensors stream without waiting for window updates. Messages are
+encoded and decoded by grpclib's protobuf codec (betterproto's messages), ModelInfer's
+by :mod:`.wire`. A request is sent as the pieces its encoder made: a ModelInfer
+request's tensors go from the caller's arrays to the socket uncopied. Every RPC goes
+through :meth:`Core.call`:
 
 1. The budget: ``timeout`` seconds (the client's default when not given) fixes an
    absolute deadline on the loop's monotonic clock. Each attempt is sent with the time
@@ -52,8 +53,6 @@ from typing import Any, TypeVar
 
 import attrs
 import numpy as np
-from grpclib.config import Configuration
-from grpclib.const import Cardinality
 from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError
 
@@ -68,7 +67,7 @@ from reactantserver.errors import (
 from reactantserver.protocol import inference as pb
 from reactantserver.protocol import reactant_control as cpb
 
-from .channel import ClientChannel, send_unary
+from .channel import Channel
 from .codec import decode_outputs, encode_request, output_nbytes, wire_array
 from .coerce import to_declared
 from .records import (
@@ -89,7 +88,7 @@ _Reply = TypeVar("_Reply")
 INFERENCE = "/inference.GRPCInferenceService/"
 CONTROL = "/reactant_control.ControlService/"
 
-#: Inbound HTTP/2 windows (grpclib's default is 4 MiB for both), as on the server.
+#: Inbound HTTP/2 windows, as on the server.
 CONNECTION_WINDOW = 64 * 1024 * 1024
 STREAM_WINDOW = 16 * 1024 * 1024
 
@@ -124,7 +123,7 @@ class _CountingCodec(ProtoCodec):
         return data
 
     def encode_parts(self, message: Any) -> list[bytes | memoryview]:
-        """``message`` as pieces to send unjoined (:func:`.channel.send_unary`): a
+        """``message`` as pieces to send unjoined (:meth:`.channel.Channel.unary`): a
         ModelInfer request's own pieces (its tensors not copied), else its encoding."""
         if not isinstance(message, InferRequestWire):
             return [self.encode(message, type(message))]
@@ -132,9 +131,13 @@ class _CountingCodec(ProtoCodec):
         self.sent += sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
         return parts
 
-    def decode(self, data: bytes, message_type: Any) -> Any:
+    def decode(self, data: bytes | memoryview, message_type: Any) -> Any:
+        """A ModelInfer answer is read in place (its outputs view ``data``); every other
+        message is parsed by betterproto from ``bytes``."""
         self.received += len(data)
-        return super().decode(data, message_type)
+        if message_type is InferResponseWire:
+            return InferResponseWire.FromString(data)
+        return super().decode(bytes(data), message_type)
 
 
 @attrs.frozen
@@ -203,7 +206,7 @@ class Core:
         self.retry = retry if retry is not None else RetryPolicy()
         self._rng = random.Random(seed)
         self._codec = _CountingCodec()
-        self._channel: ClientChannel | None = None
+        self._channel: Channel | None = None
         self._layouts: dict[str, _OutputLayout] = {}
         #: model -> input name -> declared datatype, for converting array-likes.
         self._datatypes: dict[str, dict[str, str]] = {}
@@ -230,16 +233,13 @@ class Core:
             bytes_received=self._codec.received,
         )
 
-    def _connection(self) -> ClientChannel:
+    def _connection(self) -> Channel:
         if self._channel is None:
-            self._channel = ClientChannel(
+            self._channel = Channel(
                 self.host,
                 self.port,
-                codec=self._codec,
-                config=Configuration(
-                    http2_connection_window_size=CONNECTION_WINDOW,
-                    http2_stream_window_size=STREAM_WINDOW,
-                ),
+                stream_window=STREAM_WINDOW,
+                connection_window=CONNECTION_WINDOW,
             )
         return self._channel
 
@@ -308,17 +308,14 @@ class Core:
         if remaining <= 0:
             raise DeadlineExceeded(f"{rpc}: the call's deadline passed before it could be sent")
         self._attempts += 1
-        async with self._connection().request(
+        message = await self._connection().unary(
             path,
-            Cardinality.UNARY_UNARY,
-            type(request),
-            reply_type,
+            self._codec.encode_parts(request),
             timeout=None if math.isinf(remaining) else remaining,
-        ) as stream:
-            await send_unary(stream, self._codec.encode_parts(request))
-            reply = await stream.recv_message()
-        if reply is None:
+        )
+        if message is None:
             raise Unavailable(f"{rpc}: {self.target} closed the call without an answer")
+        reply: _Reply = self._codec.decode(message, reply_type)
         return reply
 
     # ------------------------------------------------------------------ health, metadata

@@ -20,7 +20,8 @@ Invariants
   another KServe server may) map onto the nearest category, and the message then starts
   with the code's name so nothing is lost.
 * Transport failures -- connection refused or reset, a stream cut off, HTTP/2 protocol
-  trouble -- are UNAVAILABLE: the server could not be asked, and asking again may work.
+  trouble (grpclib's or :mod:`reactantserver.transport.h2events`'s ``ProtocolError``) --
+  are UNAVAILABLE: the server could not be asked, and asking again may work.
 * The call's own deadline passing on the client side (grpclib raises
   ``asyncio.TimeoutError``, which is the builtin ``TimeoutError``) is DEADLINE_EXCEEDED,
   like the server's own verdict.
@@ -45,6 +46,8 @@ from reactantserver.errors import (
     Unimplemented,
 )
 from reactantserver.status import StatusCode, code_of
+
+from ..transport.h2events import ProtocolError as WireProtocolError
 
 #: Status codes worth asking again after a pause.
 RETRYABLE: frozenset[StatusCode] = frozenset(
@@ -106,7 +109,12 @@ def translate(
             f"{rpc}: no answer from {target} before the call's deadline"
         )
     if isinstance(
-        exc, StreamTerminatedError | ProtocolError | ConnectionResetError | BrokenPipeError
+        exc,
+        StreamTerminatedError
+        | ProtocolError
+        | WireProtocolError
+        | ConnectionResetError
+        | BrokenPipeError,
     ):
         return StatusCode.UNAVAILABLE, Unavailable(f"{rpc}: connection to {target} lost: {exc}")
     if isinstance(exc, OSError):

@@ -42,6 +42,9 @@ VARINT, I64, LEN, I32 = 0, 1, 2, 5
 _MASK64 = (1 << 64) - 1
 _INT64_MAX = (1 << 63) - 1
 
+#: A received message: ``bytes``, or a read-only view of the buffer it was read into.
+Received = bytes | memoryview
+
 # ------------------------------------------------------------------------------ writing
 
 
@@ -185,7 +188,7 @@ def _malformed(what: str, pos: int) -> ExecutionFailed:
     return ExecutionFailed(f"malformed ModelInferResponse from the server: {what} at byte {pos}")
 
 
-def _read_varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+def _read_varint(buf: Received, pos: int, end: int) -> tuple[int, int]:
     result = 0
     shift = 0
     start = pos
@@ -204,7 +207,7 @@ def _int64(value: int) -> int:
     return value - (1 << 64) if value > _INT64_MAX else value
 
 
-def _fields(buf: bytes, pos: int, end: int) -> list[tuple[int, int, int, int]]:
+def _fields(buf: Received, pos: int, end: int) -> list[tuple[int, int, int, int]]:
     """``(number, wire, start, stop)`` of every field in ``buf[pos:end]``.
 
     For a varint field ``start`` is its value; for the others ``buf[start:stop]`` is the
@@ -236,14 +239,14 @@ def _fields(buf: bytes, pos: int, end: int) -> list[tuple[int, int, int, int]]:
     return out
 
 
-def _text(buf: bytes, start: int, stop: int) -> str:
+def _text(buf: Received, start: int, stop: int) -> str:
     try:
-        return buf[start:stop].decode()
+        return str(buf[start:stop], "utf-8")  # bytes or a memoryview of them
     except UnicodeDecodeError:
         raise _malformed("a string is not UTF-8", start) from None
 
 
-def _read_parameter(buf: bytes, pos: int, end: int) -> ParamValue:
+def _read_parameter(buf: Received, pos: int, end: int) -> ParamValue:
     value: ParamValue = None
     for number, wire, start, stop in _fields(buf, pos, end):
         if number == 1 and wire == VARINT:
@@ -259,7 +262,7 @@ def _read_parameter(buf: bytes, pos: int, end: int) -> ParamValue:
     return value
 
 
-def _read_map_entry(buf: bytes, pos: int, end: int, into: dict[str, ParamValue]) -> None:
+def _read_map_entry(buf: Received, pos: int, end: int, into: dict[str, ParamValue]) -> None:
     name = ""
     value: ParamValue = None
     for number, wire, start, stop in _fields(buf, pos, end):
@@ -284,7 +287,7 @@ class OutputWire:
         self.contents: pb.InferTensorContents | None = None
 
 
-def _read_output(buf: bytes, pos: int, end: int) -> OutputWire:
+def _read_output(buf: Received, pos: int, end: int) -> OutputWire:
     tensor = OutputWire()
     for number, wire, start, stop in _fields(buf, pos, end):
         if number == 1 and wire == LEN:
@@ -301,7 +304,7 @@ def _read_output(buf: bytes, pos: int, end: int) -> OutputWire:
         elif number == 4 and wire == LEN:
             _read_map_entry(buf, start, stop, tensor.parameters)
         elif number == 5 and wire == LEN:
-            tensor.contents = pb.InferTensorContents().parse(buf[start:stop])
+            tensor.contents = pb.InferTensorContents().parse(bytes(buf[start:stop]))
     return tensor
 
 
@@ -320,7 +323,7 @@ class InferResponseWire:
         self.raw: list[memoryview] = []
 
     @classmethod
-    def FromString(cls, data: bytes) -> InferResponseWire:  # the name grpclib's codec calls
+    def FromString(cls, data: Received) -> InferResponseWire:  # the name grpclib's codec calls
         response = cls()
         view = memoryview(data)
         for number, wire, start, stop in _fields(data, 0, len(data)):

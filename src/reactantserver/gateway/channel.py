@@ -7,7 +7,7 @@ can have executed the request (to decide failover), the exact ``grpc-timeout`` s
 writes whole seconds above 10 s), and nothing per call that the proxy does not need
 (grpclib's client creates a stream object, a deadline wrapper, metadata events and an
 encoder round trip per call). :class:`WorkerConnection` is an ``asyncio.Protocol`` over
-the sans-IO client of :mod:`.http2` that carries unary calls only: a call is started
+the sans-IO client of :mod:`~reactantserver.transport.h2client` that carries unary calls only: a call is started
 synchronously (:meth:`WorkerConnection.start`) with a callback that the protocol's event
 handling runs once with the outcome -- the gateway's ModelInfer answers its own client
 from there, so no task and no future exist per forwarded call -- or awaited
@@ -62,13 +62,15 @@ Flow control: inbound windows are large (:data:`LIMITS`: those the worker grants
 clients) and replenished as data arrives; outbound data waits for the worker's window
 updates.
 
-A worker that breaks HTTP/2 -- a frame past the frame size we advertised, a header block
-too long or in too many frames, DATA past a window we granted, a WINDOW_UPDATE of zero on
-the connection (:mod:`.http2`, after the rules the worker holds its own clients to) -- gets
-GOAWAY with the error's code, and the connection fails like any other lost one: its calls
-fail as unprocessed or not by whether they were sent in full, the pool opens a new
-connection for the next call. A stream error (a zero or overflowing WINDOW_UPDATE on one
-stream) resets that stream and fails its call the same way.
+A worker that breaks HTTP/2 -- a first frame other than SETTINGS, a frame past the frame
+size we advertised, a header block too long or in too many frames, DATA past a window we
+granted, a WINDOW_UPDATE of zero on the connection, a frame on a stream never opened,
+more PING, SETTINGS, empty DATA or provoked stream errors than the abuse budget allows
+(:mod:`~reactantserver.transport.h2client`, after the rules the worker holds its own
+clients to) -- gets GOAWAY with the error's code, and the connection fails like any other
+lost one: its calls fail as unprocessed or not by whether they were sent in full, the
+pool opens a new connection for the next call. A stream error (a zero or overflowing
+WINDOW_UPDATE on one stream) resets that stream and fails its call the same way.
 
 Invariants: every call's callback runs exactly once (answer, failure, deadline or
 cancellation), and its stream slot is returned exactly once; a connection that failed is
@@ -87,10 +89,10 @@ from collections.abc import Callable
 from urllib.parse import unquote
 
 from ..errors import DeadlineExceeded
+from ..transport import h2client, h2events
 from ..transport.h2conn import held_writes
 from ..transport.h2wire import CANCEL, REFUSED_STREAM
 from ..transport.limits import WireLimits
-from . import http2
 from .wire import encode_grpc_timeout
 
 log = logging.getLogger(__name__)
@@ -216,7 +218,7 @@ class WorkerConnection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         #: This thread's owed flushes (made on the loop's thread: the loop is running).
         self._held = held_writes()
-        self._h2 = http2.ClientConnection(limits)
+        self._h2 = h2client.ClientConnection(limits, self._loop.time())
         self._prefixes: dict[bytes, bytes] = {}
         #: Header blocks seen -> what they say (:func:`_header_fields`); the worker sends
         #: the same few blocks on every call.
@@ -255,11 +257,12 @@ class WorkerConnection(asyncio.Protocol):
 
     def _received(self, data: bytes) -> None:
         try:
-            events = self._h2.receive(data)
-        except http2.ProtocolError as exc:
-            self._h2.close(exc.code)  # GOAWAY saying why, then the socket closes
+            events = self._h2.receive(data, self._loop.time())
+        except h2events.ProtocolError as exc:
+            code = int(exc.error_code)
+            self._h2.close(code)  # GOAWAY saying why, then the socket closes
             self._flush()
-            self._fail(f"protocol error from the worker ({_code_name(exc.code)}): {exc}")
+            self._fail(f"protocol error from the worker ({_code_name(code)}): {exc}")
             return
         for kind, stream_id, a, b in events:
             if kind == "data":
@@ -344,8 +347,8 @@ class WorkerConnection(asyncio.Protocol):
             raise DeadlineExceeded("the deadline passed before the call could be sent")
         prefix = self._prefixes.get(path)
         if prefix is None:
-            prefix = self._prefixes[path] = http2.request_prefix(path, self._authority)
-        block = http2.encode_request(prefix, encode_grpc_timeout(remaining)) if tell else prefix
+            prefix = self._prefixes[path] = h2client.request_prefix(path, self._authority)
+        block = h2client.encode_request(prefix, encode_grpc_timeout(remaining)) if tell else prefix
         h2c = self._h2
         stream_id = h2c.send_request(block, payload)  # a small request: queued whole
         whole = stream_id is not None
@@ -589,7 +592,7 @@ class WorkerConnection(asyncio.Protocol):
         )
 
     def _on_stream_error(self, stream_id: int, code: int, message: str) -> None:
-        """The worker broke a stream's rule; :mod:`.http2` reset the stream."""
+        """The worker broke a stream's rule; :mod:`~reactantserver.transport.h2client` reset the stream."""
         call = self._calls.get(stream_id)
         if call is None:
             return
@@ -612,21 +615,11 @@ class WorkerConnection(asyncio.Protocol):
             self._fail(reason)
 
 
-_CODE_NAMES = {
-    0x0: "NO_ERROR",
-    0x1: "PROTOCOL_ERROR",
-    0x2: "INTERNAL_ERROR",
-    0x3: "FLOW_CONTROL_ERROR",
-    0x5: "STREAM_CLOSED",
-    0x6: "FRAME_SIZE_ERROR",
-    0x7: "REFUSED_STREAM",
-    0x8: "CANCEL",
-    0xB: "ENHANCE_YOUR_CALM",
-}
-
-
 def _code_name(code: int) -> str:
-    return _CODE_NAMES.get(code, f"HTTP/2 error code {code:#x}")
+    try:
+        return h2events.ErrorCodes(code).name
+    except ValueError:
+        return f"HTTP/2 error code {code:#x}"
 
 
 #: ``(:status, grpc-status, grpc-message)`` of a header block, None where absent.

@@ -10,9 +10,10 @@ the 9-byte header, header blocks bounded and joined, each body copied at most on
 and yields ``(type, flags, stream_id, body)``; a connection dispatches on the type byte to
 one small handler per frame type, which reads its fields with this module's parsers, by
 slicing. The same reader serves the worker's server connection
-(:class:`.h2lean.ServerConnection`), the gateway's client to its workers and h2's
-connections of the Python client and the tests' reference (through an adapter that builds
-hyperframe frames from what it yields).
+(:class:`.h2lean.ServerConnection`), the client role (:class:`.h2client.ClientConnection`:
+the gateway's client to its workers and the Python client's) and the tests' h2 reference
+(through an adapter, ``tests/h2frames.py``, that builds hyperframe frames from what it
+yields).
 
 Errors: exactly h2's for each malformed frame
 ---------------------------------------------
@@ -61,6 +62,7 @@ from .h2wire import (
     CONTINUATION,
     DATA,
     END_HEADERS,
+    END_STREAM,
     FRAME_HEAD,
     GOAWAY,
     HEADERS,
@@ -106,6 +108,9 @@ KNOWN_TYPES = frozenset(FRAME_NAMES)
 _ON_A_STREAM = frozenset({DATA, HEADERS, PRIORITY, RST_STREAM, PUSH_PROMISE, CONTINUATION})
 _ON_THE_CONNECTION = frozenset({SETTINGS, PING, GOAWAY})
 _BLOCK_KINDS = frozenset({HEADERS, PUSH_PROMISE, CONTINUATION})
+#: What is left of a read that is all taken: no view of it, so that it can go as soon as
+#: the frames cut from it are done with (not only at the next read).
+_NOTHING = memoryview(b"")
 
 
 def _stream_id_fits(kind: int, sid: int) -> bool:
@@ -305,11 +310,25 @@ class FrameReader:
     reads has its body allocated once, at the length its header declares, and filled as
     the reads arrive. A frame's length is judged from its 9-byte header, before its body
     is waited for, so nothing longer than we advertised is ever allocated.
+
+    ``pieces`` (the Python client's choice): an unpadded DATA frame split between reads
+    is not gathered but yielded a piece per read, each a DATA frame of its own (END_STREAM
+    on the last piece only), a view of that read by the same rule (a piece under
+    :data:`VIEW_SHARE` of its read is copied) -- a large answer is then never copied
+    here. The frame's length is judged from its header as any other's.
     """
 
-    def __init__(self, server: bool, max_frame_size: int, max_header_block: int) -> None:
+    def __init__(
+        self, server: bool, max_frame_size: int, max_header_block: int, *, pieces: bool = False
+    ) -> None:
         self.max_frame_size = max_frame_size
         self.max_header_block = max_header_block
+        #: Pass a DATA frame split between reads on a piece per read (below).
+        self._pieces = pieces
+        #: The DATA frame being passed on: its flags, stream id and payload bytes to come.
+        self._split_flags = 0
+        self._split_sid = 0
+        self._split_left = 0
         #: What is still to come of the client's connection preface.
         self._preface = PREFACE if server else b""
         #: The peer's first frame (its SETTINGS) has arrived.
@@ -355,7 +374,13 @@ class FrameReader:
         # takes the general path below from the same bytes, which gives the same frame
         # or the error.
         rest = self._rest
-        if len(rest) >= 9 and self._settled and self._body is None and self._block is None:
+        if (
+            len(rest) >= 9
+            and self._settled
+            and self._body is None
+            and self._block is None
+            and not self._split_left
+        ):
             high, low, kind, flags, sid = FRAME_HEAD.unpack_from(rest)
             length = high << 8 | low
             end = 9 + length
@@ -376,7 +401,12 @@ class FrameReader:
                     return kind, flags, sid, rest[9:end]
                 return kind, flags, sid, memoryview(rest[9:end].tobytes())
         while True:
-            header, body = self._next_frame()
+            if self._split_left:
+                return self._piece()
+            cut = self._next_frame()
+            if cut is None:  # a DATA frame passed on a piece per read begins
+                continue
+            header, body = cut
             kind, flags = header[3], header[4]
             sid = int.from_bytes(header[5:9], "big") & MAX_STREAM_ID
             if not _stream_id_fits(kind, sid):
@@ -417,9 +447,10 @@ class FrameReader:
                 raise h2events.DenialOfServiceError(broken.message)
         return length
 
-    def _next_frame(self) -> tuple[bytes | memoryview, Body]:
-        """The next whole frame: (its 9-byte header, its body). StopIteration when no
-        whole frame is left."""
+    def _next_frame(self) -> tuple[bytes | memoryview, Body] | None:
+        """The next whole frame: (its 9-byte header, its body); None when a DATA frame
+        is to be passed on a piece per read (``pieces``). StopIteration when no whole
+        frame is left."""
         rest = self._rest
         if self._body is None:
             if self._head:  # a header split between reads
@@ -427,7 +458,7 @@ class FrameReader:
                 self._head += rest[:take].tobytes()
                 rest = rest[take:]
                 if len(self._head) < 9:
-                    self._rest = rest
+                    self._rest = _NOTHING  # the read is all taken: let it go
                     raise StopIteration
                 header: bytes | memoryview = self._head
                 self._head = b""
@@ -442,20 +473,51 @@ class FrameReader:
                 header, rest = header.tobytes(), rest[9:]
             else:
                 self._head = rest.tobytes()
-                self._rest = memoryview(b"")
+                self._rest = _NOTHING
                 raise StopIteration
+            length = self._judge(header)
+            if self._pieces and self._split(header, length):
+                self._rest = rest
+                return None
             self._header = bytes(header)
-            self._body = bytearray(self._judge(header))
+            self._body = bytearray(length)
             self._filled = 0
         body, filled = self._body, self._filled
         take = min(len(body) - filled, len(rest))
         body[filled : filled + take] = rest[:take]
         self._filled = filled = filled + take
-        self._rest = rest[take:]
         if filled < len(body):
+            self._rest = _NOTHING
             raise StopIteration
+        self._rest = rest[take:]
         self._body = None  # the frame owns it now; nothing writes to it again
         return self._header, memoryview(body)
+
+    def _split(self, header: bytes | memoryview, length: int) -> bool:
+        """Whether the frame of ``header``, whose body is not all here, is a DATA frame
+        to pass on a piece per read (unpadded, on a stream, no block open, the peer's
+        SETTINGS come); if so, it is now the one being passed on."""
+        sid = int.from_bytes(header[5:9], "big") & MAX_STREAM_ID
+        if header[3] != DATA or header[4] & PADDED or not sid:
+            return False
+        if not self._settled or self._block is not None:
+            return False
+        self._split_flags, self._split_sid, self._split_left = header[4], sid, length
+        return True
+
+    def _piece(self) -> RawFrame:
+        """The next piece of the DATA frame being passed on: what this read holds of it."""
+        rest = self._rest
+        take = min(self._split_left, len(rest))
+        if not take:
+            self._rest = _NOTHING  # a view of the read kept here would keep it alive
+            raise StopIteration
+        self._split_left -= take
+        self._rest = rest[take:]
+        flags = self._split_flags if not self._split_left else self._split_flags & ~END_STREAM
+        if take * VIEW_SHARE >= self._read:
+            return DATA, flags, self._split_sid, rest[:take]
+        return DATA, flags, self._split_sid, memoryview(rest[:take].tobytes())
 
     def _open_block(self, kind: int, flags: int, sid: int, body: Body) -> None:
         """A HEADERS or PUSH_PROMISE without END_HEADERS: checked now (as h2 parses it

@@ -2,7 +2,7 @@
 
 The worker's and the gateway's server side (:mod:`.h2lean`, cutting frames with
 :class:`.h2parse.FrameReader`) and the gateway's client to its workers
-(:mod:`reactantserver.gateway.http2`) receive frames from a peer they cannot trust: a
+(:mod:`.h2client`, the Python client's too) receive frames from a peer they cannot trust: a
 hostile client, or a broken or compromised worker. Each rule here judges one thing a peer
 can do wrong and returns ``None`` or the :class:`Violation` -- the HTTP/2 error code and a
 message saying what was wrong -- so that both roles refuse the same bytes with the same

@@ -1,8 +1,8 @@
 """HTTP/2's wire numbers and frame headers, as our own HTTP/2 code writes them.
 
-Shared by the ends we implement ourselves: the server side under grpclib (:mod:`.h2lean`,
-:mod:`.unary`), the gateway's client to its workers (:mod:`reactantserver.gateway.http2`)
-and the client's channel (:mod:`reactantserver.client.channel`). RFC 9113 §4.1 (frame
+Shared by the ends we implement ourselves: the server side (:mod:`.h2lean`, :mod:`.unary`)
+and the client role (:mod:`.h2client`: the gateway's client to its workers and the Python
+client's channel). RFC 9113 §4.1 (frame
 layout), §6 (frame types and flags), §6.5.2 (settings), §7 (error codes).
 """
 

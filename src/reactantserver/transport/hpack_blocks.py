@@ -1,8 +1,8 @@
 """HPACK as our two lean HTTP/2 endpoints use it: blocks that never touch the dynamic table,
 and a decoder that remembers the blocks that cannot change it.
 
-Both ends of a gateway-to-worker hop, and the worker's server side, are our own HTTP/2
-code (:mod:`.h2lean`, :mod:`reactantserver.gateway.http2`). They share this module:
+Both ends of a gateway-to-worker hop, the worker's server side and the Python client are
+our own HTTP/2 code (:mod:`.h2lean`, :mod:`.h2client`). They share this module:
 
 * **Encoding** (:func:`encode_headers`, :func:`literal`): every header is a "literal
   without indexing" (RFC 7541 §6.2.2) -- its name by static-table index where the static

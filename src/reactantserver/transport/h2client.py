@@ -1,4 +1,8 @@
-"""The client side of HTTP/2, as much as unary gRPC calls need, sans-IO.
+"""The client role of HTTP/2, as much as unary gRPC calls need, sans-IO: the one
+connection both of our clients use -- the gateway's to its workers
+(:mod:`reactantserver.gateway.channel`) and the Python client's
+(:mod:`reactantserver.client.channel`). Bytes in, events and pieces out, never a socket
+or a clock.
 
 Why not h2
 ----------
@@ -7,7 +11,10 @@ per frame, a state machine step per event, a debug ``repr`` of each frame, and a
 encoder that searches its table linearly for every header it sends. A client over h2 cost
 about 140 us of CPU per unary call (a third of the gateway's budget per forwarded request);
 one over this module costs about 78 us for the same calls (docs/benchmarks.md, "The
-gateway"). It does what a unary gRPC client needs and nothing else.
+gateway"). And h2 copies every DATA payload several times: the Python client over it
+spent 2.5x the CPU on a 38 MB ``ModelInfer`` (docs/client.md, "The connection"). Here a
+message goes out as DATA frames whose payloads are views of the caller's pieces, and
+comes in as views of the reads.
 
 What it implements (RFC 9113, client side): the connection preface and SETTINGS (acknowledged
 both ways); HEADERS and CONTINUATION out and in; DATA out and in with both levels of flow
@@ -16,7 +23,9 @@ both ways; PING answered; GOAWAY read (streams above the peer's last one are rep
 unprocessed; those at or below it go on, unlike h2, which stops reading at a GOAWAY) and
 written; PRIORITY and unknown frame types ignored; PUSH_PROMISE refused
 (push is disabled in our SETTINGS); padding stripped; the peer's SETTINGS_MAX_FRAME_SIZE,
-SETTINGS_INITIAL_WINDOW_SIZE and SETTINGS_MAX_CONCURRENT_STREAMS obeyed.
+SETTINGS_INITIAL_WINDOW_SIZE and SETTINGS_MAX_CONCURRENT_STREAMS obeyed. DATA, HEADERS or
+WINDOW_UPDATE on a stream we never opened is a connection error (RFC 9113 §5.1); late
+frames on a stream we reset or that ended are ignored.
 
 HPACK (:mod:`reactantserver.transport.hpack_blocks`, shared with the worker's server side):
 our request headers are written as literals that never enter the dynamic table
@@ -28,45 +37,75 @@ cannot change the table -- the worker's answers are literals too -- once per con
 Theory of operation
 -------------------
 :class:`ClientConnection` takes bytes in (:meth:`~ClientConnection.receive`, returning
-events) and queues bytes out (:meth:`~ClientConnection.data_to_send`); it never touches a
+events) and queues bytes out (:meth:`~ClientConnection.data_to_send`, one buffer, or
+:meth:`~ClientConnection.pieces_to_send`, the pieces as queued); it never touches a
 socket or a clock. Events are tuples, first element the kind:
 
 ``("headers", stream_id, ((name, value), ...), end_stream)`` (a tuple: the decoder's own,
 shared by every block of the same bytes)
 ``("data", stream_id, memoryview, end_stream)``  -- a view of the bytes read
-``("reset", stream_id, error_code)``
+``("reset", stream_id, error_code, None)``
 ``("error", stream_id, error_code, message)`` -- we reset the stream: the peer broke a
 stream's rule (a stream error, RFC 9113 §5.4.2)
-``("goaway", last_stream_id, error_code)``
-``("window", 0, None)``                       -- send windows grew: blocked data may go
+``("goaway", last_stream_id, error_code, None)``
+``("window", 0, None, None)``                 -- send windows grew: blocked data may go
 
-A peer that breaks the protocol raises :class:`ProtocolError` (a connection error), whose
-``code`` is the HTTP/2 error code for the GOAWAY the caller sends before it closes the
-socket; the connection is then unusable.
+A request goes out as :meth:`~ClientConnection.open_stream` (its HEADERS) and then
+:meth:`~ClientConnection.send_data` (one buffer) or :meth:`~ClientConnection.send_pieces`
+(a queue of views, as much as the windows allow), or, small, in one step
+(:meth:`~ClientConnection.send_request`).
+
+Frames are cut from the reads by :class:`~reactantserver.transport.h2parse.FrameReader`,
+the worker's server side's reader in the client role: it judges a frame's length from its
+9-byte header, a frame's stream id against its type, and the peer's first frame (its
+SETTINGS, RFC 9113 §3.4), and hands over each header block whole, its CONTINUATIONs
+joined. A DATA frame that arrived whole in one read is a view of that read; one split
+across reads is gathered, or, with ``pieces`` (the Python client, whose answers may be
+tens of MB), passed on a piece per read, each a ``data`` event (END_STREAM on the last).
+
+A peer that breaks the protocol raises :class:`~reactantserver.transport.h2events.ProtocolError`
+or a subclass of it (a connection error), whose ``error_code`` is the HTTP/2 error code for
+the GOAWAY the caller sends before it closes the socket; the connection is then unusable.
+
+What a worker makes us do for nothing is budgeted as the worker's server side budgets its
+clients (:class:`~reactantserver.transport.abuse.AbuseBudget`, one per connection, given
+the time with each read): PING and SETTINGS frames (each owes an answer), DATA frames that
+carry nothing and end nothing, and the streams we reset on a stream error it provoked,
+against the calls we started on the connection. Past the budget, :meth:`receive` raises
+a ``DenialOfServiceError``, ENHANCE_YOUR_CALM (the caller sends GOAWAY and drops the
+connection, as for any other connection error).
 
 Bounds (:mod:`reactantserver.transport.h2rules`, the rules the server side holds its
-clients to, with the same limits, :class:`~reactantserver.transport.limits.WireLimits`):
-a frame longer than the SETTINGS_MAX_FRAME_SIZE we advertised is FRAME_SIZE_ERROR, judged
-from its header before its body is buffered; a header block is bounded in bytes (our
-SETTINGS_MAX_HEADER_LIST_SIZE, also advertised) and in frames (64), ENHANCE_YOUR_CALM and
-PROTOCOL_ERROR; DATA past the receive window we granted, the stream's or the connection's,
-is FLOW_CONTROL_ERROR; a WINDOW_UPDATE of zero is PROTOCOL_ERROR and one overflowing a
-send window FLOW_CONTROL_ERROR -- on a stream a stream error (RST_STREAM, the call fails
-as if the worker had reset it), on stream 0 a connection error.
+clients to, with the same limits, :class:`~reactantserver.transport.limits.WireLimits`;
+the reader's and ours): a frame longer than the SETTINGS_MAX_FRAME_SIZE we advertised is
+FRAME_SIZE_ERROR, judged from its header before its body is buffered; a header block is
+bounded in bytes (our SETTINGS_MAX_HEADER_LIST_SIZE, also advertised) and in frames (64),
+ENHANCE_YOUR_CALM and PROTOCOL_ERROR; DATA past the receive window we granted, the
+stream's or the connection's, is FLOW_CONTROL_ERROR; a WINDOW_UPDATE of zero is
+PROTOCOL_ERROR and one overflowing a send window FLOW_CONTROL_ERROR -- on a stream a
+stream error (RST_STREAM, the call fails as if the worker had reset it), on stream 0 a
+connection error.
 
-Invariants (``tests/test_gateway_http2.py``, against h2's server side as the oracle): every
-byte we write parses as valid HTTP/2 for h2; whatever h2 sends we decode to the same
-headers and data however the bytes are split; we never send more DATA than the peer's
-windows allow, nor a frame larger than its maximum frame size.
+Invariants (``tests/test_h2client.py``, against h2's server side as the oracle, and its
+client side for frames on streams not open): every byte we write parses as valid HTTP/2
+for h2 and carries the message unchanged however it was cut into pieces; whatever h2
+sends we decode to the same headers and data however the bytes are split; we never send
+more DATA than the peer's windows allow, nor a frame larger than its maximum frame size;
+whatever bytes a worker sends are events on our streams or a connection error (the fuzz
+there).
 """
 
 from __future__ import annotations
 
+import collections
+
 import hpack
 
-from ..transport import h2rules
-from ..transport.h2rules import Violation
-from ..transport.h2wire import (
+from . import h2events, h2parse, h2rules
+from .abuse import AbuseBudget
+from .h2parse import FrameReader
+from .h2rules import Violation
+from .h2wire import (
     ACK,
     CANCEL,
     CONTINUATION,
@@ -75,7 +114,6 @@ from ..transport.h2wire import (
     DEFAULT_WINDOW,
     END_HEADERS,
     END_STREAM,
-    FRAME_HEAD,
     GOAWAY,
     HEADERS,
     MAX_FRAME_CEILING,
@@ -86,7 +124,6 @@ from ..transport.h2wire import (
     PING,
     PREFACE,
     PRIORITY_FLAG,
-    PROTOCOL_ERROR,
     PUSH_PROMISE,
     RST_STREAM,
     SETTINGS,
@@ -99,24 +136,14 @@ from ..transport.h2wire import (
     WINDOW_UPDATE,
     frame,
     frame_head,
+    take_views,
 )
-from ..transport.hpack_blocks import BlockDecoder, encode_headers, hpack_int, literal
-from ..transport.limits import WireLimits
+from .hpack_blocks import BlockDecoder, encode_headers, hpack_int, literal
+from .limits import WireLimits
 
 Event = tuple[str, int, object, object]
-
-
-class ProtocolError(Exception):
-    """The peer broke HTTP/2 (a connection error); the connection cannot continue.
-    ``code``: the HTTP/2 error code its GOAWAY says."""
-
-    def __init__(self, message: str, code: int = PROTOCOL_ERROR) -> None:
-        super().__init__(message)
-        self.code = code
-
-    @classmethod
-    def of(cls, broken: Violation) -> ProtocolError:
-        return cls(broken.message, broken.code)
+#: What goes out: our frames' bytes and views of the caller's DATA.
+Piece = bytes | memoryview
 
 
 def request_prefix(path: bytes, authority: bytes) -> bytes:
@@ -134,7 +161,8 @@ _TIMEOUT_NAME = literal(b"grpc-timeout", b"")[:-1]
 
 
 def encode_request(prefix: bytes, grpc_timeout: str | None) -> bytes:
-    """A request header block: ``prefix`` (:func:`request_prefix`) and ``grpc-timeout``."""
+    """A request header block: ``prefix`` (:func:`request_prefix`) and ``grpc-timeout``
+    (its value as sent, e.g. ``"250m"``; none for None)."""
     if grpc_timeout is None:
         return prefix
     value = grpc_timeout.encode("ascii")
@@ -161,23 +189,29 @@ class _Stream:
 class ClientConnection:
     """One HTTP/2 client connection's state (see the module docstring); ``limits``: what
     we advertise and hold the peer to (the frame size, the header list size, the windows;
-    the same defaults as the server side's)."""
+    the same defaults as the server side's); ``now``: the clock's reading (the one
+    :meth:`receive` is given) when the connection is made; ``pieces``: a DATA frame split
+    across reads is passed on a piece per read, not gathered (module docstring)."""
 
-    def __init__(self, limits: WireLimits | None = None) -> None:
+    def __init__(
+        self, limits: WireLimits | None = None, now: float = 0.0, *, pieces: bool = False
+    ) -> None:
         limits = limits if limits is not None else WireLimits()
-        self._out: list[bytes | memoryview] = []
-        self._in = bytearray()  # a frame split across reads, until its end arrives
-        self._need = 0  # ... and how many bytes that takes
-        self._max_header_list = limits.max_header_list_size
+        self._out: list[Piece] = []
+        #: Cuts the peer's bytes into frames and checks what the frame headers alone
+        #: show (the server side's reader, in the client role: module docstring).
+        self._reader = FrameReader(
+            False, limits.max_frame_size, limits.max_header_list_size, pieces=pieces
+        )
         self._decoder: BlockDecoder[tuple[bytes, bytes]] = BlockDecoder(
             _raw_field, limits.max_header_list_size
         )
         self._streams: dict[int, _Stream] = {}
         self._next_id = 1
-        # What we advertise: our receive windows and frame size.
+        # What we advertise: our receive windows (the frame size and the header list
+        # size are the reader's).
         self._stream_window = limits.stream_window
         self._connection_window = limits.connection_window
-        self._max_frame_in = limits.max_frame_size
         #: The connection's receive window as the peer knows it: what it may still send,
         #: what it sent since our last WINDOW_UPDATE, and what we granted in
         #: WINDOW_UPDATEs queued but not yet handed out. A grant takes effect when our
@@ -193,12 +227,12 @@ class ClientConnection:
         self.peer_initial_window = DEFAULT_WINDOW
         self.peer_max_streams = MAX_WINDOW
         self.send_window = DEFAULT_WINDOW
-        # A header block in progress: (stream id, end_stream, fragments), and its bytes
-        # (0 outside a block).
-        self._block: tuple[int, bool, list[bytes]] | None = None
-        self._block_size = 0
         #: The peer's GOAWAY: no new streams on this connection.
         self.goaway_received = False
+        #: What the peer made us do for nothing (module docstring); ``streams`` counts
+        #: the streams we opened, ``_now`` is the time :meth:`receive` was given.
+        self.budget = AbuseBudget(now)
+        self._now = now
 
     # ---------------------------------------------------------------- sending
 
@@ -209,8 +243,8 @@ class ClientConnection:
             for key, value in (
                 (SETTINGS_ENABLE_PUSH, 0),
                 (SETTINGS_INITIAL_WINDOW_SIZE, self._stream_window),
-                (SETTINGS_MAX_FRAME_SIZE, self._max_frame_in),
-                (SETTINGS_MAX_HEADER_LIST_SIZE, self._max_header_list),
+                (SETTINGS_MAX_FRAME_SIZE, self._reader.max_frame_size),
+                (SETTINGS_MAX_HEADER_LIST_SIZE, self._reader.max_header_block),
             )
         )
         self._out.append(PREFACE)
@@ -240,10 +274,11 @@ class ClientConnection:
     def open_stream(self, header_block: bytes, *, end_stream: bool = False) -> int:
         """Send a request's HEADERS (and CONTINUATIONs); the new stream's id."""
         if not self.can_open:
-            raise ProtocolError("no new stream may be opened on this connection")
+            raise h2events.ProtocolError("no new stream may be opened on this connection")
         stream_id = self._next_id
         self._next_id += 2
         self._streams[stream_id] = _Stream(self.peer_initial_window, self._stream_window)
+        self.budget.streams += 1
         limit = self.peer_max_frame
         flags = END_STREAM if end_stream else 0
         if len(header_block) <= limit:
@@ -278,6 +313,7 @@ class ClientConnection:
         stream_id = self._next_id
         self._next_id += 2
         self._streams[stream_id] = _Stream(self.peer_initial_window - size, self._stream_window)
+        self.budget.streams += 1
         self.send_window -= size
         out = self._out
         out.append(frame_head(HEADERS, END_HEADERS, stream_id, len(header_block)))
@@ -302,10 +338,10 @@ class ClientConnection:
         """DATA frames carrying all of ``data`` (the caller checked :meth:`window`)."""
         stream = self._streams.get(stream_id)
         if stream is None:
-            raise ProtocolError(f"stream {stream_id} is not open")
+            raise h2events.StreamClosedError(stream_id)
         size = len(data)
         if size > min(stream.send_window, self.send_window):
-            raise ProtocolError("DATA larger than the flow-control window")
+            raise h2events.FlowControlError("DATA larger than the flow-control window")
         stream.send_window -= size
         self.send_window -= size
         limit = self.peer_max_frame
@@ -323,6 +359,39 @@ class ClientConnection:
             )
             out.append(chunk)
 
+    def send_pieces(
+        self,
+        stream_id: int,
+        pending: collections.deque[memoryview],
+        *,
+        end_stream: bool,
+        most: int = MAX_WINDOW,
+    ) -> int:
+        """DATA frames taking from the front of ``pending`` (byte views, left with what
+        did not go) as much as the windows allow, and at most ``most`` bytes, each frame
+        at most the peer's frame size and its payload views of the pieces (not copied).
+        The frame that empties ``pending`` ends the stream when ``end_stream``. The
+        number of bytes sent."""
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            raise h2events.StreamClosedError(stream_id)
+        room = min(stream.send_window, self.send_window, most)
+        limit = self.peer_max_frame
+        out = self._out
+        sent = 0
+        while pending and room > 0:
+            views, size = take_views(pending, min(room, limit))
+            flags = END_STREAM if end_stream and not pending else 0
+            out.append(frame_head(DATA, flags, stream_id, size))
+            out += views
+            room -= size
+            sent += size
+        if end_stream and not pending and not sent:  # an empty message's end
+            out.append(frame_head(DATA, END_STREAM, stream_id, 0))
+        stream.send_window -= sent
+        self.send_window -= sent
+        return sent
+
     def reset(self, stream_id: int, code: int = CANCEL) -> None:
         """RST_STREAM: we are done with ``stream_id`` (late frames for it are ignored)."""
         if self._streams.pop(stream_id, None) is not None:
@@ -336,14 +405,8 @@ class ClientConnection:
     def data_to_send(self) -> bytes:
         """Everything queued to send, as one buffer (empty when nothing is). The
         WINDOW_UPDATEs in it take effect now: the peer may send what they grant."""
-        if self._granting:
-            self._recv_left += self._granting
-            self._granting = 0
-        if self._grants:
-            for stream in self._grants:
-                stream.recv_left += stream.granting
-                stream.granting = 0
-            self._grants.clear()
+        if self._granting or self._grants:
+            self._granted()
         out = self._out
         if not out:
             return b""
@@ -351,133 +414,116 @@ class ClientConnection:
         out.clear()
         return data
 
+    def pieces_to_send(self) -> list[Piece]:
+        """Everything queued to send, in order, as the pieces it was queued as (a DATA
+        payload: views of the caller's pieces, not copied); the WINDOW_UPDATEs in it
+        take effect now, as with :meth:`data_to_send`."""
+        if self._granting or self._grants:
+            self._granted()
+        out = self._out
+        self._out = []
+        return out
+
+    def _granted(self) -> None:
+        """The queued WINDOW_UPDATEs leave now: what they grant may be sent."""
+        self._recv_left += self._granting
+        self._granting = 0
+        for stream in self._grants:
+            stream.recv_left += stream.granting
+            stream.granting = 0
+        self._grants.clear()
+
     @property
     def pending_bytes(self) -> int:
         return sum(len(chunk) for chunk in self._out)
 
     # ---------------------------------------------------------------- receiving
 
-    def receive(self, data: bytes) -> list[Event]:
-        """Feed bytes read from the socket; the events they complete.
+    def receive(self, data: bytes, now: float) -> list[Event]:
+        """Feed bytes read from the socket at ``now`` (for the abuse budget, in seconds of
+        any monotonic clock); the events they complete.
 
         Payloads are views of the bytes read (DATA is not copied here); a frame split
-        across reads waits in a buffer for its end.
+        across reads waits in the reader for its end (a DATA frame, with ``pieces``, is
+        passed on a piece per read).
         """
-        if self._in:
-            self._in += data
-            if len(self._in) < self._need:
-                return []
-            data = bytes(self._in)
-            self._in.clear()
-        view = memoryview(data)
+        self._now = now
+        reader = self._reader
+        reader.feed(data)
         events: list[Event] = []
-        pos = 0
-        end = len(data)
-        unpack = FRAME_HEAD.unpack_from
-        while end - pos >= 9:
-            high, low, kind, flags, stream_id = unpack(data, pos)
-            length = high << 8 | low
-            if length > self._max_frame_in:  # judged before its body is waited for
-                raise ProtocolError.of(_broken(h2rules.frame_size(length, self._max_frame_in)))
-            if end - pos < 9 + length:
-                # Not whole yet: a header block's piece is judged before it is waited for.
-                if kind in _BLOCK_KINDS and length + self._block_size > self._max_header_list:
-                    self._refuse_block(length)
-                break
-            stream_id &= MAX_STREAM_ID
-            payload = view[pos + 9 : pos + 9 + length]
-            pos += 9 + length
-            if kind == DATA and self._block is None:  # the usual frame, at once
+        for kind, flags, stream_id, payload in reader:
+            # The usual frames (two HEADERS and a DATA per call) at once.
+            if kind == DATA:
                 self._data_in(flags, stream_id, payload, events)
+            elif kind == HEADERS and not flags & (PADDED | PRIORITY_FLAG):
+                self._headers_in(stream_id, bool(flags & END_STREAM), bytes(payload), events)
             else:
                 self._frame_in(kind, flags, stream_id, payload, events)
-        if pos < end:
-            self._in += view[pos:]
-            left = end - pos
-            self._need = 9 if left < 9 else 9 + int.from_bytes(data[pos : pos + 3], "big")
         return events
 
     def _frame_in(
         self, kind: int, flags: int, stream_id: int, payload: memoryview, events: list[Event]
     ) -> None:
-        if kind in _BLOCK_KINDS and len(payload) + self._block_size > self._max_header_list:
-            self._refuse_block(len(payload))
-        if self._block is not None and kind != CONTINUATION:
-            raise ProtocolError("a header block was interrupted by another frame")
-        if kind == DATA:
-            self._data_in(flags, stream_id, payload, events)
-        elif kind == HEADERS:
-            if stream_id == 0:
-                raise ProtocolError("HEADERS on stream 0")
-            fragment = _unpad(payload) if flags & PADDED else payload
-            if flags & PRIORITY_FLAG:
-                fragment = fragment[5:]
-            if flags & END_HEADERS:  # a whole block in one frame: the usual
-                self._headers_in(stream_id, bool(flags & END_STREAM), bytes(fragment), events)
-            else:
-                self._block = (stream_id, bool(flags & END_STREAM), [bytes(fragment)])
-                self._block_size = len(payload)
-        elif kind == CONTINUATION:
-            if self._block is None or self._block[0] != stream_id:
-                raise ProtocolError("CONTINUATION without its HEADERS")
-            fragments = self._block[2]
-            fragments.append(bytes(payload))
-            self._block_size += len(payload)
-            broken = h2rules.block_frames(len(fragments))
-            if broken is not None:
-                raise ProtocolError.of(broken)
-            if flags & END_HEADERS:
-                self._end_block(events)
+        if kind == HEADERS:  # a whole header block (the reader joins CONTINUATIONs)
+            block, _ = h2parse.headers(flags, payload)
+            self._headers_in(stream_id, bool(flags & END_STREAM), block, events)
         elif kind == RST_STREAM:
-            if len(payload) != 4:
-                raise ProtocolError("RST_STREAM of the wrong size")
+            code = h2parse.rst_stream(payload)
             if self._streams.pop(stream_id, None) is not None:
-                events.append(("reset", stream_id, int.from_bytes(payload, "big"), None))
+                events.append(("reset", stream_id, code, None))
         elif kind == SETTINGS:
+            self._wasted()  # one each way per connection is due; a flood is not
+            values = h2parse.settings(flags, payload)
             if not flags & ACK:
-                self._settings_in(payload, events)
+                self._settings_in(values, events)
         elif kind == PING:
+            self._wasted()  # we send none: an ACK is as unasked for
+            opaque = h2parse.ping(payload)
             if not flags & ACK:
-                self._out.append(frame(PING, ACK, 0, bytes(payload)))
+                self._out.append(frame(PING, ACK, 0, opaque))
         elif kind == GOAWAY:
-            if len(payload) < 8:
-                raise ProtocolError("GOAWAY too short")
-            last = int.from_bytes(payload[:4], "big") & MAX_STREAM_ID
+            last, code, _ = h2parse.goaway(payload)
             self.goaway_received = True
-            events.append(("goaway", last, int.from_bytes(payload[4:8], "big"), None))
+            events.append(("goaway", last & MAX_STREAM_ID, code, None))
         elif kind == WINDOW_UPDATE:
-            if len(payload) != 4:
-                raise ProtocolError("WINDOW_UPDATE of the wrong size")
-            increment = int.from_bytes(payload, "big") & MAX_WINDOW
-            if stream_id == 0:
-                broken = h2rules.window_update(increment, self.send_window, 0)
-                if broken is not None:
-                    raise ProtocolError.of(broken)
-                self.send_window += increment
-            else:
-                stream = self._streams.get(stream_id)
-                if stream is None:
-                    if increment == 0 and stream_id >= self._next_id:  # never opened
-                        raise ProtocolError(f"a WINDOW_UPDATE of 0 on idle stream {stream_id}")
-                    return  # closed: late frames are ignored (RFC 9113 §6.9)
-                broken = h2rules.window_update(increment, stream.send_window, stream_id)
-                if broken is not None:
-                    self._stream_error(stream_id, broken, events)
-                    return
-                stream.send_window += increment
-            events.append(("window", 0, None, None))
+            self._window_in(stream_id, payload, events)
+        elif kind == CONTINUATION:
+            raise h2events.ProtocolError("CONTINUATION without its HEADERS")
         elif kind == PUSH_PROMISE:
-            raise ProtocolError("PUSH_PROMISE although push is disabled")
+            raise h2events.ProtocolError("PUSH_PROMISE although push is disabled")
         # PRIORITY and unknown frame types are ignored (RFC 9113 5.5).
+
+    def _window_in(self, stream_id: int, payload: memoryview, events: list[Event]) -> None:
+        if len(payload) != 4:
+            raise h2events.FrameDataMissingError("WINDOW_UPDATE of the wrong size")
+        increment = int.from_bytes(payload, "big") & MAX_WINDOW
+        if stream_id == 0:
+            broken = h2rules.window_update(increment, self.send_window, 0)
+            if broken is not None:
+                raise _error(broken)
+            self.send_window += increment
+        else:
+            stream = self._streams.get(stream_id)
+            if stream is None:
+                if self._is_idle(stream_id):
+                    raise h2events.NoSuchStreamError(stream_id)
+                return  # closed: late frames are ignored (RFC 9113 §6.9)
+            broken = h2rules.window_update(increment, stream.send_window, stream_id)
+            if broken is not None:
+                self._stream_error(stream_id, broken, events)
+                return
+            stream.send_window += increment
+        events.append(("window", 0, None, None))
 
     def _data_in(
         self, flags: int, stream_id: int, payload: memoryview, events: list[Event]
     ) -> None:
         flow = len(payload)  # padding counts against the windows too
+        if not flow and not flags & END_STREAM:
+            self._wasted()  # carries nothing and ends nothing
         left = self._recv_left - flow
         if left < 0:  # past the window we granted
-            broken = h2rules.received(flow, self._recv_left, "the connection")
-            raise ProtocolError.of(_broken(broken))
+            raise _error(h2rules.received(flow, self._recv_left, "the connection"))
         self._recv_left = left
         unacked = self._recv_unacked + flow
         if unacked >= self._connection_window // 2:
@@ -487,13 +533,14 @@ class ClientConnection:
         self._recv_unacked = unacked
         stream = self._streams.get(stream_id)
         if stream is None:
+            if self._is_idle(stream_id):
+                raise h2events.NoSuchStreamError(stream_id)
             return  # a stream we reset: the connection window is all that counts
         left = stream.recv_left - flow
         if left < 0:
-            broken = h2rules.received(flow, stream.recv_left, f"stream {stream_id}")
-            raise ProtocolError.of(_broken(broken))
+            raise _error(h2rules.received(flow, stream.recv_left, f"stream {stream_id}"))
         stream.recv_left = left
-        data = _unpad(payload) if flags & PADDED else payload
+        data = h2parse.data(flags, payload)[0] if flags & PADDED else payload
         end = bool(flags & END_STREAM)
         if end:
             del self._streams[stream_id]
@@ -507,54 +554,54 @@ class ClientConnection:
             stream.recv_unacked = unacked
         events.append(("data", stream_id, data, end))
 
-    def _refuse_block(self, length: int) -> None:
-        """A HEADERS, PUSH_PROMISE or CONTINUATION of ``length`` bytes announced that
-        takes its header block past our SETTINGS_MAX_HEADER_LIST_SIZE (the caller's
-        comparison; :attr:`_block_size` is 0 outside a block)."""
-        broken = h2rules.header_block(self._block_size + length, self._max_header_list)
-        raise ProtocolError.of(_broken(broken))
-
     def _stream_error(self, stream_id: int, broken: Violation, events: list[Event]) -> None:
         """The peer broke a stream's rule: RST_STREAM with its code, the stream forgotten,
         and an ``error`` event for whoever waits on it (RFC 9113 §5.4.2)."""
         del self._streams[stream_id]
         self._out.append(frame(RST_STREAM, 0, stream_id, broken.code.to_bytes(4, "big")))
         events.append(("error", stream_id, broken.code, broken.message))
+        self._judge(self.budget.provoked_resets(1))
 
-    def _end_block(self, events: list[Event]) -> None:
-        assert self._block is not None
-        stream_id, end, fragments = self._block
-        self._block = None
-        self._block_size = 0
-        self._headers_in(stream_id, end, b"".join(fragments), events)
+    def _is_idle(self, stream_id: int) -> bool:
+        """``stream_id`` was never opened (by us: the peer may open none, push being
+        disabled): DATA, HEADERS or WINDOW_UPDATE on it is a connection error (RFC 9113
+        §5.1, as the server side and h2 hold it; RST_STREAM and PRIORITY are ignored)."""
+        return stream_id >= self._next_id or not stream_id & 1
+
+    def _wasted(self) -> None:
+        """The peer sent a frame that asks for nothing (module docstring)."""
+        self._judge(self.budget.wasted_frames(1, self._now))
+
+    def _judge(self, verdict: str | None) -> None:
+        """Past the abuse budget (a verdict): a connection error, ENHANCE_YOUR_CALM."""
+        if verdict is not None:
+            raise h2events.DenialOfServiceError(verdict)
 
     def _headers_in(self, stream_id: int, end: bool, block: bytes, events: list[Event]) -> None:
         try:
             headers = self._decoder.decode(block)
         except hpack.HPACKError as exc:
-            raise ProtocolError(f"undecodable header block: {exc}") from None
+            raise h2events.ProtocolError(f"undecodable header block: {exc}") from None
         if stream_id not in self._streams:
+            if self._is_idle(stream_id):
+                raise h2events.NoSuchStreamError(stream_id)
             return  # decoded for the table's sake; nobody waits for it
         if end:
             del self._streams[stream_id]
         events.append(("headers", stream_id, headers, end))
 
-    def _settings_in(self, payload: memoryview, events: list[Event]) -> None:
-        if len(payload) % 6:
-            raise ProtocolError("SETTINGS of the wrong size")
-        for at in range(0, len(payload), 6):
-            key = int.from_bytes(payload[at : at + 2], "big")
-            value = int.from_bytes(payload[at + 2 : at + 6], "big")
+    def _settings_in(self, values: dict[int, int], events: list[Event]) -> None:
+        for key, value in values.items():
             if key == SETTINGS_INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
-                    raise ProtocolError("SETTINGS_INITIAL_WINDOW_SIZE above 2^31-1")
+                    raise h2events.FlowControlError("SETTINGS_INITIAL_WINDOW_SIZE above 2^31-1")
                 delta = value - self.peer_initial_window
                 self.peer_initial_window = value
                 for stream in self._streams.values():
                     stream.send_window += delta
             elif key == SETTINGS_MAX_FRAME_SIZE:
                 if not DEFAULT_FRAME <= value <= MAX_FRAME_CEILING:
-                    raise ProtocolError(f"SETTINGS_MAX_FRAME_SIZE {value} out of range")
+                    raise h2events.ProtocolError(f"SETTINGS_MAX_FRAME_SIZE {value} out of range")
                 self.peer_max_frame = value
             elif key == SETTINGS_MAX_CONCURRENT_STREAMS:
                 self.peer_max_streams = value
@@ -564,19 +611,8 @@ class ClientConnection:
         events.append(("window", 0, None, None))
 
 
-#: The frames a header block is made of (HEADERS, PUSH_PROMISE, CONTINUATION).
-_BLOCK_KINDS = frozenset({HEADERS, PUSH_PROMISE, CONTINUATION})
-
-
-def _broken(broken: Violation | None) -> Violation:
-    """A rule's violation where the caller's own comparison already found one."""
+def _error(broken: Violation | None) -> h2events.ProtocolError:
+    """The connection error for a rule's violation (the caller's own comparison already
+    found one)."""
     assert broken is not None
-    return broken
-
-
-def _unpad(payload: memoryview) -> memoryview:
-    """A PADDED frame's payload without its padding (the callers test the flag: most
-    frames have none)."""
-    if not payload or payload[0] >= len(payload):
-        raise ProtocolError("padding longer than the frame")
-    return payload[1 : len(payload) - payload[0]]
+    return h2events.ProtocolError(broken.message, broken.code)

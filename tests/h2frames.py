@@ -1,9 +1,8 @@
 """Received HTTP/2 frames as hyperframe's frame objects, for h2's connection, either side.
 
-The ends of ours that receive HTTP/2 through h2's connection and hyperframe's frame
-classes use this: the Python client's channel (:mod:`reactantserver.client.channel`) and
-h2's server connection as the reference of ours in tests and benchmarks
-(``tests/h2_reference.py``). Frames are cut by the one reader every end of ours uses
+Test-only (src/ imports neither h2 nor hyperframe): h2's server connection, the reference
+of ours in tests and benchmarks (``tests/h2_reference.py``, ``tests/test_h2conn.py``), is
+fed through this. Frames are cut by the one reader every end of ours uses
 (:class:`~reactantserver.transport.h2parse.FrameReader`:
 the preface, a frame's length judged from its 9-byte header, header blocks bounded and
 joined, each body copied at most once); this module only turns what it yields into
