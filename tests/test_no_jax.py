@@ -116,10 +116,8 @@ def test_gateway_core_is_sans_io() -> None:
     JAX (the gateway's I/O converts to and from messages)."""
     code = (
         "import sys, reactantserver.gateway, reactantserver.gateway.wire\n"
-        "import reactantserver.transport.h2client, reactantserver.gateway.stats
-"
-        "import reactantserver.gateway.inflight, reactantserver.gateway.routing
-"
+        "import reactantserver.transport.h2client, reactantserver.gateway.stats\n"
+        "import reactantserver.gateway.inflight, reactantserver.gateway.routing\n"
         "roots = ('trio', 'asyncio', 'grpclib', 'betterproto', 'google', 'jax', 'jaxlib')\n"
         "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in roots)))\n"
     )
