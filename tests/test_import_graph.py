@@ -168,3 +168,103 @@ def test_transport_names_h2_only_through_h2events() -> None:
         if name.rpartition(".")[2] not in _H2_ALLOWED
     }
     assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def _private_names(tree: ast.AST) -> set[str]:
+    """The single-underscore names a module's code uses as attributes or defines."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            name = node.attr
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            name = node.name
+        else:
+            continue
+        if name.startswith("_") and not name.startswith("__"):
+            names.add(name)
+    return names
+
+
+def test_no_private_attribute_of_the_http2_or_grpc_libraries_is_touched() -> None:
+    """No code in src/ reads or writes a private attribute of h2, hpack, hyperframe or
+    grpclib: the libraries' own single-underscore names (every ``x._name`` their sources
+    use or define, read from the installed sources), less the ones our own code defines
+    on ``self``, appear nowhere in src/ as an attribute of anything but ``self``/``cls``.
+    Its limit: a name one of our classes also defines for itself is not judged, and
+    ``self`` in a subclass of theirs is -- which the next test rules out. (On a02cdcc this
+    finds seven: ``_cardinality``, ``_send_request_done``, ``_stream``, ``_wrapper``,
+    ``_end_done``, ``_messages_sent`` of grpclib's client stream, ``_method_name`` of its
+    server stream.)"""
+    import importlib.util
+
+    theirs: set[str] = set()
+    for lib in ("h2", "hpack", "hyperframe", "grpclib"):
+        spec = importlib.util.find_spec(lib)
+        assert spec is not None and spec.origin is not None
+        for path in Path(spec.origin).parent.rglob("*.py"):
+            theirs |= _private_names(ast.parse(path.read_text(encoding="utf-8")))
+    ours: set[str] = set()
+    trees = {p: ast.parse(p.read_text(encoding="utf-8")) for p in PACKAGE.rglob("*.py")}
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                ours.add(node.name)
+            target = node.target if isinstance(node, ast.AnnAssign) else None
+            targets = node.targets if isinstance(node, ast.Assign) else [target]
+            for t in targets:
+                if (
+                    isinstance(t, ast.Attribute)
+                    and isinstance(t.value, ast.Name)
+                    and t.value.id in ("self", "cls")
+                ):
+                    ours.add(t.attr)
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                        ours.add(item.target.id)
+                    elif isinstance(item, ast.Assign):
+                        ours.update(t.id for t in item.targets if isinstance(t, ast.Name))
+    suspect = theirs - ours
+    touched = sorted(
+        f"{path.relative_to(SRC)}:{node.lineno} .{node.attr}"
+        for path, tree in trees.items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr in suspect
+        and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+    )
+    assert touched == []
+
+
+#: The extension points of those libraries a class of ours may subclass: grpclib's codecs.
+_SUBCLASSABLE = {"grpclib.encoding.base.CodecBase", "grpclib.encoding.proto.ProtoCodec"}
+
+
+def test_no_class_extends_the_http2_or_grpc_libraries_beyond_their_codecs() -> None:
+    """No class in src/ subclasses a class of h2, hpack, hyperframe or grpclib but
+    grpclib's codec base classes: a subclass reaches its base's private state through
+    ``self``, which the private-attribute check above cannot see. (Before issue 34:
+    h2's ``FrameBuffer``, ``Settings`` and ``H2Connection``, grpclib's ``EventsProcessor``,
+    ``Stream``, ``Connection``, ``H2Protocol`` and ``Channel``.)"""
+    libs = ("h2", "hpack", "hyperframe", "grpclib")
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        origin: dict[str, str] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    origin[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    origin[alias.asname or alias.name] = alias.name
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for base in node.bases:
+                text = ast.unparse(base)
+                head, _, rest = text.partition(".")
+                full = origin.get(head, head) + (f".{rest}" if rest else "")
+                if full.split(".")[0] in libs and full not in _SUBCLASSABLE:
+                    found.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name}({full})")
+    assert found == []
