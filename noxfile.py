@@ -157,10 +157,15 @@ def tests(session: nox.Session) -> None:
 
 @session
 def fuzz(session: nox.Session) -> None:
-    """A long run of the wire fuzz suite: ``nox -s fuzz [-- --fuzz-examples N]``."""
+    """A long run of the wire fuzz suites, both HTTP/2 roles: the worker's server side
+    (tests/test_wire_fuzz.py, over sockets) and the client role the gateway and the Python
+    client share (any bytes from a worker): ``nox -s fuzz [-- --fuzz-examples N]``."""
     session.install("-c", CONSTRAINTS, "-e", ".[jax,test]")
     args = session.posargs or ["--fuzz-examples", "400"]
-    session.run("pytest", "tests/test_wire_fuzz.py", "-p", "no:cacheprovider", *args)
+    client_role = (
+        "tests/test_h2client.py::test_any_bytes_from_a_worker_are_events_or_a_connection_error"
+    )
+    session.run("pytest", "tests/test_wire_fuzz.py", client_role, "-p", "no:cacheprovider", *args)
 
 
 def _step(session: nox.Session, number: int, text: str) -> None:
