@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from pipeline_sim import FakeGpu, Program, run_simulation
 
@@ -270,6 +270,22 @@ request_st = st.tuples(
     discipline=st.sampled_from(["fair", "fifo", "edf"]),
     requests=st.lists(request_st, min_size=1, max_size=25),
     close_at=st.one_of(st.none(), st.floats(1, 10)),
+)
+# Found by this test: the head overran while the next batch's weights were loading, and
+# that batch was launched as its prepare ended, while the loop was still OVERRUN.
+@example(
+    depth=2,
+    costs=[0.25, 3.0, 0.25],
+    t_in=0.0,
+    t_out=0.0,
+    t_host=0.0,
+    t_load=1.5,
+    capacity=None,
+    timeout=2.5,
+    failing=None,
+    discipline="fair",
+    requests=[(0.0, "b", 1, None, None), (3.0, "a", 1, None, None)],
+    close_at=None,
 )
 def test_pipeline_invariants_over_random_workloads(
     depth: int,

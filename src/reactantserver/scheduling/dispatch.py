@@ -762,6 +762,11 @@ class Scheduler:
                 return
         finally:
             self._executing = None
+        # The head may have overrun while this batch's weights were loading: nothing is
+        # launched until it returns (the collector wakes the launcher when it lands).
+        while self._health is Health.OVERRUN:
+            await self._sleep(self._policy.next_deadline(), idle=False)
+            self._expire(trio.current_time())
         flight = _Flight(batch)
         if self._pipe is not None:
             try:
