@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Awaitable, Callable
+from typing import ClassVar
 
 import h2.config
 import h2.connection
@@ -192,26 +193,41 @@ def test_more_calls_than_the_servers_stream_limit_wait_for_a_stream() -> None:
     _against_grpclib(call)
 
 
-class _OneCallPerConnection(asyncio.Protocol):
+class _H2Server(asyncio.Protocol):
+    """A test server on h2's server side: ``settings`` its SETTINGS, ``started`` what a
+    subclass sets up after the connection is made."""
+
+    settings: ClassVar[dict[int, int]] = {}
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.h2 = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=False, header_encoding=None)
+        )
+        if self.settings:
+            self.h2.local_settings = h2.settings.Settings(
+                client=False, initial_values=self.settings
+            )
+        self.h2.initiate_connection()
+        self.started()
+        transport.write(self.h2.data_to_send())
+
+    def started(self) -> None:
+        pass
+
+
+class _OneCallPerConnection(_H2Server):
     """An h2 server allowing one stream at a time that answers one call (echoing its
     message back) and then says GOAWAY, naming that call as its last: the other calls
     must go to new connections."""
 
     connections = 0
+    settings: ClassVar[dict[int, int]] = {h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 1}
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+    def started(self) -> None:
         type(self).connections += 1
-        self.transport = transport
-        self.h2 = h2.connection.H2Connection(
-            h2.config.H2Configuration(client_side=False, header_encoding=None)
-        )
-        self.h2.local_settings = h2.settings.Settings(
-            client=False, initial_values={h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 1}
-        )
-        self.h2.initiate_connection()
         self.message = b""
-        transport.write(self.h2.data_to_send())
 
     def data_received(self, data: bytes) -> None:
         for event in self.h2.receive_data(data):
@@ -248,19 +264,10 @@ def test_calls_waiting_for_a_stream_move_to_a_new_connection_after_goaway() -> N
     asyncio.run(main())
 
 
-class _AnswersEarly(asyncio.Protocol):
+class _AnswersEarly(_H2Server):
     """An h2 server that answers each call as soon as its HEADERS arrive, reading none of
     its DATA (the client is left blocked on the 64 KiB window), then resets the stream
     (NO_ERROR), as a server refusing a request early does."""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        self.h2 = h2.connection.H2Connection(
-            h2.config.H2Configuration(client_side=False, header_encoding=None)
-        )
-        self.h2.initiate_connection()
-        transport.write(self.h2.data_to_send())
 
     def data_received(self, data: bytes) -> None:
         for event in self.h2.receive_data(data):
@@ -288,20 +295,11 @@ def test_an_answer_before_the_whole_request_was_sent_ends_the_call() -> None:
     asyncio.run(main())
 
 
-class _Answers(asyncio.Protocol):
+class _Answers(_H2Server):
     """An h2 server answering every call, once its request has ended, with the DATA in
     ``payloads`` and grpc-status 0."""
 
     payloads: tuple[bytes, ...] = ()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        self.h2 = h2.connection.H2Connection(
-            h2.config.H2Configuration(client_side=False, header_encoding=None)
-        )
-        self.h2.initiate_connection()
-        transport.write(self.h2.data_to_send())
 
     def data_received(self, data: bytes) -> None:
         for event in self.h2.receive_data(data):

@@ -21,11 +21,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import socket
-import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import h2.errors
@@ -33,6 +31,7 @@ import h2.settings
 import pytest
 from grpclib.const import Cardinality, Handler
 from h2_client import H2Client, grpc_message, request_headers
+from threaded_server import ThreadedServer
 
 from reactantserver.gateway.calls import RawCodec
 from reactantserver.status import StatusCode
@@ -44,21 +43,15 @@ BIG = 3 * 1024 * 1024 + 17  # past the default 64 KiB windows and several SEND_C
 HUGE = 24 * 1024 * 1024  # past the transport's high-water mark and the socket buffers
 
 
-class DirectServer:
+class DirectServer(ThreadedServer):
     """A GuardedServer with the test's direct handlers, on a loop in a thread."""
 
     def __init__(self, **limits: Any) -> None:
-        self.limits = WireLimits(**limits)
+        super().__init__(WireLimits(**limits))
         self.cancelled: list[str] = []
         self.held: list[UnaryCall] = []
         self.seen: list[bytes] = []
         self.jobs: list[weakref.ref[_Job]] = []
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.server: GuardedServer | None = None
-        self.port = 0
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=asyncio.run, args=(self._main(),), daemon=True)
 
     # ------------------------------------------------------------------ handlers
 
@@ -112,43 +105,9 @@ class DirectServer:
         table["/t.S/Plain"] = Handler(plain, Cardinality.UNARY_UNARY, None, None)
         return table
 
-    async def _main(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        self.port = sock.getsockname()[1]
-        self.server = GuardedServer(
-            self.mapping(), codec=RawCodec(1 << 31, 1 << 31), limits=self.limits
-        )
-        await self.server.start(sock)
-        self._ready.set()
-        await self._stop.wait()
-        self.server.close()
-        await self.server.wait_closed()
-
-    def __enter__(self) -> DirectServer:
-        self._thread.start()
-        assert self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self.loop is not None and self._stop is not None
-        self.loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
-
     def streams_open(self) -> int:
         assert self.server is not None
         return self.server.counters.streams_open
-
-    def until(self, condition: Callable[[], bool], timeout: float = 10.0) -> bool:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.01)
-        return True
 
 
 class _Job:

@@ -17,34 +17,27 @@ with handlers written for the tests, driven by the hand-written HTTP/2 client of
 from __future__ import annotations
 
 import asyncio
-import socket
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import h2.settings
 import pytest
 from grpclib.const import Cardinality, Handler
 from h2_client import H2Client, grpc_message
+from threaded_server import ThreadedServer
 
-from reactantserver.gateway.calls import RawCodec
 from reactantserver.status import StatusCode
 from reactantserver.transport.limits import WireLimits
-from reactantserver.transport.server import GuardedServer
 
 
-class StreamServer:
+class StreamServer(ThreadedServer):
     """A GuardedServer with the test's task-path handlers, on a loop in a thread."""
 
     def __init__(self) -> None:
+        # HTTP/2's default stream window, so a test can send more than one window.
+        super().__init__(WireLimits(stream_window=65535))
         self.cancelled: list[str] = []
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.server: GuardedServer | None = None
-        self.port = 0
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=asyncio.run, args=(self._main(),), daemon=True)
 
     async def echo(self, stream: Any) -> None:
         async for message in stream:
@@ -73,43 +66,6 @@ class StreamServer:
             "/t.S/Sleep": Handler(self.sleep, unary, None, None),
             "/t.S/Mute": Handler(self.mute, unary, None, None),
         }
-
-    async def _main(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        self.port = sock.getsockname()[1]
-        self.server = GuardedServer(
-            # HTTP/2's default stream window, so a test can send more than one window.
-            self.mapping(),
-            codec=RawCodec(1 << 31, 1 << 31),
-            limits=WireLimits(stream_window=65535),
-        )
-        await self.server.start(sock)
-        self._ready.set()
-        await self._stop.wait()
-        self.server.close()
-        await self.server.wait_closed()
-
-    def __enter__(self) -> StreamServer:
-        self._thread.start()
-        assert self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self.loop is not None and self._stop is not None
-        self.loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
-
-    def until(self, condition: Callable[[], bool], timeout: float = 10.0) -> bool:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.01)
-        return True
 
     def idle(self) -> bool:
         assert self.server is not None
