@@ -253,6 +253,15 @@ def test_stream_slots_bound_the_calls_on_the_wire() -> None:
     run(main)
 
 
+async def _hold_a_slot(worker: Worker, client: WorkerClient) -> asyncio.Future[Reply]:
+    """A call the worker holds (until ``worker.release``), once it is there: with
+    ``max_streams=1`` the client's one stream slot is taken."""
+    holding = asyncio.ensure_future(client.call(b"/t.T/Hold", b"x", deadline()))
+    while worker.active < 1:
+        await asyncio.sleep(0.01)
+    return holding
+
+
 def test_a_waiter_without_a_task_takes_its_turn_in_the_same_line() -> None:
     """``wait_for_slot`` (a forwarded call's wait): waiters without a task share one line
     with coroutine waiters, first come first served; a freed slot is handed over in the
@@ -286,9 +295,7 @@ def test_a_waiter_without_a_task_takes_its_turn_in_the_same_line() -> None:
 
         # No connection yet: such a caller waits in a task (start_when_ready).
         assert client.wait_for_slot(deadline(), granted("x"), expired.append) is None
-        holding = asyncio.ensure_future(client.call(b"/t.T/Hold", b"x", deadline()))
-        while worker.active < 1:
-            await asyncio.sleep(0.01)
+        holding = await _hold_a_slot(worker, client)
         assert client.start(b"/t.T/Echo", b"a", deadline(), answered("a")) is None
 
         async def coroutine() -> None:
@@ -337,9 +344,7 @@ def test_waiters_in_line_expire_by_their_own_deadlines() -> None:
         worker = Worker()
         await worker.start()
         client = WorkerClient(f"127.0.0.1:{worker.port}", max_streams=1)
-        holding = asyncio.ensure_future(client.call(b"/t.T/Hold", b"x", deadline()))
-        while worker.active < 1:
-            await asyncio.sleep(0.01)
+        holding = await _hold_a_slot(worker, client)
         told: list[tuple[str, float]] = []
         loop = asyncio.get_running_loop()
         waits = {}
@@ -374,9 +379,7 @@ def test_a_slot_granted_after_the_connection_went_is_kept_for_the_next_one() -> 
         worker = Worker()
         await worker.start()
         client = WorkerClient(f"127.0.0.1:{worker.port}", max_streams=1)
-        holding = asyncio.ensure_future(client.call(b"/t.T/Hold", b"x", deadline()))
-        while worker.active < 1:
-            await asyncio.sleep(0.01)
+        holding = await _hold_a_slot(worker, client)
         started: list[object] = []
         wait = client.wait_for_slot(
             deadline(),
