@@ -553,8 +553,10 @@ def baseline_report(rows: Sequence[tuple[Layout, Shape, Side, Side]], load: Load
         print(this.row(base))
 
 
-async def big(url: str, repeats: int) -> float:
-    """Median seconds of one 38 MB request (inline both ways)."""
+async def big(url: str, repeats: int) -> float | None:
+    """Median seconds of one 38 MB request (inline both ways); None for no repeats."""
+    if repeats <= 0:
+        return None
     import tritonclient.grpc.aio as aioclient
     from bench_serve import CHANNEL_ARGS
 
@@ -659,8 +661,8 @@ async def profiled_load(
 def report(
     pairs: list[Pair],
     load: Load,
-    big_direct: float,
-    big_via: float,
+    big_direct: float | None,
+    big_via: float | None,
     profiles: dict[Shape, Counter[str] | str],
 ) -> None:
     print(f"one worker (double, CPU), direct and through one gateway; {os.cpu_count()} CPUs; "
@@ -683,8 +685,9 @@ def report(
     print("(what it added before it wrote every 8 calls to the worker, gateway/channel.py")
     print("FLUSH_EVERY); cores: those the load generator, gateway and worker kept busy")
     print()
-    print(f"one 38 MB input, inline: direct {big_direct * 1e3:.0f} ms, through the gateway "
-          f"{big_via * 1e3:.0f} ms (x{big_via / big_direct:.2f})")  # fmt: skip
+    if big_direct is not None and big_via is not None:
+        print(f"one 38 MB input, inline: direct {big_direct * 1e3:.0f} ms, through the gateway "
+              f"{big_via * 1e3:.0f} ms (x{big_via / big_direct:.2f})")  # fmt: skip
     print()
     if profiles:
         print_profiles(profiles)
