@@ -248,12 +248,13 @@ def pack(
     repaired: tuple[str, ...] = ()
     if policy.forbid_memory_oversubscription:
         repaired = _repair(list(bins.values()), shares)
-        if repaired or any(b.excess for b in bins.values()):
-            # Repairs ignore per-model hysteresis, and an oversubscription the repair could
-            # not undo is no reason to move: keep the previous placement as a whole unless
-            # the new one is better -- less excess, or as little excess and a highest
-            # pressure lower by more than the hysteresis. A tight fleet (one where nothing
-            # fits, too) must not flip between equally good arrangements at every repack.
+        if repaired or any(b.excess for b in bins.values()) or previous.models:
+            # Repairs ignore per-model hysteresis, an oversubscription the repair could
+            # not undo is no reason to move, and neither is a greedy pass that undoes an
+            # earlier repair: keep the previous placement as a whole unless the new one is
+            # better -- less excess, or as little excess and a highest pressure lower by
+            # more than the hysteresis. A tight fleet (one where nothing fits, too) must
+            # not flip between equally good arrangements at every repack.
             kept = _previous_if_as_good(previous, policy, workers, shares, bins, factor)
             if kept is not None:
                 bins, repaired = kept, ()
