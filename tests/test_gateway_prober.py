@@ -3,12 +3,15 @@
 The prober is given a fake round (``gather``: what every worker answered) through its
 constructor, and runs on plain Trio with the ``autojump_clock``; a "traffic" task asks for
 rounds the way the request path does (:class:`~reactantserver.gateway.prober.Refresher`
-lets through one a second). ``WedgeWatch`` itself is checked on plain numbers.
+lets through one a second). ``WedgeWatch`` itself is checked on plain numbers. Last, the replay of shared-memory
+registrations to a worker against a client's unregister, on asyncio with a fake worker.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import types
 
 import pytest
 import trio
@@ -16,16 +19,23 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
+from reactantserver.errors import NotFound
+from reactantserver.gateway.calls import CallInfo
+from reactantserver.gateway.channel import Reply
+from reactantserver.gateway.fanout import FanOut
 from reactantserver.gateway.pool import WorkerClient
 from reactantserver.gateway.prober import (
     STARTUP_GRACE_SECONDS,
     GatewayWedged,
     Prober,
+    Registrations,
     WedgeWatch,
     WorkerProbe,
+    _replay,
 )
 from reactantserver.gateway.routing import RoundRobinRouter
 from reactantserver.gateway.table import ModelSnapshot, WorkerSnapshot
+from reactantserver.protocol import inference as pb
 
 ADDRESSES = ("127.0.0.1:9001", "127.0.0.1:9002")
 
@@ -180,3 +190,66 @@ async def test_a_start_with_workers_still_compiling_reads_healthy(
         "worker worker1 is ready: routing to it",
         "gateway ready: 2 of 2 workers ready",
     ]
+
+
+class _RegionWorker:
+    """A worker's shared-memory table behind the calls the gateway makes; the prober's
+    first replayed registration waits for ``release`` (a slow worker)."""
+
+    def __init__(self) -> None:
+        self.name = self.address = self.label = "127.0.0.1:9001"
+        self.regions: set[str] = set()
+        self.release = asyncio.Event()
+        self.replay_started = asyncio.Event()
+
+    def statistics(self) -> types.SimpleNamespace:
+        return types.SimpleNamespace(connects=1)
+
+    async def call(self, path: bytes, data: bytes, deadline: float, **kw: object) -> Reply:
+        if path.endswith(b"Register"):
+            if kw.get("probe"):
+                self.replay_started.set()
+                await self.release.wait()
+            self.regions.add(pb.SystemSharedMemoryRegisterRequest().parse(data).name)
+        elif path.endswith(b"Unregister"):
+            name = pb.SystemSharedMemoryUnregisterRequest().parse(data).name
+            self.regions = {r for r in self.regions if name and r != name}
+        return Reply(0)
+
+
+def test_an_unregister_during_a_replay_leaves_no_region_behind() -> None:
+    """A region unregistered through the gateway while a probe round is replaying the
+    registrations to a worker is gone from that worker afterwards: the replay and the
+    fanned-out unregister are ordered, never interleaved (CI once found 'out' left behind)."""
+
+    async def main() -> set[str]:
+        worker = _RegionWorker()
+        registrations = Registrations()
+        for name in ("in", "out"):
+            registrations.registered(
+                name, bytes(pb.SystemSharedMemoryRegisterRequest(name=name, key="/k", byte_size=4))
+            )
+        fleet = types.SimpleNamespace(answering=lambda: (worker,), ready=lambda: (True, ""))
+        fanout = FanOut(
+            fleet,
+            types.SimpleNamespace(worker_call=lambda *a: None),  # type: ignore[arg-type]
+            registrations,
+            not_served=lambda name: NotFound(name),
+            serves=lambda name: True,
+        )
+        deadline = asyncio.get_running_loop().time() + 5
+        replay = asyncio.create_task(_replay(worker, registrations, deadline))  # type: ignore[arg-type]
+        await worker.replay_started.wait()
+        unregister = asyncio.create_task(
+            fanout.shm_unregister(
+                bytes(pb.SystemSharedMemoryUnregisterRequest(name="")),
+                CallInfo("SystemSharedMemoryUnregister", deadline),
+            )
+        )
+        await asyncio.sleep(0.01)  # the unregister is under way while the replay waits
+        worker.release.set()
+        await asyncio.gather(replay, unregister)
+        assert registrations.regions == {}
+        return worker.regions
+
+    assert asyncio.run(main()) == set()

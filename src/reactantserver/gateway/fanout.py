@@ -139,6 +139,10 @@ class FanOut:
         return bytes(merge.merge_shm_status(parsed))
 
     async def shm_register(self, data: bytes, call: CallInfo) -> bytes:
+        async with self.registrations.lock:  # after any replay in flight (see Registrations)
+            return await self._shm_register(data, call)
+
+    async def _shm_register(self, data: bytes, call: CallInfo) -> bytes:
         request = pb.SystemSharedMemoryRegisterRequest().parse(data)
         results = await self._fan_out(
             b"/inference.GRPCInferenceService/SystemSharedMemoryRegister", data, call
@@ -189,10 +193,11 @@ class FanOut:
 
     async def shm_unregister(self, data: bytes, call: CallInfo) -> bytes:
         request = pb.SystemSharedMemoryUnregisterRequest().parse(data)
-        self.registrations.unregistered(request.name)
-        results = await self._fan_out(
-            b"/inference.GRPCInferenceService/SystemSharedMemoryUnregister", data, call
-        )
+        async with self.registrations.lock:  # after any replay in flight (see Registrations)
+            self.registrations.unregistered(request.name)
+            results = await self._fan_out(
+                b"/inference.GRPCInferenceService/SystemSharedMemoryUnregister", data, call
+            )
         failure = self._first_failure(results)
         if failure is not None:
             raise failure

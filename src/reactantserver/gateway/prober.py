@@ -146,11 +146,17 @@ class Registrations:
 
     ``replayed`` remembers, per worker, the connection count at the last replay: a higher
     count means a new connection, possibly a restarted worker with no regions.
+
+    ``lock`` orders a replay against the fanned-out SystemSharedMemoryRegister/Unregister:
+    without it a replay that read the table before a client's unregister could register a
+    region on a worker after the unregister had removed it there (a region left behind that
+    the client believes gone).
     """
 
     def __init__(self) -> None:
         self.regions: dict[str, bytes] = {}
         self.replayed: dict[str, int] = {}
+        self.lock = asyncio.Lock()
 
     def registered(self, name: str, request: bytes) -> None:
         self.regions[name] = request
@@ -232,21 +238,22 @@ async def probe_worker(
 
 
 async def _replay(client: WorkerClient, registrations: Registrations, deadline: float) -> None:
-    connects = client.statistics().connects
-    if registrations.replayed.get(client.address) == connects:
-        return
-    for name, request in list(registrations.regions.items()):
-        reply = await client.call(SHM_REGISTER, request, deadline, probe=True)
-        if reply.status != 0:
-            log.warning(
-                "could not register shared-memory region %r on worker %s (it joined or "
-                "reconnected): status %d: %s",
-                name,
-                client.label,
-                reply.status,
-                reply.message,
-            )
-    registrations.replayed[client.address] = connects
+    async with registrations.lock:
+        connects = client.statistics().connects
+        if registrations.replayed.get(client.address) == connects:
+            return
+        for name, request in list(registrations.regions.items()):
+            reply = await client.call(SHM_REGISTER, request, deadline, probe=True)
+            if reply.status != 0:
+                log.warning(
+                    "could not register shared-memory region %r on worker %s (it joined or "
+                    "reconnected): status %d: %s",
+                    name,
+                    client.label,
+                    reply.status,
+                    reply.message,
+                )
+        registrations.replayed[client.address] = connects
 
 
 class Prober:
