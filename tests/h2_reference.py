@@ -16,7 +16,7 @@ from h2.connection import H2Connection
 from h2.settings import SettingCodes
 from h2frames import HyperframeReader, route_quiet_frames
 
-from reactantserver.transport.h2settings import local_settings
+from reactantserver.transport.h2core import local_settings
 from reactantserver.transport.limits import WireLimits
 
 #: What h2 sees as our stream limit: never reached, since ours is enforced per stream.

@@ -1,12 +1,12 @@
-"""The client role of HTTP/2 (``transport.h2client``: the gateway's to its workers and the
-Python client's), with h2's server side as the oracle.
+"""The client role of our HTTP/2 connection (``transport.h2client`` over ``transport.h2core``:
+the gateway's to its workers and the Python client's), with h2's server side as the oracle.
 
 Every test wires a :class:`ClientConnection` to an h2 ``H2Connection(client_side=False)`` in
 memory: our bytes go into h2 and h2's into ours. h2 is strict about everything a client may
 do wrong (flow-control overruns, oversized frames, malformed header blocks, stream states),
 so "h2 accepted it" is the check that our output is valid HTTP/2, and h2's events say what
-it understood. Both send paths are tried (one buffer, ``send_data``, as the gateway sends;
-a queue of views, ``send_pieces``, as the Python client does), and both ways of receiving
+it understood. Both send paths are tried (one buffer, ``send_data``;
+a queue of views, ``send_pieces``, as both clients send), and both ways of receiving
 a DATA frame split across reads (gathered; ``pieces``, passed on a piece per read).
 """
 
@@ -27,13 +27,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from strategies import message_sends
 
+from reactantserver.transport import h2events
 from reactantserver.transport.abuse import FLOOD_BURST, FLOOD_RATE, RESET_MIN_STREAMS
-from reactantserver.transport.h2client import (
-    ClientConnection,
-    Event,
-    encode_request,
-    request_prefix,
-)
+from reactantserver.transport.h2client import ClientConnection, encode_request, request_prefix
 from reactantserver.transport.h2events import ProtocolError
 from reactantserver.transport.h2wire import CANCEL, REFUSED_STREAM
 from reactantserver.transport.hpack_blocks import literal
@@ -42,6 +38,30 @@ from reactantserver.transport.limits import WireLimits
 PATH = b"/inference.GRPCInferenceService/ModelInfer"
 #: The time every read is given (the abuse budget's clock; the tests of it give others).
 NOW = 0.0
+
+#: What a test reads of an event: (kind, stream id, value, end or message).
+Event = tuple[str, int, object, object]
+
+
+def _events(client: ClientConnection, data: bytes, now: float) -> list[Event]:
+    """``client.receive_data``'s events as tuples a test compares: the answer's parts
+    (``headers``, ``data``, with whether they ended the stream), ``reset`` by the peer,
+    ``error`` (a stream error: we reset it), ``goaway`` and ``window`` (blocked data may
+    go); the rest (StreamEnded, which the parts carry, PING, PRIORITY...) left out."""
+    out: list[Event] = []
+    for e in client.receive_data(data, now):
+        if isinstance(e, h2events.DataReceived):
+            out.append(("data", e.stream_id, e.data, e.stream_ended is not None))
+        elif isinstance(e, (h2events.ResponseReceived, h2events.TrailersReceived)):
+            out.append(("headers", e.stream_id, e.headers, e.stream_ended is not None))
+        elif isinstance(e, h2events.StreamReset):
+            kind = "reset" if e.remote_reset else "error"
+            out.append((kind, e.stream_id, e.error_code, None))
+        elif isinstance(e, h2events.ConnectionTerminated):
+            out.append(("goaway", e.last_stream_id, e.error_code, None))
+        elif isinstance(e, (h2events.WindowUpdated, h2events.RemoteSettingsChanged)):
+            out.append(("window", 0, None, None))
+    return out
 
 
 def _server(**settings_: int) -> h2.connection.H2Connection:
@@ -59,7 +79,7 @@ def connect(
 ) -> tuple[ClientConnection, h2.connection.H2Connection]:
     """A client and an h2 server that have exchanged prefaces and SETTINGS."""
     client = client if client is not None else ClientConnection()
-    client.initiate()
+    client.initiate_connection()
     server = _server(**{k.upper(): v for k, v in server_settings.items()})
     pump(client, server)
     return client, server
@@ -78,7 +98,7 @@ def pump(
         if out:
             theirs += server.receive_data(out)
         if back:
-            ours += client.receive(back, NOW)
+            ours += _events(client, back, NOW)
     raise AssertionError("the connection never went quiet")
 
 
@@ -94,7 +114,7 @@ def send_all(
     sent = 0
     done = False
     while not done:
-        room = client.window(stream_id)
+        room = client.local_flow_control_window(stream_id)
         assert room > 0 or not data, "stalled: no window and nothing in flight"
         chunk = data[sent : sent + room]
         sent += len(chunk)
@@ -106,7 +126,7 @@ def send_all(
         for event in events:
             if isinstance(event, h2.events.DataReceived):
                 server.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-        client.receive(server.data_to_send(), NOW)
+        _events(client, server.data_to_send(), NOW)
     return theirs
 
 
@@ -137,7 +157,7 @@ def send_pieces_all(
                 if isinstance(event, h2.events.DataReceived):
                     server.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
             theirs += events
-            client.receive(server.data_to_send(), NOW)
+            _events(client, server.data_to_send(), NOW)
             out = client.data_to_send()
         if not pending:
             return theirs
@@ -150,7 +170,7 @@ def test_settings_are_exchanged_and_acknowledged() -> None:
     assert server.remote_settings.enable_push == 0
     assert server.outbound_flow_control_window == 64 * 1024 * 1024
     assert client.peer_max_streams == 7
-    assert client.peer_max_frame == 32768
+    assert client.max_outbound_frame_size == 32768
 
 
 def test_a_unary_call_round_trip() -> None:
@@ -180,7 +200,7 @@ def test_a_unary_call_round_trip() -> None:
     assert ours[0][2] == ((b":status", b"200"), (b"content-type", b"application/grpc"))
     assert bytes(ours[1][2]) == b"\x00\x00\x00\x00\x02ok"  # type: ignore[arg-type]
     assert ours[2][2:] == (((b"grpc-status", b"0"),), True)
-    assert client.open_streams == 0
+    assert len(client.streams) == 0
 
 
 def test_a_message_given_as_pieces_goes_as_one_frame() -> None:
@@ -250,9 +270,9 @@ def test_any_answer_split_anywhere_decodes_the_same(
     events: list[Event] = []
     at = 0
     for cut in splits:
-        events += client.receive(wire[at : at + cut], NOW)
+        events += _events(client, wire[at : at + cut], NOW)
         at += cut
-    events += client.receive(wire[at:], NOW)
+    events += _events(client, wire[at:], NOW)
     data = b"".join(bytes(e[2]) for e in events if e[0] == "data")  # type: ignore[arg-type]
     heads = [e for e in events if e[0] == "headers"]
     assert data == payload
@@ -316,7 +336,7 @@ def test_views_handed_out_survive_later_reads() -> None:
         wire += server.data_to_send()
         views = []
         for at in range(0, len(wire), 777):
-            views += [e[2] for e in client.receive(wire[at : at + 777], NOW) if e[0] == "data"]
+            views += [e[2] for e in _events(client, wire[at : at + 777], NOW) if e[0] == "data"]
         assert b"".join(views) == b"".join(bytes([i]) * 10_000 for i in range(4))  # type: ignore[arg-type]
 
 
@@ -345,7 +365,7 @@ def test_a_data_frame_cut_anywhere_is_passed_on_in_pieces_ending_with_its_flag()
             fresh.data_to_send()
             events = []
             for piece in (wire[:cut], wire[cut:second], wire[second:]):
-                events += fresh.receive(piece, NOW)
+                events += _events(fresh, piece, NOW)
             data = [e for e in events if e[0] == "data"]
             assert {e[1] for e in data} == {x}
             assert b"".join(bytes(e[2]) for e in data) == bytes(range(256)) * 20  # type: ignore[arg-type]
@@ -355,9 +375,9 @@ def test_a_data_frame_cut_anywhere_is_passed_on_in_pieces_ending_with_its_flag()
 
 def _state(client: ClientConnection) -> tuple[object, ...]:
     return (
-        client.send_window,
-        client._next_id,
-        {sid: (s.send_window, s.recv_unacked) for sid, s in client._streams.items()},
+        client.outbound_flow_control_window,
+        client.next_stream_id,
+        {sid: (s.send_window, s.state, s.recv.processed) for sid, s in client.streams.items()},
     )
 
 
@@ -395,12 +415,12 @@ def test_a_request_in_one_step_is_the_two_calls_or_nothing(
         assert one.data_to_send() == b""
         assert not (
             two.can_open
-            and len(framed) <= min(max_frame, window, two.send_window)
+            and len(framed) <= min(max_frame, window, two.outbound_flow_control_window)
             and len(block) <= max_frame
         )
         return
     assert two.open_stream(block) == stream_id
-    assert two.window(stream_id) >= len(framed)
+    assert two.local_flow_control_window(stream_id) >= len(framed)
     two.send_data(stream_id, framed, end_stream=True)
     assert one.data_to_send() == two.data_to_send()
     assert _state(one) == _state(two)
@@ -423,7 +443,7 @@ def test_a_response_larger_than_our_stream_window_is_let_through() -> None:
             server.send_data(sid, b"\x01" * n)
             sent += n
             room -= n
-        events = client.receive(server.data_to_send(), NOW)
+        events = _events(client, server.data_to_send(), NOW)
         received += sum(len(e[2]) for e in events if e[0] == "data")  # type: ignore[arg-type]
         server.receive_data(client.data_to_send())
         assert events, "the server stalled"
@@ -501,7 +521,7 @@ def test_ping_is_answered_and_priority_and_unknown_frames_are_ignored() -> None:
     server.ping(b"12345678")
     priority = b"\x00\x00\x05\x02\x00\x00\x00\x00\x03" + b"\x00\x00\x00\x00\x10"
     unknown = b"\x00\x00\x03\xfa\x00\x00\x00\x00\x00abc"
-    ours = client.receive(server.data_to_send() + priority + unknown, NOW)
+    ours = _events(client, server.data_to_send() + priority + unknown, NOW)
     assert ours == []
     theirs = server.receive_data(client.data_to_send())
     assert any(isinstance(e, h2.events.PingAckReceived) for e in theirs)
@@ -514,12 +534,12 @@ def test_stream_limit_and_window_changes_from_settings() -> None:
     assert not client.can_open
     server.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 100})
     pump(client, server)
-    assert client.window(a) == 100
+    assert client.local_flow_control_window(a) == 100
     with pytest.raises(ProtocolError, match="window"):
         client.send_data(a, b"x" * 101, end_stream=True)
     pending = collections.deque([memoryview(b"x" * 101)])
     assert client.send_pieces(a, pending, end_stream=True) == 100
-    assert bytes(pending[0]) == b"x" and client.window(a) == 0
+    assert bytes(pending[0]) == b"x" and client.local_flow_control_window(a) == 0
 
 
 @pytest.mark.parametrize(
@@ -542,7 +562,7 @@ def test_protocol_errors_raise(frame: bytes) -> None:
     client, _ = connect()
     request(client)
     with pytest.raises(ProtocolError):
-        client.receive(frame, NOW)
+        _events(client, frame, NOW)
 
 
 # --------------------------------------------------------------------------- bounds
@@ -560,7 +580,7 @@ def _answer_head(sid: int) -> bytes:
 
 def _refused(client: ClientConnection, data: bytes) -> ProtocolError:
     with pytest.raises(ProtocolError) as caught:
-        client.receive(data, NOW)
+        _events(client, data, NOW)
     return caught.value
 
 
@@ -572,7 +592,7 @@ def test_a_frame_past_our_advertised_frame_size_is_refused_from_its_header() -> 
     client.send_data(sid, b"", end_stream=True)
     pump(client, server)
     limit = WireLimits().max_frame_size
-    assert client.receive(_answer_head(sid) + _frame(0x0, 0, sid, bytes(limit)), NOW)
+    assert _events(client, _answer_head(sid) + _frame(0x0, 0, sid, bytes(limit)), NOW)
     error = _refused(client, _frame(0x0, 0, sid, b"", length=limit + 1))
     assert error.error_code == FRAME_SIZE_ERROR
     assert "SETTINGS_MAX_FRAME_SIZE" in str(error)
@@ -591,7 +611,7 @@ def test_header_blocks_are_bounded_in_frames_and_in_bytes() -> None:
     frames = [_frame(0x1, 0, sid, pieces[0])]
     frames += [_frame(0x9, 0, sid, p) for p in pieces[1:-1]]
     frames.append(_frame(0x9, 0x4, sid, pieces[-1]))
-    (event,) = client.receive(b"".join(frames), NOW)
+    (event,) = _events(client, b"".join(frames), NOW)
     assert event[0] == "headers" and dict(event[2])[b"x-pad"] == b"p" * 100  # type: ignore[call-overload]
 
     client, _ = connect()
@@ -630,9 +650,9 @@ def test_data_past_a_window_we_granted_is_a_flow_control_error() -> None:
     client, _ = connect(ClientConnection(limits))
     request(client)
     client.data_to_send()
-    assert client.receive(_answer_head(1) + chunk * 2, NOW)  # half: a WINDOW_UPDATE is queued
+    assert _events(client, _answer_head(1) + chunk * 2, NOW)  # half: a WINDOW_UPDATE is queued
     client.data_to_send()  # ... and handed out: the worker may send 32 KiB more
-    assert client.receive(chunk * 3, NOW)
+    assert _events(client, chunk * 3, NOW)
 
     client, _ = connect(ClientConnection(limits))
     sids = [request(client) for _ in range(3)]
@@ -654,13 +674,13 @@ def test_a_zero_window_update_is_a_stream_error_on_a_stream_and_fatal_on_the_con
     client.send_data(a, b"", end_stream=True)
     client.send_data(b, b"", end_stream=True)
     pump(client, server)
-    events = client.receive(_frame(0x8, 0, a, (0).to_bytes(4, "big")), NOW)
+    events = _events(client, _frame(0x8, 0, a, (0).to_bytes(4, "big")), NOW)
     assert [e[:3] for e in events] == [("error", a, PROTOCOL_ERROR)]
     _, theirs = pump(client, server)
     assert [(type(e), e.stream_id, e.error_code) for e in theirs] == [
         (h2.events.StreamReset, a, PROTOCOL_ERROR)
     ]
-    events = client.receive(_frame(0x8, 0, b, (2**31 - 1).to_bytes(4, "big")), NOW)
+    events = _events(client, _frame(0x8, 0, b, (2**31 - 1).to_bytes(4, "big")), NOW)
     assert [e[:3] for e in events] == [("error", b, FLOW_CONTROL_ERROR)]
     c = request(client)
     client.send_data(c, b"", end_stream=True)
@@ -680,17 +700,17 @@ def test_the_peers_first_frame_must_be_settings() -> None:
     settings_ack = _frame(0x4, 0x1, 0, b"")
     for first in (ping, settings_ack, _answer_head(1)):
         client = ClientConnection()
-        client.initiate()
+        client.initiate_connection()
         request(client)
         error = _refused(client, first + _frame(0x4, 0, 0, b""))
         assert error.error_code == PROTOCOL_ERROR and "first frame" in str(error)
     client = ClientConnection()
-    client.initiate()
+    client.initiate_connection()
     preface = _frame(0x4, 0, 0, (3).to_bytes(2, "big") + (7).to_bytes(4, "big"))
-    assert client.receive(preface[:4], NOW) == []
-    assert client.receive(preface[4:] + ping, NOW) == [("window", 0, None, None)]
+    assert _events(client, preface[:4], NOW) == []
+    assert _events(client, preface[4:] + ping, NOW) == [("window", 0, None, None)]
     assert client.peer_max_streams == 7
-    assert client.receive(ping, NOW) == []  # the rule is for the first frame only
+    assert _events(client, ping, NOW) == []  # the rule is for the first frame only
 
 
 # --------------------------------------------------------------------------- the abuse budget
@@ -701,8 +721,8 @@ def test_the_peers_first_frame_must_be_settings() -> None:
 def _settled() -> ClientConnection:
     """A client whose peer sent its (empty) SETTINGS; no stream limit."""
     client = ClientConnection()
-    client.initiate()
-    client.receive(_frame(0x4, 0, 0, b""), NOW)
+    client.initiate_connection()
+    _events(client, _frame(0x4, 0, 0, b""), NOW)
     client.data_to_send()
     return client
 
@@ -722,9 +742,9 @@ def test_frames_for_nothing_are_budgeted(kind: str) -> None:
     half = FLOOD_BURST // 2
     client = _settled()
     request(client)
-    client.receive(WASTED[kind] * half, NOW)
-    client.receive(WASTED[kind] * half, NOW + FLOOD_BURST / FLOOD_RATE)
-    assert client.open_streams == 1
+    _events(client, WASTED[kind] * half, NOW)
+    _events(client, WASTED[kind] * half, NOW + FLOOD_BURST / FLOOD_RATE)
+    assert len(client.streams) == 1
     error = _refused(client, WASTED[kind] * FLOOD_BURST)
     assert error.error_code == ENHANCE_YOUR_CALM and "asked for nothing" in str(error)
 
@@ -759,7 +779,7 @@ def test_resets_the_peer_provokes_are_budgeted() -> None:
     sids = [request(client) for _ in range(RESET_MIN_STREAMS)]
     zero = (0).to_bytes(4, "big")
     half = RESET_MIN_STREAMS // 2
-    events = client.receive(b"".join(_frame(0x8, 0, sid, zero) for sid in sids[:half]), NOW)
+    events = _events(client, b"".join(_frame(0x8, 0, sid, zero) for sid in sids[:half]), NOW)
     assert [e[0] for e in events] == ["error"] * half
     error = _refused(client, _frame(0x8, 0, sids[half], zero))
     assert error.error_code == ENHANCE_YOUR_CALM and "reset by the server" in str(error)
@@ -802,7 +822,7 @@ def test_any_bytes_from_a_worker_are_events_or_a_connection_error(fuzz_examples:
         frames: list[tuple[int, int, int, bytes, int | None]], cuts: list[int], preface: bool
     ) -> None:
         client = ClientConnection()
-        client.initiate()
+        client.initiate_connection()
         ours = {request(client) for _ in range(3)}
         client.data_to_send()
         wire = _frame(0x4, 0, 0, b"") if preface else b""
@@ -810,7 +830,7 @@ def test_any_bytes_from_a_worker_are_events_or_a_connection_error(fuzz_examples:
         at, events = 0, []
         try:
             for cut in [*cuts, len(wire)]:
-                events += client.receive(wire[at : at + cut], NOW)
+                events += _events(client, wire[at : at + cut], NOW)
                 at += cut
         except ProtocolError as error:
             assert 0 <= error.error_code <= 0xD
@@ -878,7 +898,7 @@ def test_frames_on_streams_not_open_are_judged_as_h2s_client_judges_them(
     assert [request(client), request(client)] == [1, 3]
     client.reset(1)
     try:
-        client.receive(data, NOW)
+        _events(client, data, NOW)
         ours = None
     except ProtocolError as error:
         ours = int(error.error_code)

@@ -43,7 +43,7 @@ from hypothesis import strategies as st
 
 from reactantserver.config.schema import EndpointsConfig
 from reactantserver.transport import h2events, h2parse
-from reactantserver.transport.h2conn import new_h2_connection
+from reactantserver.transport.h2lean import ServerConnection
 from reactantserver.transport.h2wire import DATA, HEADERS, PREFACE, SETTINGS
 from reactantserver.transport.h2wire import frame as raw_frame
 from reactantserver.transport.limits import WireLimits
@@ -88,7 +88,7 @@ def _events(conn: Any, chunks: list[bytes]) -> list[tuple[Any, ...]]:
 def _pair(lean: bool = False) -> tuple[Any, h2.connection.H2Connection]:
     """A server connection (h2's given our reader; ``lean``: ours) and h2's client,
     past the handshake."""
-    server = new_h2_connection(LIMITS) if lean else h2_reference_connection(LIMITS)
+    server = ServerConnection(LIMITS) if lean else h2_reference_connection(LIMITS)
     server.initiate_connection()
     client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
     client.initiate_connection()
@@ -135,7 +135,7 @@ def test_frames_cut_from_reads_give_h2s_events(
     chunks = [stream[a:b] for a, b in itertools.pairwise(points)]
     expected = _events(_h2_oracle(), chunks)
     assert expected[1][0] == "RequestReceived"  # the oracle read the block
-    for ours in (new_h2_connection(LIMITS), h2_reference_connection(LIMITS)):
+    for ours in (ServerConnection(LIMITS), h2_reference_connection(LIMITS)):
         ours.initiate_connection()
         assert _events(ours, chunks) == expected
 

@@ -34,7 +34,8 @@ from strategies import h2_client_scripts
 
 from reactantserver.config.schema import EndpointsConfig
 from reactantserver.transport import h2events
-from reactantserver.transport.h2lean import MAX_ENDED_STREAMS, ServerConnection
+from reactantserver.transport.h2core import MAX_ENDED_STREAMS
+from reactantserver.transport.h2lean import ServerConnection
 from reactantserver.transport.h2wire import (
     CONTINUATION,
     DATA,
@@ -519,7 +520,7 @@ def test_a_peer_past_the_connection_window_gets_flow_control_error() -> None:
         server.receive_data(wire)
     goaway = server.data_to_send()
     assert goaway[3] == 0x7 and int.from_bytes(goaway[13:17], "big") == 0x3
-    assert server.state_machine.state is h2events.ConnectionState.CLOSED
+    assert server.state is h2events.ConnectionState.CLOSED
 
 
 def _served(calls: int) -> tuple[ServerConnection, _Client]:

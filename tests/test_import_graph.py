@@ -8,10 +8,10 @@ still a circle to a reader, and hides the layering it breaks.
 * The worker's scheduling package never imports the gateway: the fleet simulator, which
   drives both, lives above them (:mod:`reactantserver.fleet`).
 * The transport (the HTTP/2 and gRPC layer both roles stand on) never imports the gateway.
-* No module of the package imports h2 or hyperframe: the HTTP/2 core is our own, both
-  roles (``transport/h2lean.py`` serving, ``transport/h2client.py`` the client role the
-  gateway and the Python client share), and h2 is a test-only dependency (the
-  differential tests' oracle).
+* No module of the package imports h2 or hyperframe: the HTTP/2 core is our own, one
+  connection (``transport/h2core.py``) for both roles (``h2lean.py`` serving,
+  ``h2client.py`` the client role the gateway and the Python client share), and h2 is a
+  test-only dependency (the differential tests' oracle).
 * The Python client imports neither the gateway nor grpclib's client or protocol: its
   connection is the transport's client role.
 * Within ``transport/`` and within ``gateway/``, no module imports itself through others
@@ -109,6 +109,23 @@ def test_the_client_speaks_http2_through_the_transport_only() -> None:
     assert "reactantserver.transport.h2client" in _imports(PACKAGE / "gateway" / "channel.py")
 
 
+def test_both_roles_are_one_connection() -> None:
+    """The server and the client role are one state machine: each subclasses
+    ``h2core.Connection`` directly and adds only its sending API -- neither reads frames
+    (``receive_data`` or a frame handler ``_on_*``), moves streams between states, or
+    keeps windows of its own (the methods and attributes that do are the core's)."""
+    from reactantserver.transport.h2client import ClientConnection
+    from reactantserver.transport.h2core import Connection
+    from reactantserver.transport.h2lean import ServerConnection
+
+    core = {"receive_data", "_move", "_close", "_grant", "_granted", "send_pieces", "send_data",
+            "acknowledge_received_data", "increment_flow_control_window", "__init__"}  # fmt: skip
+    for role in (ServerConnection, ClientConnection):
+        assert role.__bases__ == (Connection,), role
+        own = set(vars(role))
+        assert not {n for n in own if n.startswith("_on_") or n in core}, role
+
+
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     """One cycle of ``graph`` (a path along its edges that returns to its start), or None."""
     try:
@@ -145,7 +162,7 @@ _SERVED = [*_modules("transport").values(), PACKAGE / "gateway" / "proxy.py",
 #: hyperframe are imported by no module (test_no_module_imports_h2),
 #: and every transport module names HTTP/2 events, errors and codes through
 #: ``transport.h2events`` alone.
-_H2_ALLOWED = {"h2lean", "h2client", "hpack_blocks"}
+_H2_ALLOWED = {"h2core", "hpack_blocks"}
 
 
 def _imports_any(path: Path, names: tuple[str, ...]) -> list[str]:

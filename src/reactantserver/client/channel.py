@@ -47,8 +47,18 @@ from urllib.parse import unquote
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
-from ..transport.h2client import ClientConnection, Event, Piece, encode_request, request_prefix
-from ..transport.h2events import ProtocolError
+from ..transport.h2client import ClientConnection, encode_request, request_prefix
+from ..transport.h2events import (
+    ConnectionTerminated,
+    DataReceived,
+    Event,
+    ProtocolError,
+    RemoteSettingsChanged,
+    ResponseReceived,
+    StreamReset,
+    TrailersReceived,
+    WindowUpdated,
+)
 from ..transport.limits import WireLimits
 
 #: Pieces smaller than this are joined into one ``write``; larger ones are written as
@@ -69,9 +79,9 @@ HTTP_STATUSES = {
 }
 
 
-def write_pieces(transport: asyncio.WriteTransport, pieces: Iterable[Piece]) -> None:
+def write_pieces(transport: asyncio.WriteTransport, pieces: Iterable[bytes | memoryview]) -> None:
     """Write ``pieces`` in order: small ones joined into one write, large ones as they are."""
-    group: list[Piece] = []
+    group: list[bytes | memoryview] = []
     for piece in pieces:
         if len(piece) < JOIN_BYTES:
             group.append(piece)
@@ -199,14 +209,13 @@ class _Protocol(asyncio.Protocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             # A small call must not wait ~40 ms for the peer's delayed ACK.
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.conn.initiate()
+        self.conn.initiate_connection()
         self.flush()
 
     def data_received(self, data: bytes) -> None:
         try:
-            events = self.conn.receive(data, time.monotonic())
-        except ProtocolError as exc:
-            self.conn.close(int(exc.error_code))
+            events = self.conn.receive_data(data, time.monotonic())
+        except ProtocolError as exc:  # the connection queued its GOAWAY
             self.flush()
             self._fail(exc)
             assert self.transport is not None
@@ -230,52 +239,52 @@ class _Protocol(asyncio.Protocol):
     # ---------------------------------------------------------------- events
 
     def _event(self, event: Event) -> None:
-        kind, stream_id, value, end = event
-        if kind == "window":
+        kind = type(event)
+        if kind is WindowUpdated or kind is RemoteSettingsChanged:
             for sending in self.calls.values():
                 if sending.pending:
                     sending.poke()
             return
-        if kind == "goaway":  # calls it did not process, or waiting, go to a new connection
-            for later in [c for c in self.calls.values() if c.stream_id > stream_id]:
+        if isinstance(event, ConnectionTerminated):
+            # Calls it did not process, or waiting, go to a new connection.
+            for later in [c for c in self.calls.values() if c.stream_id > event.last_stream_id]:
                 self._end(later, _Gone())
             self._wake_all()
             return
+        if not isinstance(event, (DataReceived, ResponseReceived, TrailersReceived, StreamReset)):
+            return
+        stream_id = event.stream_id
         call = self.calls.get(stream_id)
         if call is None:
             return
-        if kind == "data":
-            assert isinstance(value, memoryview)
+        if isinstance(event, DataReceived):
             if call.headers is None:
                 self.conn.reset(stream_id, 1)  # PROTOCOL_ERROR: DATA before HEADERS
                 self._end(call, StreamTerminatedError("the answer's DATA came before its HEADERS"))
                 return
-            if not call.take(value):
+            if not call.take(event.data):
                 self.conn.reset(stream_id, 1)
                 message = "the answer is not one uncompressed gRPC message of the size it says"
                 self._end(call, GRPCError(Status.INTERNAL, message))
                 return
-            if end:  # no trailers: finish() says so
+            if event.stream_ended is not None:  # no trailers: finish() says so
                 self.calls.pop(stream_id, None)
                 self.answered += 1
                 call.finish(())
                 self._slot_freed()
-        elif kind == "headers":
-            assert isinstance(value, tuple)
-            if call.headers is None and not end:
-                call.headers = value
-                return
-            if call.headers is None:  # trailers-only: one block says everything
-                call.headers = value
+        elif isinstance(event, StreamReset):
+            what = "reset by the server" if event.remote_reset else "reset: a stream error"
+            code = int(event.error_code)
+            self._end(call, StreamTerminatedError(f"the call's stream was {what} (code {code})"))
+        elif isinstance(event, ResponseReceived) and event.stream_ended is None:
+            call.headers = event.headers
+        else:  # the trailers, or a trailers-only answer: one block says everything
+            if call.headers is None:
+                call.headers = event.headers
             self.calls.pop(stream_id, None)
             self.answered += 1
-            if not end:  # trailers without END_STREAM
-                self.conn.reset(stream_id, 1)
-            call.finish(value)
+            call.finish(event.headers)
             self._slot_freed()
-        else:  # "reset" by the server, or "error": we reset it
-            what = "reset by the server" if kind == "reset" else f"reset: {end}"
-            self._end(call, StreamTerminatedError(f"the call's stream was {what} (code {value})"))
 
     def _end(self, call: _Call, exc: BaseException) -> None:
         self.calls.pop(call.stream_id, None)
@@ -320,7 +329,9 @@ class _Protocol(asyncio.Protocol):
     def usable(self) -> bool:
         return self.failure is None and not self.conn.goaway_received
 
-    async def call(self, header_block: bytes, parts: Sequence[Piece]) -> memoryview | None:
+    async def call(
+        self, header_block: bytes, parts: Sequence[bytes | memoryview]
+    ) -> memoryview | None:
         """One unary call: ``b"".join(parts)`` as its message; the answer's message."""
         conn = self.conn
         while self.failure is not None or not conn.can_open:
@@ -346,7 +357,7 @@ class _Protocol(asyncio.Protocol):
             self.flush()
             while call.pending and not call.done.done():
                 call.wake = asyncio.get_running_loop().create_future()
-                if self.paused or not conn.window(stream_id):
+                if self.paused or not conn.local_flow_control_window(stream_id):
                     await call.wake
                     continue
                 conn.send_pieces(stream_id, pending, end_stream=True, most=SEND_CHUNK)
@@ -385,7 +396,7 @@ class Channel:
         self._blocks: dict[str, bytes] = {}
 
     async def unary(
-        self, path: str, parts: Sequence[Piece], *, timeout: float | None = None
+        self, path: str, parts: Sequence[bytes | memoryview], *, timeout: float | None = None
     ) -> memoryview | None:
         """Call ``path`` with the message ``b"".join(parts)`` (never joined here); the
         answer's message, read-only (None when the server sent none). ``timeout``: seconds, sent as
@@ -440,6 +451,6 @@ class Channel:
         protocol, self._protocol = self._protocol, None
         if protocol is not None and protocol.transport is not None:
             with contextlib.suppress(RuntimeError):  # the loop may be closing
-                protocol.conn.close()
+                protocol.conn.close_connection()
                 protocol.flush()
             protocol.transport.close()

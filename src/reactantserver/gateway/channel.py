@@ -91,6 +91,15 @@ from urllib.parse import unquote
 from ..errors import DeadlineExceeded
 from ..transport import h2client, h2events
 from ..transport.h2conn import held_writes
+from ..transport.h2events import (
+    ConnectionTerminated,
+    DataReceived,
+    RemoteSettingsChanged,
+    ResponseReceived,
+    StreamReset,
+    TrailersReceived,
+    WindowUpdated,
+)
 from ..transport.h2wire import CANCEL, REFUSED_STREAM
 from ..transport.limits import WireLimits
 from .wire import encode_grpc_timeout
@@ -120,8 +129,9 @@ FLUSH_EVERY = 8
 #: SETTINGS_MAX_FRAME_SIZE); a large request is written to the socket as it goes.
 MAX_CHUNK = 1024 * 1024
 _OK, _UNKNOWN, _DEADLINE, _RESOURCE, _INTERNAL = 0, 2, 4, 8, 13
-#: A call's request bytes once all are queued (or when it went out whole): none.
-_NO_BODY = memoryview(b"")
+#: A call's request left to queue when it went out whole (never changed: :meth:`Call.hold`
+#: gives a call that waits its own).
+_NOTHING_PENDING: collections.deque[memoryview] = collections.deque()
 #: HTTP status -> gRPC status, for a worker that answers without gRPC (the gRPC spec's table).
 _HTTP_TO_GRPC = {400: 13, 401: 16, 403: 7, 404: 12, 429: 14, 502: 14, 503: 14, 504: 14}
 
@@ -163,9 +173,9 @@ OnDone = Callable[[Reply | ChannelError], None]
 class Call:
     """One stream's state, from the request headers to the last frame of the answer."""
 
-    __slots__ = ("body", "chunks", "deadline", "grpc_message", "grpc_status", "head",
-                 "http_status", "offset", "on_done", "owner", "received", "release",
-                 "responded", "sent", "stream_id")  # fmt: skip
+    __slots__ = ("chunks", "deadline", "grpc_message", "grpc_status", "http_status",
+                 "on_done", "owner", "pending", "received", "release", "responded", "sent",
+                 "stream_id")  # fmt: skip
 
     def __init__(
         self,
@@ -182,11 +192,9 @@ class Call:
         #: Runs once, just before ``on_done``: the caller's stream slot goes back.
         self.release = release
         self.deadline = deadline
-        #: The request message still to queue (:meth:`hold`), and its gRPC length prefix,
-        #: sent in front of its first chunk.
-        self.head = b""
-        self.body = _NO_BODY
-        self.offset = 0
+        #: What is still to queue of the request (:meth:`hold`): its gRPC length prefix
+        #: and message, as views.
+        self.pending = _NOTHING_PENDING
         #: The whole request (END_STREAM included) has been queued for sending.
         self.sent = False
         #: The response headers arrived (the next header block is the trailers).
@@ -199,8 +207,8 @@ class Call:
 
     def hold(self, payload: bytes | memoryview) -> None:
         """Keep the request message ``payload`` to queue as the windows allow."""
-        self.head = b"\x00" + len(payload).to_bytes(4, "big")
-        self.body = memoryview(payload)
+        prefix = b"\x00" + len(payload).to_bytes(4, "big")
+        self.pending = collections.deque((memoryview(prefix), memoryview(payload).cast("B")))
 
     def cancel(self) -> None:
         """The caller is gone: the worker cancels the call (see ``WorkerConnection``)."""
@@ -244,7 +252,7 @@ class WorkerConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
-        self._h2.initiate()
+        self._h2.initiate_connection()
         self._flush()
 
     def data_received(self, data: bytes) -> None:
@@ -257,26 +265,23 @@ class WorkerConnection(asyncio.Protocol):
 
     def _received(self, data: bytes) -> None:
         try:
-            events = self._h2.receive(data, self._loop.time())
-        except h2events.ProtocolError as exc:
-            code = int(exc.error_code)
-            self._h2.close(code)  # GOAWAY saying why, then the socket closes
+            events = self._h2.receive_data(data, self._loop.time())
+        except h2events.ProtocolError as exc:  # the connection queued its GOAWAY
             self._flush()
+            code = int(exc.error_code)
             self._fail(f"protocol error from the worker ({_code_name(code)}): {exc}")
             return
-        for kind, stream_id, a, b in events:
-            if kind == "data":
-                self._on_data(stream_id, a, b)  # type: ignore[arg-type]
-            elif kind == "headers":
-                self._on_headers(stream_id, a, b)  # type: ignore[arg-type]
-            elif kind == "window":
+        for event in events:
+            if isinstance(event, DataReceived):
+                self._on_data(event.stream_id, event.data, event.stream_ended is not None)
+            elif isinstance(event, (ResponseReceived, TrailersReceived)):
+                self._on_headers(event.stream_id, event.headers, event.stream_ended is not None)
+            elif isinstance(event, (WindowUpdated, RemoteSettingsChanged)):
                 self._unblock()
-            elif kind == "reset":
-                self._on_reset(stream_id, a)  # type: ignore[arg-type]
-            elif kind == "goaway":
-                self._on_goaway(stream_id, a)  # type: ignore[arg-type]
-            elif kind == "error":
-                self._on_stream_error(stream_id, a, b)  # type: ignore[arg-type]
+            elif isinstance(event, StreamReset):
+                self._on_reset(event.stream_id, event.error_code, event.remote_reset)
+            elif isinstance(event, ConnectionTerminated):
+                self._on_goaway(event.last_stream_id, event.error_code)
         self._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -374,7 +379,7 @@ class WorkerConnection(asyncio.Protocol):
     def close(self) -> None:
         """GOAWAY and close; calls still open fail (as possibly executed)."""
         if self._transport is not None and self.closed is None:
-            self._h2.close()
+            self._h2.close_connection()
             self._flush()
         self._fail("the gateway closed the connection")
 
@@ -382,33 +387,14 @@ class WorkerConnection(asyncio.Protocol):
 
     def _push(self, call: Call) -> bool:
         """Queue as much of ``call``'s request as the windows allow; True when all is."""
-        h2c = self._h2
-        size = len(call.body)
-        while True:
-            room = min(h2c.window(call.stream_id), MAX_CHUNK)
-            chunk: bytes | memoryview
-            if call.head:
-                # The prefix rides in the first chunk: a copy of at most one chunk's bytes
-                # (a small message goes out whole, in one DATA frame).
-                if room < 5:
-                    return False
-                take = min(room - 5, size)
-                chunk = call.head + call.body[:take]
-                call.head = b""
-                call.offset = take
-            else:
-                if room <= 0:
-                    return False
-                take = min(room, size - call.offset)
-                chunk = call.body[call.offset : call.offset + take]
-                call.offset += take
-            end = call.offset >= size
-            h2c.send_data(call.stream_id, chunk, end_stream=end)
-            if end:
-                call.sent = True
-                call.body = _NO_BODY  # drop the reference to the request's bytes
-                return True
-            self._flush()  # a large request: write as it goes
+        h2c, pending = self._h2, call.pending
+        while pending:
+            if not h2c.send_pieces(call.stream_id, pending, end_stream=True, most=MAX_CHUNK):
+                return False
+            if pending:
+                self._flush()  # a large request: write as it goes
+        call.sent = True
+        return True
 
     def _unblock(self) -> None:
         while self._blocked:
@@ -578,31 +564,17 @@ class WorkerConnection(asyncio.Protocol):
         if end:  # no trailers: not a gRPC answer
             self._finish(call, _reply_of(call))
 
-    def _on_reset(self, stream_id: int, code: int) -> None:
+    def _on_reset(self, stream_id: int, code: int, by_worker: bool) -> None:
+        """The worker reset the stream, or broke a stream's rule and we reset it."""
         call = self._calls.get(stream_id)
         if call is None:
             return
-        refused = code == REFUSED_STREAM
-        self._finish(
-            call,
-            ChannelError(
-                f"the worker reset the stream ({_code_name(code)})",
-                unprocessed=refused or not call.sent,
-            ),
-        )
-
-    def _on_stream_error(self, stream_id: int, code: int, message: str) -> None:
-        """The worker broke a stream's rule; :mod:`~reactantserver.transport.h2client` reset the stream."""
-        call = self._calls.get(stream_id)
-        if call is None:
-            return
-        self._finish(
-            call,
-            ChannelError(
-                f"stream error from the worker ({_code_name(code)}): {message}; stream reset",
-                unprocessed=not call.sent,
-            ),
-        )
+        if by_worker:
+            what = f"the worker reset the stream ({_code_name(code)})"
+        else:
+            what = f"stream error from the worker ({_code_name(code)}); stream reset"
+        refused = by_worker and code == REFUSED_STREAM
+        self._finish(call, ChannelError(what, unprocessed=refused or not call.sent))
 
     def _on_goaway(self, last: int, code: int) -> None:
         # Streams above the worker's last one were never processed; the others are

@@ -1,19 +1,10 @@
-"""The pieces the server's HTTP/2 connection is built from, and its corked writes.
+"""The corked writes of our HTTP/2 connections' asyncio edges.
 
-* :func:`new_h2_connection`: the server side of one connection
-  (:class:`.h2lean.ServerConnection`) whose *first* SETTINGS frame carries every limit of
-  :class:`~.limits.WireLimits` (stream count, header list size, frame size, stream
-  window), in force from the first byte.
-  Its SETTINGS values live in :mod:`.h2settings`, below both this module and
-  :mod:`.h2lean`, so that the two do not import each other.
-* Received bytes are cut into frames by :class:`.h2parse.FrameReader` (a frame's length
-  judged from its 9-byte header, header blocks bounded and joined, each body copied at
-  most once).
-* :class:`CorkedTransport`: everything written during one read's callback, or else
-  during one pass of the event loop, leaves in one ``send`` (a unary answer is written in
-  three steps; each ``send`` releases the GIL, and the event loop then waits on the
-  device thread). :class:`HeldWrites` says which: writes made inside a connection's
-  ``data_received`` go out as it returns.
+:class:`CorkedTransport`: everything written during one read's callback, or else
+during one pass of the event loop, leaves in one ``send`` (a unary answer is written in
+three steps; each ``send`` releases the GIL, and the event loop then waits on the
+device thread). :class:`HeldWrites` says which: writes made inside a connection's
+``data_received`` go out as it returns.
 """
 
 from __future__ import annotations
@@ -23,9 +14,6 @@ import logging
 import threading
 from collections.abc import Callable
 
-from .h2lean import ServerConnection
-from .limits import WireLimits
-
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -33,21 +21,10 @@ __all__ = [
     "CorkedTransport",
     "HeldWrites",
     "held_writes",
-    "new_h2_connection",
 ]
 
 #: Buffered writes at least this large are sent at once instead of at the end of the pass.
 FLUSH_BYTES = 256 * 1024
-
-
-def new_h2_connection(limits: WireLimits) -> ServerConnection:
-    """The server side of one HTTP/2 connection, every limit in its first SETTINGS frame.
-
-    The values are current settings from the start, not pending ones: a peer that sends
-    before it has read them is held to limits it could not know, which only ever makes us
-    more permissive (larger frames and windows than it assumes), never stricter.
-    """
-    return ServerConnection(limits)
 
 
 class HeldWrites:

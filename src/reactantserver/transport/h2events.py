@@ -1,10 +1,10 @@
-"""The one place the server's HTTP/2 events, exceptions and codes come from: our own.
+"""The one place our HTTP/2 events, exceptions and codes come from, for both roles.
 
-A connection (:class:`.h2lean.ServerConnection`) returns events from ``receive_data`` and
-raises exceptions for a peer's error; every module under :mod:`reactantserver.transport`
-names them, and the codes (error codes, setting codes, connection states), through this
-module and no other. They carry the names and fields h2's do (h2 stays the oracle of the
-differential tests, ``tests/test_h2lean.py``, which compares them by name and field), but
+A connection (:class:`.h2core.Connection`) returns events from ``receive_data`` and
+raises exceptions for a peer's error; every module names them, and the codes (error
+codes, setting codes, connection states), through this module and no other. They carry
+the names and fields h2's do (h2 stays the oracle of the differential tests, which
+compare them by name and field), but
 nothing here imports h2: the events are small slotted records, the exceptions one
 hierarchy under :class:`ProtocolError`, the codes RFC 9113's numbers as ``IntEnum``.
 :class:`ProtocolError` is a connection error; its ``error_code`` (each subclass's: the code
@@ -50,12 +50,14 @@ class SettingCodes(enum.IntEnum):
 
 
 class ConnectionState(enum.Enum):
-    """A server connection's state: idle until the first stream (or ALTSVC), open, and
-    closed by GOAWAY either way."""
+    """A connection's state (:mod:`.h2core`): idle until the first stream, open, closed
+    by GOAWAY (or draining: a client that received one)."""
 
     IDLE = 0
-    SERVER_OPEN = 2
+    OPEN = 2
     CLOSED = 3
+    #: The client role after the peer's GOAWAY: no new stream; open ones are answered.
+    DRAINING = 4
 
 
 def error_code(value: int) -> ErrorCodes | int:
@@ -128,7 +130,7 @@ class StreamClosedError(NoSuchStreamError):
 
 
 class Event:
-    """A thing the peer did, as :meth:`.h2lean.ServerConnection.receive_data` reports it."""
+    """A thing the peer did, as :meth:`.h2core.Connection.receive_data` reports it."""
 
     __slots__ = ()
 
@@ -137,6 +139,16 @@ class Event:
 class RequestReceived(Event):
     """A new stream's request headers (``stream_ended``, ``priority_updated``: the events
     the same frame gave too, else None)."""
+
+    stream_id: int
+    headers: Any
+    stream_ended: StreamEnded | None = None
+    priority_updated: PriorityUpdated | None = None
+
+
+@dataclass(slots=True, eq=False)
+class ResponseReceived(Event):
+    """The response headers of a stream we opened (the client role)."""
 
     stream_id: int
     headers: Any

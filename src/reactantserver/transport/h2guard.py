@@ -84,7 +84,7 @@ from . import h2events
 from .abuse import AbuseBudget
 from .faultlog import FaultLog
 from .framing import MessageFramer, Refusal
-from .h2conn import CorkedTransport, held_writes, new_h2_connection
+from .h2conn import CorkedTransport, held_writes
 from .h2events import ErrorCodes
 from .h2lean import ServerConnection
 from .limits import Fault, WireCounters, WireLimits
@@ -477,7 +477,7 @@ class _Processor:
         headers = status_headers(
             refusal.code,
             refusal.message,
-            headers_sent=state.state_machine.headers_sent,
+            headers_sent=state.headers_sent,
             http_status=refusal.http_status,
             extra=refusal.headers,
         )
@@ -541,7 +541,7 @@ class GuardedProtocol(asyncio.Protocol):
                 self._refuse_connection()
                 return
             self._cork = CorkedTransport(transport, loop)
-            self.h2 = h2 = new_h2_connection(self.limits)
+            self.h2 = h2 = ServerConnection(self.limits)
             h2.initiate_connection()
             h2.increment_flow_control_window(self.limits.connection_window - 65535)
             self._processor = _Processor(self._sink, self, h2)
@@ -713,7 +713,7 @@ class GuardedProtocol(asyncio.Protocol):
         """Past ``max_connections``: GOAWAY saying why, then close (after a linger)."""
         assert self._transport is not None and self._loop is not None
         self._closing = True
-        conn = new_h2_connection(self.limits)
+        conn = ServerConnection(self.limits)
         conn.initiate_connection()
         conn.close_connection(
             ErrorCodes.NO_ERROR,

@@ -1,0 +1,857 @@
+"""One HTTP/2 connection for both roles, sans-IO: the stream table, the states and their
+transitions, flow control, SETTINGS and the frames every role reads the same way.
+
+Bytes in (:meth:`Connection.receive_data` -> events, :mod:`.h2events`), bytes out (the
+``send_*`` methods queue frames, :meth:`Connection.data_to_send` /
+:meth:`Connection.pieces_to_send` hand them over); never a socket or a loop, the time
+given by the caller. The roles are thin subclasses that add their own sending API:
+:class:`.h2lean.ServerConnection` (the worker's and the gateway's served side) and
+:class:`.h2client.ClientConnection` (the gateway's client to its workers and the Python
+client's). Frames are cut by :class:`.h2parse.FrameReader` and dispatched on their type
+byte to one handler each; HPACK is :mod:`.hpack_blocks`; the bounds are :mod:`.h2rules`.
+Nothing here imports h2: it is the oracle of the differential tests of both roles
+(``tests/test_h2lean.py``, ``tests/test_h2client.py``), which feed both the same bytes.
+
+States (RFC 9113 §5.1), as tables a reader can check: a stream is opened by the client's
+HEADERS (OPEN), moves on END_STREAM sent or received per :data:`SERVER_STREAM` /
+:data:`CLIENT_STREAM`, and closes on RST_STREAM either way; a closed stream leaves
+:attr:`Connection.streams` at once and how it closed is remembered (the last 2^16 resets,
+the last :data:`MAX_ENDED_STREAMS` normal endings). The client role closes a stream when
+the server ends it (the answer is complete; what is left of a request is not sent). The
+connection is IDLE until its first stream, OPEN, then CLOSED once a GOAWAY is sent, or,
+for the server role, received (h2's rule: any later frame but GOAWAY is PROTOCOL_ERROR);
+a client that receives GOAWAY opens no new stream and reads the answers of the streams
+at or below the peer's last one (DRAINING).
+
+Late frames (h2's answers, for the server role): on a stream that was reset, DATA and
+HEADERS are answered RST_STREAM(STREAM_CLOSED) by the server and ignored by the client
+(RFC 9113 §5.1: it reset them); after END_STREAM both ways, HEADERS is a connection error
+STREAM_CLOSED; on a stream never opened, DATA, HEADERS and WINDOW_UPDATE are connection
+errors (NoSuchStreamError), RST_STREAM and PRIORITY are ignored once any stream opened.
+
+Flow control, in one place (:class:`RecvWindow`, :meth:`Connection.send_pieces`): DATA
+past a receive window we granted is FLOW_CONTROL_ERROR; a window is reopened once half
+of it was processed (h2's ``WindowManager`` rule; the server acknowledges as its
+handlers read, the client as bytes arrive), and a grant takes effect when the output
+holding it is handed out, so that DATA the peer sent before it could know the grant is
+still held to the old window. We never send more than the peer's windows allow; its
+SETTINGS_INITIAL_WINDOW_SIZE moves every open stream's send window by the difference.
+A WINDOW_UPDATE of zero is PROTOCOL_ERROR and one past 2^31-1 FLOW_CONTROL_ERROR: on a
+stream a stream error (RST_STREAM, reported as ``StreamReset(remote_reset=False)``: a
+reset the peer provoked), on the connection a connection error (h2 makes a zero
+increment a connection error on a stream too; the one difference the tests allow).
+
+What the peer makes us do for nothing is counted (:attr:`Connection.wasted`: PING,
+SETTINGS, empty DATA, frames answered RST_STREAM) and the resets it provokes reported as
+events; the server's guard judges both with its :class:`.abuse.AbuseBudget`, the client
+role with the one its connection holds (:attr:`Connection.budget`). A connection error
+queues GOAWAY with its code and raises :class:`.h2events.ProtocolError`.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections import OrderedDict
+from collections.abc import Callable
+from enum import IntEnum
+
+from hpack import HPACKError, OversizedHeaderListError
+
+from . import h2events, h2parse, h2rules
+from .abuse import AbuseBudget
+from .h2events import (
+    ChangedSetting,
+    ConnectionState,
+    ConnectionTerminated,
+    DataReceived,
+    ErrorCodes,
+    Event,
+    InvalidSettingsValueError,
+    PingAckReceived,
+    PingReceived,
+    PriorityUpdated,
+    RemoteSettingsChanged,
+    RequestReceived,
+    ResponseReceived,
+    SettingCodes,
+    SettingsAcknowledged,
+    StreamEnded,
+    StreamReset,
+    TrailersReceived,
+    UnknownFrameReceived,
+    WindowUpdated,
+)
+from .h2parse import ALTSVC, FRAME_NAMES, KNOWN_TYPES, Body, FrameReader, Priority
+from .h2wire import (
+    ACK,
+    CONTINUATION,
+    DATA,
+    DEFAULT_FRAME,
+    DEFAULT_TABLE,
+    DEFAULT_WINDOW,
+    END_HEADERS,
+    END_STREAM,
+    GOAWAY,
+    HEADERS,
+    MAX_FRAME_CEILING,
+    MAX_STREAM_ID,
+    MAX_WINDOW,
+    PING,
+    PRIORITY,
+    PUSH_PROMISE,
+    RST_STREAM,
+    SETTINGS,
+    WINDOW_UPDATE,
+    frame_head,
+    take_views,
+)
+from .hpack_blocks import BlockDecoder, hpack_int
+from .limits import WireLimits
+
+#: A frame type's handler: (flags, stream id, body, the events so far).
+_Handler = Callable[[int, int, Body, list[Event]], None]
+#: Closed streams whose reset is remembered (as many as h2 remembers closed streams): a
+#: frame that arrives late on one is a stream error, where a forgotten one would be a
+#: connection error ending every call of the peer (a client's cancel races its own DATA).
+MAX_RESET_STREAMS = 2**16
+#: Closed streams whose normal ending is remembered: the latest only (h2's 2^16 held
+#: about 6 MB per long-lived connection).
+MAX_ENDED_STREAMS = 1024
+
+
+# ---------------------------------------------------------------------- SETTINGS
+# Ours go in the first SETTINGS frame, every limit of WireLimits in force from the first
+# byte. The stream count we advertise is not a connection error when exceeded (h2's
+# TooManyStreamsError drops every call of a client that raced our SETTINGS): RFC 9113
+# §5.1.2 lets a server refuse just that stream with REFUSED_STREAM, which gRPC clients
+# retry, and the guard (:mod:`.h2guard`) does that.
+
+
+def local_settings(limits: WireLimits) -> dict[SettingCodes, int]:
+    """Our SETTINGS: every limit, in the first SETTINGS frame."""
+    return {
+        SettingCodes.MAX_CONCURRENT_STREAMS: limits.max_concurrent_streams,
+        SettingCodes.MAX_HEADER_LIST_SIZE: limits.max_header_list_size,
+        SettingCodes.MAX_FRAME_SIZE: limits.max_frame_size,
+        SettingCodes.INITIAL_WINDOW_SIZE: limits.stream_window,
+        SettingCodes.ENABLE_PUSH: 0,
+    }
+
+
+def setting_code(code: int) -> SettingCodes | int:
+    """``code`` as a :class:`SettingCodes` member when it is one (unknown codes stay)."""
+    try:
+        return SettingCodes(code)
+    except ValueError:
+        return code
+
+
+def check_received(code: int, value: int) -> None:
+    """A setting received from the peer, against its range (RFC 9113 §6.5.2, RFC 8441 §3):
+    :class:`~.h2events.InvalidSettingsValueError` with the code RFC 9113 gives."""
+    if code == SettingCodes.INITIAL_WINDOW_SIZE:
+        bad, invalid = value > MAX_WINDOW, ErrorCodes.FLOW_CONTROL_ERROR
+    elif code == SettingCodes.MAX_FRAME_SIZE:
+        bad, invalid = not DEFAULT_FRAME <= value <= MAX_FRAME_CEILING, ErrorCodes.PROTOCOL_ERROR
+    elif code in (SettingCodes.ENABLE_PUSH, SettingCodes.ENABLE_CONNECT_PROTOCOL):
+        bad, invalid = value not in (0, 1), ErrorCodes.PROTOCOL_ERROR
+    else:
+        return
+    if bad:
+        raise InvalidSettingsValueError(f"Setting {code} has invalid value {value}", invalid)
+
+
+class Settings:
+    """One side's SETTINGS values: HTTP/2's defaults (``client``: the side's role, for
+    ENABLE_PUSH), then ``initial_values``, then what :meth:`apply` sets."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, client: bool, initial_values: dict[SettingCodes, int] | None = None) -> None:
+        self.values: dict[SettingCodes | int, int] = {
+            SettingCodes.HEADER_TABLE_SIZE: DEFAULT_TABLE,
+            SettingCodes.ENABLE_PUSH: int(client),
+            SettingCodes.INITIAL_WINDOW_SIZE: DEFAULT_WINDOW,
+            SettingCodes.MAX_FRAME_SIZE: DEFAULT_FRAME,
+            SettingCodes.ENABLE_CONNECT_PROTOCOL: 0,
+        }
+        for code, value in (initial_values or {}).items():
+            self.values[code] = value
+
+    def apply(self, received: dict[int, int]) -> dict[SettingCodes | int, ChangedSetting]:
+        """A SETTINGS frame's values (already checked), in force now: what changed."""
+        changes: dict[SettingCodes | int, ChangedSetting] = {}
+        for code, value in received.items():
+            key = setting_code(code)
+            changes[key] = ChangedSetting(self.values.get(key), value)
+            self.values[key] = value
+        return changes
+
+
+# ---------------------------------------------------------------------- streams
+
+
+class StreamState(IntEnum):
+    OPEN = 1
+    HALF_CLOSED_REMOTE = 2
+    HALF_CLOSED_LOCAL = 3
+    CLOSED = 4
+
+
+class Move(IntEnum):
+    """What moves a stream from one state to the next."""
+
+    SEND_END = 1  # we sent END_STREAM
+    RECV_END = 2  # the peer sent END_STREAM
+
+
+_S = StreamState
+#: (state, move) -> next state (RST_STREAM either way closes from any state). A move not
+#: in the table is refused before it is made (:meth:`Connection._sendable`; a received
+#: frame's handler checks the state first).
+SERVER_STREAM: dict[tuple[StreamState, Move], StreamState] = {
+    (_S.OPEN, Move.SEND_END): _S.HALF_CLOSED_LOCAL,
+    (_S.OPEN, Move.RECV_END): _S.HALF_CLOSED_REMOTE,
+    (_S.HALF_CLOSED_REMOTE, Move.SEND_END): _S.CLOSED,
+    (_S.HALF_CLOSED_LOCAL, Move.RECV_END): _S.CLOSED,
+}
+#: The client's: the server's END_STREAM closes the stream whatever we still had to send.
+CLIENT_STREAM = {**SERVER_STREAM, (_S.OPEN, Move.RECV_END): _S.CLOSED}
+
+
+class RecvWindow:
+    """A receive window (a stream's or the connection's): what the peer may still send
+    (``left``), what was processed since our last grant, and grants queued but not yet
+    handed out (``granting``: they take effect in :meth:`Connection._granted`)."""
+
+    __slots__ = ("granting", "left", "max_size", "processed")
+
+    def __init__(self, size: int) -> None:
+        self.left = size
+        self.max_size = size
+        self.processed = 0
+        self.granting = 0
+
+    def consumed(self, n: int, where: str) -> None:
+        left = self.left - n
+        if left < 0:
+            broken = h2rules.received(n, self.left, where)
+            assert broken is not None
+            raise h2events.FlowControlError(broken.message)
+        self.left = left
+
+    def opened(self, n: int) -> None:
+        size = self.left + self.granting + n
+        if size > MAX_WINDOW:
+            raise h2events.FlowControlError(f"window of {size} bytes past 2^31-1")
+        self.granting += n
+        self.max_size = max(self.max_size, size)
+
+    def processed_bytes(self, n: int) -> int:
+        """The increment to grant after ``n`` more bytes were processed (h2's rule: half
+        the window, or less when it is shut)."""
+        processed = self.processed + n
+        self.processed = processed
+        if not processed:
+            return 0
+        size = self.left + self.granting
+        if processed >= self.max_size // 2 or (
+            size == 0 and processed > min(1024, self.max_size // 4)
+        ):
+            increment = min(processed, self.max_size - size)
+            self.processed = 0
+            self.granting += increment
+            return increment
+        return 0
+
+
+class Stream:
+    """One open stream: its state, our send window, its receive window."""
+
+    __slots__ = ("headers_received", "headers_sent", "recv", "send_window", "state", "stream_id")
+
+    def __init__(self, stream_id: int, send_window: int, recv_window: int) -> None:
+        self.stream_id = stream_id
+        self.state = StreamState.OPEN
+        self.headers_sent = False
+        self.headers_received = False
+        self.send_window = send_window
+        self.recv = RecvWindow(recv_window)
+
+    @property
+    def closed(self) -> bool:
+        return self.state is StreamState.CLOSED
+
+
+def _rst(stream_id: int, code: int) -> bytes:
+    return frame_head(RST_STREAM, 0, stream_id, 4) + int(code).to_bytes(4, "big")
+
+
+def _ascii_field(name: bytes, value: bytes) -> tuple[str, str]:
+    """A header as text (grpclib's ``header_encoding``); UnicodeDecodeError if not ASCII."""
+    return name.decode("ascii"), value.decode("ascii")
+
+
+def _raw_field(name: bytes, value: bytes) -> tuple[bytes, bytes]:
+    return name, value
+
+
+class Connection:
+    """One HTTP/2 connection's state (module docstring); the roles subclass it.
+
+    ``limits``: what we advertise and hold the peer to; ``now``: the clock's reading when
+    the connection is made (the client's budget); ``pieces``: a DATA frame split across
+    reads is passed on a piece per read (:class:`.h2parse.FrameReader`).
+    """
+
+    #: The client role (set by the subclass): headers as bytes, its own abuse budget.
+    client = False
+
+    def __init__(
+        self, limits: WireLimits | None = None, now: float = 0.0, *, pieces: bool = False
+    ) -> None:
+        limits = limits if limits is not None else WireLimits()
+        client = self.client
+        self.local_settings = Settings(client=client, initial_values=local_settings(limits))
+        self.remote_settings = Settings(client=not client)
+        self.state = ConnectionState.IDLE
+        self._moves = CLIENT_STREAM if client else SERVER_STREAM
+        self.streams: dict[int, Stream] = {}
+        #: The peer's highest stream id (server), and the next one we open (client).
+        self.highest_inbound_stream_id = 0
+        self.next_stream_id = 1
+        # What the peer allows us.
+        self.max_outbound_frame_size = DEFAULT_FRAME
+        self.peer_initial_window = DEFAULT_WINDOW
+        self.peer_max_streams = MAX_WINDOW
+        self.outbound_flow_control_window = DEFAULT_WINDOW
+        # What we allow the peer.
+        self.inbound = RecvWindow(DEFAULT_WINDOW)
+        self._stream_window = limits.stream_window
+        self._connection_window = limits.connection_window
+        self._grants: list[RecvWindow] = []
+        convert = _raw_field if client else _ascii_field
+        self._blocks: BlockDecoder[object] = BlockDecoder(convert, limits.max_header_list_size)
+        self.reader = FrameReader(
+            not client, limits.max_frame_size, limits.max_header_list_size, pieces=pieces
+        )
+        self._out: list[bytes | memoryview] = []
+        #: The closed streams remembered (oldest first): reset, and ended normally.
+        self._resets: OrderedDict[int, None] = OrderedDict()
+        self._endings: OrderedDict[int, None] = OrderedDict()
+        #: Frames that asked for nothing (module docstring), and the resets the peer
+        #: provoked; the client role's budget judges them as they come.
+        self.wasted = 0
+        self.provoked = 0
+        self.budget = AbuseBudget(now) if client else None
+        #: A dynamic table size update owed at the start of our next header block.
+        self._table_update = b""
+        self._table_size = DEFAULT_TABLE
+        self._dispatch: dict[int, _Handler] = {
+            DATA: self._on_data,
+            HEADERS: self._on_headers,
+            PRIORITY: self._on_priority,
+            RST_STREAM: self._on_rst_stream,
+            SETTINGS: self._on_settings,
+            PUSH_PROMISE: self._on_push_promise,
+            PING: self._on_ping,
+            GOAWAY: self._on_goaway,
+            WINDOW_UPDATE: self._on_window_update,
+            CONTINUATION: self._on_continuation,
+            ALTSVC: self._on_altsvc,
+        }
+
+    # ------------------------------------------------------------------ output
+
+    def _settings_frame(self) -> bytes:
+        """Our SETTINGS: every limit, in force from the first byte."""
+        body = b"".join(
+            int(code).to_bytes(2, "big") + value.to_bytes(4, "big")
+            for code, value in self.local_settings.values.items()
+        )
+        return frame_head(SETTINGS, 0, 0, len(body)) + body
+
+    def data_to_send(self) -> bytes:
+        """Everything queued to send, in order, as one ``bytes``; the grants in it take
+        effect now (module docstring)."""
+        if self._grants:
+            self._granted()
+        out = self._out
+        if not out:
+            return b""
+        data = out[0] if len(out) == 1 and isinstance(out[0], bytes) else b"".join(out)
+        out.clear()
+        return data
+
+    def pieces_to_send(self) -> list[bytes | memoryview]:
+        """Everything queued, as the pieces it was queued as (DATA payloads are views of
+        the caller's bytes, not copied); the grants in it take effect now."""
+        if self._grants:
+            self._granted()
+        out, self._out = self._out, []
+        return out
+
+    def _granted(self) -> None:
+        for window in self._grants:
+            window.left += window.granting
+            window.granting = 0
+        self._grants.clear()
+
+    def _grant(self, window: RecvWindow, stream_id: int, increment: int) -> None:
+        """Queue a WINDOW_UPDATE ``window`` already counts in ``granting``."""
+        self._out.append(frame_head(WINDOW_UPDATE, 0, stream_id, 4) + increment.to_bytes(4, "big"))
+        self._grants.append(window)
+
+    def _sendable(self, stream_id: int) -> Stream:
+        """The stream we may send on now, or the exception for why not (h2's)."""
+        if self.state is ConnectionState.CLOSED:
+            raise h2events.ProtocolError("the connection is closed (GOAWAY)")
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            raise self._missing(stream_id)
+        if stream.state is StreamState.HALF_CLOSED_LOCAL:  # we ended it: h2's error, too
+            raise h2events.ProtocolError(f"stream {stream_id} was ended by this side")
+        return stream
+
+    def _move(self, stream: Stream, move: Move) -> None:
+        state = self._moves[stream.state, move]
+        if state is StreamState.CLOSED:
+            self._close(stream, reset=False)
+        else:
+            stream.state = state
+
+    def _queue_block(self, stream_id: int, block: bytes, end_stream: bool) -> None:
+        """HEADERS (and CONTINUATIONs past the peer's frame size) carrying ``block``."""
+        if self._table_update:
+            block = self._table_update + block
+            self._table_update = b""
+        flags = END_STREAM if end_stream else 0
+        limit = self.max_outbound_frame_size
+        out = self._out
+        if len(block) <= limit:
+            out.append(frame_head(HEADERS, flags | END_HEADERS, stream_id, len(block)))
+            out.append(block)
+            return
+        view = memoryview(block)
+        out.append(frame_head(HEADERS, flags, stream_id, limit))
+        out.append(view[:limit])
+        for start in range(limit, len(view), limit):
+            chunk = view[start : start + limit]
+            last = END_HEADERS if start + limit >= len(view) else 0
+            out.append(frame_head(CONTINUATION, last, stream_id, len(chunk)))
+            out.append(chunk)
+
+    def _within_windows(self, stream: Stream, size: int) -> None:
+        if size > stream.send_window or size > self.outbound_flow_control_window:
+            raise h2events.FlowControlError(
+                f"Cannot send {size} bytes, flow control window is "
+                f"{min(stream.send_window, self.outbound_flow_control_window)}"
+            )
+
+    def send_data(self, stream_id: int, data: bytes | memoryview, end_stream: bool = False) -> None:
+        """DATA frames carrying all of ``data``, not copied (FlowControlError past a window,
+        nothing queued: the caller checks :meth:`local_flow_control_window`)."""
+        view = memoryview(data).cast("B")
+        self._within_windows(self._sendable(stream_id), view.nbytes)
+        pending = collections.deque((view,) if view.nbytes else ())
+        self.send_pieces(stream_id, pending, end_stream=end_stream)
+
+    def send_pieces(
+        self,
+        stream_id: int,
+        pending: collections.deque[memoryview],
+        *,
+        end_stream: bool,
+        most: int = MAX_WINDOW,
+    ) -> int:
+        """DATA frames taking from the front of ``pending`` (byte views, left with what
+        did not go) as much as the windows allow, and at most ``most`` bytes, each frame
+        at most the peer's frame size and its payload views of the pieces (not copied).
+        The frame that empties ``pending`` ends the stream when ``end_stream``. The
+        number of bytes sent."""
+        stream = self._sendable(stream_id)
+        room = min(stream.send_window, self.outbound_flow_control_window, most)
+        limit = self.max_outbound_frame_size
+        out = self._out
+        sent = 0
+        while pending and room > 0:
+            views, size = take_views(pending, min(room, limit))
+            flags = END_STREAM if end_stream and not pending else 0
+            out.append(frame_head(DATA, flags, stream_id, size))
+            out += views
+            room -= size
+            sent += size
+        if end_stream and not pending and not sent:  # an empty message's end
+            out.append(frame_head(DATA, END_STREAM, stream_id, 0))
+        stream.send_window -= sent
+        self.outbound_flow_control_window -= sent
+        if end_stream and not pending:
+            self._move(stream, Move.SEND_END)
+        return sent
+
+    def local_flow_control_window(self, stream_id: int) -> int:
+        """Bytes of DATA that may be sent on ``stream_id`` now (0 if it is not open)."""
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            return 0
+        return max(0, min(self.outbound_flow_control_window, stream.send_window))
+
+    def reset_stream(self, stream_id: int, error_code: ErrorCodes | int = 0) -> None:
+        if self.state is ConnectionState.CLOSED:
+            raise h2events.ProtocolError("the connection is closed (GOAWAY)")
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            raise self._missing(stream_id)
+        self._out.append(_rst(stream_id, error_code))
+        self._close(stream, reset=True)
+
+    def increment_flow_control_window(self, increment: int) -> None:
+        """Grow the connection's receive window (the streams' start at our SETTINGS')."""
+        if not 1 <= increment <= MAX_WINDOW:
+            raise ValueError("Flow control increment must be between 1 and 2^31-1")
+        self.inbound.opened(increment)
+        self._grant(self.inbound, 0, increment)
+
+    def acknowledge_received_data(self, acknowledged_size: int, stream_id: int) -> None:
+        """``acknowledged_size`` bytes of DATA on ``stream_id`` were processed: the
+        windows reopen by the rule of :class:`RecvWindow` (a stream the peer ended gets
+        no more window: it may send nothing more)."""
+        if acknowledged_size < 0:
+            raise ValueError("Cannot acknowledge negative data")
+        increment = self.inbound.processed_bytes(acknowledged_size)
+        if increment:
+            self._grant(self.inbound, 0, increment)
+        stream = self.streams.get(stream_id)
+        if stream is not None and stream.state is not StreamState.HALF_CLOSED_REMOTE:
+            increment = stream.recv.processed_bytes(acknowledged_size)
+            if increment:
+                self._grant(stream.recv, stream_id, increment)
+
+    def close_connection(
+        self,
+        error_code: ErrorCodes | int = 0,
+        additional_data: bytes | None = None,
+        last_stream_id: int | None = None,
+    ) -> None:
+        """GOAWAY: the last stream of the peer's we processed (by default its highest;
+        the client processes none) and why."""
+        last = self.highest_inbound_stream_id if last_stream_id is None else last_stream_id
+        body = last.to_bytes(4, "big") + int(error_code).to_bytes(4, "big")
+        body += additional_data or b""
+        self._out.append(frame_head(GOAWAY, 0, 0, len(body)) + body)
+        self.state = ConnectionState.CLOSED
+
+    # ------------------------------------------------------------------ input
+
+    def receive_data(self, data: bytes, now: float = 0.0) -> list[Event]:
+        """Feed bytes read at ``now`` (seconds of any monotonic clock; the client role's
+        budget reads it); the events they complete. Payloads are views of the reads."""
+        events: list[Event] = []
+        self.reader.feed(data)
+        dispatch = self._dispatch
+        wasted, provoked = self.wasted, self.provoked
+        try:
+            for kind, flags, sid, body in self.reader:
+                if self.state is not ConnectionState.OPEN:
+                    self._check_state(kind, flags, body)
+                handler = dispatch.get(kind)
+                if handler is None:
+                    self._on_unknown(kind, flags, sid, body, events)
+                else:
+                    handler(flags, sid, body, events)
+            budget = self.budget
+            if budget is not None and (self.wasted != wasted or self.provoked != provoked):
+                verdict = budget.wasted_frames(self.wasted - wasted, now) or (
+                    budget.provoked_resets(self.provoked - provoked)
+                )
+                if verdict is not None:
+                    raise h2events.DenialOfServiceError(verdict)
+        except h2events.ProtocolError as err:
+            self.close_connection(err.error_code)  # a connection error: GOAWAY, its code
+            raise
+        return events
+
+    def _check_state(self, kind: int, flags: int, body: Body) -> None:
+        """The connection's states (h2's): after GOAWAY only GOAWAY (and frames of
+        unknown type, and a CONTINUATION outside a header block, judged by its stream)
+        may arrive; before the first stream, no DATA or RST_STREAM. A frame's body is
+        checked before its state (:func:`.h2parse.check_body`), as h2 does."""
+        state = self.state
+        if state is ConnectionState.CLOSED:
+            if kind not in (GOAWAY, CONTINUATION) and kind in KNOWN_TYPES:
+                h2parse.check_body(kind, flags, body)
+                if kind == HEADERS:  # h2 decodes a block before it looks at the state
+                    self._decode(h2parse.headers(flags, body)[0])
+                raise h2events.ProtocolError(f"{FRAME_NAMES[kind]} received after GOAWAY")
+        elif state is ConnectionState.IDLE and kind in (DATA, RST_STREAM):
+            h2parse.check_body(kind, flags, body)
+            raise h2events.ProtocolError(
+                f"{FRAME_NAMES[kind]} received before any stream was opened"
+            )
+
+    def _close(self, stream: Stream, *, reset: bool) -> None:
+        stream.state = StreamState.CLOSED
+        sid = stream.stream_id
+        self.streams.pop(sid, None)
+        closed, limit = (
+            (self._resets, MAX_RESET_STREAMS) if reset else (self._endings, MAX_ENDED_STREAMS)
+        )
+        closed[sid] = None
+        if len(closed) > limit:
+            closed.popitem(last=False)
+
+    def _is_idle(self, sid: int) -> bool:
+        """Whether a stream not in :attr:`streams` was never opened (else: closed). The
+        peer opens odd ids (the server role) and none (the client's: push is off)."""
+        if self.client:
+            return not sid % 2 or sid >= self.next_stream_id
+        return not sid % 2 or sid > self.highest_inbound_stream_id
+
+    def _missing(self, sid: int) -> h2events.ProtocolError:
+        """h2's error for a stream not in :attr:`streams`: idle, or closed."""
+        if self._is_idle(sid):
+            return h2events.NoSuchStreamError(sid)
+        return h2events.StreamClosedError(sid)
+
+    def _decode(self, block: bytes) -> tuple[object, ...] | None:
+        """A header block's headers (the decoder gives a block that comes again the same
+        tuple again); None for one that is not all ASCII (the server's text headers: h2
+        finds that only where it builds the event, :meth:`_text`)."""
+        try:
+            return self._blocks.decode(block)
+        except OversizedHeaderListError as err:
+            raise h2events.DenialOfServiceError(f"Oversized header block: {err}") from err
+        except UnicodeDecodeError:
+            return None
+        except (HPACKError, IndexError, TypeError) as err:
+            raise h2events.ProtocolError(f"Error decoding header block: {err}") from err
+
+    @staticmethod
+    def _text(headers: tuple[object, ...] | None) -> tuple[object, ...]:
+        if headers is None:
+            raise h2events.ProtocolError("a header name or value that is not ASCII")
+        return headers
+
+    def _late(self, sid: int, events: list[Event]) -> None:
+        """HEADERS on a stream not in :attr:`streams` (module docstring)."""
+        if self._is_idle(sid):
+            raise h2events.NoSuchStreamError(sid)
+        if sid in self._resets:
+            if not self.client:
+                self._answer_closed(sid)
+        elif sid in self._endings:
+            raise h2events.StreamClosedError(sid)
+        elif not self.client:
+            raise h2events.StreamIDTooLowError(sid, self.highest_inbound_stream_id)
+
+    def _on_headers(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
+        block, fields = h2parse.headers(flags, body)
+        # Decoded first, whatever the stream's state, as h2 does: it keeps the decoder's
+        # table in step, and a bad block is the error h2 reports before the stream's.
+        headers = self._decode(block)
+        stream = self.streams.get(sid)
+        event: RequestReceived | ResponseReceived | TrailersReceived
+        if stream is None:
+            if self.client or sid <= self.highest_inbound_stream_id:
+                return self._late(sid, events)
+            if not sid % 2:
+                raise h2events.ProtocolError("Invalid stream ID for peer.")
+            self.highest_inbound_stream_id = sid
+            if self.state is ConnectionState.IDLE:
+                self.state = ConnectionState.OPEN
+            stream = Stream(sid, self.peer_initial_window, self._stream_window)
+            stream.headers_received = True
+            self.streams[sid] = stream
+            event = RequestReceived(sid, self._text(headers))
+        elif stream.state is StreamState.HALF_CLOSED_REMOTE:
+            return self._reset_on_error(stream, events)
+        elif not stream.headers_received:
+            stream.headers_received = True
+            event = ResponseReceived(sid, self._text(headers))
+        elif not flags & END_STREAM:
+            raise h2events.ProtocolError("Trailers must have END_STREAM set")
+        else:
+            event = TrailersReceived(sid, self._text(headers))
+        events.append(event)
+        if flags & END_STREAM:
+            self._end_remote(stream, event, events)
+        if fields is not None:
+            priority = self._priority(sid, fields)
+            event.priority_updated = priority
+            events.append(priority)
+
+    def _end_remote(
+        self,
+        stream: Stream,
+        event: RequestReceived | ResponseReceived | TrailersReceived | DataReceived,
+        events: list[Event],
+    ) -> None:
+        ended = StreamEnded(stream_id=stream.stream_id)
+        event.stream_ended = ended
+        events.append(ended)
+        self._move(stream, Move.RECV_END)
+
+    def _reset_on_error(
+        self, stream: Stream, events: list[Event], code: ErrorCodes | int = ErrorCodes.STREAM_CLOSED
+    ) -> None:
+        """A stream error the peer provoked (by default a frame the stream's state
+        forbids): RST_STREAM with ``code``, reported as an event and counted."""
+        self._out.append(_rst(stream.stream_id, code))
+        self._close(stream, reset=True)
+        self.provoked += 1
+        events.append(StreamReset(stream_id=stream.stream_id, error_code=code, remote_reset=False))
+
+    def _answer_closed(self, sid: int) -> None:
+        """A frame on a stream we reset and forgot: RST_STREAM STREAM_CLOSED, for nothing."""
+        self.wasted += 1
+        self._out.append(_rst(sid, ErrorCodes.STREAM_CLOSED))
+
+    def _on_data(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
+        payload, length = h2parse.data(flags, body)
+        self.inbound.consumed(length, "the connection")
+        stream = self.streams.get(sid)
+        if stream is None or stream.state is StreamState.HALF_CLOSED_REMOTE:
+            if stream is None and self._is_idle(sid):
+                raise h2events.NoSuchStreamError(sid)
+            # Closed or half-closed (remote): its bytes go back to the connection window.
+            increment = self.inbound.processed_bytes(length)
+            if increment:
+                self._grant(self.inbound, 0, increment)
+            if stream is not None:
+                return self._reset_on_error(stream, events)
+            if not self.client:  # h2's answer; the client ignores it (it reset or ended it)
+                self._answer_closed(sid)
+            return
+        stream.recv.consumed(length, f"stream {sid}")
+        if not length and not flags & END_STREAM:
+            self.wasted += 1  # carries nothing and ends nothing
+        event = DataReceived(sid, payload, length)
+        events.append(event)
+        if flags & END_STREAM:
+            self._end_remote(stream, event, events)
+        if self.client and length:  # the client processes what arrives as it arrives
+            self.acknowledge_received_data(length, sid)
+
+    def _on_rst_stream(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
+        code = h2parse.rst_stream(body)
+        stream = self.streams.get(sid)
+        if stream is None:
+            return  # idle once a stream opened (h2 ignores it too) or closed (ignored)
+        self._close(stream, reset=True)
+        events.append(
+            StreamReset(stream_id=sid, error_code=h2events.error_code(code), remote_reset=True)
+        )
+
+    def _on_window_update(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
+        increment = h2parse.window_update(body)
+        if not sid:  # a zero increment or an overflow: a connection error (RFC 9113 §6.9)
+            broken = h2rules.window_update(increment, self.outbound_flow_control_window, 0)
+            if broken is not None:
+                raise h2events.ProtocolError(broken.message, h2events.error_code(broken.code))
+            self.outbound_flow_control_window += increment
+            events.append(WindowUpdated(stream_id=0, delta=increment))
+            return
+        stream = self.streams.get(sid)
+        if stream is None:
+            if self._is_idle(sid):
+                raise h2events.NoSuchStreamError(sid)
+            return  # closed: ignored
+        broken = h2rules.window_update(increment, stream.send_window, sid)
+        if broken is not None:  # a stream error (RFC 9113 §6.9, §6.9.1)
+            return self._reset_on_error(stream, events, h2events.error_code(broken.code))
+        stream.send_window += increment
+        events.append(WindowUpdated(stream_id=sid, delta=increment))
+
+    def _on_settings(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
+        values = h2parse.settings(flags, body)
+        self.wasted += 1  # one each way per connection is due; a flood is not
+        if flags & ACK:
+            events.append(SettingsAcknowledged(changed_settings={}))  # ours never change
+            return
+        for code, value in values.items():
+            check_received(code, value)
+        changes = self.remote_settings.apply(values)
+        window = changes.get(SettingCodes.INITIAL_WINDOW_SIZE)
+        if window is not None:
+            delta = window.new_value - self.peer_initial_window
+            self.peer_initial_window = window.new_value
+            for stream in self.streams.values():
+                stream.send_window += delta
+                if stream.send_window > MAX_WINDOW:
+                    raise h2events.FlowControlError(
+                        f"SETTINGS_INITIAL_WINDOW_SIZE takes stream {stream.stream_id}'s "
+                        "window past 2^31-1"
+                    )
+        frame_size = changes.get(SettingCodes.MAX_FRAME_SIZE)
+        if frame_size is not None:
+            self.max_outbound_frame_size = frame_size.new_value
+        streams = changes.get(SettingCodes.MAX_CONCURRENT_STREAMS)
+        if streams is not None:
+            self.peer_max_streams = streams.new_value
+        table = changes.get(SettingCodes.HEADER_TABLE_SIZE)
+        if table is not None and table.new_value < self._table_size:
+            self._table_size = table.new_value
+            self._table_update = hpack_int(table.new_value, 5, 0x20)
+        self._out.append(frame_head(SETTINGS, ACK, 0, 0))
+        events.append(RemoteSettingsChanged(changed_settings=changes))
+
+    def _on_ping(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
+        opaque = h2parse.ping(body)
+        self.wasted += 1
+        if flags & ACK:
+            events.append(PingAckReceived(ping_data=opaque))
+            return
+        events.append(PingReceived(ping_data=opaque))
+        self._out.append(frame_head(PING, ACK, 0, 8) + opaque)
+
+    def _on_goaway(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
+        last, code, extra = h2parse.goaway(body)
+        if self.client:  # no new streams; those at or below ``last`` are answered
+            if self.state is not ConnectionState.CLOSED:
+                self.state = ConnectionState.DRAINING
+        else:  # h2's: the connection is over, nothing more may be sent
+            self.state = ConnectionState.CLOSED
+            self._out.clear()
+        events.append(
+            ConnectionTerminated(
+                error_code=h2events.error_code(code),
+                last_stream_id=last & MAX_STREAM_ID,
+                additional_data=extra or None,
+            )
+        )
+
+    def _priority(self, sid: int, fields: Priority) -> PriorityUpdated:
+        depends_on, weight, exclusive = fields
+        if depends_on == sid:
+            raise h2events.ProtocolError(f"Stream {sid} may not depend on itself")
+        # The byte holds weight - 1.
+        return PriorityUpdated(sid, depends_on=depends_on, weight=weight + 1, exclusive=exclusive)
+
+    def _on_priority(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
+        events.append(self._priority(sid, h2parse.priority(body)))
+
+    def _on_push_promise(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
+        h2parse.push_promise(flags, body)
+        raise h2events.ProtocolError("Received pushed stream")
+
+    def _on_continuation(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
+        """A CONTINUATION outside a header block (those within one were joined to it):
+        h2's error for its stream's state."""
+        if sid not in self.streams:
+            if self._is_idle(sid):
+                raise h2events.NoSuchStreamError(sid)
+            if sid in self._resets:  # a stream error, as h2
+                return self._answer_closed(sid)
+            raise h2events.StreamClosedError(sid)
+        raise h2events.ProtocolError("Received a CONTINUATION frame outside a header block")
+
+    def _on_altsvc(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
+        h2parse.altsvc(body)  # checked as h2 does, then ignored (RFC 7838)
+        if self.state is ConnectionState.IDLE and not self.client:
+            # h2's server leaves its idle state on an ALTSVC: DATA or RST_STREAM then
+            # meet the stream's rules.
+            self.state = ConnectionState.OPEN
+
+    def _on_unknown(self, kind: int, flags: int, sid: int, body: Body, events: list[Event]) -> None:
+        """A frame of a type we do not know: reported, and otherwise ignored."""
+        events.append(UnknownFrameReceived(type=kind, flags=flags, stream_id=sid, body=bytes(body)))
