@@ -32,7 +32,7 @@ from reactantserver.transport.abuse import FLOOD_BURST, FLOOD_RATE, RESET_MIN_ST
 from reactantserver.transport.h2client import ClientConnection, encode_request, request_prefix
 from reactantserver.transport.h2events import ProtocolError
 from reactantserver.transport.h2wire import CANCEL, REFUSED_STREAM
-from reactantserver.transport.hpack_blocks import literal
+from reactantserver.transport.hpack_blocks import hpack_int, literal
 from reactantserver.transport.limits import WireLimits
 
 PATH = b"/inference.GRPCInferenceService/ModelInfer"
@@ -911,3 +911,35 @@ def test_frames_on_streams_not_open_are_judged_as_h2s_client_judges_them(
         assert (ours, theirs) == (None, PROTOCOL_ERROR)
     else:
         assert ours == theirs
+
+
+def test_a_shrunk_header_table_is_signalled_at_the_start_of_the_next_request() -> None:
+    """A worker that lowers SETTINGS_HEADER_TABLE_SIZE below HPACK's 4096 gets, at the
+    start of our next header block, a dynamic table size update (RFC 7541 §4.2), which
+    h2 decodes; the one-step request declines while it is owed (its block is constant)."""
+    client, server = connect(header_table_size=256)
+    block = encode_request(request_prefix(PATH, b"worker:8080"), None)
+    assert client.send_request(block, b"abc") is None
+    sid = client.open_stream(block)
+    wire = client.data_to_send()
+    assert wire[9:12] == hpack_int(256, 5, 0x20)  # the block's first bytes: the update
+    theirs = server.receive_data(wire)
+    (received,) = [e for e in theirs if isinstance(e, h2.events.RequestReceived)]
+    assert received.stream_id == sid and (b":path", PATH) in received.headers
+    assert client.send_request(block, b"abc") is not None  # said once, then not again
+
+
+def test_headers_after_a_stream_ended_is_a_connection_error() -> None:
+    """Once the worker ended a stream, HEADERS on it is a connection error STREAM_CLOSED
+    (RFC 9113 §5.1); DATA on it is ignored, its bytes returned to the connection window."""
+    client, server = connect()
+    sid = request(client)
+    client.send_data(sid, b"", end_stream=True)
+    pump(client, server)
+    server.send_headers(sid, [(b":status", b"200")], end_stream=True)
+    ours, _ = pump(client, server)
+    assert ours == [("headers", sid, ((b":status", b"200"),), True)]
+    assert _events(client, _frame(0x0, 0, sid, b"late"), NOW) == []
+    assert _refused(client, _answer_head(sid)).error_code == 0x5  # STREAM_CLOSED
+    goaway = client.data_to_send()[-17:]  # queued by the connection itself
+    assert goaway[3] == 0x7 and int.from_bytes(goaway[13:17], "big") == 0x5

@@ -523,6 +523,27 @@ def test_a_peer_past_the_connection_window_gets_flow_control_error() -> None:
     assert server.state is h2events.ConnectionState.CLOSED
 
 
+@pytest.mark.parametrize("sent", [True, False], ids=["grant sent", "grant still queued"])
+def test_a_window_grows_when_its_grant_leaves(sent: bool) -> None:
+    """A receive window we reopen counts from when its WINDOW_UPDATE is handed out
+    (``data_to_send``), not when it is queued: DATA the peer sent before it could know
+    the grant is held to the window it had (h2 counts a grant at once)."""
+    server, client = _connected()
+    client.send_headers(1, REQUEST)
+    server.receive_data(client.data_to_send())
+    server.data_to_send()
+    chunk = DataFrame(1, b"x" * 16_000).serialize()
+    full, rest = divmod(LIMITS.stream_window, 16_000)
+    server.receive_data(chunk * full + DataFrame(1, b"x" * rest).serialize())  # all of it
+    server.acknowledge_received_data(LIMITS.stream_window, 1)  # a grant, queued
+    if sent:
+        assert server.data_to_send()
+        server.receive_data(chunk)
+    else:
+        with pytest.raises(h2events.FlowControlError):
+            server.receive_data(chunk)
+
+
 def _served(calls: int) -> tuple[ServerConnection, _Client]:
     """A connection that has served ``calls`` calls; the first one was reset."""
     server = ServerConnection(LIMITS)
