@@ -50,7 +50,7 @@ def grpc_message(payload: bytes, *, flag: int = 0, length: int | None = None) ->
 
 
 def frame(
-    kind: int, flags: int, stream_id: int, payload: bytes, *, length: int | None = None
+    kind: int, flags: int, stream_id: int, payload: bytes = b"", *, length: int | None = None
 ) -> bytes:
     """One raw HTTP/2 frame; ``length`` may lie about the payload."""
     size = len(payload) if length is None else length

@@ -34,8 +34,10 @@ from reactantserver.client.channel import Channel
 from reactantserver.client.status import translate
 from reactantserver.protocol import inference as pb
 from reactantserver.status import StatusCode
+from reactantserver.transport.h2events import ErrorCodes
 from reactantserver.transport.h2events import ProtocolError as WireProtocolError
-from reactantserver.transport.h2wire import FRAME_SIZE_ERROR
+
+FRAME_SIZE_ERROR = ErrorCodes.FRAME_SIZE_ERROR
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 

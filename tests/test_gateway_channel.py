@@ -38,7 +38,9 @@ from reactantserver.gateway.channel import (
     WorkerConnection,
 )
 from reactantserver.gateway.pool import WorkerClient
-from reactantserver.transport.h2wire import REFUSED_STREAM
+from reactantserver.transport.h2events import ErrorCodes
+
+REFUSED_STREAM = ErrorCodes.REFUSED_STREAM
 
 
 class _Server(Server):

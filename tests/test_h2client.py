@@ -30,10 +30,11 @@ from strategies import message_sends
 from reactantserver.transport import h2events
 from reactantserver.transport.abuse import FLOOD_BURST, FLOOD_RATE, RESET_MIN_STREAMS
 from reactantserver.transport.h2client import ClientConnection, encode_request, request_prefix
-from reactantserver.transport.h2events import ProtocolError
-from reactantserver.transport.h2wire import CANCEL, REFUSED_STREAM
+from reactantserver.transport.h2events import ErrorCodes, ProtocolError
 from reactantserver.transport.hpack_blocks import hpack_int, literal
 from reactantserver.transport.limits import WireLimits
+
+CANCEL, REFUSED_STREAM = ErrorCodes.CANCEL, ErrorCodes.REFUSED_STREAM
 
 PATH = b"/inference.GRPCInferenceService/ModelInfer"
 #: The time every read is given (the abuse budget's clock; the tests of it give others).

@@ -28,6 +28,7 @@ import h2.events
 import h2.exceptions
 import h2.settings
 import pytest
+from h2_client import frame as raw_frame
 from h2_reference import h2_reference_connection
 from h2frames import HyperframeReader
 from hyperframe.frame import (
@@ -45,7 +46,6 @@ from reactantserver.config.schema import EndpointsConfig
 from reactantserver.transport import h2events, h2parse
 from reactantserver.transport.h2lean import ServerConnection
 from reactantserver.transport.h2wire import DATA, HEADERS, PREFACE, SETTINGS
-from reactantserver.transport.h2wire import frame as raw_frame
 from reactantserver.transport.limits import WireLimits
 
 LIMITS = WireLimits.from_endpoints(EndpointsConfig())

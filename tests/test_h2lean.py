@@ -18,6 +18,7 @@ import h2.exceptions
 import hpack
 import pytest
 from h2.settings import SettingCodes
+from h2_client import frame as raw_frame
 from h2_reference import h2_reference_connection
 from hyperframe.frame import (
     DataFrame,
@@ -49,7 +50,6 @@ from reactantserver.transport.h2wire import (
     RST_STREAM,
     WINDOW_UPDATE,
 )
-from reactantserver.transport.h2wire import frame as raw_frame
 from reactantserver.transport.hpack_blocks import encode_headers
 from reactantserver.transport.limits import WireLimits
 from reactantserver.transport.unary import ANSWER_HEADERS as ANSWER

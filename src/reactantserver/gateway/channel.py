@@ -62,15 +62,11 @@ Flow control: inbound windows are large (:data:`LIMITS`: those the worker grants
 clients) and replenished as data arrives; outbound data waits for the worker's window
 updates.
 
-A worker that breaks HTTP/2 -- a first frame other than SETTINGS, a frame past the frame
-size we advertised, a header block too long or in too many frames, DATA past a window we
-granted, a WINDOW_UPDATE of zero on the connection, a frame on a stream never opened,
-more PING, SETTINGS, empty DATA or provoked stream errors than the abuse budget allows
-(:mod:`~reactantserver.transport.h2client`, after the rules the worker holds its own
-clients to) -- gets GOAWAY with the error's code, and the connection fails like any other
-lost one: its calls fail as unprocessed or not by whether they were sent in full, the
-pool opens a new connection for the next call. A stream error (a zero or overflowing
-WINDOW_UPDATE on one stream) resets that stream and fails its call the same way.
+A worker that breaks HTTP/2 (what :mod:`~reactantserver.transport.h2core` refuses, the
+rules the worker holds its own clients to, the abuse budget included) gets GOAWAY with the
+error's code, and the connection fails like any other lost one: its calls fail as
+unprocessed or not by whether they were sent in full, and the pool opens a new connection
+for the next call. A stream error resets that stream and fails its call the same way.
 
 Invariants: every call's callback runs exactly once (answer, failure, deadline or
 cancellation), and its stream slot is returned exactly once; a connection that failed is
@@ -94,13 +90,13 @@ from ..transport.h2conn import held_writes
 from ..transport.h2events import (
     ConnectionTerminated,
     DataReceived,
+    ErrorCodes,
     RemoteSettingsChanged,
     ResponseReceived,
     StreamReset,
     TrailersReceived,
     WindowUpdated,
 )
-from ..transport.h2wire import CANCEL, REFUSED_STREAM
 from ..transport.limits import WireLimits
 from .wire import encode_grpc_timeout
 
@@ -440,7 +436,7 @@ class WorkerConnection(asyncio.Protocol):
     def _reset(self, call: Call) -> None:
         """RST_STREAM CANCEL: the worker cancels the call."""
         if self.closed is None:
-            self._h2.reset(call.stream_id, CANCEL)
+            self._h2.reset(call.stream_id, ErrorCodes.CANCEL)
             self._schedule_flush()
 
     def _reset_later(self, call: Call) -> None:
@@ -452,7 +448,7 @@ class WorkerConnection(asyncio.Protocol):
 
         def reset_if_open() -> None:
             if self.closed is None and self._h2.is_open(stream_id):
-                self._h2.reset(stream_id, CANCEL)
+                self._h2.reset(stream_id, ErrorCodes.CANCEL)
                 self._flush()
 
         self._loop.call_later(DEADLINE_RESET_GRACE, reset_if_open)
@@ -573,7 +569,7 @@ class WorkerConnection(asyncio.Protocol):
             what = f"the worker reset the stream ({_code_name(code)})"
         else:
             what = f"stream error from the worker ({_code_name(code)}); stream reset"
-        refused = by_worker and code == REFUSED_STREAM
+        refused = by_worker and code == ErrorCodes.REFUSED_STREAM
         self._finish(call, ChannelError(what, unprocessed=refused or not call.sent))
 
     def _on_goaway(self, last: int, code: int) -> None:
@@ -589,7 +585,7 @@ class WorkerConnection(asyncio.Protocol):
 
 def _code_name(code: int) -> str:
     try:
-        return h2events.ErrorCodes(code).name
+        return ErrorCodes(code).name
     except ValueError:
         return f"HTTP/2 error code {code:#x}"
 

@@ -36,9 +36,8 @@ from __future__ import annotations
 
 from . import h2events
 from .h2core import Connection, Move, Stream, StreamState
-from .h2events import ConnectionState
+from .h2events import ConnectionState, ErrorCodes
 from .h2wire import (
-    CANCEL,
     DATA,
     DEFAULT_WINDOW,
     END_HEADERS,
@@ -161,7 +160,7 @@ class ClientConnection(Connection):
         """Whether ``stream_id`` is open (neither side has ended or reset it yet)."""
         return stream_id in self.streams
 
-    def reset(self, stream_id: int, code: int = CANCEL) -> None:
+    def reset(self, stream_id: int, code: int = ErrorCodes.CANCEL) -> None:
         """RST_STREAM, if ``stream_id`` is still open: we are done with it."""
         if stream_id in self.streams:
             self.reset_stream(stream_id, code)

@@ -103,7 +103,6 @@ from .h2wire import (
     SETTINGS,
     WINDOW_UPDATE,
     frame_head,
-    take_views,
 )
 from .hpack_blocks import BlockDecoder, hpack_int
 from .limits import WireLimits
@@ -281,6 +280,24 @@ class Stream:
     @property
     def closed(self) -> bool:
         return self.state is StreamState.CLOSED
+
+
+def take_views(pending: collections.deque[memoryview], room: int) -> tuple[list[memoryview], int]:
+    """Up to ``room`` bytes off the front of ``pending``, as views (a view that does not
+    fit is split, its rest left in front): the next DATA frame's payload, not copied. The
+    views and the number of bytes they hold."""
+    views: list[memoryview] = []
+    left = room
+    while pending and left:
+        view = pending[0]
+        if view.nbytes <= left:
+            views.append(pending.popleft())
+            left -= view.nbytes
+        else:
+            views.append(view[:left])
+            pending[0] = view[left:]
+            left = 0
+    return views, room - left
 
 
 def _rst(stream_id: int, code: int) -> bytes:

@@ -1,6 +1,6 @@
 """HTTP/2 connections a hostile peer cannot stop, slow or fool: the server's asyncio edge.
 
-Our HTTP/2 connection (:mod:`.h2lean`, sans-IO: bytes in, events and bytes out) does the
+Our HTTP/2 connection (:mod:`.h2core`, sans-IO: bytes in, events and bytes out) does the
 protocol; this module is the thin asyncio layer around it -- one :class:`GuardedProtocol`
 per accepted socket feeds it the bytes, hands the events to the calls they belong to and
 writes what comes out -- and closes, at the layer where bytes become events, the gaps a
@@ -28,26 +28,17 @@ events to :class:`_Processor`, a table from event class to handler:
   ``max_message_bytes`` (or a bad flag, a second message on a unary call, a stream cut
   short) is answered, the stream is reset, the bytes buffered for it are dropped and
   handed back to the connection window, and no more window is granted for it.
-* **Frames are judged by their header.** The connection's frame reader
-  (:class:`.h2parse.FrameReader`) checks a frame's 9-byte header before waiting for its
-  body (FRAME_SIZE_ERROR, GOAWAY, for a DATA frame declaring 16 MiB when we advertise
-  1 MiB) and bounds a header block (HEADERS plus CONTINUATIONs) to
-  ``max_header_list_size`` bytes.
+* **Frames are judged by their header** (:class:`.h2parse.FrameReader`): a DATA frame
+  declaring 16 MiB when we advertise 1 MiB is FRAME_SIZE_ERROR before its body arrives,
+  and a header block is bounded to ``max_header_list_size`` bytes.
 * **What a peer makes us do for nothing is budgeted** (:class:`.abuse.AbuseBudget`, one
-  per connection, given the loop's time). A peer may reset a call it started (a client
-  cancelling), but a reset frees the stream's slot under ``max_concurrent_streams`` after
-  the server began work on it: HTTP/2 "rapid reset" (CVE-2023-44487) opens and resets
-  streams as fast as it can, and "MadeYouReset" (CVE-2025-8671) makes the *server* reset
-  them, by provoking a stream error on each (a WINDOW_UPDATE overflowing the stream's
-  window, a frame on a stream it ended, a malformed request or message). Both kinds of
-  reset count against the calls started (more than half, past 200 calls: abuse), and
-  frames that ask for nothing -- PING, SETTINGS, empty DATA, frames on reset streams,
-  streams past the limit -- against a token bucket. Past either, GOAWAY
-  ENHANCE_YOUR_CALM and the connection closes. A stream the server was made to reset
-  before its call started (the provoking frame in the same read as its HEADERS) cost
-  nothing but the RST_STREAM, and counts as a frame for nothing. The lean connection
-  counts the frames it was sent for nothing (:attr:`.h2lean.ServerConnection.wasted`);
-  the guard hands the new count to the budget after each read.
+  per connection, given the loop's time; its docstring says why and how): calls reset by
+  the peer soon after they started (rapid reset, CVE-2023-44487) and calls the server was
+  made to reset on a stream error the peer provoked (MadeYouReset, CVE-2025-8671) count
+  against the calls started; frames that ask for nothing (PING, SETTINGS, empty DATA,
+  frames on reset streams, streams past the limit; the connection counts those it sees,
+  :attr:`.h2core.Connection.wasted`, handed to the budget after each read) against a
+  token bucket. Past either, GOAWAY ENHANCE_YOUR_CALM and the connection closes.
 * **Connections are bounded in number and time.** :class:`ConnectionTable` caps open
   connections (evicting the oldest one still in its handshake before refusing a new one
   with GOAWAY); each protocol closes itself when the preface and SETTINGS do not arrive
@@ -66,7 +57,7 @@ Calls are served two ways, both released through :meth:`_Processor._released` (w
 frees the stream's slot): a *direct* method (:mod:`.unary`, ModelInfer) by the event
 handlers themselves, without a task; any other by the sink (:mod:`.server`), whose
 ``accept`` returns the :class:`Receiver` the stream's events go to. Everything written
-is queued in the connection (:mod:`.h2lean`) and handed to the
+is queued in the connection (:mod:`.h2core`) and handed to the
 :class:`.h2conn.CorkedTransport` by :meth:`GuardedProtocol.flush`: one ``send`` per read,
 or per loop pass. Not here: the request handlers (:mod:`.server`), message codecs and
 the Trio bridge (:mod:`.grpc`).

@@ -1,19 +1,12 @@
 """Received HTTP/2 frames read straight from their bytes, for either role.
 
-Why
----
-A hyperframe ``Frame`` object built for every frame (a ``Flags`` set, the padding and
-priority mixins' ``__init__``, ``parse_frame_header``, ``parse_body``) costs more than the
-two or three fields a connection then reads: a fifth of the gateway's server-side CPU at
-16 calls in flight. :class:`FrameReader` cuts frames from the reads (lengths judged from
-the 9-byte header, header blocks bounded and joined, each body copied at most once)
-and yields ``(type, flags, stream_id, body)``; a connection dispatches on the type byte to
-one small handler per frame type, which reads its fields with this module's parsers, by
-slicing. The same reader serves the worker's server connection
-(:class:`.h2lean.ServerConnection`), the client role (:class:`.h2client.ClientConnection`:
-the gateway's client to its workers and the Python client's) and the tests' h2 reference
-(through an adapter, ``tests/h2frames.py``, that builds hyperframe frames from what it
-yields).
+:class:`FrameReader` cuts frames from the reads (lengths judged from the 9-byte header,
+header blocks bounded and joined, each body copied at most once) and yields ``(type,
+flags, stream_id, body)``; the connection (:mod:`.h2core`, both roles) dispatches on the
+type byte to one handler per frame type, which reads its fields with this module's
+parsers, by slicing -- no frame object per frame (hyperframe's cost a fifth of the
+gateway's server-side CPU at 16 calls in flight). The tests' h2 reference reads through
+it too (``tests/h2frames.py`` builds hyperframe frames from what it yields).
 
 Errors: exactly h2's for each malformed frame
 ---------------------------------------------
@@ -40,7 +33,7 @@ with ours of the same names and codes (:mod:`.h2events`), checked in the same or
    block's stream while a block is open -> ``ProtocolError("Invalid frame during header
    block.")``, *after* that frame's own body was checked (3); more than 64 frames in one
    block -> ``ProtocolError("Too many continuation frames received.")``;
-5. then the connection's own rules (h2lean), which see a body that passed (3): a handler
+5. then the connection's own rules (h2core), which see a body that passed (3): a handler
    parses its body before it changes any state, and a frame refused by the connection's
    state alone is checked with :func:`check_body` first.
 
@@ -291,31 +284,23 @@ VIEW_SHARE = 4
 class FrameReader:
     """Received bytes cut into frames, ``(type, flags, stream id, body)``, for either role.
 
-    ``server``: the peer is a client, whose connection preface is checked first (h2's
-    error, ``ProtocolError("Invalid HTTP/2 preamble.")``, raised by :meth:`feed`); a client
-    expects no preface from its server. In both roles the peer's first frame must be its
-    SETTINGS (RFC 9113 section 3.4: the preface of either side ends with one); anything
-    else is a connection error, PROTOCOL_ERROR. ``max_frame_size``: the
-    SETTINGS_MAX_FRAME_SIZE we advertised (an attribute: h2's connection sets it when it
-    drives a reader); ``max_header_block``: the bound of a header block's bytes, our
-    SETTINGS_MAX_HEADER_LIST_SIZE.
+    ``server``: the peer is a client, whose connection preface is checked first (by
+    :meth:`feed`); in both roles the peer's first frame must be its SETTINGS (RFC 9113
+    §3.4). ``max_frame_size`` and ``max_header_block``: the SETTINGS_MAX_FRAME_SIZE and
+    SETTINGS_MAX_HEADER_LIST_SIZE we advertised. Use: :meth:`feed` each read, then
+    iterate the frames it completed (the checks and their order: the module docstring).
 
-    Use: :meth:`feed` each read, then iterate the frames it completed. The checks, their
-    order and the joined header blocks are the module docstring's. Each body is a
-    ``memoryview`` copied at most once: a frame whole in one read that makes up at least
-    :data:`VIEW_SHARE` of it is a view of that read (a ``bytes``, which nothing changes),
-    not copied at all; a smaller one is copied, so that keeping its body does not keep the
-    whole read alive (else a peer could make us hold a read's worth of memory for each
-    small DATA frame, which the windows count by its own size); a frame split between
-    reads has its body allocated once, at the length its header declares, and filled as
-    the reads arrive. A frame's length is judged from its 9-byte header, before its body
-    is waited for, so nothing longer than we advertised is ever allocated.
+    Each body is a ``memoryview`` copied at most once: a frame whole in one read that is
+    at least :data:`VIEW_SHARE` of it is a view of that read (a ``bytes`` nothing
+    changes); a smaller one is copied, so that keeping it does not keep the whole read
+    alive (a peer could otherwise make us hold a read's worth of memory per small DATA
+    frame, which the windows count by its own size); a frame split between reads has its
+    body allocated once, at the length its header declares (judged first, so nothing
+    longer than we advertised is ever allocated), and filled as the reads arrive.
 
     ``pieces`` (the Python client's choice): an unpadded DATA frame split between reads
-    is not gathered but yielded a piece per read, each a DATA frame of its own (END_STREAM
-    on the last piece only), a view of that read by the same rule (a piece under
-    :data:`VIEW_SHARE` of its read is copied) -- a large answer is then never copied
-    here. The frame's length is judged from its header as any other's.
+    is yielded a piece per read, each a DATA frame of its own (END_STREAM on the last),
+    by the same view-or-copy rule -- a large answer is then never gathered here.
     """
 
     def __init__(

@@ -1,8 +1,6 @@
-"""HPACK as our two lean HTTP/2 endpoints use it: blocks that never touch the dynamic table,
-and a decoder that remembers the blocks that cannot change it.
+"""HPACK as our HTTP/2 connection (:mod:`.h2core`, both roles) uses it: blocks that never
+touch the dynamic table, and a decoder that remembers the blocks that cannot change it.
 
-Both ends of a gateway-to-worker hop, the worker's server side and the Python client are
-our own HTTP/2 code (:mod:`.h2lean`, :mod:`.h2client`). They share this module:
 
 * **Encoding** (:func:`encode_headers`, :func:`literal`): every header is a "literal
   without indexing" (RFC 7541 §6.2.2) -- its name by static-table index where the static

@@ -60,7 +60,6 @@ from reactantserver.status import INTERNAL_MESSAGE, StatusCode
 from . import h2events
 from .framing import RequestHead
 from .h2lean import CONSTANT_BLOCKS
-from .h2wire import take_views
 from .limits import Fault
 
 if TYPE_CHECKING:
@@ -102,18 +101,17 @@ class DirectAdmission:
 
 def send_frames(h2: ServerConnection, sid: int, pending: collections.deque[memoryview],
                 output: Output) -> bool:  # fmt: skip
-    """Queue ``pending`` on stream ``sid`` in DATA frames of at most :data:`SEND_CHUNK`
-    bytes, each handed to the transport at once (bounded memory), as far as the windows
-    and the transport allow: False when it must wait for a WINDOW_UPDATE or a drained
-    transport, True once all is queued. A frame of one piece is sent as the view it is;
-    several are joined (a small message and its 5-byte prefix)."""
+    """Queue ``pending`` on stream ``sid`` in DATA frames, at most :data:`SEND_CHUNK`
+    bytes at a time, each handed to the transport at once (bounded memory), as far as the
+    windows and the transport allow: False when it must wait for a WINDOW_UPDATE or a
+    drained transport, True once all is queued. The frames' payloads are the pieces'
+    views, not copied."""
     while pending:
-        room = min(h2.local_flow_control_window(sid), h2.max_outbound_frame_size, SEND_CHUNK)
-        if room <= 0 or not output.writable:
+        if not output.writable or not h2.send_pieces(
+            sid, pending, end_stream=False, most=SEND_CHUNK
+        ):
             output.flush()
             return False
-        views, _ = take_views(pending, room)
-        h2.send_data(sid, views[0] if len(views) == 1 else b"".join(views))
         if pending:
             output.flush()
     return True
