@@ -1,26 +1,16 @@
-"""The gateway's connections to its workers: unary gRPC calls as raw bytes over lean HTTP/2.
+"""The gateway's connections to its workers: unary gRPC calls as raw bytes over our HTTP/2.
 
-Why not grpclib's client
-------------------------
-A forwarded call must tell the proxy three things grpclib's client hides: whether the worker
-can have executed the request (to decide failover), the exact ``grpc-timeout`` sent (grpclib
-writes whole seconds above 10 s), and nothing per call that the proxy does not need
-(grpclib's client creates a stream object, a deadline wrapper, metadata events and an
-encoder round trip per call). :class:`WorkerConnection` is an ``asyncio.Protocol`` over
-the sans-IO client of :mod:`~reactantserver.transport.h2client` that carries unary calls only: a call is started
-synchronously (:meth:`WorkerConnection.start`) with a callback that the protocol's event
-handling runs once with the outcome -- the gateway's ModelInfer answers its own client
-from there, so no task and no future exist per forwarded call -- or awaited
-(:meth:`WorkerConnection.call`, a future over the same callback).
-
-Theory of operation
--------------------
-:class:`WorkerClient` is one worker's pool: one HTTP/2 connection (opened on first use and
-again after it is lost) carrying at most ``worker_client.max_concurrent_streams`` calls at
-once (fewer if the worker advertises fewer); further calls wait for a stream in arrival
-order, at most until their deadline. :meth:`WorkerClient.call` sends ``payload`` (a
-serialized request message) to ``path`` and returns a :class:`Reply`: the worker's gRPC
-status and message, and on OK the response message's bytes, untouched.
+:class:`WorkerConnection` is an ``asyncio.Protocol`` over the client role of our HTTP/2
+connection (:mod:`~reactantserver.transport.h2client`) that carries unary calls only. It
+tells the proxy what a general client hides -- whether the worker can have executed a
+request (for failover) and the exact ``grpc-timeout`` sent -- and makes nothing per call
+the proxy does not need: a call is started synchronously (:meth:`WorkerConnection.start`)
+with a callback that the protocol's event handling runs once with the outcome (the
+gateway's ModelInfer answers its own client from there, so no task and no future exist
+per forwarded call), or awaited (:meth:`WorkerConnection.call`, a future over the same
+callback). One worker's connection, stream slots and waiting calls are
+:class:`~.pool.WorkerClient`'s (:mod:`.pool`). A call's answer is a :class:`Reply`: the
+worker's gRPC status and message, and on OK the response message's bytes, untouched.
 
 A call that gets no gRPC answer raises :class:`ChannelError`, whose ``unprocessed`` says
 whether the worker cannot have executed it:

@@ -23,11 +23,15 @@ for the server role, received (h2's rule: any later frame but GOAWAY is PROTOCOL
 a client that receives GOAWAY opens no new stream and reads the answers of the streams
 at or below the peer's last one (DRAINING).
 
-Late frames (h2's answers, for the server role): on a stream that was reset, DATA and
-HEADERS are answered RST_STREAM(STREAM_CLOSED) by the server and ignored by the client
-(RFC 9113 §5.1: it reset them); after END_STREAM both ways, HEADERS is a connection error
-STREAM_CLOSED; on a stream never opened, DATA, HEADERS and WINDOW_UPDATE are connection
-errors (NoSuchStreamError), RST_STREAM and PRIORITY are ignored once any stream opened.
+Frames on streams not open (h2's answers): DATA on a closed or half-closed (remote)
+stream is answered RST_STREAM(STREAM_CLOSED) by the server, ignored by the client, its
+bytes returned to the connection window; HEADERS likewise on a reset stream (RFC 9113
+§5.1: the client reset it), and a connection error STREAM_CLOSED after END_STREAM both
+ways; on a stream never opened, DATA, HEADERS and WINDOW_UPDATE are connection errors
+(NoSuchStreamError), RST_STREAM and PRIORITY ignored once any stream opened. Trailers
+without END_STREAM, PUSH_PROMISE, a stream depending on itself: PROTOCOL_ERROR. SETTINGS
+are applied and acknowledged at once, PING answered, PRIORITY and unknown frame types
+reported, ALTSVC ignored, padding stripped.
 
 Flow control, in one place (:class:`RecvWindow`, :meth:`Connection.send_pieces`): DATA
 past a receive window we granted is FLOW_CONTROL_ERROR; a window is reopened once half
@@ -137,14 +141,6 @@ def local_settings(limits: WireLimits) -> dict[SettingCodes, int]:
     }
 
 
-def setting_code(code: int) -> SettingCodes | int:
-    """``code`` as a :class:`SettingCodes` member when it is one (unknown codes stay)."""
-    try:
-        return SettingCodes(code)
-    except ValueError:
-        return code
-
-
 def check_received(code: int, value: int) -> None:
     """A setting received from the peer, against its range (RFC 9113 §6.5.2, RFC 8441 §3):
     :class:`~.h2events.InvalidSettingsValueError` with the code RFC 9113 gives."""
@@ -160,31 +156,16 @@ def check_received(code: int, value: int) -> None:
         raise InvalidSettingsValueError(f"Setting {code} has invalid value {value}", invalid)
 
 
-class Settings:
-    """One side's SETTINGS values: HTTP/2's defaults (``client``: the side's role, for
-    ENABLE_PUSH), then ``initial_values``, then what :meth:`apply` sets."""
-
-    __slots__ = ("values",)
-
-    def __init__(self, client: bool, initial_values: dict[SettingCodes, int] | None = None) -> None:
-        self.values: dict[SettingCodes | int, int] = {
-            SettingCodes.HEADER_TABLE_SIZE: DEFAULT_TABLE,
-            SettingCodes.ENABLE_PUSH: int(client),
-            SettingCodes.INITIAL_WINDOW_SIZE: DEFAULT_WINDOW,
-            SettingCodes.MAX_FRAME_SIZE: DEFAULT_FRAME,
-            SettingCodes.ENABLE_CONNECT_PROTOCOL: 0,
-        }
-        for code, value in (initial_values or {}).items():
-            self.values[code] = value
-
-    def apply(self, received: dict[int, int]) -> dict[SettingCodes | int, ChangedSetting]:
-        """A SETTINGS frame's values (already checked), in force now: what changed."""
-        changes: dict[SettingCodes | int, ChangedSetting] = {}
-        for code, value in received.items():
-            key = setting_code(code)
-            changes[key] = ChangedSetting(self.values.get(key), value)
-            self.values[key] = value
-        return changes
+def initial_settings(client: bool) -> dict[SettingCodes | int, int]:
+    """One side's SETTINGS before any frame changes them: HTTP/2's defaults (ENABLE_PUSH
+    by the side's role), in h2's order (our first SETTINGS frame is h2's, byte for byte)."""
+    return {
+        SettingCodes.HEADER_TABLE_SIZE: DEFAULT_TABLE,
+        SettingCodes.ENABLE_PUSH: int(client),
+        SettingCodes.INITIAL_WINDOW_SIZE: DEFAULT_WINDOW,
+        SettingCodes.MAX_FRAME_SIZE: DEFAULT_FRAME,
+        SettingCodes.ENABLE_CONNECT_PROTOCOL: 0,
+    }
 
 
 # ---------------------------------------------------------------------- streams
@@ -329,8 +310,9 @@ class Connection:
     ) -> None:
         limits = limits if limits is not None else WireLimits()
         client = self.client
-        self.local_settings = Settings(client=client, initial_values=local_settings(limits))
-        self.remote_settings = Settings(client=not client)
+        #: Ours (all sent in our first SETTINGS frame, never changed), and the peer's.
+        self.local_settings = initial_settings(client) | local_settings(limits)
+        self.remote_settings = initial_settings(not client)
         self.state = ConnectionState.IDLE
         self._moves = CLIENT_STREAM if client else SERVER_STREAM
         self.streams: dict[int, Stream] = {}
@@ -384,7 +366,7 @@ class Connection:
         """Our SETTINGS: every limit, in force from the first byte."""
         body = b"".join(
             int(code).to_bytes(2, "big") + value.to_bytes(4, "big")
-            for code, value in self.local_settings.values.items()
+            for code, value in self.local_settings.items()
         )
         return frame_head(SETTINGS, 0, 0, len(body)) + body
 
@@ -787,7 +769,11 @@ class Connection:
             return
         for code, value in values.items():
             check_received(code, value)
-        changes = self.remote_settings.apply(values)
+        changes: dict[SettingCodes | int, ChangedSetting] = {}
+        for code, value in values.items():
+            key = h2events.setting_code(code)
+            changes[key] = ChangedSetting(self.remote_settings.get(key), value)
+            self.remote_settings[key] = value
         window = changes.get(SettingCodes.INITIAL_WINDOW_SIZE)
         if window is not None:
             delta = window.new_value - self.peer_initial_window

@@ -68,6 +68,14 @@ def error_code(value: int) -> ErrorCodes | int:
         return value
 
 
+def setting_code(value: int) -> SettingCodes | int:
+    """``value`` as a :class:`SettingCodes` member when it is one (unknown codes stay)."""
+    try:
+        return SettingCodes(value)
+    except ValueError:
+        return value
+
+
 # ---------------------------------------------------------------------- exceptions
 
 
@@ -136,9 +144,9 @@ class Event:
 
 
 @dataclass(slots=True, eq=False)  # slotted records, compared by identity (as h2's)
-class RequestReceived(Event):
-    """A new stream's request headers (``stream_ended``, ``priority_updated``: the events
-    the same frame gave too, else None)."""
+class _HeadersReceived(Event):
+    """A header block (``stream_ended``, ``priority_updated``: the events the same frame
+    gave too, else None)."""
 
     stream_id: int
     headers: Any
@@ -147,23 +155,18 @@ class RequestReceived(Event):
 
 
 @dataclass(slots=True, eq=False)
-class ResponseReceived(Event):
+class RequestReceived(_HeadersReceived):
+    """A new stream's request headers (the server role)."""
+
+
+@dataclass(slots=True, eq=False)
+class ResponseReceived(_HeadersReceived):
     """The response headers of a stream we opened (the client role)."""
 
-    stream_id: int
-    headers: Any
-    stream_ended: StreamEnded | None = None
-    priority_updated: PriorityUpdated | None = None
-
 
 @dataclass(slots=True, eq=False)
-class TrailersReceived(Event):
+class TrailersReceived(_HeadersReceived):
     """A stream's trailers (always with END_STREAM)."""
-
-    stream_id: int
-    headers: Any
-    stream_ended: StreamEnded | None = None
-    priority_updated: PriorityUpdated | None = None
 
 
 @dataclass(slots=True, eq=False)
