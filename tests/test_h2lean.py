@@ -520,7 +520,7 @@ def test_a_peer_past_the_connection_window_gets_flow_control_error() -> None:
         server.receive_data(wire)
     goaway = server.data_to_send()
     assert goaway[3] == 0x7 and int.from_bytes(goaway[13:17], "big") == 0x3
-    assert server.state is h2events.ConnectionState.CLOSED
+    assert server.state == h2events.ConnectionState.CLOSED
 
 
 @pytest.mark.parametrize("sent", [True, False], ids=["grant sent", "grant still queued"])

@@ -88,7 +88,7 @@ class ClientConnection(Connection):
 
     @property
     def goaway_received(self) -> bool:
-        return self.state is ConnectionState.DRAINING
+        return self.state == ConnectionState.DRAINING
 
     @property
     def can_open_ids(self) -> bool:
@@ -100,7 +100,7 @@ class ClientConnection(Connection):
         """A new stream may be opened now (no GOAWAY, ids left, under the peer's limit)."""
         state = self.state
         return (
-            (state is ConnectionState.OPEN or state is ConnectionState.IDLE)
+            state in (ConnectionState.OPEN, ConnectionState.IDLE)
             and self.next_stream_id <= MAX_STREAM_ID
             and len(self.streams) < self.peer_max_streams
         )

@@ -57,7 +57,6 @@ from __future__ import annotations
 import collections
 from collections import OrderedDict
 from collections.abc import Callable
-from enum import IntEnum
 
 from hpack import HPACKError, OversizedHeaderListError
 
@@ -100,8 +99,10 @@ from .h2wire import (
     MAX_FRAME_CEILING,
     MAX_STREAM_ID,
     MAX_WINDOW,
+    PADDED,
     PING,
     PRIORITY,
+    PRIORITY_FLAG,
     PUSH_PROMISE,
     RST_STREAM,
     SETTINGS,
@@ -171,14 +172,17 @@ def initial_settings(client: bool) -> dict[SettingCodes | int, int]:
 # ---------------------------------------------------------------------- streams
 
 
-class StreamState(IntEnum):
+class StreamState:
+    """A stream's states (RFC 9113 §5.1; idle and reserved are never kept). Plain ints,
+    as :class:`.h2events.ConnectionState`: read per frame."""
+
     OPEN = 1
     HALF_CLOSED_REMOTE = 2
     HALF_CLOSED_LOCAL = 3
     CLOSED = 4
 
 
-class Move(IntEnum):
+class Move:
     """What moves a stream from one state to the next."""
 
     SEND_END = 1  # we sent END_STREAM
@@ -189,7 +193,7 @@ _S = StreamState
 #: (state, move) -> next state (RST_STREAM either way closes from any state). A move not
 #: in the table is refused before it is made (:meth:`Connection._sendable`; a received
 #: frame's handler checks the state first).
-SERVER_STREAM: dict[tuple[StreamState, Move], StreamState] = {
+SERVER_STREAM: dict[tuple[int, int], int] = {
     (_S.OPEN, Move.SEND_END): _S.HALF_CLOSED_LOCAL,
     (_S.OPEN, Move.RECV_END): _S.HALF_CLOSED_REMOTE,
     (_S.HALF_CLOSED_REMOTE, Move.SEND_END): _S.CLOSED,
@@ -212,13 +216,12 @@ class RecvWindow:
         self.processed = 0
         self.granting = 0
 
-    def consumed(self, n: int, where: str) -> None:
-        left = self.left - n
-        if left < 0:
-            broken = h2rules.received(n, self.left, where)
-            assert broken is not None
-            raise h2events.FlowControlError(broken.message)
-        self.left = left
+    def overrun(self, n: int, stream_id: int) -> None:
+        """``n`` bytes arrived with fewer left: FLOW_CONTROL_ERROR (the caller compared)."""
+        where = f"stream {stream_id}" if stream_id else "the connection"
+        broken = h2rules.received(n, self.left, where)
+        assert broken is not None
+        raise h2events.FlowControlError(broken.message)
 
     def opened(self, n: int) -> None:
         size = self.left + self.granting + n
@@ -260,7 +263,7 @@ class Stream:
 
     @property
     def closed(self) -> bool:
-        return self.state is StreamState.CLOSED
+        return self.state == StreamState.CLOSED
 
 
 def take_views(pending: collections.deque[memoryview], room: int) -> tuple[list[memoryview], int]:
@@ -403,18 +406,18 @@ class Connection:
 
     def _sendable(self, stream_id: int) -> Stream:
         """The stream we may send on now, or the exception for why not (h2's)."""
-        if self.state is ConnectionState.CLOSED:
+        if self.state == ConnectionState.CLOSED:
             raise h2events.ProtocolError("the connection is closed (GOAWAY)")
         stream = self.streams.get(stream_id)
         if stream is None:
             raise self._missing(stream_id)
-        if stream.state is StreamState.HALF_CLOSED_LOCAL:  # we ended it: h2's error, too
+        if stream.state == StreamState.HALF_CLOSED_LOCAL:  # we ended it: h2's error, too
             raise h2events.ProtocolError(f"stream {stream_id} was ended by this side")
         return stream
 
-    def _move(self, stream: Stream, move: Move) -> None:
+    def _move(self, stream: Stream, move: int) -> None:
         state = self._moves[stream.state, move]
-        if state is StreamState.CLOSED:
+        if state == StreamState.CLOSED:
             self._close(stream, reset=False)
         else:
             stream.state = state
@@ -496,7 +499,7 @@ class Connection:
         return max(0, min(self.outbound_flow_control_window, stream.send_window))
 
     def reset_stream(self, stream_id: int, error_code: ErrorCodes | int = 0) -> None:
-        if self.state is ConnectionState.CLOSED:
+        if self.state == ConnectionState.CLOSED:
             raise h2events.ProtocolError("the connection is closed (GOAWAY)")
         stream = self.streams.get(stream_id)
         if stream is None:
@@ -521,7 +524,7 @@ class Connection:
         if increment:
             self._grant(self.inbound, 0, increment)
         stream = self.streams.get(stream_id)
-        if stream is not None and stream.state is not StreamState.HALF_CLOSED_REMOTE:
+        if stream is not None and stream.state != StreamState.HALF_CLOSED_REMOTE:
             increment = stream.recv.processed_bytes(acknowledged_size)
             if increment:
                 self._grant(stream.recv, stream_id, increment)
@@ -551,7 +554,7 @@ class Connection:
         wasted, provoked = self.wasted, self.provoked
         try:
             for kind, flags, sid, body in self.reader:
-                if self.state is not ConnectionState.OPEN:
+                if self.state != ConnectionState.OPEN:
                     self._check_state(kind, flags, body)
                 handler = dispatch.get(kind)
                 if handler is None:
@@ -576,13 +579,13 @@ class Connection:
         may arrive; before the first stream, no DATA or RST_STREAM. A frame's body is
         checked before its state (:func:`.h2parse.check_body`), as h2 does."""
         state = self.state
-        if state is ConnectionState.CLOSED:
+        if state == ConnectionState.CLOSED:
             if kind not in (GOAWAY, CONTINUATION) and kind in KNOWN_TYPES:
                 h2parse.check_body(kind, flags, body)
                 if kind == HEADERS:  # h2 decodes a block before it looks at the state
                     self._decode(h2parse.headers(flags, body)[0])
                 raise h2events.ProtocolError(f"{FRAME_NAMES[kind]} received after GOAWAY")
-        elif state is ConnectionState.IDLE and kind in (DATA, RST_STREAM):
+        elif state == ConnectionState.IDLE and kind in (DATA, RST_STREAM):
             h2parse.check_body(kind, flags, body)
             raise h2events.ProtocolError(
                 f"{FRAME_NAMES[kind]} received before any stream was opened"
@@ -613,23 +616,24 @@ class Connection:
         return h2events.StreamClosedError(sid)
 
     def _decode(self, block: bytes) -> tuple[object, ...] | None:
-        """A header block's headers (the decoder gives a block that comes again the same
-        tuple again); None for one that is not all ASCII (the server's text headers: h2
-        finds that only where it builds the event, :meth:`_text`)."""
+        """A header block's headers; None for one that is not all ASCII (the server's
+        text headers)."""
         try:
             return self._blocks.decode(block)
-        except OversizedHeaderListError as err:
-            raise h2events.DenialOfServiceError(f"Oversized header block: {err}") from err
-        except UnicodeDecodeError:
-            return None
-        except (HPACKError, IndexError, TypeError) as err:
-            raise h2events.ProtocolError(f"Error decoding header block: {err}") from err
+        except Exception as err:
+            return self._undecodable(err)
 
     @staticmethod
-    def _text(headers: tuple[object, ...] | None) -> tuple[object, ...]:
-        if headers is None:
-            raise h2events.ProtocolError("a header name or value that is not ASCII")
-        return headers
+    def _undecodable(err: Exception) -> None:
+        """h2's error for a block the decoder refused (``None`` for one that decoded but
+        is not ASCII: h2 finds that only where it builds the event)."""
+        if isinstance(err, OversizedHeaderListError):
+            raise h2events.DenialOfServiceError(f"Oversized header block: {err}") from err
+        if isinstance(err, UnicodeDecodeError):
+            return None
+        if isinstance(err, (HPACKError, IndexError, TypeError)):
+            raise h2events.ProtocolError(f"Error decoding header block: {err}") from err
+        raise err
 
     def _late(self, sid: int, events: list[Event]) -> None:
         """HEADERS on a stream not in :attr:`streams` (module docstring)."""
@@ -644,33 +648,43 @@ class Connection:
             raise h2events.StreamIDTooLowError(sid, self.highest_inbound_stream_id)
 
     def _on_headers(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
-        block, fields = h2parse.headers(flags, body)
+        if flags & (PADDED | PRIORITY_FLAG):
+            block, fields = h2parse.headers(flags, body)
+        else:
+            block, fields = bytes(body), None
         # Decoded first, whatever the stream's state, as h2 does: it keeps the decoder's
         # table in step, and a bad block is the error h2 reports before the stream's.
-        headers = self._decode(block)
+        headers: tuple[object, ...] | None
+        try:
+            headers = self._blocks.decode(block)
+        except Exception as err:  # mapped to h2's errors (or None: not ASCII)
+            headers = self._undecodable(err)
         stream = self.streams.get(sid)
-        event: RequestReceived | ResponseReceived | TrailersReceived
+        kind: type[RequestReceived | ResponseReceived | TrailersReceived]
         if stream is None:
             if self.client or sid <= self.highest_inbound_stream_id:
                 return self._late(sid, events)
             if not sid % 2:
                 raise h2events.ProtocolError("Invalid stream ID for peer.")
             self.highest_inbound_stream_id = sid
-            if self.state is ConnectionState.IDLE:
+            if self.state == ConnectionState.IDLE:
                 self.state = ConnectionState.OPEN
             stream = Stream(sid, self.peer_initial_window, self._stream_window)
             stream.headers_received = True
             self.streams[sid] = stream
-            event = RequestReceived(sid, self._text(headers))
-        elif stream.state is StreamState.HALF_CLOSED_REMOTE:
+            kind = RequestReceived
+        elif stream.state == StreamState.HALF_CLOSED_REMOTE:
             return self._reset_on_error(stream, events)
         elif not stream.headers_received:
             stream.headers_received = True
-            event = ResponseReceived(sid, self._text(headers))
+            kind = ResponseReceived
         elif not flags & END_STREAM:
             raise h2events.ProtocolError("Trailers must have END_STREAM set")
         else:
-            event = TrailersReceived(sid, self._text(headers))
+            kind = TrailersReceived
+        if headers is None:  # h2 finds it where it builds the event
+            raise h2events.ProtocolError("a header name or value that is not ASCII")
+        event = kind(sid, headers)
         events.append(event)
         if flags & END_STREAM:
             self._end_remote(stream, event, events)
@@ -685,10 +699,15 @@ class Connection:
         event: RequestReceived | ResponseReceived | TrailersReceived | DataReceived,
         events: list[Event],
     ) -> None:
-        ended = StreamEnded(stream_id=stream.stream_id)
+        """END_STREAM on ``event``'s frame: StreamEnded, and the stream's move."""
+        ended = StreamEnded(stream.stream_id)
         event.stream_ended = ended
         events.append(ended)
-        self._move(stream, Move.RECV_END)
+        state = self._moves[stream.state, Move.RECV_END]
+        if state == StreamState.CLOSED:
+            self._close(stream, reset=False)
+        else:
+            stream.state = state
 
     def _reset_on_error(
         self, stream: Stream, events: list[Event], code: ErrorCodes | int = ErrorCodes.STREAM_CLOSED
@@ -706,22 +725,21 @@ class Connection:
         self._out.append(_rst(sid, ErrorCodes.STREAM_CLOSED))
 
     def _on_data(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
-        payload, length = h2parse.data(flags, body)
-        self.inbound.consumed(length, "the connection")
+        if flags & PADDED:
+            payload, length = h2parse.data(flags, body)
+        else:
+            payload, length = body, len(body)
+        inbound = self.inbound
+        if length > inbound.left:
+            inbound.overrun(length, 0)
+        inbound.left -= length
         stream = self.streams.get(sid)
-        if stream is None or stream.state is StreamState.HALF_CLOSED_REMOTE:
-            if stream is None and self._is_idle(sid):
-                raise h2events.NoSuchStreamError(sid)
-            # Closed or half-closed (remote): its bytes go back to the connection window.
-            increment = self.inbound.processed_bytes(length)
-            if increment:
-                self._grant(self.inbound, 0, increment)
-            if stream is not None:
-                return self._reset_on_error(stream, events)
-            if not self.client:  # h2's answer; the client ignores it (it reset or ended it)
-                self._answer_closed(sid)
-            return
-        stream.recv.consumed(length, f"stream {sid}")
+        if stream is None or stream.state == StreamState.HALF_CLOSED_REMOTE:
+            return self._data_not_open(sid, stream, length, events)
+        recv = stream.recv
+        if length > recv.left:
+            recv.overrun(length, sid)
+        recv.left -= length
         if not length and not flags & END_STREAM:
             self.wasted += 1  # carries nothing and ends nothing
         event = DataReceived(sid, payload, length)
@@ -730,6 +748,21 @@ class Connection:
             self._end_remote(stream, event, events)
         if self.client and length:  # the client processes what arrives as it arrives
             self.acknowledge_received_data(length, sid)
+
+    def _data_not_open(
+        self, sid: int, stream: Stream | None, length: int, events: list[Event]
+    ) -> None:
+        """DATA on a stream closed or half-closed (remote): a connection error on one
+        never opened, else its bytes go back to the connection window (module docstring)."""
+        if stream is None and self._is_idle(sid):
+            raise h2events.NoSuchStreamError(sid)
+        increment = self.inbound.processed_bytes(length)
+        if increment:
+            self._grant(self.inbound, 0, increment)
+        if stream is not None:
+            return self._reset_on_error(stream, events)
+        if not self.client:  # h2's answer; the client ignores it (it reset or ended it)
+            self._answer_closed(sid)
 
     def _on_rst_stream(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         code = h2parse.rst_stream(body)
@@ -810,7 +843,7 @@ class Connection:
     def _on_goaway(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         last, code, extra = h2parse.goaway(body)
         if self.client:  # no new streams; those at or below ``last`` are answered
-            if self.state is not ConnectionState.CLOSED:
+            if self.state != ConnectionState.CLOSED:
                 self.state = ConnectionState.DRAINING
         else:  # h2's: the connection is over, nothing more may be sent
             self.state = ConnectionState.CLOSED
@@ -850,7 +883,7 @@ class Connection:
 
     def _on_altsvc(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         h2parse.altsvc(body)  # checked as h2 does, then ignored (RFC 7838)
-        if self.state is ConnectionState.IDLE and not self.client:
+        if self.state == ConnectionState.IDLE and not self.client:
             # h2's server leaves its idle state on an ALTSVC: DATA or RST_STREAM then
             # meet the stream's rules.
             self.state = ConnectionState.OPEN

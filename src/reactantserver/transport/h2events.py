@@ -49,9 +49,10 @@ class SettingCodes(enum.IntEnum):
     ENABLE_CONNECT_PROTOCOL = 0x8
 
 
-class ConnectionState(enum.Enum):
+class ConnectionState:
     """A connection's state (:mod:`.h2core`): idle until the first stream, open, closed
-    by GOAWAY (or draining: a client that received one)."""
+    by GOAWAY (or draining: a client that received one). Plain ints, not an enum: the
+    state is read per frame, and an enum member costs ~70 ns a lookup on Python 3.11."""
 
     IDLE = 0
     OPEN = 2
