@@ -72,6 +72,7 @@ import heapq
 import logging
 import math
 from collections.abc import Callable
+from typing import Any
 from urllib.parse import unquote
 
 from ..errors import DeadlineExceeded
@@ -160,7 +161,7 @@ class Call:
     """One stream's state, from the request headers to the last frame of the answer."""
 
     __slots__ = ("chunks", "deadline", "grpc_message", "grpc_status", "http_status",
-                 "on_done", "owner", "pending", "received", "release", "responded", "sent",
+                 "on_done", "owner", "pending", "received", "release", "sent",
                  "stream_id")  # fmt: skip
 
     def __init__(
@@ -183,8 +184,6 @@ class Call:
         self.pending = _NOTHING_PENDING
         #: The whole request (END_STREAM included) has been queued for sending.
         self.sent = False
-        #: The response headers arrived (the next header block is the trailers).
-        self.responded = False
         self.chunks: list[memoryview] = []
         self.received = 0
         self.http_status = 0
@@ -232,6 +231,16 @@ class WorkerConnection(asyncio.Protocol):
         #: Why the connection can no longer be used (None while it can).
         self.closed: str | None = None
         self.lost = self._loop.create_future()
+        #: Event class -> its handler (the events of our calls; the rest are ignored).
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            DataReceived: self._on_data,
+            ResponseReceived: self._on_headers,
+            TrailersReceived: self._on_headers,
+            StreamReset: self._on_reset,
+            ConnectionTerminated: self._on_goaway,
+            WindowUpdated: self._on_window,
+            RemoteSettingsChanged: self._on_window,
+        }
 
     # ---------------------------------------------------------------- asyncio.Protocol
 
@@ -257,17 +266,11 @@ class WorkerConnection(asyncio.Protocol):
             code = int(exc.error_code)
             self._fail(f"protocol error from the worker ({_code_name(code)}): {exc}")
             return
+        handlers = self._handlers
         for event in events:
-            if isinstance(event, DataReceived):
-                self._on_data(event.stream_id, event.data, event.stream_ended is not None)
-            elif isinstance(event, (ResponseReceived, TrailersReceived)):
-                self._on_headers(event.stream_id, event.headers, event.stream_ended is not None)
-            elif isinstance(event, (WindowUpdated, RemoteSettingsChanged)):
-                self._unblock()
-            elif isinstance(event, StreamReset):
-                self._on_reset(event.stream_id, event.error_code, event.remote_reset)
-            elif isinstance(event, ConnectionTerminated):
-                self._on_goaway(event.last_stream_id, event.error_code)
+            handle = handlers.get(event.__class__)
+            if handle is not None:
+                handle(event)
         self._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -507,12 +510,11 @@ class WorkerConnection(asyncio.Protocol):
 
     # ---------------------------------------------------------------- private: events
 
-    def _on_headers(
-        self, stream_id: int, headers: tuple[tuple[bytes, bytes], ...], end: bool
-    ) -> None:
-        call = self._calls.get(stream_id)
+    def _on_headers(self, event: ResponseReceived | TrailersReceived) -> None:
+        call = self._calls.get(event.stream_id)
         if call is None:
             return
+        headers = event.headers
         said = self._said.get(headers)
         if said is None:
             said = _header_fields(headers)
@@ -523,16 +525,16 @@ class WorkerConnection(asyncio.Protocol):
             call.grpc_status = grpc_status
         if grpc_message is not None:
             call.grpc_message = grpc_message
-        if http_status is not None and not call.responded:
+        if http_status is not None and event.__class__ is ResponseReceived:
             call.http_status = http_status
-        call.responded = True
-        if end:
+        if event.stream_ended is not None:
             self._finish(call, _reply_of(call))
 
-    def _on_data(self, stream_id: int, data: memoryview, end: bool) -> None:
-        call = self._calls.get(stream_id)
+    def _on_data(self, event: DataReceived) -> None:
+        call = self._calls.get(event.stream_id)
         if call is None:
             return
+        data = event.data
         call.received += len(data)
         if call.received > self._max_reply + 5:
             self._reset(call)
@@ -547,30 +549,34 @@ class WorkerConnection(asyncio.Protocol):
             )
             return
         call.chunks.append(data)
-        if end:  # no trailers: not a gRPC answer
+        if event.stream_ended is not None:  # no trailers: not a gRPC answer
             self._finish(call, _reply_of(call))
 
-    def _on_reset(self, stream_id: int, code: int, by_worker: bool) -> None:
+    def _on_reset(self, event: StreamReset) -> None:
         """The worker reset the stream, or broke a stream's rule and we reset it."""
-        call = self._calls.get(stream_id)
+        call = self._calls.get(event.stream_id)
         if call is None:
             return
-        if by_worker:
-            what = f"the worker reset the stream ({_code_name(code)})"
+        code = _code_name(event.error_code)
+        if event.remote_reset:
+            what = f"the worker reset the stream ({code})"
         else:
-            what = f"stream error from the worker ({_code_name(code)}); stream reset"
-        refused = by_worker and code == ErrorCodes.REFUSED_STREAM
+            what = f"stream error from the worker ({code}); stream reset"
+        refused = event.remote_reset and event.error_code == ErrorCodes.REFUSED_STREAM
         self._finish(call, ChannelError(what, unprocessed=refused or not call.sent))
 
-    def _on_goaway(self, last: int, code: int) -> None:
+    def _on_goaway(self, event: ConnectionTerminated) -> None:
         # Streams above the worker's last one were never processed; the others are
         # answered as usual, and the connection closes when the last one is.
-        reason = f"the worker sent GOAWAY ({_code_name(code)})"
+        reason = f"the worker sent GOAWAY ({_code_name(event.error_code)})"
         for call in list(self._calls.values()):
-            if call.stream_id > last:
+            if call.stream_id > event.last_stream_id:
                 self._finish(call, ChannelError(reason, unprocessed=True))
         if not self._calls:
             self._fail(reason)
+
+    def _on_window(self, event: WindowUpdated | RemoteSettingsChanged) -> None:
+        self._unblock()  # a send window grew: blocked requests may go on
 
 
 def _code_name(code: int) -> str:
