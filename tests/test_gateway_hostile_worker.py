@@ -5,8 +5,8 @@ role, ``transport/h2client.py``) trusted its workers further than a worker trust
 took frames larger than it advertised, buffered CONTINUATIONs without bound, took DATA past
 its windows and WINDOW_UPDATEs of zero, took any frame as the worker's first, and answered
 floods of PINGs and stream errors without end. Now it refuses each with the code the
-worker's own server side would use (``transport/h2rules.py``, the abuse budget of
-``transport/abuse.py``), GOAWAY first, and the calls on that connection fail as on any lost
+worker's own server side would use (the one connection of both roles,
+``transport/h2core.py``, and the abuse budget of ``transport/abuse.py``), GOAWAY first, and the calls on that connection fail as on any lost
 worker connection.
 
 Two kinds of hostile worker, on real sockets on 127.0.0.1:

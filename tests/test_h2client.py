@@ -568,8 +568,8 @@ def test_protocol_errors_raise(frame: bytes) -> None:
 
 # --------------------------------------------------------------------------- bounds
 # What a broken or hostile worker can no longer make the gateway buffer or believe: the
-# rules the worker's server side holds its own clients to (transport/h2rules.py), with
-# the same limits (WireLimits). Frames are written by hand: h2 will not break them.
+# rules the worker's server side holds its own clients to (the one connection,
+# transport/h2core.py, and its frame reader), with the same limits (WireLimits). Frames are written by hand: h2 will not break them.
 
 FRAME_SIZE_ERROR, ENHANCE_YOUR_CALM = 0x6, 0xB
 PROTOCOL_ERROR, FLOW_CONTROL_ERROR = 0x1, 0x3

@@ -8,7 +8,7 @@ given by the caller. The roles are thin subclasses that add their own sending AP
 :class:`.h2lean.ServerConnection` (the worker's and the gateway's served side) and
 :class:`.h2client.ClientConnection` (the gateway's client to its workers and the Python
 client's). Frames are cut by :class:`.h2parse.FrameReader` and dispatched on their type
-byte to one handler each; HPACK is :mod:`.hpack_blocks`; the bounds are :mod:`.h2rules`.
+byte to one handler each; HPACK is :mod:`.hpack_blocks`.
 Nothing here imports h2: it is the oracle of the differential tests of both roles
 (``tests/test_h2lean.py``, ``tests/test_h2client.py``), which feed both the same bytes.
 
@@ -60,7 +60,7 @@ from collections.abc import Callable
 
 from hpack import HPACKError, OversizedHeaderListError
 
-from . import h2events, h2parse, h2rules
+from . import h2events, h2parse
 from .abuse import AbuseBudget
 from .h2events import (
     ChangedSetting,
@@ -219,9 +219,9 @@ class RecvWindow:
     def overrun(self, n: int, stream_id: int) -> None:
         """``n`` bytes arrived with fewer left: FLOW_CONTROL_ERROR (the caller compared)."""
         where = f"stream {stream_id}" if stream_id else "the connection"
-        broken = h2rules.received(n, self.left, where)
-        assert broken is not None
-        raise h2events.FlowControlError(broken.message)
+        raise h2events.FlowControlError(  # RFC 9113 §6.9.1
+            f"flow control window exceeded by {n - self.left} bytes ({where})"
+        )
 
     def opened(self, n: int) -> None:
         size = self.left + self.granting + n
@@ -282,6 +282,21 @@ def take_views(pending: collections.deque[memoryview], room: int) -> tuple[list[
             pending[0] = view[left:]
             left = 0
     return views, room - left
+
+
+def _window_update_error(
+    increment: int, window: int, stream_id: int
+) -> h2events.ProtocolError | None:
+    """What a WINDOW_UPDATE of ``increment`` on a send window of ``window`` bytes breaks
+    (stream 0: the connection's; RFC 9113 §6.9, §6.9.1): a zero increment, PROTOCOL_ERROR,
+    or a window past 2^31-1, FLOW_CONTROL_ERROR. On a stream a stream error (h2 makes a
+    zero increment a connection error even there), on the connection a connection error."""
+    if increment and window + increment <= MAX_WINDOW:
+        return None
+    where = f"stream {stream_id}" if stream_id else "the connection"
+    if increment == 0:
+        return h2events.ProtocolError(f"a WINDOW_UPDATE of 0 on {where}")
+    return h2events.FlowControlError(f"a WINDOW_UPDATE takes {where}'s send window past 2^31-1")
 
 
 def _rst(stream_id: int, code: int) -> bytes:
@@ -777,9 +792,9 @@ class Connection:
     def _on_window_update(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         increment = h2parse.window_update(body)
         if not sid:  # a zero increment or an overflow: a connection error (RFC 9113 §6.9)
-            broken = h2rules.window_update(increment, self.outbound_flow_control_window, 0)
+            broken = _window_update_error(increment, self.outbound_flow_control_window, 0)
             if broken is not None:
-                raise h2events.ProtocolError(broken.message, h2events.error_code(broken.code))
+                raise broken
             self.outbound_flow_control_window += increment
             events.append(WindowUpdated(stream_id=0, delta=increment))
             return
@@ -788,9 +803,9 @@ class Connection:
             if self._is_idle(sid):
                 raise h2events.NoSuchStreamError(sid)
             return  # closed: ignored
-        broken = h2rules.window_update(increment, stream.send_window, sid)
+        broken = _window_update_error(increment, stream.send_window, sid)
         if broken is not None:  # a stream error (RFC 9113 §6.9, §6.9.1)
-            return self._reset_on_error(stream, events, h2events.error_code(broken.code))
+            return self._reset_on_error(stream, events, broken.error_code)
         stream.send_window += increment
         events.append(WindowUpdated(stream_id=sid, delta=increment))
 
