@@ -705,23 +705,21 @@ def _frame(kind: int, payload: bytes) -> bytes:
     return len(payload).to_bytes(3, "big") + bytes([kind, 0]) + bytes(4) + payload
 
 
-def test_takes_another_follows_the_slot_rule_and_the_workers_word() -> None:
-    """A connection takes another call while it is usable and fewer than
-    ``max(1, min(ours, the worker's SETTINGS_MAX_CONCURRENT_STREAMS))`` are active; none
-    after the worker's GOAWAY (the request path's one check, pool.WorkerClient.start)."""
+def test_the_slot_limit_follows_the_workers_word() -> None:
+    """A connection takes up to ``max(1, min(ours, the worker's
+    SETTINGS_MAX_CONCURRENT_STREAMS))`` calls (what pool.WorkerClient grants slots by),
+    and none after the worker's GOAWAY."""
 
     async def main() -> None:
         conn = WorkerConnection("worker:1", max_reply_bytes=1 << 20)
         conn.connection_made(_RecordingTransport())
-        assert conn.takes_another(31, 32) and not conn.takes_another(32, 32)
+        assert conn.usable and conn.slot_limit(32) == 32
         conn.data_received(_frame(0x4, (3).to_bytes(2, "big") + (3).to_bytes(4, "big")))
-        assert conn.remote_max_streams == 3
-        assert conn.takes_another(2, 32) and not conn.takes_another(3, 32)
-        assert conn.takes_another(1, 2) and not conn.takes_another(2, 2)
+        assert conn.slot_limit(32) == 3 and conn.slot_limit(2) == 2
         conn.data_received(_frame(0x4, (3).to_bytes(2, "big") + (0).to_bytes(4, "big")))
-        assert conn.takes_another(0, 32) and not conn.takes_another(1, 32)  # at least one
+        assert conn.slot_limit(32) == 1  # at least one
         conn.data_received(_frame(0x7, bytes(8)))  # GOAWAY, last stream 0, NO_ERROR
-        assert not conn.usable and not conn.takes_another(0, 32)
+        assert not conn.usable
         conn.close()
 
     run(main)

@@ -286,18 +286,10 @@ class WorkerConnection(asyncio.Protocol):
         """New calls may start here (not closed, no GOAWAY, stream ids left)."""
         return self.closed is None and not self._h2.goaway_received and self._h2.can_open_ids
 
-    @property
-    def remote_max_streams(self) -> int:
-        return self._h2.peer_max_streams
-
     def slot_limit(self, most: int) -> int:
         """How many calls a caller allowing ``most`` may have open here: ``most``, or
         fewer if the worker allows fewer, and at least one."""
         return max(1, min(most, self._h2.peer_max_streams))
-
-    def takes_another(self, active: int, most: int) -> bool:
-        """:attr:`usable`, with fewer than :meth:`slot_limit` calls ``active``."""
-        return self.usable and active < self.slot_limit(most)
 
     @property
     def open_calls(self) -> int:

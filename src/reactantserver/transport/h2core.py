@@ -780,7 +780,7 @@ class Connection:
             self._answer_closed(sid)
 
     def _on_rst_stream(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
-        code = h2parse.rst_stream(body)
+        code = h2parse.rst_stream(flags, body)
         stream = self.streams.get(sid)
         if stream is None:
             return  # idle once a stream opened (h2 ignores it too) or closed (ignored)
@@ -790,7 +790,7 @@ class Connection:
         )
 
     def _on_window_update(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
-        increment = h2parse.window_update(body)
+        increment = h2parse.window_update(flags, body)
         if not sid:  # a zero increment or an overflow: a connection error (RFC 9113 §6.9)
             broken = _window_update_error(increment, self.outbound_flow_control_window, 0)
             if broken is not None:
@@ -847,7 +847,7 @@ class Connection:
         events.append(RemoteSettingsChanged(changed_settings=changes))
 
     def _on_ping(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
-        opaque = h2parse.ping(body)
+        opaque = h2parse.ping(flags, body)
         self.wasted += 1
         if flags & ACK:
             events.append(PingAckReceived(ping_data=opaque))
@@ -856,7 +856,7 @@ class Connection:
         self._out.append(frame_head(PING, ACK, 0, 8) + opaque)
 
     def _on_goaway(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
-        last, code, extra = h2parse.goaway(body)
+        last, code, extra = h2parse.goaway(flags, body)
         if self.client:  # no new streams; those at or below ``last`` are answered
             if self.state != ConnectionState.CLOSED:
                 self.state = ConnectionState.DRAINING
@@ -879,7 +879,7 @@ class Connection:
         return PriorityUpdated(sid, depends_on=depends_on, weight=weight + 1, exclusive=exclusive)
 
     def _on_priority(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
-        events.append(self._priority(sid, h2parse.priority(body)))
+        events.append(self._priority(sid, h2parse.priority(flags, body)))
 
     def _on_push_promise(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         h2parse.push_promise(flags, body)
@@ -897,7 +897,7 @@ class Connection:
         raise h2events.ProtocolError("Received a CONTINUATION frame outside a header block")
 
     def _on_altsvc(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
-        h2parse.altsvc(body)  # checked as h2 does, then ignored (RFC 7838)
+        h2parse.altsvc(flags, body)  # checked as h2 does, then ignored (RFC 7838)
         if self.state == ConnectionState.IDLE and not self.client:
             # h2's server leaves its idle state on an ALTSVC: DATA or RST_STREAM then
             # meet the stream's rules.

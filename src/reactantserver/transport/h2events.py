@@ -63,18 +63,16 @@ class ConnectionState:
 
 def error_code(value: int) -> ErrorCodes | int:
     """``value`` as an :class:`ErrorCodes` member when it is one (a peer may send any)."""
-    try:
-        return ErrorCodes(value)
-    except ValueError:
-        return value
+    return ErrorCodes(value) if value in _ERROR_CODES else value
 
 
 def setting_code(value: int) -> SettingCodes | int:
     """``value`` as a :class:`SettingCodes` member when it is one (unknown codes stay)."""
-    try:
-        return SettingCodes(value)
-    except ValueError:
-        return value
+    return SettingCodes(value) if value in _SETTING_CODES else value
+
+
+_ERROR_CODES = frozenset(ErrorCodes)
+_SETTING_CODES = frozenset(SettingCodes)
 
 
 # ---------------------------------------------------------------------- exceptions

@@ -11,7 +11,7 @@ events and errors carry h2's names and fields: for the same client bytes they ar
 
 What the server role leaves out: opening streams (no push), priority trees (reported, not
 kept), SETTINGS_MAX_CONCURRENT_STREAMS as a connection error (the guard refuses one stream
-too many with REFUSED_STREAM: :mod:`.h2settings`), header validation (ours is
+too many with REFUSED_STREAM, RFC 9113 §5.1.2), header validation (ours is
 :func:`.framing.request_head`), and the WINDOW_UPDATE h2 sends on a half-closed (remote)
 stream (the peer may send nothing more on it). Our header blocks never touch HPACK's
 dynamic table; the constant ones are encoded once (:data:`CONSTANT_BLOCKS`).

@@ -190,14 +190,14 @@ def push_promise(flags: int, body: Body) -> tuple[int, bytes]:
     return promised, bytes(body[start + 4 : len(body) - pad])
 
 
-def priority(body: Body) -> Priority:
+def priority(flags: int, body: Body) -> Priority:
     """A PRIORITY frame's fields."""
     if len(body) != 5:
         raise _missing(f"PRIORITY must have 5 byte body: actual length {len(body)}.")
     return priority_fields(body, 0)
 
 
-def rst_stream(body: Body) -> int:
+def rst_stream(flags: int, body: Body) -> int:
     """A RST_STREAM frame's error code."""
     if len(body) != 4:
         raise _missing(f"RST_STREAM must have 4 byte body: actual length {len(body)}.")
@@ -219,14 +219,14 @@ def settings(flags: int, body: Body) -> dict[int, int]:
     }
 
 
-def ping(body: Body) -> bytes:
+def ping(flags: int, body: Body) -> bytes:
     """A PING frame's opaque data."""
     if len(body) != 8:
         raise _missing(f"PING frame must have 8 byte length: got {len(body)}")
     return bytes(body)
 
 
-def goaway(body: Body) -> tuple[int, int, bytes]:
+def goaway(flags: int, body: Body) -> tuple[int, int, bytes]:
     """A GOAWAY frame's last stream id (as sent, reserved bit included, as hyperframe reads
     it), error code and additional data."""
     if len(body) < 8:
@@ -234,7 +234,7 @@ def goaway(body: Body) -> tuple[int, int, bytes]:
     return _u32(body, 0), _u32(body, 4), bytes(body[8:])
 
 
-def window_update(body: Body) -> int:
+def window_update(flags: int, body: Body) -> int:
     """A WINDOW_UPDATE frame's increment (0..2^31-1; the reserved bit is not masked, as
     hyperframe). A zero increment is the connection's to judge (RFC 9113 §6.9: a stream
     error on a stream, a connection error on the connection; h2 refuses it here)."""
@@ -246,7 +246,7 @@ def window_update(body: Body) -> int:
     return increment
 
 
-def altsvc(body: Body) -> None:
+def altsvc(flags: int, body: Body) -> None:
     """Check an ALTSVC frame's body (origin length, origin); its fields are not used."""
     if len(body) < 2 or len(body) < 2 + int.from_bytes(body[:2], "big"):
         raise _missing("Invalid ALTSVC frame body.")
@@ -255,21 +255,19 @@ def altsvc(body: Body) -> None:
 def check_body(kind: int, flags: int, body: Body) -> None:
     """Raise what a frame's body alone earns (step 3), whatever its type: for a frame
     refused by the state it arrives in, whose body h2 has checked first."""
-    if kind == DATA:
-        data(flags, body)
-    elif kind == HEADERS:
-        headers(flags, body)
-    elif kind in _CHECKS:
-        _CHECKS[kind](body)
-    elif kind == SETTINGS:
-        settings(flags, body)
-    elif kind == PUSH_PROMISE:
-        push_promise(flags, body)
+    parse = _PARSERS.get(kind)
+    if parse is not None:
+        parse(flags, body)
 
 
-_CHECKS: dict[int, Callable[[Body], object]] = {
+#: Each frame type's parser (the connection calls them by name; :func:`check_body` here).
+_PARSERS: dict[int, Callable[[int, Body], object]] = {
+    DATA: data,
+    HEADERS: headers,
     PRIORITY: priority,
     RST_STREAM: rst_stream,
+    SETTINGS: settings,
+    PUSH_PROMISE: push_promise,
     PING: ping,
     GOAWAY: goaway,
     WINDOW_UPDATE: window_update,
