@@ -371,7 +371,7 @@ def test_a_data_frame_cut_anywhere_is_passed_on_in_pieces_ending_with_its_flag()
             assert {e[1] for e in data} == {x}
             assert b"".join(bytes(e[2]) for e in data) == bytes(range(256)) * 20  # type: ignore[arg-type]
             assert [e[3] for e in data] == [False] * (len(data) - 1) + [True]
-            assert not fresh.is_open(x)
+            assert x not in fresh.streams
 
 
 def _state(client: ClientConnection) -> tuple[object, ...]:

@@ -41,7 +41,7 @@ by the calls in flight).
 
 Writes: a request that fits the worker's windows and frame size is queued whole in one
 step (HEADERS, one DATA frame with the prefix and the message: ``send_request``); a larger
-one in chunks as the windows allow. The HTTP/2 layer queues frames; the protocol hands them
+one as views of it, as the windows allow (``send_pieces``: never copied). The HTTP/2 layer queues frames; the protocol hands them
 to the socket when the read that provoked them has been handled
 (:class:`~reactantserver.transport.h2conn.HeldWrites`; once per pass of the event loop for
 calls started elsewhere; a large request as it goes), so the calls opened by one read of a
@@ -432,7 +432,7 @@ class WorkerConnection(asyncio.Protocol):
         stream_id = call.stream_id
 
         def reset_if_open() -> None:
-            if self.closed is None and self._h2.is_open(stream_id):
+            if self.closed is None and stream_id in self._h2.streams:
                 self._h2.reset(stream_id, ErrorCodes.CANCEL)
                 self._flush()
 

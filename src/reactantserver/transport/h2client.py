@@ -156,10 +156,6 @@ class ClientConnection(Connection):
         out.append(message)
         return stream_id
 
-    def is_open(self, stream_id: int) -> bool:
-        """Whether ``stream_id`` is open (neither side has ended or reset it yet)."""
-        return stream_id in self.streams
-
     def reset(self, stream_id: int, code: int = ErrorCodes.CANCEL) -> None:
         """RST_STREAM, if ``stream_id`` is still open: we are done with it."""
         if stream_id in self.streams:

@@ -1,27 +1,24 @@
 """One HTTP/2 connection for both roles, sans-IO: the stream table, the states and their
-transitions, flow control, SETTINGS and the frames every role reads the same way.
+transitions, flow control, SETTINGS and one handler per frame type.
 
-Bytes in (:meth:`Connection.receive_data` -> events, :mod:`.h2events`), bytes out (the
-``send_*`` methods queue frames, :meth:`Connection.data_to_send` /
-:meth:`Connection.pieces_to_send` hand them over); never a socket or a loop, the time
-given by the caller. The roles are thin subclasses that add their own sending API:
-:class:`.h2lean.ServerConnection` (the worker's and the gateway's served side) and
-:class:`.h2client.ClientConnection` (the gateway's client to its workers and the Python
-client's). Frames are cut by :class:`.h2parse.FrameReader` and dispatched on their type
-byte to one handler each; HPACK is :mod:`.hpack_blocks`.
-Nothing here imports h2: it is the oracle of the differential tests of both roles
-(``tests/test_h2lean.py``, ``tests/test_h2client.py``), which feed both the same bytes.
+Bytes in (:meth:`Connection.receive_data` -> :mod:`.h2events` events), bytes out (the
+``send_*`` methods queue frames; :meth:`Connection.data_to_send` or ``pieces_to_send``
+hand them over); never a socket or a loop, the time given by the caller. The roles are
+thin subclasses adding their sending API: :class:`.h2lean.ServerConnection` (the worker's
+and the gateway's served side) and :class:`.h2client.ClientConnection` (the gateway's
+client to its workers, the Python client's). Frames come from :class:`.h2parse.FrameReader`;
+HPACK is :mod:`.hpack_blocks`. Nothing here imports h2: it is the oracle of both roles'
+differential tests (``tests/test_h2lean.py``, ``tests/test_h2client.py``).
 
-States (RFC 9113 §5.1), as tables a reader can check: a stream is opened by the client's
-HEADERS (OPEN), moves on END_STREAM sent or received per :data:`SERVER_STREAM` /
-:data:`CLIENT_STREAM`, and closes on RST_STREAM either way; a closed stream leaves
+States (RFC 9113 §5.1), as tables: a stream is opened by the client's HEADERS (OPEN),
+moves on END_STREAM sent or received per :data:`SERVER_STREAM` / :data:`CLIENT_STREAM`
+(the client closes a stream when the server ends it: what is left of a request is not
+sent), and closes on RST_STREAM either way; a closed stream leaves
 :attr:`Connection.streams` at once and how it closed is remembered (the last 2^16 resets,
-the last :data:`MAX_ENDED_STREAMS` normal endings). The client role closes a stream when
-the server ends it (the answer is complete; what is left of a request is not sent). The
-connection is IDLE until its first stream, OPEN, then CLOSED once a GOAWAY is sent, or,
-for the server role, received (h2's rule: any later frame but GOAWAY is PROTOCOL_ERROR);
-a client that receives GOAWAY opens no new stream and reads the answers of the streams
-at or below the peer's last one (DRAINING).
+the last :data:`MAX_ENDED_STREAMS` normal endings). The connection is IDLE until its
+first stream, OPEN, then CLOSED once a GOAWAY is sent, or, for the server, received (h2's
+rule: any later frame but GOAWAY is PROTOCOL_ERROR); a client that receives GOAWAY opens
+no new stream and reads the answers of those at or below the peer's last one (DRAINING).
 
 Frames on streams not open (h2's answers): DATA on a closed or half-closed (remote)
 stream is answered RST_STREAM(STREAM_CLOSED) by the server, ignored by the client, its
@@ -266,24 +263,6 @@ class Stream:
         return self.state == StreamState.CLOSED
 
 
-def take_views(pending: collections.deque[memoryview], room: int) -> tuple[list[memoryview], int]:
-    """Up to ``room`` bytes off the front of ``pending``, as views (a view that does not
-    fit is split, its rest left in front): the next DATA frame's payload, not copied. The
-    views and the number of bytes they hold."""
-    views: list[memoryview] = []
-    left = room
-    while pending and left:
-        view = pending[0]
-        if view.nbytes <= left:
-            views.append(pending.popleft())
-            left -= view.nbytes
-        else:
-            views.append(view[:left])
-            pending[0] = view[left:]
-            left = 0
-    return views, room - left
-
-
 def _window_update_error(
     increment: int, window: int, stream_id: int
 ) -> h2events.ProtocolError | None:
@@ -492,7 +471,18 @@ class Connection:
         out = self._out
         sent = 0
         while pending and room > 0:
-            views, size = take_views(pending, min(room, limit))
+            views: list[memoryview] = []  # the next frame's payload: views off the front
+            size = left = min(room, limit)
+            while pending and left:
+                view = pending[0]
+                if view.nbytes <= left:
+                    views.append(pending.popleft())
+                    left -= view.nbytes
+                else:  # split: its rest stays in front
+                    views.append(view[:left])
+                    pending[0] = view[left:]
+                    left = 0
+            size -= left
             flags = END_STREAM if end_stream and not pending else 0
             out.append(frame_head(DATA, flags, stream_id, size))
             out += views

@@ -282,8 +282,7 @@ class _Processor:
 
     def request_received(self, event: h2events.RequestReceived) -> None:
         sid = event.stream_id
-        state = self._h2.streams.get(sid)
-        if state is None or state.closed:
+        if sid not in self._h2.streams:  # the connection forgets a stream as it closes
             # The peer reset it within the same read (HEADERS and RST_STREAM together):
             # nothing was started, nothing is owed, and it cannot be reset again.
             return
@@ -336,8 +335,7 @@ class _Processor:
         # the stream: a peer could otherwise keep answered streams open past our limit.
         stream = self.streams.pop(sid, None)
         unread = stream.drop() if stream is not None else 0
-        state = h2.streams.get(sid)
-        still_open = state is not None and not state.closed
+        still_open = sid in h2.streams
         if (unread or still_open) and not self._guard.is_closing():
             if unread:
                 h2.acknowledge_received_data(unread, sid)
@@ -463,7 +461,7 @@ class _Processor:
     def _answer(self, sid: int, refusal: Refusal) -> None:
         """A trailers-only answer (or trailers, after headers), then "stop sending"."""
         state = self._h2.streams.get(sid)
-        if state is None or state.closed:
+        if state is None:
             return
         headers = status_headers(
             refusal.code,
@@ -564,17 +562,12 @@ class GuardedProtocol(asyncio.Protocol):
             self.fault(kind, f"{exc or type(exc).__name__}; connection closed with GOAWAY")
             self.abort()  # the connection has queued its GOAWAY; abort flushes it first
             return
-        except Exception as exc:
-            # The connection choked on the bytes themselves; its header-compression state
-            # is now unknown, so the connection must end.
+        except Exception as exc:  # a bug of ours the bytes found: the state is unknown
             self.fault(
                 Fault.PROTOCOL_ERROR,
                 f"undecodable input ({type(exc).__name__}: {exc}); connection closed with GOAWAY",
             )
-            try:
-                h2.close_connection(ErrorCodes.PROTOCOL_ERROR)
-            except Exception:  # it is in a state where it cannot even say so
-                log.debug("no GOAWAY for %s", self.peer, exc_info=True)
+            h2.close_connection(ErrorCodes.PROTOCOL_ERROR)
             self.abort()
             return
         try:
@@ -680,11 +673,8 @@ class GuardedProtocol(asyncio.Protocol):
         if self._closing or self.h2 is None or self.is_closing():
             return
         self._closing = True
-        try:
-            self.h2.close_connection(error, debug)
-            self.flush()
-        except Exception:  # the connection is already closed
-            log.debug("GOAWAY not sent to %s", self.peer, exc_info=True)
+        self.h2.close_connection(error, debug)
+        self.flush()
         assert self._loop is not None
         self._loop.call_later(GOAWAY_LINGER, self.abort)
 
