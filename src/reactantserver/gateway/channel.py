@@ -33,11 +33,8 @@ deadline is answered DEADLINE_EXCEEDED, and its stream is reset (``RST_STREAM CA
 only if the worker has not ended it within :data:`DEADLINE_RESET_GRACE` -- a worker told
 the deadline ends the call itself; one not told is stopped by that reset. A caller that
 goes away before its deadline resets its stream at once, which cancels the call on the
-worker. The connection keeps one timer, not one per call: its calls' deadlines sit in a
-heap of ``(deadline, stream id)`` and the timer is armed for the earliest; an answered
-call's entry is dropped when it reaches the top (or when the heap is rebuilt from the open
-calls, once it holds twice as many entries as there are open calls, which keeps it bounded
-by the calls in flight).
+worker. The connection keeps one timer, not one per call, armed for the earliest of a
+heap of ``(deadline, stream id)`` (bounded by the calls in flight: :meth:`_watch`).
 
 Writes: a request that fits the worker's windows and frame size is queued whole in one
 step (HEADERS, one DATA frame with the prefix and the message: ``send_request``); a larger

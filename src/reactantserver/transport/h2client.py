@@ -1,15 +1,12 @@
 """The client role of our HTTP/2 connection (:mod:`.h2core`), as much as unary gRPC calls
 need: the one connection both of our clients use -- the gateway's to its workers
 (:mod:`reactantserver.gateway.channel`) and the Python client's
-(:mod:`reactantserver.client.channel`). Bytes in, events and pieces out, never a socket
-or a clock.
+(:mod:`reactantserver.client.channel`).
 
-Why not h2: a client over h2 cost about 140 us of CPU per unary call, one over this
-about 78 us (docs/benchmarks.md, "The gateway"), and h2 copies every DATA payload several
-times (the Python client over it spent 2.5x the CPU on a 38 MB ``ModelInfer``,
-docs/client.md). Here a message goes out as DATA frames whose payloads are views of the
-caller's pieces, and comes in as views of the reads (with ``pieces``, a DATA frame split
-across reads is passed on a piece per read: tens of MB are never gathered).
+Why not h2: a client over h2 cost about 140 us of CPU per unary call, this about 78 us
+(docs/benchmarks.md, "The gateway"), and h2 copies every DATA payload several times. Here
+a message goes out as views of the caller's pieces and comes in as views of the reads
+(with ``pieces``, a DATA frame split across reads is passed on a piece per read).
 
 A request goes out as :meth:`~ClientConnection.open_stream` (its HEADERS) and then
 ``send_data`` (one buffer) or :meth:`~ClientConnection.send_pieces` (a queue of views, as

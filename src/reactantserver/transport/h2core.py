@@ -220,13 +220,6 @@ class RecvWindow:
             f"flow control window exceeded by {n - self.left} bytes ({where})"
         )
 
-    def opened(self, n: int) -> None:
-        size = self.left + self.granting + n
-        if size > MAX_WINDOW:
-            raise h2events.FlowControlError(f"window of {size} bytes past 2^31-1")
-        self.granting += n
-        self.max_size = max(self.max_size, size)
-
     def processed_bytes(self, n: int) -> int:
         """The increment to grant after ``n`` more bytes were processed (h2's rule: half
         the window, or less when it is shut)."""
@@ -257,10 +250,6 @@ class Stream:
         self.headers_received = False
         self.send_window = send_window
         self.recv = RecvWindow(recv_window)
-
-    @property
-    def closed(self) -> bool:
-        return self.state == StreamState.CLOSED
 
 
 def _window_update_error(
@@ -514,10 +503,13 @@ class Connection:
 
     def increment_flow_control_window(self, increment: int) -> None:
         """Grow the connection's receive window (the streams' start at our SETTINGS')."""
-        if not 1 <= increment <= MAX_WINDOW:
-            raise ValueError("Flow control increment must be between 1 and 2^31-1")
-        self.inbound.opened(increment)
-        self._grant(self.inbound, 0, increment)
+        inbound = self.inbound
+        size = inbound.left + inbound.granting + increment
+        if not 1 <= increment <= MAX_WINDOW or size > MAX_WINDOW:
+            raise ValueError(f"a receive window of {size} bytes is past 2^31-1")
+        inbound.granting += increment
+        inbound.max_size = max(inbound.max_size, size)
+        self._grant(inbound, 0, increment)
 
     def acknowledge_received_data(self, acknowledged_size: int, stream_id: int) -> None:
         """``acknowledged_size`` bytes of DATA on ``stream_id`` were processed: the

@@ -471,7 +471,7 @@ class _Processor:
             extra=refusal.headers,
         )
         self._h2.send_headers(sid, headers, end_stream=True)
-        if not state.closed:  # the peer may still be sending: RST_STREAM NO_ERROR
+        if sid in self._h2.streams:  # the peer may still be sending: RST_STREAM NO_ERROR
             self._h2.reset_stream(sid, ErrorCodes.NO_ERROR)
 
 

@@ -1,9 +1,8 @@
 """The server role of our HTTP/2 connection (:mod:`.h2core`): what a gRPC server sends.
 
 Why our own: h2's ``H2Connection`` pays on every frame for being all of HTTP/2 for any
-peer (two state machines stepped per event, a frame object per frame sent, an HPACK
-encoder that searches its table and Huffman-codes every header, trace logging built with
-the logger off): about 100 us of the worker's 280-840 us of CPU per small unary call
+peer (two state machines per event, a frame object per frame sent, an HPACK encoder that
+searches its table): about 100 us of the worker's 280-840 us of CPU per small unary call
 (docs/benchmarks.md, "The lean HTTP/2 connection"). :class:`ServerConnection` keeps the
 method names and arguments of h2's that the asyncio edge (:mod:`.h2guard`) calls, and its
 events and errors carry h2's names and fields: for the same client bytes they are h2's
