@@ -277,7 +277,7 @@ _PARSERS: dict[int, Callable[[int, Body], object]] = {
 
 # ---------------------------------------------------------------------- the reader
 
-#: A body whole in its read is a view of the read when it is at least 1/VIEW_SHARE of it
+#: A DATA body whole in its read is a view of the read when it is at least 1/VIEW_SHARE of it
 #: (so a view keeps at most this many times its size alive), else a copy.
 VIEW_SHARE = 4
 
@@ -291,11 +291,11 @@ class FrameReader:
     SETTINGS_MAX_HEADER_LIST_SIZE we advertised. Use: :meth:`feed` each read, then
     iterate the frames it completed (the checks and their order: the module docstring).
 
-    Each body is a ``memoryview`` copied at most once: a frame whole in one read that is
-    at least :data:`VIEW_SHARE` of it is a view of that read (a ``bytes`` nothing
-    changes); a smaller one is copied, so that keeping it does not keep the whole read
-    alive (a peer could otherwise make us hold a read's worth of memory per small DATA
-    frame, which the windows count by its own size); a frame split between reads has its
+    Each body is a ``memoryview`` copied at most once: a frame whole in one read is a
+    view of that read (a ``bytes`` nothing changes), but for a DATA frame under
+    :data:`VIEW_SHARE` of it, which is copied: a DATA payload is the one body a caller
+    keeps, and a view would keep the whole read alive (a peer could otherwise make us
+    hold a read's worth of memory per small DATA frame); a frame split between reads has its
     body allocated once, at the length its header declares (judged first, so nothing
     longer than we advertised is ever allocated), and filled as the reads arrive.
 
@@ -383,7 +383,7 @@ class FrameReader:
                 )
             ):
                 self._rest = rest[end:]
-                if length * VIEW_SHARE >= self._read:
+                if kind != DATA or length * VIEW_SHARE >= self._read:
                     return kind, flags, sid, rest[9:end]
                 return kind, flags, sid, memoryview(rest[9:end].tobytes())
         while True:
