@@ -48,8 +48,8 @@ class StreamServer(ThreadedServer):
         await stream.send_message(_pattern(size))
 
     async def sleep(self, stream: Any) -> None:
-        await stream.recv_message()
-        try:
+        try:  # a reset may come while the message is still being read (a loaded machine)
+            await stream.recv_message()
             await asyncio.sleep(30)
         except asyncio.CancelledError:
             self.cancelled.append("sleep")
