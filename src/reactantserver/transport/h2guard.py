@@ -1,22 +1,18 @@
 """HTTP/2 connections a hostile peer cannot stop, slow or fool: the server's asyncio edge.
 
-Our HTTP/2 connection (:mod:`.h2core`, sans-IO: bytes in, events and bytes out) does the
-protocol; this module is the thin asyncio layer around it -- one :class:`GuardedProtocol`
-per accepted socket feeds it the bytes, hands the events to the calls they belong to and
-writes what comes out -- and closes, at the layer where bytes become events, the gaps a
-server facing anyone on the network must close. Every server built on it (the worker's,
-a gateway's) gets the same protection, whatever the asyncio/Trio bridge above it looks like.
+Our HTTP/2 connection (:mod:`.h2core`, sans-IO) does the protocol; this module is the
+thin asyncio layer around it and closes, at the layer where bytes become events, the gaps
+a server facing anyone on the network must close -- for every server built on it (the
+worker's, a gateway's), whatever the asyncio/Trio bridge above it looks like.
 
 Theory of operation
 -------------------
-One :class:`GuardedProtocol` per accepted socket. It builds the HTTP/2 connection itself (so
-that every limit is in the first SETTINGS frame), feeds it the bytes, and hands the
-events to :class:`_Processor`, a table from event class to handler:
+One :class:`GuardedProtocol` per accepted socket builds the connection (every limit in its
+first SETTINGS frame), feeds it the bytes, writes what comes out, and hands the events to
+:class:`_Processor`, a table from event class to handler:
 
-* **Unknown events are ignored.** Any frame type the connection does not know (e.g.
-  PRIORITY_UPDATE 0x10, ORIGIN 0xC) is an event no handler is registered for: RFC 9113
-  §4.1 and §5.5, unknown frame types MUST be ignored. So are PING, SETTINGS ACK and
-  PRIORITY, which ask a gRPC server for nothing (the connection answers PING itself).
+* **Unknown events are ignored** (RFC 9113 §5.5: unknown frame types, e.g. ORIGIN 0xC),
+  as are PING, SETTINGS ACK and PRIORITY (the connection answers PING itself).
 * **Requests are judged at HEADERS.** Before a stream gets a handler, its headers pass
   :func:`.framing.request_head` through the sink's ``admit`` (method, content type,
   encoding, ``grpc-timeout``, known path); a refusal is answered trailers-only at once.
@@ -56,11 +52,9 @@ events to :class:`_Processor`, a table from event class to handler:
 Calls are served two ways, both released through :meth:`_Processor._released` (which
 frees the stream's slot): a *direct* method (:mod:`.unary`, ModelInfer) by the event
 handlers themselves, without a task; any other by the sink (:mod:`.server`), whose
-``accept`` returns the :class:`Receiver` the stream's events go to. Everything written
-is queued in the connection (:mod:`.h2core`) and handed to the
-:class:`.h2conn.CorkedTransport` by :meth:`GuardedProtocol.flush`: one ``send`` per read,
-or per loop pass. Not here: the request handlers (:mod:`.server`), message codecs and
-the Trio bridge (:mod:`.grpc`).
+``accept`` returns the :class:`Receiver` the stream's events go to. What the connection
+queued goes to the :class:`.h2conn.CorkedTransport` (:meth:`GuardedProtocol.flush`): one
+``send`` per read, or per loop pass.
 """
 
 from __future__ import annotations
