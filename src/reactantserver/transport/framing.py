@@ -177,20 +177,26 @@ class MessageFramer:
                 self._left -= step
                 pos += step
                 continue
+            if not self._head and size - pos >= PREFIX_BYTES:
+                # The usual case: a whole prefix in this payload, judged where it lies.
+                refusal = self._start(data[pos], int.from_bytes(data[pos + 1 : pos + 5], "big"))
+                if refusal is not None:
+                    return refusal
+                pos += PREFIX_BYTES
+                continue
             take = data[pos : pos + PREFIX_BYTES - len(self._head)]
             pos += len(take)
             self._head += take
             if len(self._head) < PREFIX_BYTES:
                 break
-            refusal = self._start(self._head)
-            self._head = b""
+            head, self._head = self._head, b""
+            refusal = self._start(head[0], int.from_bytes(head[1:PREFIX_BYTES], "big"))
             if refusal is not None:
                 return refusal
         return None
 
-    def _start(self, prefix: bytes) -> Refusal | None:
-        flags = prefix[0]
-        length = int.from_bytes(prefix[1:PREFIX_BYTES], "big")
+    def _start(self, flags: int, length: int) -> Refusal | None:
+        """Judge a message's prefix: its ``flags`` byte and declared ``length``."""
         self._count += 1
         if self._unary and self._count > 1:
             return self._malformed(
