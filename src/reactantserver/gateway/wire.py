@@ -98,7 +98,8 @@ def _varint_at(data: bytes | memoryview, pos: int, end: int) -> tuple[int, int]:
 def _usual_field(data: bytes | memoryview, pos: int, end: int) -> tuple[int, int, int]:
     """The field at ``pos`` as :func:`_peek_usual` takes it: ``(number, start, stop)`` of
     a length-delimited field under a one-byte tag whose length (below 2^28) fits before
-    ``end``; number 0 for anything else."""
+    ``end``; number 0 for anything else. (The peek inlines its usual case: a length
+    below 128.)"""
     key = data[pos]
     if key & 7 != LEN or not 8 <= key < 0x80:
         return 0, pos, pos
@@ -125,7 +126,14 @@ def _peek_usual(data: bytes | memoryview) -> InferPeek | None:
     inputs: list[tuple[str, tuple[int, ...]]] = []
     try:
         while pos < end:
-            number, pos, stop = _usual_field(data, pos, end)
+            # _usual_field, inlined for a field shorter than 128 bytes (a tensor's bytes
+            # take the call)
+            key = data[pos]
+            size = data[pos + 1] if pos + 1 < end else 0x80
+            if size < 0x80 and key & 7 == LEN and 8 <= key < 0x80 and pos + 2 + size <= end:
+                number, pos, stop = key >> 3, pos + 2, pos + 2 + size
+            else:
+                number, pos, stop = _usual_field(data, pos, end)
             if number == 1:
                 model = str(data[pos:stop], "utf-8")
             elif number == 3:
@@ -151,7 +159,12 @@ def _input_usual(
     name = ""
     shape: list[int] = []
     while pos < end:
-        number, pos, stop = _usual_field(data, pos, end)
+        key = data[pos]
+        size = data[pos + 1] if pos + 1 < end else 0x80
+        if size < 0x80 and key & 7 == LEN and 8 <= key < 0x80 and pos + 2 + size <= end:
+            number, pos, stop = key >> 3, pos + 2, pos + 2 + size
+        else:
+            number, pos, stop = _usual_field(data, pos, end)
         if number == 1:
             name = str(data[pos:stop], "utf-8")
         elif number == 3:
