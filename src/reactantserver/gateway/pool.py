@@ -91,7 +91,8 @@ class SlotWait(Waiter):
         granted: Callable[[], None],
         expired: Callable[[DeadlineExceeded], None],
     ) -> None:
-        super().__init__(deadline)
+        self.deadline = deadline  # Waiter's fields, set here: one per call that waits
+        self.waiting = False
         self._client = client
         self.granted = granted
         self.expired = expired

@@ -134,7 +134,8 @@ class Proxy:
         self.fanout = FanOut(
             fleet, stats, registrations, not_served=self.not_served, serves=self._serves
         )
-        self._draining = False
+        #: Refusing new calls (:meth:`drain`): read per call, so a plain attribute.
+        self.draining = False
         self._idle = asyncio.Event()
 
     # ------------------------------------------------------------------ the table
@@ -194,18 +195,14 @@ class Proxy:
 
     # ------------------------------------------------------------------ drain
 
-    @property
-    def draining(self) -> bool:
-        return self._draining
-
     def drain(self) -> None:
         """Refuse new calls from now on (UNAVAILABLE); calls in flight continue."""
-        self._draining = True
+        self.draining = True
         self.call_ended()
 
     def call_ended(self) -> None:
         """A call was answered: the last one of a drain sets the gateway idle."""
-        if self._draining and self.admission.calls == 0:
+        if self.draining and self.admission.calls == 0:
             self._idle.set()
 
     async def wait_idle(self) -> None:
@@ -226,7 +223,7 @@ class Proxy:
         stats = self.stats
         self.admission.enter()
         try:
-            if self._draining:
+            if self.draining:
                 raise Unavailable("the gateway is shutting down; retry (another gateway, or later)")
             if remaining is not None and remaining <= 0:
                 raise DeadlineExceeded(f"{rpc}: the deadline had passed when the call arrived")
@@ -296,7 +293,7 @@ class Proxy:
 
     async def server_ready(self, data: bytes, call: CallInfo) -> bytes:
         ready, _ = self.fleet.ready()
-        return bytes(pb.ServerReadyResponse(ready=ready and not self._draining))
+        return bytes(pb.ServerReadyResponse(ready=ready and not self.draining))
 
     async def server_metadata(self, data: bytes, call: CallInfo) -> bytes:
         return bytes(

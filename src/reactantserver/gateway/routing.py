@@ -174,13 +174,16 @@ class _PairAccounts:
     """One (model, worker) pair's in-flight sums and routed counts, with its worker's
     in-flight sums: everything a request there adds to (found once per ticket)."""
 
-    __slots__ = ("pair", "routed_items", "routed_requests", "worker")
+    __slots__ = ("cost", "pair", "routed_items", "routed_requests", "table", "worker")
 
     def __init__(self, worker: Load) -> None:
         self.pair = Load()
         self.worker = worker
         self.routed_requests = 0
         self.routed_items = 0
+        #: The pair's compute seconds per item in ``table`` (read once per route table).
+        self.table: RouteTable | None = None
+        self.cost = 1.0
 
 
 class Router:
@@ -354,7 +357,10 @@ class Router:
         elif basis == "items":
             work = float(items)
         else:
-            work = items * self.table.cost_per_item(model, worker)
+            table = self.table
+            if accounts.table is not table:
+                accounts.table, accounts.cost = table, table.cost_per_item(model, worker)
+            work = items * accounts.cost
         ticket.work = work
         ticket.accounts = accounts
         accounts.pair.add(items, work)

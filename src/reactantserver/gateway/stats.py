@@ -2,7 +2,8 @@
 
 The proxy calls :meth:`GatewayStats.finish` once per gRPC call it answers (every RPC, every
 outcome) and :meth:`GatewayStats.worker_call` once per call it forwards to a worker; both
-are a dictionary lookup and a histogram bisect. :meth:`GatewayStats.statistics` copies them
+are a dictionary lookup (by ``(rpc, model)`` or ``(rpc, worker)``) and a histogram bisect;
+the status names are given when the counts are read. :meth:`GatewayStats.statistics` copies them
 into a frozen :class:`GatewayStatistics` when ``/metrics`` is scraped. No clock is read
 here: callers pass the seconds they measured.
 
@@ -73,6 +74,17 @@ def status_name(code: int) -> str:
     return _STATUS_NAMES.get(code, "UNKNOWN")
 
 
+class _Answered:
+    """The calls of one ``(rpc, model)`` answered so far: their count by status code and
+    their latency."""
+
+    __slots__ = ("codes", "latency")
+
+    def __init__(self) -> None:
+        self.codes: dict[int, int] = {}
+        self.latency = Histogram(LATENCY_BUCKETS)
+
+
 class GatewayStats:
     """Mutable counters (event-loop thread only); see the module docstring. The calls in
     flight are the :class:`~.inflight.Admission`'s counts, read here, not kept twice."""
@@ -81,8 +93,7 @@ class GatewayStats:
         self.admission = admission if admission is not None else Admission(max_concurrent)
         self.refreshes_requested = 0
         self.refreshes_run = 0
-        self._requests: Counter[tuple[str, str, str]] = Counter()
-        self._latency: dict[tuple[str, str], Histogram] = {}
+        self._answered: dict[tuple[str, str], _Answered] = {}
         self._worker_latency: dict[tuple[str, str], Histogram] = {}
 
     @property
@@ -103,12 +114,13 @@ class GatewayStats:
 
     def finish(self, rpc: str, model: str, code: int, seconds: float) -> None:
         """One call answered with status ``code`` after ``seconds``."""
-        self._requests[(rpc, model, _STATUS_NAMES.get(code, "UNKNOWN"))] += 1
         key = (rpc, model)
-        histogram = self._latency.get(key)
-        if histogram is None:
-            histogram = self._latency[key] = Histogram(LATENCY_BUCKETS)
-        histogram.observe(seconds)
+        answered = self._answered.get(key)
+        if answered is None:
+            answered = self._answered[key] = _Answered()
+        codes = answered.codes
+        codes[code] = codes.get(code, 0) + 1
+        answered.latency.observe(seconds)
 
     def worker_call(self, rpc: str, worker: str, seconds: float) -> None:
         """One forwarded call answered by ``worker`` (any status) after ``seconds``."""
@@ -119,9 +131,15 @@ class GatewayStats:
         histogram.observe(seconds)
 
     def statistics(self) -> GatewayStatistics:
+        requests: Counter[tuple[str, str, str]] = Counter()
+        for (rpc, model), answered in self._answered.items():
+            for code, n in answered.codes.items():
+                requests[(rpc, model, status_name(code))] += n
         return GatewayStatistics(
-            requests=MappingProxyType(dict(self._requests)),
-            latency=MappingProxyType({k: h.snapshot() for k, h in self._latency.items()}),
+            requests=MappingProxyType(dict(requests)),
+            latency=MappingProxyType(
+                {k: answered.latency.snapshot() for k, answered in self._answered.items()}
+            ),
             worker_latency=MappingProxyType(
                 {k: h.snapshot() for k, h in self._worker_latency.items()}
             ),
