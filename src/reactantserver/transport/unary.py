@@ -47,7 +47,6 @@ the call answered INTERNAL with the fixed message; they never reach the connecti
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
 from collections.abc import Callable, Sequence
@@ -60,7 +59,6 @@ from reactantserver.status import INTERNAL_MESSAGE, StatusCode
 
 from . import h2events
 from .framing import RequestHead
-from .h2conn import held_writes
 from .h2lean import CONSTANT_BLOCKS
 from .limits import Fault
 
@@ -262,11 +260,6 @@ class DirectCalls:
         #: Answers waiting for the peer's window or a drained transport, in order (read,
         #: not changed, by the processor: while it is empty a WINDOW_UPDATE changes nothing).
         self.blocked: dict[int, UnaryCall] = {}
-        #: The flushes owed when the protocol callback running now returns (this thread's),
-        #: and whether this connection's is among them (:meth:`_flush`).
-        self._held = held_writes()
-        self._flush_owed = False
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def peer(self) -> str:
@@ -356,7 +349,7 @@ class DirectCalls:
             if size <= SEND_CHUNK and conn.send_answer(
                 sid, ANSWER_HEADERS, pending, size, OK_TRAILERS
             ):
-                self._flush()
+                self._guard.flush()
                 self._forget(call)
                 return
             conn.send_headers(sid, ANSWER_HEADERS)
@@ -376,34 +369,8 @@ class DirectCalls:
         except h2events.ProtocolError:
             self._gone(call)
             return
-        self._flush()
+        self._guard.flush()
         self._forget(call)
-
-    def _flush(self) -> None:
-        """Hand the answers queued on the connection to its output: at once outside a
-        protocol callback; inside one -- a worker connection's read that answers many calls
-        of this client -- once, as that read returns, so that its answers are taken from
-        the connection in one piece rather than one per answer (the same bytes, in the
-        same order, in the same ``send``)."""
-        held = self._held
-        if not held.depth:
-            self._guard.flush()
-        elif not self._flush_owed:
-            self._flush_owed = True
-            if self._loop is None:
-                self._loop = asyncio.get_running_loop()
-            held.flush_soon(self._loop, self._owed_flush)
-
-    def _owed_flush(self) -> None:
-        """The flush :meth:`_flush` owed, run as the read returns: what it writes to the
-        (corked) transport is sent before the read's flushes end."""
-        self._flush_owed = False
-        held = self._held
-        held.enter()
-        try:
-            self._guard.flush()
-        finally:
-            held.leave()
 
     def _gone(self, call: UnaryCall) -> None:
         """The stream or the connection closed under an answer (our GOAWAY, a reset the
