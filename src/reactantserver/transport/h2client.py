@@ -32,7 +32,7 @@ frame size; whatever bytes a worker sends are events on our streams or a connect
 from __future__ import annotations
 
 from . import h2events
-from .h2core import Connection, Move, Stream, StreamState
+from .h2core import Connection, Stream, StreamState
 from .h2events import ConnectionState, ErrorCodes
 from .h2wire import (
     DATA,
@@ -119,7 +119,7 @@ class ClientConnection(Connection):
         stream = self._open(self.peer_initial_window)
         self._queue_block(stream.stream_id, header_block, end_stream)
         if end_stream:
-            self._move(stream, Move.SEND_END)
+            self._end_local(stream)
         return stream.stream_id
 
     def send_request(self, header_block: bytes, message: bytes | memoryview) -> int | None:

@@ -300,7 +300,10 @@ class Connection:
         self.local_settings = initial_settings(client) | local_settings(limits)
         self.remote_settings = initial_settings(not client)
         self.state = ConnectionState.IDLE
-        self._moves = CLIENT_STREAM if client else SERVER_STREAM
+        #: The role's transition table, as one lookup per move: state -> next state.
+        table = CLIENT_STREAM if client else SERVER_STREAM
+        self._on_send_end = {a: b for (a, move), b in table.items() if move == Move.SEND_END}
+        self._on_recv_end = {a: b for (a, move), b in table.items() if move == Move.RECV_END}
         self.streams: dict[int, Stream] = {}
         #: The peer's highest stream id (server), and the next one we open (client).
         self.highest_inbound_stream_id = 0
@@ -398,10 +401,11 @@ class Connection:
             raise h2events.ProtocolError(f"stream {stream_id} was ended by this side")
         return stream
 
-    def _move(self, stream: Stream, move: int) -> None:
-        state = self._moves[stream.state, move]
+    def _end_local(self, stream: Stream) -> None:
+        """We sent END_STREAM: the stream's move (the caller checked it may send)."""
+        state = self._on_send_end[stream.state]
         if state == StreamState.CLOSED:
-            self._close(stream, reset=False)
+            self._close(stream, False)
         else:
             stream.state = state
 
@@ -482,7 +486,7 @@ class Connection:
         stream.send_window -= sent
         self.outbound_flow_control_window -= sent
         if end_stream and not pending:
-            self._move(stream, Move.SEND_END)
+            self._end_local(stream)
         return sent
 
     def local_flow_control_window(self, stream_id: int) -> int:
@@ -499,7 +503,7 @@ class Connection:
         if stream is None:
             raise self._missing(stream_id)
         self._out.append(_rst(stream_id, error_code))
-        self._close(stream, reset=True)
+        self._close(stream, True)
 
     def increment_flow_control_window(self, increment: int) -> None:
         """Grow the connection's receive window (the streams' start at our SETTINGS')."""
@@ -549,9 +553,10 @@ class Connection:
         self.reader.feed(data)
         dispatch = self._dispatch
         wasted, provoked = self.wasted, self.provoked
+        opened = ConnectionState.OPEN
         try:
             for kind, flags, sid, body in self.reader:
-                if self.state != ConnectionState.OPEN:
+                if self.state != opened:
                     self._check_state(kind, flags, body)
                 handler = dispatch.get(kind)
                 if handler is None:
@@ -588,16 +593,19 @@ class Connection:
                 f"{FRAME_NAMES[kind]} received before any stream was opened"
             )
 
-    def _close(self, stream: Stream, *, reset: bool) -> None:
+    def _close(self, stream: Stream, reset: bool) -> None:
+        """Forget a stream that closed, remembering how (reset, or ended both ways)."""
         stream.state = StreamState.CLOSED
         sid = stream.stream_id
         self.streams.pop(sid, None)
-        closed, limit = (
-            (self._resets, MAX_RESET_STREAMS) if reset else (self._endings, MAX_ENDED_STREAMS)
-        )
-        closed[sid] = None
-        if len(closed) > limit:
-            closed.popitem(last=False)
+        if reset:
+            self._resets[sid] = None
+            if len(self._resets) > MAX_RESET_STREAMS:
+                self._resets.popitem(last=False)
+        else:
+            self._endings[sid] = None
+            if len(self._endings) > MAX_ENDED_STREAMS:
+                self._endings.popitem(last=False)
 
     def _is_idle(self, sid: int) -> bool:
         """Whether a stream not in :attr:`streams` was never opened (else: closed). The
@@ -700,9 +708,9 @@ class Connection:
         ended = StreamEnded(stream.stream_id)
         event.stream_ended = ended
         events.append(ended)
-        state = self._moves[stream.state, Move.RECV_END]
+        state = self._on_recv_end[stream.state]
         if state == StreamState.CLOSED:
-            self._close(stream, reset=False)
+            self._close(stream, False)
         else:
             stream.state = state
 
@@ -712,7 +720,7 @@ class Connection:
         """A stream error the peer provoked (by default a frame the stream's state
         forbids): RST_STREAM with ``code``, reported as an event and counted."""
         self._out.append(_rst(stream.stream_id, code))
-        self._close(stream, reset=True)
+        self._close(stream, True)
         self.provoked += 1
         events.append(StreamReset(stream_id=stream.stream_id, error_code=code, remote_reset=False))
 
@@ -766,7 +774,7 @@ class Connection:
         stream = self.streams.get(sid)
         if stream is None:
             return  # idle once a stream opened (h2 ignores it too) or closed (ignored)
-        self._close(stream, reset=True)
+        self._close(stream, True)
         events.append(
             StreamReset(stream_id=sid, error_code=h2events.error_code(code), remote_reset=True)
         )

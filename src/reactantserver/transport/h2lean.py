@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from . import h2events
-from .h2core import Connection, Move
+from .h2core import Connection
 from .h2wire import DATA, END_HEADERS, END_STREAM, HEADERS, frame_head
 from .hpack_blocks import encode_headers
 
@@ -70,7 +70,7 @@ class ServerConnection(Connection):
         )
         stream.headers_sent = True
         if end_stream:
-            self._move(stream, Move.SEND_END)
+            self._end_local(stream)
 
     def send_answer(
         self,
@@ -115,5 +115,5 @@ class ServerConnection(Connection):
         out.append(frame_head(HEADERS, END_STREAM | END_HEADERS, stream_id, len(tail)))
         out.append(tail)
         stream.headers_sent = True
-        self._move(stream, Move.SEND_END)
+        self._end_local(stream)
         return True
