@@ -210,9 +210,9 @@ class WorkerConnection(asyncio.Protocol):
         self._held = held_writes()
         self._h2 = h2client.ClientConnection(limits, self._loop.time())
         self._prefixes: dict[bytes, bytes] = {}
-        #: Header blocks seen -> what they say (:func:`_header_fields`); the worker sends
-        #: the same few blocks on every call.
-        self._said: dict[tuple[tuple[bytes, bytes], ...], _Said] = {}
+        #: Header blocks seen (by the decoder's tuple) -> what they say
+        #: (:func:`_header_fields`); the worker sends the same few blocks on every call.
+        self._said: dict[int, tuple[object, _Said]] = {}
         self._transport: asyncio.Transport | None = None
         self._calls: dict[int, Call] = {}
         #: Calls whose request waits for the worker's flow-control window, in order.
@@ -504,11 +504,16 @@ class WorkerConnection(asyncio.Protocol):
         if call is None:
             return
         headers = event.headers
-        said = self._said.get(headers)
-        if said is None:
+        # Keyed by the tuple's identity: the decoder gives a block that comes again the
+        # same tuple, and the entry holds it, so its id is not reused while remembered.
+        hit = self._said.get(id(headers))
+        if hit is not None and hit[0] is headers:
+            said = hit[1]
+        else:
             said = _header_fields(headers)
-            if len(self._said) < MAX_BLOCKS_REMEMBERED:
-                self._said[headers] = said
+            if len(self._said) >= MAX_BLOCKS_REMEMBERED:
+                self._said.clear()  # starts over, as the decoder's own cache does
+            self._said[id(headers)] = (headers, said)
         http_status, grpc_status, grpc_message = said
         if grpc_status is not None:
             call.grpc_status = grpc_status

@@ -319,6 +319,8 @@ class FrameReader:
         self._preface = PREFACE if server else b""
         #: The peer's first frame (its SETTINGS) has arrived.
         self._settled = False
+        #: Nothing is held over and the first frame came: the usual path may cut frames.
+        self._plain = False
         #: What is left of the latest read, not yet cut into frames, and the read's length.
         self._rest = memoryview(b"")
         self._read = 0
@@ -360,20 +362,13 @@ class FrameReader:
         # takes the general path below from the same bytes, which gives the same frame
         # or the error.
         rest = self._rest
-        if (
-            len(rest) >= 9
-            and self._settled
-            and self._body is None
-            and self._block is None
-            and not self._split_left
-        ):
+        if self._plain and len(rest) >= 9:
             high, low, kind, flags, sid = FRAME_HEAD.unpack_from(rest)
             length = high << 8 | low
             end = 9 + length
             sid &= MAX_STREAM_ID
             if (
                 end <= len(rest)
-                and not self._head
                 and length <= self.max_frame_size
                 # _stream_id_fits, written out: most frames of every call come this way
                 and (sid != 0 if kind in _ON_A_STREAM else not (sid and kind in _ON_THE_CONNECTION))
@@ -386,6 +381,19 @@ class FrameReader:
                 if kind != DATA or length * VIEW_SHARE >= self._read:
                     return kind, flags, sid, rest[9:end]
                 return kind, flags, sid, memoryview(rest[9:end].tobytes())
+        try:
+            return self._general()
+        finally:  # the state the usual path needs, read once here rather than per frame
+            self._plain = (
+                self._settled
+                and self._body is None
+                and self._block is None
+                and not self._split_left
+                and not self._head
+            )
+
+    def _general(self) -> RawFrame:
+        """The next frame by the general path (the module docstring's checks in order)."""
         while True:
             if self._split_left:
                 return self._piece()
