@@ -378,7 +378,7 @@ def _state(client: ClientConnection) -> tuple[object, ...]:
     return (
         client.outbound_flow_control_window,
         client.next_stream_id,
-        {sid: (s.send_window, s.state, s.recv.processed) for sid, s in client.streams.items()},
+        {sid: (s.send_window, s.state, s.processed) for sid, s in client.streams.items()},
     )
 
 

@@ -238,10 +238,10 @@ class RecvWindow:
         return 0
 
 
-class Stream:
-    """One open stream: its state, our send window, its receive window."""
+class Stream(RecvWindow):
+    """One open stream: its state, our send window, and (what it is) its receive window."""
 
-    __slots__ = ("headers_received", "headers_sent", "recv", "send_window", "state", "stream_id")
+    __slots__ = ("headers_received", "headers_sent", "send_window", "state", "stream_id")
 
     def __init__(self, stream_id: int, send_window: int, recv_window: int) -> None:
         self.stream_id = stream_id
@@ -249,7 +249,8 @@ class Stream:
         self.headers_sent = False
         self.headers_received = False
         self.send_window = send_window
-        self.recv = RecvWindow(recv_window)
+        self.left = self.max_size = recv_window
+        self.processed = self.granting = 0
 
 
 def _window_update_error(
@@ -526,9 +527,9 @@ class Connection:
             self._grant(self.inbound, 0, increment)
         stream = self.streams.get(stream_id)
         if stream is not None and stream.state != StreamState.HALF_CLOSED_REMOTE:
-            increment = stream.recv.processed_bytes(acknowledged_size)
+            increment = stream.processed_bytes(acknowledged_size)
             if increment:
-                self._grant(stream.recv, stream_id, increment)
+                self._grant(stream, stream_id, increment)
 
     def close_connection(
         self,
@@ -741,10 +742,9 @@ class Connection:
         stream = self.streams.get(sid)
         if stream is None or stream.state == StreamState.HALF_CLOSED_REMOTE:
             return self._data_not_open(sid, stream, length, events)
-        recv = stream.recv
-        if length > recv.left:
-            recv.overrun(length, sid)
-        recv.left -= length
+        if length > stream.left:
+            stream.overrun(length, sid)
+        stream.left -= length
         if not length and not flags & END_STREAM:
             self.wasted += 1  # carries nothing and ends nothing
         event = DataReceived(sid, payload, length)
