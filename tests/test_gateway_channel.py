@@ -633,7 +633,7 @@ def test_one_timer_expires_every_call_at_its_own_deadline() -> None:
         for _ in range(500):  # answered calls with a long deadline each
             assert (await client.call(b"/t.T/A", b"", deadline(30.0))).status == 0
         conn = client._conn
-        assert conn is not None and conn.open_calls == 0
+        assert conn is not None and not conn._calls
         assert len(conn._deadlines) <= 64
 
         started = loop.time()

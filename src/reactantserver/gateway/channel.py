@@ -37,14 +37,12 @@ worker. The connection keeps one timer, not one per call, armed for the earliest
 heap of ``(deadline, stream id)`` (bounded by the calls in flight: :meth:`_watch`).
 
 Writes: a request that fits the worker's windows and frame size is queued whole in one
-step (HEADERS, one DATA frame with the prefix and the message: ``send_request``); a larger
-one as views of it, as the windows allow (``send_pieces``: never copied). The HTTP/2 layer queues frames; the protocol hands them
-to the socket when the read that provoked them has been handled
-(:class:`~reactantserver.transport.h2conn.HeldWrites`; once per pass of the event loop for
-calls started elsewhere; a large request as it goes), so the calls opened by one read of a
-client leave in one ``send`` -- or sooner, every :data:`FLUSH_EVERY` calls: a burst of
-requests read from a client together would otherwise all wait until the gateway has routed
-the last of them, with the worker idle meanwhile.
+step (``send_request``), a larger one as views of it as the windows allow (``send_pieces``).
+The protocol hands the queued frames to the socket when the read that provoked them has
+been handled (:class:`~reactantserver.transport.h2conn.HeldWrites`; else once per loop
+pass; a large request as it goes), so the calls opened by one read of a client leave in
+one ``send`` -- or every :data:`FLUSH_EVERY` calls, so that a burst does not wait for the
+gateway to route the last of it while the worker idles.
 Flow control: inbound windows are large (:data:`LIMITS`: those the worker grants its own
 clients) and replenished as data arrives; outbound data waits for the worker's window
 updates.
@@ -287,10 +285,6 @@ class WorkerConnection(asyncio.Protocol):
         """How many calls a caller allowing ``most`` may have open here: ``most``, or
         fewer if the worker allows fewer, and at least one."""
         return max(1, min(most, self._h2.peer_max_streams))
-
-    @property
-    def open_calls(self) -> int:
-        return len(self._calls)
 
     async def call(
         self, path: bytes, payload: bytes | memoryview, deadline: float, *, tell: bool = True

@@ -19,16 +19,17 @@ stream limit alone does not bound it:
 
 Theory of operation
 -------------------
-:class:`AbuseBudget` is sans-IO: it is told what happened and *given* ``now``, and answers
-``None`` (within budget) or the reason the connection is past it; the caller
-(:mod:`.h2guard`) then sends GOAWAY ENHANCE_YOUR_CALM and closes. Two rules, one budget:
+:class:`AbuseBudget` is sans-IO: told what happened and *given* ``now``, it answers
+``None`` (within budget) or the reason the connection is past it; the caller (the
+server's guard, :mod:`.h2guard`, or the client role's connection, :mod:`.h2core`) then
+sends GOAWAY ENHANCE_YOUR_CALM and closes. Two rules, one budget:
 
 1. **Calls ended for nothing** (Envoy's premature-reset rule, widened): a call reset by
-   the peer within :data:`PREMATURE_RESET_SECONDS` of its start, and a running call the
-   server reset on a stream error the peer provoked (at any time: a correct peer never
-   provokes one), both count. Once :data:`RESET_MIN_STREAMS` calls have started on the connection,
-   more such endings than half its calls is abuse. A client that cancels calls now and
-   then, or whose deadlines expire under load, stays far below half.
+   the peer within :data:`PREMATURE_RESET_SECONDS` of its start, and a running call reset
+   on a stream error the peer provoked (a correct peer never provokes one), both count.
+   Past :data:`RESET_MIN_STREAMS` calls, more such endings than half the calls is abuse:
+   a client that cancels now and then, or whose deadlines expire under load, stays far
+   below half.
 2. **Frames for nothing**: a token bucket of :data:`FLOOD_BURST` tokens, refilled at
    :data:`FLOOD_RATE` per second and by :data:`FLOOD_PER_CALL` per call started (a client
    that pings once per answer, as gRPC's flow-control probes do, never runs dry); each

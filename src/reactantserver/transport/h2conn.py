@@ -31,15 +31,11 @@ class HeldWrites:
     """The flushes owed when the protocol callback running on this thread returns.
 
     A connection's ``data_received`` runs between :meth:`enter` and :meth:`leave`; a cork
-    written to while one runs owes its flush here (:meth:`flush_soon`) instead of scheduling it with
-    ``call_soon``, and every owed flush runs as the outermost callback returns. So the
-    writes a read provokes -- the gateway's requests to a worker, its answers to a client
-    -- leave in one ``send`` per connection at the end of that read, without the extra
-    pass of the event loop a ``call_soon`` costs (a select that does not wait, its
-    callback, the loop's bookkeeping: about 2 % of a forwarded request's CPU). A write
-    made anywhere else (a timer, a task, the dispatch loop) still flushes by
-    ``call_soon``. Per thread: each thread runs its own loop, and has its own
-    (:func:`held_writes`).
+    written to meanwhile owes its flush here (:meth:`flush_soon`), run as the outermost
+    callback returns: the writes a read provokes leave in one ``send`` per connection,
+    without the extra loop pass a ``call_soon`` costs (about 2 % of a forwarded request's
+    CPU). A write made anywhere else (a timer, a task) flushes by ``call_soon``. One per
+    thread (:func:`held_writes`): each thread runs its own loop.
     """
 
     def __init__(self) -> None:

@@ -121,15 +121,12 @@ MAX_ENDED_STREAMS = 1024
 
 
 # ---------------------------------------------------------------------- SETTINGS
-# Ours go in the first SETTINGS frame, every limit of WireLimits in force from the first
-# byte. The stream count we advertise is not a connection error when exceeded (h2's
-# TooManyStreamsError drops every call of a client that raced our SETTINGS): RFC 9113
-# §5.1.2 lets a server refuse just that stream with REFUSED_STREAM, which gRPC clients
-# retry, and the guard (:mod:`.h2guard`) does that.
 
 
 def local_settings(limits: WireLimits) -> dict[SettingCodes, int]:
-    """Our SETTINGS: every limit, in the first SETTINGS frame."""
+    """Our SETTINGS: every limit of ``limits``, in force from our first SETTINGS frame
+    (the stream count is enforced by refusing one stream too many, not as a connection
+    error: :mod:`.h2lean`)."""
     return {
         SettingCodes.MAX_CONCURRENT_STREAMS: limits.max_concurrent_streams,
         SettingCodes.MAX_HEADER_LIST_SIZE: limits.max_header_list_size,

@@ -1,14 +1,12 @@
 """The one place our HTTP/2 events, exceptions and codes come from, for both roles.
 
 A connection (:class:`.h2core.Connection`) returns events from ``receive_data`` and
-raises exceptions for a peer's error; every module names them, and the codes (error
-codes, setting codes, connection states), through this module and no other. They carry
-the names and fields h2's do (h2 stays the oracle of the differential tests, which
-compare them by name and field), but
-nothing here imports h2: the events are small slotted records, the exceptions one
-hierarchy under :class:`ProtocolError`, the codes RFC 9113's numbers as ``IntEnum``.
-:class:`ProtocolError` is a connection error; its ``error_code`` (each subclass's: the code
-RFC 9113 gives its case) goes into the GOAWAY.
+raises exceptions for a peer's error; every module names them and the codes through this
+module and no other. They carry the names and fields h2's do (h2 stays the oracle of the
+differential tests, which compare them by name and field), but nothing here imports h2:
+slotted records, one exception hierarchy under :class:`ProtocolError` (a connection
+error; its ``error_code``, the code RFC 9113 gives its case, goes into the GOAWAY), and
+RFC 9113's codes.
 """
 
 from __future__ import annotations

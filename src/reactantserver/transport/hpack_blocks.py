@@ -1,24 +1,20 @@
 """HPACK as our HTTP/2 connection (:mod:`.h2core`, both roles) uses it: blocks that never
 touch the dynamic table, and a decoder that remembers the blocks that cannot change it.
 
-
 * **Encoding** (:func:`encode_headers`, :func:`literal`): every header is a "literal
   without indexing" (RFC 7541 §6.2.2) -- its name by static-table index where the static
   table has it, its value as a raw string. Nothing is searched, nothing is Huffman-coded,
   the peer's decoder table never changes, and a block does not depend on what was sent
   before, so a constant header list is encoded once.
 * **Decoding** (:class:`BlockDecoder`): ``hpack.Decoder``, plus caches of the blocks and
-  fields whose decoding cannot change the dynamic table (:func:`field_ends`: indexed fields
-  and literals without indexing or never indexed; no incremental indexing, no table size
-  update). Such a block's headers depend only on the table, so the same bytes decode to
-  the same headers for as long as the table is unchanged, and the same holds for each of
-  its fields: a block seen before is one lookup; a new block made of such fields is decoded
-  field by field, each field remembered (our own literals by slicing, others by
-  ``hpack``). Everything remembered is forgotten as soon as a block that may change the
-  table is decoded. A peer repeating the same headers -- a gRPC client's request headers
-  once indexed, our own answers' literals -- is decoded once per connection, and a block
-  that differs in one field -- the ``grpc-timeout`` the gateway forwards, new on every
-  call -- costs that field (about 4 us against hpack's 18 for the whole block).
+  fields whose decoding cannot change the dynamic table (:func:`field_ends`: indexed
+  fields, literals without indexing or never indexed). Such a block decodes to the same
+  headers for as long as the table is unchanged, and so does each of its fields: a block
+  seen before is one lookup; a new one made of such fields is decoded field by field, each
+  field remembered (our own literals by slicing, others by ``hpack``); all is forgotten
+  once a block that may change the table is decoded. A peer repeating its headers is
+  decoded once per connection, and a block that differs in one field (the
+  ``grpc-timeout`` the gateway forwards) costs that field (4 us against hpack's 18).
 """
 
 from __future__ import annotations
