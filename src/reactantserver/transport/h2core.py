@@ -329,6 +329,8 @@ class Connection:
         #: provoked; the client role's budget judges them as they come.
         self.wasted = 0
         self.provoked = 0
+        #: The client's DATA bytes read so far in this read (acknowledged as it ends).
+        self._arrived = 0
         self.budget = AbuseBudget(now) if client else None
         #: A dynamic table size update owed at the start of our next header block.
         self._table_update = b""
@@ -561,6 +563,11 @@ class Connection:
                     self._on_unknown(kind, flags, sid, body, events)
                 else:
                     handler(flags, sid, body, events)
+            if self._arrived:  # the client's DATA of this read, processed as it arrived
+                increment = self.inbound.processed_bytes(self._arrived)
+                self._arrived = 0
+                if increment:
+                    self._grant(self.inbound, 0, increment)
             budget = self.budget
             if budget is not None and (self.wasted != wasted or self.provoked != provoked):
                 verdict = budget.wasted_frames(self.wasted - wasted, now) or (
@@ -748,8 +755,12 @@ class Connection:
         events.append(event)
         if flags & END_STREAM:
             self._end_remote(stream, event, events)
-        if self.client and length:  # the client processes what arrives as it arrives
-            self.acknowledge_received_data(length, sid)
+        elif self.client and length:  # the client processes what arrives as it arrives
+            increment = stream.processed_bytes(length)
+            if increment:
+                self._grant(stream, sid, increment)
+        if self.client:  # the connection's window: once per read (receive_data)
+            self._arrived += length
 
     def _data_not_open(
         self, sid: int, stream: Stream | None, length: int, events: list[Event]
