@@ -81,7 +81,7 @@ from .h2events import (
     UnknownFrameReceived,
     WindowUpdated,
 )
-from .h2parse import ALTSVC, FRAME_NAMES, KNOWN_TYPES, Body, FrameReader, Priority
+from .h2parse import FRAME_NAMES, KNOWN_TYPES, Body, FrameReader, Priority
 from .h2wire import (
     ACK,
     CONTINUATION,
@@ -98,9 +98,7 @@ from .h2wire import (
     MAX_WINDOW,
     PADDED,
     PING,
-    PRIORITY,
     PRIORITY_FLAG,
-    PUSH_PROMISE,
     RST_STREAM,
     SETTINGS,
     WINDOW_UPDATE,
@@ -335,18 +333,10 @@ class Connection:
         #: A dynamic table size update owed at the start of our next header block.
         self._table_update = b""
         self._table_size = DEFAULT_TABLE
+        #: Frame type -> its handler: ``_on_data`` for DATA, ``_on_rst_stream`` for
+        #: RST_STREAM... (a type not here: :meth:`_on_unknown`).
         self._dispatch: dict[int, _Handler] = {
-            DATA: self._on_data,
-            HEADERS: self._on_headers,
-            PRIORITY: self._on_priority,
-            RST_STREAM: self._on_rst_stream,
-            SETTINGS: self._on_settings,
-            PUSH_PROMISE: self._on_push_promise,
-            PING: self._on_ping,
-            GOAWAY: self._on_goaway,
-            WINDOW_UPDATE: self._on_window_update,
-            CONTINUATION: self._on_continuation,
-            ALTSVC: self._on_altsvc,
+            kind: getattr(self, "_on_" + name.lower()) for kind, name in FRAME_NAMES.items()
         }
 
     # ------------------------------------------------------------------ output
@@ -415,19 +405,12 @@ class Connection:
             block = self._table_update + block
             self._table_update = b""
         flags = END_STREAM if end_stream else 0
-        limit = self.max_outbound_frame_size
-        out = self._out
-        if len(block) <= limit:
-            out.append(frame_head(HEADERS, flags | END_HEADERS, stream_id, len(block)))
-            out.append(block)
-            return
-        view = memoryview(block)
-        out.append(frame_head(HEADERS, flags, stream_id, limit))
-        out.append(view[:limit])
-        for start in range(limit, len(view), limit):
-            chunk = view[start : start + limit]
-            last = END_HEADERS if start + limit >= len(view) else 0
-            out.append(frame_head(CONTINUATION, last, stream_id, len(chunk)))
+        limit, size, out = self.max_outbound_frame_size, len(block), self._out
+        for start in range(0, size or 1, limit):  # HEADERS, then CONTINUATIONs if need be
+            chunk = block[start : start + limit]
+            last = END_HEADERS if start + limit >= size else 0
+            kind = CONTINUATION if start else HEADERS
+            out.append(frame_head(kind, (0 if start else flags) | last, stream_id, len(chunk)))
             out.append(chunk)
 
     def _within_windows(self, stream: Stream, size: int) -> None:
@@ -831,12 +814,9 @@ class Connection:
                         f"SETTINGS_INITIAL_WINDOW_SIZE takes stream {stream.stream_id}'s "
                         "window past 2^31-1"
                     )
-        frame_size = changes.get(SettingCodes.MAX_FRAME_SIZE)
-        if frame_size is not None:
-            self.max_outbound_frame_size = frame_size.new_value
-        streams = changes.get(SettingCodes.MAX_CONCURRENT_STREAMS)
-        if streams is not None:
-            self.peer_max_streams = streams.new_value
+        remote = self.remote_settings
+        self.max_outbound_frame_size = remote[SettingCodes.MAX_FRAME_SIZE]
+        self.peer_max_streams = remote.get(SettingCodes.MAX_CONCURRENT_STREAMS, MAX_WINDOW)
         table = changes.get(SettingCodes.HEADER_TABLE_SIZE)
         if table is not None and table.new_value < self._table_size:
             self._table_size = table.new_value
