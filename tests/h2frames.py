@@ -153,9 +153,11 @@ class HyperframeReader:
 
     def __next__(self) -> Frame:
         try:
-            raw: RawFrame = next(self.reader)
+            raw: RawFrame | None = self.reader.next_frame()
         except h2events.ProtocolError as err:
             raise _as_h2(err) from err
+        if raw is None:
+            raise StopIteration
         kind, flags, sid, body = raw
         known = FRAMES.get(kind)
         if known is None:

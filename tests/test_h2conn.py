@@ -231,18 +231,18 @@ def test_the_client_role_reads_the_same_frames_without_a_preface() -> None:
         + raw_frame(0x9, 0x4, 3, b"cd")
         + raw_frame(DATA, 0x1, 3, b"xyz")
     )
-    frames = [(k, f, s, bytes(b)) for k, f, s, b in reader]
+    frames = [(k, f, s, bytes(b)) for k, f, s, b in iter(reader.next_frame, None)]
     assert frames == [(SETTINGS, 0, 0, b""), (HEADERS, 0x4, 3, b"abcd"), (DATA, 0x1, 3, b"xyz")]
     big = h2parse.FrameReader(server=False, max_frame_size=16384, max_header_block=4096)
     big.feed(
         raw_frame(SETTINGS, 0, 0) + (16385).to_bytes(3, "big") + bytes([DATA, 0]) + b"\0\0\0\1"
     )
     with pytest.raises(h2events.FrameTooLargeError):
-        list(big)
+        list(iter(big.next_frame, None))
     first = h2parse.FrameReader(server=False, max_frame_size=16384, max_header_block=4096)
     first.feed(raw_frame(0x6, 0, 0, bytes(8)))
     with pytest.raises(h2events.ProtocolError, match="SETTINGS"):
-        list(first)
+        list(iter(first.next_frame, None))
 
 
 def test_a_header_block_is_bounded_by_its_bytes_before_they_arrive() -> None:
@@ -252,10 +252,10 @@ def test_a_header_block_is_bounded_by_its_bytes_before_they_arrive() -> None:
         reader = h2parse.FrameReader(server=server, max_frame_size=16384, max_header_block=100)
         reader.feed((PREFACE if server else b"") + raw_frame(SETTINGS, 0, 0))
         reader.feed(raw_frame(HEADERS, 0, 1, bytes(60)))
-        assert [k for k, *_ in reader] == [SETTINGS]
+        assert [k for k, *_ in iter(reader.next_frame, None)] == [SETTINGS]
         reader.feed((60).to_bytes(3, "big") + bytes([0x9, 0]) + (1).to_bytes(4, "big"))
         with pytest.raises(h2events.DenialOfServiceError) as caught:
-            list(reader)
+            list(iter(reader.next_frame, None))
         assert caught.value.error_code == h2events.ErrorCodes.ENHANCE_YOUR_CALM
 
 

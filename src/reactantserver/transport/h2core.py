@@ -107,8 +107,8 @@ from .h2wire import (
 from .hpack_blocks import BlockDecoder, hpack_int
 from .limits import WireLimits
 
-#: A frame type's handler: (flags, stream id, body, the events so far).
-_Handler = Callable[[int, int, Body, list[Event]], None]
+#: A frame type's handler: (the connection, flags, stream id, body, the events so far).
+_Handler = Callable[["Connection", int, int, Body, list[Event]], None]
 #: Closed streams whose reset is remembered (as many as h2 remembers closed streams): a
 #: frame that arrives late on one is a stream error, where a forgotten one would be a
 #: connection error ending every call of the peer (a client's cancel races its own DATA).
@@ -286,6 +286,8 @@ class Connection:
 
     #: The client role (set by the subclass): headers as bytes, its own abuse budget.
     client = False
+    #: Frame type byte -> its handler (set below the class).
+    _handlers: tuple[_Handler, ...] = ()
 
     def __init__(
         self, limits: WireLimits | None = None, now: float = 0.0, *, pieces: bool = False
@@ -333,11 +335,6 @@ class Connection:
         #: A dynamic table size update owed at the start of our next header block.
         self._table_update = b""
         self._table_size = DEFAULT_TABLE
-        #: Frame type -> its handler: ``_on_data`` for DATA, ``_on_rst_stream`` for
-        #: RST_STREAM... (a type not here: :meth:`_on_unknown`).
-        self._dispatch: dict[int, _Handler] = {
-            kind: getattr(self, "_on_" + name.lower()) for kind, name in FRAME_NAMES.items()
-        }
 
     # ------------------------------------------------------------------ output
 
@@ -533,19 +530,17 @@ class Connection:
         """Feed bytes read at ``now`` (seconds of any monotonic clock; the client role's
         budget reads it); the events they complete. Payloads are views of the reads."""
         events: list[Event] = []
-        self.reader.feed(data)
-        dispatch = self._dispatch
+        reader = self.reader
+        reader.feed(data)
+        next_frame, handlers = reader.next_frame, self._handlers
         wasted, provoked = self.wasted, self.provoked
         opened = ConnectionState.OPEN
         try:
-            for kind, flags, sid, body in self.reader:
+            while (frame := next_frame()) is not None:
+                kind, flags, sid, body = frame
                 if self.state != opened:
                     self._check_state(kind, flags, body)
-                handler = dispatch.get(kind)
-                if handler is None:
-                    self._on_unknown(kind, flags, sid, body, events)
-                else:
-                    handler(flags, sid, body, events)
+                handlers[kind](self, flags, sid, body, events)
             if self._arrived:  # the client's DATA of this read, processed as it arrived
                 increment = self.inbound.processed_bytes(self._arrived)
                 self._arrived = 0
@@ -884,3 +879,13 @@ class Connection:
     def _on_unknown(self, kind: int, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         """A frame of a type we do not know: reported, and otherwise ignored."""
         events.append(UnknownFrameReceived(type=kind, flags=flags, stream_id=sid, body=bytes(body)))
+
+
+#: Frame type byte -> its handler: ``_on_data`` for DATA, ``_on_rst_stream`` for
+#: RST_STREAM..., :meth:`Connection._on_unknown` for a type HTTP/2 does not define.
+Connection._handlers = tuple(
+    getattr(Connection, "_on_" + FRAME_NAMES[k].lower())
+    if k in FRAME_NAMES
+    else lambda conn, *frame, kind=k: conn._on_unknown(kind, *frame)
+    for k in range(256)
+)

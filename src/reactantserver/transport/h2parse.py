@@ -352,16 +352,18 @@ class FrameReader:
         self._rest = memoryview(data)
         self._read = len(data)
 
-    def __iter__(self) -> FrameReader:
-        return self
-
-    def __next__(self) -> RawFrame:
+    def next_frame(self) -> RawFrame | None:
+        """The next frame the reads so far complete; None when there is none (feed the
+        next read)."""
         # The usual frame first: whole in what is left of the read, nothing held over,
         # nothing to refuse. It is cut here with one unpack; anything else (a frame split
         # between reads, a block to join, the first frame, a frame some rule refuses)
         # takes the general path below from the same bytes, which gives the same frame
-        # or the error.
+        # or the error. The usual end of a read (all of it taken) is the first test.
         rest = self._rest
+        if self._plain and not rest:
+            self._rest = _NOTHING  # no view of the read kept: it can go
+            return None
         if self._plain and len(rest) >= 9:
             high, low, kind, flags, sid = FRAME_HEAD.unpack_from(rest)
             length = high << 8 | low
@@ -383,6 +385,8 @@ class FrameReader:
                 return kind, flags, sid, memoryview(rest[9:end].tobytes())
         try:
             return self._general()
+        except StopIteration:  # no whole frame left in what was fed
+            return None
         finally:  # the state the usual path needs, read once here rather than per frame
             self._plain = (
                 self._settled
