@@ -678,3 +678,25 @@ def test_initial_window_changes_move_open_streams_by_the_difference() -> None:
         conn.initiate_connection()
         conn.receive_data(wire)
     assert ours.local_flow_control_window(1) == theirs.local_flow_control_window(1) == 100
+
+
+def test_the_stream_tables_close_every_stream_and_nothing_leaves_closed() -> None:
+    """The transition tables of h2core, read as a reader would: from OPEN, our END_STREAM
+    and the peer's, in either order, close a server's stream; the peer's END_STREAM closes
+    a client's at once (what is left of its request is not sent); no move is defined
+    from CLOSED, so a closed stream stays closed."""
+    from reactantserver.transport.h2core import CLIENT_STREAM, SERVER_STREAM, Move, StreamState
+
+    def run(table: dict[tuple[int, int], int], moves: list[int]) -> int:
+        state = StreamState.OPEN
+        for move in moves:
+            state = table[state, move]
+        return state
+
+    closed = StreamState.CLOSED
+    assert run(SERVER_STREAM, [Move.SEND_END, Move.RECV_END]) == closed
+    assert run(SERVER_STREAM, [Move.RECV_END, Move.SEND_END]) == closed
+    assert run(CLIENT_STREAM, [Move.SEND_END, Move.RECV_END]) == closed
+    assert run(CLIENT_STREAM, [Move.RECV_END]) == closed
+    for table in (SERVER_STREAM, CLIENT_STREAM):
+        assert not [key for key in table if key[0] == closed]
