@@ -118,7 +118,7 @@ def test_both_roles_are_one_connection() -> None:
     from reactantserver.transport.h2core import Connection
     from reactantserver.transport.h2lean import ServerConnection
 
-    core = {"receive_data", "_end_local", "_end_remote", "_close", "_grant", "_granted", "send_pieces", "send_data",
+    core = {"receive_data", "_move", "_end_remote", "_close", "_grant", "_granted", "send_pieces", "send_data",
             "acknowledge_received_data", "increment_flow_control_window", "__init__"}  # fmt: skip
     for role in (ServerConnection, ClientConnection):
         assert role.__bases__ == (Connection,), role

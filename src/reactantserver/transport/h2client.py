@@ -119,7 +119,7 @@ class ClientConnection(Connection):
         stream = self._open(self.peer_initial_window)
         self._queue_block(stream.stream_id, header_block, end_stream)
         if end_stream:
-            self._end_local(stream)
+            self._move(stream, self._on_send_end)
         return stream.stream_id
 
     def send_request(self, header_block: bytes, message: bytes | memoryview) -> int | None:

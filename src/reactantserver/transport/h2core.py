@@ -194,6 +194,14 @@ SERVER_STREAM: dict[tuple[int, int], int] = {
 #: The client's: the server's END_STREAM closes the stream whatever we still had to send.
 CLIENT_STREAM = {**SERVER_STREAM, (_S.OPEN, Move.RECV_END): _S.CLOSED}
 
+#: Each role's table by move, derived once: (END_STREAM sent, received), state -> next.
+_MOVES = {
+    role: tuple(
+        {s: t for (s, m), t in table.items() if m == mv} for mv in (Move.SEND_END, Move.RECV_END)
+    )
+    for role, table in ((False, SERVER_STREAM), (True, CLIENT_STREAM))
+}
+
 
 class RecvWindow:
     """A receive window (a stream's or the connection's): what the peer may still send
@@ -298,10 +306,8 @@ class Connection:
         self.local_settings = initial_settings(client) | local_settings(limits)
         self.remote_settings = initial_settings(not client)
         self.state = ConnectionState.IDLE
-        #: The role's transition table, as one lookup per move: state -> next state.
-        table = CLIENT_STREAM if client else SERVER_STREAM
-        self._on_send_end = {a: b for (a, move), b in table.items() if move == Move.SEND_END}
-        self._on_recv_end = {a: b for (a, move), b in table.items() if move == Move.RECV_END}
+        #: The role's transition table, by move.
+        self._on_send_end, self._on_recv_end = _MOVES[client]
         self.streams: dict[int, Stream] = {}
         #: The peer's highest stream id (server), and the next one we open (client).
         self.highest_inbound_stream_id = 0
@@ -388,9 +394,9 @@ class Connection:
             raise h2events.ProtocolError(f"stream {stream_id} was ended by this side")
         return stream
 
-    def _end_local(self, stream: Stream) -> None:
-        """We sent END_STREAM: the stream's move (the caller checked it may send)."""
-        state = self._on_send_end[stream.state]
+    def _move(self, stream: Stream, moves: dict[int, int]) -> None:
+        """END_STREAM sent or received: the stream's move by that column of the table."""
+        state = moves[stream.state]
         if state == StreamState.CLOSED:
             self._close(stream, False)
         else:
@@ -466,15 +472,14 @@ class Connection:
         stream.send_window -= sent
         self.outbound_flow_control_window -= sent
         if end_stream and not pending:
-            self._end_local(stream)
+            self._move(stream, self._on_send_end)
         return sent
 
     def local_flow_control_window(self, stream_id: int) -> int:
         """Bytes of DATA that may be sent on ``stream_id`` now (0 if it is not open)."""
         stream = self.streams.get(stream_id)
-        if stream is None:
-            return 0
-        return max(0, min(self.outbound_flow_control_window, stream.send_window))
+        window = 0 if stream is None else stream.send_window
+        return max(0, min(self.outbound_flow_control_window, window))
 
     def reset_stream(self, stream_id: int, error_code: ErrorCodes | int = 0) -> None:
         if self.state == ConnectionState.CLOSED:
@@ -691,11 +696,7 @@ class Connection:
         ended = StreamEnded(stream.stream_id)
         event.stream_ended = ended
         events.append(ended)
-        state = self._on_recv_end[stream.state]
-        if state == StreamState.CLOSED:
-            self._close(stream, False)
-        else:
-            stream.state = state
+        self._move(stream, self._on_recv_end)
 
     def _reset_on_error(
         self, stream: Stream, events: list[Event], code: ErrorCodes | int = ErrorCodes.STREAM_CLOSED

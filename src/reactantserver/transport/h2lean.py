@@ -70,7 +70,7 @@ class ServerConnection(Connection):
         )
         stream.headers_sent = True
         if end_stream:
-            self._end_local(stream)
+            self._move(stream, self._on_send_end)
 
     def send_answer(
         self,
@@ -115,5 +115,5 @@ class ServerConnection(Connection):
         out.append(frame_head(HEADERS, END_STREAM | END_HEADERS, stream_id, len(tail)))
         out.append(tail)
         stream.headers_sent = True
-        self._end_local(stream)
+        self._move(stream, self._on_send_end)
         return True
