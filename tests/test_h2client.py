@@ -107,6 +107,15 @@ def request(client: ClientConnection, timeout: str | None = "50m") -> int:
     return client.open_stream(encode_request(request_prefix(PATH, b"worker:8080"), timeout))
 
 
+def requested(client: ClientConnection, server: h2.connection.H2Connection, n: int) -> list[int]:
+    """``n`` requests with empty messages, sent and read by the server: their stream ids."""
+    ids = [request(client) for _ in range(n)]
+    for stream_id in ids:
+        client.send_data(stream_id, b"", end_stream=True)
+    pump(client, server)
+    return ids
+
+
 def send_all(
     client: ClientConnection, server: h2.connection.H2Connection, stream_id: int, data: bytes
 ) -> list[h2.events.Event]:
@@ -256,9 +265,7 @@ def test_any_answer_split_anywhere_decodes_the_same(
     data (byte for byte, padding stripped) and the same end of stream, DATA frames split
     across reads gathered or passed on in pieces."""
     client, server = connect(ClientConnection(pieces=pieces))
-    sid = request(client)
-    client.send_data(sid, b"", end_stream=True)
-    pump(client, server)
+    (sid,) = requested(client, server, 1)
     payload = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
     server.send_headers(sid, [(b":status", b"200"), (b"content-type", b"application/grpc")])
     sent = 0
@@ -431,9 +438,7 @@ def test_a_response_larger_than_our_stream_window_is_let_through() -> None:
     """Our WINDOW_UPDATEs reopen the windows as data arrives (20 MiB > the 16 MiB stream
     window), so a large answer never stalls."""
     client, server = connect()
-    sid = request(client)
-    client.send_data(sid, b"", end_stream=True)
-    pump(client, server)
+    (sid,) = requested(client, server, 1)
     server.send_headers(sid, [(b":status", b"200")])
     total = 20 * 1024 * 1024
     sent = received = 0
@@ -470,9 +475,7 @@ def test_header_blocks_larger_than_a_frame_use_continuation_both_ways() -> None:
 
 def test_padding_is_stripped() -> None:
     client, server = connect()
-    sid = request(client)
-    client.send_data(sid, b"", end_stream=True)
-    pump(client, server)
+    (sid,) = requested(client, server, 1)
     server.send_headers(sid, [(b":status", b"200")])
     server.send_data(sid, b"payload", pad_length=40, end_stream=True)
     ours, _ = pump(client, server)
@@ -481,10 +484,7 @@ def test_padding_is_stripped() -> None:
 
 def test_resets_both_ways_and_late_frames_are_ignored() -> None:
     client, server = connect()
-    a, b = request(client), request(client)
-    client.send_data(a, b"", end_stream=True)
-    client.send_data(b, b"", end_stream=True)
-    pump(client, server)
+    a, b = requested(client, server, 2)
     server.reset_stream(a, REFUSED_STREAM)
     ours, _ = pump(client, server)
     assert ours == [("reset", a, REFUSED_STREAM, None)]
@@ -505,10 +505,7 @@ def test_resets_both_ways_and_late_frames_are_ignored() -> None:
 
 def test_goaway_names_the_last_stream_and_stops_new_ones() -> None:
     client, server = connect()
-    a, b = request(client), request(client)
-    client.send_data(a, b"", end_stream=True)
-    client.send_data(b, b"", end_stream=True)
-    pump(client, server)
+    a, _ = requested(client, server, 2)
     server.close_connection(last_stream_id=a)
     ours, _ = pump(client, server)
     assert ours == [("goaway", a, 0, None)]
@@ -589,9 +586,7 @@ def test_a_frame_past_our_advertised_frame_size_is_refused_from_its_header() -> 
     """Before: any frame up to 16 MiB was buffered whole although we advertise 1 MiB.
     Now the 9-byte header alone is FRAME_SIZE_ERROR; a frame of exactly 1 MiB passes."""
     client, server = connect()
-    sid = request(client)
-    client.send_data(sid, b"", end_stream=True)
-    pump(client, server)
+    (sid,) = requested(client, server, 1)
     limit = WireLimits().max_frame_size
     assert _events(client, _answer_head(sid) + _frame(0x0, 0, sid, bytes(limit)), NOW)
     error = _refused(client, _frame(0x0, 0, sid, b"", length=limit + 1))
@@ -671,10 +666,7 @@ def test_a_zero_window_update_is_a_stream_error_on_a_stream_and_fatal_on_the_con
     connection and its other streams going on; one overflowing a stream's send window
     likewise, FLOW_CONTROL_ERROR; a 0 on stream 0 is a connection error."""
     client, server = connect()
-    a, b = request(client), request(client)
-    client.send_data(a, b"", end_stream=True)
-    client.send_data(b, b"", end_stream=True)
-    pump(client, server)
+    a, b = requested(client, server, 2)
     events = _events(client, _frame(0x8, 0, a, (0).to_bytes(4, "big")), NOW)
     assert [e[:3] for e in events] == [("error", a, PROTOCOL_ERROR)]
     _, theirs = pump(client, server)
@@ -934,9 +926,7 @@ def test_headers_after_a_stream_ended_is_a_connection_error() -> None:
     """Once the worker ended a stream, HEADERS on it is a connection error STREAM_CLOSED
     (RFC 9113 §5.1); DATA on it is ignored, its bytes returned to the connection window."""
     client, server = connect()
-    sid = request(client)
-    client.send_data(sid, b"", end_stream=True)
-    pump(client, server)
+    (sid,) = requested(client, server, 1)
     server.send_headers(sid, [(b":status", b"200")], end_stream=True)
     ours, _ = pump(client, server)
     assert ours == [("headers", sid, ((b":status", b"200"),), True)]
