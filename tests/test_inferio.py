@@ -155,7 +155,23 @@ def test_raw_contents_all_or_none() -> None:
 def test_raw_and_typed_contents_together_are_refused() -> None:
     contents = pb.InferTensorContents(fp32_contents=[0.0] * 32)
     assert message(req(inp(contents=contents), raw=[f32().tobytes()])) == (
-        "model 'mlp': input 'x': both contents and raw_input_contents are set; use one"
+        "contents field must not be specified when using raw_input_contents for 'x' for "
+        "model 'mlp'; send every inline input in raw_input_contents, or every one in its "
+        "typed contents"
+    )
+
+
+def test_the_contents_conflict_is_named_before_the_raw_count() -> None:
+    """Triton's grpc_explicit_int_content_client: two inputs in typed contents and one raw
+    entry beside them. The conflict is what the client did wrong, not the count (one raw
+    entry for two inline inputs), and it is said in Triton's words."""
+    two = (X, K)
+    contents = pb.InferTensorContents(fp32_contents=[0.0] * 32)
+    ints = pb.InferTensorContents(int_contents=[0, 1])
+    request = req(inp(contents=contents), inp("k", "INT8", (2,), contents=ints),
+                  raw=[f32().tobytes()])  # fmt: skip
+    assert message(request, two).startswith(
+        "contents field must not be specified when using raw_input_contents for 'x' for model 'mlp'"
     )
 
 

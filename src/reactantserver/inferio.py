@@ -35,7 +35,8 @@ Validation (every failure is ``InvalidArgument`` unless noted; messages start wi
 unknown or duplicated inputs, missing inputs, datatype, rank (at most :data:`MAX_RANK`;
 then the declared rank), negative extents, fixed extents (``-1`` in the declaration
 matches any extent), byte counts against the shape (computed overflow-safe with
-``tensors.byte_size``), raw contents all-or-none, typed contents element count, field
+``tensors.byte_size``), typed contents beside ``raw_input_contents`` (checked first, in
+Triton's words), raw contents all-or-none, typed contents element count, field
 and integer range, shared-memory parameter types and bounds (an unknown region is
 ``FailedPrecondition``), unknown or duplicated requested outputs, unsupported
 parameters (``classification``, sequence batching), negative timeouts.
@@ -352,6 +353,16 @@ def decode_request(
     declared = {s.name: s for s in inputs}
     raw = request.raw_input_contents
     inline = [t for t in request.inputs if SHM_REGION not in t.parameters]
+    if raw:
+        # Checked before the counts: a request that sends both kinds is told that, not
+        # that its raw entries are one short (Triton's words, so its clients recognise it).
+        for tensor in inline:
+            if tensor.contents is not None:
+                raise InvalidArgument(
+                    f"contents field must not be specified when using raw_input_contents "
+                    f"for {tensor.name!r} for model {model!r}; send every inline input "
+                    "in raw_input_contents, or every one in its typed contents"
+                )
     if raw and len(raw) != len(inline):
         raise InvalidArgument(
             f"{prefix}: raw_input_contents has {len(raw)} entries but {len(inline)} inputs "
@@ -384,11 +395,7 @@ def decode_request(
                 _check_byte_size(spec, shape, target.byte_size, where, shm=True)
             data = registry.read(target.region, target.offset, target.byte_size)
             arrays[tensor.name] = _from_buffer(spec, data, shape, where, shm=True)
-        elif raw:
-            if contents is not None:
-                raise InvalidArgument(
-                    f"{where}: both contents and raw_input_contents are set; use one"
-                )
+        elif raw:  # (contents is None: checked above)
             arrays[tensor.name] = _from_buffer(spec, raw[next_raw], shape, where, shm=False)
             next_raw += 1
         elif contents is not None:
