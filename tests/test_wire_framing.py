@@ -180,10 +180,10 @@ def replaced(name: str, value: str | None) -> list[tuple[str, str]]:
         (replaced("te", None), StatusCode.INVALID_ARGUMENT, 400, "te: trailers"),
         (replaced(":path", None), StatusCode.INVALID_ARGUMENT, 400, ":path"),
         (
-            [*BASE_HEADERS, ("grpc-encoding", "gzip")],
+            [*BASE_HEADERS, ("grpc-encoding", "snappy")],
             StatusCode.UNIMPLEMENTED,
             200,
-            "grpc-encoding 'gzip' is not supported",
+            "grpc-encoding 'snappy' is not supported",
         ),
         ([*BASE_HEADERS, ("grpc-timeout", "0m")], StatusCode.DEADLINE_EXCEEDED, 200, "deadline"),
     ],
@@ -212,9 +212,33 @@ def test_accepted_headers() -> None:
 
 
 def test_unsupported_encoding_says_what_is_accepted() -> None:
-    head = request_head([*BASE_HEADERS, ("grpc-encoding", "gzip")])
+    head = request_head([*BASE_HEADERS, ("grpc-encoding", "br")])
     assert isinstance(head, Refusal)
-    assert head.headers == (("grpc-accept-encoding", "identity"),)
+    assert head.headers == (("grpc-accept-encoding", "identity,deflate,gzip"),)
+
+
+@pytest.mark.parametrize("encoding", ["identity", "deflate", "gzip"])
+def test_served_encodings_are_accepted(encoding: str) -> None:
+    head = request_head([*BASE_HEADERS, ("grpc-encoding", encoding)])
+    assert isinstance(head, RequestHead)
+    assert head.encoding == encoding and head.compressed is (encoding != "identity")
+    assert request_head(BASE_HEADERS) == RequestHead("/pkg.Service/Method")  # identity
+
+
+def test_the_compressed_flag_needs_an_encoding() -> None:
+    """A message flagged compressed is refused on a call that named no encoding, and
+    passes (its compressed length held to the limit) on one that did."""
+    body = grpc_prefix(3, flags=1) + b"abc"
+    _, refusal = feed_all(MessageFramer(LIMIT, unary=True), [body])
+    assert refusal is not None and "no grpc-encoding header" in refusal.message
+    assert feed_all(MessageFramer(LIMIT, unary=True, compressed=True), [body]) == (1, None)
+    too_long = grpc_prefix(LIMIT + 1, flags=1)
+    _, refusal = feed_all(MessageFramer(LIMIT, unary=True, compressed=True), [too_long])
+    assert refusal is not None and refusal.code is StatusCode.RESOURCE_EXHAUSTED
+    _, refusal = feed_all(
+        MessageFramer(LIMIT, unary=True, compressed=True), [grpc_prefix(0, flags=2)]
+    )
+    assert refusal is not None and "flags byte is 0x02" in refusal.message
 
 
 @pytest.mark.parametrize(

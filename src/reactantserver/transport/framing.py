@@ -10,8 +10,9 @@ Headers (:func:`request_head`), following the gRPC HTTP/2 protocol spec
 -------------------------------------------------------------------------
 ``:method`` must be POST (else HTTP 405), ``content-type`` ``application/grpc`` or
 ``application/grpc+proto`` (else 415), ``te: trailers`` (else 400) and ``:path`` present
-(else 400), all with INVALID_ARGUMENT; a ``grpc-encoding`` other than ``identity`` is
-UNIMPLEMENTED with ``grpc-accept-encoding: identity`` (this server decompresses nothing);
+(else 400), all with INVALID_ARGUMENT; ``grpc-encoding`` may be ``identity``, ``gzip``
+or ``deflate`` (inflated within bounds by :mod:`.compression`), anything else is
+UNIMPLEMENTED with ``grpc-accept-encoding`` saying what is accepted (the gRPC spec's rule);
 ``grpc-timeout`` must be 1 to 8 digits and a unit (``H M S m u n``), else
 INVALID_ARGUMENT, and a timeout of zero is DEADLINE_EXCEEDED at once.
 
@@ -20,8 +21,10 @@ Messages (:class:`MessageFramer`)
 Each message is a 5-byte prefix (flags byte, 4-byte big-endian length) and its body. The
 framer follows one stream's bytes and judges each prefix *as soon as its 5 bytes are in*:
 a declared length over the limit is RESOURCE_EXHAUSTED before a byte of the body is
-accepted, the compressed flag (without ``grpc-encoding``, the only case that gets this
-far) or any other flag is INVALID_ARGUMENT, and so is a second message on a unary call.
+accepted (for a compressed message: its compressed bytes; what it inflates to is held to
+the same limit by :mod:`.compression`), the compressed flag on a call without
+``grpc-encoding`` or any other flag is INVALID_ARGUMENT, and so is a second message on a
+unary call.
 At END_STREAM, a message cut short or a unary call without a message is
 INVALID_ARGUMENT. The framer keeps no payload: at most 4 prefix bytes and two counters.
 
@@ -41,6 +44,9 @@ from reactantserver.status import StatusCode
 
 from .limits import Fault
 
+#: The ``grpc-encoding`` values served, and how the server says so.
+ENCODINGS = ("identity", "deflate", "gzip")
+ACCEPT_ENCODING = ",".join(ENCODINGS)
 #: The gRPC content type (``+proto`` is the only subtype served).
 CONTENT_TYPE = "application/grpc"
 _SUBTYPES = ("", "proto")
@@ -73,6 +79,13 @@ class RequestHead:
     #: The ``grpc-timeout`` header as sent (for messages), empty when none.
     timeout_text: str = ""
     user_agent: str | None = None
+    #: ``grpc-encoding``: ``identity``, or the algorithm compressed messages use.
+    encoding: str = "identity"
+
+    @property
+    def compressed(self) -> bool:
+        """The call's messages may come compressed (a ``grpc-encoding`` was named)."""
+        return self.encoding != "identity"
 
 
 def parse_timeout(value: str) -> float:
@@ -118,13 +131,14 @@ def request_head(headers: Sequence[tuple[str, str]]) -> RequestHead | Refusal:
         return _bad(f"gRPC requests carry 'te: trailers'; got te {te!r}", 400)
     if not path:
         return _bad("the request has no :path (the gRPC method)", 400)
-    if encoding is not None and encoding != "identity":
+    if encoding is not None and encoding not in ENCODINGS:
+        shown = encoding if len(encoding) <= 64 else encoding[:64] + "..."
         return Refusal(
             StatusCode.UNIMPLEMENTED,
-            f"grpc-encoding {encoding!r} is not supported; send messages uncompressed "
-            "(grpc-accept-encoding: identity)",
+            f"grpc-encoding {shown!r} is not supported; send messages as identity, deflate "
+            f"or gzip (grpc-accept-encoding: {ACCEPT_ENCODING})",
             Fault.UNSUPPORTED_ENCODING,
-            headers=(("grpc-accept-encoding", "identity"),),
+            headers=(("grpc-accept-encoding", ACCEPT_ENCODING),),
         )
     timeout = None
     for text in timeouts:
@@ -144,18 +158,26 @@ def request_head(headers: Sequence[tuple[str, str]]) -> RequestHead | Refusal:
             f"deadline exceeded before the call started (grpc-timeout {timeouts[0]!r})",
             Fault.EXPIRED_ON_ARRIVAL,
         )
-    return RequestHead(path, timeout, ", ".join(timeouts), user_agent)
+    return RequestHead(path, timeout, ", ".join(timeouts), user_agent, encoding or "identity")
 
 
 class MessageFramer:
     """Follows one request stream's gRPC messages as DATA arrives; see the module docstring."""
 
-    __slots__ = ("_count", "_declared", "_head", "_left", "_limit", "_setting", "_unary")
+    __slots__ = ("_compressed", "_count", "_declared", "_head", "_left", "_limit", "_setting",
+                 "_unary")  # fmt: skip
 
     def __init__(
-        self, limit: int, *, unary: bool, setting: str = "endpoints.max_message_bytes"
+        self,
+        limit: int,
+        *,
+        unary: bool,
+        setting: str = "endpoints.max_message_bytes",
+        compressed: bool = False,
     ) -> None:
         self._limit = limit
+        #: The call named a ``grpc-encoding``: its messages may carry the compressed flag.
+        self._compressed = compressed
         #: The key that sets ``limit`` in this process's configuration, for the refusal.
         self._setting = setting
         self._unary = unary
@@ -202,12 +224,12 @@ class MessageFramer:
             return self._malformed(
                 "a unary call carries one request message, and a second one arrived"
             )
-        if flags == 1:
+        if flags == 1 and not self._compressed:
             return self._malformed(
                 "the message has the compressed flag set but the request has no "
                 "grpc-encoding header; send it uncompressed"
             )
-        if flags != 0:
+        if flags > 1:
             return self._malformed(
                 f"the message's flags byte is 0x{flags:02x}; gRPC defines only 0 (plain) "
                 "and 1 (compressed)"

@@ -68,7 +68,7 @@ from typing import Any, Protocol
 from . import h2events
 from .abuse import AbuseBudget
 from .faultlog import FaultLog
-from .framing import MessageFramer, Refusal
+from .framing import MessageFramer, Refusal, RequestHead
 from .h2conn import CorkedTransport, held_writes
 from .h2events import ErrorCodes
 from .h2lean import ServerConnection
@@ -97,6 +97,11 @@ class Admitted(Protocol):
     @property
     def unary_request(self) -> bool:
         """Whether the request carries exactly one message (so the framer can check)."""
+        ...
+
+    @property
+    def head(self) -> RequestHead:
+        """What the request's headers said (the framer reads ``compressed``)."""
         ...
 
 
@@ -246,7 +251,16 @@ class _Processor:
         self._limits = guard.limits
         self._counters = guard.table.counters
         #: Calls to direct methods (:mod:`.unary`): no task, no stream object.
-        self.direct = DirectCalls(h2, guard, guard.peer, guard.fault, self._released, guard.now)
+        self.direct = DirectCalls(
+            h2,
+            guard,
+            guard.peer,
+            guard.fault,
+            self._released,
+            guard.now,
+            message_limit=(guard.limits.max_message_bytes, guard.limits.names.max_message_bytes),
+            later=guard.later,
+        )
         #: The sink's calls (every other method), by stream id.
         self.streams: dict[int, Receiver] = {}
         self._framers: dict[int, MessageFramer] = {}
@@ -304,6 +318,7 @@ class _Processor:
             self._limits.max_message_bytes,
             unary=decision.unary_request,
             setting=self._message_key,
+            compressed=decision.head.compressed,
         )
         counters = self._counters
         counters.streams_open += 1
@@ -619,6 +634,11 @@ class GuardedProtocol(asyncio.Protocol):
     def now(self) -> float:
         """The loop's clock (the one the timeouts use)."""
         return self._loop.time() if self._loop is not None else 0.0
+
+    def later(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on a later pass of the loop (a long job's next step)."""
+        assert self._loop is not None
+        self._loop.call_soon(callback)
 
     @property
     def closing(self) -> bool:

@@ -76,12 +76,14 @@ from grpclib.metadata import Deadline, decode_metadata
 from reactantserver.status import INTERNAL_MESSAGE, StatusCode
 
 from . import h2events
+from .compression import Inflater
 from .faultlog import FaultLog
 from .framing import Refusal, RequestHead, request_head
 from .h2guard import ConnectionTable, GuardedProtocol
 from .limits import Fault, WireCounters, WireLimits, WireStatistics
 from .reclaim import ReclaimPolicy, release_memory
 from .unary import (
+    ACCEPTING_ANSWER_HEADERS,
     ANSWER_HEADERS,
     OK_TRAILERS,
     SEND_CHUNK,
@@ -145,6 +147,15 @@ class ServerStream:
         self.deadline = admitted.deadline
         self.peer = guard.peer
         self.path = admitted.head.path
+        #: The call's ``grpc-encoding`` (messages flagged compressed are inflated), and
+        #: the initial headers of its answer (they say what is accepted when it has one).
+        self._head = admitted.head
+        self._answer_headers = (
+            ACCEPTING_ANSWER_HEADERS if admitted.head.compressed else ANSWER_HEADERS
+        )
+        self._limit = (guard.limits.max_message_bytes, guard.limits.names.max_message_bytes)
+        #: The flags byte of the message being read.
+        self._flags = 0
         #: Received and not yet read: payload views, their size, their flow-controlled
         #: bytes not yet acknowledged, the length of the message being read (-1: its
         #: prefix is not read yet), and whether the peer ended the stream.
@@ -195,7 +206,8 @@ class ServerStream:
         """The next request message, decoded; None once the peer ended the stream."""
         while True:
             if self._length < 0 and self._size >= 5:
-                self._length = int.from_bytes(self._take(5)[1:], "big")
+                prefix = self._take(5)
+                self._flags, self._length = prefix[0], int.from_bytes(prefix[1:], "big")
             if 0 <= self._length <= self._size:
                 break
             if self._ended:
@@ -207,7 +219,20 @@ class ServerStream:
             self._h2.acknowledge_received_data(self._unacked, self.id)
             self._unacked = 0
             self._guard.flush()
+        if self._flags == 1:  # (the framer let the flag through: the call has an encoding)
+            data = await self._inflate(data)
         return self._codec.decode(data, self._recv_type)
+
+    async def _inflate(self, data: bytes) -> bytes:
+        """A compressed message inflated (:mod:`.compression`), a step per loop pass."""
+        limit, setting = self._limit
+        inflater = Inflater(data, self._head.encoding, limit, setting)
+        while (result := inflater.step()) is None:
+            await asyncio.sleep(0)  # the other calls are served between two steps
+        if isinstance(result, Refusal):
+            self._guard.fault(result.fault, result.message)
+            raise GRPCError(Status(result.code.value), result.message)
+        return result
 
     def _take(self, n: int) -> bytes:
         """The next ``n`` received bytes."""
@@ -247,13 +272,13 @@ class ServerStream:
             and not self.headers_sent
             and size <= SEND_CHUNK
             and self._guard.writable
-            and h2.send_answer(sid, ANSWER_HEADERS, pending, size, OK_TRAILERS)
+            and h2.send_answer(sid, self._answer_headers, pending, size, OK_TRAILERS)
         ):
             self.headers_sent = self.trailers_sent = True
             self._guard.flush()
             return
         if not self.headers_sent:
-            h2.send_headers(sid, ANSWER_HEADERS)
+            h2.send_headers(sid, self._answer_headers)
             self.headers_sent = True
         while not send_frames(h2, sid, pending, self._guard):
             await self._wait()  # a WINDOW_UPDATE, or the transport drained

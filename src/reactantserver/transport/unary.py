@@ -21,6 +21,10 @@ size, premature resets) applies unchanged; this module adds, per call:
   acknowledged at once: the framer has already bounded the stream to one message of at
   most ``max_message_bytes``. At END_STREAM the handler gets the message without its
   5-byte prefix: a view of the one payload that holds it, or the payloads joined once.
+* **Compressed messages.** A call with ``grpc-encoding`` whose message carries the
+  compressed flag is inflated before its handler sees it (:mod:`.compression`), a step
+  per pass of the loop, within the message limit; a refusal answers the call and the
+  handler never runs. Its answer's headers say what is accepted (``grpc-accept-encoding``).
 * **Deadlines.** A call whose deadline passed before its message was complete is answered
   DEADLINE_EXCEEDED without reaching the handler. After that the deadline
   (:attr:`UnaryCall.deadline`, loop time) is the handler's to keep: the gateway's worker
@@ -58,7 +62,8 @@ from grpclib.metadata import encode_grpc_message
 from reactantserver.status import INTERNAL_MESSAGE, StatusCode
 
 from . import h2events
-from .framing import RequestHead
+from .compression import Inflater, accepting
+from .framing import Refusal, RequestHead
 from .h2lean import CONSTANT_BLOCKS
 from .limits import Fault
 
@@ -70,9 +75,12 @@ log = logging.getLogger(__name__)
 #: The initial headers and the OK trailers of every unary answer (built once).
 ANSWER_HEADERS = [(":status", "200"), ("content-type", "application/grpc+proto")]
 OK_TRAILERS = [("grpc-status", "0")]
+#: The initial headers of the answer to a compressed request (:mod:`.compression`).
+ACCEPTING_ANSWER_HEADERS = accepting(ANSWER_HEADERS)
 # Sent on every call: their (table-independent) HPACK blocks are encoded once.
 CONSTANT_BLOCKS.remember(ANSWER_HEADERS)
 CONSTANT_BLOCKS.remember(OK_TRAILERS)
+CONSTANT_BLOCKS.remember(ACCEPTING_ANSWER_HEADERS)
 #: The most answer bytes handed to the connection as one DATA frame (see server.py).
 SEND_CHUNK = 256 * 1024
 
@@ -115,6 +123,12 @@ def send_frames(h2: ServerConnection, sid: int, pending: collections.deque[memor
         if pending:
             output.flush()
     return True
+
+
+def _flags(chunks: list[memoryview]) -> int:
+    """The flags byte of the message in a stream's DATA payloads (the framer has seen
+    its whole prefix)."""
+    return next(chunk[0] for chunk in chunks if len(chunk))
 
 
 def _message(chunks: list[memoryview]) -> bytes | memoryview:
@@ -244,6 +258,9 @@ class DirectCalls:
         fault: Callable[[Fault, str], None],
         released: Callable[[int], None],
         clock: Callable[[], float],
+        *,
+        message_limit: tuple[int, str] = (0, ""),
+        later: Callable[[Callable[[], None]], object] | None = None,
     ) -> None:
         self._h2 = h2
         #: The connection's asyncio side: ``flush`` and ``writable``.
@@ -255,6 +272,10 @@ class DirectCalls:
         self._released = released
         #: The loop's clock, read where a deadline is judged.
         self._clock = clock
+        #: What a compressed message may inflate to, and the setting that says so.
+        self._limit, self._limit_key = message_limit
+        #: Runs a callback on a later pass of the loop (the next step of an inflation).
+        self._later = later
         #: The open calls by stream id (the processor reads it: which streams are direct).
         self.calls: dict[int, UnaryCall] = {}
         #: Answers waiting for the peer's window or a drained transport, in order (read,
@@ -294,11 +315,39 @@ class DirectCalls:
             self._fault(Fault.EXPIRED_ON_ARRIVAL, text)
             call.fail(StatusCode.DEADLINE_EXCEEDED, text)
             return
+        message = _message(chunks)
+        if call.head.compressed and _flags(chunks) == 1:
+            setting = self._limit_key or "the message limit"
+            inflater = Inflater(message, call.head.encoding, self._limit, setting)
+            self._inflate(call, handler, inflater)
+            return
+        self._handle(call, handler, message)
+
+    def _handle(self, call: UnaryCall, handler: DirectHandler, message: bytes | memoryview) -> None:
         try:
-            handler.func(call, _message(chunks))
+            handler.func(call, message)
         except Exception:
             log.exception("%s failed with an unexpected error", call.path)
             call.fail(StatusCode.INTERNAL, INTERNAL_MESSAGE)
+
+    def _inflate(self, call: UnaryCall, handler: DirectHandler, inflater: Inflater) -> None:
+        """One step of a compressed message's inflation (:mod:`.compression`); the next
+        on a later pass of the loop, so the other calls are served in between. A call
+        reset or gone meanwhile is dropped."""
+        if call.done or self.calls.get(call.stream_id) is not call:
+            return
+        result = inflater.step()
+        if result is None:
+            if self._later is None:  # no loop to come back on: finish it now
+                result = inflater.run()
+            else:
+                self._later(lambda: self._inflate(call, handler, inflater))
+                return
+        if isinstance(result, Refusal):
+            self._fault(result.fault, result.message)
+            call.fail(result.code, result.message)
+            return
+        self._handle(call, handler, result)
 
     def cancel(self, stream_id: int) -> None:
         """The peer reset the stream, or it was refused: the handler drops its work."""
@@ -345,14 +394,13 @@ class DirectCalls:
             return
         conn = self._h2
         try:
+            headers = ACCEPTING_ANSWER_HEADERS if call.head.compressed else ANSWER_HEADERS
             # A small answer goes out whole, in one step (else frame by frame, below).
-            if size <= SEND_CHUNK and conn.send_answer(
-                sid, ANSWER_HEADERS, pending, size, OK_TRAILERS
-            ):
+            if size <= SEND_CHUNK and conn.send_answer(sid, headers, pending, size, OK_TRAILERS):
                 self._guard.flush()
                 self._forget(call)
                 return
-            conn.send_headers(sid, ANSWER_HEADERS)
+            conn.send_headers(sid, headers)
         except h2events.ProtocolError:
             self._gone(call)
             return
