@@ -38,6 +38,7 @@ from reactantserver.errors import (
     NotFound,
     QueueFull,
 )
+from reactantserver.load_config import Override
 from reactantserver.records import (
     Answer,
     BatchStatistics,
@@ -143,6 +144,8 @@ class FakeHost:
     report_compute: bool = False
     #: The reload list of every CompactMemory call, in order.
     compactions: list[tuple[str, ...]] = attrs.field(factory=list)
+    #: The ``config`` override of the last load of each name (None: loaded without).
+    overrides: dict[str, Override | None] = attrs.field(factory=dict)
 
     def readiness(self) -> tuple[bool, str]:
         return True, ""
@@ -235,7 +238,8 @@ class FakeHost:
         m.count(first.shape[0], seconds)
         return result
 
-    async def load(self, name: str) -> None:
+    async def load(self, name: str, override: Override | None = None) -> None:
+        self.overrides[name] = override
         if name == "badbundle":
             raise BundleError(name, "manifest.yaml: format_version: required key is missing")
         if name == "spare":

@@ -49,6 +49,7 @@ from reactantserver.config.schema import (
     WorkerClientConfig,
 )
 from reactantserver.errors import ResourceExhausted
+from reactantserver.load_config import Override
 from reactantserver.protocol import inference as pb
 from reactantserver.protocol import reactant_control as cpb
 from reactantserver.protocol.grpc.health import v1 as health
@@ -165,14 +166,36 @@ def test_repository_index_is_the_union_with_readiness(
     assert "cold" not in ready and "double" in ready
 
 
-def test_per_worker_rpcs_say_where_to_go(
+def test_model_control_goes_to_the_workers_it_concerns(
     two: list[FakeWorker], client: grpcclient.InferenceServerClient
 ) -> None:
-    exc = fails(client.load_model, "spare")
-    assert code(exc) == "FAILED_PRECONDITION"
-    assert f"w0 ({two[0].address})" in exc.message() and f"w1 ({two[1].address})" in exc.message()
-    assert code(fails(client.unload_model, "double")) == "FAILED_PRECONDITION"
-    assert code(fails(client.get_cuda_shared_memory_status)) == "UNIMPLEMENTED"
+    """A load goes to every worker whose repository lists the model, its config with it;
+    an unload to every worker that has it loaded; a name no worker lists is NOT_FOUND,
+    in the words Triton's clients look for."""
+    client.load_model("spare", config='{"max_batch_size": 4}')
+    assert [w.host.overrides["spare"] for w in two] == [Override("spare", max_batch_size=4)] * 2
+    assert all("spare" in w.host.models for w in two)
+    client.unload_model("double")
+    assert not any("double" in w.host.models for w in two)
+    exc = fails(client.load_model, "absent")
+    assert code(exc) == "NOT_FOUND"
+    assert exc.message() == (
+        "failed to load 'absent': no worker behind this gateway lists it in its repository "
+        "(2 workers)"
+    )
+
+
+def test_cuda_shared_memory_is_answered_as_a_worker_answers_it(
+    client: grpcclient.InferenceServerClient,
+) -> None:
+    """No regions, unregistering is OK (the reset Triton's examples begin with),
+    registering is refused."""
+    assert client.get_cuda_shared_memory_status(as_json=True) == {}
+    client.unregister_cuda_shared_memory()
+    client.unregister_cuda_shared_memory("any")
+    exc = fails(client.register_cuda_shared_memory, "r", b"aGFuZGxl", 0, 64)
+    assert code(exc) == "INVALID_ARGUMENT" and "GPUs not supported" in exc.message()
+    assert code(fails(client.get_cuda_shared_memory_status, "r")) == "NOT_FOUND"
 
 
 def _grpclib(gateway: GatewayRun, calls: Any) -> Any:

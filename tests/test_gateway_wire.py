@@ -28,15 +28,17 @@ from reactantserver.gateway.wire import (
 )
 from reactantserver.protocol import inference as pb
 
+Seen = tuple[str, str, str, list[tuple[str, tuple[int, ...]]]]
 
-def _expected(data: bytes) -> tuple[str, str, list[tuple[str, tuple[int, ...]]]]:
+
+def _expected(data: bytes) -> Seen:
     message = service_pb2.ModelInferRequest.FromString(data)
     inputs = [(t.name, tuple(t.shape)) for t in message.inputs]
-    return message.model_name, message.id, inputs
+    return message.model_name, message.model_version, message.id, inputs
 
 
-def _seen(peek: InferPeek) -> tuple[str, str, list[tuple[str, tuple[int, ...]]]]:
-    return peek.model, peek.id, list(peek.inputs)
+def _seen(peek: InferPeek) -> Seen:
+    return peek.model, peek.version, peek.id, list(peek.inputs)
 
 
 def _field(number: int, payload: bytes) -> bytes:
@@ -46,8 +48,8 @@ def _field(number: int, payload: bytes) -> bytes:
 
 @given(model_infer_requests())
 def test_the_peek_reads_what_protobuf_reads(request: pb.ModelInferRequest) -> None:
-    """For any ModelInferRequest, the peek's model name, id and input (name, shape) pairs
-    are exactly those protobuf's parser reads from the same bytes."""
+    """For any ModelInferRequest, the peek's model name, version, id and input (name,
+    shape) pairs are exactly those protobuf's parser reads from the same bytes."""
     data = bytes(request)
     assert _seen(peek_infer(data)) == _expected(data)
 

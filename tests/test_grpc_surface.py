@@ -35,6 +35,7 @@ from tritonclient.utils import InferenceServerException
 from reactantserver import __version__
 from reactantserver.config.schema import EndpointsConfig
 from reactantserver.errors import DeadlineExceeded
+from reactantserver.load_config import Override
 from reactantserver.protocol import inference as pb
 from reactantserver.protocol import reactant_control as cpb
 from reactantserver.protocol.grpc.reflection import v1, v1alpha
@@ -332,19 +333,27 @@ async def test_repository_index_load_unload(server: Running) -> None:
             "StatusCode.NOT_FOUND",
             "model 'double' is not loaded on this worker",
         )
+        # Every refused load says "failed to load" (what Triton's clients look for).
         assert error_of(lambda: c.load_model("nothing")) == (
             "StatusCode.NOT_FOUND",
-            "model 'nothing' is not in the repository",
+            "failed to load 'nothing': model 'nothing' is not in the repository",
         )
         assert error_of(lambda: c.load_model("badbundle")) == (
             "StatusCode.FAILED_PRECONDITION",
-            "bundle 'badbundle': manifest.yaml: format_version: required key is missing",
+            "failed to load 'badbundle': bundle 'badbundle': manifest.yaml: format_version: "
+            "required key is missing",
         )
-        assert error_of(lambda: c.load_model("spare", config='{"max_batch_size": 2}')) == (
+        # A config reaches the host parsed (load_config); a file: upload never does.
+        c.load_model("spare", config='{"max_batch_size": "2"}')
+        assert server.host.overrides["spare"] == Override("spare", max_batch_size=2)
+        assert error_of(lambda: c.load_model("spare", config='{"max_batch_size": 2')) == (
             "StatusCode.INVALID_ARGUMENT",
-            "model 'spare': load parameters (config) are not supported; models are loaded "
-            "from their bundle directory as it is on disk",
+            "failed to load 'spare': config: not valid JSON (Expecting ',' delimiter: "
+            "line 1 column 21 (char 20))",
         )
+        code, text = error_of(lambda: c.load_model("spare", config="{}", files={"file:1/m": b"x"}))
+        assert code == "StatusCode.INVALID_ARGUMENT"
+        assert text.startswith("failed to load 'spare': load parameter 'file:1/m': model files")
 
     await off_loop(calls)
     ready = await off_loop(
@@ -373,8 +382,7 @@ async def test_every_error_status_with_its_message(
             error_of(lambda: c.infer("busy", [x_input()])),
             error_of(lambda: c.infer("broken", [x_input()])),
             error_of(lambda: c.register_cuda_shared_memory("g", b"aGFuZGxl", 0, 64)),
-            error_of(lambda: c.get_cuda_shared_memory_status()),
-            error_of(lambda: c.unregister_cuda_shared_memory()),
+            error_of(lambda: c.get_cuda_shared_memory_status("g")),
             error_of(lambda: c.get_trace_settings()),
             error_of(lambda: c.get_log_settings()),
             error_of(lambda: c.register_system_shared_memory("r", "/rs_missing_key_0", 64)),
@@ -405,19 +413,15 @@ async def test_every_error_status_with_its_message(
         ),
         ("StatusCode.INTERNAL", "internal error"),
         (
-            "StatusCode.UNIMPLEMENTED",
-            "CUDA shared memory is not supported; register system shared memory "
+            "StatusCode.INVALID_ARGUMENT",
+            "failed to register CUDA shared memory region 'g', GPUs not supported: "
+            "reactantserver does not serve CUDA shared memory; register system shared memory "
             "(SystemSharedMemoryRegister) or send tensors inline",
         ),
         (
-            "StatusCode.UNIMPLEMENTED",
-            "CUDA shared memory is not supported; register system shared memory "
-            "(SystemSharedMemoryRegister) or send tensors inline",
-        ),
-        (
-            "StatusCode.UNIMPLEMENTED",
-            "CUDA shared memory is not supported; register system shared memory "
-            "(SystemSharedMemoryRegister) or send tensors inline",
+            "StatusCode.NOT_FOUND",
+            "CUDA shared memory region 'g' is not registered: this server registers no CUDA "
+            "shared memory (SystemSharedMemoryStatus lists the system regions)",
         ),
         (
             "StatusCode.UNIMPLEMENTED",

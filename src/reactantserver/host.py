@@ -25,6 +25,7 @@ import numpy as np
 
 from .bundle.manifest import TensorSpec
 from .config.schema import Residency
+from .load_config import Override
 from .records import Answer, CompactResult, ControlStatus, ExecutionStatistics, IndexEntry
 
 __all__ = ["HostedModel", "ModelHost"]
@@ -126,7 +127,10 @@ class ModelHost(Protocol):
         settled after this."""
         ...
 
-    async def load(self, name: str) -> None: ...
+    async def load(self, name: str, override: Override | None = None) -> None:
+        """RepositoryModelLoad: load (or reload) ``name``, with a ``config`` override
+        (``reactantserver.load_config``) applied to the version it builds."""
+        ...
 
     async def unload(self, name: str) -> None: ...
 

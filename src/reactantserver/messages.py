@@ -11,6 +11,8 @@ ways.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from reactantserver.bundle.manifest import TensorSpec
 from reactantserver.config.schema import Residency
 from reactantserver.host import HostedModel
@@ -54,6 +56,14 @@ def tensor_metadata(spec: TensorSpec) -> pb.ModelMetadataResponseTensorMetadata:
     )
 
 
+def sizes_used(sizes: Sequence[int], cap: int) -> list[int]:
+    """The compiled sizes a batch of at most ``cap`` rows is padded to: every size up to
+    ``cap``, and the smallest above it when ``cap`` is not one of them."""
+    below = [s for s in sorted(sizes) if s <= cap]
+    above = [s for s in sorted(sizes) if s > cap][:1]
+    return below + (above if not below or below[-1] < cap else [])
+
+
 def model_config(model: HostedModel, *, backend: str, device_ordinal: int) -> pb.ModelConfig:
     """``ModelConfig`` for ``model`` as docs/protocol.md specifies."""
     tensors = (*model.inputs, *model.outputs)
@@ -90,7 +100,7 @@ def model_config(model: HostedModel, *, backend: str, device_ordinal: int) -> pb
     )
     if batched and model.compiled_batch_sizes:
         config.dynamic_batching = pb.ModelDynamicBatching(
-            preferred_batch_size=list(model.compiled_batch_sizes),
+            preferred_batch_size=sizes_used(model.compiled_batch_sizes, model.max_batch_size),
             max_queue_delay_microseconds=0,
             default_queue_policy=pb.ModelQueuePolicy(max_queue_size=model.max_queue_depth),
         )

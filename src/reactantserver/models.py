@@ -29,6 +29,7 @@ from .histogram import ROW_BUCKETS, Histogram, HistogramSnapshot
 from .records import REPORTED_VERSION, BatchStatistics, Duration, ExecutionStatistics
 
 if TYPE_CHECKING:
+    from .load_config import Override
     from .runtime import LoadedModel
 
 
@@ -54,10 +55,17 @@ class ServedModel:
         generation: int,
         max_queue_depth: int,
         readiness: Callable[[ServedModel], tuple[bool, str]] | None = None,
+        override: Override | None = None,
+        batch_sizes: Sequence[int] | None = None,
     ) -> None:
         self.bundle = bundle
         self.loaded = loaded
+        #: Scheduling values: the node configuration's, or those of ``override``.
         self.sched = sched
+        #: The ``config`` of the RepositoryModelLoad that built this version (None: none);
+        #: ``sched`` and ``compiled_batch_sizes`` already say what it changed.
+        self.override = override
+        self._batch_sizes = tuple(batch_sizes) if batch_sizes is not None else None
         self._platform = platform
         #: Increases by one each time this name is (re)loaded; logged on swaps.
         self.generation = generation
@@ -102,6 +110,10 @@ class ServedModel:
 
     @property
     def compiled_batch_sizes(self) -> Sequence[int]:
+        """The compiled sizes this version batches at: the bundle's, or those a load's
+        ``config`` preferred (``dynamic_batching.preferred_batch_size``)."""
+        if self._batch_sizes is not None:
+            return self._batch_sizes
         return self.bundle.compiled_batch_sizes
 
     @property

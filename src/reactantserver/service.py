@@ -31,7 +31,8 @@ What the service owns itself:
   an unknown model shows up in the per-RPC counts as NOT_FOUND.
 
 ModelInfer is *begin -> wait -> finish*, with no task of its own: :meth:`Service.begin_infer`
-(synchronous: cap check; model lookup, ``NotFound``; readiness, ``Unavailable``;
+(synchronous: cap check; model lookup, ``NotFound``; the version asked for
+(:mod:`~reactantserver.model_version`); readiness, ``Unavailable``;
 :func:`~reactantserver.inferio.decode_request` validates everything and computes the
 deadline; ``host.begin`` admits and queues it, handing over an
 :class:`~reactantserver.records.Answer`), then the caller waits until the host settles
@@ -51,15 +52,20 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import NoReturn
 
+import betterproto
 import trio
 
 import reactantserver
+from reactantserver.cuda_shm import cuda_register, cuda_status, cuda_unregister
 from reactantserver.errors import (
+    BundleError,
+    FailedPrecondition,
     InvalidArgument,
     NotFound,
+    RequestError,
     TooManyRequests,
     Unavailable,
     Unimplemented,
@@ -67,6 +73,8 @@ from reactantserver.errors import (
 from reactantserver.histogram import LATENCY_BUCKETS, Histogram
 from reactantserver.host import HostedModel, ModelHost
 from reactantserver.inferio import InferCall, decode_request, encode_response
+from reactantserver.load_config import Override
+from reactantserver.load_config import parse as parse_load_config
 from reactantserver.messages import (
     RESIDENCY_FROM_PROTO,
     RESIDENCY_TO_PROTO,
@@ -76,6 +84,7 @@ from reactantserver.messages import (
     model_status,
     tensor_metadata,
 )
+from reactantserver.model_version import check_version, parse_version, serves_version
 from reactantserver.protocol import inference as pb
 from reactantserver.protocol import reactant_control as cpb
 from reactantserver.records import (
@@ -89,7 +98,7 @@ from reactantserver.records import (
 )
 from reactantserver.scheduling import check_weight
 from reactantserver.shm import SharedMemoryRegistry, object_exists
-from reactantserver.status import StatusCode, code_of
+from reactantserver.status import CATEGORY_CODES, StatusCode, code_of
 
 SERVER_NAME = "reactantserver"
 #: Triton's names for the protocol extensions this server implements.
@@ -201,6 +210,13 @@ class Service:
             counters = self._requests[model] = _ModelCounters()
         counters.record(seconds, code)
 
+    def _get(self, name: str, version: str) -> HostedModel:
+        """The model serving as ``name``, if it serves ``version`` (model_version.py)."""
+        parse_version(version)  # a malformed version is refused before the lookup
+        model = self._host.get(name)
+        check_version(model.name, model.version, version)
+        return model
+
     # -------------------------------------------------------------- health and metadata
 
     async def server_live(
@@ -218,11 +234,15 @@ class Service:
     async def model_ready(
         self, request: pb.ModelReadyRequest, ctx: CallContext
     ) -> pb.ModelReadyResponse:
-        # "Is it ready?" about an unknown model, or one still loading or draining, is
-        # answered "no" (as Triton does), not with an error.
+        # "Is it ready?" about an unknown model or version, or one still loading or
+        # draining, is answered "no" (as Triton does), not with an error; a version that
+        # is not a version at all is refused.
+        parse_version(request.version)
         try:
             model = self._host.get(request.name)
         except (NotFound, Unavailable):
+            return pb.ModelReadyResponse(ready=False)
+        if not serves_version(model.version, request.version):
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=model.ready()[0])
 
@@ -249,7 +269,7 @@ class Service:
     async def model_metadata(
         self, request: pb.ModelMetadataRequest, ctx: CallContext
     ) -> pb.ModelMetadataResponse:
-        model = self._host.get(request.name)
+        model = self._get(request.name, request.version)
         return pb.ModelMetadataResponse(
             name=model.name,
             versions=[model.version] if model.version else [],
@@ -261,7 +281,7 @@ class Service:
     async def model_config(
         self, request: pb.ModelConfigRequest, ctx: CallContext
     ) -> pb.ModelConfigResponse:
-        model = self._host.get(request.name)
+        model = self._get(request.name, request.version)
         config = model_config(
             model, backend=self._host.backend, device_ordinal=self._host.device_ordinal
         )
@@ -271,7 +291,13 @@ class Service:
         self, request: pb.ModelStatisticsRequest, ctx: CallContext
     ) -> pb.ModelStatisticsResponse:
         if request.name:
-            models = [self._host.get(request.name)]
+            models = [self._get(request.name, request.version)]
+        elif request.version:
+            parse_version(request.version)
+            raise InvalidArgument(
+                "ModelStatistics: a version was given without a model name; name the model, "
+                "or send neither for every model"
+            )
         else:
             models = []
             for entry in self._host.index():
@@ -303,9 +329,13 @@ class Service:
             )
         if not request.model_name:
             raise InvalidArgument("ModelInfer: model_name is empty")
+        if request.model_version:  # malformed: refused before the lookup, as Triton does
+            parse_version(request.model_version)
         model = self._host.get(request.model_name)
         started = trio.current_time()
         try:
+            if request.model_version:
+                check_version(model.name, model.version, request.model_version)
             ready, reason = model.ready()
             if not ready:
                 raise Unavailable(f"model {model.name!r} is not ready: {reason}")
@@ -390,15 +420,17 @@ class Service:
     async def repository_model_load(
         self, request: pb.RepositoryModelLoadRequest, ctx: CallContext
     ) -> pb.RepositoryModelLoadResponse:
-        if not request.model_name:
+        name = request.model_name
+        if not name:
             raise InvalidArgument("RepositoryModelLoad: model_name is empty")
-        if request.parameters:
-            raise InvalidArgument(
-                f"model {request.model_name!r}: load parameters "
-                f"({', '.join(sorted(request.parameters))}) are not supported; models are "
-                "loaded from their bundle directory as it is on disk"
-            )
-        await self._host.load(request.model_name)
+        # Triton's clients look for "failed to load" in a refusal: every one says so.
+        try:
+            override = _load_override(name, request.parameters)
+            await self._host.load(name, override)
+        except RequestError as exc:
+            raise _failed_to_load(name, exc) from None
+        except BundleError as exc:
+            raise FailedPrecondition(f"failed to load {name!r}: {exc}") from None
         return pb.RepositoryModelLoadResponse()
 
     async def repository_model_unload(
@@ -442,22 +474,25 @@ class Service:
     ) -> pb.IsSameIpcNamespaceResponse:
         return pb.IsSameIpcNamespaceResponse(same=object_exists(request.name))
 
-    # -------------------------------------------------------------- not served
+    # -------------------------------------------------------------- CUDA shared memory
+    # As Triton built without GPUs answers (reactantserver.cuda_shm): a client's reset works.
 
     async def cuda_shared_memory_status(
         self, request: pb.CudaSharedMemoryStatusRequest, ctx: CallContext
-    ) -> NoReturn:
-        _no_cuda_shm()
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        return cuda_status(request.name)
 
     async def cuda_shared_memory_register(
         self, request: pb.CudaSharedMemoryRegisterRequest, ctx: CallContext
     ) -> NoReturn:
-        _no_cuda_shm()
+        cuda_register(request.name)
 
     async def cuda_shared_memory_unregister(
         self, request: pb.CudaSharedMemoryUnregisterRequest, ctx: CallContext
-    ) -> NoReturn:
-        _no_cuda_shm()
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        return cuda_unregister(request.name)
+
+    # -------------------------------------------------------------- not served
 
     async def trace_setting(self, request: pb.TraceSettingRequest, ctx: CallContext) -> NoReturn:
         raise Unimplemented(
@@ -515,8 +550,38 @@ class Service:
         )
 
 
-def _no_cuda_shm() -> NoReturn:
-    raise Unimplemented(
-        "CUDA shared memory is not supported; register system shared memory "
-        "(SystemSharedMemoryRegister) or send tensors inline"
-    )
+def _load_override(
+    name: str, parameters: Mapping[str, pb.ModelRepositoryParameter]
+) -> Override | None:
+    """RepositoryModelLoad's parameters: ``config`` (a JSON ModelConfig, the part a bundle
+    can honour: ``reactantserver.load_config``); ``file:`` ones (Triton's model upload)
+    and any other are refused, naming them."""
+    uploads = sorted(k for k in parameters if k.startswith("file:"))
+    if uploads:
+        shown = uploads[0] if len(uploads[0]) <= 64 else uploads[0][:64] + "..."
+        raise InvalidArgument(
+            f"load parameter {shown!r}: model files cannot be uploaded (Triton's file: "
+            "parameters, the path of CVE-2023-31036); put the bundle in the model "
+            "repository and load it by name"
+        )
+    others = sorted(k for k in parameters if k != "config")
+    if others:
+        raise InvalidArgument(
+            f"load parameters {', '.join(repr(k[:64]) for k in others[:8])} are not "
+            "supported; the one load parameter served is config (a JSON ModelConfig)"
+        )
+    if "config" not in parameters:
+        return None
+    param = parameters["config"]
+    if betterproto.which_one_of(param, "parameter_choice")[0] != "string_param":
+        raise InvalidArgument("load parameter 'config': a string (JSON) is expected")
+    return parse_load_config(name, param.string_param)
+
+
+def _failed_to_load(name: str, exc: RequestError) -> RequestError:
+    """``exc`` in its own category, its message saying which load failed."""
+    message = f"failed to load {name!r}: {exc}"
+    for category, _ in CATEGORY_CODES:
+        if isinstance(exc, category) and issubclass(category, RequestError):
+            return category(message)
+    return InvalidArgument(message)

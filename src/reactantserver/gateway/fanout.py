@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from ..errors import DeadlineExceeded, NotFound, Unavailable
+from ..model_version import check_version, parse_version
 from ..protocol import inference as pb
 from ..protocol import reactant_control as cpb
+from ..records import REPORTED_VERSION
 from . import merge
 from .calls import NOT_FOUND, OK, UNAVAILABLE, CallInfo, FleetView, Passthrough
 from .channel import ChannelError, Reply
@@ -60,10 +62,17 @@ class FanOut:
         self._serves = serves
 
     async def _fan_out(
-        self, path: bytes, data: bytes, call: CallInfo
+        self,
+        path: bytes,
+        data: bytes,
+        call: CallInfo,
+        only: Callable[[WorkerClient], bool] | None = None,
     ) -> list[tuple[WorkerClient, Reply | Exception]]:
-        """``data`` to every worker that answered the last probe round, at once."""
+        """``data`` to every worker that answered the last probe round (those ``only``
+        accepts), at once."""
         clients = self.fleet.answering()
+        if only is not None:
+            clients = tuple(c for c in clients if only(c))
         if not clients:
             _, reason = self.fleet.ready()
             raise Unavailable(f"{call.rpc}: no worker answers the gateway ({reason})")
@@ -99,6 +108,11 @@ class FanOut:
 
     async def model_statistics(self, data: bytes, call: CallInfo) -> bytes:
         model = peek_name(data, what="ModelStatisticsRequest")
+        version = peek_name(data, 2, "ModelStatisticsRequest")
+        if model and version:
+            parse_version(version)
+            if self._serves(model):  # (the workers' NOT_FOUND would be taken for "not here")
+                check_version(model, REPORTED_VERSION, version)
         results = await self._fan_out(
             b"/inference.GRPCInferenceService/ModelStatistics", data, call
         )
@@ -217,6 +231,28 @@ class FanOut:
         # A worker that did not answer cannot be vouched for.
         same = same and len(answers) == len(results)
         return bytes(pb.IsSameIpcNamespaceResponse(same=same))
+
+    async def model_control(
+        self, rpc: str, name: str, data: bytes, call: CallInfo, targets: Collection[str]
+    ) -> bytes:
+        """RepositoryModelLoad / Unload on the workers ``targets`` (addresses): each one
+        must succeed. A refusal is passed through naming the worker (and where it was
+        done already: a load is not undone elsewhere); a worker not reached is
+        UNAVAILABLE."""
+        path = f"/inference.GRPCInferenceService/{rpc}".encode()
+        results = await self._fan_out(path, data, call, lambda c: c.address in targets)
+        done = [c.label for c, r in results if isinstance(r, Reply) and r.status == OK]
+        also = f" (done on {', '.join(done)})" if done else ""
+        for client, result in results:
+            if isinstance(result, Reply) and result.status != OK:
+                raise Passthrough(result.status, f"worker {client.label}: {result.message}{also}")
+        unreached = [c.label for c, r in results if not isinstance(r, Reply)]
+        if unreached or len(results) < len(targets):
+            missing = ", ".join(unreached) or "a worker that did not answer the last probe"
+            raise Unavailable(
+                f"failed to {rpc[15:].lower()} {name!r}: {missing} was not reached{also}"
+            )
+        return b""
 
     async def compact_memory(self, data: bytes, call: CallInfo) -> bytes:
         results = await self._fan_out(b"/reactant_control.ControlService/CompactMemory", data, call)

@@ -13,8 +13,9 @@ third of the gateway's CPU per request (docs/benchmarks.md, "The gateway").
 Theory of operation
 -------------------
 :meth:`Forward.begin`: refuse when draining (UNAVAILABLE) or over the admission cap
-(RESOURCE_EXHAUSTED; the rule and the counts are :class:`~.inflight.Admission`'s); :func:`~.wire.peek_infer` (model name, id, input shapes); the route
-table's replicas of the model; the batch extent of the batch input gives the item count;
+(RESOURCE_EXHAUSTED; the rule and the counts are :class:`~.inflight.Admission`'s); :func:`~.wire.peek_infer` (model name, version, id, input shapes); the route
+table's replicas of the model; the version asked for (every worker serves
+``records.REPORTED_VERSION``: another is answered here, see :mod:`reactantserver.model_version`); the batch extent of the batch input gives the item count;
 ``router.choose`` gives a ticket; the bytes go to the ticket's worker with the remaining
 deadline. When the worker's stream slots are all taken -- the usual case when clients have
 more calls in flight than the gateway opens streams to a worker -- the call waits in the
@@ -60,6 +61,8 @@ from ..errors import (
     ResourceExhausted,
     Unavailable,
 )
+from ..model_version import check_version, parse_version
+from ..records import REPORTED_VERSION
 from ..status import to_status
 from ..transport.unary import UnaryCall
 from .calls import CANCELLED, DEADLINE_EXCEEDED, NOT_FOUND, OK
@@ -168,6 +171,8 @@ class Forward:
             self._peek = peek = peek_infer(self._data)
             if not peek.model:
                 raise InvalidArgument("ModelInfer: model_name is empty")
+            if peek.version:  # malformed: refused before the lookup, as a worker does
+                parse_version(peek.version)
             replicas = proxy.router.table.replicas(peek.model)
             if replicas:
                 self._route(replicas, self._started)
@@ -192,6 +197,10 @@ class Forward:
         peek = self._peek
         assert peek is not None
         self._model = peek.model
+        if peek.version:
+            # Checked here, not by the worker: its NOT_FOUND would read as "this worker
+            # does not serve the model" and fail the call over to every other replica.
+            check_version(peek.model, REPORTED_VERSION, peek.version)
         first = replicas[0]
         items = items_of(first, peek.shape_of(first.batch_input_name))
         self._ticket = self._proxy.router.choose(peek.model, items, now, replicas)

@@ -24,8 +24,10 @@ where it succeeded and the refusal is answered), IsSameIPCNamespace (true only i
 everywhere), CompactMemory.
 
 **Refused**: RepositoryModelLoad/Unload and the worker control RPCs act on one worker, so
-the gateway answers FAILED_PRECONDITION naming the workers' addresses; CUDA shared memory,
-tracing, log settings and streaming inference are UNIMPLEMENTED, as on a worker.
+the gateway answers FAILED_PRECONDITION naming the workers' addresses; tracing, log
+settings and streaming inference are UNIMPLEMENTED, as on a worker. CUDA shared memory is
+answered by the gateway itself as a worker answers it (:mod:`reactantserver.cuda_shm`: no
+regions, unregistering is OK, registering INVALID_ARGUMENT).
 
 Statuses: a worker's status is passed through with its message (RESOURCE_EXHAUSTED stays
 RESOURCE_EXHAUSTED, INTERNAL stays INTERNAL); the gateway's own outcomes are errors of
@@ -49,6 +51,7 @@ from grpclib.const import Cardinality, Handler, Status
 import reactantserver
 
 from ..config.schema import GatewayConfig
+from ..cuda_shm import cuda_register, cuda_status, cuda_unregister
 from ..errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -58,8 +61,10 @@ from ..errors import (
     Unavailable,
     Unimplemented,
 )
+from ..model_version import check_version, parse_version, serves_version
 from ..protocol import inference as pb
 from ..protocol import reactant_control as cpb
+from ..records import REPORTED_VERSION
 from ..status import to_status
 from ..transport.server import ServerStream
 from ..transport.unary import DirectHandler, UnaryCall
@@ -154,14 +159,14 @@ class Proxy:
                 "ModelConfig": partial(self.per_model, "ModelConfig"),
                 "ModelStatistics": self.fanout.model_statistics,
                 "RepositoryIndex": self.fanout.repository_index,
-                "RepositoryModelLoad": partial(self.per_worker, "RepositoryModelLoad"),
-                "RepositoryModelUnload": partial(self.per_worker, "RepositoryModelUnload"),
+                "RepositoryModelLoad": partial(self.model_control, "RepositoryModelLoad"),
+                "RepositoryModelUnload": partial(self.model_control, "RepositoryModelUnload"),
                 "SystemSharedMemoryStatus": self.fanout.shm_status,
                 "SystemSharedMemoryRegister": self.fanout.shm_register,
                 "SystemSharedMemoryUnregister": self.fanout.shm_unregister,
-                "CudaSharedMemoryStatus": self.no_cuda_shm,
-                "CudaSharedMemoryRegister": self.no_cuda_shm,
-                "CudaSharedMemoryUnregister": self.no_cuda_shm,
+                "CudaSharedMemoryStatus": self.cuda_shm_status,
+                "CudaSharedMemoryRegister": self.cuda_shm_register,
+                "CudaSharedMemoryUnregister": self.cuda_shm_unregister,
                 "TraceSetting": partial(self.unimplemented, "TraceSetting"),
                 "LogSettings": partial(self.unimplemented, "LogSettings"),
                 "IsSameIPCNamespace": self.fanout.is_same_ipc_namespace,
@@ -343,6 +348,9 @@ class Proxy:
 
     async def model_ready(self, data: bytes, call: CallInfo) -> bytes:
         model = peek_name(data, what="ModelReadyRequest")
+        # Every worker serves REPORTED_VERSION: another version is not ready anywhere.
+        if not serves_version(REPORTED_VERSION, peek_name(data, 2, "ModelReadyRequest")):
+            return bytes(pb.ModelReadyResponse(ready=False))
         candidates = self._candidates(model)
         if not candidates:
             await self.refresh(call.deadline)
@@ -364,6 +372,13 @@ class Proxy:
         model = peek_name(data, what=f"{rpc}Request")
         if not model:
             raise InvalidArgument(f"{rpc}: name is empty")
+        version = peek_name(data, 2, f"{rpc}Request")
+        if version:
+            parse_version(version)  # malformed: refused before the lookup
+            if self.router.table.serves(model):
+                # Every worker serves REPORTED_VERSION, and a worker's NOT_FOUND for another
+                # would read as "not served here" and fail over to every replica in turn.
+                check_version(model, REPORTED_VERSION, version)
         path = f"/inference.GRPCInferenceService/{rpc}".encode()
         reply, candidates = await self._to_replicas(path, data, call, model)
         if candidates and self.router.table.serves(model):
@@ -376,6 +391,42 @@ class Proxy:
             raise Passthrough(reply.status, reply.message)
         return reply.payload
 
+    # ------------------------------------------------------------------ model control
+
+    async def model_control(self, rpc: str, data: bytes, call: CallInfo) -> bytes:
+        """RepositoryModelLoad / Unload, on the workers it concerns: a load (its
+        ``config`` too) on every worker whose repository lists the model, an unload on
+        every worker that has it loaded. Under lpt_packing placement is the gateway's
+        own (SetModelPlacement), so both are refused there."""
+        name = peek_name(data, 2, f"{rpc}Request")  # (1 is repository_name)
+        verb = "load" if rpc == "RepositoryModelLoad" else "unload"
+        if not name:
+            raise InvalidArgument(f"{rpc}: model_name is empty")
+        mode = self.config.scheduling.mode
+        if mode == "lpt_packing":
+            raise FailedPrecondition(
+                f"failed to {verb} {name!r}: under scheduling.mode lpt_packing the gateway "
+                "places models itself; use GatewayControlService.SetModelPlacement"
+            )
+        targets = self._holders(name, loaded=verb == "unload")
+        if not targets:
+            await self.refresh(call.deadline)
+            targets = self._holders(name, loaded=verb == "unload")
+        if not targets:
+            where = "has it loaded" if verb == "unload" else "lists it in its repository"
+            raise NotFound(
+                f"failed to {verb} {name!r}: no worker behind this gateway {where} "
+                f"({len(self.clients)} workers)"
+            )
+        try:
+            return await self.fanout.model_control(rpc, name, data, call, targets)
+        finally:
+            self.refresh_soon()  # the route table learns what changed
+
+    def _holders(self, name: str, *, loaded: bool) -> set[str]:
+        workers = self.router.table.workers.values()
+        return {w.address for w in workers if name in (w.loaded if loaded else w.models)}
+
     # ------------------------------------------------------------------ refused
 
     async def per_worker(self, rpc: str, data: bytes, call: CallInfo) -> bytes:
@@ -385,11 +436,17 @@ class Proxy:
             f"the worker itself ({workers})"
         )
 
-    async def no_cuda_shm(self, data: bytes, call: CallInfo) -> bytes:
-        raise Unimplemented(
-            "CUDA shared memory is not supported; register system shared memory "
-            "(SystemSharedMemoryRegister) or send tensors inline"
-        )
+    # CUDA shared memory: answered here as every worker would (reactantserver.cuda_shm).
+
+    async def cuda_shm_status(self, data: bytes, call: CallInfo) -> bytes:
+        request = pb.CudaSharedMemoryStatusRequest().parse(data)
+        return bytes(cuda_status(request.name))
+
+    async def cuda_shm_register(self, data: bytes, call: CallInfo) -> bytes:
+        cuda_register(pb.CudaSharedMemoryRegisterRequest().parse(data).name)
+
+    async def cuda_shm_unregister(self, data: bytes, call: CallInfo) -> bytes:
+        return bytes(cuda_unregister(pb.CudaSharedMemoryUnregisterRequest().parse(data).name))
 
     async def unimplemented(self, rpc: str, data: bytes, call: CallInfo) -> bytes:
         raise Unimplemented(f"{rpc} is not supported by the gateway")

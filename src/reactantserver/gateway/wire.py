@@ -1,7 +1,8 @@
 """What the gateway reads of the gRPC wire, without a protobuf runtime: the peek and grpc-timeout.
 
-The gateway forwards every ModelInfer as the bytes it received. To route one it needs three
-things from the message and nothing else: the model name (field 1), the request id
+The gateway forwards every ModelInfer as the bytes it received. To route one it needs four
+things from the message and nothing else: the model name (field 1), the version asked for
+(field 2, checked by the gateway itself: ``reactantserver.model_version``), the request id
 (field 3, for logs) and, for counting items, the shape of the model's batch input (field 5,
 ``inputs``: each input's name (1) and shape (3)). :func:`peek_infer` walks the message once
 and collects exactly those; everything else -- parameters (shared-memory ones included),
@@ -25,7 +26,7 @@ that forwarding never extends a client's deadline. (grpclib writes whole seconds
 and the original gateway rounded every deadline *up* to whole seconds.)
 
 Invariants (``tests/test_gateway_wire.py``): for any serialized ``ModelInferRequest`` the
-peek returns the model name, id and input shapes that protobuf's own parser reads; for any
+peek returns the model name, version, id and input shapes that protobuf's own parser reads; for any
 byte string it returns or raises ``InvalidArgument``, nothing else; an encoded timeout has at
 most eight digits and reads back within its unit of the original, never above it.
 """
@@ -42,11 +43,19 @@ MAX_INPUTS = 4096
 class InferPeek:
     """What routing reads of one ModelInferRequest."""
 
-    __slots__ = ("id", "inputs", "model")
+    __slots__ = ("id", "inputs", "model", "version")
 
-    def __init__(self, model: str, id: str, inputs: tuple[tuple[str, tuple[int, ...]], ...]):
+    def __init__(
+        self,
+        model: str,
+        id: str,
+        inputs: tuple[tuple[str, tuple[int, ...]], ...],
+        version: str = "",
+    ):
         self.model = model
         self.id = id
+        #: ``model_version`` as sent (the gateway checks it: ``reactantserver.model_version``).
+        self.version = version
         #: ``(name, wire shape)`` of each input, in the request's order.
         self.inputs = inputs
 
@@ -58,7 +67,10 @@ class InferPeek:
         return None
 
     def __repr__(self) -> str:
-        return f"InferPeek(model={self.model!r}, id={self.id!r}, inputs={self.inputs!r})"
+        return (
+            f"InferPeek(model={self.model!r}, version={self.version!r}, id={self.id!r}, "
+            f"inputs={self.inputs!r})"
+        )
 
 
 def _input(c: _Cursor) -> tuple[str, tuple[int, ...]]:
@@ -122,7 +134,7 @@ def _peek_usual(data: bytes | memoryview) -> InferPeek | None:
     (``tests/test_gateway_wire.py``)."""
     end = len(data)
     pos = 0
-    model = request_id = ""
+    model = request_id = version = ""
     inputs: list[tuple[str, tuple[int, ...]]] = []
     try:
         while pos < end:
@@ -138,6 +150,8 @@ def _peek_usual(data: bytes | memoryview) -> InferPeek | None:
                 model = str(data[pos:stop], "utf-8")
             elif number == 3:
                 request_id = str(data[pos:stop], "utf-8")
+            elif number == 2:
+                version = str(data[pos:stop], "utf-8")
             elif number == 5:
                 tensor = _input_usual(data, pos, stop)
                 if tensor is None or len(inputs) >= MAX_INPUTS:
@@ -148,7 +162,7 @@ def _peek_usual(data: bytes | memoryview) -> InferPeek | None:
             pos = stop
     except UnicodeDecodeError:
         return None
-    return InferPeek(model, request_id, tuple(inputs))
+    return InferPeek(model, request_id, tuple(inputs), version)
 
 
 def _input_usual(
@@ -190,6 +204,7 @@ def _peek(data: bytes | memoryview) -> InferPeek:
     c = _Cursor(data, 0, len(data), "ModelInferRequest")
     model = ""
     request_id = ""
+    version = ""
     inputs: list[tuple[str, tuple[int, ...]]] = []
     while c.pos < c.end:
         number, wire = c.tag()
@@ -208,9 +223,12 @@ def _peek(data: bytes | memoryview) -> InferPeek:
         elif number == 3:
             c.expect(wire, LEN, "id")
             request_id = c.string("id")
+        elif number == 2:
+            c.expect(wire, LEN, "model_version")
+            version = c.string("model_version")
         else:
             c.skip(number, wire)
-    return InferPeek(model, request_id, tuple(inputs))
+    return InferPeek(model, request_id, tuple(inputs), version)
 
 
 def peek_name(data: bytes, field: int = 1, what: str = "request") -> str:

@@ -28,10 +28,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Hashable
 
+import attrs
 import trio
 
 from ..bundle import Bundle, Signature
-from ..config import ServerConfig
+from ..config import ModelSchedConfig, ServerConfig
+from ..errors import InvalidArgument
+from ..load_config import Override
+from ..messages import model_config
 from ..meta import MetaModel
 from ..models import ServedModel
 from ..runtime import LoadedModel, Runtime
@@ -76,17 +80,30 @@ class VersionBuilder:
         self._generation = 0
         self._explicit = config.model_control_mode == "explicit"
 
-    async def build(self, bundle: Bundle, current: Version | None) -> Version:
-        """The new version of ``bundle.name``; ``current`` is the version serving now.
+    async def build(
+        self, bundle: Bundle, current: Version | None, override: Override | None = None
+    ) -> Version:
+        """The new version of ``bundle.name``; ``current`` is the version serving now;
+        ``override`` a load's ``config`` (checked against the bundle here).
 
-        Raises a ``ReactantError`` (``BundleError``, ...) when the bundle cannot serve.
+        Raises a ``ReactantError`` (``BundleError``, ``InvalidArgument`` for an override
+        the bundle cannot honour, ...) when the bundle cannot serve.
         """
+        if override is not None and bundle.is_meta:
+            raise InvalidArgument(
+                f"config: model {bundle.name!r} is a meta model, which has no scheduling "
+                "of its own to configure; configure the models it calls"
+            )
         if bundle.is_meta:
             await self._metas.check_calls(bundle)
             self._generation += 1
             return MetaModel(
                 bundle, generation=self._generation, callee_problem=self._metas.callee_problem
             )
+        sched = self._config.scheduler.for_model(bundle.name)
+        sizes = None
+        if override is not None:  # before anything is compiled: a refusal costs nothing
+            sched, sizes = self._overridden(bundle, sched, override)
         loaded = _reusable_programs(bundle, current)
         if loaded is None:
             loaded = await self._thread(self._runtime.load, bundle)
@@ -98,11 +115,13 @@ class VersionBuilder:
         served = ServedModel(
             bundle,
             loaded,
-            self._config.scheduler.for_model(bundle.name),
+            sched,
             platform=f"jax_{self._runtime.backend}",
             generation=self._generation,
             max_queue_depth=self._config.scheduler.max_queue_depth,
             readiness=self._resident_readiness if self._explicit else None,
+            override=override,
+            batch_sizes=sizes,
         )
         await self._weights.add(served)
         try:
@@ -112,6 +131,33 @@ class VersionBuilder:
                 await self._weights.remove(served)  # never leak a failed version's weights
             raise
         return served
+
+    def _overridden(
+        self, bundle: Bundle, sched: ModelSchedConfig, override: Override
+    ) -> tuple[ModelSchedConfig, tuple[int, ...]]:
+        """The version's scheduling values under ``override`` (``load_config``): checked
+        against what the model's ModelConfig says without it."""
+        backend = self._runtime.backend
+        as_configured = ServedModel(
+            bundle,
+            None,  # type: ignore[arg-type]  # (read for its ModelConfig only)
+            sched,
+            platform=f"jax_{backend}",
+            generation=self._generation,
+            max_queue_depth=self._config.scheduler.max_queue_depth,
+        )
+        reported = model_config(
+            as_configured, backend=backend, device_ordinal=self._config.gpu or 0
+        ).to_dict()
+        resolved = override.resolve(
+            reported,
+            compiled=bundle.compiled_batch_sizes,
+            batched=bundle.manifest.max_batch_size > 0,
+            max_batch_size=as_configured.max_batch_size,
+        )
+        weight = resolved.weight if resolved.weight is not None else sched.weight
+        cap = resolved.max_batch_size
+        return attrs.evolve(sched, max_batch_size=cap, weight=weight), resolved.batch_sizes
 
     def _resident_readiness(self, served: ServedModel) -> tuple[bool, str]:
         """Explicit mode: a model serves only while its weights are on the device."""

@@ -34,6 +34,7 @@ from ..config import ServerConfig
 from ..config.schema import Residency
 from ..errors import FailedPrecondition, InvalidArgument, NotFound
 from ..lifecycle import ModelVersions
+from ..load_config import Override
 from ..meta import weakest_residency
 from ..models import ServedModel
 from ..records import CompactResult, ControlStatus, ModelControlInfo
@@ -74,17 +75,18 @@ class ControlPlane:
 
     # ---------------------------------------------------------------- repository
 
-    async def load(self, name: str) -> None:
-        """RepositoryModelLoad (explicit mode)."""
+    async def load(self, name: str, override: Override | None = None) -> None:
+        """RepositoryModelLoad (explicit mode), with the ``config`` override, if any."""
         self._require_explicit("RepositoryModelLoad")
         path = await self._thread(self._find_bundle_dir, name)
         current = self._versions.current.get(name)
         if current is not None:
             now = await self._thread(signature, path)
-            if now == current.bundle.signature:
-                log.info("model %r: load asked, files unchanged; nothing to do", name)
+            same = override == (current.override if isinstance(current, ServedModel) else None)
+            if now == current.bundle.signature and same:
+                log.info("model %r: load asked, files and config unchanged; nothing to do", name)
                 return
-        if await self._lifecycle.load(name, path) is None:
+        if await self._lifecycle.load(name, path, override=override) is None:
             error = self._versions.record(name).error
             raise InvalidArgument(f"model {name!r} cannot be loaded: {error}")
 

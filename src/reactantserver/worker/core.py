@@ -51,6 +51,7 @@ from ..config.schema import Residency
 from ..energy import EnergyMeter, EnergyReader, open_reader
 from ..host import HostedModel
 from ..lifecycle import ModelState, ModelTable, ModelVersions
+from ..load_config import Override
 from ..metrics import WorkerCollector
 from ..models import ServedModel
 from ..records import CompactResult, ControlStatus, IndexEntry
@@ -384,8 +385,8 @@ class Worker:
     def index(self) -> Sequence[IndexEntry]:
         return self.serving.index()
 
-    async def load(self, name: str) -> None:
-        await self.control.load(name)
+    async def load(self, name: str, override: Override | None = None) -> None:
+        await self.control.load(name, override)
 
     async def unload(self, name: str) -> None:
         await self.control.unload(name)

@@ -57,6 +57,7 @@ from ..lifecycle import (
     SeedCosts,
     VersionAction,
 )
+from ..load_config import Override
 from ..meta import MetaModel
 from ..models import ServedModel
 from ..runtime.weight_provider import WeightProvider
@@ -112,7 +113,9 @@ class LifecycleDriver:
                 )
                 self._seed(served)
             elif isinstance(action, SeedCosts):
-                self._seed(_compiled(action.version))
+                served = _compiled(action.version)
+                self._rescheduled(served)
+                self._seed(served)
             elif isinstance(action, Rebatch):
                 served = _compiled(action.version)
                 self._scheduler.update_model(
@@ -120,6 +123,7 @@ class LifecycleDriver:
                     compiled_batch_sizes=served.compiled_batch_sizes,
                     coalescable=served.batched,
                 )
+                self._rescheduled(served)
                 self._seed(served)
                 self.carry_out(self._versions.rebatched(served))
                 if self.gate_opened is not None:
@@ -133,9 +137,16 @@ class LifecycleDriver:
     # ------------------------------------------------------------------ commands
 
     async def load(
-        self, name: str, source: Path | Bundle, *, begun: bool = False
+        self,
+        name: str,
+        source: Path | Bundle,
+        *,
+        begun: bool = False,
+        override: Override | None = None,
     ) -> Version | None:
-        """Load ``name`` from its directory (or an already checked bundle).
+        """Load ``name`` from its directory (or an already checked bundle), with the
+        ``config`` override of RepositoryModelLoad if any (``load_config``: checked
+        against the bundle by the builder; refused, it is a failed load like any other).
 
         The new version is built while any current one keeps serving, then swapped in;
         returns once the swap is complete. On failure the current version, if any, keeps
@@ -155,7 +166,7 @@ class LifecycleDriver:
                     else await self._thread(partial(load_bundle, source, name=name))
                 )
                 self._versions.check_replaceable(name, meta=bundle.is_meta)
-                version = await self._builder.build(bundle, current)
+                version = await self._builder.build(bundle, current, override)
             except ReactantError as exc:
                 log.debug("model %r: the load failure's traceback", name, exc_info=exc)
                 self._load_failed(name, exc.detail if isinstance(exc, BundleError) else str(exc))
@@ -217,6 +228,14 @@ class LifecycleDriver:
             log.info("model %r: generation %d retired", served.name, served.generation)
 
     # ------------------------------------------------------------------ internals
+
+    def _rescheduled(self, served: ServedModel) -> None:
+        """A version took over a scheduler entry: its cap (a version's own, from the node
+        configuration or its load's ``config``) and a weight its ``config`` sets (the
+        entry's, like SetModelPolicy's: kept when a load sets none)."""
+        self._scheduler.update_model(served.name, max_batch_size=served.sched.max_batch_size)
+        if served.override is not None and served.override.weight is not None:
+            self._scheduler.set_weight(served.name, served.override.weight)
 
     def _seed(self, served: ServedModel) -> None:
         for size, seconds in served.warmup_costs.items():

@@ -172,7 +172,9 @@ class Serving:
                 ready, why = meta.ready()
                 if not ready:
                     state, reason = "UNAVAILABLE", f"loaded, not ready: {why}"
-            entries.append(IndexEntry(name, "", state, reason))
+            # The version of a loaded model, as every other RPC reports it; none for a
+            # name with no version (not loaded, failed, unloaded).
+            entries.append(IndexEntry(name, meta.version if meta else "", state, reason))
         return entries
 
     @property
