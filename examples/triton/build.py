@@ -60,27 +60,29 @@ def _identity(params: dict[str, Any], rows: Any) -> Any:
     return rows * params["one"]
 
 
-def simple(datatype: str = "INT32", dtype: Any = jnp.int32) -> ExportSpec:
+def simple(
+    datatype: str = "INT32", dtype: Any = jnp.int32, batch_sizes: Sequence[int] = BATCH_SIZES
+) -> ExportSpec:
     return ExportSpec(
         fn=_sum_difference,
         params={"one": jnp.asarray(1, dtype)},
         inputs=[("INPUT0", datatype, [-1, 16]), ("INPUT1", datatype, [-1, 16])],
         outputs=["OUTPUT0", "OUTPUT1"],
-        batch_sizes=BATCH_SIZES,
+        batch_sizes=batch_sizes,
         description=f"Triton's 'simple' stand-in: {datatype} sum and difference",
         rtol=0.0,
         atol=0.0,
     )
 
 
-def simple_string() -> ExportSpec:
+def simple_string(batch_sizes: Sequence[int] = BATCH_SIZES) -> ExportSpec:
     base = simple()
     return ExportSpec(
         fn=base.fn,
         params=base.params,
         inputs=base.inputs,
         outputs=base.outputs,
-        batch_sizes=BATCH_SIZES,
+        batch_sizes=batch_sizes,
         model_py=HOOKS,
         client_inputs=[("INPUT0", "BYTES", [-1, 16]), ("INPUT1", "BYTES", [-1, 16])],
         client_outputs=[("OUTPUT0", "BYTES", [-1, 16]), ("OUTPUT1", "BYTES", [-1, 16])],
@@ -90,14 +92,14 @@ def simple_string() -> ExportSpec:
     )
 
 
-def simple_identity() -> ExportSpec:
+def simple_identity(batch_sizes: Sequence[int] = BATCH_SIZES) -> ExportSpec:
     return ExportSpec(
         fn=_identity,
         params={"one": jnp.asarray(1, jnp.int32)},
         # Each element: its length, then its bytes, zero-padded (hooks.py).
         inputs=[("ROWS", "INT32", [-1, 16, WIDTH + 1])],
         outputs=["ROWS_OUT"],
-        batch_sizes=BATCH_SIZES,
+        batch_sizes=batch_sizes,
         model_py=HOOKS,
         client_inputs=[("INPUT0", "BYTES", [-1, 16])],
         client_outputs=[("OUTPUT0", "BYTES", [-1, 16])],
@@ -107,9 +109,9 @@ def simple_identity() -> ExportSpec:
     )
 
 
-STANDINS: dict[str, Callable[[], ExportSpec]] = {
+STANDINS: dict[str, Callable[..., ExportSpec]] = {
     "simple": simple,
-    "simple_int8": lambda: simple("INT8", jnp.int8),
+    "simple_int8": lambda batch_sizes=BATCH_SIZES: simple("INT8", jnp.int8, batch_sizes),
     "simple_string": simple_string,
     "simple_identity": simple_identity,
 }
@@ -121,9 +123,10 @@ def build(
     only: Sequence[str] = (),
     extra: Sequence[str] = EXTRA,
     overwrite: bool = False,
+    batch_sizes: Sequence[int] = BATCH_SIZES,
 ) -> list[str]:
     """Export the stand-ins (and the ``extra`` zoo bundles) into ``out``; the names built
-    (existing bundles are kept unless ``overwrite``)."""
+    (existing bundles are kept unless ``overwrite``). ``batch_sizes``: the stand-ins'."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     built = []
@@ -132,7 +135,7 @@ def build(
             continue
         if (out / name).exists() and not overwrite:
             continue
-        export_spec(make(), out / name, overwrite=overwrite,
+        export_spec(make(batch_sizes=tuple(batch_sizes)), out / name, overwrite=overwrite,
                     provenance={"source": f"examples/triton/build.py:{name}"})  # fmt: skip
         built.append(name)
     if extra:

@@ -180,9 +180,9 @@ class Override:
         for path, value in self.restated:
             have = _canonical(_lookup(reported, path))
             if not _agrees(value, have):
+                says = _show(have) if have is not None else "nothing (not configured)"
                 problems.append(
-                    f"{path}: {_show(value)}, but the model's ModelConfig says {_show(have)}; "
-                    f"{_why(path)}"
+                    f"{path}: {_show(value)}, but the model's ModelConfig says {says}; {_why(path)}"
                 )
         if problems:
             raise InvalidArgument(f"config: {'; '.join(problems)}")

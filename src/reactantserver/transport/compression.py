@@ -76,7 +76,7 @@ class Inflater:
     """
 
     __slots__ = ("_data", "_decompressor", "_encoding", "_left", "_limit", "_parts", "_pos",
-                 "_setting", "_tail")  # fmt: skip
+                 "_produced", "_setting", "_tail")  # fmt: skip
 
     def __init__(
         self,
@@ -94,8 +94,14 @@ class Inflater:
         self._limit = limit
         #: Bytes the message may still grow by before it is over the limit.
         self._left = limit
+        self._produced = 0
         self._setting = setting
         self._parts: list[bytes] = []
+
+    @property
+    def inflated(self) -> int:
+        """Bytes zlib produced so far (a refused step's included)."""
+        return self._produced
 
     def step(self) -> bytes | Refusal | None:
         """Inflate up to :data:`STEP` more bytes: the whole message once it is complete,
@@ -111,6 +117,7 @@ class Inflater:
         except zlib.error as exc:
             return self._malformed(f"it is not a valid {self._encoding} stream ({exc})")
         self._tail = d.unconsumed_tail
+        self._produced += len(out)
         if len(out) > self._left:
             return Refusal(
                 StatusCode.RESOURCE_EXHAUSTED,

@@ -88,7 +88,8 @@ class ControlPlane:
                 return
         if await self._lifecycle.load(name, path, override=override) is None:
             error = self._versions.record(name).error
-            raise InvalidArgument(f"model {name!r} cannot be loaded: {error}")
+            # (the service says "failed to load NAME:" before it)
+            raise InvalidArgument(str(error))
 
     async def unload(self, name: str) -> None:
         """RepositoryModelUnload (explicit mode)."""
