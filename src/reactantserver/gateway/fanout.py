@@ -12,6 +12,8 @@ back, see :class:`~.prober.Registrations`), and the answers are combined by :mod
 ``SystemSharedMemoryUnregister``, ``SystemSharedMemoryStatus``  everywhere; the union
 ``IsSameIPCNamespace``          true only if every worker answers true
 ``CompactMemory``               everywhere; the counts summed
+``RepositoryModelLoad/Unload``  on the workers the proxy names (:meth:`FanOut.model_control`):
+                                every one must succeed, nothing is undone elsewhere
 
 A worker's refusal is passed through with its status, its message prefixed with the
 worker's name; a worker that cannot be reached makes a read RPC answer from the others, and

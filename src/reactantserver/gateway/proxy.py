@@ -23,8 +23,13 @@ SystemSharedMemory calls (registration all or nothing: refused anywhere, it is r
 where it succeeded and the refusal is answered), IsSameIPCNamespace (true only if true
 everywhere), CompactMemory.
 
-**Refused**: RepositoryModelLoad/Unload and the worker control RPCs act on one worker, so
-the gateway answers FAILED_PRECONDITION naming the workers' addresses; tracing, log
+**Model control** (RepositoryModelLoad / Unload) goes to the workers it concerns: a load,
+its ``config`` too, to every worker whose repository lists the model, an unload to every
+worker that has it loaded (:meth:`Proxy.model_control`; refused under lpt_packing, whose
+placement is the gateway's).
+
+**Refused**: the worker control RPCs act on one worker, so the gateway answers
+FAILED_PRECONDITION naming the workers' addresses; tracing, log
 settings and streaming inference are UNIMPLEMENTED, as on a worker. CUDA shared memory is
 answered by the gateway itself as a worker answers it (:mod:`reactantserver.cuda_shm`: no
 regions, unregistering is OK, registering INVALID_ARGUMENT).
