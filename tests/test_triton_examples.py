@@ -40,6 +40,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 from worker_harness import free_port, running_worker, worker_config
 
+from reactantserver.client import Client
 from reactantserver.config.schema import (
     GatewayConfig,
     GatewayGrpcConfig,
@@ -332,7 +333,9 @@ def test_a_zip_bomb(client: grpcclient.InferenceServerClient) -> None:
 # ------------------------------------------------------------------ model control
 
 
-def test_model_control_with_a_config(client: grpcclient.InferenceServerClient) -> None:
+def test_model_control_with_a_config(
+    client: grpcclient.InferenceServerClient, url: str, fleet: Fleet
+) -> None:
     """Explicit mode: the index lists the repository with versions; a load with a config
     that is not JSON fails to load; one lowering max_batch_size is applied and visible in
     ModelConfig, and a load without config goes back; an unload makes the model not
@@ -352,6 +355,12 @@ def test_model_control_with_a_config(client: grpcclient.InferenceServerClient) -
     config = client.get_model_config("simple").config
     assert config.max_batch_size == 16
     assert list(config.dynamic_batching.preferred_batch_size) == [1, 16]
+    # The same config again: nothing is reloaded.
+    generation = config.parameters["generation"].string_value
+    client.load_model("simple", config='{"maxBatchSize": 16}')
+    assert client.get_model_config("simple").config.parameters["generation"].string_value == (
+        generation
+    )
     # A config read back, edited and sent again: what it restates is accepted.
     edited = client.get_model_config("simple", as_json=True)["config"]
     edited["dynamic_batching"]["preferred_batch_size"] = [16]
@@ -360,6 +369,15 @@ def test_model_control_with_a_config(client: grpcclient.InferenceServerClient) -
     config = client.get_model_config("simple").config
     assert list(config.dynamic_batching.preferred_batch_size) == [16]
     assert config.parameters["weight"].string_value == "2.5"
+    if url == fleet.worker:  # the scheduler's own view (a gateway refuses per-worker RPCs)
+        with Client(url) as direct:
+            (status_,) = [m for m in direct.control_status().models if m.name == "simple"]
+        assert (status_.max_batch_size, status_.weight) == (16, 2.5)
+    # Every batch now runs at 16 rows: a request of 17 has no size to run at.
+    rows = np.ones((17, 16), dtype=np.int32)
+    exc = fails(client.infer, "simple", pair_inputs(rows, rows, "INT32"))
+    assert status(exc) == "INVALID_ARGUMENT" and "17 rows" in exc.message()
+    client.infer("simple", pair_inputs(rows[:3], rows[:3], "INT32"))
     exc = fails(client.load_model, "simple", config='{"instance_group": [{"count": 4}]}')
     assert status(exc) == "INVALID_ARGUMENT"
     assert "instance_group" in exc.message() and "one execution at a time" in exc.message()

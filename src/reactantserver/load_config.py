@@ -10,11 +10,12 @@ may **change** only what the worker can honour without a new export:
 ==============================================  ======================================
 field                                           honoured as
 ==============================================  ======================================
-``max_batch_size``                              the rows one batch may hold, from 1 up
-                                                to the largest compiled size (0 only
-                                                for a model without a batch axis): the
-                                                scheduler's cap, like
+``max_batch_size``                              from 1 up to the largest compiled size
+                                                (0 only for a model without a batch
+                                                axis): the scheduler's cap on the rows
+                                                coalesced into a batch, as
                                                 ``scheduler.models.<name>.max_batch_size``
+                                                is (a request is never split)
 ``dynamic_batching.preferred_batch_size``       the compiled sizes the scheduler may pad
                                                 a batch to: any of the compiled sizes,
                                                 the largest at least ``max_batch_size``
