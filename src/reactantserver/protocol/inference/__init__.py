@@ -353,8 +353,9 @@ class ModelReadyRequest(betterproto.Message):
 
     version: str = betterproto.string_field(2)
     """
-    Model version. Bundles are unversioned: empty (or any value) means the
-     one loaded version.
+    Model version. Bundles are unversioned: empty or "1" means the one
+     loaded version; another integer is not ready; anything else is
+     INVALID_ARGUMENT.
     """
 
 
@@ -458,6 +459,11 @@ class InferTensorContents(betterproto.Message):
 class ModelInferRequest(betterproto.Message):
     model_name: str = betterproto.string_field(1)
     model_version: str = betterproto.string_field(2)
+    """
+    Empty or "1" (bundles are unversioned); another integer is NOT_FOUND,
+     anything else INVALID_ARGUMENT.
+    """
+
     id: str = betterproto.string_field(3)
     """Opaque correlation id, echoed in the response."""
 
@@ -758,8 +764,10 @@ class RepositoryModelLoadRequest(betterproto.Message):
         3, betterproto.TYPE_STRING, betterproto.TYPE_MESSAGE
     )
     """
-    Load options. Triton uses them for config overrides and in-request model
-     files; reactantserver loads from the repository directory only.
+    Load options. "config" (string_param): a ModelConfig in JSON that may
+     change max_batch_size, dynamic_batching.preferred_batch_size and
+     parameters.weight and restate the rest (docs/lifecycle.md). In-request
+     model files ("file:" keys) and any other key are INVALID_ARGUMENT.
     """
 
 
