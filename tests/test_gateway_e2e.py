@@ -250,12 +250,22 @@ def test_every_rpc_through_the_gateway(fleet: Fleet) -> None:
         assert stats.inference_count == sum(fleet.served(w) for w in WORKERS) == before + 24
         index = {m.name: m.state for m in client.get_model_repository_index().models}
         assert index == {"double": "READY", "slow": "READY"}
-        for call, args in ((client.load_model, ("double",)), (client.unload_model, ("double",))):
-            with pytest.raises(InferenceServerException) as caught:
-                call(*args)
-            # Passed on to the workers, which serve in static mode: refused there, saying why.
-            assert code(caught.value) == "FAILED_PRECONDITION"
-            assert "needs model_control_mode: explicit" in caught.value.message()
+        # Model control goes to the workers: a load of unchanged files changes nothing on
+        # any of them; a config none can honour is refused, naming the worker; a name no
+        # worker lists fails to load at the gateway.
+        client.load_model("double")
+        assert client.get_model_config("double").config.max_batch_size == 8
+        with pytest.raises(InferenceServerException) as caught:
+            client.load_model("double", config='{"max_batch_size": 64}')
+        assert code(caught.value) == "INVALID_ARGUMENT"
+        assert "failed to load 'double': config: max_batch_size: 64" in caught.value.message()
+        assert caught.value.message().startswith("worker ")
+        with pytest.raises(InferenceServerException) as caught:
+            client.load_model("absent")
+        assert code(caught.value) == "NOT_FOUND" and "failed to load 'absent'" in (
+            caught.value.message()
+        )
+        assert client.is_model_ready("double")
         with pytest.raises(InferenceServerException) as caught:
             client.infer("absent", x_input())
         assert code(caught.value) == "NOT_FOUND"
