@@ -5,6 +5,8 @@ module runs it. For each batch:
 
 1. ``prepare`` asks the weight provider for the version's device weights. That may
    load them on demand (and evict others); it is not counted as compute time.
+   ``prepare_now`` is the same as a plain call where the weights are at hand (the
+   scheduler's pass of the host loop runs a tiny batch without waking its loop).
 2. ``run`` is one blocking function: gather the requests' inputs into one buffer
    padded to the batch size (the only copy of request data), run the compiled
    program, and cut the outputs back into per-request views. The dispatch loop runs
@@ -89,6 +91,16 @@ class DeviceExecutor:
     async def prepare(self, batch: Batch) -> None:
         model: ServedModel = batch.group  # type: ignore[assignment]
         self._acquired[batch.seq] = await self._weights.acquire(model)
+
+    def prepare_now(self, batch: Batch) -> bool:
+        """``prepare`` without a wait, where the weights are at hand (the scheduler's
+        pass of the host loop); False, with nothing acquired, otherwise."""
+        model: ServedModel = batch.group  # type: ignore[assignment]
+        weights = self._weights.acquire_now(model)
+        if weights is None:
+            return False
+        self._acquired[batch.seq] = weights
+        return True
 
     def run(self, batch: Batch) -> Sequence[Outputs]:
         model: ServedModel = batch.group  # type: ignore[assignment]

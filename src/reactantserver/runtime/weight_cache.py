@@ -263,6 +263,17 @@ class CachedWeights:
             await self._compact((key,), reason="compaction_interval")
         return await self._acquire(key)
 
+    def acquire_now(self, model: ServedModel) -> Sequence[Any] | None:
+        """:meth:`acquire` where it needs no wait (a hit, no compaction due): the device
+        arrays, pinned until :meth:`release`; None, with nothing changed, otherwise."""
+        key = f"{model.name}#{model.generation}"
+        policy = self._policy
+        if key not in policy or policy.should_compact() or not policy.hits_now(key):
+            return None
+        policy.acquire(key)  # a hit: counted, and the LRU touched, as any other
+        policy.pin_in_use(key)
+        return self._io.device[key]
+
     def release(self, model: ServedModel) -> None:
         self._policy.unpin_in_use(self.key(model))
         self._changes.notify()

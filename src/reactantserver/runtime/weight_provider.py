@@ -76,6 +76,12 @@ class WeightProvider(Protocol):
         """The version's device weights, resident and protected until ``release``."""
         ...
 
+    def acquire_now(self, model: ServedModel) -> Sequence[Any] | None:
+        """``acquire`` where it needs no wait (resident, nothing in the way), as a plain
+        call: the weights, protected until ``release``; None, with nothing changed, where
+        ``acquire`` would wait, load or fail (the dispatch loop's pass of the host loop)."""
+        ...
+
     def release(self, model: ServedModel) -> None:
         """The batch that acquired ``model`` is done with its weights."""
 
@@ -156,6 +162,13 @@ class ResidentWeights:
         arrays = self._arrays.get(model)
         if arrays is None:
             raise RuntimeError(f"{model!r} has no device weights (it was removed)")
+        self._in_use[model] = self._in_use.get(model, 0) + 1
+        return arrays
+
+    def acquire_now(self, model: ServedModel) -> Sequence[Any] | None:
+        arrays = self._arrays.get(model)
+        if arrays is None:
+            return None  # removed: acquire says why
         self._in_use[model] = self._in_use.get(model, 0) + 1
         return arrays
 

@@ -42,6 +42,30 @@ resident; not timed), runs it (timed: the learned cost), answers the requests an
 * Any other :class:`Executor` (the cost model of ``scheduling.simulate``, test fakes)
   gives an ``async execute(batch)``, run as a child task.
 
+A lone request needs none of the loop's machinery (the host loop's pass)
+--------------------------------------------------------------------------
+In the server Trio is asyncio's guest (``transport/guest.py``): waking the dispatch loop
+from a gRPC handler is a *wake-up crossing* -- Trio's I/O thread woken through a socket,
+a hand-back through asyncio's self-pipe, and Trio's wait handed to that thread again
+when the loop sleeps -- about 60 % of the worker's CPU per request at one in flight
+(docs/benchmarks.md, "Side by side with Triton"). A batch that will run inline needs
+none of it: with ``soon`` given (how to run a function on the host loop's next pass;
+the worker passes ``transport.guest.call_soon``), ``enqueue`` does not wake a loop that
+sleeps with nothing to do; it arms one **pass** (:meth:`Scheduler._pass`) instead, which
+runs after the callback that queued the request -- so every request of the same read is
+queued by then -- and, while requests keep arriving between passes, up to
+:data:`MAX_DEFERRED_PASSES` passes later (each one ``select`` of the host loop: a burst
+spread over a few reads still coalesces). The pass does exactly what the loop would:
+``expire``, ``next_batch``, shedding, then for a batch learned tiny whose weights are
+acquired without waiting (the executor's optional ``prepare_now``) the inline run,
+``ran``, ``complete`` and the answers; it repeats while the policy has batches. Anything
+else -- a batch that is not tiny or whose weights must load, a deadline sooner than the
+loop's sleep -- is handed to the loop (the batch taken is the loop's next, ``_handed``)
+and the loop is woken: the one crossing, paid only where the loop has work of its own.
+A pass runs only while the loop sleeps with nothing to do (``_idle``): nothing else is
+executing then, and the pass itself is synchronous, so the device still gets one
+execution at a time, and the policy sees the same calls in the same order.
+
 While a batch runs in the thread or a child task, the loop keeps failing expired
 queued requests and waits at most ``dispatch_timeout_seconds``. On overrun the
 batch's callers get ``ExecutionFailed`` at once, health becomes ``OVERRUN`` (not ready;
@@ -152,6 +176,10 @@ from .records import Batch, PolicyStatistics, Request
 log = logging.getLogger(__name__)
 
 SHUTTING_DOWN = "server shutting down"
+#: Passes of the host loop a pass is put off by while requests keep arriving between
+#: them (see "A lone request..."): each costs one ``select`` (a few microseconds), and
+#: a closed loop's burst is whole within a pass or two of its first request.
+MAX_DEFERRED_PASSES = 4
 
 #: ``answer(value, error)``: how the dispatch loop answers one request, exactly once.
 AnswerFn = Callable[[Any, BaseException | None], object]
@@ -182,6 +210,16 @@ class BlockingExecutor(Protocol):
 
     def ran(self, batch: Batch) -> None:
         """Back on the loop after ``run``, whatever its outcome (release, statistics)."""
+
+
+@runtime_checkable
+class PreparesNow(Protocol):
+    """Optional executor extension: ``prepare`` when it needs no waiting."""
+
+    def prepare_now(self, batch: Batch) -> bool:
+        """``prepare`` ``batch`` synchronously if its weights are acquired without a wait
+        (resident, nothing in the way), True; else nothing is done and False."""
+        ...
 
 
 @runtime_checkable
@@ -258,6 +296,8 @@ class SchedulerStatistics:
     in_flight: tuple[str, ...] = ()
     #: Batches launched and landed through the pipeline (``pipeline_depth`` > 1).
     pipelined_dispatches: int = 0
+    #: Of the inline batches, those a pass of the host loop ran (the loop asleep).
+    passed_dispatches: int = 0
 
     @property
     def ready(self) -> bool:
@@ -294,6 +334,11 @@ class Scheduler:
     batches may be launched and not landed; above 1 it needs an executor that splits a
     batch (``launch``/``collect``), else the loop runs at depth 1 (logged). An injected
     ``policy`` must allow as many in flight (``max_in_flight``).
+
+    ``soon(fn)`` runs ``fn`` on the host loop's next pass and says True, or says False
+    where there is no host loop (plain Trio): with it, batches that run inline are run by
+    a pass of the host loop, without waking the dispatch loop (module docstring). Only
+    at depth 1 with a blocking executor and inline execution on.
     """
 
     def __init__(
@@ -305,6 +350,7 @@ class Scheduler:
         inline_max_seconds: float | None = None,
         on_batch: Callable[[Batch, float], None] | None = None,
         pipeline_depth: int | None = None,
+        soon: Callable[[Callable[[], object]], bool] | None = None,
     ) -> None:
         self.config = config
         depth = pipeline_depth if pipeline_depth is not None else config.pipeline_depth or 1
@@ -354,6 +400,17 @@ class Scheduler:
         self._timeout = config.dispatch_timeout_seconds
         if self._timeout <= 0:
             self._timeout = math.inf
+        #: Runs a pass on the host loop (None: every batch is the dispatch loop's).
+        self._soon = soon if self._blocking and depth == 1 and self._inline_max > 0 else None
+        #: A pass is armed; requests admitted so far (a pass is put off while they grow),
+        #: and by how many passes the armed one was put off.
+        self._pass_armed = False
+        self._arrivals = 0
+        self._arrivals_seen = 0
+        self._deferred = 0
+        #: A batch a pass took and left to the loop: the loop's next (depth 1 only).
+        self._handed: Batch | None = None
+        self._passed = 0
         #: The table: request number -> its answer callback, from enqueue to answer.
         self._answers: dict[int, AnswerFn] = {}
         # The loop's sleep: the event that ends it, whether it waits for work at all
@@ -469,11 +526,14 @@ class Scheduler:
             committed=committed,
         )
         self._answers[request.seq] = answer
-        if self._idle or (deadline is not None and deadline < self._wake_at):
+        self._arrivals += 1
+        if self._idle and self._soon is not None:
+            # The loop sleeps with nothing to do: a pass of the host loop runs it.
+            if not self._pass_armed:
+                self._arm_pass()
+        elif self._idle or (deadline is not None and deadline < self._wake_at):
             # The one wake-up crossing, only when the loop sleeps (or must wake sooner).
-            self._idle = False
-            self._wake_at = -math.inf
-            self._wakeup.set()
+            self._wake()
         return request
 
     def withdraw(self, request: Request) -> None:
@@ -560,6 +620,7 @@ class Scheduler:
             threaded_dispatches=self._threaded,
             in_flight=flight or ((executing,) if executing is not None else ()),
             pipelined_dispatches=self._pipelined,
+            passed_dispatches=self._passed,
         )
 
     # ---------------------------------------------------------------- lifetime
@@ -626,14 +687,17 @@ class Scheduler:
                 # sooner deadline). At depth 1 neither holds here.
                 await self._sleep(policy.next_deadline(), idle=False)
                 continue
-            decision = policy.next_batch(now)
-            for request in decision.shed:
-                self._fail(request.seq, _shed_error(request))
-            if decision.batch is None:
+            batch, self._handed = self._handed, None
+            if batch is None:
+                decision = policy.next_batch(now)
+                for request in decision.shed:
+                    self._fail(request.seq, _shed_error(request))
+                batch = decision.batch
+            if batch is None:
                 # No checkpoint since next_batch: nothing can have slipped in.
                 await self._sleep(policy.next_deadline(), idle=True)
                 continue
-            await step(nursery, decision.batch)
+            await step(nursery, batch)
 
     async def _sleep(self, until: float, *, idle: bool) -> None:
         """Sleep until ``_wakeup`` is set or ``until``. ``idle``: waiting for work, so
@@ -651,6 +715,66 @@ class Scheduler:
         finally:
             self._idle = False
             self._wake_at = -math.inf
+
+    def _wake(self) -> None:
+        """End the loop's sleep (the wake-up crossing, from the host loop)."""
+        self._idle = False
+        self._wake_at = -math.inf
+        self._wakeup.set()
+
+    # ------------------------------------------------------ the host loop's pass
+
+    def _arm_pass(self) -> None:
+        assert self._soon is not None
+        if self._soon(self._pass):
+            self._pass_armed = True
+            self._arrivals_seen = self._arrivals
+        else:  # no host loop (plain Trio): the loop's own way, from now on
+            self._soon = None
+            self._wake()
+
+    def _pass(self) -> None:
+        """Run what the sleeping loop would, for batches that run inline (module
+        docstring, "A lone request..."); hand the loop the rest."""
+        self._pass_armed = False
+        if not self._idle:
+            return  # woken meanwhile (a close, a sooner deadline): the queue is the loop's
+        if self._arrivals != self._arrivals_seen and self._deferred < MAX_DEFERRED_PASSES:
+            self._deferred += 1  # requests still arriving: let the burst gather
+            self._arm_pass()
+            return
+        self._deferred = 0
+        policy = self._policy
+        executor: Any = self._executor
+        prepare_now = executor.prepare_now if isinstance(executor, PreparesNow) else None
+        while self._idle and not policy.closed and self._health is Health.READY:
+            now = trio.current_time()
+            self._expire(now)
+            decision = policy.next_batch(now)
+            for request in decision.shed:
+                self._fail(request.seq, _shed_error(request))
+            batch = decision.batch
+            if batch is None:
+                if policy.next_deadline() < self._wake_at:
+                    self._wake()  # the loop must wake for a queued deadline sooner
+                return
+            if not self._inline_now(batch) or prepare_now is None or not prepare_now(batch):
+                self._handed = batch  # the loop prepares and runs it
+                self._wake()
+                return
+            self._executing = batch
+            try:
+                self._inline += 1
+                self._passed += 1
+                result, elapsed = _timed(executor.run, batch)
+                executor.ran(batch)
+                self._deliver(batch, result, elapsed, trio.current_time())
+            finally:
+                self._executing = None
+
+    def _inline_now(self, batch: Batch) -> bool:
+        """Whether ``batch`` runs inline on the loop (its learned cost is tiny)."""
+        return self._blocking and (batch.cost < self._inline_max or self._inline_max == math.inf)
 
     def _expire(self, now: float) -> None:
         for request in self._policy.expire(now):
@@ -681,7 +805,7 @@ class Scheduler:
             if not await self._prepared(batch):
                 return
             start = trio.current_time()
-            if self._blocking and (batch.cost < self._inline_max or self._inline_max == math.inf):
+            if self._inline_now(batch):
                 self._inline += 1
                 result: Any = _timed(executor.run, batch)  # type: ignore[union-attr]
                 executor.ran(batch)  # type: ignore[union-attr]

@@ -54,7 +54,7 @@ import trio
 
 T = TypeVar("T")
 
-__all__ = ["TrioPortal", "aio", "run"]
+__all__ = ["TrioPortal", "aio", "call_soon", "run"]
 
 
 def run(
@@ -105,6 +105,22 @@ async def _host(
     # not leave the Trio run behind; Trio's own signal handling decides how to stop.
     result = await asyncio.shield(finished)
     return result.unwrap()
+
+
+def call_soon(fn: Callable[[], object]) -> bool:
+    """Run ``fn()`` on the host loop's next pass, after the callback running now, and say
+    True; False, with nothing scheduled, outside a host loop (a plain ``trio.run``).
+
+    No crossing: the host loop runs it as any ready callback, Trio asleep or not. The
+    dispatch loop runs its tiny batches this way (``scheduling/dispatch.py``, "A lone
+    request...").
+    """
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    loop.call_soon(fn)
+    return True
 
 
 async def aio(awaitable: Awaitable[T]) -> T:

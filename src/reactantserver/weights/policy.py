@@ -301,6 +301,17 @@ class WeightCachePolicy:
 
     # --------------------------------------------------------------- hot path
 
+    def hits_now(self, name: str) -> bool:
+        """Whether :meth:`acquire` of ``name`` would be a :class:`Hit` now (its weights
+        resident, no command waiting or running); asks only, changes nothing."""
+        entry = self._entries.get(name)
+        return (
+            entry is not None
+            and entry.device == "resident"
+            and not entry.removing
+            and not self._commands
+        )
+
     def acquire(self, name: str, *, command: bool = False) -> AcquireDecision:
         """Make ``name`` runnable: :class:`Hit`, a load :class:`CachePlan`, or :class:`Wait`.
 

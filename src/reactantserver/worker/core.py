@@ -64,6 +64,7 @@ from ..shm import SharedMemoryRegistry
 from ..signals import drain_on_signals
 from ..statistics import ServedModelStatistics, WorkerStatistics
 from ..threads import ThreadRunner, in_threads
+from ..transport import guest
 from ..transport.grpc import serve_grpc
 from ..transport.limits import WireCounters
 from .build import Version, VersionBuilder
@@ -191,6 +192,8 @@ class Worker:
             # Virtual-time tests run executions inline: no pipeline threads there.
             pipeline_depth=1 if thread is not None else pipeline_depth(config, runtime.backend),
             on_batch=self.energy.on_batch if self.energy is not None else None,
+            # Tiny batches run by a pass of the host loop, without waking the dispatch loop.
+            soon=guest.call_soon,
         )
         default = in_threads()
         metas = MetaGlue(config, self.versions, thread=thread or default)

@@ -1,0 +1,356 @@
+"""The host loop's pass (``scheduling/dispatch.py``, "A lone request needs none of the
+loop's machinery"): tiny batches run without waking the dispatch loop.
+
+The host loop is a fake the test drives: ``soon`` queues the pass, and the test runs
+what is queued when it says the host loop takes its next pass. Whether the dispatch loop
+was woken is read with a Trio instrument (the steps its task takes), so nothing private
+is looked at.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reactantserver.config import SchedulerConfig
+from reactantserver.errors import DeadlineExceeded, Unavailable
+from reactantserver.scheduling import Batch, Scheduler
+from reactantserver.scheduling.dispatch import MAX_DEFERRED_PASSES
+
+
+class HostLoop:
+    """The fake host loop: ``soon`` queues, :meth:`next_pass` runs what was queued."""
+
+    def __init__(self) -> None:
+        self.ready: list[Callable[[], object]] = []
+
+    def soon(self, fn: Callable[[], object]) -> bool:
+        self.ready.append(fn)
+        return True
+
+    def next_pass(self) -> int:
+        """Run the callbacks queued before this pass (those they queue wait for the
+        next one, as asyncio's do); how many ran."""
+        ready, self.ready = self.ready, []
+        for fn in ready:
+            fn()
+        return len(ready)
+
+
+class Steps(trio.abc.Instrument):
+    """Counts the steps of the dispatch loop's task (the task running ``Scheduler.run``)."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task.name.endswith("Scheduler.run"):
+            self.steps += 1
+
+
+class Device:
+    """A blocking executor: ``run`` answers ``("out", payload)``; counts executions and
+    checks that two never overlap; ``at_hand`` says which models' weights
+    ``prepare_now`` finds (the others need the awaited ``prepare``)."""
+
+    def __init__(self, at_hand: Sequence[str] = ("tiny",)) -> None:
+        self.at_hand = set(at_hand)
+        self.batches: list[tuple[str, list[Any], str]] = []
+        self.running = 0
+        self.prepared_now: list[int] = []
+        self.prepared: list[int] = []
+        self.released: list[int] = []
+        self.main = threading.current_thread().name
+
+    async def prepare(self, batch: Batch) -> None:
+        self.prepared.append(batch.seq)
+
+    def prepare_now(self, batch: Batch) -> bool:
+        if batch.model not in self.at_hand:
+            return False
+        self.prepared_now.append(batch.seq)
+        return True
+
+    def run(self, batch: Batch) -> Sequence[Any]:
+        self.running += 1
+        assert self.running == 1, "two executions at once"
+        try:
+            payloads = [r.payload for r in batch.requests]
+            self.batches.append((batch.model, payloads, threading.current_thread().name))
+            return [("out", p) for p in payloads]
+        finally:
+            self.running -= 1
+
+    def ran(self, batch: Batch) -> None:
+        self.released.append(batch.seq)
+
+
+def scheduler_for(device: Device, host: HostLoop | None, **config: Any) -> Scheduler:
+    config.setdefault("inline_max_seconds", 0.001)
+    scheduler = Scheduler(
+        SchedulerConfig(**config), device, soon=host.soon if host is not None else None
+    )
+    for name, cost in (("tiny", 1e-5), ("slow", 1.0), ("cold", 1e-5)):
+        scheduler.add_model(name, [1, 2, 4])
+        for size in (1, 2, 4):
+            scheduler.seed_cost(name, size, cost)
+    return scheduler
+
+
+def answers_into(
+    got: dict[Any, Any], key: Any, event: trio.Event | None = None
+) -> Callable[[Any, BaseException | None], None]:
+    def answer(value: Any, error: BaseException | None) -> None:
+        assert key not in got, f"{key!r} answered twice"
+        got[key] = error if error is not None else value
+        if event is not None:
+            event.set()
+
+    return answer
+
+
+@pytest.fixture
+def steps() -> Steps:
+    return Steps()
+
+
+async def asleep(steps: Steps) -> int:
+    """Let the dispatch loop reach its sleep; the steps it took so far."""
+    await trio.testing.wait_all_tasks_blocked()
+    return steps.steps
+
+
+async def test_a_lone_tiny_request_is_answered_by_one_pass_without_waking_the_loop(
+    autojump_clock: trio.testing.MockClock, steps: Steps
+) -> None:
+    trio.lowlevel.add_instrument(steps)
+    host, device = HostLoop(), Device()
+    scheduler = scheduler_for(device, host)
+    got: dict[Any, Any] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(scheduler.run)
+        before = await asleep(steps)
+        scheduler.enqueue("tiny", "x", answer=answers_into(got, "x"))
+        assert got == {} and len(host.ready) == 1  # one pass armed, nothing run yet
+        assert host.next_pass() == 1
+        assert got == {"x": ("out", "x")}  # answered inside the pass
+        assert await asleep(steps) == before  # the dispatch loop never woke
+        scheduler.close()
+    assert device.batches == [("tiny", ["x"], device.main)]
+    assert device.prepared_now == device.released and device.prepared == []
+    stats = scheduler.statistics()
+    assert (stats.passed_dispatches, stats.inline_dispatches, stats.threaded_dispatches) == (
+        1,
+        1,
+        0,
+    )
+    assert stats.policy.models["tiny"].dispatches == 1  # the policy learned as ever
+
+
+async def test_a_burst_in_one_callback_is_one_batch(
+    autojump_clock: trio.testing.MockClock, steps: Steps
+) -> None:
+    """Requests queued by the same callback (one read of a connection) coalesce: the pass
+    runs after that callback, so it finds them all."""
+    host, device = HostLoop(), Device()
+    scheduler = scheduler_for(device, host)
+    got: dict[Any, Any] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(scheduler.run)
+        await asleep(steps)
+        for i in range(4):
+            scheduler.enqueue("tiny", i, answer=answers_into(got, i))
+        assert len(host.ready) == 1  # armed once
+        host.next_pass()  # three arrived after it was armed: put off by one pass
+        assert got == {}
+        host.next_pass()
+        assert got == {i: ("out", i) for i in range(4)}
+        scheduler.close()
+    assert device.batches == [("tiny", [0, 1, 2, 3], device.main)]
+
+
+async def test_requests_arriving_between_passes_put_the_pass_off_a_bounded_number_of_times(
+    autojump_clock: trio.testing.MockClock, steps: Steps
+) -> None:
+    host, device = HostLoop(), Device()
+    scheduler = scheduler_for(device, host, max_queue_depth=1000)
+    scheduler.add_model("wide", [64])
+    scheduler.seed_cost("wide", 64, 1e-5)
+    device.at_hand.add("wide")
+    got: dict[Any, Any] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(scheduler.run)
+        await asleep(steps)
+        scheduler.enqueue("wide", 0, answer=answers_into(got, 0))
+        passes = 0
+        while not got:  # one more request before every pass of the host loop
+            scheduler.enqueue("wide", passes + 1, answer=answers_into(got, passes + 1))
+            host.next_pass()
+            passes += 1
+        assert passes == MAX_DEFERRED_PASSES + 1
+        while len(got) < passes + 1:
+            host.next_pass()
+        scheduler.close()
+    assert device.batches[0] == ("wide", list(range(passes + 1)), device.main)
+
+
+async def test_what_is_not_tiny_or_not_at_hand_is_handed_to_the_loop(steps: Steps) -> None:
+    """A batch learned slow goes to the device thread, one whose weights are not at hand
+    to the loop's awaited ``prepare``: the pass hands each to the loop (one wake-up) and
+    the loop runs it as its next batch."""
+    host, device = HostLoop(), Device()
+    scheduler = scheduler_for(device, host)
+    got: dict[Any, Any] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(scheduler.run)
+        for model in ("slow", "cold"):
+            before = await asleep(steps)
+            answered = trio.Event()
+            scheduler.enqueue(model, model, answer=answers_into(got, model, answered))
+            host.next_pass()
+            assert model not in got  # handed over, not run by the pass
+            with trio.fail_after(30):
+                await answered.wait()
+            assert steps.steps > before  # the loop woke for it
+        scheduler.close()
+    where = {model: thread for model, _, thread in device.batches}
+    assert where == {"slow": "reactantserver-device", "cold": device.main}
+    assert device.prepared_now == [] and len(device.prepared) == 2
+    assert scheduler.statistics().passed_dispatches == 0
+
+
+async def test_while_the_loop_is_busy_no_pass_is_armed(steps: Steps) -> None:
+    """A request that comes while a batch runs on the device thread waits for the loop,
+    which takes it next: one execution at a time."""
+    host, device = HostLoop(), Device()
+    gate = threading.Event()
+    run = device.run
+
+    def held(batch: Batch) -> Sequence[Any]:
+        if batch.model == "slow":
+            assert gate.wait(60)
+        return run(batch)
+
+    device.run = held  # type: ignore[method-assign]
+    scheduler = scheduler_for(device, host)
+    got: dict[Any, Any] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(scheduler.run)
+        await asleep(steps)
+        scheduler.enqueue("slow", "s", answer=answers_into(got, "s"))
+        host.next_pass()  # handed to the loop: on the device thread now
+        await trio.testing.wait_all_tasks_blocked()
+        answered = trio.Event()
+        scheduler.enqueue("tiny", "t", answer=answers_into(got, "t", answered))
+        assert host.ready == []  # the loop is not asleep: no pass
+        gate.set()
+        with trio.fail_after(30):
+            await answered.wait()
+        scheduler.close()
+    assert [m for m, _, _ in device.batches] == ["slow", "tiny"]
+
+
+async def test_without_a_host_loop_the_loop_is_woken_as_before(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``soon`` says there is no host loop (plain Trio): every request is the loop's."""
+    device = Device()
+    scheduler = Scheduler(SchedulerConfig(inline_max_seconds=0.001), device, soon=lambda fn: False)
+    scheduler.add_model("tiny", [1])
+    scheduler.seed_cost("tiny", 1, 1e-5)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(scheduler.run)
+        for i in range(3):
+            assert await scheduler.submit("tiny", i) == ("out", i)
+        scheduler.close()
+    stats = scheduler.statistics()
+    assert (stats.passed_dispatches, stats.inline_dispatches) == (0, 3)
+    assert device.prepared == device.released  # the loop's awaited prepare
+
+
+async def test_a_pass_fails_what_expired_and_does_nothing_after_close(
+    autojump_clock: trio.testing.MockClock, steps: Steps
+) -> None:
+    host, device = HostLoop(), Device()
+    scheduler = scheduler_for(device, host)
+    got: dict[Any, Any] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(scheduler.run)
+        await asleep(steps)
+        now = trio.current_time()
+        scheduler.enqueue("tiny", "late", answer=answers_into(got, "late"), deadline=now + 1)
+        autojump_clock.jump(2)  # the host loop was slow to come round
+        host.next_pass()
+        assert isinstance(got["late"], DeadlineExceeded)
+        scheduler.enqueue("tiny", "shut", answer=answers_into(got, "shut"))
+        scheduler.close()
+        host.next_pass()
+    assert isinstance(got["shut"], Unavailable)
+    assert device.batches == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("enqueue"), st.sampled_from(["tiny", "cold", "slow"])),
+            st.just(("pass",)),
+            st.just(("loop",)),
+            st.tuples(st.just("withdraw"), st.integers(0, 40)),
+        ),
+        max_size=40,
+    )
+)
+def test_any_interleaving_answers_each_request_once_in_order_one_execution_at_a_time(
+    ops: list[tuple[Any, ...]],
+) -> None:
+    """Whatever the interleaving of requests, host-loop passes, dispatch-loop turns and
+    withdrawals: every request not withdrawn is answered exactly once, with its own
+    result; each model's requests execute in the order they were queued; no two
+    executions overlap (``Device.run`` asserts it); and every batch a pass or the loop
+    ran had its weights released (``ran``) as often as acquired."""
+
+    async def main() -> None:
+        host, device = HostLoop(), Device()
+        scheduler = scheduler_for(device, host, inline_max_seconds=math.inf)
+        got: dict[Any, Any] = {}
+        requests = []
+        withdrawn = set()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(scheduler.run)
+            for op in ops:
+                if op[0] == "enqueue":
+                    key = len(requests)
+                    requests.append(
+                        (op[1], scheduler.enqueue(op[1], key, answer=answers_into(got, key)))
+                    )
+                elif op[0] == "pass":
+                    host.next_pass()
+                elif op[0] == "loop":
+                    await trio.testing.wait_all_tasks_blocked()
+                elif requests:
+                    key = op[1] % len(requests)
+                    if key not in got:
+                        scheduler.withdraw(requests[key][1])
+                        withdrawn.add(key)
+            while len(got) + len(withdrawn - set(got)) < len(requests):
+                host.next_pass()
+                await trio.testing.wait_all_tasks_blocked()
+            scheduler.close()
+        for key in range(len(requests)):
+            if key not in withdrawn:
+                assert got[key] == ("out", key)
+        for model in ("tiny", "cold", "slow"):
+            ran = [p for m, payloads, _ in device.batches if m == model for p in payloads]
+            assert ran == sorted(ran)
+        assert sorted(device.released) == sorted(device.prepared + device.prepared_now)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
