@@ -50,7 +50,7 @@ from reactantserver.transport.h2wire import (
     RST_STREAM,
     WINDOW_UPDATE,
 )
-from reactantserver.transport.hpack_blocks import encode_headers
+from reactantserver.transport.hpack_blocks import encode_headers, hpack_int
 from reactantserver.transport.limits import WireLimits
 from reactantserver.transport.unary import ANSWER_HEADERS as ANSWER
 from reactantserver.transport.unary import OK_TRAILERS as TRAILERS
@@ -700,3 +700,58 @@ def test_the_stream_tables_close_every_stream_and_nothing_leaves_closed() -> Non
     assert run(CLIENT_STREAM, [Move.RECV_END]) == closed
     for table in (SERVER_STREAM, CLIENT_STREAM):
         assert not [key for key in table if key[0] == closed]
+
+
+@pytest.mark.parametrize("shrink_to", [None, 4095, 50, 0])
+def test_answers_index_their_headers_and_h2_and_our_client_role_decode_them(
+    shrink_to: int | None,
+) -> None:
+    """Answer after answer on one connection: from the second on, an answer's headers and
+    trailers are three bytes of indexed fields (content type and ``grpc-status 0`` in the
+    peer's dynamic table), and h2's client -- the oracle -- decodes every one to the
+    headers sent, as does our own client role (the gateway's and the Python client's,
+    fed the same bytes); a peer lowering its table size before the third answer (to a
+    size that holds both entries, one, none) gets the size updates at the start of the
+    next block (the one-step answer declines while they are owed) and decodes on."""
+    from reactantserver.transport.h2client import ClientConnection
+
+    server, client = _connected()
+    ours = ClientConnection(LIMITS)
+    ours.initiate_connection()
+    twin = ServerConnection(LIMITS)  # the server's first SETTINGS, byte for byte
+    twin.initiate_connection()
+    ours.receive_data(twin.data_to_send())
+    answer = [(b":status", b"200"), (b"content-type", b"application/grpc+proto")]
+    block_bytes = []
+    for n in range(1, 6):
+        sid = 2 * n - 1
+        owed = n == 3 and shrink_to is not None
+        if owed:
+            client.update_settings({SettingCodes.HEADER_TABLE_SIZE: shrink_to})
+            server.receive_data(client.data_to_send())
+            client.receive_data(server.data_to_send())  # the ACK
+        client.send_headers(sid, REQUEST, end_stream=True)
+        server.receive_data(client.data_to_send())
+        message = [b"\0\0\0\0\x02", b"ok"]
+        if not server.send_answer(sid, ANSWER, message, 7, TRAILERS):
+            assert owed
+            server.send_headers(sid, ANSWER)
+            server.send_data(sid, b"".join(message))
+            server.send_headers(sid, TRAILERS, end_stream=True)
+        wire = server.data_to_send()
+        block_bytes.append(len(wire) - 3 * 9 - 7)  # less the frame heads and the DATA
+        theirs = [e.headers for e in client.receive_data(wire) if hasattr(e, "headers")]
+        assert [[tuple(h) for h in hs] for hs in theirs] == [answer, [(b"grpc-status", b"0")]]
+        assert ours.open_stream(b"\x83\x86") == sid  # our stream to read the answer on
+        ours.data_to_send()
+        got = [e.headers for e in ours.receive_data(wire) if hasattr(e, "headers")]
+        assert got == [tuple(answer), ((b"grpc-status", b"0"),)]
+    assert block_bytes[0] > 30 and block_bytes[1] == 3
+    if shrink_to is None:
+        assert block_bytes[2:] == [3, 3, 3]
+    elif shrink_to == 4095:  # both entries still fit: one size update, then indexed
+        assert block_bytes[2] == 3 + len(hpack_int(4095, 5, 0x20)) and block_bytes[3:] == [3, 3]
+    elif shrink_to == 50:  # room for grpc-status 0 only: emptied, then indexed again
+        assert block_bytes[2] > 30 and block_bytes[3] == block_bytes[4] > 3
+    else:
+        assert block_bytes[2] > 30 and block_bytes[3] == block_bytes[4] > 30  # literals

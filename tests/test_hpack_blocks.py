@@ -4,7 +4,9 @@ Invariants: a block :func:`field_ends` accepts (table-neutral) leaves a decoder'
 was; :class:`BlockDecoder` decodes every block of a connection -- whatever mix of indexed
 fields, literals with and without indexing, and table size updates the peer's encoder
 chose -- to exactly what a plain ``hpack.Decoder`` gives, in the same order; our own
-literal blocks decode to the headers they were built from and never touch the table. A
+literal blocks decode to the headers they were built from and never touch the table; the
+server's constant blocks through the table (:class:`TableEncoder`) decode to their lists
+whatever sizes the peer allowed, within those sizes. A
 block that fails (a bad index, a header list over the limit, a byte ``convert`` refuses)
 raises what a plain decoder followed by ``convert`` raises first, whatever the caches
 already hold.
@@ -19,8 +21,10 @@ from hypothesis import strategies as st
 
 from reactantserver.transport.hpack_blocks import (
     BlockDecoder,
+    TableEncoder,
     encode_headers,
     field_ends,
+    hpack_int,
     literal,
 )
 
@@ -143,3 +147,77 @@ def test_a_block_over_the_limit_fails_even_when_its_fields_are_known() -> None:
     assert ours.decode(b) == (("x-b", "b" * 40),)
     with pytest.raises(hpack.OversizedHeaderListError):
         ours.decode(a + b)
+
+
+# ---------------------------------------------------------------------- TableEncoder
+
+ANSWER = [(":status", "200"), ("content-type", "application/grpc+proto")]
+OK = [("grpc-status", "0")]
+OTHER = [("grpc-status", "13"), ("grpc-message", "Internal Server Error")]
+LISTS = {"answer": ANSWER, "ok": OK, "other": OTHER}
+# Entry sizes (RFC 7541 §4.1): content-type's 66, grpc-status 0's 44, the rest 45 and 76.
+SIZES = st.sampled_from([0, 40, 44, 66, 70, 110, 111, 150, 4096])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.sampled_from(sorted(LISTS)), st.tuples(st.just("resize"), SIZES)),
+        max_size=30,
+    )
+)
+def test_constant_blocks_through_the_table_decode_as_sent(ops: list[object]) -> None:
+    """Whatever mix of constant lists and lowered table sizes: every block the encoder
+    gives, opened by the size updates it owes, decodes with a plain ``hpack.Decoder``
+    (held to each size the peer allowed) to exactly its list; the decoder's table never
+    holds more than that size; and once a list's fields are in the table it costs one
+    byte a field."""
+    encoder = TableEncoder()
+    decoder = hpack.Decoder()
+    allowed = 4096
+    for op in ops:
+        if isinstance(op, tuple):
+            if op[1] < encoder.size:  # the connection passes on lower sizes only
+                encoder.resize(op[1])
+                allowed = op[1]
+                decoder.max_allowed_table_size = allowed
+            continue
+        headers = LISTS[op]
+        block = encoder.take_updates() + encoder.encode(headers)
+        assert decoder.decode(block) == headers
+        table = decoder.header_table
+        assert table.maxsize <= allowed  # the updates owed were sent
+        assert sum(len(n) + len(v) + 32 for n, v in table.dynamic_entries) <= allowed
+        again = encoder.encode(headers)
+        if field_ends(again) is not None and all(b & 0x80 for b in again):
+            assert len(again) == len(headers)  # all indexed: one byte each
+        assert decoder.decode(again) == headers
+
+
+def test_after_the_first_answer_the_headers_and_trailers_are_three_bytes() -> None:
+    encoder = TableEncoder()
+    first = encoder.encode(ANSWER) + encoder.encode(OK)
+    assert len(first) > 30  # the literals that add the two entries
+    assert encoder.encode(ANSWER) == b"\x88\xbf"  # :status 200 static, content-type 63
+    assert encoder.encode(OK) == b"\xbe"  # grpc-status 0, the newest entry (62)
+    decoder = hpack.Decoder()
+    assert decoder.decode(first) == ANSWER + OK
+    assert decoder.decode(b"\x88\xbf\xbe") == ANSWER + OK
+
+
+def test_a_table_too_small_for_an_entry_gets_literals_and_a_lowered_one_starts_over() -> None:
+    encoder = TableEncoder()
+    encoder.resize(50)  # room for grpc-status 0 (44), not for content-type (66)
+    decoder = hpack.Decoder()
+    decoder.max_allowed_table_size = 50
+    assert decoder.decode(encoder.take_updates() + encoder.encode(ANSWER)) == ANSWER
+    assert len(decoder.header_table.dynamic_entries) == 0  # content-type: a plain literal
+    assert decoder.decode(encoder.encode(OK)) == OK
+    assert encoder.encode(OK) == b"\xbe"
+    encoder.resize(40)  # grpc-status 0 no longer fits: the table is emptied, then 40
+    updates = encoder.take_updates()
+    assert updates == hpack_int(0, 5, 0x20) + hpack_int(40, 5, 0x20)
+    assert encoder.take_updates() == b""  # said once
+    decoder.max_allowed_table_size = 40
+    assert decoder.decode(updates + encoder.encode(OK)) == OK
+    assert len(decoder.header_table.dynamic_entries) == 0

@@ -134,7 +134,7 @@ class ClientConnection(Connection):
         limit = self.max_outbound_frame_size
         if (
             not self.can_open
-            or self._table_update
+            or self.table.owed
             or len(header_block) > limit
             or size > limit
             or size > self.peer_initial_window

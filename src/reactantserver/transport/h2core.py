@@ -104,7 +104,7 @@ from .h2wire import (
     WINDOW_UPDATE,
     frame_head,
 )
-from .hpack_blocks import BlockDecoder, hpack_int
+from .hpack_blocks import BlockDecoder, TableEncoder
 from .limits import WireLimits
 
 #: A frame type's handler: (the connection, flags, stream id, body, the events so far).
@@ -338,9 +338,9 @@ class Connection:
         #: The client's DATA bytes read so far in this read (acknowledged as it ends).
         self._arrived = 0
         self.budget = AbuseBudget(now) if client else None
-        #: A dynamic table size update owed at the start of our next header block.
-        self._table_update = b""
-        self._table_size = DEFAULT_TABLE
+        #: Our side of the peer's HPACK table: the constant blocks through it (the
+        #: server role), and the size updates owed at the start of our next block.
+        self.table = TableEncoder(DEFAULT_TABLE)
 
     # ------------------------------------------------------------------ output
 
@@ -404,9 +404,8 @@ class Connection:
 
     def _queue_block(self, stream_id: int, block: bytes, end_stream: bool) -> None:
         """HEADERS (and CONTINUATIONs past the peer's frame size) carrying ``block``."""
-        if self._table_update:
-            block = self._table_update + block
-            self._table_update = b""
+        if self.table.owed:
+            block = self.table.take_updates() + block
         flags = END_STREAM if end_stream else 0
         limit, size, out = self.max_outbound_frame_size, len(block), self._out
         for start in range(0, size or 1, limit):  # HEADERS, then CONTINUATIONs if need be
@@ -814,9 +813,8 @@ class Connection:
         self.max_outbound_frame_size = remote[SettingCodes.MAX_FRAME_SIZE]
         self.peer_max_streams = remote.get(SettingCodes.MAX_CONCURRENT_STREAMS, MAX_WINDOW)
         table = changes.get(SettingCodes.HEADER_TABLE_SIZE)
-        if table is not None and table.new_value < self._table_size:
-            self._table_size = table.new_value
-            self._table_update = hpack_int(table.new_value, 5, 0x20)
+        if table is not None and table.new_value < self.table.size:
+            self.table.resize(table.new_value)
         self._out.append(frame_head(SETTINGS, ACK, 0, 0))
         events.append(RemoteSettingsChanged(changed_settings=changes))
 

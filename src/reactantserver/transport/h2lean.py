@@ -12,8 +12,10 @@ What the server role leaves out: opening streams (no push), priority trees (repo
 kept), SETTINGS_MAX_CONCURRENT_STREAMS as a connection error (the guard refuses one stream
 too many with REFUSED_STREAM, RFC 9113 §5.1.2), header validation (ours is
 :func:`.framing.request_head`), and the WINDOW_UPDATE h2 sends on a half-closed (remote)
-stream (the peer may send nothing more on it). Our header blocks never touch HPACK's
-dynamic table; the constant ones are encoded once (:data:`CONSTANT_BLOCKS`).
+stream (the peer may send nothing more on it). The constant header lists of every
+answer go through HPACK's dynamic table (:data:`CONSTANT_BLOCKS`,
+:class:`.hpack_blocks.TableEncoder`: three bytes an answer once the first has indexed
+them); every other block is literals that never touch it.
 """
 
 from __future__ import annotations
@@ -22,32 +24,31 @@ from collections.abc import Iterable, Sequence
 
 from . import h2events
 from .h2core import Connection
-from .h2wire import DATA, END_HEADERS, END_STREAM, HEADERS, frame_head
+from .h2wire import DATA, DEFAULT_FRAME, END_HEADERS, END_STREAM, HEADERS, frame_head
 from .hpack_blocks import encode_headers
 
 
-class _BlockCache:
-    """Encoded blocks of the constant header lists (keyed by the list object itself).
-
-    ``unary.ANSWER_HEADERS`` and ``OK_TRAILERS`` are module constants sent on every
-    call; their blocks are table-independent, so each is encoded once. A list is keyed by
-    identity and kept alive here, so an id is never reused by another list; only lists
-    passed to :meth:`remember` are cached.
-    """
+class _ConstantLists:
+    """The header lists sent on every call, registered by their owners (:mod:`.unary`):
+    ``ANSWER_HEADERS`` and ``OK_TRAILERS``. Each connection sends them through the peer's
+    dynamic table (:class:`.hpack_blocks.TableEncoder`): after the first answer, an
+    answer's headers and trailers are three bytes. A list is known by identity and kept
+    alive here, so an id is never reused by another list."""
 
     def __init__(self) -> None:
-        self._blocks: dict[int, tuple[object, bytes]] = {}
+        self._lists: dict[int, object] = {}
 
     def remember(self, headers: Sequence[tuple[str, str]]) -> None:
-        self._blocks[id(headers)] = (headers, encode_headers(headers))
+        # Its block, whatever the table holds, is at most its literals: one frame.
+        assert len(encode_headers(headers)) <= DEFAULT_FRAME, "a constant list fits a frame"
+        self._lists[id(headers)] = headers
 
-    def get(self, headers: object) -> bytes | None:
-        hit = self._blocks.get(id(headers))
-        return hit[1] if hit is not None and hit[0] is headers else None
+    def __contains__(self, headers: object) -> bool:
+        return self._lists.get(id(headers)) is headers
 
 
-#: Header lists sent on every call, registered by their owners (:mod:`.server`).
-CONSTANT_BLOCKS = _BlockCache()
+#: Header lists sent on every call, registered by their owners (:mod:`.unary`).
+CONSTANT_BLOCKS = _ConstantLists()
 
 
 class ServerConnection(Connection):
@@ -64,9 +65,14 @@ class ServerConnection(Connection):
         stream = self._sendable(stream_id)
         if stream.headers_sent and not end_stream:
             raise h2events.ProtocolError("Trailers must have END_STREAM set")
-        block = CONSTANT_BLOCKS.get(headers)
+        # Encoded as it is queued: the order of the blocks on the wire is the order the
+        # peer's decoder reads them (a size update owed opens the block: _queue_block).
         self._queue_block(
-            stream_id, encode_headers(headers) if block is None else block, end_stream
+            stream_id,
+            self.table.encode(headers)  # type: ignore[arg-type]  # a registered list
+            if headers in CONSTANT_BLOCKS
+            else encode_headers(headers),
+            end_stream,
         )
         stream.headers_sent = True
         if end_stream:
@@ -90,21 +96,21 @@ class ServerConnection(Connection):
         the caller takes the three-call path, which raises what h2 would.
         """
         stream = self._sendable(stream_id)
-        head = CONSTANT_BLOCKS.get(headers)
-        tail = CONSTANT_BLOCKS.get(trailers)
-        limit = self.max_outbound_frame_size
+        table = self.table
         if (
-            head is None
-            or tail is None
-            or self._table_update
+            table.owed
+            or headers not in CONSTANT_BLOCKS
+            or trailers not in CONSTANT_BLOCKS
             or stream.headers_sent
-            or size > limit
-            or len(head) > limit
-            or len(tail) > limit
+            or size > self.max_outbound_frame_size
             or size > stream.send_window
             or size > self.outbound_flow_control_window
         ):
             return False
+        # Encoded only now that nothing can refuse the answer (an entry the encoder adds
+        # must reach the peer); a constant list's block is far below any frame size.
+        head = table.encode(headers)
+        tail = table.encode(trailers)
         stream.send_window -= size
         self.outbound_flow_control_window -= size
         out = self._out

@@ -1,11 +1,25 @@
-"""HPACK as our HTTP/2 connection (:mod:`.h2core`, both roles) uses it: blocks that never
-touch the dynamic table, and a decoder that remembers the blocks that cannot change it.
+"""HPACK as our HTTP/2 connection (:mod:`.h2core`, both roles) uses it: blocks of literals,
+the server's constant blocks through the dynamic table, and a decoder that remembers the
+blocks that cannot change the table.
 
 * **Encoding** (:func:`encode_headers`, :func:`literal`): every header is a "literal
   without indexing" (RFC 7541 §6.2.2) -- its name by static-table index where the static
   table has it, its value as a raw string. Nothing is searched, nothing is Huffman-coded,
   the peer's decoder table never changes, and a block does not depend on what was sent
-  before, so a constant header list is encoded once.
+  before. Requests (the client role) and the server's varying blocks (error trailers)
+  are written so.
+* **Constant blocks** (:class:`TableEncoder`, the server role): the header lists sent on
+  every call (``:status 200`` and the content type, ``grpc-status 0``) go through the
+  peer's dynamic table. The first block that holds a field sends it as a literal *with*
+  incremental indexing (§6.2.1); every later one names it by its index, one byte
+  (§6.1), so an answer's headers and trailers cost 3 bytes instead of 38. The encoder
+  keeps its own model of the peer's table: an entry is added only where it fits the
+  table's size as the peer last allowed it, so nothing is ever evicted and an entry's
+  index is 62 plus the number of entries added after it; when the peer lowers its
+  SETTINGS_HEADER_TABLE_SIZE below what the entries take, the next block opens with two
+  size updates (to 0, which empties the table, then to the new size) and the model
+  starts over. Blocks are encoded as they are queued, in the order they go on the wire,
+  which is the order the peer decodes them; each connection has its own encoder.
 * **Decoding** (:class:`BlockDecoder`): ``hpack.Decoder``, plus caches of the blocks and
   fields whose decoding cannot change the dynamic table (:func:`field_ends`: indexed
   fields, literals without indexing or never indexed). Such a block decodes to the same
@@ -19,7 +33,7 @@ touch the dynamic table, and a decoder that remembers the blocks that cannot cha
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Generic, TypeVar
 
 from hpack import Decoder
@@ -65,6 +79,107 @@ def literal(name: str | bytes, value: str | bytes) -> bytes:
 def encode_headers(headers: Iterable[tuple[str | bytes, str | bytes]]) -> bytes:
     """A header block that never touches the dynamic table (table-independent)."""
     return b"".join([literal(name, value) for name, value in headers])
+
+
+#: The static table's full (name, value) pairs and their indices (``:status 200`` is 8).
+STATIC_FIELDS = {field: i for i, field in reversed(list(enumerate(STATIC_TABLE, start=1)))}
+#: RFC 7541 §4.1: an entry's size is its name's and value's octets plus 32.
+ENTRY_OVERHEAD = 32
+#: Index of the newest dynamic-table entry (RFC 7541 §2.3.3: after the 61 static ones).
+FIRST_DYNAMIC = len(STATIC_TABLE) + 1
+
+
+def _raw(text: str | bytes) -> bytes:
+    return text.encode("utf-8") if isinstance(text, str) else text
+
+
+class TableEncoder:
+    """One connection's encoder of constant header lists through the peer's dynamic
+    table (module docstring, "Constant blocks"), and the table size updates it owes.
+
+    ``size`` is the table size the peer allows (SETTINGS_HEADER_TABLE_SIZE; HPACK's 4096
+    until it says otherwise). :meth:`encode` gives a list's block as it must go on the
+    wire now; :meth:`resize` is told of a lower size, and :meth:`take_updates` gives the
+    size updates that must open the next block (both roles: the client role encodes no
+    block here, only the updates it owes).
+    """
+
+    __slots__ = ("_added", "_blocks", "_cleared", "_fields", "_used", "owed", "size")
+
+    def __init__(self, size: int = 4096) -> None:
+        #: The table size the peer allows now.
+        self.size = size
+        #: (name, value) -> its number among the entries added (0 the oldest).
+        self._fields: dict[tuple[bytes, bytes], int] = {}
+        self._added = 0
+        self._used = 0
+        #: The blocks of lists whose every field is in a table as it stands (by list id,
+        #: with the list itself so that an id is never reused while remembered).
+        self._blocks: dict[int, tuple[object, bytes]] = {}
+        #: A size update is owed at the start of the next block (and, first, one to 0).
+        self.owed = False
+        self._cleared = False
+
+    def encode(self, headers: Sequence[tuple[str | bytes, str | bytes]]) -> bytes:
+        """``headers``' block: indexed fields where the peer's table (or the static one)
+        holds them, else literals -- with incremental indexing where the entry fits. It
+        must be the next block on the wire after :meth:`take_updates`' bytes."""
+        hit = self._blocks.get(id(headers))
+        if hit is not None and hit[0] is headers:
+            return hit[1]
+        out = []
+        added = False
+        for name, value in headers:
+            field = (_raw(name), _raw(value))
+            static = STATIC_FIELDS.get(field)
+            if static is not None:
+                out.append(hpack_int(static, 7, 0x80))
+                continue
+            number = self._fields.get(field)
+            if number is not None:
+                out.append(hpack_int(FIRST_DYNAMIC + self._added - 1 - number, 7, 0x80))
+                continue
+            size = len(field[0]) + len(field[1]) + ENTRY_OVERHEAD
+            if self._used + size > self.size:
+                out.append(literal(*field))
+                continue
+            index = STATIC_NAMES.get(field[0])
+            head = (
+                hpack_int(index, 6, 0x40)
+                if index is not None
+                else b"\x40" + hpack_int(len(field[0]), 7, 0) + field[0]
+            )
+            out.append(head + hpack_int(len(field[1]), 7, 0) + field[1])
+            self._fields[field] = self._added
+            self._added += 1
+            self._used += size
+            added = True
+        block = b"".join(out)
+        if added:
+            self._blocks.clear()  # every index moved by the entries added
+        else:
+            self._blocks[id(headers)] = (headers, block)
+        return block
+
+    def resize(self, size: int) -> None:
+        """The peer lowered its table size to ``size`` (a lower one than :attr:`size`):
+        an update is owed; where the entries no longer fit, the table is emptied first
+        (the model starts over, and the peer's table with it)."""
+        self.size = size
+        self.owed = True
+        if self._used > size:
+            self._cleared = True
+            self._fields.clear()
+            self._blocks.clear()
+            self._added = self._used = 0
+
+    def take_updates(self) -> bytes:
+        """The size updates owed (RFC 7541 §4.2, §6.3), once: they open the next block."""
+        if not self.owed:
+            return b""
+        updates = hpack_int(0, 5, 0x20) if self._cleared else b""
+        self.owed = self._cleared = False
+        return updates + hpack_int(self.size, 5, 0x20)
 
 
 def _read_int(block: bytes, i: int, prefix_bits: int) -> tuple[int, int]:
