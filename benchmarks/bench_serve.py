@@ -248,11 +248,13 @@ def start_ours(
     runtime_extra: str = "",
     discipline: str = "fair",
     metrics_port: int = 0,
+    pin: Callable[[], None] | None = None,
 ) -> Server:
     """``reactantserver serve`` on a fresh node file; returns once the process runs.
 
     ``scheduler_extra`` / ``runtime_extra``: more YAML lines (indented four spaces) under
-    ``global.scheduler`` / ``global.runtime``; ``metrics_port``: its admin port (0 = off).
+    ``global.scheduler`` / ``global.runtime``; ``metrics_port``: its admin port (0 = off);
+    ``pin``: run in the child before it starts (``os.sched_setaffinity``: its cores).
     """
     port = free_port()
     node = workdir / f"node_{port}.yaml"
@@ -283,6 +285,7 @@ def start_ours(
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
+            preexec_fn=pin,
         )
     return Server("reactantserver", proc, port, log, metrics_port)
 

@@ -354,3 +354,34 @@ def test_any_interleaving_answers_each_request_once_in_order_one_execution_at_a_
         assert sorted(device.released) == sorted(device.prepared + device.prepared_now)
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_in_a_guest_run_the_host_loop_runs_the_pass_and_the_loop_sleeps_on() -> None:
+    """The real host loop (``transport.guest``): ``call_soon`` is True inside a guest run
+    and the pass answers a lone tiny request while the dispatch loop's task takes no
+    step; outside a guest run ``call_soon`` says False and schedules nothing."""
+    from reactantserver.transport import guest
+
+    assert guest.call_soon(lambda: None) is False
+    steps = Steps()
+
+    async def main() -> tuple[int, int, Any]:
+        device = Device()
+        scheduler = Scheduler(
+            SchedulerConfig(inline_max_seconds=0.001), device, soon=guest.call_soon
+        )
+        scheduler.add_model("tiny", [1])
+        scheduler.seed_cost("tiny", 1, 1e-5)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(scheduler.run)
+            before = await asleep(steps)
+            answered = trio.Event()
+            got: dict[Any, Any] = {}
+            scheduler.enqueue("tiny", "x", answer=answers_into(got, "x", answered))
+            await answered.wait()
+            after = steps.steps
+            scheduler.close()
+        return before, after, got["x"]
+
+    before, after, value = guest.run(main, instruments=[steps])
+    assert value == ("out", "x") and after == before

@@ -23,17 +23,36 @@ servers' difference.
 Table 2, ours only: a compute-heavy model at 64 in flight with coalescing on against
 ``scheduler.models.<name>.max_batch_size: 1`` (two servers, alternating likewise).
 
+``--peer triton`` and ``--peer pytriton`` (or both, ``--peer triton,pytriton``) replace
+both tables with the comparison against Triton Inference Server 2.51 and PyTriton, from
+PyPI's ``nvidia-pytriton`` in an interpreter of its own (``--peer-python``;
+``peer/triton.py`` says how each is set up): the same ``double`` model (ours: the zoo's
+bundle compiled at batch sizes 1-64, ``peer/bundles.py:double_b64``; Triton: a Python
+backend model with dynamic batching, ``max_batch_size`` 64; PyTriton: ``@batch``), the
+same ModelInfer bytes, at 1, 16 and 64 in flight on one connection, with two loads
+(``--loads``): nghttp2's ``h2load`` (``-c 1 -m N``, posting the same framed request; every
+answer checked: HTTP 200, and the DATA bytes of an OK answer each -- h2load counts a gRPC
+error, which has no DATA, as a success) and ``tritonclient.grpc.aio`` (N coroutines, one
+channel; the answer checked first). Cores are pinned: the servers on the last core (each
+alone on it while measured), the load generator and this process on the others. The
+servers alternate run by run; each figure is the median of ``--runs`` and the ratios'
+spread is the range over the pairs of runs. h2load's header bytes per answer show what
+HPACK saves each server.
+
     nox -s bench_peer                       # builds its own virtualenv, then runs this
     nox -s bench_peer -- --runs 5 --seconds 5
+    nox -s bench_peer -- --peer triton,pytriton   # makes the nvidia-pytriton interpreter
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib.metadata
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -44,12 +63,15 @@ from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
+import attrs
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # bench_serve, one directory up
 
+import bench_gateway as bg  # noqa: E402
 import bench_serve as bs  # noqa: E402
+import triton as tp  # noqa: E402  # peer/triton.py
 
 PEER_TEMPLATE = HERE / "mlserver"
 #: MLServer's model name (one model takes every shape, the 38 MB tensor included).
@@ -162,7 +184,7 @@ def peer_table(
     return lines
 
 
-def machine() -> str:
+def machine(*, peer_versions: bool = True) -> str:
     model = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -172,9 +194,10 @@ def machine() -> str:
     except OSError:
         pass
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    packages = ("mlserver", "uvloop") if peer_versions else ()
     versions = ", ".join(
         f"{p} {importlib.metadata.version(p)}"
-        for p in ("mlserver", "uvloop", "grpclib", "trio", "tritonclient", "grpcio", "jax")
+        for p in (*packages, "grpclib", "trio", "tritonclient", "grpcio", "jax")
     )
     return (
         f"{os.cpu_count()} CPUs ({model}), Linux {platform.release()}, Python "
@@ -281,7 +304,239 @@ async def _batching_table(args: argparse.Namespace, repo: Path, workdir: Path) -
     return lines
 
 
+# ------------------------------------------------------------------------------ Triton
+
+#: (load, in flight) rows of the Triton comparison, in the order measured.
+TRITON_CONCURRENCY = (1, 16, 64)
+PEER_NAMES = {"triton": "Triton", "pytriton": "PyTriton"}
+
+
+@attrs.frozen
+class Window:
+    """One measured window against one server: the load's figures, and for h2load the
+    header bytes per answer it counted (None for tritonclient)."""
+
+    result: bs.LoadResult
+    header_bytes: float | None = None
+    savings: str = ""
+
+
+def core_layout(cores: Sequence[int]) -> tuple[frozenset[int], frozenset[int]]:
+    """(the servers' cores, the load's): the last core for the servers, the rest for the
+    load generator and this process (one core: both share it)."""
+    ordered = sorted(cores)
+    servers = frozenset(ordered[-1:])
+    return servers, frozenset(ordered[:-1]) or servers
+
+
+def pinned_to(cores: frozenset[int]) -> Callable[[], None]:
+    return lambda: os.sched_setaffinity(0, cores)
+
+
+def start_triton(peer: tp.PeerPython, workdir: Path, pin: Callable[[], None]) -> bs.Server:
+    repo, backends = tp.write_repository(workdir, peer)
+    port = bs.free_port()
+    log = workdir / "triton.log"
+    argv = tp.triton_command(peer, repo, backends, port)
+    proc = tp.start(argv, peer.env(), log, workdir, pin)
+    return bs.Server(f"Triton (nvidia-pytriton {peer.pytriton_version})", proc, port, log)
+
+
+def start_pytriton(peer: tp.PeerPython, workdir: Path, pin: Callable[[], None]) -> bs.Server:
+    script = workdir / "pytriton_double.py"
+    script.write_text(tp.PYTRITON_SCRIPT)
+    port = bs.free_port()
+    log = workdir / "pytriton.log"
+    argv = [peer.python, str(script), str(port), str(bs.free_port()), str(bs.free_port())]
+    proc = tp.start(argv, peer.env(), log, workdir, pin)
+    return bs.Server(f"PyTriton {peer.pytriton_version}", proc, port, log)
+
+
+def export_double_b64(repo: Path) -> None:
+    """The zoo's ``double`` at batch sizes 1-64 as ``repo/double`` (kept if there)."""
+    if (repo / tp.MODEL / "manifest.yaml").is_file():
+        return
+    spec = f"{HERE / 'bundles.py'}:double_b64"
+    subprocess.run(
+        [sys.executable, "-m", "reactantserver.cli", "export", spec,
+         "--out", str(repo / tp.MODEL), "--platforms", "cpu"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )  # fmt: skip
+
+
+def h2load_tool() -> str:
+    exe = shutil.which("h2load")
+    if exe is None:
+        raise SystemExit(
+            "--loads h2load: h2load not found on PATH (nox -s bench_peer unpacks Debian's "
+            "nghttp2-client for itself; or apt-get install nghttp2-client); or --loads "
+            "tritonclient"
+        )
+    return exe
+
+
+async def h2load_window(
+    exe: str, body: Path, reply_bytes: int, server: bs.Server, n: int, args: argparse.Namespace
+) -> Window:
+    """One h2load window (``-c 1 -m n``) against ``server``: the requests that ended inside
+    it, every answer checked (:func:`bench_gateway.check_h2load_summary`)."""
+    shape = bg.Shape(1, n)
+    log = body.with_name(f"h2load_{server.port}_{n}.tsv")
+    log.unlink(missing_ok=True)  # h2load appends to a log that is there
+    load = bg.H2Load(exe, body, reply_bytes)
+    argv = load.command(server.url, shape, args.warmup + args.seconds + bg.H2LOAD_TAIL, log)
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    try:
+        await asyncio.sleep(args.warmup)
+        opened, at_open = time.time(), server.cpu()
+        await asyncio.sleep(args.seconds)
+        closed, at_close = time.time(), server.cpu()
+        if proc.returncode is not None:
+            raise RuntimeError(f"h2load ended before its window did ({server.name})")
+        out = (await proc.communicate())[0].decode(errors="replace")
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    if proc.returncode != 0:
+        raise RuntimeError(f"h2load failed ({proc.returncode}): {' '.join(argv)}\n{out[-2000:]}")
+    bg.check_h2load_summary(out, reply_bytes)
+    latencies = bg.h2load_latencies(log.read_text(), opened, closed)
+    done = re.search(r"(\d+) done", out)
+    headers = re.search(r"\((\d+)\) headers \(space savings ([\d.]+%)\)", out)
+    header_bytes = savings = None
+    if done is not None and headers is not None and int(done[1]):
+        header_bytes, savings = int(headers[1]) / int(done[1]), headers[2]
+    result = bs.LoadResult(n, len(latencies), closed - opened, tuple(latencies), at_close - at_open)
+    return Window(result, header_bytes, savings or "")
+
+
+def ratio_cell(ours: Sequence[float], peer: Sequence[float]) -> str:
+    """The median ratio ours/peer and its range over the pairs of runs."""
+    pairs = [o / p for o, p in zip(ours, peer, strict=True) if p]
+    if not pairs:
+        return "-"
+    return f"{med(pairs):.2f} ({min(pairs):.2f}-{max(pairs):.2f})"
+
+
+def triton_table(
+    rows: Sequence[tuple[str, int, Sequence[Sequence[Window]]]], names: Sequence[str]
+) -> list[str]:
+    """One line per (load, in flight): medians per server, then ours/peer ratios with
+    their range over the pairs of runs."""
+    peers = names[1:]
+    width = 9 * len(names)
+    head = (
+        f"{'load':<13}{'in flight':>9}  {'req/s':^{width}} {'p50 ms':^{width}} "
+        f"{'p99 ms':^{width}} {'server CPU us/req':^{width}}"
+    )
+    sub = f"{'':<22}  " + " ".join("".join(f"{n[:8]:>9}" for n in names) for _ in range(4))
+    lines = ["medians of the runs; " + ", ".join(names), head, sub]
+    ratio_lines = [
+        "ours / peer: the median of the pairs' ratios (their range); above 1 is better for "
+        "req/s, below 1 for p50 and CPU"
+    ]
+    for load, n, windows in rows:
+        results = [[w.result for w in runs] for runs in windows]
+        rps = [[r.rps for r in rs] for rs in results]
+        p50 = [[r.p50 * 1e3 for r in rs] for rs in results]
+        p99 = [[r.p99 * 1e3 for r in rs] for rs in results]
+        cpu = [[r.cpu_per_request * 1e6 for r in rs] for rs in results]
+        cells = []
+        for figures, fmt in ((rps, ".0f"), (p50, ".2f"), (p99, ".2f"), (cpu, ".0f")):
+            cells.append("".join(f"{med(f):>9{fmt}}" for f in figures))
+        lines.append(f"{load:<13}{n:>9}  " + " ".join(cells))
+        for i, peer in enumerate(peers, start=1):
+            ratio_lines.append(
+                f"{load:<13}{n:>9}  vs {peer:<9} req/s {ratio_cell(rps[0], rps[i]):<18} "
+                f"p50 {ratio_cell(p50[0], p50[i]):<18} CPU {ratio_cell(cpu[0], cpu[i])}"
+            )
+    return [*lines, "", *ratio_lines]
+
+
+async def _triton_run(args: argparse.Namespace, workdir: Path) -> None:
+    started = time.perf_counter()
+    peers = [p for p in args.peer if p != "mlserver"]
+    peer = tp.PeerPython.probe(args.peer_python)
+    server_cores, load_cores = core_layout(sorted(os.sched_getaffinity(0)))
+    os.sched_setaffinity(0, load_cores)  # this process, and h2load (its child), off them
+    pin = pinned_to(server_cores)
+    repo = workdir / "repo_b64"
+    print("building the benchmark repository ...", file=sys.stderr, flush=True)
+    export_double_b64(repo)
+    loads_before = os.getloadavg()
+    servers = [bs.start_ours(repo, workdir, cache_dir=workdir / "cache", pin=pin)]
+    for name in peers:
+        start = start_triton if name == "triton" else start_pytriton
+        servers.append(start(peer, workdir, pin))
+    rows: list[tuple[str, int, Sequence[Sequence[Window]]]] = []
+    savings: dict[str, tuple[list[float], list[str]]] = {s.name: ([], []) for s in servers}
+    try:
+        for server in servers:
+            await bs.wait_ready(server, [tp.MODEL], timeout=300)
+        if "h2load" in args.loads:
+            exe = h2load_tool()
+            body = workdir / "request.bin"
+            body.write_bytes(bg.framed_request())
+            replies = {s.name: await bg.check_request(s.url, body.read_bytes()) for s in servers}
+        for load in args.loads:
+            for n in TRITON_CONCURRENCY:
+
+                async def measure(server: bs.Server, n: int = n, load: str = load) -> Window:
+                    if load == "h2load":
+                        window = await h2load_window(
+                            exe, body, replies[server.name], server, n, args
+                        )
+                        if window.header_bytes is not None:
+                            savings[server.name][0].append(window.header_bytes)
+                            savings[server.name][1].append(window.savings)
+                        return window
+                    result = await bs.closed_loop(
+                        server.url, tp.MODEL, n, seconds=args.seconds, warmup=args.warmup,
+                        cpu=server.cpu,
+                    )  # fmt: skip
+                    return Window(result)
+
+                rows.append((load, n, await alternate(args.runs, servers, measure)))
+                print(f"  measured {load}, {n} in flight", file=sys.stderr, flush=True)
+    finally:
+        for server in servers:
+            server.stop()
+    names = ["ours", *(PEER_NAMES[p] for p in peers)]
+    print(machine(peer_versions=False))
+    print(f"peers: {', '.join(s.name for s in servers[1:])} (from {peer.python})")
+    print(
+        f"servers pinned to cores {sorted(server_cores)}, the load generator and this "
+        f"process to {sorted(load_cores)}; load average "
+        + ", ".join(f"{x:.2f}" for x in loads_before)
+        + " before, "
+        + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+        + " after"
+    )
+    print(
+        f"median of {args.runs} runs, servers alternating; {args.seconds:g} s windows after "
+        f"{args.warmup:g} s warm-up; one HTTP/2 connection"
+    )
+    print()
+    print("\n".join(triton_table(rows, names)))
+    if any(b for b, _ in savings.values()):
+        print()
+        print("h2load's header bytes per answer (header space savings), median of its windows:")
+        for server in servers:
+            counts, ratios = savings[server.name]
+            if counts:
+                print(f"  {server.name:<40} {med(counts):6.1f} bytes ({ratios[-1]})")
+    print(f"\n({time.perf_counter() - started:.0f} s)")
+
+
 async def _run(args: argparse.Namespace, workdir: Path) -> None:
+    if any(p != "mlserver" for p in args.peer):
+        await _triton_run(args, workdir)
+        return
     started = time.perf_counter()
     repo = workdir / "repo"
     print("building the benchmark repository ...", file=sys.stderr, flush=True)
@@ -307,6 +562,27 @@ async def _run(args: argparse.Namespace, workdir: Path) -> None:
     print(f"\n({time.perf_counter() - started:.0f} s)")
 
 
+def _choices(text: str, known: Sequence[str], what: str) -> list[str]:
+    picked = [part.strip() for part in text.split(",") if part.strip()]
+    bad = [p for p in picked if p not in known]
+    if bad or not picked:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: {what} are {', '.join(known)} (comma-separated)"
+        )
+    return list(dict.fromkeys(picked))
+
+
+def peer_list(text: str) -> list[str]:
+    peers = _choices(text, ("mlserver", "triton", "pytriton"), "the peers")
+    if "mlserver" in peers and len(peers) > 1:
+        raise argparse.ArgumentTypeError("mlserver has tables of its own: ask for it alone")
+    return peers
+
+
+def load_list(text: str) -> list[str]:
+    return _choices(text, ("h2load", "tritonclient"), "the loads")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="runs per row (median reported)")
@@ -315,6 +591,25 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--big-repeats", type=int, default=2, help="38 MB inline calls per run")
     parser.add_argument("--skip-batching", action="store_true", help="only the peer table")
     parser.add_argument("--workdir", help="keep the repositories, caches and logs here")
+    parser.add_argument(
+        "--peer",
+        type=peer_list,
+        default=["mlserver"],
+        help="mlserver (the default: tables 1 and 2), or triton and/or pytriton "
+        "(comma-separated: the Triton comparison)",
+    )
+    parser.add_argument(
+        "--peer-python",
+        default=os.environ.get("PYTRITON_PYTHON", sys.executable),
+        help="the interpreter with nvidia-pytriton installed (default: $PYTRITON_PYTHON, "
+        "else this one)",
+    )
+    parser.add_argument(
+        "--loads",
+        type=load_list,
+        default=["h2load", "tritonclient"],
+        help="the Triton comparison's loads, comma-separated: h2load, tritonclient",
+    )
     args = parser.parse_args(argv)
     bs.run_in_workdir(args.workdir, "rs_bench_peer_", partial(_run, args))
 

@@ -10,6 +10,11 @@ one compiled size exactly, with no padding.
 
 ``mlp_wide`` is the zoo's MLP at width 4096, for the batching table of ``bench_peer``.
 
+``double_b64`` is the zoo's ``double`` compiled at every power of two up to 64, the
+batch sizes of the Triton comparison (``--peer triton``: Triton's model has
+``max_batch_size: 64``); ``bench_peer`` exports it into a repository of its own under
+the name ``double``, so that every server gets the same ModelInfer bytes.
+
     reactantserver export benchmarks/peer/bundles.py:double_38mb --out REPO/double_38mb \\
         --platforms cpu
 """
@@ -33,6 +38,8 @@ from reactantserver.export import ExportSpec  # noqa: E402
 BIG_ROWS = 593_750
 MLP_WIDE_WIDTH = 4096
 MLP_WIDE_BATCH_SIZES = (1, 8, 32, 64)
+#: ``double_b64``'s batch sizes: Triton's ``max_batch_size: 64`` in compiled programs.
+B64_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
 def double_38mb() -> ExportSpec:
@@ -51,3 +58,11 @@ def mlp_wide() -> ExportSpec:
     device. ``bench_peer``'s batching table serves it with coalescing on and off.
     """
     return mlp.export_spec(width=MLP_WIDE_WIDTH, batch_sizes=MLP_WIDE_BATCH_SIZES)
+
+
+def double_b64() -> ExportSpec:
+    """``double`` at batch sizes 1 to 64 (the Triton comparison's model)."""
+    return attrs.evolve(
+        double.export_spec(batch_sizes=B64_BATCH_SIZES),
+        description="y = 2 * x, batch sizes 1-64 (bench_peer --peer triton)",
+    )

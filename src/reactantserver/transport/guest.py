@@ -46,11 +46,14 @@ returns or raises; :func:`run` returns only after the Trio run has finished.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 import outcome
 import trio
+
+from .h2conn import held_writes
 
 T = TypeVar("T")
 
@@ -84,6 +87,8 @@ async def _host(
 ) -> T:
     loop = asyncio.get_running_loop()
     finished: asyncio.Future[outcome.Outcome[T]] = loop.create_future()
+    outer = getattr(_HOST, "loop", None)
+    _HOST.loop = loop
 
     def done(result: outcome.Outcome[T]) -> None:
         if not finished.done():
@@ -101,26 +106,43 @@ async def _host(
         clock=clock,
         instruments=instruments,
     )
-    # Shielded: an asyncio-side cancellation (Ctrl-C through asyncio.run's handler) must
-    # not leave the Trio run behind; Trio's own signal handling decides how to stop.
-    result = await asyncio.shield(finished)
+    try:
+        # Shielded: an asyncio-side cancellation (Ctrl-C through asyncio.run's handler)
+        # must not leave the Trio run behind; Trio's own signal handling decides how to stop.
+        result = await asyncio.shield(finished)
+    finally:
+        _HOST.loop = outer
     return result.unwrap()
+
+
+#: The host loop of the guest run on this thread (:func:`call_soon`; tests run servers
+#: in threads of their own, each with its own loop).
+_HOST = threading.local()
 
 
 def call_soon(fn: Callable[[], object]) -> bool:
     """Run ``fn()`` on the host loop's next pass, after the callback running now, and say
-    True; False, with nothing scheduled, outside a host loop (a plain ``trio.run``).
+    True; False, with nothing scheduled, outside a guest run (a plain ``trio.run``).
 
-    No crossing: the host loop runs it as any ready callback, Trio asleep or not. The
-    dispatch loop runs its tiny batches this way (``scheduling/dispatch.py``, "A lone
-    request...").
+    No crossing: the host loop runs it as any ready callback, Trio asleep or not, and the
+    connection writes it makes leave as it returns, in one ``send`` per connection, as a
+    read's do (:class:`.h2conn.HeldWrites`). The dispatch loop runs its tiny batches this
+    way (``scheduling/dispatch.py``, "A lone request...").
     """
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
+    loop: asyncio.AbstractEventLoop | None = getattr(_HOST, "loop", None)
+    if loop is None:
         return False
-    loop.call_soon(fn)
+    loop.call_soon(_holding_writes, fn)
     return True
+
+
+def _holding_writes(fn: Callable[[], object]) -> None:
+    held = held_writes()
+    held.enter()
+    try:
+        fn()
+    finally:
+        held.leave()
 
 
 async def aio(awaitable: Awaitable[T]) -> T:
