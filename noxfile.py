@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import nox
+import nox.command
 
 nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_existing_virtualenvs = True
@@ -359,29 +360,101 @@ def proto(session: nox.Session) -> None:
     session.run("python", "proto/generate.py")
 
 
+#: Debian's packages of nghttp2's ``h2load`` and the libraries it needs beyond a bare
+#: Debian/Ubuntu (``_h2load``).
+H2LOAD_DEBS = ("nghttp2-client", "libnghttp2-14", "libev4", "libjemalloc2")
+#: The Triton comparison's peer: the real ``tritonserver`` 2.51 and PyTriton, from PyPI.
+#: It pins numpy below 2, so it gets an interpreter of its own (``_pytriton``).
+PYTRITON = "nvidia-pytriton==0.7.0"
+
+
+def _h2load(session: nox.Session) -> None:
+    """Put nghttp2's ``h2load`` on the session's PATH: the one on PATH if any, else
+    Debian's ``nghttp2-client`` and the libraries it needs, fetched with ``apt-get
+    download`` and unpacked into the session's temporary directory (no root needed),
+    behind a wrapper that points ``LD_LIBRARY_PATH`` at them. Where that fails (no apt),
+    the benchmarks that need h2load say so and skip it."""
+    if shutil.which("h2load", path=session.env.get("PATH")):
+        return
+    tmp = Path(session.create_tmp())
+    root = tmp / "nghttp2"
+    exe = root / "usr" / "bin" / "h2load"
+    if not exe.exists():
+        debs = tmp / "debs"
+        debs.mkdir(exist_ok=True)
+        try:
+            with session.chdir(debs):
+                session.run("apt-get", "download", *H2LOAD_DEBS, external=True, silent=True)
+            for deb in sorted(debs.glob("*.deb")):
+                session.run("dpkg", "-x", str(deb), str(root), external=True, silent=True)
+        except nox.command.CommandFailed:
+            session.warn("h2load: apt-get download nghttp2-client failed; h2load rows skipped")
+            return
+    libs = os.pathsep.join(str(d) for d in sorted((root / "usr" / "lib").glob("*-linux-gnu")))
+    wrapper = tmp / "bin" / "h2load"
+    wrapper.parent.mkdir(exist_ok=True)
+    wrapper.write_text(
+        f'#!/bin/sh\nLD_LIBRARY_PATH="{libs}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}" '
+        f'exec "{exe}" "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    session.env["PATH"] = os.pathsep.join([str(wrapper.parent), os.environ.get("PATH", "")])
+
+
+def _pytriton(session: nox.Session) -> None:
+    """A virtualenv of its own holding :data:`PYTRITON` (in the session's directory),
+    named to the benchmark by ``PYTRITON_PYTHON``."""
+    venv = Path(_location(session) or session.create_tmp()) / "pytriton"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        session.run("python", "-m", "venv", str(venv))
+    if _will_install(session):
+        session.run(str(python), "-m", "pip", "install", "-q", PYTRITON, external=True)
+    session.env["PYTRITON_PYTHON"] = str(python)
+
+
+def wants_triton(args: Sequence[str]) -> bool:
+    """Whether ``bench_peer``'s arguments ask for the Triton comparison (``--peer``)."""
+    for i, arg in enumerate(args):
+        value = args[i + 1] if arg == "--peer" and i + 1 < len(args) else ""
+        if arg.startswith("--peer="):
+            value = arg.partition("=")[2]
+        if "triton" in value:
+            return True
+    return False
+
+
 @session
 def bench(session: nox.Session) -> None:
     """Print every benchmark table (``nox -s bench -- scheduler`` picks by name).
 
-    py-spy samples the server for the CPU breakdowns of ``bench -- serve`` and
-    ``bench -- gateway`` (where the CPU goes).
+    py-spy samples the server for the CPU breakdowns of ``bench -- serve``, ``bench --
+    gateway`` and ``bench -- profile`` (where a request's CPU goes, by stage); h2load
+    (``_h2load``) is the load of ``bench -- profile``.
     """
     session.install("-c", CONSTRAINTS, "-e", ".[jax,test]", "py-spy>=0.3.14")
     session.env["JAX_PLATFORMS"] = "cpu"
+    _h2load(session)
     session.run("python", "benchmarks/run.py", *session.posargs)
 
 
 @session
 def bench_peer(session: nox.Session) -> None:
-    """Compare with MLServer on loopback: ``nox -s bench_peer [-- --runs 3]``.
+    """Compare with MLServer on loopback: ``nox -s bench_peer [-- --runs 3]``; with
+    Triton and PyTriton: ``nox -s bench_peer -- --peer triton,pytriton``.
 
     Its own virtualenv: MLServer 1.7 with uvloop pinned to 0.21.0 (newer uvloop kills
     MLServer's parallel workers at start), installed together with this package so that
     pip resolves one consistent set -- without ``constraints.txt``: MLServer brings its
-    own requirements, and the CI pins are not this comparison's business.
+    own requirements, and the CI pins are not this comparison's business. The Triton
+    comparison adds a second virtualenv for ``nvidia-pytriton`` (``_pytriton``) and
+    nghttp2's h2load (``_h2load``).
     """
     session.install("-e", ".[jax,test]", "mlserver==1.7.*", "uvloop==0.21.0", "py-spy>=0.3.14")
     session.env["JAX_PLATFORMS"] = "cpu"
+    if wants_triton(session.posargs):
+        _pytriton(session)
+        _h2load(session)
     session.run("python", "benchmarks/peer/bench_peer.py", *session.posargs)
 
 

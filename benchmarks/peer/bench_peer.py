@@ -26,7 +26,7 @@ Table 2, ours only: a compute-heavy model at 64 in flight with coalescing on aga
 ``--peer triton`` and ``--peer pytriton`` (or both, ``--peer triton,pytriton``) replace
 both tables with the comparison against Triton Inference Server 2.51 and PyTriton, from
 PyPI's ``nvidia-pytriton`` in an interpreter of its own (``--peer-python``;
-``peer/triton.py`` says how each is set up): the same ``double`` model (ours: the zoo's
+``peer/triton_peer.py`` says how each is set up): the same ``double`` model (ours: the zoo's
 bundle compiled at batch sizes 1-64, ``peer/bundles.py:double_b64``; Triton: a Python
 backend model with dynamic batching, ``max_batch_size`` 64; PyTriton: ``@batch``), the
 same ModelInfer bytes, at 1, 16 and 64 in flight on one connection, with two loads
@@ -68,10 +68,11 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # bench_serve, one directory up
+sys.path.insert(0, str(HERE))  # triton_peer, beside this file
 
 import bench_gateway as bg  # noqa: E402
 import bench_serve as bs  # noqa: E402
-import triton as tp  # noqa: E402  # peer/triton.py
+import triton_peer as tp  # noqa: E402
 
 PEER_TEMPLATE = HERE / "mlserver"
 #: MLServer's model name (one model takes every shape, the 38 MB tensor included).

@@ -57,7 +57,7 @@ instance_group [ {{ kind: KIND_CPU count: 1 }} ]
 """
 
 MODEL_PY = '''\
-"""y = 2 * x, as Triton's Python backend examples write a model (benchmarks/peer/triton.py)."""
+"""y = 2 * x, as Triton's Python backend examples write a model (benchmarks/peer/triton_peer.py)."""
 
 import triton_python_backend_utils as pb_utils
 
