@@ -410,6 +410,9 @@ class Scheduler:
         self._deferred = 0
         #: A batch a pass took and left to the loop: the loop's next (depth 1 only).
         self._handed: Batch | None = None
+        #: The executor's ``prepare_now``, if it has one (asked once: a runtime-checkable
+        #: Protocol's ``isinstance`` costs more than the pass it would be asked in).
+        self._prepare_now = executor.prepare_now if isinstance(executor, PreparesNow) else None
         self._passed = 0
         #: The table: request number -> its answer callback, from enqueue to answer.
         self._answers: dict[int, AnswerFn] = {}
@@ -746,7 +749,7 @@ class Scheduler:
         self._deferred = 0
         policy = self._policy
         executor: Any = self._executor
-        prepare_now = executor.prepare_now if isinstance(executor, PreparesNow) else None
+        prepare_now = self._prepare_now
         while self._idle and not policy.closed and self._health is Health.READY:
             now = trio.current_time()
             self._expire(now)
