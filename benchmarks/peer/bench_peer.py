@@ -322,6 +322,39 @@ class Window:
     savings: str = ""
 
 
+class Slot:
+    """One server of the comparison, started again if it died between two windows (Triton
+    2.51 sometimes ends with signal 11 after an h2load run closes its connection with
+    requests in flight: the windows before are whole, and the crash is reported)."""
+
+    def __init__(self, start: Callable[[], bs.Server]) -> None:
+        self._start = start
+        self.server = start()
+        self.name = self.server.name
+        self.url = self.server.url
+        #: What each death left in the server's log (its last line naming a signal).
+        self.crashes: list[str] = []
+
+    async def ready(self) -> None:
+        await bs.wait_ready(self.server, [tp.MODEL], timeout=300)
+        self.url = self.server.url
+
+    async def alive(self) -> bs.Server:
+        """The server, started afresh (and waited for) if its process has ended."""
+        if self.server.proc.poll() is not None:
+            log = self.server.log.read_text(errors="replace").splitlines()
+            said = [line for line in log if "Signal" in line or "signal" in line]
+            self.crashes.append(
+                f"exit status {self.server.proc.returncode}"
+                + (f", {said[-1].strip()!r}" if said else "")
+                + f" (log: {self.server.log})"
+            )
+            self.server.log.rename(self.server.log.with_suffix(f".{len(self.crashes)}.log"))
+            self.server = self._start()
+            await self.ready()
+        return self.server
+
+
 def core_layout(cores: Sequence[int]) -> tuple[frozenset[int], frozenset[int]]:
     """(the servers' cores, the load's): the last core for the servers, the rest for the
     load generator and this process (one core: both share it)."""
@@ -470,24 +503,25 @@ async def _triton_run(args: argparse.Namespace, workdir: Path) -> None:
     print("building the benchmark repository ...", file=sys.stderr, flush=True)
     export_double_b64(repo)
     loads_before = os.getloadavg()
-    servers = [bs.start_ours(repo, workdir, cache_dir=workdir / "cache", pin=pin)]
+    slots = [Slot(partial(bs.start_ours, repo, workdir, cache_dir=workdir / "cache", pin=pin))]
     for name in peers:
         start = start_triton if name == "triton" else start_pytriton
-        servers.append(start(peer, workdir, pin))
+        slots.append(Slot(partial(start, peer, workdir, pin)))
     rows: list[tuple[str, int, Sequence[Sequence[Window]]]] = []
-    savings: dict[str, tuple[list[float], list[str]]] = {s.name: ([], []) for s in servers}
+    savings: dict[str, tuple[list[float], list[str]]] = {s.name: ([], []) for s in slots}
     try:
-        for server in servers:
-            await bs.wait_ready(server, [tp.MODEL], timeout=300)
+        for slot in slots:
+            await slot.ready()
         if "h2load" in args.loads:
             exe = h2load_tool()
             body = workdir / "request.bin"
             body.write_bytes(bg.framed_request())
-            replies = {s.name: await bg.check_request(s.url, body.read_bytes()) for s in servers}
+            replies = {s.name: await bg.check_request(s.url, body.read_bytes()) for s in slots}
         for load in args.loads:
             for n in TRITON_CONCURRENCY:
 
-                async def measure(server: bs.Server, n: int = n, load: str = load) -> Window:
+                async def measure(slot: Slot, n: int = n, load: str = load) -> Window:
+                    server = await slot.alive()
                     if load == "h2load":
                         window = await h2load_window(
                             exe, body, replies[server.name], server, n, args
@@ -502,14 +536,14 @@ async def _triton_run(args: argparse.Namespace, workdir: Path) -> None:
                     )  # fmt: skip
                     return Window(result)
 
-                rows.append((load, n, await alternate(args.runs, servers, measure)))
+                rows.append((load, n, await alternate(args.runs, slots, measure)))
                 print(f"  measured {load}, {n} in flight", file=sys.stderr, flush=True)
     finally:
-        for server in servers:
-            server.stop()
+        for slot in slots:
+            slot.server.stop()
     names = ["ours", *(PEER_NAMES[p] for p in peers)]
     print(machine(peer_versions=False))
-    print(f"peers: {', '.join(s.name for s in servers[1:])} (from {peer.python})")
+    print(f"peers: {', '.join(s.name for s in slots[1:])} (from {peer.python})")
     print(
         f"servers pinned to cores {sorted(server_cores)}, the load generator and this "
         f"process to {sorted(load_cores)}; load average "
@@ -527,10 +561,13 @@ async def _triton_run(args: argparse.Namespace, workdir: Path) -> None:
     if any(b for b, _ in savings.values()):
         print()
         print("h2load's header bytes per answer (header space savings), median of its windows:")
-        for server in servers:
-            counts, ratios = savings[server.name]
+        for slot in slots:
+            counts, ratios = savings[slot.name]
             if counts:
-                print(f"  {server.name:<40} {med(counts):6.1f} bytes ({ratios[-1]})")
+                print(f"  {slot.name:<40} {med(counts):6.1f} bytes ({ratios[-1]})")
+    for slot in slots:
+        for crash in slot.crashes:
+            print(f"{slot.name} died between windows and was restarted: {crash}")
     print(f"\n({time.perf_counter() - started:.0f} s)")
 
 
