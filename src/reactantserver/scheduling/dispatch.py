@@ -741,6 +741,7 @@ class Scheduler:
         docstring, "A lone request..."); hand the loop the rest."""
         self._pass_armed = False
         if not self._idle:
+            self._deferred = 0
             return  # woken meanwhile (a close, a sooner deadline): the queue is the loop's
         if self._arrivals != self._arrivals_seen and self._deferred < MAX_DEFERRED_PASSES:
             self._deferred += 1  # requests still arriving: let the burst gather
