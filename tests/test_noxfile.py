@@ -11,12 +11,14 @@ runs the session's own code on the test environment, so no test installs anythin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -111,6 +113,12 @@ class RecordingSession:
 
     def run(self, *args: str, **kwargs: object) -> None:
         self.runs.append(args)
+
+    def create_tmp(self) -> str:
+        return tempfile.mkdtemp(prefix="rs_nox_session_")
+
+    def chdir(self, path: object) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
 
 def pins() -> dict[str, str]:
