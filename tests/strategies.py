@@ -1067,3 +1067,34 @@ def energy_schedules(draw: st.DrawFn) -> list[tuple[str, str, float]]:
     )
     middle = draw(st.lists(step, min_size=0, max_size=40))
     return [("sample", "", 0.0), *middle, ("sample", "", 0.0)]
+
+
+# ============================================================================================
+# The host-contention model of the fleet simulator (tests/test_fleet_host.py)
+# ============================================================================================
+
+
+def host_jobs() -> st.SearchStrategy[list[tuple[float, str, float, float]]]:
+    """Jobs for a host: (submitted at, thread, core-seconds of work, width in cores)."""
+    return st.lists(
+        st.tuples(
+            st.floats(min_value=0.0, max_value=0.01),
+            st.sampled_from(["loop", "device", "copy", "gateway"]),
+            st.floats(min_value=0.0, max_value=0.005),
+            st.floats(min_value=0.25, max_value=2.0),
+        ),
+        min_size=1,
+        max_size=20,
+    )
+
+
+# ============================================================================================
+# The planner's search (tests/test_planning_search.py)
+# ============================================================================================
+
+
+def plan_verdicts() -> st.SearchStrategy[tuple[list[bool], int]]:
+    """Verdicts of fleets 1..n (any pattern: monotone or not) and a start in 1..n."""
+    return st.lists(st.booleans(), min_size=1, max_size=40).flatmap(
+        lambda v: st.tuples(st.just(v), st.integers(min_value=1, max_value=len(v)))
+    )

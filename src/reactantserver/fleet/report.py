@@ -111,6 +111,9 @@ class FleetReport:
     repack_log: tuple[RepackEvent, ...] = ()
     #: Every weight load finished in the window, in order.
     load_log: tuple[LoadEvent, ...] = ()
+    #: Host name -> the share of its free cores busy in the window (``hosts=``; empty
+    #: without the host model).
+    host_busy: Mapping[str, float] = attrs.field(factory=dict)
 
     def placement_at(self, t: float) -> Mapping[str, tuple[str, ...]]:
         """The lpt_packing placement in force at virtual time ``t`` (after every repack at

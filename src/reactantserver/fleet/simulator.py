@@ -53,7 +53,7 @@ import math
 import random
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import attrs
 
@@ -62,6 +62,7 @@ from reactantserver.config.schema import Discipline
 from reactantserver.errors import ResourceExhausted
 from reactantserver.gateway.control import LptController
 from reactantserver.gateway.estimates import Trigger
+from reactantserver.gateway.packing import Placement
 from reactantserver.gateway.routing import Router, Ticket, make_router
 from reactantserver.gateway.table import ModelSnapshot, RouteTable, WorkerSnapshot, build_table
 from reactantserver.scheduling.policy import SchedulingPolicy
@@ -69,6 +70,7 @@ from reactantserver.scheduling.records import Batch
 from reactantserver.scheduling.simulate import ModelSpec
 from reactantserver.weights.policy import CachePlan, Hit, WeightCachePolicy
 
+from .host import HostCosts, HostModel, Hosts
 from .report import (
     FleetModelReport,
     FleetReport,
@@ -139,7 +141,13 @@ class FleetWorker:
     #: encoding on the worker (its event loop shares the GIL and the cores with the device
     #: thread on a CPU worker). A batch holds the worker for ``costs[size] + request_seconds
     #: x len(batch.requests)``; 0 = the worker's RPC path is free (a GPU worker, roughly).
+    #: Not used with ``host`` (``host_costs`` says the same, on the host's cores).
     request_seconds: float = 0.0
+    #: The machine it runs on (a name of ``simulate_fleet(hosts=...)``): its event loop,
+    #: device thread and copy engine then share that host's cores with everything else on
+    #: it (:mod:`.host`), spending ``host_costs``. None: a machine whose cores never slow it.
+    host: str | None = None
+    host_costs: HostCosts = attrs.field(factory=HostCosts)
 
 
 @attrs.frozen(kw_only=True)
@@ -177,6 +185,10 @@ class _Worker:
         #: Plans handed out by the cache, by id, with the loads each still waits for: a
         #: plan is reported ``done`` when its last load finished, as the real driver does.
         self.plans: dict[int, tuple[CachePlan, int]] = {}
+        # Its threads on the host (host contention, :mod:`.host`).
+        self.loop = f"{spec.name}.loop"
+        self.device = f"{spec.name}.device"
+        self.copy = f"{spec.name}.copy"
         # Window accounting.
         self.compute = 0.0
         self.request_cpu = 0.0
@@ -204,9 +216,23 @@ class FleetSimulation:
         closed_loop: ClosedLoop | None = None,
         network_delay: float = 0.0,
         operator_repacks: Sequence[float] = (),
+        hosts: Hosts | None = None,
+        placement: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         if operator_repacks and gateway.mode != "lpt_packing":
             raise ValueError(f"operator repacks need mode lpt_packing; got {gateway.mode}")
+        if placement is not None and gateway.mode != "lpt_packing":
+            raise ValueError(f"a fixed placement needs mode lpt_packing; got {gateway.mode}")
+        self.hosts = hosts
+        self.host_models: dict[str, HostModel] = (
+            {name: hosts.model(name) for name in hosts.cores} if hosts is not None else {}
+        )
+        named = [w.host for w in workers]
+        if hosts is not None:
+            named += [hosts.gateway, hosts.clients]
+        unknown = sorted({h for h in named if h is not None and h not in self.host_models})
+        if unknown:
+            raise ValueError(f"hosts {unknown} are not in hosts.cores")
         self.models = {m.name: m for m in models}
         self.workers = {w.name: _Worker(w, models) for w in workers}
         self.gateway = gateway
@@ -221,6 +247,22 @@ class FleetSimulation:
         self.router: Router = (
             self.controller.router if self.controller is not None else make_router(gateway)
         )
+        #: A placement fixed for the whole run (the planner's: the packer on known traffic):
+        #: the fill router routes by it and the controller never repacks.
+        self.fixed = (
+            Placement.of({m: tuple(ws) for m, ws in placement.items()})
+            if placement is not None
+            else None
+        )
+        if self.controller is not None and self.fixed is not None:
+            self.controller.router.set_placement(self.fixed.models)
+        #: The closed loop's draw: names and cumulative popularity, computed once.
+        self._names = sorted(self.models)
+        self._popularity = list(itertools.accumulate(self.models[n].rate for n in self._names))
+        self._host_busy_at_warmup: dict[str, float] = {}
+        #: Requests routed and not yet answered or refused (what a fleet falling behind
+        #: piles up).
+        self.outstanding = 0
         self.arrivals: Counter[str] = Counter()
         self.latencies: dict[str, list[float]] = {m: [] for m in self.models}
         self.rejected: Counter[str] = Counter()
@@ -240,8 +282,15 @@ class FleetSimulation:
     def at(self, t: float, action: Callable[..., None], *args: Any) -> None:
         heapq.heappush(self._events, (t, next(self._seq), action, args))
 
+    def stop(self) -> None:
+        """End the run now (from an event scheduled with :meth:`at`): the report covers
+        the window up to this moment."""
+        self.duration = max(self.now, self.warmup + 1e-9)
+
     def run(self) -> FleetReport:
         self._probe()
+        if self.host_models:
+            self.at(self.warmup, self._mark_hosts)
         for t in self.operator_repacks:
             self.at(t, self._repack, "operator")
         if self.closed_loop is None:
@@ -261,26 +310,55 @@ class FleetSimulation:
 
     def _poisson(self, name: str) -> None:
         model = self.models[name]
-        self._arrive(name, self.rng.choice(model.rows), None)
+        self._send(name, self.rng.choice(model.rows), None)
         self.at(self.now + self.rng.expovariate(model.rate), self._poisson, name)
 
     def _client(self, client: int) -> None:
-        names = sorted(self.models)
-        name = self.rng.choices(names, weights=[self.models[n].rate for n in names])[0]
-        self._arrive(name, self.rng.choice(self.models[name].rows), client)
+        names = self._names
+        name = self.rng.choices(names, cum_weights=self._popularity)[0]
+        self._send(name, self.rng.choice(self.models[name].rows), client)
 
-    def _arrive(self, name: str, rows: int, client: int | None) -> None:
+    def _send(self, name: str, rows: int, client: int | None) -> None:
+        """A client sends a request (its own CPU first, on a host that has it)."""
+        sent = self.now
+        h = self.hosts
+        if h is None:
+            self._arrive(name, rows, client, sent)
+        else:
+            self._cpu(
+                h.clients, "clients", h.client_seconds / 2, self._arrive, name, rows, client, sent
+            )
+
+    def _arrive(self, name: str, rows: int, client: int | None, sent: float) -> None:
+        """The gateway receives it (its CPU on the way in), then routes it."""
+        h = self.hosts
+        if h is None:
+            self._route(name, rows, client, sent)
+        else:
+            self._cpu(
+                h.gateway, "gateway", h.gateway_seconds / 2, self._route, name, rows, client, sent
+            )
+
+    def _route(self, name: str, rows: int, client: int | None, sent: float) -> None:
         self.arrivals[name] += 1
+        self.outstanding += 1
         ticket = self.router.choose(name, rows, self.now)
-        self.at(self.now + self.delay, self._submit, ticket, rows, client)
+        self.at(self.now + self.delay, self._receive, ticket, rows, client, sent)
 
-    def _submit(self, ticket: Ticket, rows: int, client: int | None) -> None:
+    def _receive(self, ticket: Ticket, rows: int, client: int | None, sent: float) -> None:
+        """The worker decodes it on its event loop, then queues it."""
+        w = self.workers[ticket.worker]  # type: ignore[index]
+        work = w.spec.host_costs.request_seconds / 2 if w.spec.host is not None else 0.0
+        self._cpu(w.spec.host, w.loop, work, self._submit, ticket, rows, client, sent)
+
+    def _submit(self, ticket: Ticket, rows: int, client: int | None, sent: float) -> None:
         worker = self.workers[ticket.worker]  # type: ignore[index]
         try:
-            worker.policy.submit(ticket.model, (ticket, client), now=self.now, rows=rows)
+            worker.policy.submit(ticket.model, (ticket, client, sent), now=self.now, rows=rows)
         except ResourceExhausted:
+            self.outstanding -= 1
             self.router.release(ticket, "error")
-            if ticket.started >= self.warmup:
+            if sent >= self.warmup:
                 self.rejected[ticket.model] += 1
             self._next_client(client)
             return
@@ -321,12 +399,24 @@ class FleetSimulation:
             w.cache.done(plan)
             return
         w.plans[id(plan)] = (plan, len(plan.load))
+        threads = w.spec.host_costs.load_threads if w.spec.host is not None else 0.0
         for name in plan.load:
             seconds = w.nbytes[name] / w.spec.bandwidth + w.spec.load_latency
+            if threads > 0:
+                # A copy by the host's CPU: on the copy thread, at the share it gets.
+                w.loading.add(name)
+                self._cpu(w.spec.host, w.copy, seconds * threads, self._copied, w, plan, name,
+                          self.now, width=threads)  # fmt: skip
+                continue
             start = max(self.now, w.engine_free)
             w.engine_free = start + seconds
             w.loading.add(name)
             self.at(w.engine_free, self._loaded, w, plan, name, seconds, start)
+
+    def _copied(self, w: _Worker, plan: CachePlan, name: str, submitted: float) -> None:
+        start = max(submitted, w.engine_free)
+        w.engine_free = self.now
+        self._loaded(w, plan, name, self.now - start, start)
 
     def _loaded(self, w: _Worker, plan: CachePlan, name: str, seconds: float, start: float) -> None:
         assert w.cache is not None
@@ -358,10 +448,34 @@ class FleetSimulation:
                 if plan is not None:
                     self._transfer(w, plan)
         w.executing = True
+        if w.spec.host is not None:
+            # The loop's work for this batch (the decision, gathering, the hand-off), then
+            # the execution on the device thread.
+            work = w.spec.host_costs.batch_seconds
+            self._cpu(w.spec.host, w.loop, work, self._run_batch, w, batch)
+            return
         # The device runs first, then the worker's per-request CPU (answers encoded, the
         # next requests decoded) before it can start another batch.
         cpu = w.spec.request_seconds * len(batch.requests)
         self.at(self.now + seconds + cpu, self._finished, w, batch, seconds, cpu)
+
+    def _run_batch(self, w: _Worker, batch: Batch) -> None:
+        """A hosted worker's execution: device time, or CPU on the host's cores."""
+        seconds = w.costs[batch.model][batch.size]
+        threads = w.spec.host_costs.execution_threads
+        if seconds < w.spec.host_costs.inline_seconds:
+            # A tiny program runs inline on the loop, as the live worker runs it.
+            self._cpu(w.spec.host, w.loop, seconds, self._ran, w, batch, self.now)
+        elif threads > 0:
+            self._cpu(w.spec.host, w.device, seconds * threads, self._ran, w, batch, self.now,
+                      width=threads)  # fmt: skip
+        else:
+            self.at(self.now + seconds, self._ran, w, batch, self.now)
+
+    def _ran(self, w: _Worker, batch: Batch, started: float) -> None:
+        # What the worker's clock measured, contention included: the policy learns it and
+        # the compute counters (which the gateway's packer reads) count it, as live.
+        self._finished(w, batch, self.now - started, 0.0)
 
     def _finished(self, w: _Worker, batch: Batch, seconds: float, cpu: float) -> None:
         start = self.now - cpu - seconds
@@ -379,19 +493,81 @@ class FleetSimulation:
             self.model_rows[batch.model] += batch.rows
             self.model_batches[batch.model] += 1
             self.model_workers[batch.model].add(w.spec.name)
-        for request in batch.requests:
-            ticket, client = request.payload
-            self.at(self.now + self.delay, self._answered, ticket, client)
+        if w.spec.host is None:
+            for request in batch.requests:
+                ticket, client, sent = request.payload
+                self.at(self.now + self.delay, self._back, ticket, client, sent)
+            self._kick(w)
+            return
+        # A live loop takes the next batch and hands it over before the answers' handlers
+        # run: the next dispatch is queued on the loop ahead of the encodes.
         self._kick(w)
+        work = w.spec.host_costs.request_seconds / 2
+        for request in batch.requests:
+            self._cpu(w.spec.host, w.loop, work, self._reply, *request.payload)
 
-    def _answered(self, ticket: Ticket, client: int | None) -> None:
+    def _reply(self, ticket: Ticket, client: int | None, sent: float) -> None:
+        self.at(self.now + self.delay, self._back, ticket, client, sent)
+
+    def _back(self, ticket: Ticket, client: int | None, sent: float) -> None:
+        """The gateway gets the answer (its CPU on the way out), the client reads it."""
+        self.outstanding -= 1
         self.router.release(ticket, "ok")
-        if ticket.started >= self.warmup:
-            self.latencies[ticket.model].append(self.now - ticket.started)
+        h = self.hosts
+        if h is None:
+            self._answered(ticket, client, sent)
+        else:
+            self._cpu(h.gateway, "gateway", h.gateway_seconds / 2, self._read, ticket, client, sent)
+
+    def _read(self, ticket: Ticket, client: int | None, sent: float) -> None:
+        h = self.hosts
+        assert h is not None
+        self._cpu(h.clients, "clients", h.client_seconds / 2, self._answered, ticket, client, sent)
+
+    def _answered(self, ticket: Ticket, client: int | None, sent: float) -> None:
+        if sent >= self.warmup:
+            self.latencies[ticket.model].append(self.now - sent)
         self._next_client(client)
 
     def _clip(self, start: float, end: float) -> float:
         return max(0.0, min(end, self.duration) - max(start, self.warmup))
+
+    # ------------------------------------------------------------------ hosts
+
+    def _cpu(
+        self,
+        host: str | None,
+        thread: str,
+        work: float,
+        then: Callable[..., None],
+        *args: Any,
+        width: float = 1.0,
+    ) -> None:
+        """``work`` core-seconds on ``thread`` of ``host`` (at most ``width`` cores), then
+        ``then(*args)``; at once without a host or work."""
+        if host is None or work <= 0:
+            then(*args)
+            return
+        model = self.host_models[host]
+        model.submit(self.now, thread, work, width, (then, args))
+        self._schedule_host(model)
+
+    def _schedule_host(self, model: HostModel) -> None:
+        t = model.next_completion()
+        if t < math.inf:
+            self.at(max(t, self.now), self._host_event, model, model.version)
+
+    def _host_event(self, model: HostModel, version: int) -> None:
+        if version != model.version:
+            return  # completion times changed since: a later event stands for this one
+        for token in model.advance(self.now):
+            then, args = cast("tuple[Callable[..., None], tuple[Any, ...]]", token)
+            then(*args)
+        self._schedule_host(model)
+
+    def _mark_hosts(self) -> None:
+        for name, model in self.host_models.items():
+            self._host_busy_at_warmup[name] = model.busy_seconds(self.now)
 
     # ------------------------------------------------------------------ gateway
 
@@ -424,7 +600,7 @@ class FleetSimulation:
                 )
             )
         self.table = build_table(self.table, snapshots)
-        if self.controller is not None:
+        if self.controller is not None and self.fixed is None:
             self.controller.update(self.table)
             trigger = self.controller.due()
             if trigger is not None:
@@ -454,7 +630,9 @@ class FleetSimulation:
 
     def _report(self) -> FleetReport:
         window = self.duration - self.warmup
-        placement = self.controller.placement if self.controller is not None else None
+        placement = self.fixed or (
+            self.controller.placement if self.controller is not None else None
+        )
         workers = []
         for name, w in self.workers.items():
             compute = w.compute / window
@@ -517,6 +695,11 @@ class FleetSimulation:
             p99=percentile(everything, 0.99),
             repack_log=tuple(self.repack_log),
             load_log=tuple(self.load_log),
+            host_busy={
+                name: (model.busy_seconds(self.duration) - self._host_busy_at_warmup.get(name, 0.0))
+                / (window * model.capacity)
+                for name, model in self.host_models.items()
+            },
         )
 
 
@@ -532,8 +715,15 @@ def simulate_fleet(
     closed_loop: ClosedLoop | None = None,
     network_delay: float = 0.0,
     operator_repacks: Sequence[float] = (),
+    hosts: Hosts | None = None,
+    placement: Mapping[str, Sequence[str]] | None = None,
 ) -> FleetReport:
-    """Run one fleet simulation and return its report (see the module docstring)."""
+    """Run one fleet simulation and return its report (see the module docstring).
+
+    ``hosts``: the machines the workers run on (``FleetWorker.host``), whose cores they
+    share with the gateway and the load generator placed there (:mod:`.host`).
+    ``placement`` (lpt_packing): model -> workers, fixed for the whole run (the fill router
+    routes by it, the controller never repacks): a planner's placement on known traffic."""
     return FleetSimulation(
         models,
         workers,
@@ -545,6 +735,8 @@ def simulate_fleet(
         closed_loop=closed_loop,
         network_delay=network_delay,
         operator_repacks=operator_repacks,
+        hosts=hosts,
+        placement=placement,
     ).run()
 
 

@@ -1,0 +1,237 @@
+"""The host's cores as a resource of the fleet simulator: what makes a batch slower under load.
+
+Why
+---
+A worker measured at idle owns the machine: its event loop, its device thread and XLA's
+threads each get a core when they want one. Under load they share the host's cores with
+every other worker on the machine, the gateway and (in a benchmark) the load generator, and
+each of them runs slower by the share it gets. On a 2-core machine with three CPU workers, a
+gateway and a client, an execution took 1.9-2.3x its idle time (issue 45) and the simulator,
+which charged device time only, predicted 3-4.6x the requests/s the fleet served. The fix is
+not a fudge factor on the costs: it is to simulate the cores.
+
+Theory of operation
+-------------------
+A :class:`HostModel` is one machine: ``cores`` cores, of which ``background`` are busy with
+work that is not ours (measured by ``calibrate`` before it starts). Work on it runs on
+*threads* -- a worker's event loop, its device thread, its copy engine; the gateway's loop;
+a load generator's loop -- and each thread runs its *jobs* one at a time, in the order they
+were submitted (an event loop, a device thread and a copy engine all do). A job is an amount
+of CPU work (core-seconds) and a *width*, the most cores it can use at once: 1 for Python on
+one thread, more for an XLA CPU execution that spreads a matrix product over the pool.
+
+The cores are shared among the threads that have a job by **processor sharing with
+caps** (water filling): if the runnable widths fit in ``cores - background``, each job
+runs at its width; otherwise every job gets the same share ``s``, capped at its width, with
+``sum(min(width, s)) = cores - background``. A job's completion time therefore depends on
+what else runs: the model is event driven -- :meth:`advance` moves every running job on
+by its rate since the last change, :meth:`next_completion` says when the next one ends --
+and it is sans-IO: given ``now``, returning what finished. The simulator keeps one pending
+event per host and ignores stale ones (:attr:`version`).
+
+What it does not model: the GIL between a worker's loop and its device thread (each is a
+thread of its own here), time slices (a share is fluid: a scheduler runs a short job to
+the end instead, which changes no mean), and cache or memory-bandwidth contention (they show
+up as a lower share measured in ``background``, or not at all).
+
+Invariants (``tests/test_fleet_host.py``): work is conserved (a job finishes exactly when
+its work has been done at the rates it was given); the cores given out never exceed
+``cores - background`` and never exceed a job's width; a thread runs one job at a time, in
+submission order; with the widths fitting, every job finishes ``work / width`` after it
+started, as at idle.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Hashable, Mapping
+
+import attrs
+
+__all__ = ["HostCosts", "HostModel", "Hosts", "share_rates"]
+
+#: Work below this many core-seconds counts as done (float residue of rate x time).
+_EPSILON = 1e-12
+
+
+@attrs.frozen(kw_only=True)
+class HostCosts:
+    """What one worker spends on its host's cores besides the device, at idle.
+
+    ``calibrate`` measures each figure on a live worker with nothing else running: the CPU
+    of the worker's event-loop thread per request and per execution (least squares over
+    runs with different batch fills), the CPU of its other threads per second of execution
+    (XLA's pool on the CPU backend), per second of weight loading, and the cores the
+    machine had free.
+    """
+
+    #: Loop CPU per request: decoding it and encoding its answer (half each way).
+    request_seconds: float = 0.0
+    #: Loop CPU per execution: the dispatch decision, gathering inputs, the hand-off.
+    batch_seconds: float = 0.0
+    #: Host cores an execution keeps busy (XLA's threads on the CPU backend; 0: a device
+    #: of its own, a GPU, whose execution time does not depend on the host).
+    execution_threads: float = 0.0
+    #: Host cores a weight load keeps busy (1: a copy by the CPU; 0: DMA).
+    load_threads: float = 0.0
+    #: Executions whose cost is below this run inline on the worker's event loop (the
+    #: worker's ``scheduler.inline_max_seconds`` on the CPU backend; 0 on a GPU).
+    inline_seconds: float = 0.0
+
+
+@attrs.frozen(kw_only=True)
+class Hosts:
+    """The machines a simulated fleet runs on, and what shares their cores besides the
+    workers (``FleetWorker.host`` names each worker's).
+
+    A gateway and a load generator on one of the hosts spend their CPU per request there
+    (half on the way in, half on the way out); on a host of their own (``None``) they cost
+    no time beyond ``network_delay``.
+    """
+
+    #: Host name -> its cores.
+    cores: Mapping[str, float]
+    #: Host name -> threads of other processes that want a core (the mean run-queue
+    #: length besides ours): they take their fair share.
+    background: Mapping[str, float] = attrs.field(factory=dict)
+    #: The gateway's host, and its CPU per request (one event-loop thread).
+    gateway: str | None = None
+    gateway_seconds: float = 0.0
+    #: The load generator's host, and its CPU per request (one event-loop thread).
+    clients: str | None = None
+    client_seconds: float = 0.0
+
+    def model(self, name: str) -> HostModel:
+        return HostModel(name, self.cores[name], self.background.get(name, 0.0))
+
+
+def share_rates(widths: list[float], capacity: float, background: float = 0.0) -> list[float]:
+    """Cores given to jobs of these widths on ``capacity`` cores beside ``background``
+    always-runnable threads of other processes (each wanting one core; a fraction is an
+    average): each job its width when everything fits, else an equal share ``s`` capped
+    at each width (and at 1 for a background thread) with the total exactly ``capacity``
+    (water filling)."""
+    total = sum(widths) + background
+    if total <= capacity:
+        return list(widths)
+    # (width, count, index): the background is one entry of width 1 and count b.
+    items = sorted(
+        [(w, 1.0, i) for i, w in enumerate(widths)]
+        + ([(1.0, background, -1)] if background > 0 else [])
+    )
+    rates = [0.0] * len(widths)
+    left, remaining = capacity, len(widths) + background
+    share = capacity / remaining
+    for width, count, i in items:
+        share = left / remaining
+        if width <= share:
+            if i >= 0:
+                rates[i] = width
+            left -= width * count
+            remaining -= count
+            continue
+        # Every job from here on is wider than the share: each gets the share.
+        break
+    for width, _, i in items:
+        if i >= 0 and rates[i] == 0.0:
+            rates[i] = min(width, share)
+    return rates
+
+
+@attrs.define(eq=False, slots=True)
+class _Job:
+    token: Hashable
+    work: float
+    width: float
+
+
+class HostModel:
+    """One machine's cores shared by threads (see the module docstring)."""
+
+    def __init__(self, name: str, cores: float, background: float = 0.0) -> None:
+        if not cores > 0:
+            raise ValueError(f"host {name}: cores must be > 0; got {cores}")
+        if not background >= 0:
+            raise ValueError(f"host {name}: background must be >= 0 threads; got {background}")
+        self.name = name
+        self.cores = cores
+        self.capacity = cores
+        self.background = background
+        self._queues: dict[str, deque[_Job]] = {}
+        #: Thread -> rate of its head job, for the runnable threads.
+        self._rates: dict[str, float] = {}
+        self._now = 0.0
+        #: Changes whenever completion times may have changed: an event the simulator
+        #: scheduled for an older version is stale.
+        self.version = 0
+        #: Core-seconds done so far, per thread (accounting for reports).
+        self.busy: dict[str, float] = {}
+
+    def submit(self, now: float, thread: str, work: float, width: float, token: Hashable) -> None:
+        """Queue a job of ``work`` core-seconds, at most ``width`` cores, on ``thread``."""
+        if not width > 0:
+            raise ValueError(f"job width must be > 0; got {width}")
+        self._progress(now)
+        queue = self._queues.setdefault(thread, deque())
+        queue.append(_Job(token, max(0.0, work), width))
+        if len(queue) == 1:
+            self._share()
+
+    def advance(self, now: float) -> list[Hashable]:
+        """Run every job on to ``now``; return the tokens of the jobs that finished (by
+        thread, in submission order). The next job of each such thread starts at once."""
+        self._progress(now)
+        done: list[Hashable] = []
+        for thread, rate in list(self._rates.items()):
+            queue = self._queues[thread]
+            # Done: no work left, or so little that it would end within a nanosecond (the
+            # float residue of rate x time; it must not re-arm an event at the same time).
+            # A job of zero work behind it finishes now as well.
+            while queue and (queue[0].work <= _EPSILON or queue[0].work <= rate * 1e-9):
+                done.append(queue.popleft().token)
+        if done:
+            self._share()
+        return done
+
+    def next_completion(self) -> float:
+        """When the next job finishes if nothing changes (``inf``: nothing runs)."""
+        soonest = math.inf
+        for thread, rate in self._rates.items():
+            job = self._queues[thread][0]
+            if rate > 0:
+                soonest = min(soonest, self._now + job.work / rate)
+        return soonest
+
+    def busy_seconds(self, now: float) -> float:
+        """Core-seconds done by every thread up to ``now`` (changes nothing)."""
+        elapsed = max(0.0, now - self._now)
+        running = sum(
+            min(self._queues[t][0].work, rate * elapsed) for t, rate in self._rates.items()
+        )
+        return sum(self.busy.values()) + running
+
+    def running(self) -> dict[str, float]:
+        """Thread -> the cores its current job gets now."""
+        return dict(self._rates)
+
+    def queued(self, thread: str) -> int:
+        """Jobs on ``thread``, the running one included."""
+        return len(self._queues.get(thread, ()))
+
+    def _progress(self, now: float) -> None:
+        elapsed = now - self._now
+        if elapsed > 0:
+            for thread, rate in self._rates.items():
+                job = self._queues[thread][0]
+                done = min(job.work, rate * elapsed)
+                job.work -= done
+                self.busy[thread] = self.busy.get(thread, 0.0) + done
+        self._now = max(self._now, now)
+
+    def _share(self) -> None:
+        threads = [t for t, q in self._queues.items() if q]
+        widths = [self._queues[t][0].width for t in threads]
+        rates = share_rates(widths, self.capacity, self.background)
+        self._rates = dict(zip(threads, rates, strict=True))
+        self.version += 1
