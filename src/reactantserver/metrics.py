@@ -362,6 +362,16 @@ def _per_model(base: dict[str, str], w: WorkerStatistics) -> Iterator[Metric]:
     weight_bytes = GaugeMetricFamily(
         "worker_model_weight_bytes", "Bytes of the model's weights.", labels=labels
     )
+    batch_cost = GaugeMetricFamily(
+        "worker_model_batch_cost_seconds",
+        "Learned device seconds of one execution at each compiled batch size.",
+        labels=[*labels, "batch_size"],
+    )
+    batch_fastest = GaugeMetricFamily(
+        "worker_model_batch_fastest_seconds",
+        "The fastest execution seen at each compiled batch size.",
+        labels=[*labels, "batch_size"],
+    )
     resident = GaugeMetricFamily(
         "worker_model_resident", "1 when the model's weights are on the device.", labels=labels
     )
@@ -385,6 +395,10 @@ def _per_model(base: dict[str, str], w: WorkerStatistics) -> Iterator[Metric]:
         if s is not None:
             for attr, family in from_scheduler:
                 family.add_metric(lv, getattr(s, attr))
+            for size, seconds in s.costs:
+                batch_cost.add_metric([*lv, str(size)], seconds)
+            for size, seconds in s.fastest:
+                batch_fastest.add_metric([*lv, str(size)], seconds)
         max_batch.add_metric(lv, model.max_batch_size)
         weight_bytes.add_metric(lv, model.weight_nbytes)
         resident.add_metric(lv, int(model.resident))
@@ -397,4 +411,5 @@ def _per_model(base: dict[str, str], w: WorkerStatistics) -> Iterator[Metric]:
             latency.add_metric(lv, list(req.latency.buckets), req.latency.total)
     for _, family in from_scheduler:
         yield family
-    yield from (max_batch, weight_bytes, resident, batch_rows, latency, outcomes)
+    yield from (max_batch, weight_bytes, batch_cost, batch_fastest, resident, batch_rows)
+    yield from (latency, outcomes)

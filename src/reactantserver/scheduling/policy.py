@@ -624,6 +624,9 @@ class SchedulingPolicy:
                 failures=m.failures,
                 usage=decayed(m.usage, m.stamp, now, self._halflife),
                 costs=tuple(m.costs.items()),
+                fastest=tuple(
+                    (size, m.costs.fastest(size) or cost) for size, cost in m.costs.items()
+                ),
             )
             for m in self._models.values()
         }

@@ -101,6 +101,9 @@ class ModelStatistics:
     usage: float
     #: Learned (size, seconds) pairs.
     costs: tuple[tuple[int, float], ...]
+    #: The fastest run at each learned size, (size, seconds): the program's own cost, the
+    #: noise of a busy machine left out (``cost.CostTable.fastest``).
+    fastest: tuple[tuple[int, float], ...] = ()
 
 
 @attrs.frozen
