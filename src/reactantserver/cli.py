@@ -47,6 +47,17 @@ never imports JAX.
         Scrape a worker's or a gateway's /metrics twice and print, per model, requests/s,
         rows per execution, device seconds per request, joules per inference and cost per
         million requests, and the idle share (docs/monitoring.md).
+
+    reactantserver calibrate BUNDLE_DIR [--out FILE] [--backend cpu|cuda] [--through-gateway]
+        Start a worker on a model repository (or one bundle), measure each model at each
+        compiled size, its weight loads and what the worker spends on the host's cores, at
+        idle, and write a costs file for ``plan`` (docs/planning.md).
+
+    reactantserver plan --traffic FILE|ADDRESS --costs FILE|ADDRESS --device FILE --p99-ms MS
+                        [--error-budget FRACTION] [--json]
+        The smallest fleet (devices, placement) that serves the traffic at the p99, found
+        by simulating fleet sizes, and the next-smaller one with why it fails
+        (docs/planning.md). Exit 0 when a fleet meets the goal, 1 when none does.
 """
 
 from __future__ import annotations
@@ -226,6 +237,81 @@ def _run_report(args: argparse.Namespace) -> int:
         print("--interval must be a number of seconds > 0", file=sys.stderr)
         return EXIT_USAGE
     return report_main(args.address, args.interval, args.json)
+
+
+def _add_calibrate(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "calibrate",
+        help="measure models and the host at idle and write a costs file for plan",
+        description=(
+            "Start one worker on BUNDLE_DIR (a model repository, or one bundle), measure each "
+            "model at each compiled batch size, its weight loads, the worker's host CPU per "
+            "request and per execution and the machine's idle cores, and write the costs "
+            "file `reactantserver plan --costs` reads (docs/planning.md)."
+        ),
+    )
+    parser.add_argument("bundle_dir", metavar="BUNDLE_DIR", help="a model repository or bundle")
+    parser.add_argument("--out", default="costs.yaml", help="costs file to write; - for stdout")
+    parser.add_argument("--backend", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument(
+        "--through-gateway",
+        action="store_true",
+        help="also start a gateway in front of the worker and measure its CPU per request",
+    )
+    parser.add_argument(
+        "--requests", type=int, default=600, help="requests per host measurement (default 600)"
+    )
+    parser.add_argument(
+        "--cache-dir", help="compilation cache directory (default: a temporary one)"
+    )
+    parser.set_defaults(run=_run_calibrate)
+
+
+def _run_calibrate(args: argparse.Namespace) -> int:
+    from .planning.command import run_calibrate  # starts a worker process: no JAX here
+
+    return run_calibrate(args)
+
+
+def _add_plan(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="how many devices for this traffic at this p99, and which models go where",
+        description=(
+            "Simulate fleets of growing size for the traffic with the measured costs and "
+            "print the smallest that meets the p99 and error budget -- its placement, p50, "
+            "p99, requests/s, loads, busy share, joules and cost per million requests per "
+            "model -- and the next-smaller one with why it fails (docs/planning.md)."
+        ),
+    )
+    parser.add_argument("--traffic", required=True, metavar="FILE|ADDRESS",
+                        help="a traffic file, or a live gateway's (or worker's) admin address")  # fmt: skip
+    parser.add_argument("--costs", required=True, metavar="FILE|ADDRESS",
+                        help="a costs file (reactantserver calibrate), or an admin address")  # fmt: skip
+    parser.add_argument("--device", required=True, metavar="FILE", help="the device file")
+    parser.add_argument("--p99-ms", type=float, required=True, help="the p99 goal, milliseconds")
+    parser.add_argument("--error-budget", type=float, default=0.0, metavar="FRACTION",
+                        help="share of requests that may be refused or late (default 0)")  # fmt: skip
+    parser.add_argument("--mode", default="lpt_packing",
+                        choices=["lpt_packing", "round_robin", "least_outstanding"])  # fmt: skip
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="simulated window per fleet (default: 20 s, more for slow traffic)")  # fmt: skip
+    parser.add_argument("--warmup", type=float, default=None,
+                        help="simulated warm-up (default 5 s, less for fast traffic)")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--window", type=float, default=10.0,
+                        help="seconds between the two scrapes of a --traffic ADDRESS")  # fmt: skip
+    parser.add_argument("--save-traffic", metavar="FILE", help="write the recorded traffic")
+    parser.add_argument("--save-costs", metavar="FILE", help="write the costs read from ADDRESS")
+    parser.add_argument("--top", type=int, default=12, help="models shown per table (default 12)")
+    parser.add_argument("--json", action="store_true", help="print JSON for tools")
+    parser.set_defaults(run=_run_plan)
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    from .planning.command import run_plan  # no JAX, no trio
+
+    return run_plan(args)
 
 
 def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -422,6 +508,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_node(subparsers)
     _add_export(subparsers)
     _add_report(subparsers)
+    _add_calibrate(subparsers)
+    _add_plan(subparsers)
     return parser
 
 

@@ -1,0 +1,599 @@
+"""``reactantserver calibrate``: measure each model and the worker's host costs, at idle.
+
+Theory of operation
+-------------------
+A plan is only as good as its costs, and a worker measured under load reports costs
+stretched by whatever shared its cores. So calibration measures one worker with nothing
+else running (it says how busy the machine was) and separates what the device does from
+what the host's cores do, so the fleet simulator can put the contention back
+(:mod:`reactantserver.fleet.host`). Everything is read from the worker's own counters
+(``ModelControlStatus``: compute seconds, dispatches, rows; ``/metrics``: weight loads and
+their seconds) and from the kernel's accounting of its threads (:mod:`.cpu`):
+
+1. **Executions and loads.** Every model gets, ``passes`` times, one request right after a
+   CompactMemory (the weight cache emptied: a cold load), then ``repeats`` of each
+   compiled size. A request that caused exactly one load is a load sample; the fastest
+   sample of each model, against its bytes, gives the load time (least squares: a fixed
+   part plus bytes over a bandwidth). The cost of each size is the worker's own learned
+   cost -- its fastest execution (``worker_model_batch_cost_seconds``): on a machine
+   shared with other work a median carries their time slices, the fastest is what the
+   device does when it has the cores, and the simulator's host model adds the sharing
+   back. The other threads' CPU in the cold requests, beyond the execution, per fastest
+   load, is ``load_threads`` (a copy by the CPU: about 1; DMA: about 0).
+2. **Host CPU per request.** ``requests`` one-row requests to the cheapest model, one at
+   a time: the worker's main thread -- its event loop, where the RPC path runs -- per
+   request is ``request_seconds`` (an inline execution's time taken out). One at a time
+   on purpose: each request then pays its own wake-ups, as requests forwarded one by one
+   by a gateway do; a burst on one connection shares them and costs a third as much,
+   which a live fleet does not see (measured: ``benchmarks/bench_plan.py``'s diagnosis
+   table). The other threads' CPU per execution over the fastest execution is
+   ``execution_threads`` (XLA's pool on the CPU backend; about 0 on a GPU).
+3. **The rest of the round trip.** The mean round trip less what the client's own
+   process, the worker's main thread and the execution account for, halved: a one-way
+   delay (loopback, wake-ups) that no core explains.
+4. **Through a gateway** (optional): the same one-at-a-time run through it gives the
+   gateway's CPU per request, and the delay of that path, which then replaces step 3's.
+
+:func:`measure_worker` and :func:`measure_gateway` work on processes someone else started
+(the plan benchmark calls them on its own fleet); :func:`run` starts a worker on a model
+repository for the command line, measures it and writes the costs file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import statistics
+import time
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from ..fleet.host import HostCosts
+from . import cpu
+from .costs import Costs, ModelCosts
+
+__all__ = [
+    "GatewayMeasurement",
+    "ModelProbe",
+    "WorkerMeasurement",
+    "fit_line",
+    "measure_gateway",
+    "measure_worker",
+]
+
+
+@attrs.frozen(kw_only=True)
+class ModelProbe:
+    """How to send a model ``rows`` rows: its inputs, and its compiled sizes."""
+
+    name: str
+    batch_sizes: tuple[int, ...]
+    inputs: Callable[[int], Mapping[str, np.ndarray]]
+
+
+@attrs.frozen
+class _Counters:
+    loads: float
+    load_seconds: float
+    #: Executions run inline on the worker's loop (tiny programs on the CPU backend).
+    inline: float
+    #: model -> (compute seconds, dispatches, requests)
+    models: Mapping[str, tuple[float, int, int]]
+    #: model -> batch size -> the worker's learned (fastest) seconds per execution.
+    fastest: Mapping[str, Mapping[int, float]]
+
+
+def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares ``y = intercept + slope x``; with one distinct x, through the origin."""
+    n = len(xs)
+    if n == 0:
+        raise ValueError("no points to fit")
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return 0.0, (my / mx if mx else 0.0)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    return my - slope * mx, slope
+
+
+@attrs.frozen(kw_only=True)
+class WorkerMeasurement:
+    """What :func:`measure_worker` found (``costs`` is the record a plan reads)."""
+
+    costs: Costs
+    #: (bytes, seconds) of the fastest clean cold load of each model.
+    load_samples: tuple[tuple[int, float], ...]
+    #: The host run: (requests, executions, main-thread CPU, other-thread CPU, compute
+    #: seconds, wall seconds, this process's CPU).
+    runs: tuple[tuple[float, ...], ...]
+    #: Mean round trip of one sequential one-row request, seconds.
+    round_trip: float
+
+
+@attrs.frozen(kw_only=True)
+class GatewayMeasurement:
+    #: The gateway's CPU per request, one at a time.
+    gateway_seconds: float
+    requests: int
+    #: Mean round trip through the gateway, one at a time.
+    round_trip: float
+    #: One way, beyond every CPU figure, on the path through the gateway.
+    network_seconds: float
+
+
+def _metrics(url: str) -> tuple[dict[str, float], dict[str, dict[int, float]]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=30) as response:
+        text = response.read().decode()
+    out: dict[str, float] = {}
+    fastest: dict[str, dict[int, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "worker_model_batch_fastest_seconds":
+                size = int(sample.labels.get("batch_size", "0") or 0)
+                fastest.setdefault(sample.labels["model"], {})[size] = sample.value
+            elif sample.name == "worker_dispatches_by_place_total":
+                if sample.labels.get("place") == "inline":
+                    out["inline"] = sample.value
+            elif "model" not in sample.labels:
+                out[sample.name] = out.get(sample.name, 0.0) + sample.value
+    return out, fastest
+
+
+async def _counters(client: Any, metrics_url: str) -> _Counters:
+    metrics, fastest = await asyncio.to_thread(_metrics, metrics_url)
+    status = await client.control_status(timeout=30)
+    return _Counters(
+        loads=metrics.get("worker_weight_loads_total", 0.0),
+        load_seconds=metrics.get("worker_weight_load_seconds_total", 0.0),
+        inline=metrics.get("inline", 0.0),
+        models={
+            m.name: (m.total_compute_seconds, m.dispatch_count, m.requests_served)
+            for m in status.models
+        },
+        fastest=fastest,
+    )
+
+
+#: What the worker's scheduler runs inline on its loop on the CPU backend (its default
+#: ``scheduler.inline_max_seconds``; calibrate's worker keeps it).
+CPU_INLINE_SECONDS = 1e-4
+
+
+async def measure_worker(
+    url: str,
+    metrics_url: str,
+    pid: int,
+    probes: Sequence[ModelProbe],
+    *,
+    passes: int = 3,
+    repeats: int = 3,
+    requests: int = 600,
+    compact: bool = True,
+    cores: float = 0.0,
+    cores_busy: float = 0.0,
+    background_threads: float = 0.0,
+    backend: str = "cpu",
+    source: str = "",
+) -> WorkerMeasurement:
+    """Calibrate the worker at ``url`` (admin ``metrics_url``, process ``pid``): see the
+    module docstring, steps 1-3. ``compact``: empty the weight cache (CompactMemory)
+    before each model's first request of a pass, so that it is a cold load whatever the
+    budget."""
+    from ..client import AsyncClient
+
+    async with AsyncClient(url, timeout=120) as client:
+        status = await client.control_status(timeout=30)
+        nbytes = {m.name: m.weight_nbytes for m in status.models}
+        loads: dict[str, list[float]] = {}
+        load_cpu = load_busy = 0.0  # other-thread CPU and load seconds over the samples
+        for _ in range(passes):
+            for probe in probes:
+                if compact:
+                    await client.compact_memory()
+                before = await _counters(client, metrics_url)
+                t0 = cpu.thread_times(pid)
+                await client.infer(probe.name, dict(probe.inputs(1)))
+                t1 = cpu.thread_times(pid)
+                after = await _counters(client, metrics_url)
+                if after.loads - before.loads == 1:
+                    seconds = after.load_seconds - before.load_seconds
+                    loads.setdefault(probe.name, []).append(seconds)
+                    compute = after.models[probe.name][0] - before.models[probe.name][0]
+                    # Its execution ran at the same time as nothing else: the rest of the
+                    # other threads' CPU in that request was the copy.
+                    load_cpu += max(0.0, (t1 - t0).others - compute)
+                    load_busy += seconds
+                for rows in probe.batch_sizes:
+                    for _ in range(repeats):
+                        await client.infer(probe.name, dict(probe.inputs(rows)))
+        final = await _counters(client, metrics_url)
+        # The worker's learned cost of each size is its fastest run: on a machine shared
+        # with other work a median carries their time slices; the fastest is what the
+        # device does when it has the cores, and the fleet simulator's host model adds the
+        # sharing back.
+        costs = {
+            p.name: {s: t for s, t in sorted(final.fastest.get(p.name, {}).items()) if t > 0}
+            for p in probes
+        }
+        costs = {name: c for name, c in costs.items() if c}
+        # Step 2: the cheapest model, resident by now (its last requests just ran), one
+        # request at a time: each its own execution and its own wake-ups, as requests
+        # arriving through a gateway mostly are.
+        hot = min(
+            (p for p in probes if p.name in costs),
+            key=lambda p: costs[p.name][min(costs[p.name])],
+        )
+        one = dict(hot.inputs(1))
+        await client.infer(hot.name, one)
+        trips: list[float] = []
+        c0 = await _counters(client, metrics_url)
+        t0 = cpu.thread_times(pid)
+        own0 = time.process_time()
+        wall0 = time.perf_counter()
+        for _ in range(requests):
+            s = time.perf_counter()
+            await client.infer(hot.name, one)
+            trips.append(time.perf_counter() - s)
+        wall = time.perf_counter() - wall0
+        own = time.process_time() - own0
+        t1 = cpu.thread_times(pid)
+        c1 = await _counters(client, metrics_url)
+    compute = c1.models[hot.name][0] - c0.models[hot.name][0]
+    executions = c1.models[hot.name][1] - c0.models[hot.name][1]
+    served = c1.models[hot.name][2] - c0.models[hot.name][2]
+    inline = c1.inline - c0.inline
+    d = t1 - t0
+    main, others = d.main, d.others
+    if inline > 0 and executions > 0:
+        # Inline executions ran on the loop: their time is the execution's, not the RPC's.
+        main -= compute * min(1.0, inline / executions)
+    request_seconds = max(0.0, main) / served if served else 0.0
+    ceiling = cores if cores > 0 else 64.0
+    fastest_one = costs[hot.name][min(costs[hot.name])]
+    threaded = executions - min(inline, executions)
+    execution_threads = (
+        others / (threaded * fastest_one) if threaded > 0 and fastest_one > 0 else 0.0
+    )
+    samples = tuple((nbytes.get(n, 0), min(v)) for n, v in sorted(loads.items()) if v)
+    latency, per_byte = (
+        fit_line([b for b, _ in samples], [t for _, t in samples]) if samples else (0.0, 0.0)
+    )
+    if per_byte <= 0 and samples:  # every model one size, or noise: through the origin
+        latency, per_byte = 0.0, sum(t for _, t in samples) / max(1, sum(b for b, _ in samples))
+    fastest_loads = sum(t for _, t in samples)
+    load_threads = 0.0
+    if load_busy > 0 and fastest_loads > 0:
+        per_load_cpu = load_cpu / sum(len(v) for v in loads.values())
+        load_threads = per_load_cpu / (fastest_loads / len(samples))
+    round_trip = statistics.fmean(trips) if trips else 0.0
+    execution = fastest_one
+    rest = round_trip - own / requests - request_seconds - execution
+    return WorkerMeasurement(
+        costs=Costs(
+            backend=backend,
+            source=source,
+            models={
+                p.name: ModelCosts(
+                    name=p.name, costs=costs[p.name], weight_bytes=nbytes.get(p.name, 0)
+                )
+                for p in probes
+                if p.name in costs
+            },
+            load_latency=max(0.0, latency),
+            load_bandwidth=1.0 / per_byte if per_byte > 0 else 10e9,
+            host=HostCosts(
+                request_seconds=request_seconds,
+                batch_seconds=0.0,
+                execution_threads=min(ceiling, execution_threads),
+                load_threads=min(1.0, load_threads),
+                inline_seconds=CPU_INLINE_SECONDS if backend == "cpu" else 0.0,
+            ),
+            cores=cores,
+            cores_busy=cores_busy,
+            background_threads=background_threads,
+            network_seconds=max(0.0, rest / 2),
+        ),
+        load_samples=samples,
+        runs=((served, executions, d.main, others, compute, wall, own),),
+        round_trip=round_trip,
+    )
+
+
+async def measure_gateway(
+    url: str,
+    pid: int,
+    probe: ModelProbe,
+    worker: WorkerMeasurement,
+    *,
+    requests: int = 600,
+) -> GatewayMeasurement:
+    """The gateway at ``url`` (process ``pid``) in front of the worker ``worker`` measured:
+    its CPU per request over ``requests`` one-row requests one at a time, and the rest of
+    the round trip -- less this process's CPU, the gateway's, the worker's main thread's
+    and the execution, halved -- the one-way delay of the path a fleet's clients take
+    (step 4 of the module docstring)."""
+    from ..client import AsyncClient
+
+    async with AsyncClient(url, timeout=120) as client:
+        one = dict(probe.inputs(1))
+        await client.infer(probe.name, one)
+        trips: list[float] = []
+        own0 = time.process_time()
+        g0 = cpu.thread_times(pid)
+        for _ in range(requests):
+            s = time.perf_counter()
+            await client.infer(probe.name, one)
+            trips.append(time.perf_counter() - s)
+        g1 = cpu.thread_times(pid)
+        own = (time.process_time() - own0) / requests
+    gateway_seconds = (g1 - g0).total / requests
+    round_trip = statistics.fmean(trips)
+    host = worker.costs.host
+    model = worker.costs.models.get(probe.name)
+    execution = model.costs[min(model.costs)] if model is not None else 0.0
+    beside = own + gateway_seconds + host.request_seconds + execution
+    return GatewayMeasurement(
+        gateway_seconds=gateway_seconds,
+        requests=requests,
+        round_trip=round_trip,
+        network_seconds=max(0.0, (round_trip - beside) / 2),
+    )
+
+
+# ------------------------------------------------------------------------------ the command
+
+
+def probes_for(repo: Path) -> tuple[list[ModelProbe], list[str], int]:
+    """A probe per model bundle of ``repo`` (zeros of each input's dtype and shape), the
+    bundles skipped and why, and the catalog's weight bytes."""
+    from ..bundle.repository import scan_repository
+
+    scan = scan_repository(repo)
+    probes: list[ModelProbe] = []
+    skipped = [f"{name}: {err.detail}" for name, err in sorted(scan.errors.items())]
+    total = 0
+    for name, bundle in sorted(scan.bundles.items()):
+        if bundle.is_meta:
+            skipped.append(f"{name}: a meta model (its cost is its sub-calls')")
+            continue
+        specs = bundle.client_inputs
+        if any(s.datatype == "BYTES" for s in specs):
+            skipped.append(f"{name}: BYTES inputs (no generic request to send)")
+            continue
+        sizes = bundle.compiled_batch_sizes or (1,)
+        total += bundle.weights_nbytes
+
+        def inputs(
+            rows: int, specs: Any = specs, batched: bool = bundle.batched
+        ) -> dict[str, np.ndarray]:
+            out = {}
+            for s in specs:
+                shape = s.with_batch(rows) if batched else s.shape
+                out[s.name] = np.zeros([max(1, d) for d in shape], dtype=s.numpy_dtype)
+            return out
+
+        probes.append(ModelProbe(name=name, batch_sizes=tuple(sizes), inputs=inputs))
+    return probes, skipped, total
+
+
+NODE_YAML = """\
+# Written by reactantserver calibrate: one worker on the repository to measure.
+model_repo: {repo}
+base_port: {port}
+metrics_base_port: {metrics_port}
+{gpus}workers:
+  - name: calibrate
+global:
+  cache_dir: '{cache}'
+  model_control_mode: static
+  runtime:
+    backend: {backend}
+{runtime}  scheduler:
+    discipline: fifo
+  endpoints:
+    host: 127.0.0.1
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run(
+    bundle_dir: str,
+    out: str,
+    *,
+    backend: str = "cpu",
+    through_gateway: bool = False,
+    requests: int = 600,
+    cache_dir: str = "",
+    startup_timeout: float = 900.0,
+    echo: Callable[[str], None] = print,
+) -> int:
+    """The command line: start a worker on ``bundle_dir`` (a repository, or one bundle),
+    measure it (and a gateway in front of it), write the costs file ``out``."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from .costs import render_costs
+
+    source = Path(bundle_dir).resolve()
+    if not source.is_dir():
+        echo(f"reactantserver calibrate: {bundle_dir}: not a directory")
+        return 2
+    with tempfile.TemporaryDirectory(prefix="rs_calibrate_") as tmp:
+        work = Path(tmp)
+        repo = source
+        if (source / "manifest.yaml").is_file():  # one bundle: a repository of it alone
+            repo = work / "repo"
+            repo.mkdir()
+            (repo / source.name).symlink_to(source)
+        probes, skipped, total = probes_for(repo)
+        for line in skipped:
+            echo(f"skipped {line}")
+        if not probes:
+            echo(f"reactantserver calibrate: {bundle_dir}: no model bundle to measure")
+            return 1
+        port, metrics_port = _free_port(), _free_port()
+        # On the CPU the on-demand cache needs an arena: room for the whole catalog (the
+        # calibration empties it itself, with CompactMemory, before each cold load).
+        runtime = (
+            f"    arena_bytes: {math.ceil(total * 1.25) + 64 * 2**20}\n"
+            if backend == "cpu"
+            else ("    allow_cpu_fallback: false\n")
+        )
+        node = work / "node.yaml"
+        node.write_text(
+            NODE_YAML.format(
+                repo=repo, port=port, metrics_port=metrics_port, backend=backend,
+                gpus="gpus: 0\n" if backend == "cpu" else "", runtime=runtime,
+                cache=cache_dir or work / "cache",
+            )
+        )  # fmt: skip
+        if cpu.available():
+            idle = cpu.machine_busy(1.0)
+            hungry, obtained = cpu.hungry_threads(1.0)
+            echo(
+                f"machine: {idle.cores} cores, {idle.busy:.2f} busy before the worker started; "
+                f"{idle.cores} spinning processes got {obtained:.2f} cores: as if {hungry:.1f} "
+                "threads of other processes always wanted one"
+            )
+        else:
+            idle, hungry = cpu.MachineLoad(os.cpu_count() or 1, 0.0), 0.0
+        log = work / "worker.log"
+        env = dict(os.environ)
+        if backend == "cpu":
+            env.setdefault("JAX_PLATFORMS", "cpu")
+        procs: list[subprocess.Popen[bytes]] = []
+        try:
+            with log.open("wb") as fh:
+                worker = subprocess.Popen(
+                    [sys.executable, "-m", "reactantserver.cli", "serve", str(node),
+                     "--log-level", "warning"],
+                    stdout=fh, stderr=subprocess.STDOUT, env=env,
+                )  # fmt: skip
+            procs.append(worker)
+            url = f"127.0.0.1:{port}"
+            _wait_ready(url, [p.name for p in probes], worker, log, startup_timeout)
+            echo(f"worker ready: measuring {len(probes)} models")
+            measured = asyncio.run(
+                measure_worker(
+                    url, f"http://127.0.0.1:{metrics_port}/metrics", worker.pid, probes,
+                    requests=requests, cores=idle.cores, cores_busy=idle.busy,
+                    background_threads=hungry, backend=backend,
+                    source=f"calibrate {bundle_dir}",
+                )
+            )  # fmt: skip
+            costs = measured.costs
+            if through_gateway:
+                gw = _through_gateway(work, url, probes, measured, procs, env, requests,
+                                      startup_timeout)  # fmt: skip
+                costs = attrs.evolve(
+                    costs, gateway_seconds=gw.gateway_seconds, network_seconds=gw.network_seconds
+                )
+        finally:
+            for proc in reversed(procs):
+                _stop(proc)
+        if not cpu.available():
+            echo("host CPU not measured (no /proc): the plan will not model host contention")
+        comment = (
+            f"reactantserver calibrate {bundle_dir} ({backend}), {time.strftime('%Y-%m-%d %H:%M')}\n"
+            f"{len(measured.load_samples)} cold loads, {requests} requests per host run"
+        )
+        text = render_costs(costs, comment)
+        if out == "-":
+            sys.stdout.write(text)
+        else:
+            Path(out).write_text(text)
+            echo(f"wrote {out}")
+    return 0
+
+
+def _wait_ready(url: str, names: Sequence[str], proc: Any, log: Path, timeout: float) -> None:
+    from ..client import Client
+
+    deadline = time.monotonic() + timeout
+    with Client(url, timeout=10) as client:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"the worker exited with status {proc.returncode}; its log:\n"
+                    f"{log.read_text(errors='replace')[-3000:]}"
+                )
+            try:
+                if all(client.is_model_ready(n) for n in names):
+                    return
+            except Exception:  # not listening yet
+                pass
+            time.sleep(0.2)
+    raise RuntimeError(f"the worker was not ready after {timeout:g} s (log: {log})")
+
+
+def _stop(proc: Any) -> None:
+    import signal
+    import subprocess
+
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _through_gateway(
+    work: Path,
+    worker_url: str,
+    probes: Sequence[ModelProbe],
+    worker: WorkerMeasurement,
+    procs: list[Any],
+    env: Mapping[str, str],
+    requests: int,
+    timeout: float,
+) -> GatewayMeasurement:
+    """Start a gateway in front of the worker and measure its CPU per request."""
+    import json
+    import subprocess
+    import sys
+
+    port = _free_port()
+    config = work / "gateway.yml"
+    config.write_text(
+        json.dumps(
+            {
+                "listen": {"grpc": f"127.0.0.1:{port}", "metrics": "127.0.0.1:0"},
+                "endpoints": [worker_url],
+                "health_interval_seconds": 1.0,
+                "logging": {"level": "warning", "format": "text"},
+            }
+        )
+    )
+    log = work / "gateway.log"
+    with log.open("wb") as fh:
+        gateway = subprocess.Popen(
+            [sys.executable, "-m", "reactantserver.cli", "gateway", str(config)],
+            stdout=fh, stderr=subprocess.STDOUT, env=dict(env),
+        )  # fmt: skip
+    procs.append(gateway)
+    url = f"127.0.0.1:{port}"
+    _wait_ready(url, [p.name for p in probes], gateway, log, timeout)
+    models = worker.costs.models
+    hot = min(
+        probes,
+        key=lambda p: models[p.name].cost_per_request() if p.name in models else math.inf,
+    )
+    return asyncio.run(measure_gateway(url, gateway.pid, hot, worker, requests=requests))
