@@ -174,3 +174,44 @@ def test_costs_and_traffic_from_a_gateways_metrics() -> None:
     assert traffic.models["a"].rows == (3,)  # 1500 rows per 500 requests
     with pytest.raises(ValueError, match="no model answered"):
         traffic_from_metrics(after, after, 10.0)
+
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "planning"
+
+
+def test_plan_exits_2_with_the_files_problems(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from reactantserver.cli import main
+
+    traffic = tmp_path / "traffic.yaml"
+    traffic.write_text("models:\n  ft00: {rate: fast}\n")
+    status = main(["plan", "--traffic", str(traffic), "--costs", str(EXAMPLE / "costs.yaml"),
+                   "--device", str(EXAMPLE / "device.yaml"), "--p99-ms", "5"])  # fmt: skip
+    assert status == 2
+    assert (
+        capsys.readouterr().err == f"{traffic}:2: models.ft00.rate: expected a number; got 'fast'\n"
+    )
+    status = main(["plan", "--traffic", str(EXAMPLE / "traffic.yaml"), "--costs",
+                   str(EXAMPLE / "costs.yaml"), "--device", str(EXAMPLE / "device.yaml"),
+                   "--p99-ms", "0"])  # fmt: skip
+    assert status == 2 and "--p99-ms: expected milliseconds > 0" in capsys.readouterr().err
+
+
+def test_plan_exits_1_when_no_fleet_meets_the_goal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A p99 below one execution: no fleet meets it; the plan says so with the largest
+    fleet's reasons, and exits 1 for scripts."""
+    from reactantserver.cli import main
+
+    device = tmp_path / "device.yaml"
+    device.write_text("name: gpu\nweight_budget_bytes: 5000000000\nmax_devices: 2\n")
+    traffic = tmp_path / "traffic.yaml"
+    traffic.write_text("models:\n  ft00: {rate: 100}\n")
+    status = main(["plan", "--traffic", str(traffic), "--costs", str(EXAMPLE / "costs.yaml"),
+                   "--device", str(device), "--p99-ms", "0.1", "--seconds", "1", "--warmup",
+                   "0.5"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert status == 1
+    assert "no fleet of up to 2 devices meets the goal; 2 fail: p99" in out

@@ -295,7 +295,7 @@ def _add_plan(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
     parser.add_argument("--mode", default="lpt_packing",
                         choices=["lpt_packing", "round_robin", "least_outstanding"])  # fmt: skip
     parser.add_argument("--seconds", type=float, default=None,
-                        help="simulated window per fleet (default: 20 s, more for slow traffic)")  # fmt: skip
+                        help="simulated window per fleet (default: 20,000 requests, 4-120 s)")  # fmt: skip
     parser.add_argument("--warmup", type=float, default=None,
                         help="simulated warm-up (default 5 s, less for fast traffic)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)

@@ -183,7 +183,7 @@ def render_plan(plan: Plan, *, top: int = 12) -> str:
     d, g = plan.device, plan.goal
     price = f", {d.price_per_hour:.2f}/h each" if d.price_per_hour is not None else ""
     lines = [
-        f"plan: {_describe_traffic(plan.traffic)}; goal p99 <= {g.p99 * 1e3:g} ms, errors <= "
+        f"plan: {_describe_traffic(plan.traffic)}; goal p99 <= {g.p99 * 1e3:.4g} ms, errors <= "
         f"{g.error_budget:.2%}",
         f"device: {d.name} ({d.weight_budget_bytes / 1e6:,.1f} MB weight budget{price}); "
         f"each fleet simulated {plan.run.seconds:.1f} s after {plan.run.warmup:.1f} s of "
@@ -239,7 +239,11 @@ def render_plan(plan: Plan, *, top: int = 12) -> str:
     host_busy = ", ".join(f"{h} {s:.0%}" for h, s in sorted(a.host_busy.items()))
     if host_busy:
         lines.append(f"  host cores busy: {host_busy}")
-    lines += ["", f"per model ({a.workers} devices, the {min(top, len(a.models))} busiest):"]
+    lines += [
+        "",
+        f"per model ({a.workers} device{'s' if a.workers != 1 else ''}, the "
+        f"{min(top, len(a.models))} busiest):",
+    ]
     rows = [
         (
             "model",
