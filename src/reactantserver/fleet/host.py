@@ -185,10 +185,17 @@ class HostModel:
         done: list[Hashable] = []
         for thread, rate in list(self._rates.items()):
             queue = self._queues[thread]
-            # Done: no work left, or so little that it would end within a nanosecond (the
-            # float residue of rate x time; it must not re-arm an event at the same time).
-            # A job of zero work behind it finishes now as well.
-            while queue and (queue[0].work <= _EPSILON or queue[0].work <= rate * 1e-9):
+            # The running job is done with no work left, or so little that it would end
+            # within a nanosecond (the float residue of rate x time: it must not re-arm an
+            # event at the same time); the residue is counted as done. Jobs of no work
+            # queued behind it finish now as well; any other waits for its own turn.
+            head = queue[0]
+            if head.work > _EPSILON and head.work > rate * 1e-9:
+                continue
+            self.busy[thread] = self.busy.get(thread, 0.0) + head.work
+            done.append(queue.popleft().token)
+            while queue and queue[0].work <= _EPSILON:
+                self.busy[thread] += queue[0].work
                 done.append(queue.popleft().token)
         if done:
             self._share()
