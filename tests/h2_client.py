@@ -171,6 +171,8 @@ class H2Client:
         )
         self.results: dict[int, CallResult] = {}
         self.connection = ConnectionResult()
+        #: PING ACKs received (:meth:`round_trip`).
+        self.ping_acks = 0
         if handshake:
             self.conn.initiate_connection()
             self.flush()
@@ -272,6 +274,8 @@ class H2Client:
         elif isinstance(event, h2.events.ConnectionTerminated):
             self.connection.goaway = (int(event.error_code), event.last_stream_id or 0)
             self.connection.goaway_data = event.additional_data or b""
+        elif isinstance(event, h2.events.PingAckReceived):
+            self.ping_acks += 1
         elif isinstance(event, h2.events.RemoteSettingsChanged):
             for code, change in event.changed_settings.items():
                 self.connection.settings[int(code)] = change.new_value
@@ -284,6 +288,18 @@ class H2Client:
             if not self.pump(min(0.2, max(0.0, deadline - time.monotonic()))):
                 break
         return result
+
+    def round_trip(self, timeout: float = 10.0) -> bool:
+        """PING and read until its ACK: everything the server sent before it has been
+        read then (one TCP stream, in order). False if it does not come in ``timeout``."""
+        acks = self.ping_acks
+        self.conn.ping(b"roundtrp")
+        self.flush()
+        deadline = time.monotonic() + timeout
+        while self.ping_acks == acks and time.monotonic() < deadline:
+            if not self.pump(0.2):
+                return False
+        return self.ping_acks > acks
 
     def wait_settings(self, timeout: float = 10.0) -> dict[int, int]:
         deadline = time.monotonic() + timeout

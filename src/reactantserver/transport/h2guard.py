@@ -52,7 +52,10 @@ first SETTINGS frame), feeds it the bytes, writes what comes out, and hands the 
 Calls are served two ways, both released through :meth:`_Processor._released` (which
 frees the stream's slot): a *direct* method (:mod:`.unary`, ModelInfer) by the event
 handlers themselves, without a task; any other by the sink (:mod:`.server`), whose
-``accept`` returns the :class:`Receiver` the stream's events go to. What the connection
+``accept`` returns the :class:`Receiver` the stream's events go to (a task's stream, or a
+stream method's call record, :mod:`.streaming`, which reports the requests it begins and
+the ones a reset withdraws to the abuse budget: :meth:`GuardedProtocol.calls_started`,
+:meth:`GuardedProtocol.calls_reset`). What the connection
 queued goes to the :class:`.h2conn.CorkedTransport` (:meth:`GuardedProtocol.flush`): one
 ``send`` per read, or per loop pass.
 """
@@ -644,6 +647,22 @@ class GuardedProtocol(asyncio.Protocol):
     def closing(self) -> bool:
         """GOAWAY sent or the connection refused: input is no longer read."""
         return self._closing
+
+    def calls_started(self, count: int) -> None:
+        """Requests begun inside a stream method's call (:mod:`.streaming`): each counts
+        in the abuse budget as a call started, as a unary call would."""
+        if self._processor is not None:
+            self._processor.budget.streams += count
+
+    def calls_reset(self, started: Sequence[float]) -> None:
+        """Requests inside a stream method's call that the peer's reset withdrew, with the
+        loop time each began: each is judged as a unary call reset then would be."""
+        processor = self._processor
+        if processor is None:
+            return
+        now = self.now()
+        for at in started:
+            processor._judged(processor.budget.peer_reset(at, now), Fault.RAPID_RESET)
 
     def handshake_done(self) -> None:
         if not self._handshaken:

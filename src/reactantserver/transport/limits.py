@@ -96,6 +96,13 @@ class WireLimits:
     #: Initial stream window: what one stream may have buffered before its handler reads
     #: it. 16 MiB lets a 16 MiB tensor arrive without waiting for window updates.
     stream_window: int = attrs.field(default=16 << 20, validator=_between(65535, _MAX_WINDOW))
+    #: Requests owed at most on one stream of a stream method (ModelStreamInfer): begun
+    #: and not yet written out. At the bound the stream pauses: no more of what arrives
+    #: is acknowledged, so the client's window closes (:mod:`.streaming`).
+    stream_requests: int = attrs.field(default=32, validator=_between(1, 1 << 20))
+    #: Bytes of request messages owed at most on one such stream (a message larger than
+    #: it still runs, alone). 64 MiB: four stream windows.
+    stream_bytes: int = attrs.field(default=64 << 20, validator=_between(1, 1 << 40))
     #: SETTINGS_MAX_HEADER_LIST_SIZE (h2's default): decoded header bytes per request.
     max_header_list_size: int = attrs.field(default=1 << 16, validator=_between(1024, 1 << 24))
     #: The keys that set the configurable bounds, as refusals name them.

@@ -13,7 +13,11 @@ Per connection, a :class:`_Calls` object is the ``RequestSink`` of
 then the path against the mapping, then its metadata) and computes its deadline *at
 arrival*; ``accept`` makes the call's :class:`ServerStream` and runs the handler with it
 as an asyncio task whose done-callback releases the stream -- a callback, because a task
-cancelled before it first runs never executes its own ``finally``.
+cancelled before it first runs never executes its own ``finally``. Two kinds of mapping
+entry need no task: a :class:`~.unary.DirectHandler` (served by the connection itself,
+:mod:`.unary`) and a :class:`~.streaming.StreamHandler`, whose calls ``accept`` makes into
+:class:`~.streaming.StreamCall` records (:mod:`.streaming`: a stream of unary requests,
+each begun as its message completes); the rest of this module is the task path.
 
 Each call ends with exactly one status, chosen here and nowhere else:
 
@@ -82,6 +86,7 @@ from .framing import Refusal, RequestHead, request_head
 from .h2guard import ConnectionTable, GuardedProtocol
 from .limits import Fault, WireCounters, WireLimits, WireStatistics
 from .reclaim import ReclaimPolicy, release_memory
+from .streaming import StreamAdmission, StreamCall, StreamHandler
 from .unary import (
     ACCEPTING_ANSWER_HEADERS,
     ANSWER_HEADERS,
@@ -311,6 +316,8 @@ class _Calls:
         self._server = server
         self._loop = asyncio.get_running_loop()
         self._tasks: dict[int, asyncio.Task[None]] = {}
+        #: The calls of stream methods (:mod:`.streaming`: no task), by stream id.
+        self._streams: dict[int, StreamCall] = {}
         self._peer = ""
         #: The headers of the last request judged and :func:`request_head`'s verdict: a
         #: client sends the same header block call after call, and the connection's
@@ -325,7 +332,7 @@ class _Calls:
 
     def admit(
         self, headers: Sequence[tuple[str, str]], peer: str, now: float
-    ) -> Admission | DirectAdmission | Refusal:
+    ) -> Admission | DirectAdmission | StreamAdmission | Refusal:
         self._peer = peer
         if headers is self._last_headers:
             if self._last_admission is not None:
@@ -353,6 +360,10 @@ class _Calls:
             if headers is self._last_headers:
                 self._last_admission = admission
             return admission
+        if isinstance(handler, StreamHandler):
+            return StreamAdmission(
+                handler, head, None if head.timeout is None else now + head.timeout
+            )
         try:
             metadata = decode_metadata(headers)
         except (ValueError, binascii.Error) as exc:
@@ -365,8 +376,14 @@ class _Calls:
         return Admission(handler, head, metadata, deadline)
 
     def accept(
-        self, guard: GuardedProtocol, sid: int, admitted: Admission, release: Callable[[], None]
-    ) -> ServerStream:
+        self,
+        guard: GuardedProtocol,
+        sid: int,
+        admitted: Admission | StreamAdmission,
+        release: Callable[[], None],
+    ) -> ServerStream | StreamCall:
+        if isinstance(admitted, StreamAdmission):
+            return self._accept_stream(guard, sid, admitted, release)
         stream = ServerStream(guard, sid, admitted, self._server.codec, self._loop)
         released = False
 
@@ -395,15 +412,37 @@ class _Calls:
         task.add_done_callback(done)
         return stream
 
+    def _accept_stream(
+        self,
+        guard: GuardedProtocol,
+        sid: int,
+        admitted: StreamAdmission,
+        release: Callable[[], None],
+    ) -> StreamCall:
+        """A stream method's call: a record of the connection, no task (:mod:`.streaming`)."""
+
+        def released() -> None:
+            self._streams.pop(sid, None)
+            release()
+
+        call = StreamCall(guard, sid, admitted, self._server.limits, self._loop, released)
+        self._streams[sid] = call
+        return call
+
     def cancel(self, sid: int) -> None:
         task = self._tasks.pop(sid, None)
         if task is not None:
             task.cancel()
+        stream = self._streams.get(sid)
+        if stream is not None:
+            stream.cancel()
 
     def close(self) -> None:
         for task in self._tasks.values():
             task.cancel()
         self._tasks.clear()
+        for stream in list(self._streams.values()):
+            stream.close()
 
     # ---------------------------------------------------------------- one call
 
@@ -463,7 +502,7 @@ class GuardedServer:
 
     def __init__(
         self,
-        mapping: Mapping[str, Handler | DirectHandler],
+        mapping: Mapping[str, Handler | DirectHandler | StreamHandler],
         *,
         codec: CodecBase,
         limits: WireLimits,
