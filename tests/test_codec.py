@@ -33,7 +33,11 @@ from reactantserver.protocol.codec import (
     MAX_ENTRIES,
     decode_infer_request,
     encode_infer_response,
+    encode_infer_response_parts,
+    encode_stream_error,
+    encode_stream_response_parts,
     from_message,
+    peek_request_id,
 )
 from reactantserver.protocol.wire_reader import MAX_DIMS, MAX_GROUP_DEPTH
 from reactantserver.records import InferRequest, InferResponse, OutputTensor, ParamValue
@@ -366,6 +370,44 @@ def test_a_response_as_tritonclient_reads_it() -> None:
     np.testing.assert_array_equal(result.as_numpy("y"), y)
     assert result.get_output("z").parameters["shared_memory_byte_size"].int64_param == 128
     assert result.get_response().id == "req-7"
+
+
+@settings(max_examples=100)
+@given(codec_responses())
+def test_a_stream_response_wraps_the_response_as_protobuf_reads_it(
+    response: InferResponse,
+) -> None:
+    """ModelStreamInfer's answer: a ``ModelStreamInferResponse`` whose ``infer_response``
+    protobuf reads back as exactly the unary response, with no error message."""
+    data = b"".join(
+        bytes(p) for p in encode_stream_response_parts(encode_infer_response_parts(response))
+    )
+    theirs = service_pb2.ModelStreamInferResponse.FromString(data)
+    assert theirs.error_message == ""
+    unary = service_pb2.ModelInferResponse.FromString(encode_infer_response(response))
+    assert theirs.infer_response == unary
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "request_id"),
+    [
+        (bytes(pb.ModelInferRequest(model_name="m", id="req-9")), "req-9"),
+        (bytes(pb.ModelInferRequest(model_name="m")), ""),
+        (b"\x1a\x02ab\x1a\x01c", "c"),  # the last id wins, as protobuf reads it
+        (b"\x1a\x02ab\x0a\x80", "ab"),  # malformed after the id: what was read
+        (b"\xff\xff", ""),  # not a message at all
+    ],
+)
+def test_a_stream_error_carries_the_message_and_the_requests_id(
+    request_bytes: bytes, request_id: str
+) -> None:
+    """As Triton answers a failed request in a stream: the error message, and an
+    ``infer_response`` holding only the request's id."""
+    assert peek_request_id(request_bytes) == request_id
+    data = b"".join(bytes(p) for p in encode_stream_error(request_bytes, "it failed: ünïcode"))
+    theirs = service_pb2.ModelStreamInferResponse.FromString(data)
+    assert theirs.error_message == "it failed: ünïcode"
+    assert theirs.infer_response == service_pb2.ModelInferResponse(id=request_id)
 
 
 # ------------------------------------------------------------------------------ hostile bytes

@@ -14,7 +14,6 @@ import asyncio
 import logging
 import re
 import socket
-import threading
 import uuid
 from collections.abc import Callable
 from functools import partial
@@ -442,37 +441,6 @@ async def test_every_error_status_with_its_message(
     (record,) = [r for r in caplog.records if r.exc_info]
     assert "ModelInfer" in record.getMessage()
     assert record.exc_info is not None and "secret internal detail" in str(record.exc_info[1])
-
-
-async def test_streaming_is_unimplemented(server: Running) -> None:
-    def call() -> InferenceServerException:
-        c = server.client()
-        got: list[Any] = []
-        done = threading.Event()
-
-        def callback(result: Any, error: Any) -> None:
-            got.append(error)
-            done.set()
-
-        c.start_stream(callback)
-        try:
-            c.async_stream_infer("double", [x_input()])
-        except InferenceServerException:
-            # The server refuses the stream as soon as it opens; if that lands before
-            # this request is queued, the client says "stream no longer valid" here.
-            # Either way the status arrives through the callback.
-            pass
-        assert done.wait(5)
-        c.stop_stream()
-        assert isinstance(got[0], InferenceServerException)
-        return got[0]
-
-    error = await off_loop(call)
-    assert str(error.status()) == "StatusCode.UNIMPLEMENTED"
-    assert str(error.message()) == (
-        "ModelStreamInfer is not supported: reactantserver answers each request once; "
-        "call ModelInfer per request"
-    )
 
 
 async def test_message_size_limit_both_ways(server: Running) -> None:

@@ -21,8 +21,8 @@ What the service owns itself:
 
 * the :class:`~reactantserver.shm.SharedMemoryRegistry` (SystemSharedMemory* RPCs, and
   the regions ModelInfer reads inputs from and writes outputs to);
-* the cap on ModelInfer calls in flight, ``endpoints.max_concurrent_requests`` (the
-  other RPCs are not counted): past it a call fails at once with ``TooManyRequests``
+* the cap on ModelInfer calls in flight, ``endpoints.max_concurrent_requests`` (each
+  request of a ModelStreamInfer stream counts as one; the other RPCs are not counted): past it a call fails at once with ``TooManyRequests``
   (RESOURCE_EXHAUSTED) and counts as shed;
 * request-side statistics: per model, successes and failures with their end-to-end
   time, a latency histogram and the time of the last success (the host adds the
@@ -395,12 +395,6 @@ class Service:
             self.abandon_infer(pending)
             raise
         return self.finish_infer(pending)
-
-    async def model_stream_infer(self, request: None, ctx: CallContext) -> NoReturn:
-        raise Unimplemented(
-            "ModelStreamInfer is not supported: reactantserver answers each request once; "
-            "call ModelInfer per request"
-        )
 
     # -------------------------------------------------------------- repository
 

@@ -61,6 +61,7 @@ from ..transport import guest
 from ..transport.health import HealthServicer
 from ..transport.limits import WireCounters, WireLimits
 from ..transport.server import GuardedServer, ServerStream
+from ..transport.streaming import StreamHandler
 from ..transport.unary import DirectHandler
 from .calls import Raw, RawCodec
 from .control import LptController
@@ -211,7 +212,7 @@ class Gateway:
         )
         return self.proxy
 
-    def mapping(self, proxy: Proxy) -> dict[str, Handler | DirectHandler]:
+    def mapping(self, proxy: Proxy) -> dict[str, Handler | DirectHandler | StreamHandler]:
         """Every gRPC handler of the gateway, by path."""
         table = proxy.mapping()
         table.update(self.health.mapping())
@@ -242,7 +243,9 @@ def _metrics_endpoints(
 
 
 def build_server(
-    mapping: dict[str, Handler | DirectHandler], config: GatewayConfig, counters: WireCounters
+    mapping: dict[str, Handler | DirectHandler | StreamHandler],
+    config: GatewayConfig,
+    counters: WireCounters,
 ) -> GuardedServer:
     """The gateway's gRPC server over ``mapping``: the hardened wire a worker serves on
     (``transport.server``), with the gateway's ``grpc:`` limits. The one place that builds it."""

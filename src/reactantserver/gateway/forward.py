@@ -41,6 +41,10 @@ has not answered by then makes the call DEADLINE_EXCEEDED (its stream is reset a
 grace, which is what stops a worker that was not told); a wait for a slot or a connection
 ends at the deadline too.
 
+A request of a client's ModelStreamInfer (:class:`StreamForward`) takes exactly this path:
+its ``call`` is the stream's :class:`~reactantserver.transport.streaming.StreamedRequest`,
+whose answer goes into the client's stream, and whose deadline is the stream's.
+
 Invariants: the client's call is answered at most once and, unless the client went away,
 exactly once; ``router.release`` runs exactly once per ticket; the gateway's in-flight
 counts go up once and down once per call (:meth:`Forward._close`); when the client goes
@@ -64,7 +68,7 @@ from ..errors import (
 from ..model_version import check_version, parse_version
 from ..records import REPORTED_VERSION
 from ..status import to_status
-from ..transport.unary import UnaryCall
+from ..transport.streaming import RequestCall
 from .calls import CANCELLED, DEADLINE_EXCEEDED, NOT_FOUND, OK
 from .channel import Call, ChannelError, Reply
 from .inflight import Admission, fails_over
@@ -125,8 +129,11 @@ class Forward:
                  "_peek", "_pending", "_proxy", "_sent_at", "_started", "_task",
                  "_ticket")  # fmt: skip
 
+    #: The RPC the call is counted under.
+    rpc = RPC
+
     def __init__(
-        self, proxy: Gateway, call: UnaryCall, data: bytes | memoryview, now: float
+        self, proxy: Gateway, call: RequestCall, data: bytes | memoryview, now: float
     ) -> None:
         self._proxy = proxy
         self._call = call
@@ -289,7 +296,7 @@ class Forward:
                     return
                 assert self._peek is not None
                 raise Unavailable(proxy.lost_message(client, outcome, self._peek.id))
-            proxy.stats.worker_call(RPC, client.name, now - self._sent_at)
+            proxy.stats.worker_call(self.rpc, client.name, now - self._sent_at)
             status = outcome.status
             if status == OK:
                 self._close(OK, "ok", now)
@@ -330,7 +337,7 @@ class Forward:
         """End the call with the status of ``exc`` (the gateway's own outcome)."""
         if self._closed:
             return
-        status = to_status(exc, rpc=RPC)  # INTERNAL, with the traceback, if not ours
+        status = to_status(exc, rpc=self.rpc)  # INTERNAL, with the traceback, if not ours
         code = status.code.value
         self._close(code, "deadline" if isinstance(exc, DeadlineExceeded) else "error")
         self._call.fail(code, status.message)
@@ -358,5 +365,14 @@ class Forward:
         proxy.admission.leave(self._admitted)
         if now is None:
             now = proxy.loop.time()
-        proxy.stats.finish(RPC, self._model, code, now - self._started)
+        proxy.stats.finish(self.rpc, self._model, code, now - self._started)
         proxy.call_ended()
+
+
+class StreamForward(Forward):
+    """One request of a client's ModelStreamInfer, forwarded as a ModelInfer of its own
+    (routed, failed over and answered like one) and answered in the client's stream;
+    counted under ModelStreamInfer."""
+
+    __slots__ = ()
+    rpc = "ModelStreamInfer"

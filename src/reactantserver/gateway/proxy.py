@@ -12,6 +12,14 @@ connection hands the whole request to :meth:`Proxy.infer`, and :class:`~.forward
 routes it, sends it to a worker and answers from the worker connection's event handling
 (admission cap, peek, routing, failover and deadlines: :mod:`.forward`).
 
+**ModelStreamInfer** is served without a task too (:mod:`reactantserver.transport.streaming`):
+the gateway ends the client's stream itself and forwards each of its requests as a unary
+ModelInfer of its own (:class:`~.forward.StreamForward`): routed by the router, failed over
+and deadlined exactly as a ModelInfer is, answered in the client's stream in request
+order. The gateway opens no streams to workers: a worker connection's stream slots, the
+router's per-replica counts and the failover rule all keep working per request, and a
+stream's requests spread over the model's replicas as separate calls would.
+
 **Per-model RPCs** (ModelReady, ModelMetadata, ModelConfig) go to a replica of the model,
 rotating, and fail over on the same conditions (they are reads: nothing to protect).
 ModelReady is true when a replica says so; a model no worker serves is "not ready", as
@@ -29,10 +37,10 @@ worker that has it loaded (:meth:`Proxy.model_control`; refused under lpt_packin
 placement is the gateway's).
 
 **Refused**: the worker control RPCs act on one worker, so the gateway answers
-FAILED_PRECONDITION naming the workers' addresses; tracing, log
-settings and streaming inference are UNIMPLEMENTED, as on a worker. CUDA shared memory is
-answered by the gateway itself as a worker answers it (:mod:`reactantserver.cuda_shm`: no
-regions, unregistering is OK, registering INVALID_ARGUMENT).
+FAILED_PRECONDITION naming the workers' addresses; tracing and log settings are
+UNIMPLEMENTED, as on a worker. CUDA shared memory is answered by the gateway itself as a
+worker answers it (:mod:`reactantserver.cuda_shm`: no regions, unregistering is OK,
+registering INVALID_ARGUMENT).
 
 Statuses: a worker's status is passed through with its message (RESOURCE_EXHAUSTED stays
 RESOURCE_EXHAUSTED, INTERNAL stays INTERNAL); the gateway's own outcomes are errors of
@@ -69,9 +77,11 @@ from ..errors import (
 from ..model_version import check_version, parse_version, serves_version
 from ..protocol import inference as pb
 from ..protocol import reactant_control as cpb
+from ..protocol.codec import encode_stream_error, encode_stream_response_parts
 from ..records import REPORTED_VERSION
-from ..status import to_status
+from ..status import StatusCode, to_status
 from ..transport.server import ServerStream
+from ..transport.streaming import StreamCall, StreamedRequest, StreamHandler
 from ..transport.unary import DirectHandler, UnaryCall
 from .calls import (
     CANCELLED,
@@ -87,7 +97,7 @@ from .calls import (
 )
 from .channel import ChannelError, Reply
 from .fanout import FanOut
-from .forward import Forward
+from .forward import Forward, StreamForward
 from .inflight import fails_over
 from .policy import not_lpt
 from .pool import WorkerClient
@@ -97,6 +107,9 @@ from .stats import GatewayStats
 from .wire import peek_name
 
 log = logging.getLogger(__name__)
+
+#: Why calls are refused while the gateway drains.
+DRAINING = "the gateway is shutting down; retry (another gateway, or later)"
 
 GATEWAY_CONTROL_RPCS = ("GetSchedulingStatus", "SetSchedulingPolicy", "SetModelPlacement", "Repack")
 
@@ -147,10 +160,12 @@ class Proxy:
         #: Refusing new calls (:meth:`drain`): read per call, so a plain attribute.
         self.draining = False
         self._idle = asyncio.Event()
+        #: The clients' open ModelStreamInfer calls (to drain them).
+        self.streams: set[StreamCall] = set()
 
     # ------------------------------------------------------------------ the table
 
-    def mapping(self) -> dict[str, Handler | DirectHandler]:
+    def mapping(self) -> dict[str, Handler | DirectHandler | StreamHandler]:
         """Handlers for the three services the proxy serves (ModelInfer's is direct)."""
         rpcs: dict[str, dict[str, Method | None]] = {
             "inference.GRPCInferenceService": {
@@ -160,7 +175,7 @@ class Proxy:
                 "ServerMetadata": self.server_metadata,
                 "ModelMetadata": partial(self.per_model, "ModelMetadata"),
                 "ModelInfer": None,  # direct: below
-                "ModelStreamInfer": None,
+                "ModelStreamInfer": None,  # direct: a stream of ModelInfers, below
                 "ModelConfig": partial(self.per_model, "ModelConfig"),
                 "ModelStatistics": self.fanout.model_statistics,
                 "RepositoryIndex": self.fanout.repository_index,
@@ -186,7 +201,7 @@ class Proxy:
                 name: partial(self.gateway_control, name) for name in GATEWAY_CONTROL_RPCS
             },
         }
-        table: dict[str, Handler | DirectHandler] = {}
+        table: dict[str, Handler | DirectHandler | StreamHandler] = {}
         for base in (
             pb.GrpcInferenceServiceBase(),
             cpb.ControlServiceBase(),
@@ -195,12 +210,19 @@ class Proxy:
             for path, generated in base.__mapping__().items():
                 service, rpc = path.strip("/").split("/")
                 method = rpcs[service][rpc]  # a generated RPC without a handler: KeyError now
-                if method is None or generated.cardinality is not Cardinality.UNARY_UNARY:
-                    handler = partial(self._refuse_stream, rpc)
-                else:
-                    handler = partial(self._serve, rpc, method)
-                table[path] = Handler(handler, generated.cardinality, Raw, Raw)
+                if method is None:
+                    continue  # served without a task: below
+                assert generated.cardinality is Cardinality.UNARY_UNARY, path
+                table[path] = Handler(
+                    partial(self._serve, rpc, method), generated.cardinality, Raw, Raw
+                )
         table["/inference.GRPCInferenceService/ModelInfer"] = DirectHandler(self.infer)
+        table["/inference.GRPCInferenceService/ModelStreamInfer"] = StreamHandler(
+            self.stream_infer,
+            encode_stream_response_parts,
+            _stream_error,
+            opened=self._stream_opened,
+        )
         return table
 
     # ------------------------------------------------------------------ drain
@@ -208,6 +230,8 @@ class Proxy:
     def drain(self) -> None:
         """Refuse new calls from now on (UNAVAILABLE); calls in flight continue."""
         self.draining = True
+        for stream in list(self.streams):
+            stream.drain(StatusCode.UNAVAILABLE, DRAINING)
         self.call_ended()
 
     def call_ended(self) -> None:
@@ -264,19 +288,22 @@ class Proxy:
             stats.finish(rpc, call.model, code, loop.time() - started)
             self.call_ended()
 
-    async def _refuse_stream(self, rpc: str, stream: ServerStream) -> None:
-        self.stats.finish(rpc, "", 12, 0.0)
-        raise GRPCError(
-            Status.UNIMPLEMENTED,
-            f"{rpc} is not supported: reactantserver answers each request once; call "
-            "ModelInfer per request",
-        )
-
     # ------------------------------------------------------------------ ModelInfer
 
     def infer(self, call: UnaryCall, data: bytes | memoryview) -> None:
         """ModelInfer, served without a task (see :mod:`.forward`)."""
         Forward(self, call, data, call.received_at).begin()
+
+    def stream_infer(self, request: StreamedRequest, data: bytes | memoryview) -> None:
+        """One request of a client's ModelStreamInfer: forwarded as a ModelInfer of its
+        own, answered in the stream (:class:`~.forward.StreamForward`)."""
+        StreamForward(self, request, data, request.received_at).begin()
+
+    def _stream_opened(self, stream: StreamCall) -> None:
+        self.streams.add(stream)
+        stream.on_close = partial(self.streams.discard, stream)
+        if self.draining:
+            stream.drain(StatusCode.UNAVAILABLE, DRAINING)
 
     def lost_message(self, client: WorkerClient, exc: ChannelError, request_id: str) -> str:
         what = f"request {request_id!r}" if request_id else "the request"
@@ -463,3 +490,7 @@ class Proxy:
         if self.control is None:
             raise Unimplemented(f"{rpc}: this proxy was built without lpt_packing's control plane")
         return await self.control.call(rpc, data, call.deadline)
+
+
+def _stream_error(request: bytes | memoryview, code: int, message: str) -> list[bytes | memoryview]:
+    return encode_stream_error(request, message)

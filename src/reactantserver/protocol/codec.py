@@ -33,6 +33,8 @@ one ``b"".join``: raw outputs may be ``memoryview``\\ s of result arrays, so the
 is their only copy; :func:`encode_infer_response_parts` leaves the pieces unjoined, for
 the transport to frame directly. Output parameters (only the echo of shared-memory parameters) are
 ``InferParameter`` messages serialized by betterproto.
+:func:`encode_stream_response_parts` and :func:`encode_stream_error` write ModelStreamInfer's
+``ModelStreamInferResponse`` around those pieces (or an error), for worker and gateway.
 
 Protobuf rules kept (what ``tritonclient``'s protobuf runtime does, checked by
 tests/test_codec.py against it and against betterproto): fields in any order, unknown
@@ -61,8 +63,10 @@ from __future__ import annotations
 import struct
 import sys
 from array import array
+from collections.abc import Sequence
 from typing import Any
 
+from reactantserver.errors import InvalidArgument
 from reactantserver.protocol import inference as pb
 from reactantserver.protocol.wire_reader import (
     I32,
@@ -369,3 +373,46 @@ def encode_infer_response_parts(response: InferResponse) -> list[bytes | memoryv
     for raw in response.raw_output_contents:
         _len_field(parts, _T_RAW, raw)
     return parts
+
+
+# ------------------------------------------------------------------------------ streaming
+
+_T_ERROR_MESSAGE, _T_INFER_RESPONSE = _tag(1, LEN), _tag(2, LEN)
+
+
+def encode_stream_response_parts(
+    parts: Sequence[bytes | memoryview],
+) -> list[bytes | memoryview]:
+    """A ``ModelStreamInferResponse`` carrying the ``ModelInferResponse`` whose
+    serialization is ``parts`` (left unjoined: its tensors are not copied)."""
+    size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+    return [_T_INFER_RESPONSE, _varint(size), *parts]
+
+
+def encode_stream_error(request: bytes | memoryview, message: str) -> list[bytes | memoryview]:
+    """A ``ModelStreamInferResponse`` carrying ``message`` as the error of the request
+    whose bytes are ``request``, and, as Triton does, an ``infer_response`` holding only
+    the request's id (so that a client can tell which request failed)."""
+    out: list[bytes | memoryview] = []
+    _len_field(out, _T_ERROR_MESSAGE, message.encode())
+    request_id = peek_request_id(request)
+    inner = [_T_ID, _varint(len(request_id.encode())), request_id.encode()] if request_id else []
+    _len_field(out, _T_INFER_RESPONSE, b"".join(inner))
+    return out
+
+
+def peek_request_id(data: bytes | memoryview) -> str:
+    """The ``id`` of a serialized ``ModelInferRequest`` (field 3, its last value); ""
+    when it has none or the bytes are not a message (an error answer names no id then)."""
+    r = _Reader(data, 0, len(data), "ModelInferRequest")
+    request_id = ""
+    try:
+        while r.pos < r.end:
+            number, wire = r.tag()
+            if number == 3 and wire == LEN:
+                request_id = r.string("id")
+            else:
+                r.skip(number, wire)
+    except InvalidArgument:
+        return request_id
+    return request_id

@@ -29,6 +29,14 @@ withdrawn and answered DEADLINE_EXCEEDED at once (a result that comes later is d
 A client cancel or disconnect, or the server closing, withdraws the request synchronously
 (``Service.abandon_infer``).
 
+**ModelStreamInfer** is a stream of such requests (:mod:`.streaming`, no task either):
+each message begins as it completes and takes ModelInfer's steps (:class:`_StreamInfer`,
+counted under ``ModelStreamInfer``), answered in the stream as a
+``ModelStreamInferResponse`` (an error as its ``error_message``, the stream going on), in
+request order; the stream's deadline is its one timer. Draining ends each open stream
+UNAVAILABLE once what it owes is written; a request arriving meanwhile is refused in the
+stream.
+
 **Every other RPC** (metadata, control, repository, shared memory: none is hot) goes
 through :meth:`_Bridge.unary`: the call runs as a Trio task in the bridge's own nursery
 under one ``trio.CancelScope`` at the call's deadline, and resolves an asyncio future the
@@ -80,7 +88,12 @@ from grpclib.encoding.proto import ProtoCodec
 from reactantserver.config.schema import EndpointsConfig
 from reactantserver.errors import DeadlineExceeded, InvalidArgument
 from reactantserver.protocol import inference, reactant_control
-from reactantserver.protocol.codec import decode_infer_request, encode_infer_response_parts
+from reactantserver.protocol.codec import (
+    decode_infer_request,
+    encode_infer_response_parts,
+    encode_stream_error,
+    encode_stream_response_parts,
+)
 from reactantserver.protocol.grpc.reflection import v1 as reflection_v1
 from reactantserver.protocol.grpc.reflection import v1alpha as reflection_v1alpha
 from reactantserver.protocol.reflection import ReflectionAnswerer
@@ -93,6 +106,7 @@ from .h2guard import GuardedProtocol
 from .health import HealthServicer
 from .limits import Fault, WireCounters, WireLimits
 from .server import GuardedServer, ServerStream
+from .streaming import RequestCall, StreamCall, StreamedRequest, StreamHandler
 from .unary import DirectHandler, UnaryCall
 
 log = logging.getLogger(__name__)
@@ -105,7 +119,8 @@ INFERENCE_RPCS: Mapping[str, str] = {
     "ServerMetadata": "server_metadata",
     "ModelMetadata": "model_metadata",
     "ModelInfer": "model_infer",
-    "ModelStreamInfer": "model_stream_infer",
+    # Each request of the stream takes ModelInfer's steps (begin_infer, finish_infer).
+    "ModelStreamInfer": "begin_infer",
     "ModelConfig": "model_config",
     "ModelStatistics": "model_statistics",
     "RepositoryIndex": "repository_index",
@@ -209,13 +224,15 @@ class _Bridge:
         self._calls = calls
         self._in_flight = 0
         self._draining = False
+        #: The open ModelStreamInfer calls (to drain them).
+        self._streams: set[StreamCall] = set()
         self._idle = trio.Event()
         #: The host loop, whose clock the wire's deadlines are in (looked up once: in
         #: Python 3.11 ``asyncio.get_running_loop`` makes a ``getpid`` system call).
         self._loop = asyncio.get_running_loop()
 
-    def mapping(self) -> dict[str, Handler | DirectHandler]:
-        table: dict[str, Handler | DirectHandler] = {}
+    def mapping(self) -> dict[str, Handler | DirectHandler | StreamHandler]:
+        table: dict[str, Handler | DirectHandler | StreamHandler] = {}
         for base, rpcs in (
             (inference.GrpcInferenceServiceBase(), INFERENCE_RPCS),
             (reactant_control.ControlServiceBase(), CONTROL_RPCS),
@@ -225,10 +242,17 @@ class _Bridge:
                 if rpc not in rpcs:
                     raise RuntimeError(f"no Service method is routed for the RPC {path}")
                 method: _Method = getattr(self._service, rpcs[rpc])
-                # Only ModelStreamInfer streams, and it is refused without reading.
                 unary = generated.cardinality is Cardinality.UNARY_UNARY
                 if rpc == "ModelInfer":
                     table[path] = DirectHandler(self.infer)
+                    continue
+                if rpc == "ModelStreamInfer":
+                    table[path] = StreamHandler(
+                        self.stream_infer,
+                        encode_stream_response_parts,
+                        _stream_error,
+                        opened=self._stream_opened,
+                    )
                     continue
                 table[path] = Handler(
                     partial(self.unary, rpc, method, receive=unary),
@@ -256,6 +280,22 @@ class _Bridge:
             return
         self._in_flight += 1
         _Infer(self, call).begin(message)
+
+    def stream_infer(self, request: StreamedRequest, message: bytes | memoryview) -> None:
+        """One request on a ModelStreamInfer stream: ModelInfer's path, answered in the
+        stream (:mod:`.streaming`)."""
+        if self._draining:
+            self._service.record_rpc("ModelStreamInfer", StatusCode.UNAVAILABLE)
+            request.fail(StatusCode.UNAVAILABLE, "server is shutting down")
+            return
+        self._in_flight += 1
+        _StreamInfer(self, request).begin(message)
+
+    def _stream_opened(self, stream: StreamCall) -> None:
+        self._streams.add(stream)
+        stream.on_close = partial(self._streams.discard, stream)
+        if self._draining:
+            stream.drain(StatusCode.UNAVAILABLE, "server is shutting down")
 
     async def unary(
         self,
@@ -371,8 +411,10 @@ class _Bridge:
     # ---------------------------------------------------------------- draining
 
     def drain(self) -> None:
-        """Refuse new calls from now on."""
+        """Refuse new calls from now on; streams end once what they owe is answered."""
         self._draining = True
+        for stream in list(self._streams):
+            stream.drain(StatusCode.UNAVAILABLE, "server is shutting down")
         if self._in_flight == 0:
             self._idle.set()
 
@@ -387,7 +429,12 @@ class _Infer:
 
     __slots__ = ("_bridge", "_call", "_ended", "_pending", "_timer")
 
-    def __init__(self, bridge: _Bridge, call: UnaryCall) -> None:
+    #: The RPC it is counted under.
+    rpc = "ModelInfer"
+    #: A timer at the call's deadline (a stream has one for all its requests).
+    timed = True
+
+    def __init__(self, bridge: _Bridge, call: RequestCall) -> None:
         self._bridge = bridge
         self._call = call
         self._pending: PendingInfer | None = None
@@ -404,13 +451,13 @@ class _Infer:
             ctx = CallContext(deadline=trio.current_time() + remaining, peer=call.peer)
             pending = service.begin_infer(request, ctx, self._woken)
         except Exception as exc:
-            self._fail(to_status(exc, rpc="ModelInfer"))
+            self._fail(to_status(exc, rpc=self.rpc))
             return
         self._pending = pending
         call.on_cancel = self._cancelled
         if pending.answer.settled:  # settled within begin (its wake-up found no pending)
             self._finish()
-        elif call.deadline is not None:
+        elif self.timed and call.deadline is not None:
             self._timer = loop.call_at(call.deadline, self._expired)
 
     def _woken(self) -> None:
@@ -431,7 +478,7 @@ class _Infer:
             self._fail(WireStatus(StatusCode(exc.status.value), exc.message or ""))
             return
         except Exception as exc:
-            self._fail(to_status(exc, rpc="ModelInfer"))
+            self._fail(to_status(exc, rpc=self.rpc))
             return
         self._end(StatusCode.OK)
         self._call.answer(parts)
@@ -465,13 +512,26 @@ class _Infer:
         if self._ended:
             return
         self._ended = True
-        self._bridge._service.record_rpc("ModelInfer", code)
+        self._bridge._service.record_rpc(self.rpc, code)
         self._bridge._leave()
 
     def _stop_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+class _StreamInfer(_Infer):
+    """One request of a ModelStreamInfer stream: counted under that RPC; the stream's
+    one timer keeps the call's deadline."""
+
+    __slots__ = ()
+    rpc = "ModelStreamInfer"
+    timed = False
+
+
+def _stream_error(request: bytes | memoryview, code: int, message: str) -> list[bytes | memoryview]:
+    return encode_stream_error(request, message)
 
 
 def _grpc_error(status: WireStatus) -> GRPCError:
