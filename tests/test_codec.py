@@ -35,9 +35,9 @@ from reactantserver.protocol.codec import (
     encode_infer_response,
     encode_infer_response_parts,
     encode_stream_error,
-    encode_stream_response_parts,
     from_message,
     peek_request_id,
+    stream_response_head,
 )
 from reactantserver.protocol.wire_reader import MAX_DIMS, MAX_GROUP_DEPTH
 from reactantserver.records import InferRequest, InferResponse, OutputTensor, ParamValue
@@ -379,9 +379,9 @@ def test_a_stream_response_wraps_the_response_as_protobuf_reads_it(
 ) -> None:
     """ModelStreamInfer's answer: a ``ModelStreamInferResponse`` whose ``infer_response``
     protobuf reads back as exactly the unary response, with no error message."""
-    data = b"".join(
-        bytes(p) for p in encode_stream_response_parts(encode_infer_response_parts(response))
-    )
+    parts = encode_infer_response_parts(response)
+    size = sum(memoryview(p).nbytes for p in parts)
+    data = stream_response_head(size) + b"".join(bytes(p) for p in parts)
     theirs = service_pb2.ModelStreamInferResponse.FromString(data)
     assert theirs.error_message == ""
     unary = service_pb2.ModelInferResponse.FromString(encode_infer_response(response))

@@ -42,6 +42,10 @@ def _error(message: bytes | memoryview, code: int, text: str) -> list[bytes | me
     return [b"E", bytes([code]), text.encode()]
 
 
+def _head(size: int) -> bytes:
+    return b""  # the answer's pieces are the stream's response message
+
+
 class StreamServer(ThreadedServer):
     """A GuardedServer with the tests' stream methods, on a loop in a thread."""
 
@@ -75,7 +79,7 @@ class StreamServer(ThreadedServer):
 
     def mapping(self) -> dict[str, StreamHandler]:
         def handler(begin: Callable[[StreamedRequest, bytes | memoryview], None]) -> StreamHandler:
-            return StreamHandler(begin, list, _error, opened=self._opened)
+            return StreamHandler(begin, _head, _error, opened=self._opened)
 
         return {ECHO: handler(self._echo), HELD: handler(self._held), BUG: handler(self._bug)}
 

@@ -77,7 +77,7 @@ from ..errors import (
 from ..model_version import check_version, parse_version, serves_version
 from ..protocol import inference as pb
 from ..protocol import reactant_control as cpb
-from ..protocol.codec import encode_stream_error, encode_stream_response_parts
+from ..protocol.codec import encode_stream_error, stream_response_head
 from ..records import REPORTED_VERSION
 from ..status import StatusCode, to_status
 from ..transport.server import ServerStream
@@ -219,7 +219,7 @@ class Proxy:
         table["/inference.GRPCInferenceService/ModelInfer"] = DirectHandler(self.infer)
         table["/inference.GRPCInferenceService/ModelStreamInfer"] = StreamHandler(
             self.stream_infer,
-            encode_stream_response_parts,
+            stream_response_head,
             _stream_error,
             opened=self._stream_opened,
         )

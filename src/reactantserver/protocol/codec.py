@@ -33,7 +33,7 @@ one ``b"".join``: raw outputs may be ``memoryview``\\ s of result arrays, so the
 is their only copy; :func:`encode_infer_response_parts` leaves the pieces unjoined, for
 the transport to frame directly. Output parameters (only the echo of shared-memory parameters) are
 ``InferParameter`` messages serialized by betterproto.
-:func:`encode_stream_response_parts` and :func:`encode_stream_error` write ModelStreamInfer's
+:func:`stream_response_head` and :func:`encode_stream_error` write ModelStreamInfer's
 ``ModelStreamInferResponse`` around those pieces (or an error), for worker and gateway.
 
 Protobuf rules kept (what ``tritonclient``'s protobuf runtime does, checked by
@@ -63,7 +63,6 @@ from __future__ import annotations
 import struct
 import sys
 from array import array
-from collections.abc import Sequence
 from typing import Any
 
 from reactantserver.errors import InvalidArgument
@@ -380,13 +379,11 @@ def encode_infer_response_parts(response: InferResponse) -> list[bytes | memoryv
 _T_ERROR_MESSAGE, _T_INFER_RESPONSE = _tag(1, LEN), _tag(2, LEN)
 
 
-def encode_stream_response_parts(
-    parts: Sequence[bytes | memoryview],
-) -> list[bytes | memoryview]:
-    """A ``ModelStreamInferResponse`` carrying the ``ModelInferResponse`` whose
-    serialization is ``parts`` (left unjoined: its tensors are not copied)."""
-    size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
-    return [_T_INFER_RESPONSE, _varint(size), *parts]
+def stream_response_head(size: int) -> bytes:
+    """What goes before a serialized ``ModelInferResponse`` of ``size`` bytes to make it a
+    ``ModelStreamInferResponse`` carrying it (its ``infer_response``, no error): the
+    response's pieces follow unjoined, so its tensors are not copied."""
+    return _T_INFER_RESPONSE + _varint(size)
 
 
 def encode_stream_error(request: bytes | memoryview, message: str) -> list[bytes | memoryview]:

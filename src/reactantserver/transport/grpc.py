@@ -92,7 +92,7 @@ from reactantserver.protocol.codec import (
     decode_infer_request,
     encode_infer_response_parts,
     encode_stream_error,
-    encode_stream_response_parts,
+    stream_response_head,
 )
 from reactantserver.protocol.grpc.reflection import v1 as reflection_v1
 from reactantserver.protocol.grpc.reflection import v1alpha as reflection_v1alpha
@@ -249,7 +249,7 @@ class _Bridge:
                 if rpc == "ModelStreamInfer":
                     table[path] = StreamHandler(
                         self.stream_infer,
-                        encode_stream_response_parts,
+                        stream_response_head,
                         _stream_error,
                         opened=self._stream_opened,
                     )

@@ -40,9 +40,9 @@ does), the abuse budget counts the stream, a reset or a lost connection cancels 
   message being received. Small DATA payloads are gathered into one buffer while kept,
   so a window of one-byte frames is one buffer, not millions of views.
 * **Answering.** Each answer is the handler's message wrapped into the stream's response
-  message (``handler.wrap``: for ModelStreamInfer a ``ModelStreamInferResponse`` around
-  the ``ModelInferResponse`` pieces; ``handler.error`` for a failed request), framed from
-  its pieces in DATA frames of at most :data:`.unary.SEND_CHUNK` bytes as the windows
+  message (``handler.head``: for ModelStreamInfer the head of a
+  ``ModelStreamInferResponse`` before the ``ModelInferResponse`` pieces, which are not
+  joined; ``handler.error`` for a failed request), framed from its pieces in DATA frames of at most :data:`.unary.SEND_CHUNK` bytes as the windows
   allow; the rest waits for WINDOW_UPDATE or a drained transport (``wake``), without a
   task. The response headers go with the first answer.
 * **Ending.** Once the client has ended its side and nothing is owed or kept: OK
@@ -118,8 +118,9 @@ class StreamHandler:
     #: ``begin(request, message)``: start one request's work and return; it is answered
     #: later through ``request``.
     begin: Callable[[StreamedRequest, bytes | memoryview], None]
-    #: The stream's response message carrying an answer, from the answer's pieces.
-    wrap: Callable[[Pieces], list[bytes | memoryview]]
+    #: ``head(n)``: the bytes that make an answer of ``n`` bytes the stream's response
+    #: message (for ModelStreamInfer, the tag and length of ``infer_response``).
+    head: Callable[[int], bytes]
     #: The stream's response message carrying a request's error: ``error(message, code,
     #: text)``, ``message`` the request's own bytes.
     error: Callable[[bytes | memoryview, int, str], list[bytes | memoryview]]
@@ -158,8 +159,8 @@ class StreamedRequest:
         self.deadline = stream.deadline
         self.received_at = stream.read_at
         self.on_cancel: Callable[[], None] | None = None
-        #: The answer's pieces (the stream's response message), until it is written.
-        self._answer: list[bytes | memoryview] | None = None
+        #: The answer, framed as the stream's response message, until it is written.
+        self._answer: collections.deque[memoryview] | None = None
         self._done = False
 
     @property
@@ -175,16 +176,28 @@ class StreamedRequest:
         return f"StreamedRequest({self._stream!r})"
 
     def answer(self, parts: Pieces) -> None:
-        """Answer with the message ``b"".join(parts)`` (wrapped for the stream)."""
+        """Answer with the message ``b"".join(parts)`` (wrapped for the stream; the
+        pieces are not joined)."""
         stream = self._settle()
         if stream is not None:
-            self._answer = stream.handler.wrap(parts)
+            views: collections.deque[memoryview] = collections.deque()
+            size = 0
+            for part in parts:
+                view = memoryview(part).cast("B")
+                if view.nbytes:
+                    views.append(view)
+                    size += view.nbytes
+            views.appendleft(stream.prefix(size))
+            self._answer = views
             stream.settled()
 
     def answer_framed(self, framed: bytes | memoryview) -> None:
         """Answer with a message in gRPC's framing (a worker's answer, as it came)."""
-        view = framed if type(framed) is memoryview else memoryview(framed)
-        self.answer((view[5:],))
+        stream = self._settle()
+        if stream is not None:
+            view = memoryview(framed).cast("B")
+            self._answer = collections.deque((stream.prefix(view.nbytes - 5), view[5:]))
+            stream.settled()
 
     def fail(self, code: int, message: str) -> None:
         """Answer the request's error in the stream (the call goes on)."""
@@ -192,7 +205,7 @@ class StreamedRequest:
         stream = self._settle()
         if stream is not None:
             assert request is not None
-            self._answer = stream.handler.error(request, code, message)
+            self._answer, _ = message_pieces(stream.handler.error(request, code, message))
             stream.settled()
 
     def _settle(self) -> StreamCall | None:
@@ -357,6 +370,12 @@ class StreamCall:
         """A request owed was answered: write what is ready (called by the request)."""
         self._advance()
 
+    def prefix(self, size: int) -> memoryview:
+        """The gRPC prefix and the handler's head of a response message around an answer
+        of ``size`` bytes."""
+        head = self.handler.head(size)
+        return memoryview(b"\x00" + (size + len(head)).to_bytes(4, "big") + head)
+
     # ---------------------------------------------------------------- receiving
 
     def _keep(self, data: memoryview) -> None:
@@ -372,7 +391,13 @@ class StreamCall:
     def _cut_from(self, data: memoryview) -> memoryview:
         """Begin each whole message at the front of ``data`` while not paused; the rest."""
         pos, end = 0, len(data)
-        while end - pos >= 5 and not self.paused and not self._released:
+        owed, most = self._owed, self._max_requests  # (self.paused, inlined: per message)
+        while (
+            end - pos >= 5
+            and len(owed) < most
+            and self._owed_bytes < self._max_bytes
+            and not self._released
+        ):
             length = int.from_bytes(data[pos + 1 : pos + 5], "big")
             if end - pos - 5 < length:
                 break
@@ -482,8 +507,7 @@ class StreamCall:
             if self._pending is None:
                 if head._answer is None:
                     return True  # the head is not answered yet: the rest waits behind it
-                self._pending, _ = message_pieces(head._answer)
-                head._answer = None
+                self._pending, head._answer = head._answer, None
                 if not self._headers_sent:
                     h2.send_headers(sid, ANSWER_HEADERS)
                     self._headers_sent = True
