@@ -137,7 +137,10 @@ class WireLimits:
 
         Per stream, a message is held until it is complete (at most
         ``max_message_bytes``) plus what was sent ahead of the reader (at most one stream
-        window); per connection, at most ``max_concurrent_streams`` streams.
+        window); per connection, at most ``max_concurrent_streams`` streams. A stream
+        method's call (ModelStreamInfer) holds, besides, the requests it owes: up to
+        ``stream_requests`` of them and about ``stream_bytes`` of their messages, which
+        this sum of request bytes does not count.
         """
         per_stream = self.max_message_bytes + self.stream_window
         return self.max_connections * self.max_concurrent_streams * per_stream
