@@ -20,8 +20,9 @@ What is shown (issue 43, "Must show", streaming):
 * a client that cancels its stream has every request in flight withdrawn, on the worker
   and through the gateway;
 * a client that sends without reading is paused at ``stream_requests`` requests (32):
-  no more begin, until it reads; a stream reset with requests in flight withdraws them
-  all; an oversized message ends the call RESOURCE_EXHAUSTED after the answers before it;
+  no more begin (the worker) or are forwarded (the gateway), until it reads; a stream
+  reset with requests in flight withdraws them all; an oversized message ends the call
+  RESOURCE_EXHAUSTED after the answers before it;
 * a worker that stops ends its open streams UNAVAILABLE once their answers are written.
 """
 
@@ -434,3 +435,35 @@ def test_a_cancelled_stream_through_the_gateway_cancels_the_workers_calls(
                 break
             wait.wait(0.01)
     assert sum(len(w.host.cancelled) for w in fleet) == 4
+
+
+def test_a_client_that_sends_without_reading_is_paused_at_the_gateway(
+    fleet: list[FakeWorker],
+) -> None:
+    """The gateway holds a stream to the same bound: 32 of 200 requests forwarded, none
+    more, until the client reads; then all 200 answered in order."""
+    codes = h2.settings.SettingCodes
+    with running_gateway(gateway_config(fleet)) as gw, H2Client(gw.address.grpc_port) as client:
+        client.conn.update_settings({codes.INITIAL_WINDOW_SIZE: 0})
+        client.flush()
+        assert client.round_trip()
+        sid = client.start(STREAM)
+        assert client.send(sid, b"".join(infer_bytes(i) for i in range(200)))
+        assert client.round_trip()  # the gateway has read every byte sent
+        assert gw.gateway.proxy is not None
+        (stream,) = gw.gateway.proxy.streams
+        assert (stream.owed, stream.paused) == (32, True) and stream.kept > 0
+        wait = threading.Event()
+        for _ in range(1000):  # the forwarded calls reach the workers
+            if sum(len(w.host.calls) for w in fleet) >= 32:
+                break
+            wait.wait(0.01)
+        assert client.round_trip()
+        assert sum(len(w.host.calls) for w in fleet) == 32
+        client.conn.update_settings({codes.INITIAL_WINDOW_SIZE: 1 << 20})
+        client.end(sid)
+        result = client.wait(sid, timeout=60)
+    assert result.grpc_status == 0, result.grpc_message
+    assert [a.infer_response.id for a in stream_answers(result.data)] == [
+        f"h{i}" for i in range(200)
+    ]
