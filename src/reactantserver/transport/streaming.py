@@ -60,7 +60,8 @@ the request answered (in the stream) INTERNAL with the fixed message.
 Invariants (``tests/test_wire_streaming.py``): every request whose message completed is
 answered exactly once in the stream, in arrival order, unless the call ended first; then
 it is withdrawn exactly once. What is owed never exceeds ``stream_requests`` requests;
-the bytes kept unacknowledged never exceed one stream window plus a message's prefix.
+what is kept, one stream window beyond the message being received (HTTP/2 flow control
+holds the client to it once no more is acknowledged).
 """
 
 from __future__ import annotations
