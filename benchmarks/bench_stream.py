@@ -13,6 +13,12 @@ so the servers, not the client, set the pace:
 * **stream**: one ModelStreamInfer call with ``N`` requests outstanding on it (a DATA
   message each way per request, no headers); each answer sends the next request.
 
+A third target, ``in-process``, is the transport alone: the worker's gRPC server
+(``serve_grpc`` over ``Service``) in this process over a host that answers every request
+at once (no JAX, no scheduler), driven by the same client from a process of its own; its
+CPU is this process's. It shows what the two modes cost the server's transport, without
+the model's execution and the scheduler around it.
+
 Each target (the worker direct, the worker through the gateway) and in-flight count
 (``--inflight``) is measured ``--runs`` times, unary and stream alternating (the order
 flips each run), in windows of ``--seconds`` after a warm-up; each figure is the median.
@@ -21,7 +27,7 @@ the answers in it: the worker's for direct rows, the gateway's and the worker's 
 through the gateway. Every answer is checked to be OK (unary: grpc-status 0; stream: a
 ``ModelStreamInferResponse`` without an error message), with ``y = 2x``.
 
-    python benchmarks/bench_stream.py                   # about 2 minutes
+    python benchmarks/bench_stream.py                   # about 3 minutes
     python benchmarks/bench_stream.py --runs 3 --seconds 2 --inflight 1,16,32
 """
 
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import socket
 import statistics
 import sys
@@ -36,6 +43,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 import numpy as np
@@ -45,9 +53,10 @@ sys.path.insert(0, str(HERE))
 
 import bench_serve as bs  # noqa: E402
 from bench_gateway import start_gateway  # noqa: E402
+from bench_grpc import _Host as _BenchHost  # noqa: E402
 
 from reactantserver.protocol import inference as pb  # noqa: E402
-from reactantserver.transport import h2events  # noqa: E402
+from reactantserver.transport import guest, h2events  # noqa: E402
 from reactantserver.transport.h2client import (  # noqa: E402
     ClientConnection,
     encode_request,
@@ -293,6 +302,65 @@ def report(rows: Sequence[Row]) -> None:
         print(f"{r.target:<9} {r.inflight:>9}  {cells}  (median {statistics.median(ratios):.2f})")
 
 
+# ------------------------------------------------------------------ the transport alone
+
+
+class _InstantHost(_BenchHost):
+    """bench_grpc's host, serving ``double`` (``y = 2x``) and answering at once."""
+
+    model = attrs.evolve(_BenchHost.model, name=bs.SMALL_MODEL)
+
+    def begin(self, model: str, inputs: Any, outputs: Any, deadline: float, answer: Any) -> None:
+        answer.resolve({"y": inputs["x"] * 2})
+
+
+def _closed_loop(url: str, mode: str, inflight: int, count: int) -> float:
+    """(In the client's process.) ``count`` answers in a closed loop; the seconds taken."""
+    client = Client(url)
+    started = time.perf_counter()
+    try:
+        (client.unary if mode == "unary" else client.stream)(
+            inflight, lambda: client.answered >= count
+        )
+    finally:
+        client.close()
+    return time.perf_counter() - started
+
+
+async def _in_process(args: argparse.Namespace) -> list[Row]:
+    import trio
+
+    from reactantserver.config.schema import EndpointsConfig
+    from reactantserver.service import Service
+    from reactantserver.transport.grpc import serve_grpc
+
+    service = Service(_InstantHost(), max_concurrent_requests=0)
+    windows: dict[tuple[int, str], list[Window]] = {}
+    count = max(200, int(args.seconds * 2000))
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_grpc, service, EndpointsConfig(port=0))
+        url = f"127.0.0.1:{port}"
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            for run in range(args.runs):
+                for inflight in args.inflight:
+                    for mode in MODES if run % 2 == 0 else MODES[::-1]:
+                        warm = (url, mode, inflight, count // 5)
+                        await trio.to_thread.run_sync(pool.apply, _closed_loop, warm)
+                        cpu = time.process_time()
+                        seconds = await trio.to_thread.run_sync(
+                            pool.apply, _closed_loop, (url, mode, inflight, count)
+                        )
+                        used = time.process_time() - cpu
+                        window = Window(count, seconds, (used,))
+                        windows.setdefault((inflight, mode), []).append(window)
+        nursery.cancel_scope.cancel()
+    return [
+        Row("in-proc", inflight, mode, tuple(windows[(inflight, mode)]))
+        for inflight in args.inflight
+        for mode in MODES
+    ]
+
+
 async def _run(args: argparse.Namespace, workdir: Path) -> list[Row]:
     repo = workdir / "repo"
     bs.build_repo(repo, zoo=(bs.SMALL_MODEL,), exported=())
@@ -339,6 +407,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="rs_bench_stream_") as tmp:
         rows = asyncio.run(_run(args, Path(tmp)))
+    rows += guest.run(_in_process, args)  # Trio as asyncio's guest, as the worker runs
     print(
         f"ModelStreamInfer against ModelInfer, one connection, closed loop; "
         f"{args.runs} windows of {args.seconds:g} s per row, medians"
