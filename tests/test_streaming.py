@@ -23,7 +23,9 @@ What is shown (issue 43, "Must show", streaming):
   no more begin (the worker) or are forwarded (the gateway), until it reads; a stream
   reset with requests in flight withdraws them all; an oversized message ends the call
   RESOURCE_EXHAUSTED after the answers before it;
-* a worker that stops ends its open streams UNAVAILABLE once their answers are written.
+* a worker that stops ends its open streams UNAVAILABLE once their answers are written;
+* a stream tritonclient compresses (gzip, deflate) is inflated request by request, a bomb
+  among them refused in the stream, on the worker and through the gateway.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from h2_client import H2Client, grpc_message
 from test_gateway_proxy import config as gateway_config
 from tritonclient.utils import InferenceServerException
 
-from reactantserver.config.schema import EndpointsConfig
+from reactantserver.config.schema import EndpointsConfig, GatewayGrpcConfig
 from reactantserver.protocol import inference as pb
 from reactantserver.service import Service
 from reactantserver.status import StatusCode
@@ -467,3 +469,56 @@ def test_a_client_that_sends_without_reading_is_paused_at_the_gateway(
     assert [a.infer_response.id for a in stream_answers(result.data)] == [
         f"h{i}" for i in range(200)
     ]
+
+
+# ------------------------------------------------------------------------------ compression
+
+
+def compressed_stream(
+    url: str, algorithm: str
+) -> list[tuple[Any, InferenceServerException | None]]:
+    """50 requests on a stream tritonclient compresses, the 25th a bomb: a message of a
+    few kilobytes that inflates past the 1 MiB message limit."""
+    client = tc.InferenceServerClient(url)
+    got = Collector(50)
+    client.start_stream(got, compression_algorithm=algorithm)
+    for i in range(50):
+        inp = x_input(i, rows=40_000) if i == 25 else x_input(i)  # 2.5 MB of one value
+        client.async_stream_infer("double", inp, request_id=f"c{i}")
+    assert got.enough.wait(60), f"{len(got.got)} of 50 answers arrived"
+    client.stop_stream()
+    client.close()
+    return got.got
+
+
+def check_compressed(got: list[tuple[Any, InferenceServerException | None]], limit: str) -> None:
+    """Each answered in order; the bomb refused in the stream, the stream going on."""
+    for i, (result, error) in enumerate(got):
+        if i == 25:
+            assert result is None and error is not None
+            assert error.message() == (
+                f"the request message inflates past the limit of {LIMIT} bytes "
+                f"({limit}); send less, or send it uncompressed in shared memory"
+            )
+            continue
+        assert error is None, (i, error)
+        assert result.get_response().id == f"c{i}"
+        np.testing.assert_array_equal(result.as_numpy("y"), np.full((1, 16), 2.0 * i))
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+async def test_a_compressed_stream_is_inflated_request_by_request(
+    worker: Running, algorithm: str
+) -> None:
+    got = await off_loop(lambda: compressed_stream(worker.url, algorithm))
+    check_compressed(got, "endpoints.max_message_bytes")
+    assert worker.host.models["double"].rows == 49
+
+
+def test_a_compressed_stream_through_the_gateway(fleet: list[FakeWorker]) -> None:
+    with running_gateway(
+        gateway_config(fleet, grpc=GatewayGrpcConfig(max_recv_msg_bytes=LIMIT))
+    ) as gw:
+        got = compressed_stream(gw.grpc, "gzip")
+    check_compressed(got, "grpc.max_recv_msg_bytes")
+    assert sum(w.host.models["double"].rows for w in fleet) == 49

@@ -24,6 +24,9 @@ does), the abuse budget counts the stream, a reset or a lost connection cancels 
   ``deadline``, ``peer``, ``received_at``; a :class:`.unary.UnaryCall` has the same) --
   handed to ``handler.begin`` at once. The request's deadline is the call's
   (``grpc-timeout``); the request's own ``timeout`` parameter is the handler's to read.
+  On a call with a ``grpc-encoding``, a message flagged compressed is inflated first
+  (:mod:`.compression`: within the message limit, a step per pass of the loop), keeping
+  its place in the order; a refusal (a bomb, a broken stream) answers that request.
 * **Order.** Answers leave in the order the requests arrived, as Triton writes them for a
   model that is not decoupled: an answer that is ready waits behind an earlier one that
   is not, and an error answers in its request's place too. A client that sets no ids can
@@ -77,9 +80,17 @@ import attrs
 from reactantserver.status import INTERNAL_MESSAGE, StatusCode
 
 from . import h2events
-from .framing import RequestHead
+from .compression import Inflater
+from .framing import Refusal, RequestHead
 from .limits import WireLimits
-from .unary import ANSWER_HEADERS, OK_TRAILERS, message_pieces, send_frames, status_headers
+from .unary import (
+    ACCEPTING_ANSWER_HEADERS,
+    ANSWER_HEADERS,
+    OK_TRAILERS,
+    message_pieces,
+    send_frames,
+    status_headers,
+)
 
 if TYPE_CHECKING:
     from .h2guard import GuardedProtocol
@@ -270,7 +281,15 @@ class StreamCall:
         self._gather = bytearray()
         self._kept = 0
         self._length = -1
+        self._flags = 0
         self._unacked = 0
+        #: What a compressed message may inflate to, and the setting that says so; the
+        #: answers' initial headers (they say what is accepted when the call has an
+        #: encoding: the gRPC compression spec's rule).
+        self._inflate_limit = (limits.max_message_bytes, limits.names.max_message_bytes)
+        self._answer_headers = (
+            ACCEPTING_ANSWER_HEADERS if admitted.head.compressed else ANSWER_HEADERS
+        )
         #: The head answer's bytes not yet handed to the connection.
         self._pending: collections.deque[memoryview] | None = None
         self._headers_sent = False
@@ -403,8 +422,8 @@ class StreamCall:
             if end - pos - 5 < length:
                 break
             start = pos + 5
-            pos = start + length
-            self._begin(data[start:pos], length + 5)
+            flags, pos = data[pos], start + length
+            self._begin(data[start:pos], length + 5, flags)
         return data[pos:]
 
     def _take(self, n: int) -> bytes | memoryview:
@@ -441,22 +460,53 @@ class StreamCall:
             if self._length < 0:
                 if self._kept < 5:
                     return
-                self._length = int.from_bytes(bytes(self._take(5))[1:], "big")
+                prefix = bytes(self._take(5))
+                self._flags, self._length = prefix[0], int.from_bytes(prefix[1:], "big")
             if self._kept < self._length:
                 return
             length, self._length = self._length, -1
-            self._begin(self._take(length), length + 5)
+            self._begin(self._take(length), length + 5, self._flags)
 
-    def _begin(self, message: bytes | memoryview, size: int) -> None:
+    def _begin(self, message: bytes | memoryview, size: int, flags: int) -> None:
+        """A request whose message is complete: it is owed from now on, in its place."""
         request = StreamedRequest(self, message, size)
         self._owed.append(request)
         self._owed_bytes += size
         self._guard.calls_started(1)
+        if flags == 1:  # (the framer lets the flag through only on a call with an encoding)
+            limit, setting = self._inflate_limit
+            self._inflate(request, Inflater(message, self.head.encoding, limit, setting))
+        else:
+            self._handle(request, message)
+
+    def _handle(self, request: StreamedRequest, message: bytes | memoryview) -> None:
         try:
             self.handler.begin(request, message)
         except Exception:
             log.exception("%s failed with an unexpected error", self.head.path)
             request.fail(StatusCode.INTERNAL, INTERNAL_MESSAGE)
+
+    def _inflate(self, request: StreamedRequest, inflater: Inflater) -> None:
+        """One step of a compressed request's inflation (:mod:`.compression`), the next
+        on a later pass of the loop, so that other calls are served in between; the
+        request keeps its place in the stream's order meanwhile. Inflated, it counts
+        against the stream's bound by its inflated size; refused (a bomb, a broken
+        stream), it is answered with the refusal in the stream, which goes on."""
+        if request.done or self._released:
+            return  # withdrawn meanwhile
+        result = inflater.step()
+        if result is None:
+            self._loop.call_soon(self._inflate, request, inflater)
+            return
+        if isinstance(result, Refusal):
+            self._guard.fault(result.fault, result.message)
+            request.fail(result.code, result.message)
+            return
+        grown = len(result) + 5 - request.size
+        request.size += grown
+        self._owed_bytes += grown
+        request._message = result  # what an error answer reads the request's id from
+        self._handle(request, result)
 
     def _acknowledge(self) -> None:
         """Give the window back for what arrived, unless the stream is paused (what is
@@ -510,7 +560,7 @@ class StreamCall:
                     return True  # the head is not answered yet: the rest waits behind it
                 self._pending, head._answer = head._answer, None
                 if not self._headers_sent:
-                    h2.send_headers(sid, ANSWER_HEADERS)
+                    h2.send_headers(sid, self._answer_headers)
                     self._headers_sent = True
             if not send_frames(h2, sid, self._pending, self._guard):
                 return False
