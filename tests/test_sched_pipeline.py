@@ -566,3 +566,33 @@ async def test_out_of_memory_in_a_launched_batch_fails_only_that_batch(
     assert isinstance(got["big"][2], ResourceExhausted)
     assert got["behind"][1] == ("out", "behind") and got["after"][1] == ("out", "after")
     assert len(charged) == 3 and not gpu.violations
+
+
+async def test_cancelling_run_while_a_prepared_batch_waits_for_an_overrunning_head_releases_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Depth 2, timeout 5 s, every load 6 s: ``a`` loads and is launched at 6 s and overruns
+    at 11 s; ``b``'s weights finish loading at 12 s, so its prepared batch waits for the
+    overrunning head. ``run()`` is cancelled at 13 s: the head is still landed when it
+    returns (26 s), and ``b``'s batch -- never launched -- gives back its weight pin and
+    its in-flight slot, and its caller hears ``Unavailable``."""
+    gpu = FakeGpu(lambda b: 20.0 if b.model == "a" else 1.0, t_load=6.0)
+    scheduler, charged = make(gpu, 2, dispatch_timeout_seconds=5.0, discipline="fifo")
+    got: dict[Any, Any] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(scheduler.run)
+        t0 = trio.current_time()
+        scheduler.enqueue("a", "slow", answer=answers_into(got, "slow"))
+        scheduler.enqueue("b", "waiting", answer=answers_into(got, "waiting"))
+        await trio.sleep_until(t0 + 13.0)
+        assert scheduler.health is Health.OVERRUN
+        assert sorted(gpu.held.values()) == ["a", "b"]  # b is prepared, not launched
+        assert [p.model for p in gpu.programs] == ["a"]
+        nursery.cancel_scope.cancel()
+    assert trio.current_time() - t0 == pytest.approx(26.0)  # the head still landed
+    assert isinstance(got["slow"][2], ExecutionFailed)
+    assert isinstance(got["waiting"][2], Unavailable)
+    assert not gpu.held and not any(gpu.pins.values())  # b's weight pin given back
+    assert scheduler.policy.running is None  # and its in-flight slot
+    assert [p.model for p in gpu.programs] == ["a"] and not gpu.violations
+    assert [b.model for b, _ in charged] == ["a"]  # b never reached the device

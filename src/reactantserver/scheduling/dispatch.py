@@ -125,9 +125,11 @@ against an honest asynchronous fake device, in virtual time, with Hypothesis):
    weight provider has every release) while a launched batch uses them; a reload's drain
    counts launched batches because their requests stay in the table (``admitted``)
    until they are answered at landing.
-5. Shutdown: queued requests fail ``Unavailable``; a batch already taken is launched;
-   every launched batch is waited for and landed (the collector is shielded), never
-   abandoned. A ``prepare`` failure fails only its batch (it never reached the device:
+5. Shutdown: queued requests fail ``Unavailable``; a batch already taken is launched --
+   unless the loop is cancelled while that prepared batch waits for an overrunning
+   head: then it is given back unlaunched (``ran``: its weights released; its in-flight
+   slot returned; its callers ``Unavailable``); every launched batch is waited for and
+   landed (the collector is shielded), never abandoned. A ``prepare`` failure fails only its batch (it never reached the device:
    no ``on_batch``); a launch or collect failure (``ResourceExhausted`` for memory)
    fails only its batch, and the loop serves on.
 6. ``withdraw`` and deadlines as above: a withdrawn request in a launched batch has its
@@ -892,9 +894,16 @@ class Scheduler:
             self._executing = None
         # The head may have overrun while this batch's weights were loading: nothing is
         # launched until it returns (the collector wakes the launcher when it lands).
-        while self._health is Health.OVERRUN:
-            await self._sleep(self._policy.next_deadline(), idle=False)
-            self._expire(trio.current_time())
+        try:
+            while self._health is Health.OVERRUN:
+                await self._sleep(self._policy.next_deadline(), idle=False)
+                self._expire(trio.current_time())
+        except BaseException:
+            # Cancelled while waiting (shutdown): the batch never reaches the device, so
+            # it is given back here -- its weights released, its in-flight slot returned,
+            # its callers told -- or the pin would stop every later control command.
+            self._unlaunched(batch)
+            raise
         flight = _Flight(batch)
         if self._pipe is not None:
             try:
@@ -919,6 +928,15 @@ class Scheduler:
         self._flight.append(flight)
         self._collected.set()
         self._maybe_prefetch(nursery)
+
+    def _unlaunched(self, batch: Batch) -> None:
+        """Give back a prepared batch that will never be launched (see ``_launch``): no
+        device time (and no ``on_batch``: it never reached the device), weights released."""
+        self._policy.complete(batch, 0.0, trio.current_time(), ok=False)
+        ran = getattr(self._executor, "ran", None)
+        if ran is not None:
+            ran(batch)
+        self._fail_batch(batch, lambda: Unavailable(SHUTTING_DOWN))
 
     def _back(
         self, flight: _Flight, result: outcome.Outcome[Any], started: float, ended: float
