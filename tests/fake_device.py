@@ -1,7 +1,10 @@
 """A fake device for the weight cache's driver, and fake model versions on real files.
 
 ``FakeDevice`` implements ``DeviceRuntime`` (what ``CachedWeights`` needs of
-``Runtime``): it copies arrays like a real device and keeps books the tests read --
+``Runtime``): it copies arrays like a real device -- a list of host arrays
+(``to_device``), or a version's packed host copy cut into its tensors
+(``packed_loader``, the cache's loads from a ``system`` copy), each one transfer -- and
+keeps books the tests read --
 bytes live on the "device" and their high-water mark, transfers, frees, whether an array
 was freed while an execution held it. With ``stats=True`` it reports allocator
 statistics shaped as JAX's GPU client reports them (bytes in use, the peak), which is
@@ -29,6 +32,8 @@ from reactantserver.bundle import read_weight_specs, read_weights, write_weights
 from reactantserver.config.schema import ModelSchedConfig, Residency, RuntimeConfig
 from reactantserver.runtime import MemoryStats
 from reactantserver.runtime.weight_cache import CachedWeights
+from reactantserver.weights import TensorSpec
+from reactantserver.weights.host import pack_offsets
 
 
 def jax_out_of_memory(nbytes: int) -> RuntimeError:
@@ -73,12 +78,34 @@ class FakeDevice:
         #: Held arrays: freeing one of these is the bug the cache must never commit.
         self.executing: set[int] = set()
         self.freed_while_executing = 0
-        #: When set, transfers block until it is set (to hold a load in flight).
+        #: When set, transfers of host arrays (``to_device``, the thread path) block until
+        #: it is set (to hold a load in flight). Packed loads never block: the real ones
+        #: are queued on the device and run on the event loop.
         self.gate: threading.Event | None = None
+        #: Transfers from packed host copies (one each), a subset of ``transfers``.
+        self.packed_transfers = 0
+
+    def packed_loader(self, tensors: Sequence[TensorSpec]) -> Any:
+        offsets, _ = pack_offsets(tensors)
+
+        def load(packed: np.ndarray) -> list[FakeArray]:
+            views = [
+                packed[o : o + t.nbytes].view(t.dtype).reshape(t.shape)
+                for o, t in zip(offsets, tensors, strict=True)
+            ]
+            out = self._transfer(views)
+            with self._lock:
+                self.packed_transfers += 1
+            return out
+
+        return load
 
     def to_device(self, host_arrays: Sequence[np.ndarray]) -> list[FakeArray]:
         if self.gate is not None:
             self.gate.wait(10)
+        return self._transfer(host_arrays)
+
+    def _transfer(self, host_arrays: Sequence[np.ndarray]) -> list[FakeArray]:
         with self._lock:
             if self.fail_next:
                 self.fail_next -= 1

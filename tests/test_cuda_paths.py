@@ -268,6 +268,9 @@ class _CudaRuntimeStandIn:
     def to_device(self, host: Sequence[np.ndarray]) -> list[Any]:
         return self._cpu.to_device(host)  # type: ignore[no-any-return]
 
+    def packed_loader(self, tensors: Sequence[Any]) -> Any:
+        return self._cpu.packed_loader(tensors)
+
     def free(self, arrays: Sequence[Any]) -> None:
         self._cpu.free(arrays)
 

@@ -70,6 +70,59 @@ async def test_a_miss_loads_the_file_contents_and_the_next_acquire_hits(
     assert stats.host.models == {f"a#{a.generation}": 40}  # the system copy stays
 
 
+async def test_a_load_from_a_system_copy_is_one_transfer_on_the_loop_with_no_thread_hop(
+    device: FakeDevice, models: Models, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A ``system`` version's host copy is one packed buffer; a miss moves it with one
+    packed transfer, carried out on the event loop (the real one is queued on the device,
+    not waited for): not one call goes to a worker thread, and the weights are exact."""
+    calls: list[str] = []
+
+    async def counted(fn: Any, *args: Any) -> Any:
+        calls.append(getattr(fn, "__name__", repr(fn)))
+        return await inline(fn, *args)
+
+    config = RuntimeConfig(weight_cache_fraction=1.0, weight_cache_wiggle_fraction=0.0)
+    cache = CachedWeights(device, config, arena=100, thread=counted)  # type: ignore[arg-type]
+    a, b, c = models("a", 40), models("b", 40), models("c", 40)
+    for m in (a, b, c):
+        await cache.add(m)  # type: ignore[arg-type]
+    assert "packed_loader" in calls  # compiled at add, in a thread: never on a load
+    calls.clear()
+    for m in (a, b, c, a, b):  # five misses, two of them evicting
+        await run_batch(cache, device, m)
+    stats = cache.statistics().policy
+    assert (stats.loads, stats.misses, stats.evictions) == (5, 5, 3)
+    assert device.transfers == device.packed_transfers == 5
+    assert calls == []  # no thread hop: loads and frees ran on the loop
+    assert device.live == 80 and device.peak <= 100
+
+
+async def test_a_version_past_the_packed_limit_loads_per_tensor_in_a_thread(
+    device: FakeDevice, models: Models, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Past ``PACKED_LOAD_MAX_BYTES`` the copy dominates any per-tensor overhead: no unpack
+    program is made, and a load is one put of the tensors in a worker thread."""
+    from reactantserver.runtime.weight_io import PACKED_LOAD_MAX_BYTES
+
+    calls: list[str] = []
+
+    async def counted(fn: Any, *args: Any) -> Any:
+        calls.append(getattr(fn, "__name__", repr(fn)))
+        return await inline(fn, *args)
+
+    nbytes = PACKED_LOAD_MAX_BYTES + 64
+    config = RuntimeConfig(weight_cache_fraction=1.0, weight_cache_wiggle_fraction=0.0)
+    cache = CachedWeights(device, config, arena=nbytes, thread=counted)  # type: ignore[arg-type]
+    big = models("big", nbytes)
+    await cache.add(big)  # type: ignore[arg-type]
+    assert "packed_loader" not in calls
+    calls.clear()
+    await run_batch(cache, device, big)
+    assert len(calls) == 1 and "to_device" in calls[0]  # one thread hop: the put
+    assert device.transfers == 1 and device.packed_transfers == 0
+
+
 async def test_lru_victims_are_freed_before_the_transfer(
     device: FakeDevice, models: Models, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -569,3 +622,66 @@ def test_cpu_host_copies_are_really_copied_to_the_device(zoo_runtime: Any) -> No
         host[...] = 2  # the device copy is unaffected
         assert np.asarray(device).max() == 1
         zoo_runtime.free([device])
+
+
+@pytest.mark.slow
+def test_packed_loads_on_the_cpu_are_real_copies_and_one_program_serves_a_layout(
+    zoo_repo: Path, zoo_runtime: Any, tmp_path: Path
+) -> None:
+    """On the real CPU device: a version's packed host copy, loaded with its layout's
+    unpack program, gives exactly its weights in new device buffers (changing the host
+    copy afterwards changes nothing on the device); the variants of one architecture share
+    one program; and every dtype a weights file may hold, zero-sized tensors included,
+    comes back as ``Runtime.to_device`` puts it (bit for bit; 64-bit ones as JAX converts
+    them without ``jax_enable_x64``)."""
+    from reactantserver.bundle import load_bundle, write_weights
+    from reactantserver.weights import read_layout
+
+    store = HostStore(allocate=copying_allocate)
+    loaders = []
+    for name in ("mlp", "mlp_v000"):
+        bundle = load_bundle(zoo_repo / name)
+        assert bundle.weights_path is not None
+        copy = store.materialize(name, read_layout(bundle.weights_path))
+        assert copy.packed is not None
+        loaders.append(zoo_runtime.packed_loader(copy.layout.tensors))
+        arrays = loaders[-1](copy.packed)
+        host_range = range(copy.packed.ctypes.data, copy.packed.ctypes.data + copy.packed.nbytes)
+        for device, host in zip(arrays, bundle.read_weights(), strict=True):
+            assert device.unsafe_buffer_pointer() not in host_range
+            np.testing.assert_array_equal(np.asarray(device), host)
+        copy.packed[...] = 0
+        for device, host in zip(arrays, bundle.read_weights(), strict=True):
+            np.testing.assert_array_equal(np.asarray(device), host)  # a copy, not a view
+        zoo_runtime.free(arrays)
+    assert loaders[0] is loaders[1]  # one program per layout
+    import ml_dtypes
+
+    rng = np.random.default_rng(5)
+    odd = [
+        ("f16", rng.standard_normal((3, 5)).astype(np.float16)),
+        ("b", rng.integers(0, 2, (7,)).astype(np.bool_)),
+        ("i8", rng.integers(-128, 127, (9,)).astype(np.int8)),
+        ("empty", np.zeros((0, 4), np.float32)),
+        ("bf16", rng.standard_normal((2, 3)).astype(ml_dtypes.bfloat16)),
+        ("u8", rng.integers(0, 255, (13,)).astype(np.uint8)),
+        ("i64", rng.integers(-(2**40), 2**40, (2, 2)).astype(np.int64)),
+        ("f64", rng.standard_normal((1,)).astype(np.float64)),
+    ]
+    path = tmp_path / "weights.safetensors"
+    write_weights(path, odd)
+    copy = store.materialize("odd", read_layout(path))
+    arrays = zoo_runtime.packed_loader(copy.layout.tensors)(copy.packed)
+    for device, (name, host) in zip(arrays, odd, strict=True):
+        got, (want,) = np.asarray(device), zoo_runtime.to_device([host])
+        want = np.asarray(want)
+        assert (got.dtype, got.shape) == (want.dtype, want.shape), name
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+    without = [(n, a) for n, a in odd if a.dtype.itemsize < 8]  # the unpack program's path
+    write_weights(path, without)
+    copy = store.materialize("odd", read_layout(path))
+    arrays = zoo_runtime.packed_loader(copy.layout.tensors)(copy.packed)
+    for device, (name, host) in zip(arrays, without, strict=True):
+        got = np.asarray(device)
+        assert (got.dtype, got.shape) == (host.dtype, host.shape), name
+        np.testing.assert_array_equal(got.view(np.uint8), host.view(np.uint8))

@@ -16,7 +16,7 @@ from safetensors.numpy import save_file
 
 from reactantserver.errors import BundleError
 from reactantserver.weights import WEIGHTS_FILE, HostStore, map_weights, read_layout
-from reactantserver.weights.host import materialize
+from reactantserver.weights.host import PACK_ALIGN, materialize, pack_offsets
 
 ORDER = ["w2", "b", "w1", "scalar", "empty", "bf"]
 
@@ -59,15 +59,34 @@ def test_layout_follows_argument_order_without_reading_data(bundle: Path) -> Non
     assert [s.dtype_name for s in layout.tensors] == ["F16", "I64", "F32", "F64", "F32", "BF16"]
 
 
-def test_materialize_reads_every_tensor_into_ram(bundle: Path) -> None:
-    weights = materialize("mymodel", read_layout(bundle))
-    assert not weights.mapped
-    for name, arr in zip(ORDER, weights.arrays, strict=True):
+def test_materialize_reads_every_tensor_into_one_packed_buffer(bundle: Path) -> None:
+    """One RAM buffer per version: each tensor a writable view of it, in argument order, at
+    a PACK_ALIGN boundary, with exactly the file's values."""
+    layout = read_layout(bundle)
+    weights = materialize("mymodel", layout)
+    assert not weights.mapped and weights.packed is not None
+    assert weights.packed.flags.owndata and weights.packed.dtype == np.uint8
+    offsets, size = pack_offsets(layout.tensors)
+    assert weights.packed.nbytes == size >= layout.nbytes
+    start = weights.packed.ctypes.data
+    for name, arr, offset in zip(ORDER, weights.arrays, offsets, strict=True):
         np.testing.assert_array_equal(arr, tensors()[name])
-        assert arr.flags.owndata and arr.flags.writeable
+        assert arr.base is not None and arr.flags.writeable and arr.flags.c_contiguous
+        assert offset % PACK_ALIGN == 0
+        assert arr.size == 0 or arr.ctypes.data == start + offset
 
 
-def test_the_allocator_seam_receives_every_array(bundle: Path) -> None:
+def test_pack_offsets_depend_only_on_the_tensors_in_argument_order(bundle: Path) -> None:
+    layout = read_layout(bundle)
+    offsets, size = pack_offsets(layout.tensors)
+    ends = [o + t.nbytes for o, t in zip(offsets, layout.tensors, strict=True)]
+    assert list(offsets) == sorted(offsets) and size == ends[-1]
+    assert all(e <= o for e, o in zip(ends, offsets[1:], strict=False))  # no overlap
+    assert all(o - e < PACK_ALIGN for e, o in zip(ends, offsets[1:], strict=False))  # tight
+    assert pack_offsets(()) == ((), 0)
+
+
+def test_the_allocator_seam_receives_the_one_buffer(bundle: Path) -> None:
     handed_out: list[np.ndarray] = []
 
     def allocate(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
@@ -77,8 +96,9 @@ def test_the_allocator_seam_receives_every_array(bundle: Path) -> None:
 
     store = HostStore(allocate)
     weights = store.materialize("mymodel", read_layout(bundle))
-    assert len(handed_out) == len(ORDER)
-    assert all(a is b for a, b in zip(weights.arrays, handed_out, strict=True))  # no copies
+    assert len(handed_out) == 1 and weights.packed is handed_out[0]
+    for arr in weights.arrays:  # no copies: views of the allocator's buffer
+        assert arr.size == 0 or np.shares_memory(arr, handed_out[0])
 
 
 def test_a_map_is_a_real_memory_map_not_a_copy(bundle: Path) -> None:

@@ -52,6 +52,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
 from harness import (
     ROOT,
@@ -207,6 +208,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="8 and 16 MLPs at 20/s (smoke test)")
     parser.add_argument("--workdir", type=Path, default=None, help="keep bundles and logs here")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default $OUT)")
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        metavar="REF",
+        help="also serve the catalog from another tree of the project -- a directory, or a "
+        "git ref archived into .baseline/REF -- and print its rows beside ours",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.catalogs, args.rates, args.seconds, args.budget = "8,16", "20", 1.5, 0.3
@@ -214,12 +222,96 @@ def main(argv: list[str] | None = None) -> int:
         args.archs = "mlp"
     sizes = sorted(int(n) for n in args.catalogs.split(","))
     rates = [float(r) for r in args.rates.split(",")]
+    baseline = baseline_tree(args.baseline) if args.baseline else None
     with tempfile.TemporaryDirectory(prefix="bench-catalog-") as tmp:
         work = args.workdir or Path(tmp)
-        return run(args, sizes, rates, work)
+        return run(args, sizes, rates, work, baseline)
 
 
-def run(args: argparse.Namespace, sizes: list[int], rates: list[float], work: Path) -> int:
+def baseline_tree(ref: str) -> Path:
+    """The tree to compare with: ``ref`` itself when it is a directory holding ``src/``,
+    else ``git archive`` of the commit ``ref`` names, in ``.baseline/<commit>`` (made once;
+    ``.baseline/`` is git-ignored)."""
+    given = Path(ref)
+    if (given / "src" / "reactantserver").is_dir():
+        return given.resolve()
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short=12", f"{ref}^{{commit}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    into = ROOT / ".baseline" / commit
+    if not (into / "src" / "reactantserver").is_dir():
+        into.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", commit, "src"], capture_output=True, check=True
+        )
+        subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into
+
+
+@attrs.frozen
+class Row:
+    """One measured window of one tree."""
+
+    n: int
+    rate: float
+    sent: int
+    latencies: list[float]
+    errors: Counter[str]
+    wall: float
+    delta: dict[str, float]
+
+    @property
+    def p99_ms(self) -> float:
+        return 1e3 * percentile(self.latencies, 99)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and bool(self.latencies)
+
+    def per_second(self, counter: str) -> float:
+        return self.delta.get(counter, 0.0) / self.wall
+
+    @property
+    def host_ms_per_load(self) -> float:
+        """Milliseconds the worker spent per on-demand load: on the event loop for a load
+        queued on the device, in a worker thread for one waited for there."""
+        loads = self.delta.get("worker_weight_loads_total", 0.0)
+        seconds = self.delta.get("worker_weight_load_seconds_total", 0.0)
+        return 1e3 * seconds / loads if loads else math.nan
+
+
+def window(
+    worker: WorkerProcess,
+    names: Sequence[str],
+    inputs: dict[str, dict[str, np.ndarray]],
+    n: int,
+    rate: float,
+    args: argparse.Namespace,
+) -> Row:
+    """``--warmup`` seconds of the load unmeasured (first calls, connections, a full
+    cache), then ``--seconds`` measured, with the worker's counters over the window."""
+    asyncio.run(open_loop(worker.url, names[:n], inputs, rate, args.warmup, seed=-n))
+    before = totals(worker)
+    wall = time.perf_counter()
+    lat, errors, sent = asyncio.run(
+        open_loop(worker.url, names[:n], inputs, rate, args.seconds, seed=n)
+    )
+    wall = time.perf_counter() - wall
+    after = totals(worker)
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    return Row(n, rate, sent, lat, errors, wall, delta)
+
+
+def run(
+    args: argparse.Namespace,
+    sizes: list[int],
+    rates: list[float],
+    work: Path,
+    baseline: Path | None = None,
+) -> int:
     repo = work / "repo"
     archs = args.archs.split(",")
     names = catalog_names(max(sizes), archs)
@@ -230,14 +322,24 @@ def run(args: argparse.Namespace, sizes: list[int], rates: list[float], work: Pa
     total = sum(b.weights_nbytes for b in bundles.values())
     budget = int(args.budget * total)
     assert max(b.weights_nbytes for b in bundles.values()) <= budget, "raise --budget"
+    # One worker per tree, both serving the same catalog with the same budget; their
+    # windows alternate, so the machine's drift hits both alike. On a GPU the workers
+    # share the device, each with its share of the memory.
+    trees: list[tuple[str, Path | None]] = [("this tree", None)]
+    if baseline is not None:
+        trees.insert(0, (f"base {baseline.name}", baseline / "src"))
+    share = 0.9 / len(trees)
     if args.backend == "cpu":
         runtime: dict[str, Any] = {"arena_bytes": math.ceil(budget / 0.9)}
     else:
         memory = gpu_memory()
         assert memory is not None, "nvidia-smi is needed to size the weight budget"
-        # The arena is at most mem_fraction (0.9) of the device: the budget comes out
-        # at most ``budget`` bytes (floor(fraction * arena), less any scratch).
-        runtime = {"weight_cache_fraction": budget / (0.9 * memory.total_bytes)}
+        # The arena is at most mem_fraction of the device: the budget comes out at most
+        # ``budget`` bytes (floor(fraction * arena), less any scratch).
+        runtime = {
+            "mem_fraction": share,
+            "weight_cache_fraction": budget / (share * memory.total_bytes),
+        }
     rng = np.random.default_rng(0)
     inputs = {}
     for name, b in bundles.items():
@@ -247,95 +349,149 @@ def run(args: argparse.Namespace, sizes: list[int], rates: list[float], work: Pa
             )
             for s in b.client_inputs
         }
-    port, metrics_port = free_port(), free_port()
-    node = node_yaml(
-        repo,
-        port=port,
-        metrics_port=metrics_port,
-        cache_dir=work / "jax-cache",
-        backend=args.backend,
-        runtime=runtime,
-        scheduler={"max_queue_depth": 1024},
-    )
-    started = time.perf_counter()
-    worker = start_worker(work, node, port=port, metrics_port=metrics_port, log_level="warning")
+    workers: dict[str, WorkerProcess] = {}
+    ready: dict[str, float] = {}
     try:
-        worker.wait_ready(900)
-        ready_seconds = time.perf_counter() - started
-        m = worker.metrics()
-        loaded = int(m["worker_models_loaded"])
-        real_budget = int(m.get("worker_weight_cache_max_bytes", 0))
-        with Table("bench_gpu_catalog", out=args.out) as table:
-            table.line(
-                "(c) models per GPU at a stated QoS: open-loop single-row requests, uniform over the first N models"
+        for label, src in trees:
+            port, metrics_port = free_port(), free_port()
+            node = node_yaml(
+                repo,
+                port=port,
+                metrics_port=metrics_port,
+                cache_dir=work / f"jax-cache-{len(workers)}",
+                backend=args.backend,
+                runtime=runtime,
+                scheduler={"max_queue_depth": 1024},
             )
-            table.line(f"device: {describe_device()}; worker backend {args.backend}")
-            table.line(
-                f"catalog: {len(names)} bundles ({', '.join(archs)} variants of examples/build_repo.py, "
-                f"{total / MiB:.1f} MiB of weights), built in {build_seconds:.0f} s; worker ready "
-                f"in {ready_seconds:.1f} s with {loaded} models ({2 * len(archs)} programs x 3 "
-                "batch sizes compiled and shared by the others)"
+            started = time.perf_counter()
+            worker = start_worker(
+                work / f"worker-{len(workers)}",
+                node,
+                port=port,
+                metrics_port=metrics_port,
+                log_level="warning",
+                src=src,
             )
-            table.line(
-                f"weight budget {real_budget / MiB:.2f} MiB (about {args.budget:g} of the "
-                f"{len(names)}-model catalog); {args.seconds:g} s per row; QoS: p99 <= "
-                f"{args.p99_ms:g} ms and no errors"
-            )
-            table.line(
-                f"{'N':>6} {'rate/s':>7} {'sent':>6} {'ok':>6} {'errors':>7} {'got/s':>7} "
-                f"{'p50 ms':>7} {'p99 ms':>8} {'loads/s':>8} {'util':>6} {'J/inf':>8} "
-                f"{'J/inf+idl':>9} {'W':>6}  QoS"
-            )
-            measured = totals(worker).get("worker_energy_measured", 0.0) > 0
-            best: dict[float, int] = {}
-            for rate in rates:
-                for n in sizes:
-                    # The same load, unmeasured: first calls, connections, a full cache.
-                    asyncio.run(
-                        open_loop(worker.url, names[:n], inputs, rate, args.warmup, seed=-n)
-                    )
-                    before = totals(worker)
-                    wall = time.perf_counter()
-                    lat, errors, sent = asyncio.run(
-                        open_loop(worker.url, names[:n], inputs, rate, args.seconds, seed=n)
-                    )
-                    wall = time.perf_counter() - wall
-                    after = totals(worker)
-                    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-                    p99 = 1e3 * percentile(lat, 99)
-                    ok = not errors and p99 <= args.p99_ms
+            workers[label] = worker
+            worker.wait_ready(900)
+            ready[label] = time.perf_counter() - started
+        report(args, sizes, rates, names, inputs, workers, ready, build_seconds, total)
+    finally:
+        for worker in workers.values():
+            worker.stop()
+    return 0
+
+
+def report(
+    args: argparse.Namespace,
+    sizes: list[int],
+    rates: list[float],
+    names: Sequence[str],
+    inputs: dict[str, dict[str, np.ndarray]],
+    workers: dict[str, WorkerProcess],
+    ready: dict[str, float],
+    build_seconds: float,
+    total: int,
+) -> None:
+    archs = args.archs.split(",")
+    first = next(iter(workers.values()))
+    m = first.metrics()
+    loaded = int(m["worker_models_loaded"])
+    real_budget = int(m.get("worker_weight_cache_max_bytes", 0))
+    labels = list(workers)
+    with Table("bench_gpu_catalog", out=args.out) as table:
+        table.line(
+            "(c) models per GPU at a stated QoS: open-loop single-row requests, uniform over the first N models"
+        )
+        table.line(f"device: {describe_device()}; worker backend {args.backend}")
+        startup = ", ".join(f"{label} in {ready[label]:.1f} s" for label in labels)
+        table.line(
+            f"catalog: {len(names)} bundles ({', '.join(archs)} variants of examples/build_repo.py, "
+            f"{total / MiB:.1f} MiB of weights), built in {build_seconds:.0f} s; worker ready "
+            f"({startup}) with {loaded} models ({2 * len(archs)} programs x 3 batch sizes "
+            "compiled and shared by the others)"
+        )
+        table.line(
+            f"weight budget {real_budget / MiB:.2f} MiB (about {args.budget:g} of the "
+            f"{len(names)}-model catalog); {args.seconds:g} s per row; QoS: p99 <= "
+            f"{args.p99_ms:g} ms and no errors"
+            + ("; the trees' windows alternate" if len(labels) > 1 else "")
+        )
+        tree_col = f"{'tree':<16}" if len(labels) > 1 else ""
+        table.line(
+            f"{tree_col}{'N':>6} {'rate/s':>7} {'sent':>6} {'ok':>6} {'errors':>7} {'got/s':>7} "
+            f"{'p50 ms':>7} {'p99 ms':>8} {'loads/s':>8} {'ms/load':>8} {'util':>6} "
+            f"{'J/inf':>8} {'J/inf+idl':>9} {'W':>6}  QoS"
+        )
+        measured = totals(first).get("worker_energy_measured", 0.0) > 0
+        best: dict[tuple[str, float], int] = {}
+        pairs: list[dict[str, Row]] = []
+        turn = 0
+        for rate in rates:
+            for n in sizes:
+                rows: dict[str, Row] = {}
+                order = labels if turn % 2 == 0 else labels[::-1]
+                turn += 1
+                for label in order:
+                    rows[label] = window(workers[label], names, inputs, n, rate, args)
+                pairs.append(rows)
+                for label in labels:
+                    row = rows[label]
+                    ok = row.ok and row.p99_ms <= args.p99_ms
                     if ok:
-                        best[rate] = max(best.get(rate, 0), n)
+                        best[label, rate] = max(best.get((label, rate), 0), n)
+                    lat = row.latencies
+                    cell = f"{label:<16}" if len(labels) > 1 else ""
                     table.line(
-                        f"{n:>6} {rate:>7.0f} {sent:>6} {len(lat):>6} {sum(errors.values()):>7} "
-                        f"{len(lat) / wall:>7.1f} {1e3 * statistics.median(lat) if lat else math.nan:>7.2f} "
-                        f"{p99:>8.2f} {delta.get('worker_weight_loads_total', 0.0) / wall:>8.1f} "
-                        f"{delta.get('worker_compute_seconds_total', 0.0) / wall:>6.3f} "
-                        f"{energy_cells(delta, wall, measured)}  "
-                        f"{'yes' if ok else 'no'}" + (f"  {dict(errors)}" if errors else "")
+                        f"{cell}{n:>6} {rate:>7.0f} {row.sent:>6} {len(lat):>6} "
+                        f"{sum(row.errors.values()):>7} {len(lat) / row.wall:>7.1f} "
+                        f"{1e3 * statistics.median(lat) if lat else math.nan:>7.2f} "
+                        f"{row.p99_ms:>8.2f} {row.per_second('worker_weight_loads_total'):>8.1f} "
+                        f"{row.host_ms_per_load:>8.3f} "
+                        f"{row.per_second('worker_compute_seconds_total'):>6.3f} "
+                        f"{energy_cells(row.delta, row.wall, measured)}  "
+                        f"{'yes' if ok else 'no'}" + (f"  {dict(row.errors)}" if row.errors else "")
                     )
                     if measured:
                         per_arch = []
                         for arch in archs:
-                            served = delta.get(f"worker_requests_served_total/{arch}", 0.0)
-                            joules = delta.get(f"worker_energy_joules_total/{arch}", 0.0)
+                            served = row.delta.get(f"worker_requests_served_total/{arch}", 0.0)
+                            joules = row.delta.get(f"worker_energy_joules_total/{arch}", 0.0)
                             if served > 0:
                                 per_arch.append(f"{arch} {joules / served:.4f}")
                         table.line(f"{'':>6} J/inference by architecture: {', '.join(per_arch)}")
+        for label in labels:
             for rate in rates:
-                verdict = f"{best[rate]} models" if rate in best else "none of the sizes tried"
-                table.line(f"largest catalog meeting the QoS at {rate:.0f} requests/s: {verdict}")
-            table.line(
-                "util = device execution seconds per second; loads/s = on-demand weight loads per second"
-            )
-            table.line(
-                "J/inf = device energy attributed to the models by device time / requests answered; "
-                "J/inf+idl adds the idle energy; W = mean device power over the window"
-                + ("" if measured else " (energy not measured by this worker: -)")
-            )
-    finally:
-        worker.stop()
-    return 0
+                found = best.get((label, rate))
+                verdict = f"{found} models" if found else "none of the sizes tried"
+                who = f" ({label})" if len(labels) > 1 else ""
+                table.line(
+                    f"largest catalog meeting the QoS at {rate:.0f} requests/s{who}: {verdict}"
+                )
+        if len(labels) > 1:
+            base, this = labels
+            for rows in pairs:
+                b, t = rows[base], rows[this]
+                table.line(
+                    f"N={t.n} at {t.rate:.0f}/s, this tree / {base}: loads/s "
+                    f"{_ratio(t.per_second('worker_weight_loads_total'), b.per_second('worker_weight_loads_total'))}, "
+                    f"answered/s {_ratio(len(t.latencies) / t.wall, len(b.latencies) / b.wall)}, "
+                    f"ms per load {b.host_ms_per_load:.3f} -> {t.host_ms_per_load:.3f}, "
+                    f"p99 {b.p99_ms:.1f} -> {t.p99_ms:.1f} ms"
+                )
+        table.line(
+            "util = device execution seconds per second; loads/s = on-demand weight loads per "
+            "second; ms/load = the worker's seconds in loads / loads (worker_weight_load_seconds_total)"
+        )
+        table.line(
+            "J/inf = device energy attributed to the models by device time / requests answered; "
+            "J/inf+idl adds the idle energy; W = mean device power over the window"
+            + ("" if measured else " (energy not measured by this worker: -)")
+        )
+
+
+def _ratio(ours: float, theirs: float) -> str:
+    return f"{ours / theirs:.2f}x" if theirs > 0 else "-"
 
 
 if __name__ == "__main__":

@@ -254,21 +254,29 @@ class WorkerProcess:
         return int(self.proc.returncode)
 
 
-def worker_env() -> dict[str, str]:
+def worker_env(src: Path | None = None) -> dict[str, str]:
     """The environment for a worker process: ours, less the JAX platform list (the worker
-    sets it from ``runtime.backend``; the tests' process runs JAX on the CPU)."""
+    sets it from ``runtime.backend``; the tests' process runs JAX on the CPU), with
+    ``src`` (default: this tree's) first on the path."""
     env = dict(os.environ)
     env.pop("JAX_PLATFORMS", None)
-    src = str(ROOT / "src")
-    if src not in env.get("PYTHONPATH", "").split(os.pathsep):
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    first = str(src or ROOT / "src")
+    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != first]
+    env["PYTHONPATH"] = os.pathsep.join([first, *rest])
     return env
 
 
 def start_worker(
-    workdir: Path, node_text: str, *, port: int, metrics_port: int, log_level: str = "info"
+    workdir: Path,
+    node_text: str,
+    *,
+    port: int,
+    metrics_port: int,
+    log_level: str = "info",
+    src: Path | None = None,
 ) -> WorkerProcess:
-    """Write ``node_text`` to ``workdir`` and start a worker on it (not yet ready)."""
+    """Write ``node_text`` to ``workdir`` and start a worker on it (not yet ready); the
+    worker runs ``src``'s code (default: this tree's, ``worker_env``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     node = workdir / f"node_{port}.yaml"
     node.write_text(node_text)
@@ -286,7 +294,7 @@ def start_worker(
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=worker_env(),
+            env=worker_env(src),
         )
     return WorkerProcess(proc, port, metrics_port, log)
 
@@ -318,7 +326,9 @@ class Table:
     """Lines printed as they come and written to ``results_dir() / f"{name}.txt"``."""
 
     def __init__(self, name: str, *, out: Path | None = None, title: str = "") -> None:
-        self.path = (out or results_dir()) / f"{name}.txt"
+        folder = out or results_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / f"{name}.txt"
         self._file: TextIO = self.path.open("w")
         if title:
             self.line(title)

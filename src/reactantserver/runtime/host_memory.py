@@ -4,9 +4,10 @@ Two small tools the weight cache (``weight_cache.py``) uses to make a load what 
 be on each backend:
 
 * :class:`PinnedHostStaging` keeps ``system`` host copies in the device's page-locked
-  (``pinned_host``) memory space, so a load is one DMA rather than a copy through the
-  driver's bounce buffer. On by default on CUDA; the CPU client lists the space too, which
-  lets the path run in CPU tests, but gains nothing from it.
+  (``pinned_host``) memory space -- one array per version, its packed buffer
+  (``weights/host.py``) -- so a load is one DMA rather than a copy through the driver's
+  bounce buffer. On by default on CUDA; the CPU client lists the space too, which lets
+  the path run in CPU tests, but gains nothing from it.
 * :func:`copying_allocate` is the host allocator on the CPU backend, where "device"
   memory is host memory and the client would otherwise adopt some host buffers instead
   of copying them.
@@ -48,6 +49,13 @@ class PinnedHostStaging:
         if not {"pinned_host", "device"} <= kinds:
             return None
         return cls(device)
+
+    def stage_packed(self, packed: np.ndarray) -> Any:
+        """Copy a version's packed host buffer into pinned host memory: one array (blocks
+        until done). A load moves it with ``unpack.py``'s function."""
+        import jax
+
+        return jax.block_until_ready(jax.device_put(packed, self._host))
 
     def stage(self, arrays: Sequence[np.ndarray]) -> list[Any]:
         """Copy host arrays into pinned host memory (blocks until done)."""

@@ -22,8 +22,11 @@ with the same artifact and argument types is shared instead of compiled again
 (``programs.py``: catalogs of variants of one architecture). Loading is synchronous and
 slow; callers run it in a worker thread.
 
-Weights are moved separately: ``to_device`` takes host arrays (argument order) and
-returns device arrays, ``free`` releases them. Keeping transfers out of ``load`` and
+Weights are moved separately: ``packed_loader(tensors)`` gives the function that moves
+a version's packed host copy to the device in one transfer and cuts it into its weights
+without waiting (``unpack.py``: the weight cache's loads); ``to_device`` takes host arrays
+(argument order) and returns device arrays once they are there (the cache off, mapped
+files); ``free`` releases them without waiting. Keeping transfers out of ``load`` and
 ``execute`` lets the weight cache decide residency on its own.
 """
 
@@ -39,12 +42,14 @@ import numpy as np
 from ..bundle import Bundle
 from ..config import RuntimeConfig
 from ..errors import BundleError, ConfigError
+from ..weights import TensorSpec
 from ..weights.records import MemoryStats
 from .artifact import check_artifact, deserialize_artifact
 from .compile import CompileReport, compile_at, configure_cache
 from .environment import EnvironmentReport, apply_environment
 from .model import UNBATCHED, LoadedModel, OutputPath, output_path
 from .programs import SharedPrograms, artifact_digest, program_key
+from .unpack import Unpack, Unpackers
 
 if TYPE_CHECKING:
     from jax import Device
@@ -116,6 +121,8 @@ class Runtime:
         self.environment = environment
         #: Compiled programs by artifact and argument types, shared between bundles.
         self.programs = SharedPrograms()
+        #: The weight loads' unpack programs, one per layout of weights in use.
+        self.unpackers = Unpackers(device)
         #: The memory kind a ``pinned_host``-path program's outputs are compiled into (a
         #: constructor argument so that a test can make that compile fail on the CPU).
         self.output_memory = output_memory
@@ -269,8 +276,15 @@ class Runtime:
         jax.block_until_ready(arrays)
         return list(arrays)
 
+    def packed_loader(self, tensors: Sequence[TensorSpec]) -> Unpack:
+        """The function that loads a packed host copy of ``tensors`` onto the device in
+        one transfer, queued and not waited for (``unpack.py``); compiled on the first
+        call for a layout (slow: call it in a worker thread), shared after."""
+        return self.unpackers.get(tensors)
+
     def free(self, device_arrays: Sequence[Any]) -> None:
-        """Release device arrays now rather than when Python collects them."""
+        """Release device arrays now rather than when Python collects them. Never waits:
+        JAX frees a buffer once the work already queued on it is done."""
         for arr in device_arrays:
             if not arr.is_deleted():
                 arr.delete()

@@ -105,7 +105,6 @@ from .weight_io import (
     WeightHandles,
     describe,
     free_all,
-    free_then,
     read_checked_layout,
 )
 
@@ -231,6 +230,10 @@ class CachedWeights:
         if key in self._policy:
             raise LifecycleError(f"weight cache: {model!r} was added twice")
         layout = await self._thread(read_checked_layout, model.bundle)
+        if self._io.packed(layout):
+            # Compiled once per layout, here in a thread, so that a load never compiles.
+            loader = await self._thread(self._runtime.packed_loader, layout.tensors)
+            self._io.loaders[key] = loader
         self._io.layouts[key] = layout
         outcome = await self._run(self._policy.register(key, layout.nbytes, model.sched.residency))
         if outcome.failures:
@@ -454,12 +457,9 @@ class CachedWeights:
         failures: dict[str, BaseException] = {}
         try:
             with trio.CancelScope(shield=True):
-                victims = [io.device.pop(k) for k in plan.evict]
-                if victims and (plan.host_drop or plan.host_load or not plan.load):
-                    await self._thread(free_all, self._runtime, victims)
-                    victims = []
-                # else the victims are freed by the first transfer's thread, right before
-                # it starts: one thread hop per cold load instead of two.
+                # Frees never wait (the runtime frees a buffer after the work queued on
+                # it), so they run here, before any transfer starts.
+                free_all(self._runtime, [io.device.pop(k) for k in plan.evict])
                 await io.drop_host_copies(plan.host_drop)
                 host_seconds: dict[str, float] = {}
                 for key in plan.host_load:
@@ -473,13 +473,16 @@ class CachedWeights:
                     arrays: list[Any] | None = None
                     start = time.perf_counter()
                     if key not in failures:
+                        inline = io.inline_source(key)
                         try:
-                            arrays = await self._thread(
-                                free_then, self._runtime, victims, io.source(key)
-                            )
+                            # From a packed host copy the load is queued on the device and
+                            # not waited for: on the loop, no thread hop (module docstring).
+                            if inline is not None:
+                                arrays = inline()
+                            else:
+                                arrays = await self._thread(io.source(key))
                         except Exception as exc:
                             failures[key] = exc
-                        victims = []
                     if arrays is None:
                         log.warning(
                             "weight cache: loading %s failed: %s", key, describe(failures[key])
@@ -534,6 +537,7 @@ class CachedWeights:
     async def _forget(self, key: str) -> None:
         await self._run(self._policy.unregister(key))
         del self._io.layouts[key]
+        self._io.loaders.pop(key, None)
 
     @asynccontextmanager
     async def _exclusive(self) -> AsyncIterator[None]:

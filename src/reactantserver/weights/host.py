@@ -14,11 +14,14 @@ data is read) and returns a :class:`WeightsLayout` whose tensors are in argument
 
 Two ways to get the data, matching the residency floors of ``policy``:
 
-* :meth:`HostStore.materialize` (floor ``system``): each tensor is read with ``readinto``
-  straight into an array from the store's *allocator*, once, and kept until dropped. The
-  allocator is the seam for pinned (page-locked) host memory: the runtime passes one that
-  allocates from the backend's pinned pool where the backend offers it, so the
-  host->device copy can be a DMA; the default is ``numpy.empty``.
+* :meth:`HostStore.materialize` (floor ``system``): the tensors are read with ``readinto``
+  straight into **one packed buffer** from the store's *allocator* (each tensor at a
+  :data:`PACK_ALIGN`-byte boundary, in argument order: :func:`pack_offsets`), once, and
+  kept until dropped; the arrays are views of it. One buffer is what makes a device load
+  one transfer (``runtime/weight_cache.py``), and its layout depends only on the tensors'
+  shapes and dtypes, so the variants of one architecture share it. The allocator is the
+  seam for the backend's host memory (the runtime stages the buffer in pinned memory
+  where the backend offers it); the default is ``numpy.empty``.
 * :func:`map_weights` (floors ``unpinned`` and ``device``): the file is memory-mapped
   read-only and each tensor is a zero-copy ``numpy`` view of the map; nothing is read
   until the transfer touches the pages. :meth:`MappedWeights.close` drops the views and
@@ -44,7 +47,7 @@ import mmap
 import os
 import struct
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import Any
@@ -55,6 +58,7 @@ import numpy as np
 from ..errors import BundleError
 
 __all__ = [
+    "PACK_ALIGN",
     "WEIGHTS_FILE",
     "Allocator",
     "HostStore",
@@ -66,6 +70,7 @@ __all__ = [
     "map_weights",
     "materialize",
     "numpy_allocate",
+    "pack_offsets",
     "read_layout",
 ]
 
@@ -77,6 +82,10 @@ MAX_HEADER_BYTES = 100_000_000
 
 #: Allocates a C-contiguous host array; the seam for pinned host memory.
 Allocator = Callable[[tuple[int, ...], np.dtype[Any]], np.ndarray]
+
+#: Each tensor of a packed host copy starts at a multiple of this many bytes (a cache
+#: line: every dtype is aligned, and a DMA engine reads whole lines).
+PACK_ALIGN = 64
 
 
 def numpy_allocate(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
@@ -293,6 +302,9 @@ class HostWeights:
     arrays: tuple[np.ndarray, ...]
     #: Views of a memory map (``unpinned``/``device`` loads) rather than RAM copies.
     mapped: bool
+    #: The one uint8 buffer ``arrays`` are views of, at :func:`pack_offsets` (a RAM copy
+    #: from :func:`materialize`); ``None`` for a map.
+    packed: np.ndarray | None = None
 
     @property
     def nbytes(self) -> int:
@@ -320,25 +332,44 @@ def _read_into(
         done += n
 
 
+def pack_offsets(tensors: Sequence[TensorSpec]) -> tuple[tuple[int, ...], int]:
+    """Where each tensor starts in a packed host copy (argument order, each at a
+    :data:`PACK_ALIGN` boundary), and the copy's size in bytes."""
+    offsets: list[int] = []
+    end = 0
+    for t in tensors:
+        start = -(-end // PACK_ALIGN) * PACK_ALIGN
+        offsets.append(start)
+        end = start + t.nbytes
+    return tuple(offsets), end
+
+
 def materialize(
     model: str, layout: WeightsLayout, allocate: Allocator = numpy_allocate
 ) -> HostWeights:
-    """Read every tensor into arrays from ``allocate`` (one copy, no intermediate buffer)."""
+    """Read every tensor into one packed buffer from ``allocate`` (one copy, no
+    intermediate buffer); the arrays are views of it (module docstring)."""
     p = Path(layout.path)
 
     def bad(message: str) -> BundleError:
         return BundleError(_bundle_name(p), f"{p.name}: {message}")
 
+    offsets, size = pack_offsets(layout.tensors)
+    packed = allocate((size,), np.dtype(np.uint8))
+    if packed.shape != (size,) or packed.dtype != np.uint8 or not packed.flags.c_contiguous:
+        raise TypeError(f"allocator returned {packed.dtype} {packed.shape} for uint8 ({size},)")
     arrays: list[np.ndarray] = []
     try:
         with p.open("rb", buffering=0) as f:
-            for spec in layout.tensors:
-                out = allocate(spec.shape, spec.dtype)
+            for spec, offset in zip(layout.tensors, offsets, strict=True):
+                out = packed[offset : offset + spec.nbytes].view(spec.dtype).reshape(spec.shape)
                 _read_into(f, spec, out, bad)
                 arrays.append(out)
     except OSError as exc:
         raise BundleError(_bundle_name(p), f"cannot read {p.name}: {exc.strerror or exc}") from exc
-    return HostWeights(model=model, layout=layout, arrays=tuple(arrays), mapped=False)
+    return HostWeights(
+        model=model, layout=layout, arrays=tuple(arrays), mapped=False, packed=packed
+    )
 
 
 class MappedWeights:
