@@ -18,8 +18,8 @@ module runs it. For each batch:
 
 With ``scheduler.pipeline_depth`` > 1, step 2 is split in two blocking halves that the
 dispatch loop runs on two threads (``threads.DevicePipeline``): ``launch`` gathers and
-launches the program (``LoadedModel.launch``: inputs to the device in one transfer, the
-program queued asynchronously), ``collect`` waits for the outputs
+launches the program (``LoadedModel.launch``: the program queued asynchronously on the
+numpy inputs, which its call moves to the device), ``collect`` waits for the outputs
 (``LoadedModel.fetch``) and scatters them. ``ran`` still comes only when the batch has
 landed, so the weights stay acquired for as long as the device may read them.
 

@@ -30,14 +30,23 @@ addressable memory kinds, by :func:`output_path`:
 * ``zero_copy`` (the CPU backend): numpy inputs go straight to the program and
   ``np.asarray`` of an output is a zero-copy, read-only view of the device buffer --
   exactly the path every CPU figure in docs/benchmarks.md was measured on.
-* ``pinned_host`` (a device that offers ``pinned_host`` memory: CUDA): the inputs of a
-  batch reach the device in one ``jax.device_put`` of the list (one transfer, not one
-  blocking put per argument), and the program is compiled with its outputs in pinned
-  host memory (``out_shardings=SingleDeviceSharding(device, memory_kind="pinned_host")``,
-  ``compile.py``), so the device-to-host copy is part of the program itself.
-* ``copy_async`` (a device without pinned host memory): the inputs as above, and each
-  output's copy to the host is started at launch (``copy_to_host_async``), so it runs
-  while the next batch is launched.
+* ``pinned_host`` (a device that offers ``pinned_host`` memory: CUDA): the program is
+  compiled with its outputs in pinned host memory (``out_shardings=
+  SingleDeviceSharding(device, memory_kind="pinned_host")``, ``compile.py``), so the
+  device-to-host copy is part of the program itself.
+* ``copy_async`` (a device without pinned host memory): each output's copy to the host
+  is started at launch (``copy_to_host_async``), so it runs while the next batch is
+  launched.
+
+Inputs: on every path the numpy inputs are handed straight to the compiled program,
+whose call (JAX's C++ dispatch) moves them to the device. Until issue 40 the CUDA paths
+put them first in one ``jax.device_put`` of the list; on the H100 (2026-11-27, commit
+a9bcaaa, ``benchmarks/gpu/measurements/h100-2026-11-27``) that execute cost 1.38x
+(resnet) and 1.57x (mlp_wide) the round trip of the same program handed numpy straight,
+with its outputs in pinned host memory -- the put is a Python-level dispatch of its own
+before the program's. ``bench_gpu_batch.py`` measures both ways side by side
+(``pinned-host output`` against ``pinned, inputs put``) and CUDA's path as this module
+runs it (``ours`` on a GPU, ``ours, pinned path`` on the CPU).
 
 Why ``pinned_host`` wins where it is offered (NVIDIA H200, 2026-11-27, commit a02cdcc,
 ``../shared/measurements/gpu-h200-2026-11-27``): one execution of a 4096-wide MLP at
@@ -72,7 +81,6 @@ from .compile import CompileReport
 from .device_errors import execution_out_of_memory, is_out_of_memory
 
 if TYPE_CHECKING:
-    from jax import Device
     from jax.stages import Compiled
 
 log = logging.getLogger("reactantserver.runtime")
@@ -115,14 +123,11 @@ class LoadedModel:
         executables: Mapping[int, Compiled],
         reports: Sequence[CompileReport],
         *,
-        device: Device | None = None,
         paths: Mapping[int, OutputPath] | None = None,
     ) -> None:
         self.bundle = bundle
         self.name = bundle.name
         self._executables = dict(executables)
-        #: The device inputs are put on (paths other than ``zero_copy``).
-        self._device = device
         #: The transfer path of each size's program (default: ``zero_copy``).
         self.paths: dict[int, OutputPath] = {
             size: (paths or {}).get(size, "zero_copy") for size in self._executables
@@ -177,8 +182,8 @@ class LoadedModel:
         return self.fetch(self.launch(inputs, device_weights))
 
     def launch(self, inputs: Sequence[np.ndarray], device_weights: Sequence[Any]) -> Launched:
-        """Check the inputs, move them to the device (one transfer) and queue the program;
-        returns without waiting for it (see the module docstring)."""
+        """Check the inputs and queue the program on them (its call moves them to the
+        device); returns without waiting for it (see the module docstring)."""
         size = self._size_of(inputs)
         if len(device_weights) != self._n_weights:
             raise InvalidArgument(
@@ -187,14 +192,11 @@ class LoadedModel:
             )
         import jax
 
-        path = self.paths[size]
         try:
-            if path == "zero_copy":
-                results = self._executables[size](*inputs, *device_weights)
-                return Launched(size, jax.tree.leaves(results))
-            args = jax.device_put(list(inputs), self._device)
-            outputs = jax.tree.leaves(self._executables[size](*args, *device_weights))
-            if path == "copy_async":
+            # numpy straight to the program on every path: its call moves them (module
+            # docstring, "inputs").
+            outputs = jax.tree.leaves(self._executables[size](*inputs, *device_weights))
+            if self.paths[size] == "copy_async":
                 for output in outputs:
                     output.copy_to_host_async()
             return Launched(size, outputs)

@@ -238,7 +238,7 @@ class Runtime:
                 bundle.name,
                 ", ".join(str(s) if s else "-" for s in shared),
             )
-        return LoadedModel(bundle, executables, reports, device=self.device, paths=paths)
+        return LoadedModel(bundle, executables, reports, paths=paths)
 
     def _compile(
         self, bundle: Bundle, exported: Any, args: Sequence[Any], size: int, path: OutputPath

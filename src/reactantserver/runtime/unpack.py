@@ -10,14 +10,16 @@ them, so the caller (the dispatch loop, ``weight_cache.py``) has its device arra
 soon as the two calls return.
 
 Why a program, not one ``jax.device_put`` per tensor: on the CPU backend (2026-12-01,
-this 2-core machine, ``benchmarks/bench_weights.py``'s load-path table) a put of the
-list costs 25-30 us per tensor in JAX's Python dispatch before any byte moves -- 100-230
-us for the catalog's 6- and 14-tensor models, blocking -- while the packed buffer handed
-straight to the unpack program costs 14-37 us for the same models, whatever their tensor
-count; the program's outputs are new device buffers, so the device copy is a real copy.
-Why not one packed *argument* of the model's program (slices inside it): XLA then copies
-the slices on every execution (the CPU's f32 dots on bitcast bytes ran 5x slower) and
-holds a second copy of the weights as scratch while it runs.
+this 2-core machine at a load average of 8-9, the 51 KB models of the catalog
+benchmark) a put of the tensor list costs about 30 us per tensor in JAX's Python
+dispatch before any byte moves -- 192 us for a 6-tensor MLP, 419 us for a 14-tensor
+ResNet, about 10 % less without the ``block_until_ready`` -- while the packed buffer
+handed to the unpack program costs 18 and 32 us (``weight_cache.py``'s header has the
+whole profile). The program's outputs are new device buffers, so the device copy is a
+real copy. Why not one packed *argument* of the model's own program (the slices inside
+it): XLA then cuts the weights again on every execution (the MLP's execution went from
+38-49 us to 219-326 us on the CPU) and holds a second copy of them as scratch while it
+runs.
 
 The device: on the CPU the packed numpy buffer is handed to the unpack program, whose
 call transfers it (JAX's C++ path); on CUDA the buffer is staged once in pinned host

@@ -14,12 +14,46 @@ two versions of one model coexist, each with its own weights, and the one a batc
 admitted with is the one it runs on.
 
 Plans. A :class:`~reactantserver.weights.CachePlan` is carried out in field order by
-:meth:`CachedWeights._run`: device copies of the victims are taken out of the handles at
-once and freed in a worker thread *before* any transfer starts, so the device never
-holds more than the budget; host copies are dropped or made; then each transfer runs in
-a worker thread and is reported back with ``loaded`` / ``load_failed``; finally the plan
-is reported ``done``. A plan is carried out under a shielded cancel scope: a cancelled
+:meth:`CachedWeights._run`: device copies of the victims are taken out of the handles and
+freed at once, *before* any transfer starts, so the device never holds more than the
+budget (a free never waits: the runtime releases a buffer after the work already queued
+on it); host copies are dropped or made (file reads in a worker thread); then each load
+is carried out and reported back with ``loaded`` / ``load_failed``; finally the plan is
+reported ``done``. A plan is carried out under a shielded cancel scope: a cancelled
 caller never leaves the policy believing a load is in flight forever.
+
+Loads (issue 40). A ``system`` version's host copy is one packed buffer, staged in
+pinned host memory on CUDA (``weight_io.py``). A version of at most
+``PACKED_LOAD_MAX_BYTES`` (4 MiB) loads with one transfer of that buffer and the unpack
+program of its layout (``unpack.py``), both queued on the device and not waited for: the
+device's stream runs the batch's program after them, so the load runs on the event loop
+itself, in the same step as ``loaded`` -- no thread hop, no ``block_until_ready``. Larger
+versions, whose copy dwarfs any per-tensor cost, and versions without a RAM copy
+(``unpinned``, ``device`` floors) load in a worker thread, one put of the tensors, waited
+for there. Loads queued on the device count against the budget like resident weights
+(the policy marks them resident at once): several can be in flight on the device
+without ever exceeding it. An error the device reports only later surfaces in the
+execution that reads the weights.
+
+Where a load's time went before (profiled on the CPU backend, 2026-12-01, this 2-core
+machine at a load average of 8-9, the 51 KB catalog models of ``bench_gpu_catalog.py``):
+``jax.device_put`` of the tensor list cost 192 us for a 6-tensor MLP and 419 us for a
+14-tensor ResNet -- about 30 us per tensor in JAX's Python dispatch (``shard_args``,
+``_shard_np_array``: 7.8 % of a served worker's samples under py-spy), before a byte
+moved -- then ``block_until_ready``, then the worker thread's round trip (81 us for a
+no-op alone, far more while the device thread and the loop compete for the cores). The
+cache timed 1.1-4.3 ms per load in a served worker (``bench_gpu_catalog --backend cpu``,
+300 and 1,000 models at 400 and 1,000 requests/s) and 1.0-3.7 ms in a closed loop of
+acquires (``benchmarks/bench_catalog.py``); the copy itself, 51 KB, is microseconds.
+The same load now: one transfer and the unpack program, 18 us (MLP) and 32 us (ResNet)
+in isolation; 92 us at the median of cold acquires in the closed loop (240 us on average,
+against 3,674 for the baseline in the same run: 10.9x the loads per second), 0.46-1.09
+ms per load in the served worker, where the loop shares two cores with the executions.
+Alternatives measured side by side (``unpack.py``'s header): a put of the list without
+the block (no better than 10 %: the cost is the per-tensor dispatch), one packed argument
+of the model's own program (slices inside it: 5x slower executions on the CPU), and the
+packed load in a worker thread instead of on the loop (in-process serving, 40 models:
+309-426 against 505-512 requests/s): the packed load on the loop wins.
 
 Waiting. Whenever the policy says "not now" (an acquire's :class:`~reactantserver.weights.Wait`,
 a command that cannot start yet, a removal of a version still in use) the caller waits
