@@ -1,6 +1,7 @@
 """GPU scenarios that must run in a process of their own; each prints one JSON line.
 
     python tests/gpu_scenarios.py cache_oom REPO MEM_FRACTION
+    python tests/gpu_scenarios.py transfer_paths REPO BACKEND
 
 ``cache_oom``: the weight cache on a real CUDA ``Runtime`` whose budget is told the
 arena is 100 times what the allocator really has (as when memory the budget does not
@@ -10,8 +11,17 @@ cache compacts and tries once more, then raises ``ResourceExhausted``; ``double`
 loads and computes correctly on the same cache. Reported: the error, the cache's
 counters, the allocator's limit and bytes in use, and ``double``'s answer check.
 
-The test that runs it (``test_gpu_memory.py``) asserts on the JSON; keeping the GPU
-work here keeps the test process on the CPU.
+``transfer_paths``: every compiled model of REPO on a real ``Runtime`` of BACKEND, its
+weights loaded by the weight cache as a worker loads them (host copies staged in pinned
+host memory where the device has it): per model, the transfer path of each compiled
+size (``model.output_path``), the memory kind of the outputs each size's launch returns,
+and the memory kind of the weights the cache hands out. On ``cpu`` the runtime is put on
+CUDA's path (the CPU offers ``pinned_host`` memory too), so the CPU suite checks the
+logic the GPU test asserts (``test_runtime_transfers.py``; the GPU's is
+``test_gpu_transfers.py``).
+
+The tests that run them assert on the JSON; keeping the GPU work here keeps the test
+process on the CPU.
 """
 
 from __future__ import annotations
@@ -94,10 +104,84 @@ async def cache_oom(repo: Path, mem_fraction: float) -> dict[str, Any]:
     }
 
 
+async def transfer_paths(repo: Path, backend: str, runtime: Any = None) -> dict[str, Any]:
+    """See the module docstring; ``runtime`` (a CPU one) is for in-process callers."""
+    from reactantserver.bundle import load_bundle
+    from reactantserver.config import ModelSchedConfig, RuntimeConfig
+    from reactantserver.models import ServedModel
+    from reactantserver.runtime import Runtime
+    from reactantserver.runtime.host_memory import PinnedHostStaging, copying_allocate
+    from reactantserver.runtime.weight_cache import CachedWeights
+    from reactantserver.weights import HostStore
+
+    if runtime is None:
+        config = RuntimeConfig(backend=backend, allow_cpu_fallback=backend != "cuda")
+        runtime = Runtime.start(config, "")
+    path = runtime.output_path
+    if runtime.backend == "cpu":
+        runtime.output_path = "pinned_host"  # CUDA's path, on the CPU's pinned_host memory
+    try:
+        bundles = [
+            load_bundle(d)
+            for d in sorted(repo.iterdir())
+            if (d / "manifest.yaml").is_file()
+            and "kind: meta" not in (d / "manifest.yaml").read_text()
+        ]
+        arena = 2 * sum(b.weights_nbytes for b in bundles)
+        cpu = runtime.backend == "cpu"
+        cache = CachedWeights(
+            runtime,
+            RuntimeConfig(arena_bytes=arena, weight_cache_wiggle_fraction=0.0),
+            arena=arena,
+            staging=PinnedHostStaging.for_device(runtime.device),
+            host=HostStore(allocate=copying_allocate) if cpu else HostStore(),
+            memory=lambda: None,  # the budget is the scenario's: no probe
+        )
+        report: dict[str, Any] = {
+            "backend": runtime.backend,
+            "runtime_path": runtime.output_path,
+            "models": {},
+        }
+        for generation, bundle in enumerate(bundles, start=1):
+            loaded = runtime.load(bundle)
+            model = ServedModel(
+                bundle,
+                loaded,
+                ModelSchedConfig(),
+                platform=f"jax_{runtime.backend}",
+                generation=generation,
+                max_queue_depth=8,
+            )
+            await cache.add(model)
+            weights = await cache.acquire(model)
+            try:
+                kinds = {}
+                for size in loaded.sizes:
+                    launched = loaded.launch(loaded.zeros(size), weights)
+                    kinds[str(size)] = sorted({o.sharding.memory_kind for o in launched.outputs})
+                    loaded.fetch(launched)
+                report["models"][bundle.name] = {
+                    "paths": {str(size): p for size, p in loaded.paths.items()},
+                    "output_kinds": kinds,
+                    "weight_kinds": sorted({w.sharding.memory_kind for w in weights}),
+                }
+            finally:
+                cache.release(model)
+        stats = cache.statistics()
+        report["staged_bytes"] = stats.staged_bytes
+        report["weight_bytes"] = sum(b.weights_nbytes for b in bundles)
+        report["pinned_host_staging"] = stats.pinned_host
+        return report
+    finally:
+        runtime.output_path = path
+
+
 def main(argv: list[str]) -> int:
     scenario, *args = argv
     if scenario == "cache_oom":
         result = trio.run(cache_oom, Path(args[0]), float(args[1]))
+    elif scenario == "transfer_paths":
+        result = trio.run(transfer_paths, Path(args[0]), args[1])
     else:
         print(f"unknown scenario {scenario!r}", file=sys.stderr)
         return 2

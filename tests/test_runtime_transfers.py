@@ -152,3 +152,25 @@ def test_an_out_of_memory_that_surfaces_at_fetch_is_resource_exhausted(zoo_repo:
     launched = model.launch([np.zeros((4, 16), np.float32)], weights)
     with pytest.raises(ResourceExhausted, match="ran out of memory executing at batch size 4"):
         model.fetch(launched)
+
+
+async def test_cudas_path_and_memory_kinds_as_the_gpu_test_checks_them(
+    zoo_repo: Path, zoo_runtime: Any
+) -> None:
+    """``gpu_scenarios.transfer_paths``, the scenario ``test_gpu_transfers.py`` runs on a
+    GPU, here on the CPU with the runtime on CUDA's path: every compiled size of every
+    zoo model is on the ``pinned_host`` path and its launch's outputs are in pinned host
+    memory, the weights the cache hands out (staged packed copies, one transfer) are in
+    device memory, and every byte of weights is staged."""
+    from conftest import ZOO_NAMES
+    from gpu_scenarios import transfer_paths
+
+    report = await transfer_paths(zoo_repo, "cpu", runtime=zoo_runtime)
+    assert zoo_runtime.output_path == "zero_copy"  # put back
+    assert report["runtime_path"] == "pinned_host"
+    assert set(ZOO_NAMES) <= set(report["models"])
+    for name, model in report["models"].items():
+        assert set(model["paths"].values()) == {"pinned_host"}, name
+        assert all(kinds == ["pinned_host"] for kinds in model["output_kinds"].values()), name
+        assert model["weight_kinds"] == ["device"], name
+    assert report["pinned_host_staging"] and report["staged_bytes"] == report["weight_bytes"]
