@@ -3,9 +3,11 @@
 ``FakeGpu`` (``benchmarks/gpu/pipeline_sim.py``) is an asynchronous device on Trio's
 clock -- input transfers, one stream running programs in launch order, output copies,
 host work, a weight cache with loads of their own -- so the tests here run in virtual
-time and every timing is exact. One test drives a real thread-backed fake through the
-``DevicePipeline`` threads, and ``tests/test_worker_pipeline.py`` runs a real worker on
-the CPU JAX backend at depth 2.
+time and every timing is exact. The same invariants are checked over the real
+``DevicePipeline`` threads with a blocking executor, what CUDA runs
+(``ScriptedDevice``: programs and weight loads finish when the test says, so failures,
+overruns, withdrawals and cancellation are played step by step, driven by events), and
+``tests/test_worker_pipeline.py`` runs a real worker on the CPU JAX backend at depth 2.
 """
 
 from __future__ import annotations
@@ -596,3 +598,364 @@ async def test_cancelling_run_while_a_prepared_batch_waits_for_an_overrunning_he
     assert scheduler.policy.running is None  # and its in-flight slot
     assert [p.model for p in gpu.programs] == ["a"] and not gpu.violations
     assert [b.model for b, _ in charged] == ["a"]  # b never reached the device
+
+
+# ------------------------------------------- the six invariants over real threads
+
+
+class ScriptedDevice:
+    """A blocking ``PipelinedExecutor`` run by ``threads.DevicePipeline``'s real threads,
+    whose programs finish when the test says so, as do the weight loads of one model.
+
+    ``launch`` (the launch thread) queues a program and returns; ``collect`` (the collect
+    thread) blocks until the test ``finish``\\ es the oldest unfinished program. The
+    ``slow`` model's prepare (its weights loading) waits until the test lets the oldest
+    load finish (``load``). A model named in ``fail_prepare`` fails at prepare, ``fail_launch`` at launch, and
+    ``fail_collect`` when its outputs are collected (out of device memory). Every rule a
+    thread could break is recorded in ``violations`` (an assert on a pipeline thread would
+    only turn into that batch's error). The test waits for the threads with
+    :meth:`settled` and :meth:`wait_change` -- events, never a sleep.
+    """
+
+    def __init__(self, fail_prepare: str, fail_launch: str, fail_collect: str, slow: str) -> None:
+        self.fail_prepare, self.fail_launch, self.fail_collect = (
+            fail_prepare,
+            fail_launch,
+            fail_collect,
+        )
+        self.slow = slow
+        self.loads: list[trio.Event] = []
+        self.scheduler: Scheduler | None = None
+        self.depth = 0
+        self.changed = threading.Condition()
+        self.version = 0
+        self.violations: list[str] = []
+        self.prepared: list[int] = []  # in prepare order (the policy's order)
+        self.held: dict[int, str] = {}
+        self.prepare_done: dict[int, float] = {}
+        self.launching = 0
+        self.launched: list[int] = []  # in launch order
+        self.launch_in: dict[int, float] = {}
+        self.launch_out: dict[int, float] = {}
+        self.launch_failed: set[int] = set()
+        self.release: dict[int, threading.Event] = {}
+        self.collecting: set[int] = set()
+        self.collect_out: dict[int, float] = {}
+        self.payloads: dict[int, list[Any]] = {}
+        self.landed: list[int] = []  # ran(), in order
+        self.ran_at: dict[int, float] = {}
+        self.threads: set[str] = set()
+
+    def _changed(self) -> None:
+        with self.changed:
+            self.version += 1
+            self.changed.notify_all()
+
+    def wait_change(self, seen: int) -> bool:
+        """Block (in a worker thread) until something changed since ``seen``; False if
+        nothing did for 10 s (the threads are stuck: a bug)."""
+        with self.changed:
+            return self.changed.wait_for(lambda: self.version != seen, timeout=10)
+
+    async def prepare(self, batch: Batch) -> None:
+        await trio.lowlevel.checkpoint()
+        if batch.model == self.slow:
+            loaded = trio.Event()
+            self.loads.append(loaded)
+            await loaded.wait()  # cancelled here, nothing is held yet
+        if batch.model == self.fail_prepare:
+            raise RuntimeError(f"no weights for {batch.model}")
+        self.prepared.append(batch.seq)
+        self.held[batch.seq] = batch.model
+        self.prepare_done[batch.seq] = time.perf_counter()
+
+    def launch(self, batch: Batch) -> threading.Event:
+        seq = batch.seq
+        self.launch_in[seq] = time.perf_counter()
+        self.threads.add(threading.current_thread().name)
+        self.launching += 1
+        if self.launching > 1:
+            self.violations.append(f"batch {seq}: two launches at once")
+        assert self.scheduler is not None
+        if self.scheduler.health is Health.OVERRUN:
+            self.violations.append(f"batch {seq}: launched while the loop was OVERRUN")
+        if self.held.get(seq) != batch.model:
+            self.violations.append(f"batch {seq}: launched without its weights")
+        in_flight = len([s for s in self.launched if s not in self.ran_at]) + 1
+        if in_flight > self.depth:
+            self.violations.append(f"batch {seq}: {in_flight} launched and not landed")
+        self.launched.append(seq)
+        self.payloads[seq] = [r.payload for r in batch.requests]
+        try:
+            if batch.model == self.fail_launch:
+                self.launch_failed.add(seq)
+                raise RuntimeError("the launch failed")
+            self.release[seq] = threading.Event()
+            return self.release[seq]
+        finally:
+            self.launching -= 1
+            self.launch_out[seq] = time.perf_counter()
+            self._changed()
+
+    def collect(self, batch: Batch, release: threading.Event) -> Sequence[Any]:
+        seq = batch.seq
+        self.threads.add(threading.current_thread().name)
+        self.collecting.add(seq)
+        self._changed()
+        if not release.wait(30):
+            self.violations.append(f"batch {seq}: never finished")
+        self.collecting.discard(seq)
+        if self.held.get(seq) != batch.model:
+            self.violations.append(f"batch {seq}: weights gone before its outputs were back")
+        self.collect_out[seq] = time.perf_counter()
+        self._changed()
+        if batch.model == self.fail_collect:
+            from reactantserver.errors import ResourceExhausted
+
+            raise ResourceExhausted(f"model {batch.model!r}: the device ran out of memory")
+        return [("out", r.payload) for r in batch.requests]
+
+    def ran(self, batch: Batch) -> None:
+        seq = batch.seq
+        if self.held.pop(seq, None) is None:
+            self.violations.append(f"batch {seq}: released without being prepared")
+        if seq in self.release and seq not in self.collect_out:
+            self.violations.append(f"batch {seq}: released before its outputs were back")
+        if seq in self.launch_failed and seq not in self.launch_out:
+            self.violations.append(f"batch {seq}: released during its launch")
+        self.landed.append(seq)
+        self.ran_at[seq] = time.perf_counter()
+        self._changed()
+
+    def finish_load(self) -> bool:
+        """Let the oldest weight load in progress finish; False when none is."""
+        for loaded in self.loads:
+            if not loaded.is_set():
+                loaded.set()
+                return True
+        return False
+
+    def finish_head(self) -> bool:
+        """Let the oldest unfinished program finish; False when none is running."""
+        for seq in self.launched:
+            event = self.release.get(seq)
+            if event is not None and not event.is_set():
+                event.set()
+                return True
+        return False
+
+    def settled(self) -> bool:
+        """Whether the threads have done all they can until the test acts: every prepared
+        batch has landed, or is waiting for an overrunning head to return, or was launched
+        and waits for its program (the test) or behind the one that does."""
+        assert self.scheduler is not None
+        waiting_behind = False
+        for seq in self.prepared:
+            if seq in self.ran_at:
+                continue
+            if seq not in self.launch_out:
+                if seq in self.launch_in:
+                    return False  # launching
+                # Not launched: only the newest prepared batch may wait, for an overrun;
+                # once the loop is closed nothing will launch it (the final checks judge).
+                health = self.scheduler.health
+                newest = seq == self.prepared[-1]
+                if not (health is Health.CLOSED or (newest and health is Health.OVERRUN)):
+                    return False
+                continue
+            if waiting_behind:
+                continue  # the collect thread is held by an earlier batch (the test's)
+            if seq in self.collecting and not self.release[seq].is_set():
+                waiting_behind = True  # blocked on the test
+                continue
+            return False  # its collect runs, or its outcome is on its way to the loop
+        return True
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    depth=st.integers(2, 3),
+    fail_prepare=st.sampled_from(["", "b"]),
+    fail_launch=st.sampled_from(["", "c"]),
+    fail_collect=st.sampled_from(["", "a"]),
+    slow=st.sampled_from(["", "b", "c"]),
+    deadlines=st.booleans(),
+    steps=st.lists(
+        st.one_of(
+            st.tuples(st.just("arrive"), st.sampled_from(MODELS), st.integers(1, 2)),
+            st.tuples(st.just("finish")),
+            st.tuples(st.just("load")),
+            st.tuples(st.just("overrun")),
+            st.tuples(st.just("withdraw"), st.integers(0, 20)),
+        ),
+        min_size=1,
+        max_size=24,
+    ),
+    ending=st.sampled_from(["close", "cancel"]),
+)
+# Issue 40's leak: the head overruns while the next batch's weights load; the prepared
+# batch then waits for the head, and run() is cancelled -- its weight pin and in-flight
+# slot stayed taken.
+@example(
+    depth=2,
+    fail_prepare="",
+    fail_launch="",
+    fail_collect="",
+    slow="b",
+    deadlines=False,
+    steps=[("arrive", "a", 1), ("arrive", "b", 1), ("overrun",), ("load",)],
+    ending="cancel",
+)
+def test_the_six_invariants_hold_over_the_thread_pipeline(
+    depth: int,
+    fail_prepare: str,
+    fail_launch: str,
+    fail_collect: str,
+    slow: str,
+    deadlines: bool,
+    steps: list[tuple[Any, ...]],
+    ending: str,
+) -> None:
+    """``threads.DevicePipeline``'s launch and collect threads under a blocking executor
+    (what CUDA runs), with prepare, launch and collect failures, weight loads that end
+    when the test says (so a head can overrun while the next batch's weights load),
+    overruns of the dispatch timeout, withdrawals, deadlines, and a shutdown or a
+    cancelled ``run()``:
+    (1) programs are launched one at a time, in the order batches were taken, at most
+    ``depth`` launched and not landed, and landed in launch order; (2) each batch is
+    charged its device time from max(its launch, the previous landing) to its outputs
+    being back, within what the threads' own clock stamps allow; (3) the head overruns
+    when the dispatch timeout passes: its callers get ExecutionFailed at once, nothing is
+    launched while the loop is OVERRUN, and it lands later; (4) a batch's weights are
+    held from prepare until ``ran``, which comes only after its outputs were back; (5) at
+    shutdown or cancellation every launched batch lands, a prepared one waiting for an
+    overrunning head is given back, nothing stays held or in flight; (6) every admitted
+    request is answered exactly once (never once withdrawn), with its own result or an
+    error that says why, a deadline error only after its deadline; and the policy has no
+    batch left in flight."""
+    device = ScriptedDevice(fail_prepare, fail_launch, fail_collect, slow)
+    device.depth = depth
+    charged: list[tuple[int, float]] = []
+    scheduler = Scheduler(
+        SchedulerConfig(dispatch_timeout_seconds=5.0, discipline="fifo"),
+        device,
+        pipeline_depth=depth,
+        on_batch=lambda batch, seconds: charged.append((batch.seq, seconds)),
+    )
+    device.scheduler = scheduler
+    for name in MODELS:
+        scheduler.add_model(name, [1, 2, 4])
+    got: dict[int, Any] = {}
+    admitted: dict[int, float | None] = {}
+    requests: dict[int, Any] = {}
+    withdrawn: set[int] = set()
+    overran_at: list[int] = []
+    clock = trio.testing.MockClock()
+
+    async def settle() -> None:
+        while True:
+            seen = device.version
+            await trio.testing.wait_all_tasks_blocked()
+            if device.settled() and device.version == seen:
+                return
+            if not await trio.to_thread.run_sync(device.wait_change, seen):
+                raise AssertionError(
+                    f"the pipeline never settled: prepared {device.prepared}, launched "
+                    f"{device.launched}, landed {device.landed}, health {scheduler.health}"
+                )
+
+    async def main() -> None:
+        async with trio.open_nursery() as outer:
+            run_scope = trio.CancelScope()
+            run_done = trio.Event()
+
+            async def run() -> None:
+                try:
+                    with run_scope:
+                        await scheduler.run()
+                finally:
+                    run_done.set()
+
+            outer.start_soon(run)
+            await settle()
+            for i, step in enumerate(steps):
+                if step[0] == "arrive":
+                    _, model, rows = step
+                    deadline = trio.current_time() + 7.0 if deadlines and i % 3 == 0 else None
+                    try:
+                        requests[i] = scheduler.enqueue(
+                            model, i, answer=answers_into(got, i), rows=rows, deadline=deadline
+                        )
+                        admitted[i] = deadline
+                    except RequestError:
+                        pass  # refused while OVERRUN: never admitted
+                elif step[0] == "finish":
+                    device.finish_head()
+                elif step[0] == "load":
+                    device.finish_load()
+                elif step[0] == "overrun":
+                    before = scheduler.statistics().overruns
+                    head = next((s for s in device.launched if s not in device.ran_at), None)
+                    clock.jump(5.0)
+                    await settle()
+                    if scheduler.statistics().overruns > before:
+                        # (3) The head's callers heard at once; the loop is OVERRUN.
+                        assert head is not None and scheduler.health is Health.OVERRUN
+                        overran_at.append(head)
+                        for payload in device.payloads[head]:
+                            assert payload in withdrawn or isinstance(
+                                got[payload][2], ExecutionFailed
+                            ), (payload, got.get(payload))
+                else:
+                    keys = sorted(k for k in requests if k not in got and k not in withdrawn)
+                    if keys:
+                        k = keys[step[1] % len(keys)]
+                        scheduler.withdraw(requests[k])
+                        withdrawn.add(k)
+                await settle()
+            if ending == "cancel":
+                run_scope.cancel()
+            else:
+                outer.start_soon(scheduler.aclose)
+            # Let every load finish and every launched program come back.
+            while device.finish_head() or device.finish_load():
+                await settle()
+            await run_done.wait()  # the pipeline's threads end after the last landing
+            assert scheduler.health is Health.CLOSED
+
+    trio.run(main, clock=clock)
+    event(f"depth {depth}, {ending}")
+    event(f"overran: {bool(overran_at)}")
+    event(f"failures: {bool(fail_prepare or fail_launch or fail_collect)}")
+    event(f"withdrawn: {bool(withdrawn)}")
+    event(f"given back unlaunched: {bool(set(device.prepared) - set(device.launched))}")
+    assert not device.violations, device.violations
+    assert device.threads <= {"reactantserver-device", "reactantserver-collect"}
+    # (1) Launched in the order taken, landed in launch order.
+    assert device.launched == [s for s in device.prepared if s in device.launch_in]
+    assert [s for s in device.landed if s in device.launch_in] == device.launched
+    # (2) Charged completion to completion: the pipeline threads stamp a batch's launch
+    # before ``launch`` begins and its end after ``collect`` returns and before ``ran``.
+    assert [s for s, _ in charged] == device.launched  # every launched batch, once
+    previous_out = previous_ran = -math.inf
+    for seq, seconds in charged:
+        out = device.collect_out.get(seq, device.launch_out[seq])
+        lower = out - max(device.launch_in[seq], previous_ran)
+        upper = device.ran_at[seq] - max(device.prepare_done[seq], previous_out)
+        assert max(0.0, lower) <= seconds <= upper, (seq, lower, seconds, upper)
+        previous_out, previous_ran = out, device.ran_at[seq]
+    # (4), (5): nothing held; every prepared batch landed or was given back.
+    assert not device.held and set(device.landed) == set(device.prepared)
+    assert scheduler.policy.running is None and scheduler.admitted == 0
+    # (6) Exactly once, or never once withdrawn.
+    assert set(got) <= set(admitted) and set(got) | withdrawn >= set(admitted)
+    for i, (at, value, error) in got.items():
+        deadline = admitted[i]
+        if error is None:
+            assert value == ("out", i) and (deadline is None or at < deadline)
+        else:
+            assert isinstance(error, RequestError), error
+            if isinstance(error, DeadlineExceeded):
+                assert deadline is not None and at >= deadline
+    # (3) Each overrunning head landed after all, and was charged (above).
+    assert set(overran_at) <= set(device.landed)

@@ -106,7 +106,9 @@ coroutines, for fakes on virtual time) the loop keeps up to ``d`` batches *launc
   queued requests.
 
 Invariants with several batches in flight (``tests/test_sched_pipeline.py`` checks them
-against an honest asynchronous fake device, in virtual time, with Hypothesis):
+with Hypothesis against an honest asynchronous fake device in virtual time, and over the
+real ``DevicePipeline`` threads with a blocking executor -- what CUDA runs -- whose
+programs and weight loads finish when the test says):
 
 1. The device is given programs one launch at a time, in launch order, and they are
    landed (completed, answered) in that order; at most ``d`` are launched and not landed.
@@ -126,9 +128,9 @@ against an honest asynchronous fake device, in virtual time, with Hypothesis):
    counts launched batches because their requests stay in the table (``admitted``)
    until they are answered at landing.
 5. Shutdown: queued requests fail ``Unavailable``; a batch already taken is launched --
-   unless the loop is cancelled while that prepared batch waits for an overrunning
-   head: then it is given back unlaunched (``ran``: its weights released; its in-flight
-   slot returned; its callers ``Unavailable``); every launched batch is waited for and
+   unless the loop is cancelled while its weights load (its in-flight slot is returned,
+   its callers told ``Unavailable``) or while, prepared, it waits for an overrunning
+   head (then ``ran`` releases its weights too); every launched batch is waited for and
    landed (the collector is shielded), never abandoned. A ``prepare`` failure fails only its batch (it never reached the device:
    no ``on_batch``); a launch or collect failure (``ResourceExhausted`` for memory)
    fails only its batch, and the loop serves on.
@@ -802,6 +804,12 @@ class Scheduler:
             self._policy.complete(batch, 0.0, trio.current_time(), ok=False)
             self._fail_batch(batch, _executor_error(batch, "preparing", exc))
             return False
+        except BaseException:
+            # Cancelled while its weights loaded (shutdown): nothing was acquired (a
+            # prepare that raises holds nothing); its in-flight slot is returned.
+            self._policy.complete(batch, 0.0, trio.current_time(), ok=False)
+            self._fail_batch(batch, lambda: Unavailable(SHUTTING_DOWN))
+            raise
         return True
 
     async def _dispatch(self, nursery: trio.Nursery, batch: Batch) -> None:
