@@ -1,7 +1,7 @@
 """Developer sessions; ``nox -s serve`` and ``nox -s tests`` are the two a newcomer needs.
 
 The others: ``lint``, ``proto``, ``bench``, ``bench_peer``, ``fuzz``, ``node``, ``gateway``,
-``image``, ``gpu``.
+``image``, ``gpu``, ``tests_gpu_jax``.
 
 Every session installs what it needs into its own virtualenv, so a clean clone on a
 machine with only Python (plus ``pip install nox``) runs all of them.
@@ -495,6 +495,92 @@ def perf_analyzer(session: nox.Session) -> None:
     session.env["PERF_ANALYZER"] = str(Path(session.bin) / "perf_analyzer")
     session.env["JAX_PLATFORMS"] = "cpu"
     session.run("python", "benchmarks/perf_analyzer_check.py", *session.posargs)
+
+
+#: The JAX the GPU machines' image runs (docs/gpu.md); CI pins another (constraints.txt).
+GPU_IMAGE_JAX = "0.11.2"
+#: What that JAX needs of Python (jax 0.11 requires 3.12 or newer; the image has 3.12).
+GPU_IMAGE_PYTHON = (3, 12)
+#: The tests ``tests_gpu_jax`` runs: everything that imports JAX to compile, transfer,
+#: execute or export, and the GPU tests as a dry run on the CPU backend
+#: (``REACTANT_GPU_DRY_RUN=1``: their code paths, not a GPU).
+GPU_PATH_TESTS = (
+    "tests/test_runtime.py",
+    "tests/test_runtime_environment.py",
+    "tests/test_runtime_transfers.py",
+    "tests/test_export.py",
+    "tests/test_cuda_paths.py",
+    "tests/test_weight_cache.py",
+    "tests/test_worker_pipeline.py",
+    "tests/test_gpu_serving.py",
+    "tests/test_gpu_memory.py",
+    "tests/test_gpu_transfers.py",
+    "tests/test_gpu_energy.py",
+)
+
+
+def python_at_least(
+    minimum: tuple[int, int],
+    running: tuple[int, int] = (sys.version_info.major, sys.version_info.minor),
+    executable: str = sys.executable,
+    which: Callable[[str], str | None] = shutil.which,
+    version_of: Callable[[str], tuple[int, int] | None] = _version_of,
+    pyenv: Path | None = None,
+) -> str | None:
+    """An interpreter of at least ``minimum`` among the supported ones: the one running
+    nox, else ``pythonX.Y`` on PATH, else one installed by pyenv (whose shims on PATH run
+    only the version selected; ``pyenv``: its root, default ``$PYENV_ROOT`` or
+    ``~/.pyenv``), ``minimum`` itself first (the GPU image's), then newer; None when there
+    is none."""
+    if running >= minimum:
+        return executable
+    if pyenv is None:
+        pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    for major, minor in sorted(v for v in SUPPORTED if v >= minimum):
+        name = f"python{major}.{minor}"
+        found = which(name)
+        candidates = [found] if found else []
+        candidates += [
+            str(p) for p in sorted((pyenv / "versions").glob(f"{major}.{minor}.*/bin/{name}"))
+        ]
+        for candidate in candidates:
+            if version_of(candidate) == (major, minor):
+                return candidate
+    return None
+
+
+#: The interpreter of ``tests_gpu_jax`` (None: the session fails, saying why).
+GPU_JAX_PYTHON = python_at_least(GPU_IMAGE_PYTHON)
+
+
+@nox.session(python=GPU_JAX_PYTHON or False)
+def tests_gpu_jax(session: nox.Session) -> None:
+    """The runtime, export and GPU-path tests on the CPU with the GPU image's JAX.
+
+    CI's sessions pin JAX (constraints.txt); the GPU machines run ``GPU_IMAGE_JAX``. This
+    session installs that JAX (on Python 3.12+, which it requires) with the other pins
+    kept, and runs ``GPU_PATH_TESTS`` on the CPU backend, the GPU tests as a dry run, so
+    that a change JAX makes between the two versions shows in CI, not on a lent GPU.
+    """
+    if GPU_JAX_PYTHON is None:
+        session.error(
+            f"jax {GPU_IMAGE_JAX} needs Python {GPU_IMAGE_PYTHON[0]}.{GPU_IMAGE_PYTHON[1]} "
+            "or newer and none runs here (install one: pyenv install 3.12)"
+        )
+    pins = Path(session.create_tmp()) / "constraints-gpu-jax.txt"
+    kept = [
+        line
+        for line in Path(CONSTRAINTS).read_text().splitlines()
+        if not line.startswith(("jax==", "jaxlib=="))
+    ]
+    pins.write_text("\n".join(kept) + "\n")
+    session.install(
+        "-c", str(pins), f"jax=={GPU_IMAGE_JAX}", f"jaxlib=={GPU_IMAGE_JAX}", "-e", ".[jax,test]"
+    )
+    session.run("python", "-c", "import jax; print('jax', jax.__version__)")
+    session.env["JAX_PLATFORMS"] = "cpu"
+    session.env["REACTANT_GPU_DRY_RUN"] = "1"
+    session.run("pytest", "-p", "no:cacheprovider", "-q", *GPU_PATH_TESTS, *session.posargs)
 
 
 #: What ``nox -s gpu`` installs besides the package: the CUDA build of JAX and the test

@@ -24,6 +24,7 @@ GPU = ROOT / "benchmarks" / "gpu"
 sys.path.insert(0, str(GPU))
 sys.path.insert(0, str(ROOT))
 import run_gpu  # noqa: E402
+import wheels  # noqa: E402
 
 import noxfile  # noqa: E402
 
@@ -173,7 +174,13 @@ def test_a_before_after_run_runs_the_baseline_trees_benchmark_first(tmp_path: Pa
     summary = (tmp_path / "summary.txt").read_text()
     assert "batch@base ok" in summary.replace("  ", " ").replace("  ", " "), summary
     assert "BASELINE (d) single-model batch curve" in summary
-    assert (tmp_path / "baseline" / "bench_gpu_batch.txt").is_file()
+    # The baseline's table is in the summary, not a file of its own: $OUT holds at most
+    # the device tool's eight files.
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "bench.log",
+        "bench_gpu_batch.txt",
+        "summary.txt",
+    ]
     ours = (tmp_path / "bench_gpu_batch.txt").read_text()
     for way in ("ours", "ours, 2 in flight", "plain jax.jit", "pinned-host output"):
         assert f" {way} " in ours, ours
@@ -181,3 +188,42 @@ def test_a_before_after_run_runs_the_baseline_trees_benchmark_first(tmp_path: Pa
     assert run_gpu.bench_args(["catalog=--rates 1000,2000 --seconds 5"]) == {
         "catalog": ["--rates", "1000,2000", "--seconds", "5"]
     }
+
+
+def test_the_carried_wheels_are_exactly_what_the_gpu_image_lacks() -> None:
+    """``wheels.WHEELS`` is the closure of what ``nox -s gpu`` needs on CPython 3.12
+    (reactantserver with its cuda extra, pytest-trio, nox), read from the installed
+    metadata, less the GPU image's packages and JAX's own: nothing missing (flatbuffers,
+    which jax.export needs, was), nothing carried for nothing (trio-asyncio was)."""
+    carried = {wheels._name(requirement) for requirement in wheels.WHEELS}
+    assert carried == wheels.needed()
+    assert {"flatbuffers", "nvidia-ml-py"} <= carried
+    assert all("==" in requirement for requirement in wheels.WHEELS)  # pinned
+
+
+@pytest.mark.slow
+def test_a_call_cut_short_still_leaves_the_summary_of_every_finished_step(
+    tmp_path: Path,
+) -> None:
+    """The summary is rewritten after every step: the driver killed outright (SIGKILL, as
+    when a device call runs out of time) while its second step runs still leaves a
+    summary that says the first step's outcome."""
+    import psutil
+
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    argv = [sys.executable, str(GPU / "run_gpu.py"), "--out", str(tmp_path)]
+    argv += ["--backend", "cpu", "--quick", "--only", "device,bandwidth"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("===== bandwidth"):
+            break
+    children = psutil.Process(proc.pid).children(recursive=True)
+    proc.kill()
+    for child in children:
+        child.kill()
+    proc.wait(30)
+    psutil.wait_procs(children, timeout=30)
+    summary = (tmp_path / "summary.txt").read_text()
+    assert "device     ok" in summary
+    assert "bandwidth  " not in summary  # it had not finished

@@ -22,15 +22,22 @@ side-by-side table, which the estimates include.
 
 A before/after run on one machine: ``--baseline DIR`` names another tree of the project
 (``git archive`` of the commit to compare against); each benchmark step then runs that
-tree's script first (with that tree's ``src`` first on ``PYTHONPATH``; its table goes to
-``baseline/`` under the results folder and into the summary), then ours. ``--bench-args
-STEP=ARGS`` gives a benchmark extra arguments, for both trees (e.g. fewer catalog sizes
-so that both fit one device call). docs/gpu.md has the one-call command.
+tree's script first (with that tree's ``src`` first on ``PYTHONPATH``; its table goes
+into the summary, marked ``BASELINE``), then ours -- except the catalog, which serves
+both trees side by side in one run (``bench_gpu_catalog.py --baseline``: one worker per
+tree, their windows alternating, one table). ``--bench-args STEP=ARGS`` gives a
+benchmark extra arguments, for both trees (e.g. fewer catalog sizes so that both fit one
+device call). docs/gpu.md has the one-call command.
 
-Results, in ``$OUT`` when set (the device tool brings that folder back), else
-``gpu-results/`` (git-ignored) -- seven files, within the tool's limit of eight:
+A call that cannot lose its results: each step runs under its own time limit, and
+``summary.txt`` is rewritten after every step (and before the first), so a call cut
+short -- the device tool ends a command at its limit -- still leaves the summary of
+every step that finished and every table written so far. The results, in ``$OUT`` when
+set (the device tool brings that folder back), else ``gpu-results/`` (git-ignored), are
+seven files, within the tool's limit of eight, with or without a baseline:
 
-* ``summary.txt``: the device, each step's status and seconds, and every table;
+* ``summary.txt``: the device, each step's status and seconds, and every table (the
+  baseline's first);
 * ``tests.log``: pytest's output (``-v``, skip reasons, durations);
 * ``bench.log``: everything the ``device`` step and the benchmarks printed;
 * ``bench_gpu_bandwidth.txt``, ``bench_gpu_prefetch.txt``, ``bench_gpu_catalog.txt``,
@@ -52,9 +59,11 @@ import datetime
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -256,6 +265,15 @@ def main(argv: list[str] | None = None) -> int:
     outcomes: list[Outcome] = []
     logs: dict[str, TextIO] = {}
     stop_reason = ""
+    # Baseline tables live outside $OUT (its files are counted); the summary carries them.
+    base_tables = Path(tempfile.mkdtemp(prefix="run-gpu-baseline-"))
+
+    def write_summary() -> None:
+        """Rewritten after every step: a call cut short still leaves what it measured."""
+        text = summary(outcomes, out, time.monotonic() - started, args, base_tables)
+        (out / "summary.txt").write_text(text)
+
+    write_summary()
     try:
         for step in STEPS:
             if (only and step.name not in only) or step.name in skip:
@@ -277,12 +295,17 @@ def main(argv: list[str] | None = None) -> int:
             log = logs.get(step.log)
             if log is None:
                 log = logs[step.log] = (out / step.log).open("w")
-            if baseline is not None and step.name in BENCHES:
+            step_extra = list(extra.get(step.name, []))
+            if baseline is not None and step.name == "catalog":
+                # The catalog serves both trees side by side in one run and one table.
+                step_extra += ["--baseline", str(baseline)]
+            elif baseline is not None and step.name in BENCHES:
                 outcomes.append(
-                    run_baseline(step, baseline, extra.get(step.name, []), args, out, log, left)
+                    run_baseline(step, baseline, step_extra, args, base_tables, log, left)
                 )
+                write_summary()
                 left = deadline - time.monotonic()
-            argv = command(step.name, args.backend, args.quick, extra=extra.get(step.name, []))
+            argv = command(step.name, args.backend, args.quick, extra=step_extra)
             banner = f"===== {step.name}: {' '.join(argv)}"
             print(banner, flush=True)
             log.write(banner + "\n")
@@ -302,12 +325,13 @@ def main(argv: list[str] | None = None) -> int:
                 outcomes.append(Outcome(step.name, f"failed ({rc})", seconds, last[:160]))
             if step.name == "device" and rc != 0 and args.backend == "cuda":
                 stop_reason = "no GPU (see the device step)"
+            write_summary()
     finally:
         for log in logs.values():
             log.close()
-    text = summary(outcomes, out, time.monotonic() - started, args)
-    (out / "summary.txt").write_text(text)
-    print(text, flush=True)
+        write_summary()
+        shutil.rmtree(base_tables, ignore_errors=True)
+    print((out / "summary.txt").read_text(), flush=True)
     return 0 if all(o.ok for o in outcomes) else 1
 
 
@@ -316,13 +340,12 @@ def run_baseline(
     root: Path,
     extra: Sequence[str],
     args: argparse.Namespace,
-    out: Path,
+    folder: Path,
     log: TextIO,
     left: float,
 ) -> Outcome:
-    """``step``'s benchmark from the baseline tree ``root``; its table to ``out/baseline``."""
-    folder = out / "baseline"
-    folder.mkdir(exist_ok=True)
+    """``step``'s benchmark from the baseline tree ``root``; its table to ``folder`` (out
+    of ``$OUT``: the summary carries it)."""
     (folder / (Path(BENCHES[step.name]).stem + ".txt")).unlink(missing_ok=True)
     env = environment(args.backend, root)
     env["OUT"] = str(folder)
@@ -350,7 +373,11 @@ def _summary_of(step: str, last: str) -> str:
 
 
 def summary(
-    outcomes: Sequence[Outcome], out: Path, seconds: float, args: argparse.Namespace
+    outcomes: Sequence[Outcome],
+    out: Path,
+    seconds: float,
+    args: argparse.Namespace,
+    base_tables: Path | None = None,
 ) -> str:
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     try:  # the device tool's copy of the tree may have no .git, the machine no git
@@ -373,10 +400,11 @@ def summary(
     for o in outcomes:
         lines.append(f"{o.step:<10} {o.status:<12} {o.seconds:>8.1f}  {o.detail}")
     lines.append(f"total {seconds:.1f} s of a {args.budget:.0f} s budget; results in {out}")
+    folders = [(base_tables, "BASELINE "), (out, "")] if base_tables else [(out, "")]
     for name in BENCHES.values():
-        for folder, label in ((out / "baseline", "BASELINE "), (out, "")):
+        for folder, label in folders:
             table = folder / (Path(name).stem + ".txt")
-            if table.is_file() and (folder == out or args.baseline is not None):
+            if table.is_file():
                 text = table.read_text().rstrip()
                 lines += ["", f"{label}{text}" if label else text]
     return "\n".join(lines) + "\n"
