@@ -34,8 +34,9 @@ async def zipf_catalog_run(
     """Serve ``bundles`` from ``cache`` through a real scheduler: ``requests`` one-row
     requests, models drawn from Zipf(``zipf``) popularity, sent by ``clients`` closed-loop
     clients, with ``pipeline_depth`` batches in flight at most. Throughput, the device's
-    idle fraction (1 - device seconds charged to batches / wall), dispatches and the
-    cache's counters over the run."""
+    idle fraction (1 - device seconds charged to batches / wall) and the bound the loads
+    set on it, device seconds per dispatch, dispatches and the cache's counters over the
+    run."""
     from reactantserver.models import ServedModel
     from reactantserver.runtime.executor import DeviceExecutor
     from reactantserver.scheduling import Scheduler
@@ -84,9 +85,14 @@ async def zipf_catalog_run(
     for model in served.values():
         await cache.remove(model)
     loads = after.loads - before.loads
+    load_seconds = after.load_seconds - before.load_seconds
     return {
         "throughput": requests / wall,
         "idle": 1.0 - busy / wall,
+        # Loads run one at a time: the device idles at least this (pipeline_sim.py). Only
+        # meaningful where a load is timed as its transfer (a load waited for in a thread).
+        "bound": 1.0 - busy / max(busy, load_seconds),
+        "exec_ms": 1e3 * busy / max(1, sum(m.dispatches for m in stats.models.values())),
         "wall": wall,
         "dispatches": sum(m.dispatches for m in stats.models.values()),
         "loads": loads,

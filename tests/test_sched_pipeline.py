@@ -415,16 +415,21 @@ def test_pipeline_invariants_over_random_workloads(
 # ------------------------------------------------------------- prefetch overlaps
 
 
-def test_with_the_pipeline_the_device_idle_fraction_at_least_halves() -> None:
-    """Benchmark (b) on the fake device: a Zipf catalog ten times the weight budget,
-    executions as long as a cold load. Prefetch as it was (depth 1) leaves the device
-    idle through loads and transfers; with the pipeline the next batch's weights load
-    (prepare of N+1) while N runs, and the idle fraction at least halves."""
+def test_with_prefetch_and_the_pipeline_the_device_idles_only_as_its_copy_engine_forces() -> None:
+    """Benchmark (b) on the fake device at the H200's measured execution/load ratio
+    (0.44, ``pipeline_sim.py``): a Zipf catalog ten times the weight budget. Loads take
+    longer than executions, so the device must idle at least ``1 - execution / load``
+    seconds of the wall time whatever the loop does (the copy engine's bound); with
+    prefetch and the pipeline it idles at most ``PREFETCH_GOAL`` more than that, while
+    with prefetch off it idles far more, and the throughput is well above prefetch off's."""
+    from pipeline_sim import PREFETCH_GOAL
+
     off = run_simulation(depth=1, prefetch=False)
     depth1_on = run_simulation(depth=1, prefetch=True)
     on = run_simulation(depth=2, prefetch=True)
-    assert on["idle"] <= off["idle"] / 2
-    assert on["idle"] < depth1_on["idle"]
+    assert on["idle"] - on["bound"] <= PREFETCH_GOAL
+    assert off["idle"] - off["bound"] > 2 * PREFETCH_GOAL
+    assert on["idle"] < depth1_on["idle"] < off["idle"]
     assert on["throughput"] > 1.5 * off["throughput"]
 
 
