@@ -165,6 +165,36 @@ def test_every_pytest_plugin_of_the_test_environment_is_pinned() -> None:
     assert plugins <= set(pins()), f"not pinned: {sorted(plugins - set(pins()))}"
 
 
+def test_the_gpu_jax_session_finds_a_python_3_12_behind_pyenv_shims(tmp_path: Path) -> None:
+    """``tests_gpu_jax`` needs Python 3.12+ (jax 0.11): the running one if it is, else a
+    ``python3.12`` on PATH that really runs, else pyenv's (a shim for a version not
+    selected fails), 3.12 -- the GPU image's -- before 3.13; None when there is none."""
+    pyenv = tmp_path / "pyenv"
+    installed = {}
+    for version in ("3.12.1", "3.13.0"):
+        name = f"python{version.rsplit('.', 1)[0]}"
+        exe = pyenv / "versions" / version / "bin" / name
+        exe.parent.mkdir(parents=True)
+        exe.write_text("")
+        installed[str(exe)] = tuple(int(p) for p in version.split(".")[:2])
+    shims = {"python3.12": "/shims/python3.12", "python3.13": "/shims/python3.13"}
+
+    def found(running: tuple[int, int], root: Path = pyenv) -> str | None:
+        return noxfile.python_at_least(
+            (3, 12),
+            running=running,
+            executable="/usr/bin/python3",
+            which=shims.get,
+            version_of=installed.get,  # the shims do not run: not in the table
+            pyenv=root,
+        )
+
+    assert found((3, 13)) == "/usr/bin/python3"  # the running one is new enough
+    assert found((3, 11)) == str(pyenv / "versions" / "3.12.1" / "bin" / "python3.12")
+    assert found((3, 11), root=tmp_path / "no-pyenv") is None
+    assert noxfile.GPU_IMAGE_PYTHON == (3, 12) and noxfile.GPU_IMAGE_JAX.startswith("0.11.")
+
+
 def test_readme_says_how_to_bump_the_pins() -> None:
     readme = (ROOT / "README.md").read_text()
     section = readme.split("### Tool versions", 1)[1].split("\n#", 1)[0]
