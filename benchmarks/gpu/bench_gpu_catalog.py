@@ -15,8 +15,18 @@ For each catalog size N and each rate R, an open-loop load generator (Poisson ar
 to models drawn uniformly from the first N for ``--seconds``, after ``--warmup`` seconds
 of the same load unmeasured -- uniform traffic is the worst case for an LRU cache. Latency runs from each request's scheduled send time to
 its answer (so a lagging client cannot hide queueing). From the worker's ``/metrics``
-over the same window: weight loads per second and device utilisation (execution seconds
-per second). A row meets the QoS when p99 <= ``--p99-ms`` and nothing failed.
+over the same window: weight loads per second, the host seconds per load (``ms/load``:
+the worker's ``worker_weight_load_seconds_total`` over its loads -- the event loop's time
+for a load queued on the device, a worker thread's for one waited for there) and device
+utilisation (execution seconds per second). A row meets the QoS when p99 <=
+``--p99-ms`` and nothing failed.
+
+``--baseline REF`` serves the same catalog from another tree of the project too -- a
+directory holding its ``src/``, or a git ref, archived once into ``.baseline/<commit>``
+-- with the same budget and the same client: one worker per tree (on a GPU each with its
+share of the device), their windows alternating so that the machine's drift hits both,
+each row printed for both trees and a ratio line under the table. ``--out DIR`` is
+created if it does not exist.
 Where the worker measures its device's energy (NVML on the GPU; docs/monitoring.md), each
 row also gives joules per inference -- the energy attributed to the models by device
 time over the window, per request answered -- the same with the idle energy included,
@@ -26,6 +36,8 @@ inference. Where it does not, those columns say ``-``.
     python benchmarks/gpu/bench_gpu_catalog.py                    # on the GPU
     python benchmarks/gpu/bench_gpu_catalog.py --catalogs 100,1000 --rates 200,500
     python benchmarks/gpu/bench_gpu_catalog.py --backend cpu --quick   # smoke test
+    python benchmarks/gpu/bench_gpu_catalog.py --backend cpu --catalogs 300 --rates 400 \
+        --seconds 5 --baseline main                                    # the load path, any machine
 
 About 4 minutes on an H200 with the defaults (catalogs 100, 300 and 1,000; rates 200,
 1,000, 2,000 and 4,000 requests/s -- the last two are issue 33's goal, 1,000 models at

@@ -79,7 +79,11 @@ Invariants (the state machine checks each after every step)
 5. A ``system`` model always has its host copy; an ``unpinned`` one has one only while
    it is loading.
 6. Loading models count against the budget from the moment the load is planned, so two
-   transfers in flight (a prefetch and a demand load) can never overcommit it.
+   transfers in flight (a prefetch and a demand load) can never overcommit it. A load the
+   driver carries out within one step (queued on the device and not waited for, issue
+   40) is ``loading`` only within that step and then counts as resident while its
+   transfer may still be in flight on the device: every load in flight, in a thread or
+   on the device, is in ``resident_bytes``.
 7. A control command runs alone: while it runs nothing is pinned in use and no other
    plan is being carried out, and a model being removed is never handed out again.
 
