@@ -161,7 +161,7 @@ def _bare_rows(url: str) -> list[str]:
 
 
 def _shm_row(client: tc.InferenceServerClient, label: str, x: np.ndarray) -> str:
-    key_in, key_out = (f"/rs_bench_{k}_{uuid.uuid4().hex[:6]}" for k in ("in", "out"))
+    key_in, key_out = (f"/reactantserver-bench_{k}_{uuid.uuid4().hex[:6]}" for k in ("in", "out"))
     h_in = tshm.create_shared_memory_region("in", key_in, x.nbytes)
     h_out = tshm.create_shared_memory_region("out", key_out, x.nbytes)
     try:

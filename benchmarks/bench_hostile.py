@@ -482,7 +482,9 @@ def table_shm(trees: list[tuple[str, Path, dict[str, Any]]], n: int = 40) -> Non
             srv = stack.enter_context(server(label, tree, **overrides))
             client = tc.InferenceServerClient(f"127.0.0.1:{srv.port}")
             stack.callback(client.close)
-            key_in, key_out = (f"/rs_bench_{k}_{uuid.uuid4().hex[:6]}" for k in ("in", "out"))
+            key_in, key_out = (
+                f"/reactantserver-bench_{k}_{uuid.uuid4().hex[:6]}" for k in ("in", "out")
+            )
             h_in = tshm.create_shared_memory_region(f"in_{label}", key_in, x.nbytes)
             h_out = tshm.create_shared_memory_region(f"out_{label}", key_out, x.nbytes)
             stack.callback(tshm.destroy_shared_memory_region, h_in)

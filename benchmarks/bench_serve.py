@@ -455,7 +455,7 @@ async def big_inline_ours_client(
 
 @contextlib.contextmanager
 def _region(name: str, nbytes: int) -> Iterator[tuple[str, object]]:
-    key = f"/rs_bench_{name}_{uuid.uuid4().hex[:8]}"
+    key = f"/reactantserver-bench_{name}_{uuid.uuid4().hex[:8]}"
     handle = tshm.create_shared_memory_region(name, key, nbytes)
     try:
         yield key, handle

@@ -32,7 +32,12 @@ import trio
 from fake_host import FakeHost
 from worker_harness import free_port
 
-from reactantserver.config.schema import EndpointsConfig, GatewayConfig
+from reactantserver.config.schema import (
+    EndpointsConfig,
+    GatewayConfig,
+    GatewayTrust,
+    WorkerClientConfig,
+)
 from reactantserver.gateway.app import Gateway, GatewayAddress, serve_gateway
 from reactantserver.service import Service
 from reactantserver.transport import guest
@@ -124,12 +129,26 @@ class FakeWorker:
         self.run_sync(self.host.release.set)
 
 
+#: The key a test gateway and its fake workers are paired by (their ``worker_client.key_env``
+#: and ``endpoints.gateway.key_env``), as a node pairs its own: the workers then keep the
+#: gateway's clients' shared memory apart (docs/security.md).
+PAIRED_KEY_ENV = "REACTANT_TEST_GATEWAY_KEY"
+os.environ.setdefault(PAIRED_KEY_ENV, "a-key-only-these-tests-know")
+PAIRED = WorkerClientConfig(key_env=PAIRED_KEY_ENV)
+
+
 @contextmanager
 def fake_workers(
-    n: int, service: Callable[[FakeHost], Service] = Service, *, ports: list[int] | None = None
+    n: int,
+    service: Callable[[FakeHost], Service] = Service,
+    *,
+    ports: list[int] | None = None,
+    endpoints: EndpointsConfig | None = None,
 ) -> Iterator[list[FakeWorker]]:
     """``n`` fake workers on 127.0.0.1 (``service`` builds each one's Service), on
-    ``ports`` when given (any free ones otherwise)."""
+    ``ports`` when given (any free ones otherwise), trusting a gateway with the
+    :data:`PAIRED_KEY_ENV` key unless ``endpoints`` says otherwise."""
+    base = endpoints or EndpointsConfig(gateway=GatewayTrust(key_env=PAIRED_KEY_ENV))
     workers: list[FakeWorker] = []
     stops: list[tuple[trio.Event, trio.lowlevel.TrioToken, threading.Thread]] = []
     try:
@@ -152,7 +171,8 @@ def fake_workers(
                     async with trio.open_nursery() as nursery:
                         box["port"] = await nursery.start(
                             lambda task_status: serve_grpc(
-                                svc, EndpointsConfig(port=port), stop=stop, grace_seconds=5.0,
+                                svc, attrs.evolve(base, port=port), stop=stop,
+                                grace_seconds=5.0,
                                 task_status=task_status,
                             )
                         )  # fmt: skip

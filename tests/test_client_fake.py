@@ -73,6 +73,12 @@ class FlakyHost(FakeHost):
 class Served:
     host: FlakyHost
     port: int
+    service: Service
+    token: trio.lowlevel.TrioToken
+
+    def forget_regions(self) -> None:
+        """The server forgets every region of every client, as a restarted one has."""
+        trio.from_thread.run_sync(self.service.registry.close, trio_token=self.token)
 
     @property
     def url(self) -> str:
@@ -93,9 +99,11 @@ def serving(port: int = 0, *, started: threading.Event | None = None) -> Iterato
         async with trio.open_nursery() as nursery:
             await nursery.start(host.run)
 
+            box["service"] = service = Service(host)
+
             async def serve(task_status: trio.TaskStatus[int]) -> None:
                 await serve_grpc(
-                    Service(host), endpoints, stop=stop, grace_seconds=1, task_status=task_status
+                    service, endpoints, stop=stop, grace_seconds=1, task_status=task_status
                 )
                 nursery.cancel_scope.cancel()  # the host's task with it
 
@@ -106,7 +114,7 @@ def serving(port: int = 0, *, started: threading.Event | None = None) -> Iterato
     thread.start()
     assert ready.wait(10), "the fake server did not start"
     try:
-        yield Served(host, box["port"])
+        yield Served(host, box["port"], box["service"], box["token"])
     finally:
         trio.from_thread.run_sync(box["stop"].set, trio_token=box["token"])
         thread.join(10)
@@ -301,16 +309,19 @@ def test_a_forgotten_region_is_registered_again_once(served: Served) -> None:
     """The server forgetting every region (as after a restart) costs one re-registration."""
     with Client(served.url) as client, Client(served.url) as other:
         with client.shared_memory(4096) as region:
-            other.unregister_shared_memory()  # all regions, as a restarted server
+            served.forget_regions()  # every region, as a restarted server
             out = client.infer("double", {"x": X}, ["y"], shm=region)
             np.testing.assert_array_equal(out["y"], 2 * X)
             assert client.statistics().reregistrations == 1
-            assert [r.name for r in other.shared_memory_status()] == [region.name]
-        # A region some other client registered is not this client's to re-register.
-        with other.shared_memory(4096) as foreign:
-            other.unregister_shared_memory(foreign.name)
-            with pytest.raises(FailedPrecondition, match="is not registered"):
-                client.infer("double", {"x": X}, ["y"], shm=foreign)
+            assert [r.name for r in client.shared_memory_status()] == [region.name]
+            assert other.shared_memory_status() == []  # the client's own, not other's
+        # A region some other client registered is not this client's to use (the server
+        # says it is not registered, for this client) nor to re-register.
+        with (
+            other.shared_memory(4096) as foreign,
+            pytest.raises(FailedPrecondition, match="is not registered"),
+        ):
+            client.infer("double", {"x": X}, ["y"], shm=foreign)
     assert client.statistics().reregistrations == 1
 
 

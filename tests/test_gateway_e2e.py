@@ -39,6 +39,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as tshm
 from conftest import load_build_repo
 from gateway_harness import (
+    PAIRED_KEY_ENV,
     Process,
     free_port,
     http_get,
@@ -152,7 +153,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         f"  cache_dir: {tmp / 'jaxcache'}\n"
         "  model_control_mode: explicit\n"
         "  runtime: {backend: cpu}\n"
-        "  endpoints: {host: 127.0.0.1, max_concurrent_requests: 256}\n"
+        "  endpoints: {host: 127.0.0.1, max_concurrent_requests: 256,\n"
+        f"              gateway: {{key_env: {PAIRED_KEY_ENV}}}}}\n"
     )
     fleet = Fleet(node, tmp, grpc, admin)
     try:
@@ -180,6 +182,7 @@ def gateway(
         "worker_names": list(workers),
         "health_interval_seconds": 0.5,
         "logging": {"format": "text"},
+        "worker_client": {"key_env": PAIRED_KEY_ENV},  # paired with the workers
         **settings,
     }
     path = fleet.tmp / f"gateway-{grpc}.yml"
@@ -286,14 +289,16 @@ def test_every_rpc_through_the_gateway(fleet: Fleet) -> None:
 
 def test_shared_memory_through_the_gateway(fleet: Fleet) -> None:
     """Regions registered through the gateway exist on every worker, so a request's input
-    and output regions work wherever it is routed."""
+    and output regions work wherever it is routed; they are the gateway client's, so a
+    client of a worker itself does not see them."""
     with gateway(fleet) as gw, _regions("gw-e2e") as (inp_key, inp, out_key, out):
         client = gw.client()
         client.register_system_shared_memory("in", inp_key, X.nbytes)
         client.register_system_shared_memory("out", out_key, X.nbytes)
+        assert set(client.get_system_shared_memory_status().regions) == {"in", "out"}
         for w in WORKERS:
             direct = fleet.client(w)
-            assert set(direct.get_system_shared_memory_status().regions) == {"in", "out"}
+            assert direct.get_system_shared_memory_status().regions == {}
             direct.close()
         tshm.set_shared_memory_region(inp, [X])
         for _ in range(3):  # round robin: each worker once
@@ -311,7 +316,8 @@ def test_shared_memory_through_the_gateway(fleet: Fleet) -> None:
 
 @contextmanager
 def _regions(tag: str) -> Iterator[tuple[str, object, str, object]]:
-    inp_key, out_key = f"/{tag}-in-{os.getpid()}", f"/{tag}-out-{os.getpid()}"
+    inp_key = f"/reactantserver-{tag}-in-{os.getpid()}"
+    out_key = f"/reactantserver-{tag}-out-{os.getpid()}"
     inp = tshm.create_shared_memory_region(f"{tag}-in", inp_key, X.nbytes)
     out = tshm.create_shared_memory_region(f"{tag}-out", out_key, X.nbytes)
     try:
@@ -334,10 +340,9 @@ def test_a_registration_one_worker_refuses_is_rolled_back_everywhere(fleet: Flee
         message = caught.value.message()
         assert f"worker w2 ({fleet.address('w2')}) refused region 'third'" in message
         assert "rolled back on w0" in message and "w1" in message
-        for w in WORKERS:
-            direct = fleet.client(w)
-            assert set(direct.get_system_shared_memory_status().regions) == {"in", "out"}, w
-            direct.close()
+        # The status through the gateway is the union of the workers' (for this client):
+        # "third" is on none of them.
+        assert set(client.get_system_shared_memory_status().regions) == {"in", "out"}
         client.unregister_system_shared_memory()
         client.close()
 
@@ -375,7 +380,7 @@ def test_grpcurl_through_the_gateway(fleet: Fleet) -> None:
         rc, out, err = grpcurl(gw.grpc, "reactant_control.ControlService/CompactMemory")
         assert rc == 0, err
         rc, out, err = grpcurl(
-            "-d", '{"name": "/gw-e2e-nothing-here"}', gw.grpc,
+            "-d", '{"name": "/reactantserver-gw-e2e-nothing-here"}', gw.grpc,
             "inference.GRPCInferenceService/IsSameIPCNamespace",
         )  # fmt: skip
         assert rc == 0 and json.loads(out) == {}, err  # same: false
@@ -523,10 +528,18 @@ def test_a_worker_killed_mid_load(fleet: Fleet) -> None:
         assert set(failed) <= {"UNAVAILABLE"}, (failed, messages)
         assert sum(failed.values()) <= 4  # at most one call in flight per client thread
         assert all("may have run" in m for m in messages), messages
-        # The regions were registered on the new w2 when the gateway reached it again.
+        # The regions were registered on the new w2 when the gateway reached it again
+        # (for this client: a client of w2 itself does not see them): round robin sends
+        # calls that name them to w2 as well, and every one is answered.
         direct = fleet.client("w2")
-        assert set(direct.get_system_shared_memory_status().regions) == {"in", "out"}
+        assert direct.get_system_shared_memory_status().regions == {}
         direct.close()
+        before = fleet.served("w2")
+        for _ in range(6):
+            shm_in = grpcclient.InferInput("x", [1, 16], "FP32")
+            shm_in.set_shared_memory("in", X.nbytes)
+            client.infer("double", [shm_in])
+        assert fleet.served("w2") > before
         client.unregister_system_shared_memory()
         client.close()
 

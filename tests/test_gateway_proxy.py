@@ -24,11 +24,13 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import attrs
 import numpy as np
 import pytest
 import trio
 import tritonclient.grpc as grpcclient
 from gateway_harness import (
+    PAIRED,
     FakeWorker,
     GatewayRun,
     fake_workers,
@@ -46,7 +48,6 @@ from reactantserver.config.schema import (
     GatewayConfig,
     GatewayGrpcConfig,
     ListenConfig,
-    WorkerClientConfig,
 )
 from reactantserver.errors import ResourceExhausted
 from reactantserver.load_config import Override
@@ -65,6 +66,7 @@ def config(workers: list[FakeWorker], **overrides: Any) -> GatewayConfig:
         "worker_names": tuple(f"w{i}" for i in range(len(workers))),
         "health_interval_seconds": 60.0,  # the table changes only when a test says so
         "logging": {"format": "text"},
+        "worker_client": PAIRED,  # paired with the fake workers by a key
     }
     values.update(overrides)
     if isinstance(values["logging"], dict):
@@ -386,7 +388,10 @@ def test_the_gateways_own_timeout_answers_and_then_cancels_the_workers_call() ->
     with (
         fake_workers(1) as (worker,),
         running_gateway(
-            config([worker], worker_client=WorkerClientConfig(request_timeout_seconds=0.3))
+            config(
+                [worker],
+                worker_client=attrs.evolve(PAIRED, request_timeout_seconds=0.3),
+            )
         ) as gw,
     ):
         client = grpcclient.InferenceServerClient(gw.grpc)
@@ -416,12 +421,12 @@ class Refusing(Service):
 
 
 def _regions(worker: FakeWorker) -> set[str]:
-    return {r.name for r in worker.service.registry.status()}
+    return {r.name for r in worker.service.registry}  # every owner's
 
 
 @pytest.fixture
 def shm_key() -> Iterator[str]:
-    key = f"/rs-gw-test-{os.getpid()}-{threading.get_ident()}"
+    key = f"/reactantserver-gw-test-{os.getpid()}-{threading.get_ident()}"
     fd = os.open(f"/dev/shm{key}", os.O_CREAT | os.O_RDWR, 0o600)
     os.ftruncate(fd, 4096)
     os.close(fd)
@@ -454,7 +459,9 @@ def test_is_same_ipc_namespace_asks_every_worker(shm_key: str, gateway: GatewayR
     async def calls(channel: Channel) -> tuple[bool, bool]:
         stub = pb.GrpcInferenceServiceStub(channel)
         here = await stub.is_same_ipc_namespace(pb.IsSameIpcNamespaceRequest(name=shm_key))
-        gone = await stub.is_same_ipc_namespace(pb.IsSameIpcNamespaceRequest(name="/rs-gw-none"))
+        gone = await stub.is_same_ipc_namespace(
+            pb.IsSameIpcNamespaceRequest(name="/reactantserver-gw-none")
+        )
         return here.same, gone.same
 
     assert _grpclib(gateway, calls) == (True, False)

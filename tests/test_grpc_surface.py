@@ -235,8 +235,8 @@ async def test_statistics_count_requests_and_executions(server: Running) -> None
 
 
 async def test_system_shared_memory_inputs_and_outputs(server: Running) -> None:
-    key_in = f"/rs_grpc_in_{uuid.uuid4().hex[:8]}"
-    key_out = f"/rs_grpc_out_{uuid.uuid4().hex[:8]}"
+    key_in = f"/reactantserver-grpc_in_{uuid.uuid4().hex[:8]}"
+    key_out = f"/reactantserver-grpc_out_{uuid.uuid4().hex[:8]}"
     h_in = tshm.create_shared_memory_region("in", key_in, 128)
     h_out = tshm.create_shared_memory_region("out", key_out, 256)
     x = np.arange(32, dtype=np.float32).reshape(2, 16)
@@ -384,7 +384,9 @@ async def test_every_error_status_with_its_message(
             error_of(lambda: c.get_cuda_shared_memory_status("g")),
             error_of(lambda: c.get_trace_settings()),
             error_of(lambda: c.get_log_settings()),
-            error_of(lambda: c.register_system_shared_memory("r", "/rs_missing_key_0", 64)),
+            error_of(
+                lambda: c.register_system_shared_memory("r", "/reactantserver-missing_key_0", 64)
+            ),
         ]
 
     with caplog.at_level(logging.ERROR, logger="reactantserver.status"):
@@ -433,7 +435,7 @@ async def test_every_error_status_with_its_message(
         ),
         (
             "StatusCode.INVALID_ARGUMENT",
-            "shared memory region 'r': key '/rs_missing_key_0' does not exist "
+            "shared memory region 'r': key '/reactantserver-missing_key_0' does not exist "
             "(create it with shm_open before registering)",
         ),
     ]
@@ -721,7 +723,7 @@ async def test_reflection_both_versions(server: Running, package: str) -> None:
 
 
 async def test_is_same_ipc_namespace(server: Running) -> None:
-    key = f"/rs_probe_{uuid.uuid4().hex[:8]}"
+    key = f"/reactantserver-probe_{uuid.uuid4().hex[:8]}"
     segment = tshm.create_shared_memory_region("probe", key, 8)
 
     def ask(name: str) -> tuple[Any, Any]:
@@ -734,7 +736,9 @@ async def test_is_same_ipc_namespace(server: Running) -> None:
 
     try:
         assert (await off_loop(lambda: ask(key)))[0].same is True
-        assert (await off_loop(lambda: ask("/rs_probe_does_not_exist")))[0].same is False
+        assert (await off_loop(lambda: ask("/reactantserver-probe_does_not_exist")))[
+            0
+        ].same is False
         assert (await off_loop(lambda: ask("/a/b")))[1] == (
             "INVALID_ARGUMENT",
             "shared memory key '/a/b' is not a POSIX shared memory name (expected '/name' "

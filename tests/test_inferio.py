@@ -333,7 +333,7 @@ def test_hostile_extents_are_refused_before_any_allocation() -> None:
 @pytest.fixture
 def region() -> Iterator[tuple[SharedMemoryRegistry, shared_memory.SharedMemory]]:
     segment = shared_memory.SharedMemory(
-        name=f"rs_inferio_{uuid.uuid4().hex[:8]}", create=True, size=4096
+        name=f"reactantserver-inferio_{uuid.uuid4().hex[:8]}", create=True, size=4096
     )
     registry = SharedMemoryRegistry()
     registry.register("r", "/" + segment.name, 0, 1024)

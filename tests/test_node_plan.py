@@ -102,6 +102,8 @@ def test_gpus_auto_gives_one_worker_per_gpu_each_seeing_only_its_own(tmp_path: P
         "OPENBLAS_NUM_THREADS": "10",
         "MKL_NUM_THREADS": "10",
         "PYTHONUNBUFFERED": "1",
+        # Behind the node's gateway: trusts it by the key the supervisor makes per run.
+        "INFERENCE_SERVER_ENDPOINTS_GATEWAY_KEY_ENV": "REACTANT_NODE_GATEWAY_KEY",
     }
     assert workers[1].argv == (
         PY, "-m", "reactantserver.cli", "serve", "/run/rs/node.yaml",
@@ -154,7 +156,9 @@ def test_the_written_files_are_what_the_children_run(tmp_path: Path) -> None:
     assert a.scheduler.max_queue_depth == 8
     assert a.scheduler.discipline == "fifo"
     assert a.scheduler.models["m"].residency == "device"
-    assert load_gateway(out / "gateway.yml") == p.gateway
+    # (the gateway child runs with the key the supervisor makes: plan.NODE_KEY_VAR)
+    assert load_gateway(out / "gateway.yml", {"REACTANT_NODE_GATEWAY_KEY": "k"}) == p.gateway
+    assert p.gateway.worker_client.key_env == "REACTANT_NODE_GATEWAY_KEY"
     assert p.gateway is not None
     assert p.gateway.scheduling.mode == "lpt_packing"
     assert p.gateway.listen.grpc == "0.0.0.0:9001"
@@ -411,7 +415,10 @@ def test_the_gateway_expects_the_models_the_node_assigns(tmp_path: Path) -> None
     written = next(text for name, text in p.files.items() if name.endswith("gateway.yml"))
     out = tmp_path / "gateway.yml"
     out.write_text(written)
-    assert load_gateway(out).expected_models == p.gateway.expected_models
+    assert (
+        load_gateway(out, {"REACTANT_NODE_GATEWAY_KEY": "k"}).expected_models
+        == p.gateway.expected_models
+    )
 
 
 def test_expected_models_set_for_the_gateway_are_kept(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ from reactantserver.errors import (
 from reactantserver.shm import Lease, RegionInfo, SharedMemoryRegistry, object_exists
 
 SHM = Path("/dev/shm")
-PREFIX = "rs_test_shm_"
+PREFIX = "reactantserver-test_shm_"
 
 
 @pytest.fixture

@@ -68,7 +68,7 @@ def shm_files() -> Iterator[Callable[[int], tuple[str, Path]]]:
     made: list[Path] = []
 
     def make(size: int) -> tuple[str, Path]:
-        name = f"rs_wire_{uuid.uuid4().hex[:12]}"
+        name = f"reactantserver-wire_{uuid.uuid4().hex[:12]}"
         path = SHM / name
         path.write_bytes(bytes(size))
         made.append(path)
@@ -274,7 +274,7 @@ def test_bad_keys_are_invalid_argument(
     """Bullet 5. Before: a 300-character key or a key naming a directory answered
     ``INTERNAL: internal error`` (an OSError escaped shm.py)."""
     client = tc.InferenceServerClient(server.url)
-    directory = SHM / f"rs_wire_dir_{uuid.uuid4().hex[:8]}"
+    directory = SHM / f"reactantserver-wire_dir_{uuid.uuid4().hex[:8]}"
     directory.mkdir()
     try:
         for key, expected in (

@@ -161,7 +161,10 @@ def test_shared_memory_inputs_and_outputs(
     client: grpcclient.InferenceServerClient, zoo_repo: Path, zoo_models: dict[str, Any]
 ) -> None:
     x = np.random.default_rng(2).standard_normal((4, 32)).astype(np.float32)
-    key_in, key_out = f"/rs_in_{uuid.uuid4().hex[:8]}", f"/rs_out_{uuid.uuid4().hex[:8]}"
+    key_in, key_out = (
+        f"/reactantserver-in_{uuid.uuid4().hex[:8]}",
+        f"/reactantserver-out_{uuid.uuid4().hex[:8]}",
+    )
     h_in = shm.create_shared_memory_region("in", key_in, x.nbytes)
     h_out = shm.create_shared_memory_region("out", key_out, 4 * 10 * 4)
     try:

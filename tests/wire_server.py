@@ -135,9 +135,20 @@ def _main(overrides: dict[str, Any], ports_path: str) -> None:
     logging.basicConfig(
         level=logging.INFO, stream=sys.stdout, format="%(levelname)s %(name)s: %(message)s"
     )
-    endpoints = EndpointsConfig(**{"host": "127.0.0.1", "port": 0, **overrides})
+    from reactantserver.config.convert import structure
+    from reactantserver.config.source import EnvOrigin
+
+    # Nested blocks (tls, restricted, gateway) as the YAML has them.
+    endpoints = structure(
+        EndpointsConfig,
+        {"host": "127.0.0.1", "port": 0, **overrides},
+        lambda path: EnvOrigin("wire_server"),
+    )
     host = FakeHost()
-    service = Service(host, registry=SharedMemoryRegistry(max_regions=endpoints.max_shm_regions))
+    registry = SharedMemoryRegistry(
+        max_regions=endpoints.max_shm_regions, prefix=endpoints.shm_key_prefix
+    )
+    service = Service(host, registry=registry)
     wire = WireCounters()
 
     class _Collector(Collector):

@@ -21,6 +21,8 @@ message on the wire and the traceback in the log.
         ├── FailedPrecondition       -> FAILED_PRECONDITION wrong mode, unknown shm region
         │   └── NotResident          explicit mode: weights not on the device
         ├── Unimplemented            -> UNIMPLEMENTED      an RPC we do not serve
+        ├── PermissionDenied         -> PERMISSION_DENIED  a restricted group, a wrong key
+        ├── Unauthenticated          -> UNAUTHENTICATED    a restricted group, no key sent
         └── ExecutionFailed          -> INTERNAL           the device execution failed / timed out
 
 Every message is written for the person who has to fix the problem: it names the
@@ -134,6 +136,15 @@ class NotResident(FailedPrecondition):
 
 class Unimplemented(RequestError):
     """The RPC or feature is deliberately not served."""
+
+
+class PermissionDenied(RequestError):
+    """The caller may not make this call: a restricted API group whose key it sent wrong,
+    or whose certificate is not allowed (docs/security.md)."""
+
+
+class Unauthenticated(RequestError):
+    """A restricted API group's call that carried no key at all."""
 
 
 class ExecutionFailed(RequestError):

@@ -140,6 +140,8 @@ class InferCall:
     outputs: tuple[RequestedOutput, ...]
     #: Absolute ``trio.current_time()`` by which the answer is due; ``inf`` for none.
     deadline: float
+    #: Whose shared-memory regions it names (its outputs are written there too).
+    owner: str = ""
 
     @property
     def output_names(self) -> tuple[str, ...]:
@@ -333,11 +335,13 @@ def decode_request(
     registry: SharedMemoryRegistry,
     now: float,
     deadline: float = math.inf,
+    owner: str = "",
 ) -> InferCall:
     """Validate ``request`` against the model's client-facing tensors and decode it.
 
     ``now`` and ``deadline`` are ``trio.current_time()`` values: the arrival time and
-    the gRPC deadline (``inf`` when the client set none).
+    the gRPC deadline (``inf`` when the client set none). ``owner``: whose shared-memory
+    regions the request may name (the caller's; :mod:`reactantserver.shm`).
     """
     if not isinstance(request, InferRequest):
         request = from_message(request)
@@ -393,7 +397,7 @@ def decode_request(
             if spec.datatype != "BYTES":
                 # Check the size against the shape before reading anything.
                 _check_byte_size(spec, shape, target.byte_size, where, shm=True)
-            data = registry.read(target.region, target.offset, target.byte_size)
+            data = registry.read(target.region, target.offset, target.byte_size, owner)
             arrays[tensor.name] = _from_buffer(spec, data, shape, where, shm=True)
         elif raw:  # (contents is None: checked above)
             arrays[tensor.name] = _from_buffer(spec, raw[next_raw], shape, where, shm=False)
@@ -417,8 +421,9 @@ def decode_request(
         model=model,
         id=request.id,
         inputs=arrays,
-        outputs=_requested_outputs(request, outputs, registry, prefix),
+        outputs=_requested_outputs(request, outputs, registry, prefix, owner),
         deadline=due,
+        owner=owner,
     )
 
 
@@ -427,6 +432,7 @@ def _requested_outputs(
     outputs: Sequence[TensorSpec],
     registry: SharedMemoryRegistry,
     prefix: str,
+    owner: str,
 ) -> tuple[RequestedOutput, ...]:
     if not request.outputs:
         return tuple(RequestedOutput(spec) for spec in outputs)
@@ -449,7 +455,7 @@ def _requested_outputs(
         if target is not None:
             # Fail now, before queueing, if the region is unknown, stale or the window is
             # outside it; all of it is checked again when the result is written.
-            registry.check(target.region, target.offset, target.byte_size)
+            registry.check(target.region, target.offset, target.byte_size, owner)
         chosen.append(RequestedOutput(spec, target))
     return tuple(chosen)
 
@@ -479,7 +485,12 @@ def _checked_output(call: InferCall, spec: TensorSpec, value: Any) -> np.ndarray
 
 
 def _write_shm(
-    arr: np.ndarray, spec: TensorSpec, target: ShmTarget, registry: SharedMemoryRegistry, where: str
+    arr: np.ndarray,
+    spec: TensorSpec,
+    target: ShmTarget,
+    registry: SharedMemoryRegistry,
+    where: str,
+    owner: str,
 ) -> int:
     """Write ``arr`` into the target window; return the bytes written."""
     data: bytes | np.ndarray
@@ -494,7 +505,7 @@ def _write_shm(
             f"{where}: {nbytes} bytes do not fit in {SHM_BYTE_SIZE}={target.byte_size} of "
             f"shared memory region {target.region!r}"
         )
-    return registry.write(target.region, target.offset, data)
+    return registry.write(target.region, target.offset, data, owner)
 
 
 def encode_response(
@@ -512,7 +523,7 @@ def encode_response(
         tensor = OutputTensor(spec.name, spec.datatype, list(arr.shape))
         if wanted.shm is not None:
             where = f"model {call.model!r}: output {spec.name!r}"
-            written = _write_shm(arr, spec, wanted.shm, registry, where)
+            written = _write_shm(arr, spec, wanted.shm, registry, where, call.owner)
             tensor.parameters = {
                 SHM_REGION: pb.InferParameter(string_param=wanted.shm.region),
                 SHM_OFFSET: pb.InferParameter(int64_param=wanted.shm.offset),

@@ -74,6 +74,9 @@ class CallContext:
     deadline: float = math.inf
     #: The client's address, e.g. ``127.0.0.1:50312`` (for logs).
     peer: str = ""
+    #: Whose shared-memory regions the call may see, use and remove
+    #: (:mod:`reactantserver.transport.auth`, rule 4).
+    owner: str = ""
 
 
 #: A parameter's value: bool, int (int64 or uint64), str, float; None when unset.

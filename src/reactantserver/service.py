@@ -346,6 +346,7 @@ class Service:
                 registry=self.registry,
                 now=started,
                 deadline=ctx.deadline,
+                owner=ctx.owner,
             )
             answer = Answer(wake)
             handle = self._host.begin(
@@ -447,26 +448,30 @@ class Service:
                 r.name: pb.SystemSharedMemoryStatusResponseRegionStatus(
                     name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size
                 )
-                for r in self.registry.status(request.name)
+                for r in self.registry.status(request.name, ctx.owner)
             }
         )
 
     async def system_shared_memory_register(
         self, request: pb.SystemSharedMemoryRegisterRequest, ctx: CallContext
     ) -> pb.SystemSharedMemoryRegisterResponse:
-        self.registry.register(request.name, request.key, request.offset, request.byte_size)
+        self.registry.register(
+            request.name, request.key, request.offset, request.byte_size, ctx.owner
+        )
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def system_shared_memory_unregister(
         self, request: pb.SystemSharedMemoryUnregisterRequest, ctx: CallContext
     ) -> pb.SystemSharedMemoryUnregisterResponse:
-        self.registry.unregister(request.name)
+        self.registry.unregister(request.name, ctx.owner)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def is_same_ipc_namespace(
         self, request: pb.IsSameIpcNamespaceRequest, ctx: CallContext
     ) -> pb.IsSameIpcNamespaceResponse:
-        return pb.IsSameIpcNamespaceResponse(same=object_exists(request.name))
+        return pb.IsSameIpcNamespaceResponse(
+            same=object_exists(request.name, prefix=self.registry.prefix)
+        )
 
     # -------------------------------------------------------------- CUDA shared memory
     # As Triton built without GPUs answers (reactantserver.cuda_shm): a client's reset works.

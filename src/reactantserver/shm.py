@@ -19,8 +19,21 @@ moment, also while the server is using it. So:
   crash. The price is one copy of each input (a mapping gave a view); the batch
   assembly copies inputs anyway, and the bench (``nox -s bench -- hostile``) measures
   the round trip.
-- **Keys are names, not paths.** A key is ``/`` and 1 to 255 characters of
-  ``A-Z a-z 0-9 . _ -`` (not ``.`` or ``..``): nothing can point outside ``/dev/shm``.
+- **Keys are names, not paths, and only those the operator allows.** A key is ``/`` and
+  1 to 255 characters of ``A-Z a-z 0-9 . _ -`` (not ``.`` or ``..``): nothing can point
+  outside ``/dev/shm``. And it must start with the registry's ``prefix``
+  (``endpoints.shm_key_prefix``, ``/reactantserver-`` by default): the server runs as a
+  user who can open other programs' objects (a database's, another server's), and a
+  client that could register one could read it through an input and overwrite it
+  through an output. Triton (CVE-2025-23319/23320/23334, 25.07) refused its own
+  ``triton_`` prefix after the fact; an allow-list also keeps out what we do not know of.
+  A key outside it is refused before anything is opened, with the same answer whether
+  or not the object exists (nothing to probe with).
+- **Regions have an owner.** A region is the caller's who registered it (its *owner*:
+  the client certificate, the restricted key it presented, the client the gateway acts
+  for, or else its connection; :mod:`reactantserver.transport.auth`). Another owner does
+  not see it in the status, cannot use it in a request, and cannot unregister it; its
+  ``unregister("")`` removes its own regions only. Two owners may use the same name.
   The object is opened ``O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK`` -- a symbolic
   link is refused (``shm_open`` refuses them too), and a FIFO cannot block the event
   loop -- and ``fstat`` must say it is a regular file.
@@ -36,10 +49,11 @@ moment, also while the server is using it. So:
   leaks the descriptor. At most ``max_regions`` regions are registered at once (each
   holds a descriptor).
 
-Other rules: registering an existing name replaces it (Triton answers ALREADY_EXISTS;
+Other rules: registering an existing name (of the same owner) replaces it (Triton answers ALREADY_EXISTS;
 replacing is what a client that restarted wants); ``unregister("")`` removes every
-region and unregistering an unknown name is a no-op, so cleanup code can call it
-unconditionally. The registry is used from the event-loop thread only; it needs no lock.
+region of the owner and unregistering an unknown name is a no-op, so cleanup code can
+call it unconditionally; :meth:`SharedMemoryRegistry.forget` drops a connection owner's
+regions when its connection closes. The registry is used from the event-loop thread only; it needs no lock.
 """
 
 from __future__ import annotations
@@ -57,6 +71,8 @@ import numpy as np
 from .errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 
 SHM_ROOT = "/dev/shm"
+#: The keys a client may register unless the operator says otherwise.
+DEFAULT_PREFIX = "/reactantserver-"
 #: What follows the leading ``/`` of a key (NAME_MAX is 255).
 _KEY = re.compile(r"[A-Za-z0-9._-]{1,255}")
 #: Region names are the client's labels; they appear in every message about the region.
@@ -111,14 +127,20 @@ def _open_error(exc: OSError, region: str, key: str) -> Exception:
     return InvalidArgument(f"{where} cannot be opened: {exc.strerror or exc}")
 
 
-def object_exists(key: str, root: str = SHM_ROOT) -> bool:
+def object_exists(key: str, root: str = SHM_ROOT, *, prefix: str = DEFAULT_PREFIX) -> bool:
     """Whether ``key`` names a shared-memory object this server could use.
 
     For ``IsSameIPCNamespace``: a client creates an object and asks whether the server
     sees it. Opened exactly as :meth:`SharedMemoryRegistry.register` would (no links, no
-    blocking on a FIFO) and closed at once.
+    blocking on a FIFO) and closed at once. A key outside ``prefix`` is refused, so the
+    call cannot tell which other objects exist.
     """
     path = os.path.join(root, validate_key(key))
+    if prefix and not key.startswith(prefix):
+        raise InvalidArgument(
+            f"shared memory key {key!r}: the server answers only for keys that start with "
+            f"{prefix!r} (endpoints.shm_key_prefix)"
+        )
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
@@ -258,14 +280,20 @@ class Lease:
 
 
 class SharedMemoryRegistry:
-    """The table of registered system shared-memory regions; see the module docstring."""
+    """The table of registered system shared-memory regions; see the module docstring.
 
-    def __init__(self, root: str = SHM_ROOT, *, max_regions: int = 256) -> None:
+    Every method takes the caller's ``owner``: regions are keyed by (owner, name)."""
+
+    def __init__(
+        self, root: str = SHM_ROOT, *, max_regions: int = 256, prefix: str = DEFAULT_PREFIX
+    ) -> None:
         if max_regions < 1:
             raise ValueError("max_regions must be >= 1")
         self._root = root
         self._max = max_regions
-        self._regions: dict[str, _Region] = {}
+        #: Keys must start with this ("" allows any name under the root).
+        self.prefix = prefix
+        self._regions: dict[tuple[str, str], _Region] = {}
 
     def __len__(self) -> int:
         return len(self._regions)
@@ -273,7 +301,15 @@ class SharedMemoryRegistry:
     def __iter__(self) -> Iterator[RegionInfo]:
         return iter([r.info for r in self._regions.values()])
 
-    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+    def _allowed(self, name: str, key: str) -> None:
+        if self.prefix and not key.startswith(self.prefix):
+            raise InvalidArgument(
+                f"shared memory region {name!r}: the server opens only keys that start "
+                f"with {self.prefix!r} (endpoints.shm_key_prefix); create the object under "
+                "that prefix (reactantserver.client's shared_memory does)"
+            )
+
+    def register(self, name: str, key: str, offset: int, byte_size: int, owner: str = "") -> None:
         if not name:
             raise InvalidArgument("shared memory region name must not be empty")
         if len(name) > MAX_NAME:
@@ -287,12 +323,14 @@ class SharedMemoryRegistry:
                 f"shared memory region {name!r}: offset must be >= 0 and byte_size > 0 "
                 f"(got offset={offset}, byte_size={byte_size})"
             )
-        if name not in self._regions and len(self._regions) >= self._max:
+        entry = (owner, name)
+        if entry not in self._regions and len(self._regions) >= self._max:
             raise ResourceExhausted(
                 f"shared memory region {name!r}: {len(self._regions)} regions are registered, "
                 f"the limit (endpoints.max_shm_regions) is {self._max}; unregister some first"
             )
         path = os.path.join(self._root, validate_key(key))
+        self._allowed(name, key)
         try:
             fd = os.open(path, _OPEN_FLAGS)
         except OSError as exc:
@@ -311,32 +349,39 @@ class SharedMemoryRegistry:
         except BaseException:
             os.close(fd)
             raise
-        old = self._regions.pop(name, None)
+        old = self._regions.pop(entry, None)
         if old is not None:
             old.drop()
-        self._regions[name] = _Region(RegionInfo(name, key, offset, byte_size), path, fd, st)
+        self._regions[entry] = _Region(RegionInfo(name, key, offset, byte_size), path, fd, st)
 
-    def unregister(self, name: str = "") -> None:
-        """Remove ``name`` (or every region when ``name`` is empty); unknown names are fine.
-
-        A region still in use by a call stays open until that use ends.
-        """
-        names = list(self._regions) if not name else [name]
-        for n in names:
-            region = self._regions.pop(n, None)
+    def unregister(self, name: str = "", owner: str = "") -> None:
+        """Remove ``owner``'s region ``name`` (or every region of ``owner`` when ``name`` is
+        empty); unknown names are fine. A region still in use by a call stays open until
+        that use ends."""
+        entries = [e for e in self._regions if e[0] == owner] if not name else [(owner, name)]
+        for entry in entries:
+            region = self._regions.pop(entry, None)
             if region is not None:
                 region.drop()
 
-    def status(self, name: str = "") -> list[RegionInfo]:
+    def forget(self, owner: str) -> None:
+        """``owner``'s connection closed: its regions go (:class:`.GuardedServer` ``on_closed``)."""
+        self.unregister("", owner)
+
+    def owners(self) -> set[str]:
+        """Who has regions registered (for tests and statistics)."""
+        return {owner for owner, _ in self._regions}
+
+    def status(self, name: str = "", owner: str = "") -> list[RegionInfo]:
         if not name:
-            return [r.info for r in self._regions.values()]
-        region = self._regions.get(name)
+            return [r.info for (o, _), r in self._regions.items() if o == owner]
+        region = self._regions.get((owner, name))
         if region is None:
             raise NotFound(f"shared memory region {name!r} is not registered")
         return [region.info]
 
-    def _get(self, name: str) -> _Region:
-        region = self._regions.get(name)
+    def _get(self, name: str, owner: str) -> _Region:
+        region = self._regions.get((owner, name))
         if region is None:
             raise FailedPrecondition(
                 f"shared memory region {name!r} is not registered; "
@@ -344,25 +389,29 @@ class SharedMemoryRegistry:
             )
         return region
 
-    def lease(self, name: str) -> Lease:
+    def lease(self, name: str, owner: str = "") -> Lease:
         """Hold region ``name`` open for a use that may outlive its registration."""
-        return Lease(self._get(name))
+        return Lease(self._get(name, owner))
 
-    def check(self, name: str, offset: int, byte_size: int) -> None:
+    def check(self, name: str, offset: int, byte_size: int, owner: str = "") -> None:
         """Refuse now what a later read or write of this window would refuse."""
-        region = self._get(name)
+        region = self._get(name, owner)
         region.check_window(offset, byte_size)
         region.check_fresh()
 
-    def read(self, name: str, offset: int, byte_size: int) -> np.ndarray:
+    def read(self, name: str, offset: int, byte_size: int, owner: str = "") -> np.ndarray:
         """A copy of ``byte_size`` bytes at ``offset`` inside region ``name``."""
-        with self.lease(name) as lease:
+        with self.lease(name, owner) as lease:
             return lease.read(offset, byte_size)
 
-    def write(self, name: str, offset: int, data: bytes | memoryview | np.ndarray) -> int:
+    def write(
+        self, name: str, offset: int, data: bytes | memoryview | np.ndarray, owner: str = ""
+    ) -> int:
         """Write ``data`` at ``offset`` inside region ``name``; return the bytes written."""
-        with self.lease(name) as lease:
+        with self.lease(name, owner) as lease:
             return lease.write(offset, data)
 
     def close(self) -> None:
-        self.unregister("")
+        for region in self._regions.values():
+            region.drop()
+        self._regions.clear()

@@ -39,7 +39,9 @@ from reactantserver.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     ResourceExhausted,
+    Unauthenticated,
     Unavailable,
     Unimplemented,
 )
@@ -82,6 +84,8 @@ CATEGORY_CODES: tuple[tuple[type[Exception], StatusCode], ...] = (
     (DeadlineExceeded, StatusCode.DEADLINE_EXCEEDED),
     (FailedPrecondition, StatusCode.FAILED_PRECONDITION),
     (Unimplemented, StatusCode.UNIMPLEMENTED),
+    (PermissionDenied, StatusCode.PERMISSION_DENIED),
+    (Unauthenticated, StatusCode.UNAUTHENTICATED),
     (ExecutionFailed, StatusCode.INTERNAL),
     (BundleError, StatusCode.FAILED_PRECONDITION),
 )

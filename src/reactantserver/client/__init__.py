@@ -13,6 +13,8 @@
   gives the gRPC status code back.
 * RESOURCE_EXHAUSTED and UNAVAILABLE are retried with jittered exponential backoff
   (:class:`RetryPolicy`), never past the call's deadline.
+* ``Client(url, tls=ClientTls(ca_file=...), metadata={"admin-key": key})`` speaks TLS
+  (mutual TLS with ``cert_file``/``key_file``) and sends a restricted group's key.
 * ``client.shared_memory(nbytes)`` registers a :class:`SharedMemoryRegion` for a ``with``
   block; tensors then move through it instead of the socket.
 
@@ -26,6 +28,8 @@ and Trio only when an ``AsyncClient`` is first used under Trio. See ``docs/clien
 """
 
 from __future__ import annotations
+
+from reactantserver.transport.tls import ClientTls
 
 from .aio import AsyncClient
 from .records import (
@@ -44,6 +48,7 @@ __all__ = [
     "AsyncClient",
     "Client",
     "ClientStatistics",
+    "ClientTls",
     "ModelMetadata",
     "RegionStatus",
     "RepositoryModel",

@@ -28,10 +28,10 @@ from reactantserver.protocol import inference as pb
 from reactantserver.protocol import reactant_control as cpb
 
 from ._loop import LoopThread, trio_await
-from .core import Core
+from .core import Core, TlsArg
 from .records import ClientStatistics, ModelMetadata, RegionStatus, RepositoryModel, ServerMetadata
 from .retry import RetryPolicy
-from .shm import SharedMemoryRegion
+from .shm import KEY_PREFIX, SharedMemoryRegion
 from .sync import CLEANUP_TIMEOUT
 
 log = logging.getLogger(__name__)
@@ -50,8 +50,10 @@ class AsyncClient:
         timeout: float | None = None,
         retry: RetryPolicy | None = None,
         seed: int | None = None,
+        tls: TlsArg = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> None:
-        self._core = Core(url, timeout=timeout, retry=retry, seed=seed)
+        self._core = Core(url, timeout=timeout, retry=retry, seed=seed, tls=tls, metadata=metadata)
         self._library: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: LoopThread | None = None
@@ -193,10 +195,11 @@ class AsyncClient:
         *,
         name: str | None = None,
         mode: int = 0o600,
+        prefix: str = KEY_PREFIX,
         timeout: float | None = None,
     ) -> AsyncIterator[SharedMemoryRegion]:
         """A registered region for the ``async with`` block; see ``Client.shared_memory``."""
-        region = SharedMemoryRegion(nbytes, name=name, mode=mode)
+        region = SharedMemoryRegion(nbytes, name=name, mode=mode, prefix=prefix)
         try:
             await self.register_shared_memory(region, timeout=timeout)
             try:

@@ -40,6 +40,7 @@ import asyncio
 import collections
 import contextlib
 import socket
+import ssl
 import time
 from collections.abc import Iterable, Sequence
 from urllib.parse import unquote
@@ -60,6 +61,7 @@ from ..transport.h2events import (
     WindowUpdated,
 )
 from ..transport.limits import WireLimits
+from ..transport.tls import ClientTls, check_h2, client_tls
 
 #: Pieces smaller than this are joined into one ``write``; larger ones are written as
 #: they are (the transport sends them, or keeps what the socket did not take).
@@ -384,9 +386,23 @@ class Channel:
     """Unary gRPC calls to ``host:port`` over one HTTP/2 connection at a time; the
     receive windows granted: ``stream_window`` per call, ``connection_window`` in all."""
 
-    def __init__(self, host: str, port: int, *, stream_window: int, connection_window: int) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        stream_window: int,
+        connection_window: int,
+        tls: ClientTls | ssl.SSLContext | None = None,
+        metadata: Sequence[tuple[str, str]] = (),
+    ) -> None:
         self.host = host
         self.port = port
+        #: TLS to the server (None: cleartext h2c); a ``ClientTls`` is read again for each
+        #: new connection when its files changed.
+        self.tls = tls
+        #: Headers sent with every call (a restricted group's key).
+        self._extra = tuple((k.lower().encode(), v.encode()) for k, v in metadata)
         self._authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self._stream_window = stream_window
         self._connection_window = connection_window
@@ -403,7 +419,9 @@ class Channel:
         ``grpc-timeout`` and kept here (``TimeoutError``)."""
         block = self._blocks.get(path)
         if block is None:
-            block = self._blocks[path] = request_prefix(path.encode(), self._authority.encode())
+            block = self._blocks[path] = request_prefix(
+                path.encode(), self._authority.encode(), tls=self.tls is not None, extra=self._extra
+            )
         block = encode_request(block, grpc_timeout(timeout))
         async with asyncio.timeout(timeout):
             barren = 0
@@ -439,7 +457,15 @@ class Channel:
         )
         conn = ClientConnection(limits, time.monotonic(), pieces=True)
         loop = asyncio.get_running_loop()
-        _, protocol = await loop.create_connection(lambda: _Protocol(conn), self.host, self.port)
+        context, server_hostname = client_tls(self.tls, self.host)
+        transport, protocol = await loop.create_connection(
+            lambda: _Protocol(conn),
+            self.host,
+            self.port,
+            ssl=context,
+            server_hostname=server_hostname,
+        )
+        check_h2(transport, f"{self.host}:{self.port}")
         self._protocol = protocol
         return protocol
 

@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import ssl
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -66,6 +67,7 @@ from reactantserver.errors import (
 )
 from reactantserver.protocol import inference as pb
 from reactantserver.protocol import reactant_control as cpb
+from reactantserver.transport.tls import ClientTls
 
 from .channel import Channel
 from .codec import decode_outputs, encode_request, output_nbytes, wire_array
@@ -100,8 +102,26 @@ RESIDENCIES: dict[str, cpb.Residency] = {
 }
 
 
+#: What a client's ``tls`` may be: a :class:`~reactantserver.transport.tls.ClientTls`
+#: (CA, client certificate and key, server name; reloaded when the files change), an
+#: ``ssl.SSLContext`` of the caller's, ``True`` (the system's CAs) or None (cleartext).
+TlsArg = ClientTls | ssl.SSLContext | bool | None
+
+
+def resolve_tls(url: str, tls: TlsArg) -> ClientTls | ssl.SSLContext | None:
+    """The TLS a client uses: ``tls``, or the system's CAs for a ``grpcs://`` URL."""
+    if tls is None:
+        tls = url.startswith(("grpcs://", "https://"))
+    if tls is True:
+        return ClientTls("")
+    if tls is False:
+        return None
+    return tls
+
+
 def parse_url(url: str) -> tuple[str, int]:
-    """``host:port``, ``grpc://host:port`` or ``http://host:port`` (``[v6]:port`` too)."""
+    """``host:port``, ``grpc://host:port`` or ``http://host:port`` (``[v6]:port`` too;
+    ``grpcs://`` and ``https://`` turn on TLS)."""
     rest = url.split("://", 1)[1] if "://" in url else url
     rest = rest.rstrip("/")
     host, sep, port = rest.rpartition(":")
@@ -197,8 +217,12 @@ class Core:
         timeout: float | None = None,
         retry: RetryPolicy | None = None,
         seed: int | None = None,
+        tls: TlsArg = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> None:
         self.host, self.port = parse_url(url)
+        self.tls = resolve_tls(url, tls)
+        self.metadata = tuple((metadata or {}).items())
         self.target = f"{self.host}:{self.port}"
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds (or None), got {timeout!r}")
@@ -240,6 +264,8 @@ class Core:
                 self.port,
                 stream_window=STREAM_WINDOW,
                 connection_window=CONNECTION_WINDOW,
+                tls=self.tls,
+                metadata=self.metadata,
             )
         return self._channel
 

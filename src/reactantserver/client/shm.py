@@ -50,7 +50,10 @@ from .codec import Placement, wire_array
 #: Start offsets of allocations are multiples of this (a cache line; any dtype's alignment).
 ALIGNMENT = 64
 #: Object names this client creates start with this (and then the process id).
-NAME_PREFIX = "rsc_"
+#: The servers' default ``endpoints.shm_key_prefix``: objects are created under it, so a
+#: server that opens nothing else (the default) accepts them.
+KEY_PREFIX = "/reactantserver-"
+NAME_PREFIX = KEY_PREFIX[1:]
 
 
 def _align(n: int) -> int:
@@ -61,15 +64,26 @@ class SharedMemoryRegion:
     """A POSIX shared-memory object of ``nbytes`` bytes, created and mapped here.
 
     ``name`` is the region name used with the server (default: the object's own name);
-    ``key`` is the object's POSIX name (``/rsc_...``). ``mode`` is the object's permission
-    bits: ``0o600`` lets only this user's processes map it; a server running as another
-    user needs ``0o660`` (same group) or ``0o666``.
+    ``key`` is the object's POSIX name, ``prefix`` + a unique tail (``/reactantserver-...``
+    by default: the prefix a server accepts unless its ``endpoints.shm_key_prefix`` says
+    otherwise). ``mode`` is the object's permission bits: ``0o600`` lets only this user's
+    processes map it; a server running as another user needs ``0o660`` (same group) or
+    ``0o666``.
     """
 
-    def __init__(self, nbytes: int, *, name: str | None = None, mode: int = 0o600) -> None:
+    def __init__(
+        self,
+        nbytes: int,
+        *,
+        name: str | None = None,
+        mode: int = 0o600,
+        prefix: str = KEY_PREFIX,
+    ) -> None:
+        if not prefix.startswith("/") or "/" in prefix[1:]:
+            raise ValueError(f"prefix must be '/' and a name without '/', got {prefix!r}")
         if nbytes <= 0:
             raise ValueError(f"a shared memory region needs nbytes > 0, got {nbytes}")
-        token = f"{NAME_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:12]}"
+        token = f"{prefix[1:]}{os.getpid()}_{uuid.uuid4().hex[:12]}"
         self.name = name or token
         self.key = "/" + token
         self.path = os.path.join(SHM_ROOT, token)

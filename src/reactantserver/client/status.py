@@ -40,8 +40,10 @@ from reactantserver.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     RequestError,
     ResourceExhausted,
+    Unauthenticated,
     Unavailable,
     Unimplemented,
 )
@@ -63,6 +65,8 @@ CATEGORIES: dict[StatusCode, type[RequestError]] = {
     StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
     StatusCode.FAILED_PRECONDITION: FailedPrecondition,
     StatusCode.UNIMPLEMENTED: Unimplemented,
+    StatusCode.PERMISSION_DENIED: PermissionDenied,
+    StatusCode.UNAUTHENTICATED: Unauthenticated,
     StatusCode.INTERNAL: ExecutionFailed,
 }
 
@@ -71,11 +75,9 @@ NEAREST: dict[StatusCode, type[RequestError]] = {
     StatusCode.CANCELLED: Unavailable,
     StatusCode.UNKNOWN: ExecutionFailed,
     StatusCode.ALREADY_EXISTS: InvalidArgument,
-    StatusCode.PERMISSION_DENIED: FailedPrecondition,
     StatusCode.ABORTED: Unavailable,
     StatusCode.OUT_OF_RANGE: InvalidArgument,
     StatusCode.DATA_LOSS: ExecutionFailed,
-    StatusCode.UNAUTHENTICATED: FailedPrecondition,
 }
 
 

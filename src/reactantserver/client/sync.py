@@ -19,10 +19,10 @@ from reactantserver.protocol import inference as pb
 from reactantserver.protocol import reactant_control as cpb
 
 from ._loop import LoopThread
-from .core import Core
+from .core import Core, TlsArg
 from .records import ClientStatistics, ModelMetadata, RegionStatus, RepositoryModel, ServerMetadata
 from .retry import RetryPolicy
-from .shm import SharedMemoryRegion
+from .shm import KEY_PREFIX, SharedMemoryRegion
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,11 @@ class Client:
     ``timeout`` is the default budget of every call in seconds (``None``: no deadline);
     each method's own ``timeout`` overrides it. ``retry`` says how RESOURCE_EXHAUSTED and
     UNAVAILABLE are retried (default: twice, full jitter, about a second apart); ``seed``
-    makes the jitter reproducible.
+    makes the jitter reproducible. ``tls``: a :class:`ClientTls` (``ca_file``, and
+    ``cert_file``/``key_file`` for mutual TLS, ``server_name`` when the certificate names
+    another host), an ``ssl.SSLContext``, or ``True`` for the system's CAs (a
+    ``grpcs://`` URL means ``True``). ``metadata``: headers sent with every call, such as
+    a restricted API group's key (``{"admin-key": key}``).
 
     Use it as a context manager, or call :meth:`close`.
     """
@@ -51,8 +55,10 @@ class Client:
         timeout: float | None = None,
         retry: RetryPolicy | None = None,
         seed: int | None = None,
+        tls: TlsArg = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> None:
-        self._core = Core(url, timeout=timeout, retry=retry, seed=seed)
+        self._core = Core(url, timeout=timeout, retry=retry, seed=seed, tls=tls, metadata=metadata)
         self._thread = LoopThread()
         # A client dropped without close() still stops its thread and connection.
         self._finalizer = weakref.finalize(self, self._thread.close, self._core.close)
@@ -165,14 +171,17 @@ class Client:
         *,
         name: str | None = None,
         mode: int = 0o600,
+        prefix: str = KEY_PREFIX,
         timeout: float | None = None,
     ) -> Iterator[SharedMemoryRegion]:
         """A new shared-memory region of ``nbytes``, registered for the ``with`` block.
 
+        The object's key is ``prefix`` + a unique tail: the server's
+        ``endpoints.shm_key_prefix`` (``/reactantserver-`` by default) must allow it.
         On exit -- normal or by an exception -- the region is unregistered (best effort:
         a server that went away has forgotten it anyway) and the object unlinked.
         """
-        region = SharedMemoryRegion(nbytes, name=name, mode=mode)
+        region = SharedMemoryRegion(nbytes, name=name, mode=mode, prefix=prefix)
         try:
             self.register_shared_memory(region, timeout=timeout)
             try:

@@ -82,14 +82,18 @@ def _table(
 
 
 #: Every ``INFERENCE_SERVER_*`` variable, by name.
-WORKER_ENV: dict[str, EnvSetting] = _table(ServerConfig, WORKER_PREFIX, ":", {("name",)}, {})
+#: (``restricted:`` lists are records: they are written in the file, or given with
+#: ``--grpc-restricted-protocol``, not as one variable.)
+WORKER_ENV: dict[str, EnvSetting] = _table(
+    ServerConfig, WORKER_PREFIX, ":", {("name",), ("endpoints", "restricted")}, {}
+)
 
 #: Every ``REACTANT_GATEWAY_*`` setting variable, by name.
 GATEWAY_ENV: dict[str, EnvSetting] = _table(
     GatewayConfig,
     GATEWAY_PREFIX,
     ",",
-    set(),
+    {("restricted",)},
     {
         ("endpoints",): "WORKERS",
         ("metrics_endpoints",): "WORKER_METRICS",

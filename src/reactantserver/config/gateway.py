@@ -36,9 +36,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from . import env as envmod
+from .certs import gateway_file_problems
 from .convert import try_structure, yaml_keys
 from .dump import to_plain
-from .node import build_worker, environ, lpt_problems, worker_names
+from .node import anchor_gateway, build_worker, environ, lpt_problems, worker_names
 from .rules import GATEWAY_CROSS, GATEWAY_RULES, problems
 from .schema import GatewayConfig, NodeConfig, ServerConfig
 from .source import (
@@ -47,6 +48,7 @@ from .source import (
     Problem,
     RawTree,
     SourceMap,
+    describe,
     fail,
     raise_all,
     read_yaml,
@@ -70,9 +72,12 @@ def _read_named(
     return read_yaml(file)
 
 
-def _finish(tree: RawTree, env: Mapping[str, str], found: list[Problem]) -> GatewayConfig | None:
-    """Apply ``REACTANT_GATEWAY_*``, structure and hold to the gateway rules; every problem
-    goes to ``found``. None when the record cannot be built at all."""
+def _finish(
+    tree: RawTree, env: Mapping[str, str], found: list[Problem], file: str = "<env>"
+) -> GatewayConfig | None:
+    """Apply ``REACTANT_GATEWAY_*``, structure and hold to the gateway rules, and check its
+    certificates and keys (relative paths anchored next to ``file``); every problem goes
+    to ``found``. None when the record cannot be built at all."""
     overrides, wrong = envmod.read(
         env, envmod.GATEWAY_PREFIX, envmod.GATEWAY_ENV, frozenset({envmod.GATEWAY_FILE_VAR})
     )
@@ -82,7 +87,11 @@ def _finish(tree: RawTree, env: Mapping[str, str], found: list[Problem]) -> Gate
     cfg, structural = try_structure(GatewayConfig, tree.data, tree.locate)
     found.extend(structural)
     if cfg is not None:
-        found.extend(problems(cfg, GATEWAY_RULES, GATEWAY_CROSS, tree.locate))
+        cfg = anchor_gateway(cfg, file)
+        rules = problems(cfg, GATEWAY_RULES, GATEWAY_CROSS, tree.locate)
+        found.extend(rules)
+        if not rules:  # files of a block that is wrong already would only echo it
+            found.extend(gateway_file_problems(cfg, tree.locate, env))
     return cfg
 
 
@@ -103,7 +112,7 @@ def load_gateway(
     tree = RawTree(source.origin(()) if source else EnvOrigin(workers_var))
     if source is not None:
         tree.overlay(data, source.origin)
-    cfg = _finish(tree, environment, found)
+    cfg = _finish(tree, environment, found, source.file if source else "<env>")
     if cfg is not None and not cfg.endpoints:
         found.append(
             Problem(
@@ -161,6 +170,27 @@ def assigned_models(node: NodeConfig, workers: Iterable[ServerConfig]) -> tuple[
     return tuple(sorted(names))
 
 
+def _worker_tls_problems(
+    gateway: GatewayConfig, workers: Sequence[tuple[ServerConfig, RawTree]], tree: RawTree
+) -> list[Problem]:
+    """The embedded gateway must speak TLS to workers that serve it, and present a
+    certificate to workers that ask for one."""
+    tls = gateway.worker_client.tls
+    for cfg, worker in workers:
+        ep = cfg.endpoints.tls
+        if ep.cert_file and not tls.ca_file:
+            where = describe(worker.locate(("endpoints", "tls", "cert_file")))
+            return [Problem(tree.locate(("worker_client", "tls", "ca_file")),
+                            f"expected the CA of the workers' certificates: {cfg.name} serves "
+                            f"TLS (endpoints.tls, {where})")]  # fmt: skip
+        if ep.client_ca_file and not tls.cert_file:
+            where = describe(worker.locate(("endpoints", "tls", "client_ca_file")))
+            return [Problem(tree.locate(("worker_client", "tls", "cert_file")),
+                            f"expected a client certificate for the workers: {cfg.name} asks "
+                            f"for one (endpoints.tls.client_ca_file, {where})")]  # fmt: skip
+    return []
+
+
 def resolve_gateway(node: NodeConfig, env: Mapping[str, str] | None = None) -> GatewayConfig:
     """The configuration of the gateway embedded in front of ``node``'s workers."""
     environment = environ(env)
@@ -189,6 +219,7 @@ def resolve_gateway(node: NodeConfig, env: Mapping[str, str] | None = None) -> G
         if source is not None:
             tree.overlay(data, source.origin)
         explicit = tree.has
+        anchor_at = source.file if source else "<env>"
     elif node.gateway is not None:
         tree = RawTree(node.source.origin(("gateway",)))
         tree.overlay(to_plain(node.gateway), lambda p: node.source.origin(("gateway", *p)))
@@ -197,7 +228,9 @@ def resolve_gateway(node: NodeConfig, env: Mapping[str, str] | None = None) -> G
         def explicit(path: Path) -> bool:
             return ("gateway", *path) in lines
 
+        anchor_at = node.source.file
     else:
+        anchor_at = node.source.file
         tree = RawTree(node.source.origin(()))
 
         def explicit(path: Path) -> bool:
@@ -224,10 +257,11 @@ def resolve_gateway(node: NodeConfig, env: Mapping[str, str] | None = None) -> G
     if not explicit(("expected_models",)):
         tree.set(("expected_models",), list(assigned_models(node, configs)), here)
 
-    gateway = _finish(tree, environment, found)
+    gateway = _finish(tree, environment, found, anchor_at)
     if gateway is not None:
         mode_at = tree.locate(("scheduling", "mode"))
         found.extend(lpt_problems(gateway.scheduling.mode, mode_at, workers))
+        found.extend(_worker_tls_problems(gateway, workers, tree))
     raise_all(found)
     assert gateway is not None
     return gateway

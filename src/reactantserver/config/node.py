@@ -47,6 +47,7 @@ from typing import Any
 import attrs
 
 from . import env as envmod
+from .certs import anchor, gateway_file_problems, worker_file_problems
 from .convert import try_structure
 from .paths import repository_problems
 from .rules import (
@@ -316,18 +317,52 @@ def build_worker(
 
 def _anchor_paths(cfg: ServerConfig, file: str) -> ServerConfig:
     """Relative ``model_repo`` / ``cache_dir`` in a node file mean "next to the file", so
-    ``reactantserver serve examples/node.yaml`` works from any working directory."""
+    ``reactantserver serve examples/node.yaml`` works from any working directory; so do
+    the certificate and key files."""
     if file.startswith("<"):
         return cfg
     base = os.path.dirname(os.path.abspath(file))
 
-    def anchor(p: str) -> str:
-        return p if not p or os.path.isabs(p) else os.path.normpath(os.path.join(base, p))
+    def here(p: str) -> str:
+        return anchor(p, base)
 
+    ep = cfg.endpoints
+    endpoints = attrs.evolve(
+        ep,
+        tls=anchor_tls(ep.tls, base),
+        restricted=tuple(attrs.evolve(r, key_file=here(r.key_file)) for r in ep.restricted),
+        gateway=attrs.evolve(ep.gateway, key_file=here(ep.gateway.key_file)),
+    )
     return attrs.evolve(
         cfg,
-        model_dirs=tuple(anchor(d) for d in cfg.model_dirs),
-        cache_dir=anchor(cfg.cache_dir),
+        model_dirs=tuple(here(d) for d in cfg.model_dirs),
+        cache_dir=here(cfg.cache_dir),
+        endpoints=endpoints,
+    )
+
+
+def anchor_tls(tls: Any, base: str) -> Any:
+    """A ``tls:`` block (listener or client) with its relative files anchored at ``base``."""
+    files = {f.name: anchor(getattr(tls, f.name), base)
+             for f in attrs.fields(type(tls)) if f.name.endswith("_file")}  # fmt: skip
+    return attrs.evolve(tls, **files)
+
+
+def anchor_gateway(cfg: Any, file: str) -> Any:
+    """A ``GatewayConfig`` with its certificate and key files anchored next to ``file``."""
+    if file.startswith("<"):
+        return cfg
+    base = os.path.dirname(os.path.abspath(file))
+    wc = cfg.worker_client
+    return attrs.evolve(
+        cfg,
+        tls=anchor_tls(cfg.tls, base),
+        restricted=tuple(
+            attrs.evolve(r, key_file=anchor(r.key_file, base)) for r in cfg.restricted
+        ),
+        worker_client=attrs.evolve(
+            wc, tls=anchor_tls(wc.tls, base), key_file=anchor(wc.key_file, base)
+        ),
     )
 
 
@@ -412,6 +447,17 @@ def check_node(
     if check_paths:
         for cfg, tree in effective:
             gathered.extend(repository_problems(cfg, tree.get, tree.locate))
+        # Files named in global: are the same for every worker: say so once.
+        seen: set[tuple[str, str]] = set()
+        for cfg, tree in effective:
+            for problem in worker_file_problems(cfg, tree.locate, env):
+                key = (problem.render(), "")
+                if key not in seen:
+                    seen.add(key)
+                    gathered.append(problem)
+        if node.gateway is not None:
+            gateway = anchor_gateway(node.gateway, node.source.file)
+            gathered.extend(gateway_file_problems(gateway, locate, env))
     raise_all(gathered)
 
 

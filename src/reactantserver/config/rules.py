@@ -27,7 +27,15 @@ from typing import Any
 
 import attrs
 
-from .schema import GatewayConfig, ServerConfig
+from .schema import (
+    API_GROUPS,
+    ClientTlsConfig,
+    GatewayConfig,
+    GatewayTrust,
+    Restriction,
+    ServerConfig,
+    TlsConfig,
+)
 from .source import Origin, Path, Problem, describe, show
 
 #: A check returns what was expected (the ``expected ...`` part of the message), or None.
@@ -125,6 +133,40 @@ def host_port(*, off_allowed: bool = False) -> Check:
     return check
 
 
+_SHM_PREFIX = re.compile(r"^/[A-Za-z0-9._-]{0,254}$")
+_HEADER = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+#: Headers the server reads itself (:mod:`reactantserver.transport.auth`).
+RESERVED_HEADERS = frozenset({"reactant-gateway-key", "reactant-owner"})
+
+
+def shm_prefix(value: str) -> str | None:
+    if value == "" or _SHM_PREFIX.match(value):
+        return None
+    return (
+        "expected '' or '/' and letters, digits, '.', '_' or '-' (a POSIX shared-memory "
+        f"name prefix such as /reactantserver-); got {show(value)}"
+    )
+
+
+def api_group(value: str) -> str | None:
+    if value in API_GROUPS:
+        return None
+    return f"expected one of {', '.join(API_GROUPS)}; got {show(value)}"
+
+
+def header_name(value: str) -> str | None:
+    if value == "":
+        return None  # a restriction by certificate alone (the cross rule checks)
+    if not _HEADER.match(value) or value.startswith("grpc-") or value.endswith("-bin"):
+        return (
+            "expected a lower-case gRPC metadata name (letters, digits, '.', '_', '-'; not "
+            f"grpc-* or *-bin); got {show(value)}"
+        )
+    if value in RESERVED_HEADERS:
+        return f"expected a header of its own; {value} is read by the server itself"
+    return None
+
+
 def replicas(value: int | str) -> str | None:
     if value == "all" or (isinstance(value, int) and value >= 1):
         return None
@@ -212,6 +254,9 @@ WORKER_RULES: tuple[tuple[Path, Check], ...] = (
     (("endpoints", "handshake_timeout_seconds"), positive),
     (("endpoints", "idle_timeout_seconds"), positive),
     (("endpoints", "max_shm_regions"), at_least(1)),
+    (("endpoints", "shm_key_prefix"), shm_prefix),
+    (("endpoints", "restricted", "*", "groups", "*"), api_group),
+    (("endpoints", "restricted", "*", "header"), header_name),
     (("cost", "device_hour"), non_negative("the price of one device-hour")),
 )
 
@@ -233,7 +278,77 @@ def _worker_lists(cfg: ServerConfig, _: Callable[[Path], Origin]) -> Iterator[tu
     yield from duplicates(cfg.models_include, ("models_include",), "model names")
 
 
-WORKER_CROSS: tuple[Cross, ...] = (_worker_ports, _worker_lists)
+def server_tls_problems(tls: TlsConfig, at: Path) -> Iterator[tuple[Path, str]]:
+    """A listener's ``tls:``: a certificate and its key together, a client CA with them."""
+    if bool(tls.cert_file) != bool(tls.key_file):
+        missing = "key_file" if tls.cert_file else "cert_file"
+        yield (*at, missing), "expected cert_file and key_file together; got only one of them"
+    if tls.client_ca_file and not tls.cert_file:
+        yield (
+            (*at, "client_ca_file"),
+            "expected cert_file and key_file too (mutual TLS is TLS with client certificates)",
+        )
+
+
+def _key_source(key_file: str, key_env: str, at: Path) -> Iterator[tuple[Path, str]]:
+    if key_file and key_env:
+        yield (*at, "key_env"), "expected key_file or key_env, not both"
+
+
+def restriction_problems(
+    restricted: tuple[Restriction, ...], at: Path, mtls: bool
+) -> Iterator[tuple[Path, str]]:
+    """``restricted:``: each entry names groups, a key (header + its source) or
+    certificate identities (under mutual TLS); a group is restricted once."""
+    owner: dict[str, int] = {}
+    for index, entry in enumerate(restricted):
+        here = (*at, index)
+        if not entry.groups:
+            yield (*here, "groups"), "expected at least one API group; got []"
+        yield from duplicates(entry.groups, (*here, "groups"), "groups")
+        yield from _key_source(entry.key_file, entry.key_env, here)
+        keyed = bool(entry.key_file or entry.key_env)
+        if keyed and not entry.header:
+            yield (*here, "header"), "expected the header that carries the key (e.g. admin-key)"
+        if entry.header and not keyed:
+            yield (
+                (*here, "header"),
+                "expected key_file or key_env with it: the key is never written in the YAML",
+            )
+        if not keyed and not entry.identities:
+            yield here, "expected a key (header with key_file or key_env) or identities"
+        if entry.identities and not mtls:
+            yield (
+                (*here, "identities"),
+                "expected mutual TLS (tls.client_ca_file): identities are client certificates'",
+            )
+        for group in entry.groups:
+            if group in owner and owner[group] != index:
+                yield (
+                    (*here, "groups"),
+                    f"expected each group restricted once; {group} is also in item {owner[group]}",
+                )
+            owner.setdefault(group, index)
+
+
+def trust_problems(trust: GatewayTrust, at: Path, mtls: bool) -> Iterator[tuple[Path, str]]:
+    yield from _key_source(trust.key_file, trust.key_env, at)
+    if trust.identities and not mtls:
+        yield (
+            (*at, "identities"),
+            "expected mutual TLS (tls.client_ca_file): identities are client certificates'",
+        )
+
+
+def _worker_security(cfg: ServerConfig, _: Callable[[Path], Origin]) -> Iterator[tuple[Path, str]]:
+    ep = cfg.endpoints
+    mtls = bool(ep.tls.client_ca_file)
+    yield from server_tls_problems(ep.tls, ("endpoints", "tls"))
+    yield from restriction_problems(ep.restricted, ("endpoints", "restricted"), mtls)
+    yield from trust_problems(ep.gateway, ("endpoints", "gateway"), mtls)
+
+
+WORKER_CROSS: tuple[Cross, ...] = (_worker_ports, _worker_lists, _worker_security)
 
 # --- a gateway (GatewayConfig) ---------------------------------------------------------------
 
@@ -252,6 +367,8 @@ GATEWAY_RULES: tuple[tuple[Path, Check], ...] = (
     (("grpc", "idle_timeout_seconds"), positive),
     (("worker_client", "request_timeout_seconds"), positive),
     (("worker_client", "max_concurrent_streams"), at_least(1)),
+    (("restricted", "*", "groups", "*"), api_group),
+    (("restricted", "*", "header"), header_name),
     (("cost", "device_hour"), non_negative("the price of one device-hour")),
     (("scheduling", "rebalance_compute_seconds"), positive),
     (
@@ -294,11 +411,23 @@ def _gateway_lists(cfg: GatewayConfig, _: Callable[[Path], Origin]) -> Iterator[
         )
 
 
-def _gateway_tls(cfg: GatewayConfig, _: Callable[[Path], Origin]) -> Iterator[tuple[Path, str]]:
-    tls = cfg.tls
+def client_tls_problems(tls: ClientTlsConfig, at: Path) -> Iterator[tuple[Path, str]]:
     if bool(tls.cert_file) != bool(tls.key_file):
         missing = "key_file" if tls.cert_file else "cert_file"
-        yield ("tls", missing), "expected cert_file and key_file together; got only one of them"
+        yield (*at, missing), "expected cert_file and key_file together; got only one of them"
+    if (tls.cert_file or tls.server_name) and not tls.ca_file:
+        yield (
+            (*at, "ca_file"),
+            "expected the CA that signed the workers' certificates (TLS is on with ca_file)",
+        )
+
+
+def _gateway_tls(cfg: GatewayConfig, _: Callable[[Path], Origin]) -> Iterator[tuple[Path, str]]:
+    yield from server_tls_problems(cfg.tls, ("tls",))
+    yield from restriction_problems(cfg.restricted, ("restricted",), bool(cfg.tls.client_ca_file))
+    wc = cfg.worker_client
+    yield from client_tls_problems(wc.tls, ("worker_client", "tls"))
+    yield from _key_source(wc.key_file, wc.key_env, ("worker_client",))
 
 
 GATEWAY_CROSS: tuple[Cross, ...] = (_gateway_lists, _gateway_tls)

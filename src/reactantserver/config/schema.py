@@ -111,6 +111,77 @@ class SchedulerConfig:
 
 _DEFAULT_MODEL = ModelSchedConfig()
 
+#: The API groups a restriction names (docs/security.md): Triton's
+#: ``--grpc-restricted-protocol`` groups, and ours for the control services.
+API_GROUPS: tuple[str, ...] = (
+    "inference",
+    "health",
+    "metadata",
+    "model-repository",
+    "model-config",
+    "shared-memory",
+    "statistics",
+    "trace",
+    "logging",
+    "control",
+    "placement",
+)
+
+
+@attrs.frozen(kw_only=True)
+class TlsConfig:
+    """``tls:`` -- TLS on a gRPC listener (a worker's ``endpoints.tls``, a gateway's
+    ``tls``): the certificate chain and its key, and with ``client_ca_file`` mutual TLS
+    (every client must present a certificate that CA signed). The files are read again
+    when they change: a new connection gets the new certificate."""
+
+    cert_file: str = ""
+    key_file: str = ""
+    client_ca_file: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class ClientTlsConfig:
+    """TLS on a connection to a worker (a gateway's ``worker_client.tls``): on when
+    ``ca_file`` is set. ``cert_file``/``key_file``: the certificate presented to workers
+    that ask for one (mTLS); ``server_name``: the name the workers' certificate must carry
+    ("" = each worker's host)."""
+
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    server_name: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class Restriction:
+    """One item of ``restricted:``: API groups that only some callers may use.
+
+    A call of one of ``groups`` must carry the header ``header`` with the key read from
+    ``key_file`` or the environment variable ``key_env`` (never written in the YAML
+    itself), or -- under mutual TLS -- come from a client certificate whose subject CN or
+    one of whose subject alternative names is in ``identities``.
+    """
+
+    groups: tuple[str, ...]
+    header: str = ""
+    key_file: str = ""
+    key_env: str = ""
+    identities: tuple[str, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class GatewayTrust:
+    """``endpoints.gateway:`` -- how a worker knows its gateway: a call carrying the
+    header ``reactant-gateway-key`` with the key of ``key_file`` / ``key_env`` (or, under
+    mutual TLS, from a certificate named in ``identities``) is the gateway's. It passes
+    every restriction (the gateway enforces its own) and may name the client it acts
+    for, whose shared-memory regions it then uses."""
+
+    key_file: str = ""
+    key_env: str = ""
+    identities: tuple[str, ...] = ()
+
 
 @attrs.frozen(kw_only=True)
 class EndpointsConfig:
@@ -140,6 +211,16 @@ class EndpointsConfig:
     idle_timeout_seconds: float = 300.0
     #: Registered system shared-memory regions at most (each holds a file descriptor).
     max_shm_regions: int = 256
+    #: Shared-memory keys a client may register must start with this ("" = any name
+    #: under /dev/shm, which lets a client read and write other programs' objects).
+    shm_key_prefix: str = "/reactantserver-"
+    #: TLS (and, with ``client_ca_file``, mutual TLS) on the gRPC listener.
+    tls: TlsConfig = attrs.field(factory=TlsConfig)
+    #: API groups that need a key (or a client certificate): Triton's
+    #: ``--grpc-restricted-protocol``. Empty: every group is open.
+    restricted: tuple[Restriction, ...] = ()
+    #: The gateway in front of this worker (its key or certificate).
+    gateway: GatewayTrust = attrs.field(factory=GatewayTrust)
 
 
 @attrs.frozen(kw_only=True)
@@ -313,6 +394,12 @@ class WorkerClientConfig:
     request_timeout_seconds: float = 60.0
     #: Outbound in-flight RPCs multiplexed to one worker.
     max_concurrent_streams: int = 32
+    #: TLS to the workers (on when ``ca_file`` is set).
+    tls: ClientTlsConfig = attrs.field(factory=ClientTlsConfig)
+    #: The key the gateway presents to its workers (header ``reactant-gateway-key``;
+    #: their ``endpoints.gateway``), from a file or an environment variable.
+    key_file: str = ""
+    key_env: str = ""
 
 
 @attrs.frozen(kw_only=True)
@@ -321,16 +408,6 @@ class LoggingConfig:
 
     level: LogLevel = "info"
     format: LogFormat = "json"
-
-
-@attrs.frozen(kw_only=True)
-class TlsConfig:
-    """``tls:`` -- parsed and checked, not yet enforced (the gateway serves cleartext h2c
-    and warns when a certificate is configured)."""
-
-    cert_file: str = ""
-    key_file: str = ""
-    client_ca_file: str = ""
 
 
 @attrs.frozen(kw_only=True)
@@ -396,6 +473,9 @@ class GatewayConfig:
     worker_client: WorkerClientConfig = attrs.field(factory=WorkerClientConfig)
     logging: LoggingConfig = attrs.field(factory=LoggingConfig)
     tls: TlsConfig = attrs.field(factory=TlsConfig)
+    #: API groups that need a key or a client certificate (as a worker's
+    #: ``endpoints.restricted``); the gateway checks its own clients.
+    restricted: tuple[Restriction, ...] = ()
     scheduling: GatewaySchedulingConfig = attrs.field(factory=GatewaySchedulingConfig)
     #: The price of the workers' devices, for those that do not report their own.
     cost: CostConfig = attrs.field(factory=CostConfig)

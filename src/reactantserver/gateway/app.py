@@ -42,7 +42,9 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
 import socket
+from collections.abc import Callable, Mapping
 
 import attrs
 import trio
@@ -50,6 +52,7 @@ from grpclib.const import Cardinality, Handler
 from prometheus_client import CollectorRegistry
 
 from ..admin import AdminApp, serve_admin
+from ..config.certs import read_secret
 from ..config.dump import dump_config
 from ..config.rules import split_host_port
 from ..config.schema import GatewayConfig, LoggingConfig
@@ -60,8 +63,16 @@ from ..signals import drain_on_signals
 from ..transport import guest
 from ..transport.health import HealthServicer
 from ..transport.limits import WireCounters, WireLimits
+from ..transport.security import (
+    ListenerSecurity,
+    describe_security,
+    listener_security,
+    open_warning,
+)
 from ..transport.server import GuardedServer, ServerStream
 from ..transport.streaming import StreamHandler
+
+from ..transport.tls import ClientTls
 from ..transport.unary import DirectHandler
 from .calls import Raw, RawCodec
 from .control import LptController
@@ -105,8 +116,30 @@ class GatewayAddress:
 class Gateway:
     """Everything one gateway process holds, wired together (no I/O at construction)."""
 
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(self, config: GatewayConfig, env: Mapping[str, str] | None = None) -> None:
         self.config = config
+        environment = os.environ if env is None else env
+        #: The served side's TLS and restricted groups (keys read now: a bad one fails here).
+        self.security = listener_security(
+            config.tls, config.restricted, environment, what="gateway gRPC"
+        )
+        wc = config.worker_client
+        worker_tls = (
+            ClientTls(
+                wc.tls.ca_file,
+                wc.tls.cert_file,
+                wc.tls.key_file,
+                wc.tls.server_name,
+                what="gateway -> workers TLS",
+            )
+            if wc.tls.ca_file
+            else None
+        )
+        worker_key = (
+            read_secret(wc.key_file, wc.key_env, environment).encode()
+            if wc.key_file or wc.key_env
+            else b""
+        )
         #: lpt_packing's driver (None in the other modes); its controller owns the router.
         self.lpt: LptDriver | None = None
         controller = None
@@ -125,6 +158,8 @@ class Gateway:
                 max_streams=config.worker_client.max_concurrent_streams,
                 max_reply_bytes=config.grpc.max_send_msg_bytes,
                 inflight=self.router.inflight.worker(address),  # one count, router and pool
+                tls=worker_tls,
+                key=worker_key,
             )
             for address, name in zip(config.endpoints, names, strict=True)
         )
@@ -246,16 +281,23 @@ def build_server(
     mapping: dict[str, Handler | DirectHandler | StreamHandler],
     config: GatewayConfig,
     counters: WireCounters,
+    security: ListenerSecurity | None = None,
+    on_closed: Callable[[str], None] | None = None,
 ) -> GuardedServer:
     """The gateway's gRPC server over ``mapping``: the hardened wire a worker serves on
-    (``transport.server``), with the gateway's ``grpc:`` limits. The one place that builds it."""
+    (``transport.server``), with the gateway's ``grpc:`` limits, TLS and restricted
+    groups. The one place that builds it."""
     g = config.grpc
     limits = WireLimits.from_gateway_grpc(g)  # refusals name the gateway's grpc: keys
+    security = security if security is not None else ListenerSecurity()
     return GuardedServer(
         mapping,
         codec=RawCodec(g.max_recv_msg_bytes, g.max_send_msg_bytes),
         limits=limits,
         counters=counters,
+        tls=security.tls,
+        authorizer=security.authorizer,
+        on_closed=on_closed,
     )
 
 
@@ -318,7 +360,9 @@ async def _serve_grpc(
 
     async def start(sock: socket.socket) -> GuardedServer:
         # Built on the asyncio side, where "the running loop" is the host loop.
-        server = build_server(mapping, config, gateway.wire)
+        server = build_server(
+            mapping, config, gateway.wire, gateway.security, proxy.connection_closed
+        )
         await server.start(sock)
         return server
 
@@ -326,7 +370,12 @@ async def _serve_grpc(
     try:
         server = await guest.aio(start(sock))
         sock = None  # the server owns it now
-        log.info("gateway gRPC listening on %s (port %d)", config.listen.grpc, port)
+        log.info(
+            "gateway gRPC listening on %s (port %d; %s)",
+            config.listen.grpc,
+            port,
+            describe_security(gateway.security),
+        )
         task_status.started(port)
         await stop.wait()
         log.info("draining: refusing new calls, waiting up to %.0f s", DRAIN_GRACE_SECONDS)
@@ -371,9 +420,11 @@ async def serve_gateway(
     """
     stop = stop if stop is not None else trio.Event()
     log.info("effective gateway configuration:\n%s", dump_config(config))
-    if config.tls.cert_file:
-        log.warning("tls: is configured but not enforced yet: the gateway serves cleartext h2c")
     gateway = gateway if gateway is not None else Gateway(config)
+    parsed = split_host_port(config.listen.grpc)
+    warning = open_warning(parsed[0] if parsed else "", gateway.security, "restricted")
+    if warning is not None:
+        log.warning("%s", warning)
     try:
         async with trio.open_nursery() as nursery:
             proxy = gateway.build_proxy(guest.TrioPortal(nursery))

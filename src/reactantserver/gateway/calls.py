@@ -84,10 +84,13 @@ def status_of(code: int) -> Status:
 class CallInfo:
     """What a handler knows about the call it serves."""
 
-    __slots__ = ("deadline", "model", "rpc", "tell")
+    __slots__ = ("deadline", "model", "owner", "rpc", "tell")
 
-    def __init__(self, rpc: str, deadline: float, *, tell: bool = True) -> None:
+    def __init__(self, rpc: str, deadline: float, *, tell: bool = True, owner: str = "") -> None:
         self.rpc = rpc
+        #: Whose shared-memory regions the call may see and use (its client:
+        #: :mod:`reactantserver.transport.auth`, rule 4).
+        self.owner = owner
         #: ``loop.time()`` by which the call must be answered.
         self.deadline = deadline
         #: ``deadline`` is the client's, and a forwarded call tells the worker; False when

@@ -70,8 +70,12 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
+import attrs
+
 from ..errors import DeadlineExceeded
 from ..transport import h2client, h2events
+from ..transport.auth import GATEWAY_KEY as _GATEWAY_KEY
+from ..transport.auth import OWNER as _OWNER
 from ..transport.h2conn import held_writes
 from ..transport.h2events import (
     ConnectionTerminated,
@@ -87,6 +91,8 @@ from ..transport.limits import WireLimits
 from .wire import encode_grpc_timeout
 
 log = logging.getLogger(__name__)
+
+GATEWAY_KEY, OWNER = _GATEWAY_KEY.encode(), _OWNER.encode()
 
 #: What the gateway advertises to its workers and holds them to: the bounds a worker's
 #: server side holds its clients to (a 16 MiB stream window, so a 16 MiB response arrives
@@ -116,6 +122,32 @@ _OK, _UNKNOWN, _DEADLINE, _RESOURCE, _INTERNAL = 0, 2, 4, 8, 13
 _NOTHING_PENDING: collections.deque[memoryview] = collections.deque()
 #: HTTP status -> gRPC status, for a worker that answers without gRPC (the gRPC spec's table).
 _HTTP_TO_GRPC = {400: 13, 401: 16, 403: 7, 404: 12, 429: 14, 502: 14, 503: 14, 504: 14}
+
+
+#: Request header blocks remembered per connection, by (path, owner), at most.
+MAX_PREFIXES = 4096
+
+
+@attrs.frozen
+class Credentials:
+    """What the gateway's requests to a worker carry beyond the call: ``:scheme https``
+    over TLS, the gateway's key (``reactant-gateway-key``: the worker's
+    ``endpoints.gateway``), and -- ``vouch``, when it has a key -- the client each call is
+    made for (``reactant-owner``)."""
+
+    tls: bool = False
+    key: bytes = b""
+
+    @property
+    def vouch(self) -> bool:
+        return bool(self.key)
+
+    def headers(self, owner: str) -> tuple[tuple[bytes, bytes], ...]:
+        if not self.key:
+            return ()
+        if not owner:
+            return ((GATEWAY_KEY, self.key),)
+        return ((GATEWAY_KEY, self.key), (OWNER, owner.encode("utf-8", "surrogateescape")))
 
 
 class Reply:
@@ -199,15 +231,22 @@ class WorkerConnection(asyncio.Protocol):
     """One HTTP/2 connection carrying unary gRPC calls (see the module docstring)."""
 
     def __init__(
-        self, authority: str, *, max_reply_bytes: int, limits: WireLimits = LIMITS
+        self,
+        authority: str,
+        *,
+        max_reply_bytes: int,
+        limits: WireLimits = LIMITS,
+        credentials: Credentials | None = None,
     ) -> None:
         self._authority = authority.encode()
+        #: The scheme, the gateway's key, and whether it names the client it acts for.
+        self._credentials = credentials if credentials is not None else Credentials()
         self._max_reply = max_reply_bytes
         self._loop = asyncio.get_running_loop()
         #: This thread's owed flushes (made on the loop's thread: the loop is running).
         self._held = held_writes()
         self._h2 = h2client.ClientConnection(limits, self._loop.time())
-        self._prefixes: dict[bytes, bytes] = {}
+        self._prefixes: dict[tuple[bytes, str], bytes] = {}
         #: Header blocks seen (by the decoder's tuple) -> what they say
         #: (:func:`_header_fields`); the worker sends the same few blocks on every call.
         self._said: dict[int, tuple[object, _Said]] = {}
@@ -287,7 +326,13 @@ class WorkerConnection(asyncio.Protocol):
         return max(1, min(most, self._h2.peer_max_streams))
 
     async def call(
-        self, path: bytes, payload: bytes | memoryview, deadline: float, *, tell: bool = True
+        self,
+        path: bytes,
+        payload: bytes | memoryview,
+        deadline: float,
+        *,
+        tell: bool = True,
+        owner: str = "",
     ) -> Reply:
         """Send one unary call and wait for its answer (see the module docstring)."""
         future: asyncio.Future[Reply] = self._loop.create_future()
@@ -299,7 +344,7 @@ class WorkerConnection(asyncio.Protocol):
                 else:
                     future.set_result(outcome)
 
-        call = self.start(path, payload, deadline, resolve, tell=tell)
+        call = self.start(path, payload, deadline, resolve, tell=tell, owner=owner)
         try:
             return await future
         except asyncio.CancelledError:
@@ -308,11 +353,14 @@ class WorkerConnection(asyncio.Protocol):
 
     def start(self, path: bytes, payload: bytes | memoryview, deadline: float,
               on_done: OnDone, release: Callable[[], None] | None = None, *,
-              tell: bool = True) -> Call:  # fmt: skip
+              tell: bool = True, owner: str = "") -> Call:  # fmt: skip
         """Send one unary call; ``on_done`` runs once, from the loop, with its outcome
         (``release`` once, just before it). ``tell``: send the worker ``deadline`` as
         ``grpc-timeout``; when False the request headers are the path's constant block and
-        ``deadline`` bounds only the gateway's wait.
+        ``deadline`` bounds only the gateway's wait. ``owner``: the client the call is made
+        for, named to the worker (``reactant-owner``) when the gateway vouches for its
+        clients (:class:`Credentials`), so that the worker keeps their shared-memory
+        regions apart.
 
         Raises ``ChannelError`` (unprocessed) when the connection takes no new stream and
         ``DeadlineExceeded`` when ``deadline`` has passed; nothing was sent then.
@@ -322,9 +370,16 @@ class WorkerConnection(asyncio.Protocol):
         remaining = deadline - self._loop.time()
         if remaining <= 0:
             raise DeadlineExceeded("the deadline passed before the call could be sent")
-        prefix = self._prefixes.get(path)
+        credentials = self._credentials
+        if not credentials.vouch:
+            owner = ""
+        prefix = self._prefixes.get((path, owner))
         if prefix is None:
-            prefix = self._prefixes[path] = h2client.request_prefix(path, self._authority)
+            if len(self._prefixes) >= MAX_PREFIXES:  # one per (path, client): bounded
+                self._prefixes.clear()
+            prefix = self._prefixes[(path, owner)] = h2client.request_prefix(
+                path, self._authority, tls=credentials.tls, extra=credentials.headers(owner)
+            )
         block = h2client.encode_request(prefix, encode_grpc_timeout(remaining)) if tell else prefix
         h2c = self._h2
         stream_id = h2c.send_request(block, payload)  # a small request: queued whole

@@ -18,6 +18,13 @@ back, see :class:`~.prober.Registrations`), and the answers are combined by :mod
 A worker's refusal is passed through with its status, its message prefixed with the
 worker's name; a worker that cannot be reached makes a read RPC answer from the others, and
 a write RPC (registration, compaction) fail with UNAVAILABLE naming it.
+
+Shared memory is the client's (:mod:`reactantserver.transport.auth`, rule 4): each call
+names the client it is made for to the workers (``reactant-owner``, honoured only with
+the gateway's key, ``worker_client.key_*``), so a worker keeps one client's regions from
+every other's -- in a status, in a ModelInfer, in an unregister. Without that key the
+workers could not tell the gateway's clients apart, so registration through the gateway
+is refused (FAILED_PRECONDITION, saying what to configure).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Collection, Sequence
 
-from ..errors import DeadlineExceeded, NotFound, Unavailable
+from ..errors import DeadlineExceeded, FailedPrecondition, NotFound, Unavailable
 from ..model_version import check_version, parse_version
 from ..protocol import inference as pb
 from ..protocol import reactant_control as cpb
@@ -69,6 +76,8 @@ class FanOut:
         data: bytes,
         call: CallInfo,
         only: Callable[[WorkerClient], bool] | None = None,
+        *,
+        owner: bool = False,
     ) -> list[tuple[WorkerClient, Reply | Exception]]:
         """``data`` to every worker that answered the last probe round (those ``only``
         accepts), at once."""
@@ -83,7 +92,9 @@ class FanOut:
         async def one(client: WorkerClient) -> tuple[WorkerClient, Reply | Exception]:
             started = loop.time()
             try:
-                reply = await client.call(path, data, call.deadline, tell=call.tell)
+                reply = await client.call(
+                    path, data, call.deadline, tell=call.tell, owner=call.owner if owner else ""
+                )
             except (ChannelError, DeadlineExceeded) as exc:
                 return client, exc
             self.stats.worker_call(call.rpc, client.name, loop.time() - started)
@@ -145,7 +156,7 @@ class FanOut:
 
     async def shm_status(self, data: bytes, call: CallInfo) -> bytes:
         results = await self._fan_out(
-            b"/inference.GRPCInferenceService/SystemSharedMemoryStatus", data, call
+            b"/inference.GRPCInferenceService/SystemSharedMemoryStatus", data, call, owner=True
         )
         answers = self._answers(results)
         if not answers:
@@ -158,15 +169,27 @@ class FanOut:
         async with self.registrations.lock:  # after any replay in flight (see Registrations)
             return await self._shm_register(data, call)
 
+    def vouches(self) -> bool:
+        """Whether the workers can tell this gateway's clients apart (see the module doc)."""
+        clients = self.fleet.answering()
+        return bool(clients) and all(c.credentials.vouch for c in clients)
+
     async def _shm_register(self, data: bytes, call: CallInfo) -> bytes:
         request = pb.SystemSharedMemoryRegisterRequest().parse(data)
+        if not self.vouches():
+            raise FailedPrecondition(
+                "SystemSharedMemoryRegister: this gateway cannot keep its clients' shared "
+                "memory apart on the workers: give it a key (worker_client.key_file or "
+                "key_env) and the workers the same key (endpoints.gateway); a node's own "
+                "gateway has one"
+            )
         results = await self._fan_out(
-            b"/inference.GRPCInferenceService/SystemSharedMemoryRegister", data, call
+            b"/inference.GRPCInferenceService/SystemSharedMemoryRegister", data, call, owner=True
         )
         done = [c for c, r in results if isinstance(r, Reply) and r.status == OK]
         failed = [(c, r) for c, r in results if not (isinstance(r, Reply) and r.status == OK)]
         if not failed:
-            self.registrations.registered(request.name, data)
+            self.registrations.registered(call.owner, request.name, data)
             return b""
         if done:
             await self._rollback(request.name, done, call)
@@ -188,7 +211,7 @@ class FanOut:
         deadline = max(call.deadline, loop.time() + ROLLBACK_SECONDS)
         path = b"/inference.GRPCInferenceService/SystemSharedMemoryUnregister"
         for client, result in await asyncio.gather(
-            *(self._quiet_call(c, path, request, deadline) for c in clients)
+            *(self._quiet_call(c, path, request, deadline, call.owner) for c in clients)
         ):
             if not (isinstance(result, Reply) and result.status == OK):
                 log.warning(
@@ -200,24 +223,45 @@ class FanOut:
 
     @staticmethod
     async def _quiet_call(
-        client: WorkerClient, path: bytes, data: bytes, deadline: float
+        client: WorkerClient, path: bytes, data: bytes, deadline: float, owner: str = ""
     ) -> tuple[WorkerClient, Reply | Exception]:
         try:
-            return client, await client.call(path, data, deadline)
+            return client, await client.call(path, data, deadline, owner=owner)
         except (ChannelError, DeadlineExceeded) as exc:
             return client, exc
 
     async def shm_unregister(self, data: bytes, call: CallInfo) -> bytes:
         request = pb.SystemSharedMemoryUnregisterRequest().parse(data)
         async with self.registrations.lock:  # after any replay in flight (see Registrations)
-            self.registrations.unregistered(request.name)
+            self.registrations.unregistered(call.owner, request.name)
             results = await self._fan_out(
-                b"/inference.GRPCInferenceService/SystemSharedMemoryUnregister", data, call
+                b"/inference.GRPCInferenceService/SystemSharedMemoryUnregister",
+                data,
+                call,
+                owner=True,
             )
         failure = self._first_failure(results)
         if failure is not None:
             raise failure
         return b""
+
+    async def forget(self, owner: str) -> None:
+        """A client's connection closed and its regions were the connection's: remove them
+        on every worker (best effort: a worker that does not answer forgets them when the
+        gateway reconnects to it, as the replay registers only what is left)."""
+        async with self.registrations.lock:
+            if not self.registrations.owns(owner):
+                return
+            self.registrations.unregistered(owner, "")
+            request = bytes(pb.SystemSharedMemoryUnregisterRequest(name=""))
+            deadline = asyncio.get_running_loop().time() + ROLLBACK_SECONDS
+            path = b"/inference.GRPCInferenceService/SystemSharedMemoryUnregister"
+            await asyncio.gather(
+                *(
+                    self._quiet_call(c, path, request, deadline, owner)
+                    for c in self.fleet.answering()
+                )
+            )
 
     async def is_same_ipc_namespace(self, data: bytes, call: CallInfo) -> bytes:
         results = await self._fan_out(

@@ -228,6 +228,7 @@ class Forward:
                 self._deadline,
                 self._on_reply,
                 tell=self._call.deadline is not None,
+                owner=self._call.owner,
             )
         except ChannelError as exc:
             self._on_reply(exc)
@@ -252,6 +253,7 @@ class Forward:
                 self._deadline,
                 self._on_reply,
                 tell=self._call.deadline is not None,
+                owner=self._call.owner,
             )
         except ChannelError as exc:
             self._on_reply(exc)
@@ -272,6 +274,7 @@ class Forward:
                 self._deadline,
                 self._on_reply,
                 tell=self._call.deadline is not None,
+                owner=self._call.owner,
                 holding=holding,
             )
         except ChannelError as exc:

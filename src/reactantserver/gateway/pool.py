@@ -48,11 +48,13 @@ import attrs
 from ..config.rules import split_host_port
 from ..errors import DeadlineExceeded
 from ..transport.limits import WireLimits
+from ..transport.tls import ClientTls, check_h2, client_tls
 from .channel import (
     CONNECT_TIMEOUT,
     LIMITS,
     Call,
     ChannelError,
+    Credentials,
     OnDone,
     Reply,
     WorkerConnection,
@@ -162,6 +164,8 @@ class WorkerClient:
         max_reply_bytes: int = 512 * 1024 * 1024,
         limits: WireLimits = LIMITS,
         inflight: WorkerInflight | None = None,
+        tls: ClientTls | None = None,
+        key: bytes = b"",
     ) -> None:
         parsed = split_host_port(address)
         if parsed is None:
@@ -175,6 +179,9 @@ class WorkerClient:
         self._max_reply = max_reply_bytes
         #: What its connections advertise to the worker and hold it to (:data:`.channel.LIMITS`).
         self._limits = limits
+        #: TLS to the worker (None: cleartext), and what every request carries.
+        self.tls = tls
+        self.credentials = Credentials(tls=tls is not None, key=key)
         self._conn: WorkerConnection | None = None
         #: Replaced connections still finishing their calls.
         self._draining: set[WorkerConnection] = set()
@@ -220,6 +227,7 @@ class WorkerClient:
         *,
         probe: bool = False,
         tell: bool = True,
+        owner: str = "",
     ) -> Reply:
         """One unary call to ``path`` with ``payload``; see :mod:`.channel` for outcomes
         (and for ``tell``: send ``deadline`` to the worker).
@@ -234,7 +242,7 @@ class WorkerClient:
         try:
             self._calls += 1
             conn = await self._usable(deadline)
-            return await conn.call(path, payload, deadline, tell=tell)
+            return await conn.call(path, payload, deadline, tell=tell, owner=owner)
         finally:
             if not probe:
                 self._release()
@@ -247,6 +255,7 @@ class WorkerClient:
         on_done: OnDone,
         *,
         tell: bool = True,
+        owner: str = "",
     ) -> Call | None:
         """Start a call at once, if a stream slot and the connection are free; None if it
         would have to wait for either (then :meth:`start_when_ready`). ``on_done`` runs once
@@ -258,7 +267,7 @@ class WorkerClient:
             or not self._slots.take(conn.slot_limit(self._max_streams))
         ):
             return None
-        return self._start(conn, path, payload, deadline, on_done, tell)
+        return self._start(conn, path, payload, deadline, on_done, tell, owner)
 
     def wait_for_slot(
         self,
@@ -308,6 +317,7 @@ class WorkerClient:
         on_done: OnDone,
         *,
         tell: bool = True,
+        owner: str = "",
     ) -> Call | None:
         """Start a call on the slot a :class:`SlotWait` was granted. None when the
         connection went meanwhile: the slot is still held, for
@@ -315,7 +325,7 @@ class WorkerClient:
         conn = self._conn
         if conn is None or not conn.usable:
             return None
-        return self._start(conn, path, payload, deadline, on_done, tell)
+        return self._start(conn, path, payload, deadline, on_done, tell, owner)
 
     async def start_when_ready(
         self,
@@ -326,6 +336,7 @@ class WorkerClient:
         *,
         tell: bool = True,
         holding: bool = False,
+        owner: str = "",
     ) -> Call:
         """:meth:`start`, after waiting (until ``deadline``) for a slot (unless ``holding``
         one already: :meth:`start_granted` said None) and a connection."""
@@ -336,7 +347,7 @@ class WorkerClient:
         except BaseException:
             self._release()
             raise
-        return self._start(conn, path, payload, deadline, on_done, tell)
+        return self._start(conn, path, payload, deadline, on_done, tell, owner)
 
     def _start(
         self,
@@ -346,11 +357,14 @@ class WorkerClient:
         deadline: float,
         on_done: OnDone,
         tell: bool,
+        owner: str = "",
     ) -> Call:
         """Start a call holding a slot; the slot is returned before ``on_done`` runs."""
         self._calls += 1
         try:
-            return conn.start(path, payload, deadline, on_done, self._release, tell=tell)
+            return conn.start(
+                path, payload, deadline, on_done, self._release, tell=tell, owner=owner
+            )
         except BaseException:
             self._release()
             raise
@@ -437,14 +451,21 @@ class WorkerClient:
         try:
             try:
                 async with asyncio.timeout(CONNECT_TIMEOUT):
-                    _, conn = await loop.create_connection(
+                    context, server_hostname = client_tls(self.tls, self._host)
+                    transport, conn = await loop.create_connection(
                         lambda: WorkerConnection(
-                            self.address, max_reply_bytes=self._max_reply, limits=self._limits
+                            self.address,
+                            max_reply_bytes=self._max_reply,
+                            limits=self._limits,
+                            credentials=self.credentials,
                         ),
                         self._host,
                         self._port,
                         proto=socket.IPPROTO_TCP,
+                        ssl=context,
+                        server_hostname=server_hostname,
                     )
+                    check_h2(transport, f"worker {self.label}")
             except (OSError, TimeoutError) as exc:
                 self._connect_failures += 1
                 raise ChannelError(

@@ -154,18 +154,24 @@ class Registrations:
     """
 
     def __init__(self) -> None:
-        self.regions: dict[str, bytes] = {}
+        #: (owner, region name) -> the registration request as the client sent it.
+        self.regions: dict[tuple[str, str], bytes] = {}
         self.replayed: dict[str, int] = {}
         self.lock = asyncio.Lock()
 
-    def registered(self, name: str, request: bytes) -> None:
-        self.regions[name] = request
+    def registered(self, owner: str, name: str, request: bytes) -> None:
+        self.regions[(owner, name)] = request
 
-    def unregistered(self, name: str) -> None:
+    def unregistered(self, owner: str, name: str) -> None:
+        """``owner``'s region ``name`` is gone (all of ``owner``'s for ``name=""``)."""
         if name:
-            self.regions.pop(name, None)
+            self.regions.pop((owner, name), None)
         else:
-            self.regions.clear()
+            for entry in [e for e in self.regions if e[0] == owner]:
+                del self.regions[entry]
+
+    def owns(self, owner: str) -> bool:
+        return any(o == owner for o, _ in self.regions)
 
 
 async def _call(client: WorkerClient, path: bytes, payload: bytes, deadline: float) -> Reply:
@@ -242,8 +248,8 @@ async def _replay(client: WorkerClient, registrations: Registrations, deadline: 
         connects = client.statistics().connects
         if registrations.replayed.get(client.address) == connects:
             return
-        for name, request in list(registrations.regions.items()):
-            reply = await client.call(SHM_REGISTER, request, deadline, probe=True)
+        for (owner, name), request in list(registrations.regions.items()):
+            reply = await client.call(SHM_REGISTER, request, deadline, probe=True, owner=owner)
             if reply.status != 0:
                 log.warning(
                     "could not register shared-memory region %r on worker %s (it joined or "

@@ -242,6 +242,21 @@ class Proxy:
     async def wait_idle(self) -> None:
         await self._idle.wait()
 
+    def connection_closed(self, owner: str) -> None:
+        """A client connection closed (:class:`~reactantserver.transport.server.GuardedServer`
+        ``on_closed``): the shared-memory regions that were that connection's go from the
+        workers too (:meth:`.fanout.FanOut.forget`), in a task the proxy keeps."""
+        if not self.registrations.owns(owner):
+            return
+        task = self.loop.create_task(self.fanout.forget(owner))
+        self.tasks.add(task)
+        task.add_done_callback(self._forgotten)
+
+    def _forgotten(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("removing a closed connection's shared memory failed: %s", task.exception())
+
     # ------------------------------------------------------------------ one call
 
     async def _serve(self, rpc: str, method: Method, stream: ServerStream) -> None:
@@ -252,6 +267,7 @@ class Proxy:
             rpc,
             started + (remaining if remaining is not None else self.timeout),
             tell=remaining is not None,
+            owner=stream.owner,
         )
         code = OK
         stats = self.stats

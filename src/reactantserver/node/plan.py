@@ -216,9 +216,12 @@ def _worker_children(
     cpus: Sequence[int],
     public: tuple[int, int] | None,
     command: tuple[str, str, str],
+    *,
+    fronted: bool = False,
 ) -> list[ChildPlan]:
     """One child per worker of ``node`` (the node as the children read it); ``public`` is
-    the (gRPC, metrics) port pair a sole public worker binds."""
+    the (gRPC, metrics) port pair a sole public worker binds; ``fronted``: the node's
+    gateway runs in front of them."""
     python, node_path, log_level = command
     names = worker_names(node)
     threads = int_var(env, THREADS_VAR, worker_threads(len(cpus), len(names)), 1)
@@ -236,6 +239,9 @@ def _worker_children(
         if public is not None:
             child_env["INFERENCE_SERVER_ENDPOINTS_PORT"] = str(public[0])
             child_env["INFERENCE_SERVER_ENDPOINTS_METRICS_PORT"] = str(public[1])
+        elif fronted and not _trusts_a_gateway(resolve_worker(node, name, env)):
+            # Behind the node's own gateway: trust it by the key the supervisor makes.
+            child_env[WORKER_TRUST_VAR] = NODE_KEY_VAR
         # Exactly what the child will resolve: a bad override fails here, not in a loop.
         cfg = resolve_worker(node, name, {**env, **child_env})
         host = _bracket(cfg.endpoints.host)
@@ -257,6 +263,28 @@ def _worker_children(
             )
         )
     return children
+
+
+#: The variable holding the key the node's gateway presents to the node's workers: the
+#: supervisor makes one per run (``secrets.token_hex``) and only its children see it, so
+#: the workers trust their own gateway's ``reactant-owner`` and no one else's
+#: (docs/security.md, "Shared memory through the gateway").
+NODE_KEY_VAR = "REACTANT_NODE_GATEWAY_KEY"
+#: The override that points a worker's ``endpoints.gateway.key_env`` at it.
+WORKER_TRUST_VAR = "INFERENCE_SERVER_ENDPOINTS_GATEWAY_KEY_ENV"
+
+
+def _trusts_a_gateway(cfg: ServerConfig) -> bool:
+    trust = cfg.endpoints.gateway
+    return bool(trust.key_file or trust.key_env or trust.identities)
+
+
+def _with_node_key(gateway: GatewayConfig) -> GatewayConfig:
+    """The node's gateway presents the node key to its workers unless told another."""
+    wc = gateway.worker_client
+    if wc.key_file or wc.key_env:
+        return gateway
+    return attrs.evolve(gateway, worker_client=attrs.evolve(wc, key_env=NODE_KEY_VAR))
 
 
 def plan_node(
@@ -319,11 +347,19 @@ def plan_node(
                 split_address(gateway.listen.metrics)[1],
             )
         children = _worker_children(
-            children_node, assignment, env, cpus, public, (python, node_path, log_level)
+            children_node,
+            assignment,
+            env,
+            cpus,
+            public,
+            (python, node_path, log_level),
+            fronted=runs_gateway,
         )
         _check_ports(children, [], node)
     if runs_gateway:
         gateway = resolve_gateway(grown, gateway_env)
+        if role == "all":
+            gateway = _with_node_key(gateway)
         if unknown_workers and _derived(grown, gateway):
             fail(
                 EnvOrigin(ROLE_VAR),

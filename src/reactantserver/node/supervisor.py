@@ -36,6 +36,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import secrets
 import signal
 from collections.abc import Callable, Mapping
 
@@ -43,7 +44,7 @@ import attrs
 import trio
 
 from . import spawn
-from .plan import ChildPlan, NodePlan, cpu_ranges
+from .plan import NODE_KEY_VAR, ChildPlan, NodePlan, cpu_ranges
 from .restart import GiveUp, RestartPolicy
 
 log = logging.getLogger("reactantserver.node")
@@ -100,6 +101,9 @@ class Supervisor:
     def __init__(self, plan: NodePlan, env: Mapping[str, str], sink: Callable[[str], None]) -> None:
         self.plan = plan
         self._env = dict(env)
+        # The key the node's gateway presents to its workers (plan.py: NODE_KEY_VAR), made
+        # for this run, known to its children only.
+        self._env.setdefault(NODE_KEY_VAR, secrets.token_hex(32))
         self._sink = sink
         self._slots = [_Slot(child, RestartPolicy(plan.max_restarts)) for child in plan.children]
         self.stop_requested = trio.Event()

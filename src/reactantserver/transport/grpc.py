@@ -74,6 +74,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import resource
 import socket
 from collections.abc import Awaitable, Callable, Mapping
@@ -105,6 +106,7 @@ from . import guest
 from .h2guard import GuardedProtocol
 from .health import HealthServicer
 from .limits import Fault, WireCounters, WireLimits
+from .security import describe_security, listener_security, open_warning
 from .server import GuardedServer, ServerStream
 from .streaming import RequestCall, StreamCall, StreamedRequest, StreamHandler
 from .unary import DirectHandler, UnaryCall
@@ -367,7 +369,7 @@ class _Bridge:
         """
         now = trio.current_time()
         remaining = stream.deadline.time_remaining() if stream.deadline is not None else math.inf
-        ctx = CallContext(deadline=now + remaining, peer=stream.peer)
+        ctx = CallContext(deadline=now + remaining, peer=stream.peer, owner=stream.owner)
         scope = trio.CancelScope(deadline=ctx.deadline)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._calls.start_soon(self._call, rpc, method, request, ctx, scope, future)
@@ -448,7 +450,9 @@ class _Infer:
         try:
             request = decode_infer_request(message)
             remaining = math.inf if call.deadline is None else call.deadline - loop.time()
-            ctx = CallContext(deadline=trio.current_time() + remaining, peer=call.peer)
+            ctx = CallContext(
+                deadline=trio.current_time() + remaining, peer=call.peer, owner=call.owner
+            )
             pending = service.begin_infer(request, ctx, self._woken)
         except Exception as exc:
             self._fail(to_status(exc, rpc=self.rpc))
@@ -607,6 +611,7 @@ async def serve_grpc(
     stop: trio.Event | None = None,
     grace_seconds: float = 30.0,
     counters: WireCounters | None = None,
+    env: Mapping[str, str] | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``service`` on ``endpoints.host:endpoints.port`` until cancelled or ``stop``.
@@ -614,7 +619,8 @@ async def serve_grpc(
     Start it with ``port = await nursery.start(serve_grpc, service, endpoints)``: the
     bound port is reported once the server accepts connections. ``counters`` receives
     the wire's statistics (connections, refusals, client errors by kind) for the metrics
-    endpoint. See the module docstring for shutdown.
+    endpoint. ``env`` (default ``os.environ``) holds the keys ``key_env`` names. See the
+    module docstring for shutdown.
     """
     try:
         loop = asyncio.get_running_loop()
@@ -626,6 +632,16 @@ async def serve_grpc(
     answerer = ReflectionAnswerer.from_package(services=SERVICES)
     limits = WireLimits.from_endpoints(endpoints)
     _check_file_limit(endpoints)
+    security = listener_security(
+        endpoints.tls,
+        endpoints.restricted,
+        os.environ if env is None else env,
+        gateway=endpoints.gateway,
+        what="gRPC",
+    )
+    warning = open_warning(endpoints.host, security, "endpoints.restricted")
+    if warning is not None:
+        log.warning("%s", warning)
     listener = listen_tcp(endpoints.host, endpoints.port)
     port: int = listener.getsockname()[1]
     sock: socket.socket | None = listener
@@ -642,11 +658,19 @@ async def serve_grpc(
                 codec=codec,
                 limits=limits,
                 counters=counters,
+                tls=security.tls,
+                authorizer=security.authorizer,
+                on_closed=service.registry.forget,
             )
             loop.set_exception_handler(_loop_errors(server))
             await guest.aio(server.start(listener))
             sock = None  # the server owns it now
-            log.info("gRPC listening on %s:%d", endpoints.host, port)
+            log.info(
+                "gRPC listening on %s:%d (%s)",
+                endpoints.host,
+                port,
+                describe_security(security),
+            )
             try:
                 task_status.started(port)
                 if stop is None:

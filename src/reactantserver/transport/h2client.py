@@ -47,14 +47,21 @@ from .h2wire import (
 from .hpack_blocks import encode_headers, hpack_int, literal
 
 
-def request_prefix(path: bytes, authority: bytes) -> bytes:
+def request_prefix(
+    path: bytes,
+    authority: bytes,
+    *,
+    tls: bool = False,
+    extra: tuple[tuple[bytes, bytes], ...] = (),
+) -> bytes:
     """The constant part of a gRPC request's header block for ``path`` (RFC 7541 static
-    table: 0x83 ``:method POST``, 0x86 ``:scheme http``, names 4 ``:path``, 1 ``:authority``,
-    31 ``content-type``)."""
-    return b"\x83\x86" + encode_headers(
+    table: 0x83 ``:method POST``, 0x86 ``:scheme http`` or 0x87 ``https`` with ``tls``,
+    names 4 ``:path``, 1 ``:authority``, 31 ``content-type``), then ``extra`` headers
+    (metadata such as a restricted group's key)."""
+    return (b"\x87" if tls else b"\x86").join((b"\x83", encode_headers(
         ((b":path", path), (b":authority", authority), (b"te", b"trailers"),
-         (b"content-type", b"application/grpc"))
-    )  # fmt: skip
+         (b"content-type", b"application/grpc"), *extra)
+    )))  # fmt: skip
 
 
 #: ``grpc-timeout`` as a literal without indexing, up to its value's length byte.

@@ -70,12 +70,14 @@ from typing import Any, Protocol
 
 from . import h2events
 from .abuse import AbuseBudget
+from .auth import Peer
 from .faultlog import FaultLog
 from .framing import MessageFramer, Refusal, RequestHead
 from .h2conn import CorkedTransport, held_writes
 from .h2events import ErrorCodes
 from .h2lean import ServerConnection
 from .limits import Fault, WireCounters, WireLimits
+from .tls import certificate_names, negotiated_h2
 from .unary import DirectAdmission, DirectCalls, status_headers
 
 log = logging.getLogger(__name__)
@@ -502,6 +504,8 @@ class GuardedProtocol(asyncio.Protocol):
         self.limits = table.limits
         self._sink = sink
         self.peer = ""
+        #: Who the client is (its certificate under mutual TLS, else the connection).
+        self.identity = Peer()
         #: The HTTP/2 connection (made in ``connection_made``, unless refused).
         self.h2: ServerConnection | None = None
         self._processor: _Processor | None = None
@@ -532,6 +536,17 @@ class GuardedProtocol(asyncio.Protocol):
         self._loop = loop = asyncio.get_running_loop()
         self.peer = _peer_name(transport)
         self.opened_at = self._idle_since = loop.time()
+        alpn = negotiated_h2(transport)
+        if alpn is False:  # TLS without ALPN h2: not a gRPC client (RFC 9113 §3.2)
+            self.fault(
+                Fault.TLS_REFUSED,
+                "the TLS client did not negotiate HTTP/2 (ALPN h2); connection closed",
+            )
+            self._closing = True
+            transport.abort()
+            return
+        if alpn:
+            self.identity = Peer(certificate_names(transport), self.identity.connection)
         try:
             sock = transport.get_extra_info("socket")
             if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):

@@ -186,6 +186,11 @@ class Fault(enum.Enum):
     MESSAGE_TOO_LARGE = "message_too_large"
     #: The socket failed under us in a way that is not a plain disconnect.
     TRANSPORT_ERROR = "transport_error"
+    #: A call of a restricted API group without its key or allowed certificate
+    #: (UNAUTHENTICATED / PERMISSION_DENIED), or a ``reactant-owner`` not from the gateway.
+    UNAUTHORIZED = "unauthorized"
+    #: A TLS client that did not negotiate HTTP/2 (ALPN ``h2``): connection closed.
+    TLS_REFUSED = "tls_refused"
 
 
 @attrs.frozen

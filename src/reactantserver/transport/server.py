@@ -80,6 +80,7 @@ from grpclib.metadata import Deadline, decode_metadata
 from reactantserver.status import INTERNAL_MESSAGE, StatusCode
 
 from . import h2events
+from .auth import Authorizer
 from .compression import Inflater
 from .faultlog import FaultLog
 from .framing import Refusal, RequestHead, request_head
@@ -87,6 +88,8 @@ from .h2guard import ConnectionTable, GuardedProtocol
 from .limits import Fault, WireCounters, WireLimits, WireStatistics
 from .reclaim import ReclaimPolicy, release_memory
 from .streaming import StreamAdmission, StreamCall, StreamHandler
+
+from .tls import ServerTls
 from .unary import (
     ACCEPTING_ANSWER_HEADERS,
     ANSWER_HEADERS,
@@ -115,6 +118,8 @@ class Admission:
     metadata: Any
     #: grpclib's deadline (``time.monotonic`` based), fixed when the headers arrived.
     deadline: Deadline | None
+    #: Whose shared-memory regions the call may use (:mod:`.auth`, rule 4).
+    owner: str = ""
 
     @property
     def unary_request(self) -> bool:
@@ -151,6 +156,7 @@ class ServerStream:
         self.metadata = admitted.metadata
         self.deadline = admitted.deadline
         self.peer = guard.peer
+        self.owner = admitted.owner
         self.path = admitted.head.path
         #: The call's ``grpc-encoding`` (messages flagged compressed are inflated), and
         #: the initial headers of its answer (they say what is accepted when it has one).
@@ -315,6 +321,9 @@ class _Calls:
     def __init__(self, server: GuardedServer) -> None:
         self._server = server
         self._loop = asyncio.get_running_loop()
+        #: The connection (set once it is made): who the client is (:mod:`.auth`).
+        self.guard: GuardedProtocol | None = None
+        self._closed = False
         self._tasks: dict[int, asyncio.Task[None]] = {}
         #: The calls of stream methods (:mod:`.streaming`: no task), by stream id.
         self._streams: dict[int, StreamCall] = {}
@@ -345,24 +354,33 @@ class _Calls:
                 self._last_headers, self._last_head = headers, head
         if isinstance(head, Refusal):
             return head
-        handler = self._server.mapping.get(head.path)
+        server = self._server
+        handler = server.mapping.get(head.path)
         if handler is None:
             return Refusal(
                 StatusCode.UNIMPLEMENTED,
                 f"method {head.path!r} is not served here",
                 Fault.UNKNOWN_METHOD,
             )
+        assert self.guard is not None
+        if server.authorizer is None:
+            owner = self.guard.identity.owner
+        else:  # the call's own headers decide (the cache above holds a passed decision)
+            verdict = server.authorizer.decide(head.path, headers, self.guard.identity)
+            if isinstance(verdict, Refusal):
+                return verdict
+            owner = verdict
         if isinstance(handler, DirectHandler):
             if head.timeout is not None:
                 # Its deadline in loop time: the clock its handler's timers use.
-                return DirectAdmission(handler, head, now + head.timeout)
-            admission = DirectAdmission(handler, head, None)
+                return DirectAdmission(handler, head, now + head.timeout, owner)
+            admission = DirectAdmission(handler, head, None, owner)
             if headers is self._last_headers:
                 self._last_admission = admission
             return admission
         if isinstance(handler, StreamHandler):
             return StreamAdmission(
-                handler, head, None if head.timeout is None else now + head.timeout
+                handler, head, None if head.timeout is None else now + head.timeout, owner
             )
         try:
             metadata = decode_metadata(headers)
@@ -373,7 +391,7 @@ class _Calls:
                 Fault.BAD_REQUEST,
             )
         deadline = None if head.timeout is None else Deadline.from_timeout(head.timeout)
-        return Admission(handler, head, metadata, deadline)
+        return Admission(handler, head, metadata, deadline, owner)
 
     def accept(
         self,
@@ -443,6 +461,13 @@ class _Calls:
         self._tasks.clear()
         for stream in list(self._streams.values()):
             stream.close()
+        closed = self._server.on_closed
+        if closed is not None and not self._closed and self.guard is not None:
+            self._closed = True
+            try:
+                closed(self.guard.identity.connection)
+            except Exception:
+                log.exception("cleaning up after the connection from %s failed", self._peer)
 
     # ---------------------------------------------------------------- one call
 
@@ -508,8 +533,18 @@ class GuardedServer:
         limits: WireLimits,
         counters: WireCounters | None = None,
         faults: FaultLog | None = None,
+        tls: ServerTls | None = None,
+        authorizer: Authorizer | None = None,
+        on_closed: Callable[[str], None] | None = None,
     ) -> None:
         self.mapping = dict(mapping)
+        #: TLS on the listener (None: cleartext h2c).
+        self.tls = tls
+        #: Restricted groups and the trusted gateway (None: every group open).
+        self.authorizer = authorizer
+        #: Called with a connection's owner (``conn:<id>``) once it closed: what belonged
+        #: to that connection alone (its shared-memory regions) goes with it.
+        self.on_closed = on_closed
         self.codec = codec
         self.limits = limits
         self.counters = counters if counters is not None else WireCounters()
@@ -527,12 +562,24 @@ class GuardedServer:
         return self.counters.statistics()
 
     def _protocol(self) -> GuardedProtocol:
-        return GuardedProtocol(self.table, _Calls(self))
+        calls = _Calls(self)
+        calls.guard = protocol = GuardedProtocol(self.table, calls)
+        return protocol
 
     async def start(self, sock: socket.socket) -> None:
-        """Serve on the listening socket ``sock`` (the server owns it from now on)."""
+        """Serve on the listening socket ``sock`` (the server owns it from now on); with
+        TLS, each handshake gets the current certificate (:mod:`.tls`) and must finish
+        within the handshake timeout."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._protocol, sock=sock)
+        if self.tls is None:
+            self._server = await loop.create_server(self._protocol, sock=sock)
+        else:
+            self._server = await loop.create_server(
+                self._protocol,
+                sock=sock,
+                ssl=self.tls.listener_context(),
+                ssl_handshake_timeout=self.limits.handshake_timeout,
+            )
         self._tick()
 
     def _tick(self) -> None:

@@ -113,6 +113,8 @@ class RequestCall(Protocol):
     received_at: float
     #: Set by the handler: runs once if the request is cancelled before it is answered.
     on_cancel: Callable[[], None] | None
+    #: Who the call is (:mod:`.auth`): whose shared-memory regions it may name.
+    owner: str
 
     @property
     def peer(self) -> str: ...
@@ -149,6 +151,8 @@ class StreamAdmission:
     head: RequestHead
     #: Loop time by which the whole call must end (None: no deadline).
     deadline: float | None
+    #: Who the call is (:mod:`.auth`): every request of the stream is its.
+    owner: str = ""
 
     @property
     def unary_request(self) -> bool:
@@ -160,7 +164,7 @@ class StreamedRequest:
     docstring); its handler answers it like a unary call."""
 
     __slots__ = ("_answer", "_done", "_message", "_stream", "deadline", "on_cancel",
-                 "received_at", "size")  # fmt: skip
+                 "owner", "received_at", "size")  # fmt: skip
 
     def __init__(self, stream: StreamCall, message: bytes | memoryview, size: int) -> None:
         self._stream: StreamCall | None = stream
@@ -169,6 +173,7 @@ class StreamedRequest:
         #: Its bytes on the wire (prefix included): what it counts against the bound.
         self.size = size
         self.deadline = stream.deadline
+        self.owner = stream.owner
         self.received_at = stream.read_at
         self.on_cancel: Callable[[], None] | None = None
         #: The answer, framed as the stream's response message, until it is written.
@@ -264,6 +269,7 @@ class StreamCall:
         self.handler = admitted.handler
         self.head = admitted.head
         self.deadline = admitted.deadline
+        self.owner = admitted.owner
         self.peer = guard.peer
         self._max_requests = limits.stream_requests
         self._max_bytes = limits.stream_bytes

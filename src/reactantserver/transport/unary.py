@@ -101,6 +101,8 @@ class DirectAdmission:
     head: RequestHead
     #: Loop time by which the call must be answered (None: the client set no deadline).
     deadline: float | None
+    #: Whose shared-memory regions the call may use (:mod:`.auth`, rule 4).
+    owner: str = ""
 
     @property
     def unary_request(self) -> bool:
@@ -186,7 +188,7 @@ class UnaryCall:
     """One direct call, from its complete request to its answer (module docstring)."""
 
     __slots__ = ("_calls", "_chunks", "_done", "_handler", "_pending", "deadline", "head",
-                 "on_cancel", "received_at", "stream_id")  # fmt: skip
+                 "on_cancel", "owner", "received_at", "stream_id")  # fmt: skip
 
     def __init__(self, calls: DirectCalls, stream_id: int, admitted: DirectAdmission) -> None:
         self._calls = calls
@@ -197,6 +199,8 @@ class UnaryCall:
         self.head = admitted.head
         #: Loop time by which the call must be answered (None: no deadline).
         self.deadline = admitted.deadline
+        #: Whose shared-memory regions the call may use (:mod:`.auth`).
+        self.owner = admitted.owner
         #: Loop time of the read that completed the request (set when it is handed over).
         self.received_at = 0.0
         #: Set by the handler: runs once if the call is cancelled before it is answered.

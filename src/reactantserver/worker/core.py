@@ -231,7 +231,10 @@ class Worker:
         self.service = Service(
             self,
             max_concurrent_requests=config.endpoints.max_concurrent_requests,
-            registry=SharedMemoryRegistry(max_regions=config.endpoints.max_shm_regions),
+            registry=SharedMemoryRegistry(
+                max_regions=config.endpoints.max_shm_regions,
+                prefix=config.endpoints.shm_key_prefix,
+            ),
         )
         #: The gRPC wire layer's counters (connections, client errors), for /metrics.
         self.wire = WireCounters()
