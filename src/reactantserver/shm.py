@@ -368,9 +368,10 @@ class SharedMemoryRegistry:
         """``owner``'s connection closed: its regions go (:class:`.GuardedServer` ``on_closed``)."""
         self.unregister("", owner)
 
-    def owners(self) -> set[str]:
-        """Who has regions registered (for tests and statistics)."""
-        return {owner for owner, _ in self._regions}
+    def held(self) -> list[tuple[str, RegionInfo]]:
+        """Every registered region with its owner (what an operator's tooling, or a test,
+        reads on the server itself; no RPC answers this)."""
+        return [(owner, region.info) for (owner, _), region in self._regions.items()]
 
     def status(self, name: str = "", owner: str = "") -> list[RegionInfo]:
         if not name:
