@@ -290,3 +290,25 @@ def test_a_gateway_from_the_environment_serves_mutual_tls(tmp_path: Path) -> Non
     }
     gateway = Gateway(load_gateway(None, env), env)
     assert gateway.security.tls is not None and gateway.security.tls.mutual
+
+
+def test_the_triton_flag_takes_its_key_from_a_file_or_a_variable(tmp_path: Path) -> None:
+    from reactantserver.config.certs import SecretError, parse_restricted, with_restrictions
+    from reactantserver.config.schema import Restriction
+
+    key = tmp_path / "admin.key"
+    key.write_text("k\n")
+    assert parse_restricted(f"model-repository,control:admin-key=file:{key}") == Restriction(
+        groups=("model-repository", "control"), header="admin-key", key_file=str(key)
+    )
+    assert parse_restricted("statistics:stats-key=env:STATS").key_env == "STATS"
+    with pytest.raises(SecretError, match="shows in every process listing"):
+        parse_restricted("control:admin-key=hunter2")  # Triton's literal form
+    with pytest.raises(SecretError, match="got 'repository'"):
+        parse_restricted("repository:admin-key=env:K")
+    existing = (Restriction(groups=("control",), header="a", key_env="K"),)
+    with pytest.raises(SecretError, match="control is also in item 0"):
+        with_restrictions(existing, ["control:b=env:K"], {"K": "x"})
+    with pytest.raises(SecretError, match="unset or empty"):
+        with_restrictions((), ["control:b=env:MISSING"], {})
+    assert len(with_restrictions(existing, ["trace:b=env:K"], {"K": "x"})) == 2

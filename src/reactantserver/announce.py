@@ -25,8 +25,9 @@ import logging
 import os
 import shlex
 import shutil
+import ssl
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TextIO
 
 import attrs
@@ -142,8 +143,10 @@ def ready_block(
     startup: Startup,
     ready: bool,
     example: tuple[ModelMetadata, str] | None,
+    tls: bool = False,
 ) -> str:
-    """The block printed once the worker is ready (see the module doc)."""
+    """The block printed once the worker is ready (see the module doc); with ``tls`` the
+    commands say how to reach a TLS listener (docs/security.md)."""
     rule = "-" * 78
     models = f"{len(startup.ready)} model{'s' if len(startup.ready) != 1 else ''}"
     head = f"reactantserver is {'ready' if ready else 'up, but not ready'}: {models}"
@@ -162,8 +165,9 @@ def ready_block(
     )
     lines.append("Try:")
     grpcurl = _program("grpcurl")
-    lines.append(f"  {grpcurl} -plaintext {grpc} inference.GRPCInferenceService/RepositoryIndex")
-    if example is not None:
+    wire = "-cacert CA.pem -cert CLIENT.pem -key CLIENT.key" if tls else "-plaintext"
+    lines.append(f"  {grpcurl} {wire} {grpc} inference.GRPCInferenceService/RepositoryIndex")
+    if example is not None and not tls:
         meta, call = example
         script = (
             "from reactantserver.client import Client; "
@@ -184,12 +188,16 @@ async def announce(
     *,
     out: TextIO | None = None,
     poll: float = 0.25,
+    tls: ssl.SSLContext | None = None,
+    metadata: Mapping[str, str] | None = None,
 ) -> None:
-    """Log startup progress until the worker is ready (or settled), then print the block."""
+    """Log startup progress until the worker is ready (or settled), then print the block.
+    ``tls`` and ``metadata``: how to reach a worker that serves TLS or restricts groups
+    (:func:`reactantserver.transport.security.own_client`)."""
     address = connect_host(host)
     grpc = f"{address}:{grpc_port}"
     metrics = f"{address}:{metrics_port}" if metrics_port else None
-    async with AsyncClient(grpc, timeout=10) as client:
+    async with AsyncClient(grpc, timeout=10, tls=tls, metadata=metadata) as client:
         shown = ""
         settled = 0
         while True:
@@ -213,7 +221,12 @@ async def announce(
             except RequestError:
                 continue  # unloaded meanwhile: show another
     block = ready_block(
-        grpc=grpc, metrics=metrics, startup=startup, ready=ready, example=pick_example(metas)
+        grpc=grpc,
+        metrics=metrics,
+        startup=startup,
+        ready=ready,
+        example=pick_example(metas),
+        tls=tls is not None,
     )
     stream = out if out is not None else sys.stdout
     print(block, file=stream, flush=True)

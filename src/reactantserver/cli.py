@@ -14,6 +14,7 @@ never imports JAX.
         by its keys and printed as the gateway it configures.
 
     reactantserver serve FILE [--worker NAME] [--log-level LEVEL] [--announce]
+                         [--grpc-restricted-protocol GROUPS:HEADER=file:PATH|env:VAR]
         Run one worker of a node file: load and compile its model repository, serve the
         KServe V2 gRPC API (and /healthz, /readyz, /metrics when a metrics port is set)
         until SIGINT or SIGTERM, then refuse new calls, answer the calls in flight and
@@ -23,7 +24,7 @@ never imports JAX.
         ``--log-level debug`` adds the traceback. ``--announce`` reports startup progress
         and ends it with where to reach the worker and three commands to try.
 
-    reactantserver gateway [FILE] [--log-level LEVEL]
+    reactantserver gateway [FILE] [--log-level LEVEL] [--grpc-restricted-protocol ...]
         Run a gateway (docs/gateway.md): one KServe V2 endpoint in front of the workers a
         gateway.yml lists (or REACTANT_GATEWAY_* alone), routing each request to a worker
         serving its model; SIGINT/SIGTERM drain it and exit 0. Exits 1 when no worker has
@@ -66,7 +67,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
 
@@ -331,6 +332,7 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         choices=["debug", "info", "warning", "error"],
         help="log verbosity (default: info); debug also shows the traceback of a failure",
     )
+    _add_restricted_flag(parser, "endpoints.restricted")
     parser.add_argument(
         "--announce",
         action="store_true",
@@ -353,6 +355,13 @@ def _run_serve(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
     )
     config = load_server_config(args.file, worker=args.worker)
+    if args.restricted:
+        import attrs
+
+        restricted = _restricted(config.endpoints.restricted, args.restricted)
+        config = attrs.evolve(
+            config, endpoints=attrs.evolve(config.endpoints, restricted=restricted)
+        )
     taken = startup.listen_problems(config)
     if taken:
         for line in taken:
@@ -379,6 +388,32 @@ def _run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_restricted_flag(parser: argparse.ArgumentParser, key: str) -> None:
+    parser.add_argument(
+        "--grpc-restricted-protocol",
+        dest="restricted",
+        action="append",
+        default=[],
+        metavar="GROUPS:HEADER=file:PATH|env:VAR",
+        help=(
+            "restrict API groups (comma-separated: inference, health, metadata, "
+            "model-repository, model-config, shared-memory, statistics, trace, logging, "
+            f"control, placement) to callers sending HEADER with the key; added to {key} "
+            "(docs/security.md); repeatable"
+        ),
+    )
+
+
+def _restricted(restricted: Any, flags: list[str]) -> Any:
+    """The configuration's restrictions and the flags', or a ConfigError saying why not."""
+    from .config.certs import SecretError, with_restrictions
+
+    try:
+        return with_restrictions(restricted, flags, os.environ)
+    except SecretError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def _add_gateway(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "gateway",
@@ -397,6 +432,7 @@ def _add_gateway(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         choices=["debug", "info", "warning", "error"],
         help="log verbosity (default: gateway.yml's logging.level)",
     )
+    _add_restricted_flag(parser, "restricted")
     parser.set_defaults(run=_run_gateway)
 
 
@@ -408,6 +444,10 @@ def _run_gateway(args: argparse.Namespace) -> int:
     from .gateway.app import configure_logging, listen_problems, run
 
     config = load_gateway(args.file)
+    if args.restricted:
+        import attrs
+
+        config = attrs.evolve(config, restricted=_restricted(config.restricted, args.restricted))
     configure_logging(config.logging, args.log_level)
     taken = listen_problems(config)
     if taken:
@@ -486,8 +526,17 @@ async def _serve(config: ServerConfig, announce: bool) -> None:
             from .announce import announce as tell
 
             async def presenter() -> None:
+                from .transport.security import own_client
+
                 try:
-                    await tell(address.host, address.grpc_port, address.metrics_port)
+                    tls, keys = own_client(config.endpoints, os.environ)
+                    await tell(
+                        address.host,
+                        address.grpc_port,
+                        address.metrics_port,
+                        tls=tls,
+                        metadata=keys,
+                    )
                 except Exception as exc:  # a courtesy: it never takes the worker down
                     logging.getLogger("reactantserver.serve").warning(
                         "could not announce the worker (%s); it keeps serving", exc

@@ -188,3 +188,57 @@ def gateway_file_problems(
 def anchor(path: str, base: str) -> str:
     """A relative path of a file written in directory ``base`` means "next to the file"."""
     return path if not path or os.path.isabs(path) else os.path.normpath(os.path.join(base, path))
+
+
+# --- --grpc-restricted-protocol ---------------------------------------------------------------
+
+#: The flag, as Triton spells it.
+RESTRICTED_FLAG = "--grpc-restricted-protocol"
+
+
+def parse_restricted(text: str) -> Restriction:
+    """``<group>[,<group>...]:<header>=file:<path>`` or ``...=env:<VAR>``: Triton's
+    ``--grpc-restricted-protocol`` with the key read from a file or a variable (a key
+    written on the command line is in every ``ps`` listing, so it is refused)."""
+    from .rules import api_group, header_name  # the rules of the YAML form
+
+    groups_text, sep, rest = text.partition(":")
+    header, eq, source = rest.partition("=")
+    if not sep or not eq:
+        raise SecretError(
+            f"{RESTRICTED_FLAG}={show(text)}: expected <group>[,<group>...]:<header>="
+            "file:<path> or ...=env:<VARIABLE>"
+        )
+    groups = tuple(g.strip() for g in groups_text.split(",") if g.strip())
+    problems = [p for p in (*(api_group(g) for g in groups), header_name(header)) if p]
+    if not groups:
+        problems.append("expected at least one group")
+    if not header:
+        problems.append("expected a header name")
+    kind, colon, where = source.partition(":")
+    if not colon or kind not in ("file", "env") or not where:
+        problems.append(
+            "expected the key as file:<path> or env:<VARIABLE> (a key written on the "
+            "command line shows in every process listing)"
+        )
+    if problems:
+        raise SecretError(f"{RESTRICTED_FLAG}={show(text)}: " + "; ".join(problems))
+    if kind == "file":
+        return Restriction(groups=groups, header=header, key_file=os.path.abspath(where))
+    return Restriction(groups=groups, header=header, key_env=where)
+
+
+def with_restrictions(
+    restricted: tuple[Restriction, ...], flags: list[str], env: Mapping[str, str]
+) -> tuple[Restriction, ...]:
+    """``restricted`` with the flags' restrictions added, each group restricted once and
+    every key readable; :class:`SecretError` says what is wrong."""
+    from .rules import restriction_problems
+
+    added = tuple(parse_restricted(flag) for flag in flags)
+    combined = restricted + added
+    for path, message in restriction_problems(combined, (), mtls=True):
+        raise SecretError(f"{RESTRICTED_FLAG}: restriction {path[0] if path else ''}: {message}")
+    for entry in added:
+        read_secret(entry.key_file, entry.key_env, env)
+    return combined

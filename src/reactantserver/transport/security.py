@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import ssl
 from collections.abc import Mapping, Sequence
 
 import attrs
 
 from reactantserver.config.certs import read_secret
-from reactantserver.config.schema import GatewayTrust, Restriction, TlsConfig
+from reactantserver.config.schema import EndpointsConfig, GatewayTrust, Restriction, TlsConfig
 
 from .auth import STATE_CHANGING, Authorizer, Rule, Trust
 from .tls import ServerTls
@@ -118,3 +119,25 @@ def describe_security(security: ListenerSecurity) -> str:
     if authorizer is not None and authorizer.trust is not None:
         groups += "; a gateway is trusted"
     return f"{wire}, {groups}"
+
+
+def own_client(
+    endpoints: EndpointsConfig, env: Mapping[str, str]
+) -> tuple[ssl.SSLContext | None, dict[str, str]]:
+    """How the worker's own start-up report (``--announce``) reaches its listener: TLS
+    without verifying the certificate (it connects to itself, on this machine), its own
+    certificate as the client's under mutual TLS, and every restricted group's key."""
+    tls = None
+    if endpoints.tls.cert_file:
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        tls.check_hostname = False
+        tls.verify_mode = ssl.CERT_NONE
+        tls.set_alpn_protocols(["h2"])
+        if endpoints.tls.client_ca_file:
+            tls.load_cert_chain(endpoints.tls.cert_file, endpoints.tls.key_file)
+    keys = {
+        entry.header: read_secret(entry.key_file, entry.key_env, env)
+        for entry in endpoints.restricted
+        if entry.header
+    }
+    return tls, keys
