@@ -29,6 +29,7 @@ from ruamel.yaml import YAML
 
 from reactantserver.config import load_gateway, load_node, resolve_worker
 from reactantserver.node.plan import plan_node
+from reactantserver.config.schema import API_GROUPS
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ROOT / "deploy" / "kubernetes" / "base"
@@ -80,7 +81,15 @@ def test_the_dockerfile_runs_the_node_under_tini_as_a_user_with_a_healthcheck() 
     cfg = resolve_worker(node, "worker0", {})
     assert cfg.model_dirs == ("/var/lib/reactantserver/models",)
     assert cfg.cache_dir == "/var/cache/reactantserver"
-    assert cfg.endpoints.host == "0.0.0.0"
+    # Workers on loopback behind the node's gateway; one worker alone is the node's public
+    # endpoint and binds the gateway's address (0.0.0.0:8001) instead.
+    assert cfg.endpoints.host == "127.0.0.1"
+    env = {"REACTANT_GPUS": "2"}
+    two = plan_node(node, env, runtime_dir="/run/rs", cpus=[0, 1], nvidia_smi=lambda e: None)
+    assert [c.grpc for c in two.children] == ["0.0.0.0:8001", "127.0.0.1:8080", "127.0.0.1:8081"]
+    one = plan_node(node, {"REACTANT_GPUS": "1"}, runtime_dir="/run/rs", cpus=[0, 1],
+                    nvidia_smi=lambda e: None)  # fmt: skip
+    assert [c.grpc for c in one.children] == ["0.0.0.0:8001"]
 
 
 def compose_schema() -> dict[str, Any]:
@@ -148,8 +157,8 @@ def test_every_core_manifest_is_valid_kubernetes(version: str) -> None:
         kubernetes_validate.validate(doc, version, strict=True)
         kinds.append(doc["kind"])
     assert sorted(kinds) == [
-        "ConfigMap", "ConfigMap", "Deployment", "PersistentVolumeClaim", "Service", "Service",
-        "StatefulSet",
+        "ConfigMap", "ConfigMap", "Deployment", "NetworkPolicy", "PersistentVolumeClaim",
+        "Service", "Service", "StatefulSet",
     ]  # fmt: skip
 
 
@@ -204,15 +213,36 @@ def test_the_configs_in_the_configmaps_are_valid_and_agree_with_the_manifests() 
     """node.yaml plans role ``workers`` on the ports the pod declares; gateway.yml lists one
     endpoint per node pod of the StatefulSet, by its stable DNS name."""
     node = load_node(BASE / "node.yaml", {}, check_paths=False)
-    env = {"REACTANT_ROLE": "workers", "REACTANT_GPUS": "1"}
+    sts = by_kind()["StatefulSet"]
+    pod_env = {e["name"]: e for e in sts["spec"]["template"]["spec"]["containers"][0]["env"]}
+    # The workers listen on the pod's own IP, never 0.0.0.0, and want the Secret's keys.
+    host = pod_env["INFERENCE_SERVER_ENDPOINTS_HOST"]["valueFrom"]["fieldRef"]
+    assert host == {"fieldPath": "status.podIP"}
+    keys = {"REACTANT_KEY_GATEWAY": "g", "REACTANT_KEY_ADMIN": "a"}
+    assert {k for k in pod_env if k in keys} == set(keys)
+    env = {"REACTANT_ROLE": "workers", "REACTANT_GPUS": "1",
+           "INFERENCE_SERVER_ENDPOINTS_HOST": "10.1.2.3", **keys}  # fmt: skip
     plan = plan_node(node, env, runtime_dir="/run/reactantserver", cpus=[0, 1, 2, 3])
     (worker,) = plan.children
-    assert (worker.grpc, worker.metrics) == ("0.0.0.0:8080", "0.0.0.0:9100")
-    sts = by_kind()["StatefulSet"]
+    assert (worker.grpc, worker.metrics) == ("10.1.2.3:8080", "10.1.2.3:9100")
+    assert worker.config is not None
+    assert worker.config.endpoints.gateway.key_env == "REACTANT_KEY_GATEWAY"
+    restricted = {g for r in worker.config.endpoints.restricted for g in r.groups}
+    assert restricted == set(API_GROUPS) - {"health", "placement"}
     ports = {p["name"]: p["containerPort"] for p in sts["spec"]["template"]["spec"]["containers"][0]["ports"]}  # fmt: skip
     assert ports == {"grpc-worker0": 8080, "http-worker0": 9100}
 
-    gateway = load_gateway(BASE / "gateway.yml", {})
+    gateway = load_gateway(BASE / "gateway.yml", keys)
+    assert gateway.worker_client.key_env == "REACTANT_KEY_GATEWAY"
+    gateway_pod = by_kind()["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert set(keys) <= {e["name"] for e in gateway_pod["env"]}
+    policy = by_kind()["NetworkPolicy"]
+    (from_gateway, _) = policy["spec"]["ingress"]
+    assert (
+        from_gateway["from"][0]["podSelector"]["matchLabels"]
+        == (by_kind()["Deployment"]["spec"]["selector"]["matchLabels"])
+    )
+    assert from_gateway["ports"][0]["port"] == 8080
     name, service, replicas = (
         sts["metadata"]["name"], sts["spec"]["serviceName"], sts["spec"]["replicas"]
     )  # fmt: skip

@@ -309,9 +309,10 @@ def test_one_worker_binds_the_public_ports_and_no_gateway_runs(tmp_path: Path) -
 def test_public_ports_follow_the_gateways_listen_setting(tmp_path: Path) -> None:
     path = node_file(tmp_path, CPU)
     p = plan(path, {"REACTANT_GATEWAY_LISTEN_GRPC": "0.0.0.0:7001"})
-    assert p.children[0].grpc == "127.0.0.1:7001"
-    assert p.children[0].metrics == "127.0.0.1:8002"
-    (tmp_path / "gateway.yml").write_text("listen:\n  grpc: 0.0.0.0:6001\n  metrics: 0.0.0.0:0\n")
+    # The sole worker is the node's public endpoint: the gateway's host and ports.
+    assert p.children[0].grpc == "0.0.0.0:7001"
+    assert p.children[0].metrics == "0.0.0.0:8002"
+    (tmp_path / "gateway.yml").write_text("listen:\n  grpc: 127.0.0.1:6001\n  metrics: 0.0.0.0:0\n")
     p = plan(path)  # a gateway.yml beside the node file is the node's gateway configuration
     assert (p.children[0].grpc, p.children[0].metrics) == ("127.0.0.1:6001", "")
     assert p.notes == (f"gateway settings from {tmp_path / 'gateway.yml'}",)

@@ -19,8 +19,9 @@ supervisor carries out and ``reactantserver config`` prints. Nothing is started 
 4. **Ports.** Worker *i* serves ``base_port + i`` / ``metrics_base_port + i``. A node's
    public addresses are its gateway's ``listen.grpc`` / ``listen.metrics`` (the node's
    ``gateway:`` block or a gateway.yml, default 8001 / 8002): with role ``all`` and one
-   worker, no gateway runs and that worker binds the public ports itself (on its own
-   ``endpoints.host``); with two or more, the gateway binds them. Ports must not collide.
+   worker, no gateway runs and that worker binds the public addresses itself (the
+   gateway's host and ports); with two or more, the gateway binds them and the workers
+   listen on their own ``endpoints.host`` (loopback, by default) behind it. Ports must not collide.
 5. **Files** (``files``). The node file as the children run it (``node.yaml``: workers listed, paths
    absolute, device assignment in a header comment) and, when a gateway runs, its
    effective ``gateway.yml`` (``resolve_gateway``: endpoints = the workers,
@@ -214,13 +215,13 @@ def _worker_children(
     assignment: Sequence[str | None],
     env: Mapping[str, str],
     cpus: Sequence[int],
-    public: tuple[int, int] | None,
+    public: tuple[int, int, str] | None,
     command: tuple[str, str, str],
     *,
     fronted: bool = False,
 ) -> list[ChildPlan]:
     """One child per worker of ``node`` (the node as the children read it); ``public`` is
-    the (gRPC, metrics) port pair a sole public worker binds; ``fronted``: the node's
+    the (gRPC port, metrics port, host) a sole public worker binds; ``fronted``: the node's
     gateway runs in front of them."""
     python, node_path, log_level = command
     names = worker_names(node)
@@ -237,6 +238,9 @@ def _worker_children(
             "PYTHONUNBUFFERED": "1",
         }
         if public is not None:
+            # The node's public address is its gateway's, host included: the workers'
+            # endpoints.host is where they listen behind a gateway (loopback).
+            child_env["INFERENCE_SERVER_ENDPOINTS_HOST"] = public[2]
             child_env["INFERENCE_SERVER_ENDPOINTS_PORT"] = str(public[0])
             child_env["INFERENCE_SERVER_ENDPOINTS_METRICS_PORT"] = str(public[1])
         elif fronted and not _trusts_a_gateway(resolve_worker(node, name, env)):
@@ -345,6 +349,7 @@ def plan_node(
             public = (
                 split_address(gateway.listen.grpc)[1],
                 split_address(gateway.listen.metrics)[1],
+                split_address(gateway.listen.grpc)[0],
             )
         children = _worker_children(
             children_node,
