@@ -28,8 +28,8 @@ import yaml
 from ruamel.yaml import YAML
 
 from reactantserver.config import load_gateway, load_node, resolve_worker
-from reactantserver.node.plan import plan_node
 from reactantserver.config.schema import API_GROUPS
+from reactantserver.node.plan import plan_node
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ROOT / "deploy" / "kubernetes" / "base"
