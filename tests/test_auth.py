@@ -4,6 +4,7 @@ configuration of TLS, restrictions and keys (``config/rules.py``, ``config/certs
 from __future__ import annotations
 
 import asyncio
+import re
 import textwrap
 from pathlib import Path
 
@@ -312,3 +313,21 @@ def test_the_triton_flag_takes_its_key_from_a_file_or_a_variable(tmp_path: Path)
     with pytest.raises(SecretError, match="unset or empty"):
         with_restrictions((), ["control:b=env:MISSING"], {})
     assert len(with_restrictions(existing, ["trace:b=env:K"], {"K": "x"})) == 2
+
+
+def test_the_pages_group_table_is_the_map() -> None:
+    """docs/security.md's table of groups lists every RPC of each group, as the map has it."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "security.md").read_text()
+    table = page.split("| group | RPCs |", 1)[1].split("\n\n", 1)[0]
+    rows = dict(re.findall(r"^\| `([a-z-]+)` \| (.+?) \|$", table, flags=re.M))
+    assert set(rows) == set(API_GROUPS)
+    for group, listed in rows.items():
+        names = set()
+        for item in re.sub(r"\s*\(.*?\)", "", listed).split(", "):
+            head, _, tail = item.strip().partition("{")
+            if tail:  # SystemSharedMemory{Status,Register,Unregister}
+                names.update(head + part for part in tail.rstrip("}").split(","))
+            else:
+                names.add(head)
+        expected = {rpc for rpcs in GROUPS.values() for rpc, g in rpcs.items() if g == group}
+        assert names == expected, group

@@ -431,3 +431,23 @@ def test_expected_models_set_for_the_gateway_are_kept(tmp_path: Path) -> None:
     _bundle(tmp_path / "models", "double")
     p = plan(path)
     assert p.gateway is not None and p.gateway.expected_models == ("only",)
+
+
+def test_the_written_node_file_keeps_the_key_and_certificate_files_it_meant(
+    tmp_path: Path,
+) -> None:
+    """Files named relative to the node file still name them from the runtime directory
+    (a worker that could not read its key would not start: docs/security.md's example)."""
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "admin.key").write_text("k\n")
+    path = node_file(
+        tmp_path,
+        CPU + "workers:\n  - {name: a}\n  - {name: b}\nglobal:\n  endpoints:\n"
+        "    restricted: [{groups: [control], header: admin-key, key_file: secrets/admin.key}]\n",
+    )
+    p = plan(path)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "node.yaml").write_text(p.files["/run/rs/node.yaml"])
+    cfg = resolve_worker(load_node(out / "node.yaml", {}), "a", {})
+    assert cfg.endpoints.restricted[0].key_file == str(tmp_path / "secrets" / "admin.key")

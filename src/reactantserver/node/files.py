@@ -2,8 +2,8 @@
 
 ``materialized_node`` is the node file as the workers run it: every worker listed by
 name, ``gpus:`` their count, no worker's ``gpu:`` (each child sees one device, at ordinal
-0), ``model_repo`` and ``cache_dir`` made absolute (the file lives elsewhere than the
-original), no ``gateway:`` block (the gateway has its own file), and a header naming each
+0), ``model_repo``, ``cache_dir`` and the certificate and key files made absolute (the
+file lives elsewhere than the original), no ``gateway:`` block (the gateway has its own file), and a header naming each
 worker's device. ``gateway_document`` is the embedded gateway's effective configuration.
 """
 
@@ -26,6 +26,15 @@ def _anchored_settings(settings: Settings, base: str) -> dict[str, object]:
     assert isinstance(plain, dict)
     if isinstance(plain.get("cache_dir"), str):
         plain["cache_dir"] = _anchor(plain["cache_dir"], base)
+    endpoints = plain.get("endpoints")
+    if isinstance(endpoints, dict):  # certificates and key files, as the node file meant
+        blocks = [endpoints.get("tls"), endpoints.get("gateway"), *endpoints.get("restricted", ())]
+        for block in blocks:
+            if not isinstance(block, dict):
+                continue
+            for key, value in block.items():
+                if key.endswith("_file") and isinstance(value, str):
+                    block[key] = _anchor(value, base)
     return plain
 
 

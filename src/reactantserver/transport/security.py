@@ -92,8 +92,8 @@ def is_loopback(host: str) -> bool:
 def open_warning(host: str, security: ListenerSecurity, where: str) -> str | None:
     """What a listener on ``host`` leaves open to the network, as one warning line, with
     how to close it; None on loopback or when nothing is left open."""
-    if is_loopback(host):
-        return None
+    if is_loopback(host) or (security.tls is not None and security.tls.mutual):
+        return None  # (under mutual TLS only the operator's CA's clients get in)
     restricted = security.authorizer.restricted if security.authorizer is not None else frozenset()
     open_groups = [g for g in STATE_CHANGING if g not in restricted]
     if not open_groups:
