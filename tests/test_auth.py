@@ -331,3 +331,32 @@ def test_the_pages_group_table_is_the_map() -> None:
                 names.add(head)
         expected = {rpc for rpcs in GROUPS.values() for rpc, g in rpcs.items() if g == group}
         assert names == expected, group
+
+
+def test_a_nodes_gateway_must_speak_tls_to_workers_that_serve_it(tmp_path: Path) -> None:
+    """Workers serving TLS (and asking for client certificates) behind the node's own
+    gateway: its worker_client.tls must say how to verify them and what to present."""
+    from reactantserver.config import resolve_gateway
+
+    pki = make_pki(tmp_path / "pki", clients=("gateway",))
+    (tmp_path / "models").mkdir()
+    tls = (
+        f"    tls: {{cert_file: {pki.server.cert}, key_file: {pki.server.key}, "
+        f"client_ca_file: {pki.ca_file}}}\n"
+    )
+    base = "model_repo: models\ngpus: 0\nworkers: [{name: a}, {name: b}]\nglobal:\n  endpoints:\n"
+    path = tmp_path / "node.yaml"
+    path.write_text(base + tls)
+    with pytest.raises(ConfigError, match=r"worker_client.tls.ca_file: expected the CA"):
+        resolve_gateway(load_node(path, {}), {})
+    gw = pki.client("gateway")
+    path.write_text(
+        base + tls + f"gateway:\n  worker_client:\n    tls: {{ca_file: {pki.ca_file}}}\n"
+    )
+    with pytest.raises(ConfigError, match=r"worker_client.tls.cert_file: expected a client cert"):
+        resolve_gateway(load_node(path, {}), {})
+    path.write_text(
+        base + tls + "gateway:\n  worker_client:\n    tls: "
+        f"{{ca_file: {pki.ca_file}, cert_file: {gw.cert}, key_file: {gw.key}}}\n"
+    )
+    assert resolve_gateway(load_node(path, {}), {}).worker_client.tls.cert_file == str(gw.cert)

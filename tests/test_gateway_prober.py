@@ -227,7 +227,9 @@ def test_an_unregister_during_a_replay_leaves_no_region_behind() -> None:
         registrations = Registrations()
         for name in ("in", "out"):
             registrations.registered(
-                name, bytes(pb.SystemSharedMemoryRegisterRequest(name=name, key="/k", byte_size=4))
+                "",
+                name,
+                bytes(pb.SystemSharedMemoryRegisterRequest(name=name, key="/k", byte_size=4)),
             )
         fleet = types.SimpleNamespace(answering=lambda: (worker,), ready=lambda: (True, ""))
         fanout = FanOut(

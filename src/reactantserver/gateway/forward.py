@@ -106,6 +106,11 @@ class Gateway(Protocol):
         """A call's deadline when its client set none (seconds)."""
         ...
 
+    def region_owner(self, owner: str) -> str:
+        """The owner to name to the worker for a call of ``owner`` ("" when it has no
+        shared-memory region through the gateway: :meth:`.proxy.Proxy.region_owner`)."""
+        ...
+
     @property
     def refresh(self) -> Callable[[float], Awaitable[None]]:
         """Refresh the route table now (single-flight), by the deadline given."""
@@ -228,7 +233,7 @@ class Forward:
                 self._deadline,
                 self._on_reply,
                 tell=self._call.deadline is not None,
-                owner=self._call.owner,
+                owner=self._proxy.region_owner(self._call.owner),
             )
         except ChannelError as exc:
             self._on_reply(exc)
@@ -253,7 +258,7 @@ class Forward:
                 self._deadline,
                 self._on_reply,
                 tell=self._call.deadline is not None,
-                owner=self._call.owner,
+                owner=self._proxy.region_owner(self._call.owner),
             )
         except ChannelError as exc:
             self._on_reply(exc)
@@ -274,7 +279,7 @@ class Forward:
                 self._deadline,
                 self._on_reply,
                 tell=self._call.deadline is not None,
-                owner=self._call.owner,
+                owner=self._proxy.region_owner(self._call.owner),
                 holding=holding,
             )
         except ChannelError as exc:

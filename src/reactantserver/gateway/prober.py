@@ -55,6 +55,7 @@ with :func:`~reactantserver.transport.guest.aio`, once per round.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
@@ -156,22 +157,27 @@ class Registrations:
     def __init__(self) -> None:
         #: (owner, region name) -> the registration request as the client sent it.
         self.regions: dict[tuple[str, str], bytes] = {}
+        #: owner -> how many of those are its (read per forwarded ModelInfer: O(1)).
+        self._owned: collections.Counter[str] = collections.Counter()
         self.replayed: dict[str, int] = {}
         self.lock = asyncio.Lock()
 
     def registered(self, owner: str, name: str, request: bytes) -> None:
+        if (owner, name) not in self.regions:
+            self._owned[owner] += 1
         self.regions[(owner, name)] = request
 
     def unregistered(self, owner: str, name: str) -> None:
         """``owner``'s region ``name`` is gone (all of ``owner``'s for ``name=""``)."""
-        if name:
-            self.regions.pop((owner, name), None)
-        else:
-            for entry in [e for e in self.regions if e[0] == owner]:
-                del self.regions[entry]
+        entries = [(owner, name)] if name else [e for e in self.regions if e[0] == owner]
+        for entry in entries:
+            if self.regions.pop(entry, None) is not None:
+                self._owned[owner] -= 1
+                if not self._owned[owner]:
+                    del self._owned[owner]
 
     def owns(self, owner: str) -> bool:
-        return any(o == owner for o, _ in self.regions)
+        return owner in self._owned
 
 
 async def _call(client: WorkerClient, path: bytes, payload: bytes, deadline: float) -> Reply:

@@ -242,6 +242,14 @@ class Proxy:
     async def wait_idle(self) -> None:
         await self._idle.wait()
 
+    def region_owner(self, owner: str) -> str:
+        """Who a forwarded ModelInfer is made for, as the worker is told: its client, when
+        that client has regions registered through the gateway; else nobody ("": the
+        gateway's own namespace, which holds no region), so that the header block of a
+        call that cannot name a region stays the same for every client (the worker's
+        decoder and its admission then recognise it, not judge it again per call)."""
+        return owner if self.registrations.owns(owner) else ""
+
     def connection_closed(self, owner: str) -> None:
         """A client connection closed (:class:`~reactantserver.transport.server.GuardedServer`
         ``on_closed``): the shared-memory regions that were that connection's go from the
