@@ -80,7 +80,7 @@ from grpclib.metadata import Deadline, decode_metadata
 from reactantserver.status import INTERNAL_MESSAGE, StatusCode
 
 from . import h2events
-from .auth import Authorizer
+from .auth import Authorizer, Peer
 from .compression import Inflater
 from .faultlog import FaultLog
 from .framing import Refusal, RequestHead, request_head
@@ -323,6 +323,8 @@ class _Calls:
         self._loop = asyncio.get_running_loop()
         #: The connection (set once it is made): who the client is (:mod:`.auth`).
         self.guard: GuardedProtocol | None = None
+        #: Who a sink without a connection (a test's) judges calls as.
+        self._identity = Peer()
         self._closed = False
         self._tasks: dict[int, asyncio.Task[None]] = {}
         #: The calls of stream methods (:mod:`.streaming`: no task), by stream id.
@@ -362,11 +364,11 @@ class _Calls:
                 f"method {head.path!r} is not served here",
                 Fault.UNKNOWN_METHOD,
             )
-        assert self.guard is not None
+        identity = self.guard.identity if self.guard is not None else self._identity
         if server.authorizer is None:
-            owner = self.guard.identity.owner
+            owner = identity.owner
         else:  # the call's own headers decide (the cache above holds a passed decision)
-            verdict = server.authorizer.decide(head.path, headers, self.guard.identity)
+            verdict = server.authorizer.decide(head.path, headers, identity)
             if isinstance(verdict, Refusal):
                 return verdict
             owner = verdict
