@@ -71,7 +71,6 @@ from ..transport.security import (
 )
 from ..transport.server import GuardedServer, ServerStream
 from ..transport.streaming import StreamHandler
-
 from ..transport.tls import ClientTls
 from ..transport.unary import DirectHandler
 from .calls import Raw, RawCodec

@@ -88,7 +88,6 @@ from .h2guard import ConnectionTable, GuardedProtocol
 from .limits import Fault, WireCounters, WireLimits, WireStatistics
 from .reclaim import ReclaimPolicy, release_memory
 from .streaming import StreamAdmission, StreamCall, StreamHandler
-
 from .tls import ServerTls
 from .unary import (
     ACCEPTING_ANSWER_HEADERS,
