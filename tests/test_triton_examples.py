@@ -35,7 +35,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as tshm
 from conftest import EXAMPLES, load_file
-from gateway_harness import running_gateway
+from gateway_harness import PAIRED, PAIRED_KEY_ENV, running_gateway
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 from worker_harness import free_port, running_worker, worker_config
@@ -44,6 +44,7 @@ from reactantserver.client import Client
 from reactantserver.config.schema import (
     GatewayConfig,
     GatewayGrpcConfig,
+    GatewayTrust,
     ListenConfig,
     LoggingConfig,
 )
@@ -53,6 +54,11 @@ STANDINS = ("simple", "simple_int8", "simple_string", "simple_identity")
 BATCH_SIZES = (1, 16, 32)
 #: The message limit of both servers: small, so that a bomb is cheap to refuse.
 LIMIT = 4 * 1024 * 1024
+#: The shared-memory keys the servers here open (``endpoints.shm_key_prefix``): Triton's
+#: examples name theirs ``/input_simple`` and ``/output_simple``, outside the default
+#: ``/reactantserver-``; an operator running them sets a prefix that admits their keys,
+#: as these tests do for theirs (docs/protocol.md, "Triton's client examples").
+SHM_PREFIX = "/rs_triton_"
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +77,15 @@ class Fleet:
 
 @pytest.fixture(scope="module")
 def fleet(triton_repo: Path) -> Iterator[Fleet]:
-    config = worker_config(triton_repo, mode="explicit", metrics=False, max_message_bytes=LIMIT)
+    config = worker_config(
+        triton_repo,
+        mode="explicit",
+        metrics=False,
+        max_message_bytes=LIMIT,
+        shm_key_prefix=SHM_PREFIX,
+        # The gateway registers its clients' regions with a key its workers trust.
+        gateway=GatewayTrust(key_env=PAIRED_KEY_ENV),
+    )
     with running_worker(config) as address:
         worker = f"127.0.0.1:{address.grpc_port}"
         gateway_config = GatewayConfig(
@@ -81,6 +95,7 @@ def fleet(triton_repo: Path) -> Iterator[Fleet]:
             health_interval_seconds=1.0,
             logging=LoggingConfig(format="text"),
             grpc=GatewayGrpcConfig(max_recv_msg_bytes=LIMIT, max_send_msg_bytes=LIMIT),
+            worker_client=PAIRED,
         )
         with running_gateway(gateway_config) as gateway:
             yield Fleet(worker, gateway.grpc)
@@ -136,7 +151,7 @@ def test_shared_memory_after_the_reset(client: grpcclient.InferenceServerClient)
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
     b = np.ones((1, 16), dtype=np.int32)
     size = a.nbytes
-    key = f"/rs_triton_{free_port()}"
+    key = f"{SHM_PREFIX}{free_port()}"
     regions = tshm.create_shared_memory_region("in", key + "_in", 2 * size), None
     out = tshm.create_shared_memory_region("out", key + "_out", 2 * size)
     try:
@@ -187,7 +202,7 @@ def test_bytes_through_shared_memory(client: grpcclient.InferenceServerClient) -
     b = np.array([b"1"] * 16, dtype=object).reshape(1, 16)
     wire_a, wire_b = serialize_byte_tensor(a), serialize_byte_tensor(b)
     size_a, size_b = serialized_byte_size(wire_a), serialized_byte_size(wire_b)
-    key = f"/rs_triton_{free_port()}"
+    key = f"{SHM_PREFIX}{free_port()}"
     space = 1024
     inp = tshm.create_shared_memory_region("sin", key + "_in", space)
     out = tshm.create_shared_memory_region("sout", key + "_out", space)
