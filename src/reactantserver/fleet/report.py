@@ -145,7 +145,7 @@ class FleetReport:
         """Mean duration of one weight load in the window (NaN with none): what to compare
         with a live worker's ``worker_weight_load_seconds_total`` per load."""
         loads = sum(w.weight_loads for w in self.workers)
-        return sum(w.load_seconds for w in self.workers) / loads if loads else math.nan
+        return math.fsum(w.load_seconds for w in self.workers) / loads if loads else math.nan
 
     @property
     def loads_per_1000(self) -> float:
@@ -154,11 +154,11 @@ class FleetReport:
     @property
     def idle(self) -> float:
         """Mean device idle fraction over the workers."""
-        return sum(w.idle for w in self.workers) / len(self.workers) if self.workers else 0.0
+        return math.fsum(w.idle for w in self.workers) / len(self.workers) if self.workers else 0.0
 
     @property
     def mean_batch_rows(self) -> float:
-        rows = sum(w.mean_batch_rows * w.dispatches for w in self.workers)
+        rows = math.fsum(w.mean_batch_rows * w.dispatches for w in self.workers)
         dispatches = sum(w.dispatches for w in self.workers)
         return rows / dispatches if dispatches else 0.0
 

@@ -60,6 +60,8 @@ import attrs
 from reactantserver.config import GatewaySchedulingConfig, SchedulerConfig
 from reactantserver.config.schema import Discipline
 from reactantserver.errors import ResourceExhausted
+from reactantserver.floatmath import exp, expovariate, log
+from reactantserver.floatmath import pow as fpow
 from reactantserver.gateway.control import LptController
 from reactantserver.gateway.estimates import Trigger
 from reactantserver.gateway.packing import Placement
@@ -296,7 +298,7 @@ class FleetSimulation:
         if self.closed_loop is None:
             for name, model in sorted(self.models.items()):
                 if model.rate > 0:
-                    self.at(self.rng.expovariate(model.rate), self._poisson, name)
+                    self.at(expovariate(self.rng.random(), model.rate), self._poisson, name)
         else:
             for client in range(self.closed_loop.clients):
                 self.at(0.0, self._client, client)
@@ -311,7 +313,7 @@ class FleetSimulation:
     def _poisson(self, name: str) -> None:
         model = self.models[name]
         self._send(name, self.rng.choice(model.rows), None)
-        self.at(self.now + self.rng.expovariate(model.rate), self._poisson, name)
+        self.at(self.now + expovariate(self.rng.random(), model.rate), self._poisson, name)
 
     def _client(self, client: int) -> None:
         names = self._names
@@ -664,7 +666,7 @@ class FleetSimulation:
                 p50=percentile(self.latencies[name], 0.5),
                 p99=percentile(self.latencies[name], 0.99),
                 mean=(
-                    sum(self.latencies[name]) / len(self.latencies[name])
+                    math.fsum(self.latencies[name]) / len(self.latencies[name])
                     if self.latencies[name]
                     else math.nan
                 ),
@@ -756,12 +758,13 @@ def zipf_fleet_catalog(
     weight sizes drawn log-uniformly from the ranges, and per-size costs
     ``base x (1 + marginal x (size - 1))``."""
     rng = random.Random(seed)
-    weights = [rank**-zipf_s for rank in range(1, n + 1)]
-    total = sum(weights)
+    # floatmath, not math or **: the same catalog on every machine (floatmath's docstring).
+    weights = [fpow(rank, -zipf_s) for rank in range(1, n + 1)]
+    total = math.fsum(weights)
     out = []
     for i in range(n):
-        base = math.exp(rng.uniform(math.log(cost_range[0]), math.log(cost_range[1])))
-        nbytes = int(math.exp(rng.uniform(math.log(bytes_range[0]), math.log(bytes_range[1]))))
+        base = exp(rng.uniform(log(cost_range[0]), log(cost_range[1])))
+        nbytes = int(exp(rng.uniform(log(bytes_range[0]), log(bytes_range[1]))))
         out.append(
             FleetModel(
                 name=f"m{i:02d}",

@@ -33,11 +33,14 @@ placed again.)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Literal
 
 import attrs
+
+from reactantserver.floatmath import exp2
 
 from .table import ModelTotals
 
@@ -49,7 +52,9 @@ def ewma(old: float, sample: float, delta: float, halflife: float) -> float:
     """Move ``old`` towards ``sample`` by ``a = 1 - 2^(-delta / halflife)``."""
     if halflife <= 0:
         return sample
-    a = 1.0 - 2.0 ** (-max(0.0, delta) / halflife)
+    # floatmath's exp2, not ``2.0 **``: the same bits on every machine (the fleet
+    # simulator's tables must not depend on the C library).
+    a = 1.0 - exp2(-max(0.0, delta) / halflife)
     return (1.0 - a) * old + a * sample
 
 
@@ -122,7 +127,7 @@ class LoadEstimator:
                     )
         self._window = (now, fleet_compute, dict(arrivals), dict(totals))
         known = [self._cost[n] for n in names if n in self._cost]
-        fallback = sum(known) / len(known) if known else 0.0
+        fallback = math.fsum(known) / len(known) if known else 0.0
         self._estimates = MappingProxyType(
             {
                 n: Estimate(

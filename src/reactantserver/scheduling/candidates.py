@@ -14,6 +14,18 @@ The columns are a *cache* of per-model state owned by the policy, which rewrites
 model's slot whenever that model changed since the last decision (its queue, usage,
 weight or learned costs); a clean model's slot is never touched.
 
+**Usages on a common origin.** A usage is an EMA stored as ``(value, stamp)`` and
+decayed by ``2 ** (-(now - stamp) / halflife)`` when read. The table keeps, beside
+each, ``scaled = value * 2 ** ((stamp - origin) / halflife)``, computed once when the
+slot is written: every candidate's usage at ``now`` is then ``scaled`` times the one
+factor ``2 ** ((origin - now) / halflife)``, so a decision computes one power of two,
+not one per candidate. The power is ``floatmath.exp2``, the same bits on every
+machine: with numpy's ``np.exp2`` (whose kernel numpy picks by the CPU) the fair
+order, and every simulation table, came out different with and without AVX-512
+(floatmath's docstring). The origin moves forward (every slot rescaled from its
+``(value, stamp)``, once per ``REBASE_HALFLIVES`` half-lives) before the scale could
+overflow.
+
 Discipline keys (``select``; ties are broken by the older head, i.e. the smaller
 submission number, which is unique so no further tie-break is ever needed):
 
@@ -33,7 +45,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from reactantserver.floatmath import exp2
+
 Floats = npt.NDArray[np.float64]
+
+
+#: How far (in half-lives) a written stamp may be ahead of the origin before the origin
+#: moves: ``2 ** 256`` times a usage is far from overflowing.
+REBASE_HALFLIVES = 256.0
 
 
 class CandidateTable:
@@ -41,13 +60,19 @@ class CandidateTable:
 
     _INITIAL = 64
 
-    def __init__(self) -> None:
+    def __init__(self, halflife: float) -> None:
+        if not halflife > 0:
+            raise ValueError(f"a usage half-life must be > 0; got {halflife}")
+        self.halflife = halflife
+        #: The time the ``scaled`` column is relative to (see the module docstring).
+        self.origin = 0.0
         self.keys: list[Any] = []
         self._slot: dict[Any, int] = {}
         cap = self._INITIAL
         self.weight: Floats = np.zeros(cap)
         self.usage: Floats = np.zeros(cap)  # value at ``stamp``
         self.stamp: Floats = np.zeros(cap)
+        self.scaled: Floats = np.zeros(cap)  # value * 2 ** ((stamp - origin) / halflife)
         self.cost: Floats = np.ones(cap)
         self.deadline: Floats = np.full(cap, math.inf)
         self.head: npt.NDArray[np.int64] = np.zeros(cap, dtype=np.int64)
@@ -96,18 +121,22 @@ class CandidateTable:
         head: int,
     ) -> None:
         """Refresh every column of one slot."""
+        offset = (stamp - self.origin) / self.halflife
+        if offset > REBASE_HALFLIVES:
+            self._rebase(stamp)
+            offset = 0.0
         self.weight[slot] = weight
         self.usage[slot] = usage
         self.stamp[slot] = stamp
+        self.scaled[slot] = usage * exp2(offset) if usage else 0.0
         self.cost[slot] = cost
         self.deadline[slot] = deadline
         self.head[slot] = head
 
-    def decayed_usage(self, now: float, halflife: float) -> Floats:
-        """Every candidate's usage decayed to ``now``."""
-        n = len(self.keys)
-        age = np.maximum(now - self.stamp[:n], 0.0)
-        return self.usage[:n] * np.exp2(age / -halflife)
+    def decayed_usage(self, now: float) -> Floats:
+        """Every candidate's usage decayed to ``now`` (no later than its stamp, which the
+        policy's monotonic ``now`` guarantees)."""
+        return self.scaled[: len(self.keys)] * exp2((self.origin - now) / self.halflife)
 
     def fair_priorities(self, usage: Floats, cap: float) -> Floats:
         """The fair key of every candidate, given their decayed ``usage``."""
@@ -136,7 +165,6 @@ class CandidateTable:
         discipline: str,
         *,
         now: float,
-        halflife: float,
         cap: float,
         exclude: Any = None,
     ) -> tuple[int, Floats | None]:
@@ -149,7 +177,7 @@ class CandidateTable:
         n = len(self.keys)
         usage: Floats | None = None
         if discipline == "fair":
-            usage = self.decayed_usage(now, halflife)
+            usage = self.decayed_usage(now)
             # Negated so that every discipline is an argmin.
             key = -self.fair_priorities(usage, cap)
         elif discipline == "edf":
@@ -169,13 +197,31 @@ class CandidateTable:
         return best, usage
 
     def _columns(self) -> tuple[np.ndarray[Any, Any], ...]:
-        return (self.weight, self.usage, self.stamp, self.cost, self.deadline, self.head)
+        return (
+            self.weight,
+            self.usage,
+            self.stamp,
+            self.scaled,
+            self.cost,
+            self.deadline,
+            self.head,
+        )
+
+    def _rebase(self, origin: float) -> None:
+        """Move the origin to ``origin``: every slot's ``scaled`` again from its value and
+        stamp (O(candidates), once per ``REBASE_HALFLIVES`` half-lives at most)."""
+        self.origin = origin
+        for slot in range(len(self.keys)):
+            value = float(self.usage[slot])
+            offset = (float(self.stamp[slot]) - origin) / self.halflife
+            self.scaled[slot] = value * exp2(offset) if value else 0.0
 
     def _grow(self) -> None:
         size = 2 * self.weight.shape[0]
         self.weight = np.resize(self.weight, size)
         self.usage = np.resize(self.usage, size)
         self.stamp = np.resize(self.stamp, size)
+        self.scaled = np.resize(self.scaled, size)
         self.cost = np.resize(self.cost, size)
         self.deadline = np.resize(self.deadline, size)
         self.head = np.resize(self.head, size)

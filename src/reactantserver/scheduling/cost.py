@@ -28,13 +28,16 @@ coming back.)
 ``scheduler.ema_halflife_seconds``: stored as ``(value, stamp)`` and decayed lazily
 by ``2 ** (-(now - stamp) / halflife)`` whenever it is read or written, so idle
 models cost nothing. Because the decay is the same for every model, *ratios* of
-usages do not change while nobody runs; only dispatches move them.
+usages do not change while nobody runs; only dispatches move them. The power of two is
+``floatmath.exp2``, not ``math.exp2``: the same bits on every machine, so a simulation's
+table does not depend on the C library (floatmath's docstring).
 """
 
 from __future__ import annotations
 
 import bisect
-import math
+
+from reactantserver.floatmath import exp2
 
 #: Cost assumed for a model never measured (seconds).
 DEFAULT_COST = 0.01
@@ -46,7 +49,7 @@ def decayed(value: float, stamp: float, now: float, halflife: float) -> float:
     """``value`` recorded at ``stamp``, decayed to ``now`` with the given half-life."""
     if now <= stamp or value == 0.0:
         return value
-    return value * math.exp2(-(now - stamp) / halflife)
+    return value * exp2(-(now - stamp) / halflife)
 
 
 class CostTable:

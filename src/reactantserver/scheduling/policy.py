@@ -243,7 +243,7 @@ class SchedulingPolicy:
         self._halflife = config.ema_halflife_seconds
         self._cap = config.recency_penalty_cap
         self._models: dict[str, _Model] = {}
-        self._table = CandidateTable()
+        self._table = CandidateTable(self._halflife)
         self._dirty: set[_Model] = set()
         self._committed: list[tuple[int, Request]] = []
         #: (deadline, seq, request) of queued requests with a deadline (lazy deletion).
@@ -547,9 +547,7 @@ class SchedulingPolicy:
         if not self._table:
             return None
         self._refresh()
-        slot, _ = self._table.select(
-            self.discipline, now=now, halflife=self._halflife, cap=self._cap, exclude=running
-        )
+        slot, _ = self._table.select(self.discipline, now=now, cap=self._cap, exclude=running)
         return None if slot < 0 else self._table.keys[slot].name
 
     def close(self) -> tuple[Request, ...]:
@@ -601,7 +599,7 @@ class SchedulingPolicy:
         if not self._table:
             return {}
         self._refresh()
-        usage = self._table.decayed_usage(now, self._halflife)
+        usage = self._table.decayed_usage(now)
         values = self._table.fair_priorities(usage, self._cap)
         return {m.name: float(v) for m, v in zip(self._table.keys, values, strict=True)}
 
@@ -712,7 +710,7 @@ class SchedulingPolicy:
                 self._level = decayed(only.usage, only.stamp, now, self._halflife) / only.weight
                 self._level_stamp = now
             return only
-        slot, usage = table.select(self.discipline, now=now, halflife=self._halflife, cap=self._cap)
+        slot, usage = table.select(self.discipline, now=now, cap=self._cap)
         if usage is not None:
             self._level = table.service_level(usage)
             self._level_stamp = now

@@ -47,6 +47,8 @@ import trio.testing
 
 from reactantserver.config import SchedulerConfig
 from reactantserver.errors import DeadlineExceeded, ExecutionFailed, ResourceExhausted
+from reactantserver.floatmath import expovariate, log
+from reactantserver.floatmath import pow as fpow
 
 from .dispatch import Scheduler
 from .policy import SchedulingPolicy
@@ -188,14 +190,15 @@ def zipf_models(
     """
     rng = random.Random(seed)
     low, high = cost_range
-    exponent = math.log(high / low) / math.log(n) if n > 1 else 0.0
+    # floatmath, not math or **: the same workload on every machine (its docstring).
+    exponent = log(high / low) / log(n) if n > 1 else 0.0
     s = exponent if zipf_s is None else zipf_s
-    popularity = [rank**-s for rank in range(1, n + 1)]
+    popularity = [fpow(rank, -s) for rank in range(1, n + 1)]
     total = math.fsum(popularity)
     return [
         ModelSpec(
             name=f"m{i:02d}",
-            base_cost=low * (i + 1) ** exponent,
+            base_cost=low * fpow(i + 1, exponent),
             weight=rng.choice(list(weights)),
             batch_sizes=batch_sizes,
             marginal=marginal,
@@ -247,16 +250,19 @@ def offered_load(specs: Sequence[ModelSpec]) -> float:
 def poisson_arrivals(
     specs: Iterable[ModelSpec], duration: float, *, seed: int = 0
 ) -> list[tuple[float, str, int]]:
-    """``(time, model, rows)`` for every arrival in ``[0, duration)``, sorted by time."""
+    """``(time, model, rows)`` for every arrival in ``[0, duration)``, sorted by time.
+
+    The gaps are ``floatmath.expovariate``: ``random.expovariate``'s draws, with a
+    logarithm that gives the same bits on every machine."""
     rng = random.Random(seed)
     arrivals: list[tuple[float, str, int]] = []
     for spec in specs:
         if spec.rate <= 0:
             continue
-        t = rng.expovariate(spec.rate)
+        t = expovariate(rng.random(), spec.rate)
         while t < duration:
             arrivals.append((t, spec.name, rng.choice(spec.rows)))
-            t += rng.expovariate(spec.rate)
+            t += expovariate(rng.random(), spec.rate)
     arrivals.sort()
     return arrivals
 
