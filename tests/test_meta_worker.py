@@ -272,6 +272,16 @@ def test_chain_runs_both_stages(client: grpcclient.InferenceServerClient) -> Non
     assert {m: after[m] - before[m] for m in before} == {"stage_a": 1, "stage_b": 1, "chain": 1}
 
 
+def test_zero_rows_through_a_chain_run_no_stage(client: grpcclient.InferenceServerClient) -> None:
+    """A meta request is one request, not rows: its glue runs. Each sub-call of zero rows
+    is answered with zero rows at once, so no stage executes and the answer has zero
+    rows (before issue 42 each stage ran its padding row and the answer had one)."""
+    before = {m: executions(client, m) for m in ("stage_a", "stage_b")}
+    got = client.infer("chain", inputs(np.zeros((0, FEATURES), np.float32))).as_numpy("y")
+    assert got.shape == (0, FEATURES)
+    assert {m: executions(client, m) for m in before} == before
+
+
 def test_compute_only_meta(client: grpcclient.InferenceServerClient) -> None:
     np.testing.assert_array_equal(client.infer("plain_meta", inputs(X_IN)).as_numpy("y"), X_IN + 1)
 

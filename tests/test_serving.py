@@ -24,7 +24,7 @@ from conftest import inline
 from reactantserver.bundle.manifest import TensorSpec
 from reactantserver.config import SchedulerConfig
 from reactantserver.config.schema import ModelSchedConfig
-from reactantserver.errors import Unavailable
+from reactantserver.errors import InvalidArgument, Unavailable
 from reactantserver.lifecycle import ModelVersions
 from reactantserver.models import ServedModel
 from reactantserver.records import Answer
@@ -171,5 +171,92 @@ async def test_closing_fails_every_gated_request(autojump_clock: trio.testing.Mo
         assert rig.versions.outstanding(new) == 0
         with pytest.raises(Unavailable, match="shutting down"):
             rig.begin(3.0)  # closed: nothing more is admitted
+
+    await with_rig(body)
+
+
+#: One client output of every datatype (each [-1, 2], BYTES [-1]), behind hooks.
+EVERY_DATATYPE = [
+    TensorSpec(f"o_{d.lower()}", d, (-1,) if d == "BYTES" else (-1, 2))
+    for d in (
+        "BOOL",
+        "UINT8",
+        "UINT16",
+        "UINT32",
+        "UINT64",
+        "INT8",
+        "INT16",
+        "INT32",
+        "INT64",
+        "FP16",
+        "FP32",
+        "FP64",
+        "BF16",
+        "BYTES",
+    )
+]
+
+
+def _refuse(*_: Any) -> Any:
+    raise AssertionError("a hook ran for a request of zero rows")
+
+
+def hooked_version(outputs: Sequence[TensorSpec]) -> ServedModel:
+    served = version((1, 4), 1)
+    bundle = served.bundle
+    bundle.client_outputs = list(outputs)  # type: ignore[misc]
+    bundle.hooks = SimpleNamespace(preprocess=_refuse, postprocess=_refuse)  # type: ignore[misc]
+    return served
+
+
+async def test_a_request_of_zero_rows_is_answered_at_once_with_zero_rows_of_every_output(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Zero rows in, zero rows of every output out (its declared datatype), from begin
+    itself: no queue, no device, no hook, no served row. Before issue 42 the request was
+    queued as one row and answered with the padding row's result."""
+
+    async def body(rig: Rig) -> None:
+        rig.load(hooked_version(EVERY_DATATYPE))
+        answer = Answer(lambda: None)
+        x = np.zeros((0, 4), np.float32)
+        rig.serving.begin("m", {"x": x}, [], math.inf, answer)
+        assert answer.settled  # answered within begin
+        result = answer.result()
+        assert list(result) == [s.name for s in EVERY_DATATYPE]
+        for spec in EVERY_DATATYPE:
+            assert result[spec.name].shape == spec.with_batch(0), spec
+            assert result[spec.name].dtype == spec.numpy_dtype, spec
+        # Only what was asked for, when outputs are named.
+        named = Answer(lambda: None)
+        rig.serving.begin("m", {"x": x}, ["o_bytes", "o_bf16"], math.inf, named)
+        assert sorted(named.result()) == ["o_bf16", "o_bytes"]
+        await trio.testing.wait_all_tasks_blocked()
+        assert rig.executor.batches == []
+        stats = rig.scheduler.policy.statistics(trio.current_time())
+        assert (stats.requests, stats.rows, stats.dispatches) == (0, 0, 0)
+        assert rig.scheduler.admitted == 0
+        assert rig.versions.outstanding(rig.versions.current["m"]) == 0
+
+    await with_rig(body)
+
+
+async def test_zero_rows_of_an_output_with_a_variable_extent_are_refused(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """An output whose other extents only a run can tell: INVALID_ARGUMENT naming it,
+    and nothing queued."""
+
+    async def body(rig: Rig) -> None:
+        rig.load(hooked_version([Y, TensorSpec("tokens", "INT32", (-1, -1))]))
+        x = np.zeros((0, 4), np.float32)
+        with pytest.raises(InvalidArgument, match=r"output 'tokens' has shape \[-1, -1\]"):
+            rig.serving.begin("m", {"x": x}, [], math.inf, Answer(lambda: None))
+        # Asking only for the fixed one is answered.
+        answer = Answer(lambda: None)
+        rig.serving.begin("m", {"x": x}, ["y"], math.inf, answer)
+        assert answer.result()["y"].shape == (0, 4)
+        assert rig.scheduler.admitted == 0
+        assert rig.versions.outstanding(rig.versions.current["m"]) == 0
 
     await with_rig(body)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -44,13 +45,13 @@ GLIBC_OFF = "glibc.cpu.hwcaps=-AVX2,-FMA,-FMA4,-AVX512F"
 SIMULATIONS = {
     # docs/scheduling.md's partly idle mix under fair, shortened: the block that failed
     # (30 virtual seconds are enough for the old np.exp2 to change the table here).
-    "scheduling": (
+    "scheduling": shlex.split(
         "examples/simulate.py --load 0.8 --timeout 1 --discipline fair --rows 8 "
         "--duration 30 --warmup 5"
-    ).split(),
+    ),
     # docs/fleet.md's comparison, shortened: the catalog's log-uniform draws, the
     # arrivals and the packer's EWMAs (a guard: its printed table did not differ before).
-    "fleet": "examples/simulate_fleet.py --duration 15 --warmup 5 --modes lpt_packing".split(),
+    "fleet": shlex.split("examples/simulate_fleet.py --duration 15 --warmup 5 --modes lpt_packing"),
 }
 
 

@@ -22,6 +22,14 @@ steps, and no step needs a task of the request's own on the plain path:
      ``ctx.infer`` comes back to step 1 as a *committed* request). These run as tasks
      of this module's nursery.
 
+   * *answered at once*: a request of **zero rows** (a batched model, batch extent 0)
+     has nothing to compute: ``begin`` answers it with every output at zero rows
+     (``[0, ...]``, the declared datatype), without the scheduler, the device, the
+     hooks (a hook keeps the row count: zero in, zero out) or any served-row counter.
+     Where an output's non-batch extent is variable only a run would know it, so such a
+     request is refused (INVALID_ARGUMENT, saying to send a row). A meta model's
+     request is not rows: its glue runs, and a sub-call of zero rows is answered so.
+
    Refusals (NOT_FOUND, UNAVAILABLE, RESOURCE_EXHAUSTED for a full queue, ...) are
    raised by ``begin`` itself, with the version's admission undone.
 2. **wait**: the caller waits for its :class:`~reactantserver.records.Answer` (the
@@ -239,7 +247,9 @@ class Serving:
                         entry.rows = request_rows(inputs)
                     except ValueError as exc:
                         raise InvalidArgument(f"model {model!r}: {exc}") from None
-                if versions.gated(version):
+                if entry.rows == 0:
+                    self._end(entry, value=_no_rows(version, outputs))
+                elif versions.gated(version):
                     entry.stage = _Stage.GATED
                     self._gated.setdefault(version, {})[entry] = None
                 else:
@@ -264,7 +274,7 @@ class Serving:
             served.name,
             inputs,
             answer=partial(self._executed, entry),
-            rows=entry.rows or 1,
+            rows=entry.rows if entry.rows is not None else 1,
             deadline=None if math.isinf(entry.deadline) else entry.deadline,
             group=served,
             committed=entry.committed,
@@ -423,3 +433,17 @@ class Serving:
             raise
         result: Mapping[str, Any] = answer.result()
         return result
+
+
+def _no_rows(version: ServedModel, requested: Sequence[str]) -> dict[str, np.ndarray]:
+    """The answer to a request of zero rows: each requested output (all when none is
+    named) at zero rows, or the refusal when an output's other extents are variable."""
+    outputs = [s for s in version.outputs if not requested or s.name in requested]
+    for spec in outputs:
+        if any(d < 0 for d in spec.shape[1:]):
+            raise InvalidArgument(
+                f"model {version.name!r}: a request of zero rows cannot be answered without "
+                f"running the model: output {spec.name!r} has shape {list(spec.shape)}, and "
+                "only a run says its variable extents; send at least one row"
+            )
+    return {s.name: np.empty(s.with_batch(0), dtype=s.numpy_dtype) for s in outputs}
