@@ -601,7 +601,16 @@ class GuardedServer:
             self._ticker = loop.call_later(self._tick_seconds, self._tick)
 
     def goaway(self) -> None:
-        """GOAWAY on every connection (each closes itself shortly after)."""
+        """Stop listening, then GOAWAY on every connection (each closes itself shortly
+        after, or as soon as its client closes its side).
+
+        Listening stops first: a client that reads the GOAWAY reconnects for its next
+        call, and a connection accepted now would be cut by ``close`` with that call on
+        it (a reset call, issue 42); refused, the client's call fails to connect, never
+        started.
+        """
+        if self._server is not None:
+            self._server.close()
         self.table.goaway()
 
     def close(self) -> None:
