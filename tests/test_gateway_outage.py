@@ -113,8 +113,9 @@ def test_every_worker_killed_after_serving_is_unavailable_not_not_found(tmp_path
                 "model 'double': no worker serving it is ready (0 of 2 workers ready); retry "
                 "when one is back",
             )
+        # A name never seen, too: no worker is ready to say it is absent (issue 42).
         status, message = refused(address, "doubel")
-        assert status == "NOT_FOUND" and message.endswith("did you mean 'double'?")
+        assert status == "UNAVAILABLE" and message.endswith("did you mean 'double'?")
     finally:
         assert gw.terminate() == 0
 
@@ -132,17 +133,26 @@ def test_workers_down_before_the_gateway_started(tmp_path: Path) -> None:
         assert "gateway started: waiting for 2 workers; mode round_robin" in gw.text()
         status, message = refused(address, "double")
         assert status == "UNAVAILABLE" and "(0 of 2 workers ready)" in message
-        assert refused(address, "echos")[0] == "NOT_FOUND"
-        # Health agrees: an expected model is known but not serving (a probe waits), an
-        # unknown name is NOT_FOUND, and the gateway itself is not ready yet.
+        # Every worker down before the gateway started: not even a name never seen is
+        # NOT_FOUND (issue 43's "also found through the gateway"; issue 42 item 4).
+        assert refused(address, "echos") == (
+            "UNAVAILABLE",
+            "model 'echos': no worker behind this gateway is ready (0 of 2) to say whether "
+            "it serves it; retry when one is back; did you mean 'echo'?",
+        )
+        # Health agrees: an expected model is known but not serving (a probe waits), so is
+        # a name nobody can judge yet, and the gateway itself is not ready yet.
         serving = health.HealthCheckResponseServingStatus
         assert health_of(address, "double") == serving.NOT_SERVING
-        assert health_of(address, "echos") == "NOT_FOUND"
+        assert health_of(address, "echos") == serving.NOT_SERVING
         assert health_of(address, "") == serving.NOT_SERVING
         with fake_workers(2, ports=ports):
             wait_until(lambda: "gateway ready: " in gw.text(), what="the ready line")
             wait_until(lambda: answers(address, "double"), what="double served")
             assert health_of(address, "double") == serving.SERVING
+            # Workers ready to say so: a name never seen is NOT_FOUND now.
+            assert refused(address, "echos")[0] == "NOT_FOUND"
+            assert health_of(address, "echos") == "NOT_FOUND"
         text = gw.text()
         start = text.split("gateway ready:")[0]
         assert " WARNING " not in start and " ERROR " not in start, start

@@ -523,13 +523,17 @@ def test_a_model_seen_before_every_worker_went_down_is_unavailable() -> None:
         "model 'double': no worker serving it is ready (0 of 2 workers ready); retry when "
         "one is back"
     )
-    # Still a name never seen is NOT_FOUND, with the closest known name.
+    # A name never seen is UNAVAILABLE too: with no worker ready nobody can say it is
+    # absent (issue 42); the closest known name is a hint.
     unknown = refusal(down, "doubel", 2)
-    assert isinstance(unknown, NotFound)
+    assert isinstance(unknown, Unavailable)
     assert str(unknown) == (
-        "model 'doubel' is not served by any worker behind this gateway (0 of 2 workers "
-        "ready); did you mean 'double'?"
+        "model 'doubel': no worker behind this gateway is ready (0 of 2) to say whether it "
+        "serves it; retry when one is back; did you mean 'double'?"
     )
+    # One worker back, and ready to say so: NOT_FOUND.
+    one_up = build_table(down, _serving({"w0": ("double",)}) + _down("w1"))
+    assert isinstance(refusal(one_up, "doubel", 2), NotFound)
 
 
 def test_an_expected_model_is_unavailable_before_any_worker_answered() -> None:
@@ -539,8 +543,10 @@ def test_an_expected_model_is_unavailable_before_any_worker_answered() -> None:
     table = build_table(first, _down("w0", "w1"))
     assert isinstance(refusal(table, "iris", 2), Unavailable)
     assert "(0 of 2 workers ready)" in str(refusal(table, "iris", 2))
+    # Not even a name never seen is NOT_FOUND before a worker answered (issue 42: it was).
     unknown = refusal(table, "irsi", 2)
-    assert isinstance(unknown, NotFound) and str(unknown).endswith("did you mean 'iris'?")
+    assert isinstance(unknown, Unavailable) and str(unknown).endswith("did you mean 'iris'?")
+    assert isinstance(refusal(RouteTable(), "anything", 2), Unavailable)
 
 
 def test_a_model_listed_but_ready_nowhere_is_unavailable_naming_the_workers() -> None:
@@ -582,9 +588,9 @@ def test_refusal_follows_the_rule(
 ) -> None:
     """Over any sequence of probe rounds (a worker absent, or ready listing some models):
     the known models only grow and hold every model ever listed and every expected one; a
-    model some worker lists, or a known one while some worker is not ready, is
-    UNAVAILABLE; NOT_FOUND otherwise -- in particular for every name never listed nor
-    expected."""
+    model some worker lists, a known one while some worker is not ready, or any name while
+    no worker is ready, is UNAVAILABLE; NOT_FOUND otherwise -- in particular for every
+    name never listed nor expected while a worker is ready to say so."""
     table = RouteTable(known=expected)
     listed: set[str] = set()
     for round_ in rounds:
@@ -604,5 +610,5 @@ def test_refusal_follows_the_rule(
     refused = refusal(table, model, 3)
     lists = any(model in w.models for w in table.workers.values())
     away = len(table.ready_workers) < 3
-    retry = lists or (model in table.known and away)
+    retry = lists or (model in table.known and away) or not table.ready_workers
     assert isinstance(refused, Unavailable if retry else NotFound)

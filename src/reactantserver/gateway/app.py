@@ -212,13 +212,14 @@ class Gateway:
     def health_status(self, service: str) -> bool | None:
         """grpc.health.v1: "" is the gateway (a worker is ready); a model serves when a ready
         worker serves it, is known but not serving when a worker lists it, listed it since
-        the start or it is expected (``RouteTable.known``), else unknown."""
+        the start or it is expected (``RouteTable.known``), or when no worker is ready to
+        say (``routing.refusal``'s rule: UNAVAILABLE, not NOT_FOUND), else unknown."""
         if not service:
             return self.readiness()[0]
         table = self.router.table
         if table.serves(service):
             return True
-        if service in table.known:  # holds every model a worker lists
+        if service in table.known or not table.ready_workers:  # known: what a worker lists
             return False
         return None
 

@@ -69,7 +69,11 @@ names that are really not here:
   workers ready)". A restart of every worker is a pause for its clients, not an error;
 * known, but every worker is ready and none lists it: it was unloaded or removed,
   NOT_FOUND ("no longer served");
-* never seen nor expected: NOT_FOUND, with the closest known names (``did you mean``).
+* never seen nor expected, and no worker ready at all: UNAVAILABLE. With nobody to ask,
+  nobody can say the name is absent (every worker down before the gateway started, or all
+  of them restarting): the closest known names are a hint, not a verdict;
+* never seen nor expected, with a worker ready to say so: NOT_FOUND, with the closest
+  known names (``did you mean``).
 
 Invariants (``tests/test_gateway_routing.py``): each ticket is released exactly once (a
 second release is a ``LifecycleError``); in-flight counts never go negative and return to
@@ -550,6 +554,11 @@ def refusal(table: RouteTable, model: str, workers: int) -> NotFound | Unavailab
         return NotFound(
             f"model {model!r} is no longer served behind this gateway (all {workers} workers "
             "are ready and none lists it: it was unloaded or removed)"
+        )
+    if ready == 0:
+        return Unavailable(
+            f"model {model!r}: no worker behind this gateway is ready (0 of {workers}) to say "
+            f"whether it serves it; retry when one is back{did_you_mean(model, table.known)}"
         )
     return NotFound(
         f"model {model!r} is not served by any worker behind this gateway ({ready} of "
