@@ -99,6 +99,54 @@ def test_gateway_of_a_node(node_file: str, capsys: pytest.CaptureFixture[str]) -
     assert doc["worker_names"] == ["worker0", "worker1"]
 
 
+GATEWAY_BESIDE = """\
+listen: {grpc: "127.0.0.1:7001", metrics: "127.0.0.1:7002"}
+health_interval_seconds: 2.0
+logging: {format: text}
+worker_client: {request_timeout_seconds: 30}
+scheduling: {mode: least_outstanding}
+"""
+
+
+def test_gateway_of_a_node_reads_the_gateway_yml_beside_it_as_node_does(
+    node_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 42: the command printed defaults and ignored the gateway.yml beside the node
+    file, which ``reactantserver node`` runs (5 keys differed). Now it prints exactly the
+    gateway the node's plan writes."""
+    from reactantserver.node.run import make_plan
+
+    Path("gateway.yml").write_text(GATEWAY_BESIDE)
+    assert main(["config", node_file, "--gateway"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# gateway of node.yaml, settings from ")
+    (doc,) = documents(out)
+    plan = make_plan(node_file, {}, runtime_dir="run")
+    assert plan.gateway is not None
+    assert doc == YAML(typ="safe").load(dump_config(plan.gateway))
+    assert doc["listen"] == {"grpc": "127.0.0.1:7001", "metrics": "127.0.0.1:7002"}
+    assert doc["health_interval_seconds"] == 2.0
+    assert doc["scheduling"]["mode"] == "least_outstanding"  # type: ignore[index]
+    # The node restarts its workers: its gateway waits for them rather than exiting.
+    assert doc["wedge_exit_rounds"] == 0
+
+
+def test_a_node_gateway_exits_when_wedged_only_if_its_node_runs_no_workers(
+    node_file: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With REACTANT_ROLE=gateway the workers are someone else's: the wedge exit stays."""
+    monkeypatch.setenv("REACTANT_ROLE", "gateway")
+    assert main(["config", node_file, "--gateway"]) == 0
+    (doc,) = documents(capsys.readouterr().out)
+    assert doc["wedge_exit_rounds"] == 3
+    # And an explicit value is kept under role all.
+    monkeypatch.delenv("REACTANT_ROLE")
+    Path("gateway.yml").write_text("wedge_exit_rounds: 5\n")
+    assert main(["config", node_file, "--gateway"]) == 0
+    (doc,) = documents(capsys.readouterr().out)
+    assert doc["wedge_exit_rounds"] == 5
+
+
 def test_a_gateway_yml_is_recognised(capsys: pytest.CaptureFixture[str]) -> None:
     path = str(FIXTURES / "seed_multinode.gateway.yml")
     assert main(["config", path]) == 0

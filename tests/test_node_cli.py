@@ -492,3 +492,48 @@ def test_the_container_healthcheck_passes_only_on_a_200_readyz(tmp_path: Path) -
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.slow
+def test_the_public_port_stays_up_while_both_workers_restart(
+    double_repo: Path, tmp_path: Path
+) -> None:
+    """Issue 42: both workers of a node killed, the embedded gateway wedge-exited (no
+    answer for wedge_exit_rounds x health_interval_seconds) while its supervisor was
+    already restarting them, and the public port was gone for ~19 s. Now the node's
+    gateway waits for the workers its supervisor restarts: the public port keeps
+    accepting connections, calls are UNAVAILABLE (retryable) until a worker is back, then
+    answered, and the gateway is the one that started. With a 0.2 s probe interval the
+    old default would have exited 0.6 s after the kill."""
+    path, ports = node_yaml(tmp_path, double_repo, extra="  health_interval_seconds: 0.2\n")
+    public = f"127.0.0.1:{ports['grpc']}"
+    with running_node(path, tmp_path, REACTANT_CPU_WORKERS="2") as node:
+        gateway = node.pid("gateway")
+        workers = [node.pid("worker0"), node.pid("worker1")]
+        wait_ready(public, node)
+        np.testing.assert_array_equal(infer(public), 2 * X)
+        for pid in workers:
+            os.kill(pid, signal.SIGKILL)
+        node.wait_for(r"worker[01] killed by SIGKILL", count=2)
+        seen: Counter[str] = Counter()
+        deadline = time.monotonic() + 120
+        while True:
+            with socket.create_connection(("127.0.0.1", ports["grpc"]), timeout=10):
+                pass  # the public port accepts: never "connection refused"
+            try:
+                np.testing.assert_array_equal(infer(public), 2 * X)
+                break
+            except InferenceServerException as exc:
+                assert str(exc.status()) == "StatusCode.UNAVAILABLE", exc
+                seen[exc.message() or ""] += 1
+            assert time.monotonic() < deadline, node.text()
+            time.sleep(0.1)
+        assert seen, "no call found both workers away"
+        assert any("no worker serving it is ready" in m for m in seen), seen
+        node.wait_for(r"started worker0 \(pid", count=2)
+        node.wait_for(r"started worker1 \(pid", count=2)
+        text = node.text()
+        assert alive(gateway) and text.count("started gateway") == 1, text
+        assert "exiting to be restarted" not in text
+        node.proc.send_signal(signal.SIGTERM)
+        assert node.proc.wait(60) == 0, node.text()

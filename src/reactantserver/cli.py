@@ -108,7 +108,6 @@ def _run_config(args: argparse.Namespace) -> int:
         dump_config,
         load_gateway,
         load_node,
-        resolve_gateway,
         resolve_worker,
         worker_names,
     )
@@ -125,7 +124,12 @@ def _run_config(args: argparse.Namespace) -> int:
     else:
         node = load_node(file)
         if args.gateway:
-            documents.append((f"gateway of {file}", dump_config(resolve_gateway(node))))
+            from .node.plan import node_gateway
+
+            # What ``reactantserver node`` runs: the gateway.yml beside the node file too.
+            gateway, beside = node_gateway(node, os.environ)
+            title = f"gateway of {file}" + (f", settings from {beside}" if beside else "")
+            documents.append((title, dump_config(gateway)))
         else:
             names = [args.worker] if args.worker is not None else list(worker_names(node))
             for name in names:

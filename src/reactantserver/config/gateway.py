@@ -191,8 +191,17 @@ def _worker_tls_problems(
     return []
 
 
-def resolve_gateway(node: NodeConfig, env: Mapping[str, str] | None = None) -> GatewayConfig:
-    """The configuration of the gateway embedded in front of ``node``'s workers."""
+def resolve_gateway(
+    node: NodeConfig, env: Mapping[str, str] | None = None, *, restarts_workers: bool = False
+) -> GatewayConfig:
+    """The configuration of the gateway embedded in front of ``node``'s workers.
+
+    ``restarts_workers``: the supervisor that runs this gateway runs (and restarts) the
+    workers too (``REACTANT_ROLE=all``). Then ``wedge_exit_rounds`` defaults to 0: with
+    every worker away the supervisor is already restarting them, and a gateway that exited
+    would take the node's public port with it while they come back (19 s of "connection
+    refused" in issue 42) instead of answering UNAVAILABLE.
+    """
     environment = environ(env)
     found: list[Problem] = []
     workers: list[tuple[ServerConfig, RawTree]] = []
@@ -254,6 +263,8 @@ def resolve_gateway(node: NodeConfig, env: Mapping[str, str] | None = None) -> G
             tree.set(("grpc", key), smallest, here)
     if not explicit(("startup_wait_seconds",)):
         tree.set(("startup_wait_seconds",), math.inf, here)
+    if restarts_workers and not explicit(("wedge_exit_rounds",)):
+        tree.set(("wedge_exit_rounds",), 0, here)
     if not explicit(("expected_models",)):
         tree.set(("expected_models",), list(assigned_models(node, configs)), here)
 

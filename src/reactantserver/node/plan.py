@@ -173,6 +173,15 @@ def split_address(address: str) -> tuple[str, int]:
 # --- the plan ------------------------------------------------------------------------------------
 
 
+def node_gateway(node: NodeConfig, env: Mapping[str, str]) -> tuple[GatewayConfig, str | None]:
+    """The gateway ``reactantserver node`` runs in front of ``node``'s workers under
+    ``env``'s role, and the gateway.yml it read (None: the node file's ``gateway:`` block
+    and the defaults). ``reactantserver config NODE --gateway`` prints this, so the two
+    agree (issue 42: the command printed defaults and ignored the gateway.yml beside)."""
+    gateway_env, file = _gateway_env(node, env)
+    return resolve_gateway(node, gateway_env, restarts_workers=read_role(env) == "all"), file
+
+
 def _gateway_env(node: NodeConfig, env: Mapping[str, str]) -> tuple[dict[str, str], str | None]:
     """The environment to resolve the embedded gateway with: a ``gateway.yml`` beside the
     node file is used when ``REACTANT_GATEWAY_FILE`` names none (the container mounts
@@ -362,7 +371,7 @@ def plan_node(
         )
         _check_ports(children, [], node)
     if runs_gateway:
-        gateway = resolve_gateway(grown, gateway_env)
+        gateway = resolve_gateway(grown, gateway_env, restarts_workers=role == "all")
         if role == "all":
             gateway = _with_node_key(gateway)
         if unknown_workers and _derived(grown, gateway):
