@@ -205,3 +205,55 @@ def test_console_script(node_file: str) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert documents(done.stdout)[0]["name"] == "worker0"
+
+
+GPU_ON_A_CPU_NODE = (
+    "node.yaml:2: gpus: expected 0 (a CPU node), since every worker runs runtime.backend: cpu; "
+    "got 1 device(s): 0 (for a GPU node set runtime.backend: cuda as well -- global: {runtime: "
+    "{backend: cuda}} or INFERENCE_SERVER_RUNTIME_BACKEND=cuda; for a CPU node, gpus: 0)\n"
+)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["config", "node.yaml"],
+        ["config", "node.yaml", "--worker", "worker0"],
+        ["config", "node.yaml", "--gateway"],
+        ["serve", "node.yaml"],
+        ["node", "node.yaml"],
+    ],
+    ids=" ".join,
+)
+def test_gpus_1_on_a_cpu_node_is_one_rule_said_the_same_way_by_every_command(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command: list[str],
+) -> None:
+    """The tutorial's "on a GPU machine, gpus: 1" with the default backend (cpu): before
+    issue 42 ``serve`` started on the CPU without a word, ``node`` refused, ``config``
+    printed the refusal as a comment and exited 0. Now each refuses with the same line,
+    saying what to change, exit 2, nothing started and nothing on stdout."""
+    monkeypatch.chdir(tmp_path)
+    Path("models").mkdir()
+    Path("node.yaml").write_text("model_repo: models\ngpus: 1\n")
+    assert main(command) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == GPU_ON_A_CPU_NODE
+
+
+def test_gpus_1_with_the_cuda_backend_is_a_gpu_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("models").mkdir()
+    Path("node.yaml").write_text(
+        "model_repo: models\ngpus: 1\nglobal: {runtime: {backend: cuda}}\n"
+    )
+    assert main(["config", "node.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(
+        "# node plan: role all; devices from gpus: 1: 0\n#   worker0  CUDA_VISIBLE_DEVICES=0"
+    )

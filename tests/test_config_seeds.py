@@ -222,7 +222,8 @@ def test_workers_list_ports_are_base_port_plus_index(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         resolve_worker(node, env={})
     assert str(err.value) == (
-        f"{path}:4: workers: expected a worker name to run, one of worker0, worker1; got none"
+        f"{path}:4: workers: expected a worker name to run, one of worker0, worker1; got none "
+        "(reactantserver serve --worker NAME, or REACTANT_WORKER_NAME=NAME)"
     )
 
 

@@ -252,6 +252,13 @@ def test_a_cpu_node_never_looks_at_gpus_and_runs_reactant_cpu_workers(tmp_path: 
     )
 
 
+#: What the refusal of devices on a CPU node says to change (node, serve, config alike).
+TO_FIX = (
+    " (for a GPU node set runtime.backend: cuda as well -- global: {runtime: {backend: cuda}} "
+    "or INFERENCE_SERVER_RUNTIME_BACKEND=cuda; for a CPU node, gpus: 0)"
+)
+
+
 @pytest.mark.parametrize(
     ("text", "env", "message"),
     [
@@ -259,13 +266,13 @@ def test_a_cpu_node_never_looks_at_gpus_and_runs_reactant_cpu_workers(tmp_path: 
             CPU,
             {"REACTANT_GPUS": "2"},
             "REACTANT_GPUS: expected 0 (a CPU node), since every worker runs runtime.backend: "
-            "cpu; got 2 device(s): 0, 1",
+            "cpu; got 2 device(s): 0, 1" + TO_FIX,
         ),
         (
             CPU + "gpus: [0]\n",
             {},
             "node.yaml:4: gpus: expected 0 (a CPU node), since every worker runs "
-            "runtime.backend: cpu; got 1 device(s): 0",
+            "runtime.backend: cpu; got 1 device(s): 0" + TO_FIX,
         ),
         (CPU, {"REACTANT_CPU_WORKERS": "0"}, "REACTANT_CPU_WORKERS: expected an integer >= 1; got 0"),
         (CPU, {"REACTANT_ROLE": "both"}, "REACTANT_ROLE: expected one of all, workers, gateway; got 'both'"),

@@ -72,7 +72,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import ConfigError
 
 if TYPE_CHECKING:
-    from .config import ServerConfig
+    from .config import NodeConfig, ServerConfig
 
 #: Status for a configuration or command-line error (argparse's own is 2 as well).
 EXIT_USAGE = 2
@@ -123,6 +123,7 @@ def _run_config(args: argparse.Namespace) -> int:
         documents.append((f"gateway configured by {file}", dump_config(load_gateway(file))))
     else:
         node = load_node(file)
+        _devices_rule(node)
         if args.gateway:
             from .node.plan import node_gateway
 
@@ -139,6 +140,17 @@ def _run_config(args: argparse.Namespace) -> int:
     head = _node_plan_comment(file) if plain else ""
     sys.stdout.write(head + "---\n".join(f"# {title}\n{text}" for title, text in documents))
     return 0
+
+
+def _devices_rule(node: NodeConfig) -> None:
+    """``gpus:`` against the workers' backends: the rule ``node``, ``serve`` and ``config``
+    share (``node.assign.check_devices_for_backends``), so a contradiction is the same line
+    and exit status 2 from each."""
+    from .config import resolve_worker, worker_names
+    from .node.assign import check_devices_for_backends
+
+    configs = [resolve_worker(node, name) for name in worker_names(node)]
+    check_devices_for_backends(node, configs, os.environ)
 
 
 def _node_plan_comment(file: str) -> str:
@@ -352,13 +364,15 @@ def _run_serve(args: argparse.Namespace) -> int:
     import logging
 
     from . import startup
-    from .config import load_server_config
+    from .config import load_node, resolve_worker
 
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
     )
-    config = load_server_config(args.file, worker=args.worker)
+    node = load_node(args.file)
+    config = resolve_worker(node, args.worker)
+    _devices_rule(node)
     if args.restricted:
         import attrs
 

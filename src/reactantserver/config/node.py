@@ -501,7 +501,11 @@ def resolve_worker(
         chosen = EnvOrigin(envmod.WORKER_NAME_VAR)
     if name is None:
         if len(names) != 1:
-            fail(where, f"expected a worker name to run, one of {', '.join(names)}; got none")
+            fail(
+                where,
+                f"expected a worker name to run, one of {', '.join(names)}; got none "
+                f"(reactantserver serve --worker NAME, or {envmod.WORKER_NAME_VAR}=NAME)",
+            )
         name = names[0]
     if name not in names:
         fail(chosen, f"expected one of {', '.join(names)}; got {show(name)}")

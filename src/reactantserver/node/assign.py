@@ -61,14 +61,7 @@ def decide_devices(
         )
         return found, notes
     if all(cfg.runtime.backend == "cpu" for cfg in configs):
-        said = devmod.detect(node.gpus, _gpus_origin(node), env, hardware=False)
-        if said.explicit and said.devices:
-            origin = EnvOrigin(devmod.GPUS_VAR) if devmod.GPUS_VAR in env else _gpus_origin(node)
-            fail(
-                origin,
-                "expected 0 (a CPU node), since every worker runs runtime.backend: cpu; "
-                f"got {len(said.devices)} device(s): {', '.join(said.devices)}",
-            )
+        check_devices_for_backends(node, configs, env)
         return Detection((), "runtime.backend: cpu", (), True), notes
     found = devmod.detect(
         node.gpus, _gpus_origin(node), env, nvidia_smi=nvidia_smi, dev_nodes=dev_nodes
@@ -89,6 +82,29 @@ def decide_devices(
         )
     notes.append(f"{found.source}: a CPU node; the cuda workers fall back to the CPU")
     return found, notes
+
+
+def check_devices_for_backends(
+    node: NodeConfig, configs: Sequence[ServerConfig], env: Mapping[str, str]
+) -> None:
+    """The one rule for ``gpus:`` against the workers' backends, which ``reactantserver
+    node``, ``serve`` and ``config`` all apply (so all three say the same line, exit 2):
+    devices named (``gpus: N`` or a list, or ``REACTANT_GPUS``) while every worker runs
+    ``runtime.backend: cpu`` is a contradiction, refused with what to change. (``serve``
+    started such a file on the CPU without a word, ``config`` printed the refusal as a
+    comment and exited 0, only ``node`` refused: issue 42.)"""
+    if not all(cfg.runtime.backend == "cpu" for cfg in configs):
+        return
+    said = devmod.detect(node.gpus, _gpus_origin(node), env, hardware=False)
+    if said.explicit and said.devices:
+        origin = EnvOrigin(devmod.GPUS_VAR) if devmod.GPUS_VAR in env else _gpus_origin(node)
+        fail(
+            origin,
+            "expected 0 (a CPU node), since every worker runs runtime.backend: cpu; "
+            f"got {len(said.devices)} device(s): {', '.join(said.devices)} (for a GPU node "
+            "set runtime.backend: cuda as well -- global: {runtime: {backend: cuda}} or "
+            "INFERENCE_SERVER_RUNTIME_BACKEND=cuda; for a CPU node, gpus: 0)",
+        )
 
 
 def _no_device(node: NodeConfig, cfg: ServerConfig, found: Detection) -> Exception:
