@@ -9,8 +9,11 @@ measured" and export no joules at all.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -220,6 +223,82 @@ def test_report_of_an_address_with_no_workers(capsys: pytest.CaptureFixture[str]
     assert cli_main(["report", f"127.0.0.1:{free_port()}", "--interval", "0.1"]) == 1
     assert "cannot read http://127.0.0.1:" in capsys.readouterr().err
     assert cli_main(["report", "x:1", "--interval", "0"]) == 2
+
+
+@pytest.mark.parametrize("which", ["worker", "gateway"])
+def test_report_takes_the_grpc_address_and_host_port_metrics(
+    fleet: Fleet, capsys: pytest.CaptureFixture[str], which: str
+) -> None:
+    """Issue 42: ``report 127.0.0.1:8001`` (the gRPC address, the one a user knows)
+    printed a 40-line BadStatusLine traceback. The server knows its admin address: the
+    report asks it (AdminEndpoint) and reads that; ``host:port/metrics`` works too."""
+    if which == "worker":
+        grpc, admin = f"127.0.0.1:{fleet.unmeasured.grpc_port}", fleet.unmeasured.metrics_port
+    else:
+        grpc = fleet.gateway.grpc
+        admin = int(fleet.gateway.metrics_url.rsplit(":", 1)[1])
+    assert cli_main(["report", grpc, "--interval", "0.1"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == (
+        f"{grpc} is a gRPC port; reading its admin listener, http://127.0.0.1:{admin}/metrics\n"
+    )
+    assert captured.out.startswith(f"reactantserver report 127.0.0.1:{admin}: ")
+    assert "double" in captured.out
+    for form in (f"127.0.0.1:{admin}/metrics", f"http://127.0.0.1:{admin}/metrics"):
+        assert cli_main(["report", form, "--interval", "0.1", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["models"][0]["model"] == "double"
+
+
+def test_report_refusals_are_one_line(zoo_repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A gRPC port whose server has no admin listener, an address that is not one, and a
+    port that speaks neither HTTP nor gRPC: one line each, exit 1, no traceback."""
+    config = worker_config(zoo_repo, include=("double",), metrics=False)
+    with running_worker(config) as worker:
+        grpc = f"127.0.0.1:{worker.grpc_port}"
+        assert cli_main(["report", grpc, "--interval", "0.1"]) == 1
+        assert capsys.readouterr().err == (
+            f"{grpc} is the gRPC port of a server with no admin listener, so there is no "
+            "/metrics to read (set endpoints.metrics_port, or a gateway's listen.metrics)\n"
+        )
+    for address, says in (
+        ("127.0.0.1:8001/status", "expected host:port"),
+        ("ftp://127.0.0.1:21", "expected host:port"),
+        ("127.0.0.1:port", "'127.0.0.1:port': Port could not be cast to integer value"),
+    ):
+        assert cli_main(["report", address, "--interval", "0.1"]) == 1
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1, err
+    with _junk_server() as port:
+        assert cli_main(["report", f"127.0.0.1:{port}", "--interval", "0.1"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"127.0.0.1:{port} answers neither HTTP (/metrics) nor ")
+        assert err.count("\n") == 1, err
+
+
+@contextlib.contextmanager
+def _junk_server() -> Iterator[int]:
+    """A port that answers every connection with bytes of no protocol, then closes."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    done = threading.Event()
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.sendall(b"SSH-2.0-not-what-you-asked-for\r\n\x00\x01")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        done.set()
+        thread.join(5)
+        listener.close()
 
 
 def dashboard_metrics() -> set[str]:

@@ -95,6 +95,7 @@ async def test_list_and_describe_through_reflection(address: str) -> None:
     ]
     methods = (await ok("-plaintext", address, "list", "reactant_control.ControlService")).split()
     assert methods == [
+        "reactant_control.ControlService.AdminEndpoint",
         "reactant_control.ControlService.CompactMemory",
         "reactant_control.ControlService.ModelControlStatus",
         "reactant_control.ControlService.SetModelPolicy",

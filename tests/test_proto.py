@@ -228,6 +228,16 @@ def test_service_methods_match_triton() -> None:
     assert our_methods["ModelStreamInfer"][2:] == (True, True)
 
 
+#: reactant_control.ControlService: the original's four RPCs, then AdminEndpoint (ours).
+CONTROL_RPCS = (
+    "ModelControlStatus",
+    "SetModelResidency",
+    "SetModelPolicy",
+    "CompactMemory",
+    "AdminEndpoint",
+)
+
+
 def test_grpclib_handlers_are_registered_under_triton_paths() -> None:
     """betterproto names the classes Grpc*, but the wire paths are Triton's."""
     assert ip.GrpcInferenceServiceStub.__name__ == "GrpcInferenceServiceStub"
@@ -235,8 +245,7 @@ def test_grpclib_handlers_are_registered_under_triton_paths() -> None:
     (service,) = _our_files()["inference.proto"].service
     assert set(mapping) == {f"/inference.GRPCInferenceService/{m.name}" for m in service.method}
     assert set(rc.ControlServiceBase().__mapping__()) == {
-        f"/reactant_control.ControlService/{m}"
-        for m in ("ModelControlStatus", "SetModelResidency", "SetModelPolicy", "CompactMemory")
+        f"/reactant_control.ControlService/{m}" for m in CONTROL_RPCS
     }
 
 
@@ -413,6 +422,9 @@ CONTROL_FIELDS: dict[str, list[tuple[str, int, int]]] = {
         ("reloaded_models", 1, FDP.TYPE_INT64),
         ("resident_bytes_after", 2, FDP.TYPE_UINT64),
     ],
+    # Ours, not the original's: where the admin listener is (reactantserver report).
+    "AdminEndpointRequest": [],
+    "AdminEndpointResponse": [("host", 1, FDP.TYPE_STRING), ("port", 2, FDP.TYPE_UINT32)],
 }
 
 
@@ -440,7 +452,7 @@ def test_control_service_methods() -> None:
     assert service.name == "ControlService"
     assert [(m.name, m.input_type, m.output_type) for m in service.method] == [
         (name, f".reactant_control.{name}Request", f".reactant_control.{name}Response")
-        for name in ("ModelControlStatus", "SetModelResidency", "SetModelPolicy", "CompactMemory")
+        for name in CONTROL_RPCS
     ]
 
 

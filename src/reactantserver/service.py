@@ -185,6 +185,9 @@ class Service:
         self._shed = 0
         self._rpcs: Counter[tuple[str, str]] = Counter()
         self._requests: dict[str, _ModelCounters] = {}
+        #: Where the admin HTTP listener is bound, ``(host, port)``, once it listens
+        #: (the worker sets it); None: no admin listener. AdminEndpoint answers it.
+        self.admin: tuple[str, int] | None = None
 
     # -------------------------------------------------------------- statistics
 
@@ -538,6 +541,14 @@ class Service:
             weight = check_weight(request.name, request.weight)
             await self._host.set_policy(request.name, weight)
         return cpb.SetModelPolicyResponse()
+
+    async def admin_endpoint(
+        self, request: cpb.AdminEndpointRequest, ctx: CallContext
+    ) -> cpb.AdminEndpointResponse:
+        if self.admin is None:
+            return cpb.AdminEndpointResponse()
+        host, port = self.admin
+        return cpb.AdminEndpointResponse(host=host, port=port)
 
     async def compact_memory(
         self, request: cpb.CompactMemoryRequest, ctx: CallContext

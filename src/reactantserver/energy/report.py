@@ -2,6 +2,14 @@
 
 Theory of operation
 -------------------
+ADDRESS is the one a user knows: a worker's or a gateway's gRPC address (``host:8001``),
+its admin address (``host:8002``), or either as ``host:port/metrics`` or an
+``http://`` URL (:func:`locate`). A gRPC port answers HTTP/1.1 with HTTP/2 bytes; then
+the report asks the server, over gRPC, where its admin listener is
+(``reactant_control.ControlService/AdminEndpoint``: the server knows) and reads that.
+Anything else -- nothing listening, a server that speaks neither, one without an admin
+listener -- is one line on stderr and exit status 1, never a traceback.
+
 The report scrapes ``http://ADDRESS/metrics`` twice, ``--interval`` seconds apart, and
 works on the counters' advances between the two (a counter that went down -- a worker
 restarted -- counts from 0). ADDRESS is a worker's admin port or a gateway's: a gateway
@@ -30,8 +38,10 @@ joules: never a made-up number.
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -314,12 +324,95 @@ def as_json(report: Report) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- I/O
 
 
-def fetch(address: str, timeout: float = 10.0) -> str:
-    """``GET http://ADDRESS/metrics``; ``OSError`` saying why not."""
+class Unreadable(Exception):
+    """ADDRESS cannot be reported on; the message is the one line that says why."""
+
+
+def metrics_url(address: str) -> str:
+    """``host:port``, ``host:port/metrics`` or an ``http://`` URL -> the /metrics URL."""
     url = address if "://" in address else f"http://{address}"
-    with urllib.request.urlopen(f"{url.rstrip('/')}/metrics", timeout=timeout) as response:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname or parts.path not in ("", "/", "/metrics"):
+        raise Unreadable(
+            f"{address!r}: expected host:port (a worker's or gateway's gRPC or admin "
+            "address), host:port/metrics or http://host:port/metrics"
+        )
+    try:
+        _ = parts.port  # a malformed port raises here
+    except ValueError as exc:
+        raise Unreadable(f"{address!r}: {exc}") from None
+    return f"http://{parts.netloc}/metrics"
+
+
+def fetch(url: str, timeout: float = 10.0) -> str:
+    """``GET url``; ``OSError`` saying why not, ``http.client.HTTPException`` when what
+    answers is not HTTP/1.1 (a gRPC port: HTTP/2)."""
+    with urllib.request.urlopen(url, timeout=timeout) as response:
         body: bytes = response.read()
     return body.decode("utf-8", "replace")
+
+
+def admin_endpoint(host: str, port: int, timeout: float = 10.0) -> tuple[str, int]:
+    """Ask the gRPC server at ``host:port`` where its admin listener is (AdminEndpoint)."""
+    import asyncio
+
+    from grpclib.client import Channel
+
+    from ..protocol import reactant_control as cpb
+
+    async def ask() -> cpb.AdminEndpointResponse:
+        channel = Channel(host, port)
+        try:
+            stub = cpb.ControlServiceStub(channel)
+            return await stub.admin_endpoint(cpb.AdminEndpointRequest(), timeout=timeout)
+        finally:
+            channel.close()
+
+    reply = asyncio.run(ask())
+    return reply.host, int(reply.port)
+
+
+def locate(
+    address: str,
+    *,
+    get: Callable[[str], str] = fetch,
+    ask: Callable[[str, int], tuple[str, int]] = admin_endpoint,
+) -> tuple[str, str]:
+    """``(the /metrics URL to read, a note)`` for ADDRESS (the module docstring); the
+    note says where a gRPC address led ("" for an admin address). ``Unreadable`` else."""
+    url = metrics_url(address)
+    try:
+        get(url)
+        return url, ""
+    except http.client.HTTPException:
+        pass  # not HTTP/1.1: a gRPC port, or something else; ask it below
+    except OSError as exc:
+        raise Unreadable(f"cannot read {url}: {_reason(exc)}") from None
+    parts = urllib.parse.urlsplit(url)
+    host, port = parts.hostname or "", parts.port or 80
+    try:
+        admin_host, admin_port = ask(host, port)
+    except Exception as exc:  # grpclib's errors, a reset, a timeout: one line whatever
+        raise Unreadable(
+            f"{address} answers neither HTTP (/metrics) nor reactantserver's gRPC "
+            f"AdminEndpoint ({type(exc).__name__}: {exc}); give the admin address "
+            "(endpoints.metrics_port, a gateway's listen.metrics)"
+        ) from None
+    if not admin_port:
+        raise Unreadable(
+            f"{address} is the gRPC port of a server with no admin listener, so there is "
+            "no /metrics to read (set endpoints.metrics_port, or a gateway's listen.metrics)"
+        )
+    if admin_host in ("", "0.0.0.0", "::", "[::]"):
+        admin_host = host  # bound to every address: the one the gRPC port was reached on
+    bracketed = f"[{admin_host}]" if ":" in admin_host else admin_host
+    found = f"http://{bracketed}:{admin_port}/metrics"
+    return found, f"{address} is a gRPC port; reading its admin listener, {found}"
+
+
+def _reason(exc: OSError) -> str:
+    reason = getattr(exc, "reason", None)
+    return str(reason if reason is not None else exc)
 
 
 def run(
@@ -330,11 +423,13 @@ def run(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> Report:
-    """Scrape twice ``interval`` seconds apart and build the report."""
+    """Scrape ADDRESS's /metrics (an admin address: see :func:`locate` for the others)
+    twice ``interval`` seconds apart and build the report."""
+    url = metrics_url(address)
     t0 = clock()
-    before = parse(get(address))
+    before = parse(get(url))
     sleep(interval)
-    after = parse(get(address))
+    after = parse(get(url))
     return build(before, after, clock() - t0, address)
 
 
@@ -343,9 +438,16 @@ def main(address: str, interval: float, json_output: bool) -> int:
     import sys
 
     try:
-        report = run(address, interval)
-    except (OSError, ValueError) as exc:
-        print(f"cannot read http://{address}/metrics: {exc}", file=sys.stderr)
+        url, note = locate(address)
+        if note:
+            print(note, file=sys.stderr)
+        shown = url.removeprefix("http://").removesuffix("/metrics")
+        report = run(shown, interval)
+    except Unreadable as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        print(f"cannot read {metrics_url(address)}: {exc}", file=sys.stderr)
         return 1
     if not report.workers:
         print(

@@ -457,6 +457,7 @@ async def serve_gateway(
                 metrics_port = await nursery.start(
                     serve_admin, app, host_port[0].strip("[]"), host_port[1]
                 )
+                proxy.admin = (host_port[0].strip("[]"), metrics_port)
             if lpt is None:
                 await nursery.start(gateway.prober.run)
             # Workers not answering yet is the normal course of a start (they compile

@@ -162,6 +162,9 @@ class Proxy:
         self._idle = asyncio.Event()
         #: The clients' open ModelStreamInfer calls (to drain them).
         self.streams: set[StreamCall] = set()
+        #: Where the gateway's admin HTTP listener is bound, ``(host, port)``, once it
+        #: listens (``serve_gateway`` sets it); None: none. AdminEndpoint answers it.
+        self.admin: tuple[str, int] | None = None
 
     # ------------------------------------------------------------------ the table
 
@@ -196,6 +199,7 @@ class Proxy:
                 "SetModelResidency": partial(self.per_worker, "SetModelResidency"),
                 "SetModelPolicy": partial(self.per_worker, "SetModelPolicy"),
                 "CompactMemory": self.fanout.compact_memory,
+                "AdminEndpoint": self.admin_endpoint,
             },
             "reactant_control.GatewayControlService": {
                 name: partial(self.gateway_control, name) for name in GATEWAY_CONTROL_RPCS
@@ -362,6 +366,10 @@ class Proxy:
                 name=SERVER_NAME, version=reactantserver.__version__, extensions=list(EXTENSIONS)
             )
         )
+
+    async def admin_endpoint(self, data: bytes, call: CallInfo) -> bytes:
+        host, port = self.admin if self.admin is not None else ("", 0)
+        return bytes(cpb.AdminEndpointResponse(host=host, port=port))
 
     # ------------------------------------------------------------------ per model
 

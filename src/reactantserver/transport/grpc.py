@@ -144,6 +144,7 @@ CONTROL_RPCS: Mapping[str, str] = {
     "SetModelResidency": "set_model_residency",
     "SetModelPolicy": "set_model_policy",
     "CompactMemory": "compact_memory",
+    "AdminEndpoint": "admin_endpoint",
 }
 #: Fully qualified names of the services served (and listed by reflection).
 SERVICES: tuple[str, ...] = (

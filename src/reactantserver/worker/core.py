@@ -279,6 +279,7 @@ class Worker:
                 metrics_port = await nursery.start(
                     serve_admin, app, cfg.endpoints.host, cfg.endpoints.metrics_port
                 )
+                self.service.admin = (cfg.endpoints.host, metrics_port)
             task_status.started(WorkerAddress(cfg.endpoints.host, grpc_port, metrics_port))
             nursery.start_soon(self.manage_models)
             await stop.wait()

@@ -412,6 +412,27 @@ class CompactMemoryResponse(betterproto.Message):
     """
 
 
+@dataclass(eq=False, repr=False)
+class AdminEndpointRequest(betterproto.Message):
+    pass
+
+
+@dataclass(eq=False, repr=False)
+class AdminEndpointResponse(betterproto.Message):
+    host: str = betterproto.string_field(1)
+    """
+    The host the admin listener is bound to, as configured. A wildcard
+     ("0.0.0.0", "::") means every address of the machine: connect to the one
+     the gRPC port was reached on.
+    """
+
+    port: int = betterproto.uint32_field(2)
+    """
+    Its port; 0 when the server has no admin listener (a worker's
+     endpoints.metrics_port, a gateway's listen.metrics, is off).
+    """
+
+
 class GatewayControlServiceStub(betterproto.ServiceStub):
     async def get_scheduling_status(
         self,
@@ -551,6 +572,23 @@ class ControlServiceStub(betterproto.ServiceStub):
             metadata=metadata,
         )
 
+    async def admin_endpoint(
+        self,
+        admin_endpoint_request: "AdminEndpointRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None
+    ) -> "AdminEndpointResponse":
+        return await self._unary_unary(
+            "/reactant_control.ControlService/AdminEndpoint",
+            admin_endpoint_request,
+            AdminEndpointResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class GatewayControlServiceBase(ServiceBase):
 
@@ -654,6 +692,11 @@ class ControlServiceBase(ServiceBase):
     ) -> "CompactMemoryResponse":
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def admin_endpoint(
+        self, admin_endpoint_request: "AdminEndpointRequest"
+    ) -> "AdminEndpointResponse":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def __rpc_model_control_status(
         self,
         stream: "grpclib.server.Stream[ModelControlStatusRequest, ModelControlStatusResponse]",
@@ -686,6 +729,14 @@ class ControlServiceBase(ServiceBase):
         response = await self.compact_memory(request)
         await stream.send_message(response)
 
+    async def __rpc_admin_endpoint(
+        self,
+        stream: "grpclib.server.Stream[AdminEndpointRequest, AdminEndpointResponse]",
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.admin_endpoint(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> "dict[str, grpclib.const.Handler]":
         return {
             "/reactant_control.ControlService/ModelControlStatus": grpclib.const.Handler(
@@ -711,5 +762,11 @@ class ControlServiceBase(ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 CompactMemoryRequest,
                 CompactMemoryResponse,
+            ),
+            "/reactant_control.ControlService/AdminEndpoint": grpclib.const.Handler(
+                self.__rpc_admin_endpoint,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                AdminEndpointRequest,
+                AdminEndpointResponse,
             ),
         }
