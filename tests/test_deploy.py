@@ -224,13 +224,13 @@ def test_the_configs_in_the_configmaps_are_valid_and_agree_with_the_manifests() 
            "INFERENCE_SERVER_ENDPOINTS_HOST": "10.1.2.3", **keys}  # fmt: skip
     plan = plan_node(node, env, runtime_dir="/run/reactantserver", cpus=[0, 1, 2, 3])
     (worker,) = plan.children
-    assert (worker.grpc, worker.metrics) == ("10.1.2.3:8080", "10.1.2.3:9100")
+    assert (worker.grpc, worker.metrics) == ("10.1.2.3:8080", "10.1.2.3:8180")
     assert worker.config is not None
     assert worker.config.endpoints.gateway.key_env == "REACTANT_KEY_GATEWAY"
     restricted = {g for r in worker.config.endpoints.restricted for g in r.groups}
     assert restricted == set(API_GROUPS) - {"health", "placement"}
     ports = {p["name"]: p["containerPort"] for p in sts["spec"]["template"]["spec"]["containers"][0]["ports"]}  # fmt: skip
-    assert ports == {"grpc-worker0": 8080, "http-worker0": 9100}
+    assert ports == {"grpc-worker0": 8080, "http-worker0": 8180}
 
     gateway = load_gateway(BASE / "gateway.yml", keys)
     assert gateway.worker_client.key_env == "REACTANT_KEY_GATEWAY"
@@ -247,7 +247,7 @@ def test_the_configs_in_the_configmaps_are_valid_and_agree_with_the_manifests() 
         sts["metadata"]["name"], sts["spec"]["serviceName"], sts["spec"]["replicas"]
     )  # fmt: skip
     assert gateway.endpoints == tuple(f"{name}-{i}.{service}:8080" for i in range(replicas))
-    assert gateway.metrics_endpoints == tuple(f"{name}-{i}.{service}:9100" for i in range(replicas))
+    assert gateway.metrics_endpoints == tuple(f"{name}-{i}.{service}:8180" for i in range(replicas))
     deployment = by_kind()["Deployment"]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["args"] == ["reactantserver", "gateway", "/etc/reactantserver/gateway.yml"]
@@ -379,3 +379,21 @@ def test_the_kserve_model_format_version_is_the_bundles(zoo_repo: Path) -> None:
         "name": "reactantserver",
         "version": FORMAT_VERSION,
     }
+
+
+def test_no_documented_or_deployed_admin_port_is_an_exporter_s() -> None:
+    """Issue 42: the deploy files and the docs put the workers' /metrics on 9100 + i, and
+    9100 is Prometheus node_exporter's port -- which a GPU machine often runs already. The
+    examples use 8180 + i now: nothing in 9100-9999, the range Prometheus allocates to
+    exporters (its "default port allocations"), is a metrics_base_port or a worker's
+    metrics_port anywhere we ship."""
+    import re
+
+    root = ROOT
+    found = []
+    for path in [*root.glob("deploy/**/*.y*ml"), *root.glob("docs/*.md"), root / "README.md"]:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            match = re.search(r"\bmetrics(?:_base)?_port: *(\d+)", line)
+            if match and 9100 <= int(match[1]) <= 9999:
+                found.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
+    assert found == []
