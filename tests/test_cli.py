@@ -257,3 +257,21 @@ def test_gpus_1_with_the_cuda_backend_is_a_gpu_node(
     assert out.startswith(
         "# node plan: role all; devices from gpus: 1: 0\n#   worker0  CUDA_VISIBLE_DEVICES=0"
     )
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 42: there was no ``reactantserver --version``."""
+    import reactantserver
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"reactantserver {reactantserver.__version__}\n"
+
+
+def test_serve_on_a_two_worker_file_names_the_flag(
+    node_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve", node_file]) == 2
+    assert capsys.readouterr().err == (
+        "node.yaml:6: workers: expected a worker name to run, one of worker0, worker1; got "
+        "none (reactantserver serve --worker NAME, or REACTANT_WORKER_NAME=NAME)\n"
+    )

@@ -326,6 +326,26 @@ def test_cli_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["export", ref, "--out", str(out), "--batch-sizes", "1,x"]) == 2
 
 
+def test_cli_export_without_batch_sizes_names_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 42: a spec with a batch axis and no batch sizes was answered in manifest
+    terms ("-1 needs batching.compiled_batch_sizes"); now the refusal names the flag, and
+    nothing is written."""
+    from reactantserver.cli import main
+
+    out = tmp_path / "double"
+    ref = str(ROOT / "examples" / "zoo" / "double.py") + ":export_spec"
+    assert main(["export", ref, "--out", str(out), "--batch-sizes", ""]) == 1
+    assert capsys.readouterr().err == (
+        "reactantserver export: bundle 'double': inputs[0] ('x', shape [-1, 16]) has a batch "
+        "axis but no batch sizes were given to compile it at: pass --batch-sizes 1,4,8 to "
+        "reactantserver export (batch_sizes= in Python), or give every axis a size for an "
+        "unbatched model\n"
+    )
+    assert not out.exists()
+
+
 def test_export_writes_only_the_bundle_it_is_told_to(tmp_path: Path) -> None:
     """With bytecode writing on (as on a user's machine), exporting a spec that lives in a
     package and ships a model.py writes the named bundle directory and nothing else: no

@@ -65,6 +65,28 @@ def test_listen_problems_name_each_taken_address() -> None:
     assert line.startswith("cannot listen for gRPC on 192.0.2.1:9: ")
 
 
+def test_a_port_lost_to_a_race_gets_the_check_s_line() -> None:
+    """Issue 42: a port free at the check and taken by the time the listener bound it (the
+    race the check cannot close) printed a bare "Address already in use". The failure is
+    checked again: the port another process took is still taken, and the line is the
+    check's own, naming the address and what to change."""
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        config = ServerConfig(endpoints=EndpointsConfig(host="127.0.0.1", port=port))
+        lost = _nested(OSError(errno.EADDRINUSE, "Address already in use"))
+        lines = failure_lines(lost, lambda: listen_problems(config))
+        assert lines == listen_problems(config)
+    (line,) = lines
+    assert line.startswith(f"cannot listen for gRPC on 127.0.0.1:{port}: address already in use;")
+    assert "INFERENCE_SERVER_ENDPOINTS_PORT=PORT" in line
+    # Let go by the time of the second look: still one line that says what happened.
+    (late,) = failure_lines(lost, lambda: [])
+    assert late.startswith("cannot listen: address already in use; another process held one")
+    assert exit_status(lost) == EXIT_CONFIG
+
+
 def _meta(name: str, *inputs: tuple[str, str, tuple[int, ...]]) -> ModelMetadata:
     return ModelMetadata(name, (), "jax_cpu", tuple(TensorMetadata(*t) for t in inputs), ())
 

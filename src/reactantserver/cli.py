@@ -7,6 +7,9 @@ argparse uses for a bad command line: both mean "what you asked for is wrong, no
 Subcommands import what they need inside ``_run_<name>``, so ``reactantserver config``
 never imports JAX.
 
+    reactantserver --version
+        Print the installed version (what ServerMetadata answers) and exit.
+
     reactantserver config FILE [--worker NAME | --gateway]
         Check a node file (or a gateway.yml) and print the effective configuration, the
         environment overrides applied: every worker of a node file (or the one --worker
@@ -67,6 +70,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
@@ -398,7 +402,8 @@ def _run_serve(args: argparse.Namespace) -> int:
     except Exception as exc:
         # One line per cause instead of Trio's nested groups; the whole story at debug.
         logging.getLogger("reactantserver.serve").debug("worker failure", exc_info=exc)
-        for line in startup.failure_lines(exc):
+        recheck = partial(startup.listen_problems, config)
+        for line in startup.failure_lines(exc, recheck):
             print(f"reactantserver serve: worker {config.name}: {line}", file=sys.stderr)
         if args.log_level != "debug":
             print("reactantserver serve: --log-level debug shows the traceback", file=sys.stderr)
@@ -480,7 +485,7 @@ def _run_gateway(args: argparse.Namespace) -> int:
     except Exception as exc:
         # One line per cause instead of Trio's nested groups; the whole story at debug.
         logging.getLogger("reactantserver.gateway").debug("gateway failure", exc_info=exc)
-        for line in startup.failure_lines(exc):
+        for line in startup.failure_lines(exc, partial(listen_problems, config)):
             print(f"reactantserver gateway: {line}", file=sys.stderr)
         return startup.exit_status(exc)
 
@@ -564,10 +569,13 @@ async def _serve(config: ServerConfig, announce: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(
         prog="reactantserver",
         description="Serve many compiled JAX models from one GPU over KServe V2 gRPC.",
     )
+    parser.add_argument("--version", action="version", version=f"reactantserver {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_config(subparsers)
     _add_serve(subparsers)

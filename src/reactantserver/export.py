@@ -354,6 +354,18 @@ def export_bundle(
         raise BundleError(name, f"model_py: {model_path}: file not found")
     batched = bool(batch_sizes)
     in_dicts = [_spec(s, f"inputs[{i}]") for i, s in enumerate(inputs)]
+    if not batched:
+        # Said in the exporter's terms, not the manifest's ("needs
+        # batching.compiled_batch_sizes"): what was left out is the batch sizes.
+        for i, d in enumerate(in_dicts):
+            if d["shape"] and d["shape"][0] == -1:
+                raise BundleError(
+                    name,
+                    f"inputs[{i}] ({d['name']!r}, shape {d['shape']}) has a batch axis but no "
+                    "batch sizes were given to compile it at: pass --batch-sizes 1,4,8 to "
+                    "reactantserver export (batch_sizes= in Python), or give every axis a "
+                    "size for an unbatched model",
+                )
     # Validate what we can before tracing: datatype names, shapes, batch sizes.
     draft = {
         "format_version": FORMAT_VERSION,

@@ -12,9 +12,13 @@ one ``OSError``. This module gives the command line the two things it needs inst
   try to bind every address the worker will listen on, the way its listeners will
   (``SO_REUSEADDR``), and say which one cannot be had and what to change. This is a
   courtesy, not a guarantee -- another process may take the port in between -- so:
-* ``failure_lines(exc)``: whatever still escapes ``trio.run``, flattened to its leaf
-  exceptions, one line each: our own errors (``ReactantError``) and ``OSError`` as their
-  message, anything else with its type, since it is probably a bug.
+* ``failure_lines(exc, recheck)``: whatever still escapes ``trio.run``, flattened to its
+  leaf exceptions, one line each: our own errors (``ReactantError``) and ``OSError`` as
+  their message, anything else with its type, since it is probably a bug. An address
+  that could not be listened on after all -- the race the check cannot close -- is asked
+  about again with ``recheck`` (``listen_problems`` of the same configuration): the port
+  another process took is still taken, and its line is the one the check would have
+  printed, naming the address and what to change, not a bare ``Address already in use``.
 
 The command prints these lines, keeps the traceback for ``--log-level debug``, and
 exits non-zero (``exit_status``): 2 when every cause is a configuration error found
@@ -33,7 +37,7 @@ from __future__ import annotations
 
 import errno
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from .config import ServerConfig
 from .config.env import WORKER_ENV
@@ -131,9 +135,25 @@ def describe(exc: BaseException) -> str:
     return f"unexpected {type(exc).__name__}" + (f": {text}" if text else "")
 
 
-def failure_lines(exc: BaseException) -> list[str]:
-    """One line per distinct cause of ``exc``, in the order they were raised."""
-    return list(dict.fromkeys(describe(leaf) for leaf in causes(exc)))
+def failure_lines(exc: BaseException, recheck: Callable[[], list[str]] | None = None) -> list[str]:
+    """One line per distinct cause of ``exc``, in the order they were raised; a cause
+    that is an address not to be had is ``recheck()``'s lines (the module docstring)."""
+    lines: list[str] = []
+    for leaf in causes(exc):
+        if recheck is not None and _cannot_listen(leaf):
+            found = recheck()
+            if found:
+                lines.extend(found)
+                continue
+            # Free again by now: say what happened and where to look.
+            lines.append(
+                f"cannot listen: {describe(leaf).lower()}; another process held one of the "
+                "addresses while the server started and has let it go (start it again, or "
+                "choose other ports)"
+            )
+            continue
+        lines.append(describe(leaf))
+    return list(dict.fromkeys(lines))
 
 
 def exit_status(exc: BaseException) -> int:
