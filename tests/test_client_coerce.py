@@ -114,3 +114,31 @@ def test_what_a_newcomer_writes_just_works() -> None:
     assert to_declared("s", ["hello", "world"], "BYTES").tolist() == ["hello", "world"]
     empty = to_declared("x", [], "FP32")
     assert empty.dtype == np.float32 and empty.shape == (0,)
+
+
+@pytest.mark.parametrize(
+    ("value", "where"),
+    [
+        ([[1.0, 2.0], [3.0]], "x[1] has 1 element where x[0] has 2 elements"),
+        ([1.0, [2.0]], "x[1] has 1 element where x[0] has a single value"),
+        ([[[1.0], [2.0]], [[3.0], [4.0, 5.0]]], "x[1][1] has 2 elements where x[1][0] has 1"),
+        ([np.zeros(2), np.zeros(3)], "x[1] has 3 elements where x[0] has 2 elements"),
+    ],
+)
+def test_a_ragged_list_is_refused_saying_where(value: object, where: str) -> None:
+    """Issue 42: numpy's raw ``setting an array element with a sequence ... inhomogeneous
+    shape`` came out of ``reactantserver.client``. Now: what is wrong and where."""
+    with pytest.raises(InvalidArgument) as info:
+        to_declared("x", value, "FP32")
+    message = str(info.value)
+    assert message.startswith("input 'x': a ragged list is not a tensor: ")
+    assert where in message and "inhomogeneous" not in message
+
+
+def test_a_ragged_list_through_the_client_is_refused_before_anything_is_sent() -> None:
+    """The same refusal from ``Client.infer`` for an input whose datatype it does not
+    know (no metadata asked): the wire encoder says it too."""
+    from reactantserver.client.codec import wire_array
+
+    with pytest.raises(InvalidArgument, match=r"input 'x': a ragged list is not a tensor: x\[1\]"):
+        wire_array("x", [[1, 2], [3]])

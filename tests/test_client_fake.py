@@ -484,3 +484,17 @@ def test_a_refusal_that_is_not_about_the_datatype_is_not_retried(served: Served)
 def test_an_unknown_model_named_with_a_list_is_not_found(served: Served) -> None:
     with Client(served.url) as client, pytest.raises(NotFound, match="'nope'"):
         client.infer("nope", {"x": [1.0]})
+
+
+def test_a_ragged_list_is_refused_by_the_client_and_never_sent(served: Served) -> None:
+    """Issue 42: a ragged list raised numpy's ``inhomogeneous shape`` from the client."""
+    with Client(served.url, timeout=10) as client:
+        before = infer_calls(served.host)
+        with pytest.raises(InvalidArgument) as info:
+            client.infer("double", {"x": [[1.0] * 16, [1.0] * 15]})
+        assert str(info.value) == (
+            "input 'x': a ragged list is not a tensor: x[1] has 15 elements where x[0] has "
+            "16 elements; give every row the same length (pad it, or send rows of other "
+            "lengths as requests of their own)"
+        )
+        assert infer_calls(served.host) == before

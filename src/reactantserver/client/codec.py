@@ -39,6 +39,7 @@ import numpy as np
 from reactantserver import tensors
 from reactantserver.errors import ExecutionFailed, InvalidArgument
 
+from .coerce import as_array
 from .wire import (
     InferRequestWire,
     InferResponseWire,
@@ -71,7 +72,7 @@ class Placement:
 
 def wire_array(name: str, value: Any) -> tuple[str, np.ndarray]:
     """``(datatype, array)`` for an input value: C-contiguous, native byte order."""
-    arr = np.asarray(value)
+    arr = as_array(name, value)
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
     try:

@@ -31,6 +31,11 @@ first offending value and why:
   infinities stay what they are;
 * **text and bytes** go only to BYTES, and only text and bytes go to BYTES; complex
   numbers and other objects are refused.
+
+A **ragged** list -- rows of different lengths, a list beside a number -- is no tensor:
+``as_array`` refuses it naming the first place where it breaks (``input 'x': x[1] has
+1 element where x[0] has 2``), instead of numpy's ``setting an array element with a
+sequence ... inhomogeneous shape``.
 """
 
 from __future__ import annotations
@@ -74,10 +79,55 @@ def _cast(src: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
         return src.astype(dtype)
 
 
+def as_array(name: str, value: Any) -> np.ndarray:
+    """``np.asarray(value)``; a ragged nesting is refused saying where (module doc)."""
+    try:
+        return np.asarray(value)
+    except ValueError as exc:
+        where = _ragged(name, value, "")
+        if where is None:
+            raise InvalidArgument(f"input {name!r}: not an array ({exc})") from None
+        raise InvalidArgument(
+            f"input {name!r}: a ragged list is not a tensor: {where}; give every row the "
+            "same length (pad it, or send rows of other lengths as requests of their own)"
+        ) from None
+
+
+def _ragged(name: str, value: Any, path: str) -> str | None:
+    """Where the nesting of ``value`` stops being rectangular (None: nowhere)."""
+    if not _nested(value):
+        return None
+    lengths = [len(v) if _nested(v) else None for v in value]
+    for index, length in enumerate(lengths):
+        if length != lengths[0]:
+            return (
+                f"{name}{path}[{index}] has {_elements(length)} where {name}{path}[0] has "
+                f"{_elements(lengths[0])}"
+            )
+    for index, item in enumerate(value):
+        found = _ragged(name, item, f"{path}[{index}]")
+        if found is not None:
+            return found
+    return None
+
+
+def _nested(value: Any) -> bool:
+    """A list, tuple or array with an axis (not text, not a scalar)."""
+    if isinstance(value, np.ndarray):
+        return value.ndim > 0
+    return isinstance(value, list | tuple)
+
+
+def _elements(length: int | None) -> str:
+    if length is None:
+        return "a single value"
+    return f"{length} element{'' if length == 1 else 's'}"
+
+
 def to_declared(name: str, value: Any, datatype: str) -> np.ndarray:
     """``value`` (a list, tuple, scalar, ...) as an array of ``datatype``; see the module
     doc for what is refused (``InvalidArgument``)."""
-    src = np.asarray(value)
+    src = as_array(name, value)
     if datatype == "BYTES":
         if src.dtype.kind in _TEXT_KINDS:
             return src
