@@ -331,3 +331,79 @@ def test_the_dashboard_imports_and_every_metric_it_names_exists(fleet: Fleet) ->
     named = dashboard_metrics()
     assert len(named) >= 20
     assert named - exposed == set()
+
+
+_SELECTOR = re.compile(r"\b((?:worker|gateway)_[a-z0-9_]+)(?:\{([^}]*)\})?")
+_MATCHER = re.compile(r'(\w+)\s*(=~|!=|=)\s*"([^"]*)"')
+
+
+def _selectors(expr: str) -> list[tuple[str, list[tuple[str, str, str]]]]:
+    return [(m[1], _MATCHER.findall(m[2] or "")) for m in _SELECTOR.finditer(expr)]
+
+
+def _matches(labels: dict[str, str], matchers: list[tuple[str, str, str]], job: str) -> bool:
+    for label, op, value in matchers:
+        value = {"$job": job, "$worker": ".*", "$model": ".*"}.get(value, value)
+        got = labels.get(label, "")
+        if op == "=" and got != value:
+            return False
+        if op == "!=" and got == value:
+            return False
+        if op == "=~" and re.fullmatch(value, got) is None:
+            return False
+    return True
+
+
+def test_the_dashboard_counts_each_worker_once_with_both_paths_scraped(fleet: Fleet) -> None:
+    """Issue 42: the dashboard had no worker or model variables and, with Prometheus
+    scraping both the workers and the gateway (whose /metrics carries every worker's
+    series, merged), summed each worker's series twice. Now a single-valued ``job``
+    variable picks which scrape path the worker_* panels read, and ``worker`` / ``model``
+    variables narrow them. Checked against the live expositions, labelled as Prometheus
+    labels them (job, instance): for either job, every selector of every panel selects
+    each series of each worker once -- and without the job matcher it would select twice."""
+    board = json.loads(DASHBOARD.read_text())
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert set(variables) == {"job", "worker", "model"}
+    assert variables["job"]["multi"] is False and variables["job"]["includeAll"] is False
+    assert variables["worker"]["multi"] and variables["model"]["multi"]
+    infer(fleet.gateway.grpc, 4)
+    scraped = [
+        ("workers", f"127.0.0.1:{w.metrics_port}", scrape(w))
+        for w in (fleet.measured, fleet.unmeasured)
+    ]
+    scraped.append(("gateway", "gateway", http_get(fleet.gateway.metrics_url + "/metrics")[1]))
+    samples = [
+        (s.name, {**s.labels, "job": job, "instance": instance})
+        for job, instance, text in scraped
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    ]
+    for panel in board["panels"]:
+        for target in panel.get("targets", []):
+            if re.search(r"by \((le, )?model", target["expr"]):  # a panel per model
+                assert '=~"$model"' in target["expr"], (panel["title"], target["expr"])
+            for name, matchers in _selectors(target["expr"]):
+                if not name.startswith("worker_"):
+                    continue
+                assert ("job", "=", "$job") in matchers, (panel["title"], target["expr"])
+                assert ("worker", "=~", "$worker") in matchers, (panel["title"], name)
+                for job in ("workers", "gateway"):
+                    chosen = [
+                        tuple(
+                            sorted(
+                                (k, v) for k, v in labels.items() if k not in ("job", "instance")
+                            )
+                        )
+                        for sample, labels in samples
+                        if sample == name and _matches(labels, matchers, job)
+                    ]
+                    assert len(chosen) == len(set(chosen)), (panel["title"], name, job)
+                without_job = [m for m in matchers if m[0] != "job"]
+                both = [
+                    tuple(sorted((k, v) for k, v in labels.items() if k not in ("job", "instance")))
+                    for sample, labels in samples
+                    if sample == name and _matches(labels, without_job, "")
+                ]
+                if both:  # a series both paths carry: the old dashboard counted it twice
+                    assert len(both) > len(set(both)), (panel["title"], name)
