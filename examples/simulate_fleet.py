@@ -123,6 +123,9 @@ def main() -> None:
             print(f"  ({mode} simulated in {time.perf_counter() - started:.1f} s)")
         print()
         print(comparison(reports))
+        against = versus(reports)
+        if against:
+            print(against)
         print()
         print(per_model(reports, args.top))
         for r in reports:
@@ -148,14 +151,30 @@ def comparison(reports: list[FleetReport]) -> str:
     return "\n".join(out)
 
 
+def versus(reports: list[FleetReport]) -> str:
+    """lpt_packing against round_robin, as ratios (when both ran): what docs/fleet.md's
+    prose quotes, printed so that it is checked, not copied."""
+    by_mode = {r.mode: r for r in reports}
+    lpt, rr = by_mode.get("lpt_packing"), by_mode.get("round_robin")
+    if lpt is None or rr is None or not rr.throughput or not rr.p50:
+        return ""
+    return (
+        f"lpt_packing against round_robin: {lpt.throughput / rr.throughput:.1f}x the req/s at "
+        f"{lpt.p50 / rr.p50:.2f}x the p50, {lpt.mean_batch_rows:.2f} rows per execution "
+        f"against {rr.mean_batch_rows:.2f}"
+    )
+
+
 def per_model(reports: list[FleetReport], top: int) -> str:
-    header = "| model | " + " | ".join(f"{r.mode} p50 / p99 ms" for r in reports) + " |"
+    header = (
+        "| model | " + " | ".join(f"{r.mode} p50 / p99 ms (rows/batch)" for r in reports) + " |"
+    )
     out = [header, "|" + "---|" * (len(reports) + 1)]
     for i, name in enumerate(m.name for m in reports[0].models[:top]):
         cells = []
         for r in reports:
             m = r.models[i]
-            cells.append(f"{m.p50 * 1e3:.1f} / {m.p99 * 1e3:.1f}")
+            cells.append(f"{m.p50 * 1e3:.1f} / {m.p99 * 1e3:.1f} ({m.mean_batch_rows:.2f})")
         out.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
