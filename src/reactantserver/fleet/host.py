@@ -112,7 +112,7 @@ def share_rates(widths: list[float], capacity: float, background: float = 0.0) -
     average): each job its width when everything fits, else an equal share ``s`` capped
     at each width (and at 1 for a background thread) with the total exactly ``capacity``
     (water filling)."""
-    total = sum(widths) + background
+    total = math.fsum(widths) + background
     if total <= capacity:
         return list(widths)
     # (width, count, index): the background is one entry of width 1 and count b.
@@ -213,10 +213,11 @@ class HostModel:
     def busy_seconds(self, now: float) -> float:
         """Core-seconds done by every thread up to ``now`` (changes nothing)."""
         elapsed = max(0.0, now - self._now)
-        running = sum(
+        # fsum: the same total on every Python (sum() of floats is compensated from 3.12).
+        running = math.fsum(
             min(self._queues[t][0].work, rate * elapsed) for t, rate in self._rates.items()
         )
-        return sum(self.busy.values()) + running
+        return math.fsum(self.busy.values()) + running
 
     def running(self) -> dict[str, float]:
         """Thread -> the cores its current job gets now."""
