@@ -206,7 +206,7 @@ def test_tritonclient(worker: WorkerAddress, model: str) -> None:
 def test_tritonclient_shared_memory(worker: WorkerAddress) -> None:
     """Zero-row input in a region, output into a region: zero bytes written, echoed."""
     client = grpcclient.InferenceServerClient(_address(worker))
-    key = f"/zero_rows_{uuid.uuid4().hex[:8]}"
+    key = f"/reactantserver-zero_rows_{uuid.uuid4().hex[:8]}"  # under the allowed prefix
     handle = tshm.create_shared_memory_region("zero_rows", key, 64)
     try:
         client.register_system_shared_memory("zero_rows", key, 64)

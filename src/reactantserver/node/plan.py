@@ -179,7 +179,14 @@ def node_gateway(node: NodeConfig, env: Mapping[str, str]) -> tuple[GatewayConfi
     and the defaults). ``reactantserver config NODE --gateway`` prints this, so the two
     agree (issue 42: the command printed defaults and ignored the gateway.yml beside)."""
     gateway_env, file = _gateway_env(node, env)
-    return resolve_gateway(node, gateway_env, restarts_workers=read_role(env) == "all"), file
+    return _embedded_gateway(node, gateway_env, read_role(env)), file
+
+
+def _embedded_gateway(node: NodeConfig, gateway_env: Mapping[str, str], role: str) -> GatewayConfig:
+    """The gateway in front of ``node``'s workers under ``role``: when the node runs the
+    workers too (role ``all``) it waits for their restarts and presents the node key."""
+    gateway = resolve_gateway(node, gateway_env, restarts_workers=role == "all")
+    return _with_node_key(gateway) if role == "all" else gateway
 
 
 def _gateway_env(node: NodeConfig, env: Mapping[str, str]) -> tuple[dict[str, str], str | None]:
@@ -371,9 +378,7 @@ def plan_node(
         )
         _check_ports(children, [], node)
     if runs_gateway:
-        gateway = resolve_gateway(grown, gateway_env, restarts_workers=role == "all")
-        if role == "all":
-            gateway = _with_node_key(gateway)
+        gateway = _embedded_gateway(grown, gateway_env, role)
         if unknown_workers and _derived(grown, gateway):
             fail(
                 EnvOrigin(ROLE_VAR),
