@@ -85,6 +85,9 @@ GROUPS: Mapping[str, Mapping[str, str]] = {
         "LogSettings": "logging",
     },
     "reactant_control.ControlService": {
+        # Where the admin HTTP port listens (``reactantserver report``): what the server
+        # is, read-only, like ServerMetadata.
+        "AdminEndpoint": "metadata",
         "ModelControlStatus": "control",
         "SetModelResidency": "control",
         "SetModelPolicy": "control",
