@@ -1098,3 +1098,52 @@ def plan_verdicts() -> st.SearchStrategy[tuple[list[bool], int]]:
     return st.lists(st.booleans(), min_size=1, max_size=40).flatmap(
         lambda v: st.tuples(st.just(v), st.integers(min_value=1, max_value=len(v)))
     )
+
+
+# ============================================================================================
+# Requests other than ModelInfer, screened before betterproto (tests/test_screen.py)
+# ============================================================================================
+
+
+def _repository_parameters() -> st.SearchStrategy[_ip.ModelRepositoryParameter]:
+    return st.one_of(
+        st.builds(_ip.ModelRepositoryParameter, bool_param=st.booleans()),
+        st.builds(_ip.ModelRepositoryParameter, int64_param=_INT64),
+        st.builds(_ip.ModelRepositoryParameter, string_param=_NAMES),
+        st.builds(_ip.ModelRepositoryParameter, bytes_param=st.binary(max_size=8)),
+    )
+
+
+def screened_requests() -> st.SearchStrategy[object]:
+    """Requests of the small RPCs: strings, varints of both signs, fixed-width doubles,
+    a map of oneof messages, a repeated string list, an enum."""
+    from reactantserver.protocol import reactant_control as _cp
+
+    return st.one_of(
+        st.builds(_ip.ServerLiveRequest),
+        st.builds(_ip.ModelReadyRequest, name=_NAMES, version=_NAMES),
+        st.builds(
+            _ip.SystemSharedMemoryRegisterRequest,
+            name=_NAMES,
+            key=_NAMES,
+            offset=_UINT64,
+            byte_size=_UINT64,
+        ),
+        st.builds(_ip.RepositoryIndexRequest, repository_name=_NAMES, ready=st.booleans()),
+        st.builds(
+            _ip.RepositoryModelLoadRequest,
+            repository_name=_NAMES,
+            model_name=_NAMES,
+            parameters=st.dictionaries(_NAMES, _repository_parameters(), max_size=2),
+        ),
+        st.builds(
+            _cp.SetModelPolicyRequest,
+            name=_NAMES,
+            has_weight=st.booleans(),
+            weight=st.floats(allow_nan=False),
+        ),
+        st.builds(
+            _cp.SetModelResidencyRequest, name=_NAMES, target=st.sampled_from(list(_cp.Residency))
+        ),
+        st.builds(_cp.CompactMemoryRequest, reload_models=st.lists(_NAMES, max_size=4)),
+    )

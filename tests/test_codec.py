@@ -39,7 +39,7 @@ from reactantserver.protocol.codec import (
     peek_request_id,
     stream_response_head,
 )
-from reactantserver.protocol.wire_reader import MAX_DIMS, MAX_GROUP_DEPTH
+from reactantserver.protocol.wire_reader import MAX_DIMS, MAX_FIELDS, MAX_GROUP_DEPTH
 from reactantserver.records import InferRequest, InferResponse, OutputTensor, ParamValue
 from reactantserver.service import Service
 from reactantserver.transport.grpc import serve_grpc
@@ -490,6 +490,38 @@ def test_counts_that_would_become_millions_of_objects_are_refused() -> None:
     assert _message(dims) == (
         f"malformed ModelInferRequest.InferInputTensor: shape has more than {MAX_DIMS} extents"
     )
+
+
+_BUDGET_SPENT = (
+    f"ModelInferRequest has more than {MAX_FIELDS} protobuf fields (nested ones and the "
+    "elements of packed integer lists counted): no client sends one so intricate, and "
+    "decoding it would hold up every other call; send tensors in raw_input_contents or "
+    "shared memory"
+)
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        b"\x52\x01\x00" * 1_000_000,  # 3 MB of unknown fields (issue 41: 0.4-3.8 s)
+        b"\x1a\x00" * (MAX_FIELDS + 1),  # a singular field sent again and again
+        _field(5, b"\x52\x01\x00" * MAX_FIELDS),  # unknown fields inside an input
+        _field(5, _field(5, _field(2, bytes(MAX_FIELDS + 1)))),  # packed int32 contents
+        _field(5, _field(5, b"\x10\x00" * (MAX_FIELDS + 1))),  # unpacked int32 contents
+        b"\x5b" * 20 + b"\x52\x01\x00" * MAX_FIELDS + b"\x5c" * 20,  # inside groups
+    ],
+)
+def test_the_work_budget_refuses_a_message_of_too_many_fields(hostile: bytes) -> None:
+    """However the fields are spread -- unknown, repeated, nested, packed -- decoding
+    stops at the budget: its work on the loop is bounded by MAX_FIELDS, not by the size."""
+    assert _message(hostile) == _BUDGET_SPENT
+
+
+def test_a_request_within_the_work_budget_decodes() -> None:
+    contents = _field(5, _field(5, _field(2, bytes(MAX_FIELDS - 3))))  # 3 tags before it
+    request = decode_infer_request(contents)
+    assert request.inputs[0].contents is not None
+    assert len(request.inputs[0].contents.int_contents) == MAX_FIELDS - 3
 
 
 @given(st.binary(max_size=64))

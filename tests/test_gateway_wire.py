@@ -27,6 +27,7 @@ from reactantserver.gateway.wire import (
     peek_name,
 )
 from reactantserver.protocol import inference as pb
+from reactantserver.protocol.wire_reader import MAX_DIMS, MAX_FIELDS
 
 Seen = tuple[str, str, str, list[tuple[str, tuple[int, ...]]]]
 
@@ -172,6 +173,43 @@ def test_tensor_bytes_are_skipped_not_read() -> None:
 def test_damage_is_named(data: bytes, message: str) -> None:
     with pytest.raises(InvalidArgument, match=re.escape(message)):
         peek_infer(data)
+
+
+def _long_field(number: int, payload: bytes) -> bytes:
+    return bytes([number << 3 | 2]) + _varint(len(payload)) + payload
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    return bytes(out) + bytes([value])
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        b"\x52\x01\x00" * (MAX_FIELDS + 1),  # unknown fields, three bytes each
+        b"\x1a\x00" * (MAX_FIELDS + 1),  # the id, sent again and again
+        _long_field(5, b"\x52\x01\x00" * MAX_FIELDS),  # unknown fields inside an input
+        _field(5, _field(1, b"x") + b"\x52\x01\x00" * 3) * (MAX_FIELDS // 5 + 1),  # 5 each
+    ],
+)
+def test_the_work_budget_refuses_a_message_of_too_many_fields(hostile: bytes) -> None:
+    """However the fields are spread, past the budget the peek refuses: its work on the
+    gateway's loop is bounded by MAX_FIELDS fields, not by the message's size."""
+    with pytest.raises(InvalidArgument, match=f"more than {MAX_FIELDS} protobuf fields"):
+        peek_infer(hostile)
+
+
+def test_a_message_within_the_work_budget_is_read() -> None:
+    assert peek_infer(b"\x52\x01\x00" * (MAX_FIELDS - 1) + _field(1, b"m")).model == "m"
+
+
+def test_a_packed_shape_of_too_many_extents_is_refused_before_it_is_read() -> None:
+    with pytest.raises(InvalidArgument, match=f"shape has more than {MAX_DIMS} extents"):
+        peek_infer(_long_field(5, _long_field(3, bytes(10_000_000))))
 
 
 def test_peek_name_reads_field_one_of_small_requests() -> None:

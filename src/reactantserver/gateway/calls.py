@@ -17,6 +17,8 @@ from grpclib import GRPCError
 from grpclib.const import Status
 from grpclib.encoding.base import CodecBase
 
+from ..errors import InvalidArgument
+from ..protocol.screen import decode_message
 from .pool import WorkerClient
 
 #: gRPC status codes the gateway's handlers compare against.
@@ -61,7 +63,10 @@ class RawCodec(CodecBase):
             )
         if message_type is Raw or message_type is None:
             return data
-        return message_type().parse(data)
+        try:
+            return decode_message(data, message_type)  # bounded work (protocol/screen.py)
+        except InvalidArgument as exc:
+            raise GRPCError(Status.INVALID_ARGUMENT, str(exc)) from None
 
 
 class Passthrough(Exception):

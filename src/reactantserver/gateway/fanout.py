@@ -37,6 +37,7 @@ from ..errors import DeadlineExceeded, FailedPrecondition, NotFound, Unavailable
 from ..model_version import check_version, parse_version
 from ..protocol import inference as pb
 from ..protocol import reactant_control as cpb
+from ..protocol.screen import decode_message
 from ..records import REPORTED_VERSION
 from . import merge
 from .calls import NOT_FOUND, OK, UNAVAILABLE, CallInfo, FleetView, Passthrough
@@ -175,7 +176,7 @@ class FanOut:
         return bool(clients) and all(c.credentials.vouch for c in clients)
 
     async def _shm_register(self, data: bytes, call: CallInfo) -> bytes:
-        request = pb.SystemSharedMemoryRegisterRequest().parse(data)
+        request = decode_message(data, pb.SystemSharedMemoryRegisterRequest)
         if not self.vouches():
             raise FailedPrecondition(
                 "SystemSharedMemoryRegister: this gateway cannot keep its clients' shared "
@@ -231,7 +232,7 @@ class FanOut:
             return client, exc
 
     async def shm_unregister(self, data: bytes, call: CallInfo) -> bytes:
-        request = pb.SystemSharedMemoryUnregisterRequest().parse(data)
+        request = decode_message(data, pb.SystemSharedMemoryUnregisterRequest)
         async with self.registrations.lock:  # after any replay in flight (see Registrations)
             self.registrations.unregistered(call.owner, request.name)
             results = await self._fan_out(

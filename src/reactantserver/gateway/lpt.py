@@ -50,6 +50,7 @@ import trio
 from ..config.schema import GatewaySchedulingConfig
 from ..errors import FailedPrecondition, InvalidArgument
 from ..protocol import reactant_control as cpb
+from ..protocol.screen import decode_message
 from ..transport import guest
 from .control import Compaction, LptController, ModelStatus, RepackOutcome, ResidencyChange
 from .estimates import Trigger
@@ -227,13 +228,13 @@ class LptDriver:
         if rpc == "GetSchedulingStatus":
             return bytes(self.status_message())
         if rpc == "SetSchedulingPolicy":
-            message = cpb.SetSchedulingPolicyRequest().parse(request)
+            message = decode_message(request, cpb.SetSchedulingPolicyRequest)
             return bytes(await portal.run(self._set_policy, message))
         if rpc == "SetModelPlacement":
-            placement = cpb.SetModelPlacementRequest().parse(request)
+            placement = decode_message(request, cpb.SetModelPlacementRequest)
             return bytes(await portal.run(self._set_model_placement, placement))
         if rpc == "Repack":
-            wait = check_repack_wait(cpb.RepackRequest().parse(request).wait_seconds)
+            wait = check_repack_wait(decode_message(request, cpb.RepackRequest).wait_seconds)
             loop = asyncio.get_running_loop()
             wait = max(0.0, min(wait, deadline - loop.time()))
             task = asyncio.ensure_future(portal.run(self.repack, "operator"))

@@ -12,7 +12,9 @@ full, with the same rules, when it arrives there.
 
 Protobuf rules kept (those of ``reactantserver``'s lean ModelInfer codec): fields in any
 order, unknown fields (groups included) skipped, a singular field sent twice keeps its last
-value, packed and unpacked shapes both accepted, int64 read as two's complement. Malformed
+value, packed and unpacked shapes both accepted, int64 read as two's complement; and its
+work budget: a message of more than ``wire_reader.MAX_FIELDS`` fields (counted as the peek
+walks them) is refused here, on the gateway's loop, in about a millisecond. Malformed
 input raises :class:`~reactantserver.errors.InvalidArgument` naming the field and the byte
 offset -- the gateway answers it INVALID_ARGUMENT itself rather than forward bytes no worker
 can read. The peek is deliberately no stricter than that: a field it does not need is only
@@ -33,11 +35,11 @@ most eight digits and reads back within its unit of the original, never above it
 
 from __future__ import annotations
 
-from ..protocol.wire_reader import LEN, MAX_DIMS
+from ..protocol.wire_reader import LEN, MAX_DIMS, MAX_ENTRIES, MAX_FIELDS
 from ..protocol.wire_reader import Reader as _Cursor
 
-#: Inputs the peek keeps at most (extents: ``wire_reader.MAX_DIMS``).
-MAX_INPUTS = 4096
+#: Inputs the peek keeps at most (the codec's bound; extents: ``wire_reader.MAX_DIMS``).
+MAX_INPUTS = MAX_ENTRIES
 
 
 class InferPeek:
@@ -136,8 +138,12 @@ def _peek_usual(data: bytes | memoryview) -> InferPeek | None:
     pos = 0
     model = request_id = version = ""
     inputs: list[tuple[str, tuple[int, ...]]] = []
+    left = MAX_FIELDS  # the work budget (``wire_reader``): past it, _peek refuses
     try:
         while pos < end:
+            left -= 1
+            if left < 0:
+                return None
             # _usual_field, inlined for a field shorter than 128 bytes (a tensor's bytes
             # take the call)
             key = data[pos]
@@ -156,7 +162,11 @@ def _peek_usual(data: bytes | memoryview) -> InferPeek | None:
                 tensor = _input_usual(data, pos, stop)
                 if tensor is None or len(inputs) >= MAX_INPUTS:
                     return None
-                inputs.append(tensor)
+                name, shape, fields = tensor
+                left -= fields
+                if left < 0:
+                    return None
+                inputs.append((name, shape))
             elif number == 0:
                 return None
             pos = stop
@@ -167,12 +177,16 @@ def _peek_usual(data: bytes | memoryview) -> InferPeek | None:
 
 def _input_usual(
     data: bytes | memoryview, pos: int, end: int
-) -> tuple[str, tuple[int, ...]] | None:
-    """One ``InferInputTensor`` the way :func:`_peek_usual` reads (shape packed);
-    UnicodeDecodeError for a name that is not UTF-8."""
+) -> tuple[str, tuple[int, ...], int] | None:
+    """One ``InferInputTensor`` the way :func:`_peek_usual` reads (shape packed), with the
+    number of fields it holds; UnicodeDecodeError for a name that is not UTF-8."""
     name = ""
     shape: list[int] = []
+    fields = 0
     while pos < end:
+        fields += 1
+        if fields > MAX_FIELDS:
+            return None
         key = data[pos]
         size = data[pos + 1] if pos + 1 < end else 0x80
         if size < 0x80 and key & 7 == LEN and 8 <= key < 0x80 and pos + 2 + size <= end:
@@ -182,6 +196,8 @@ def _input_usual(
         if number == 1:
             name = str(data[pos:stop], "utf-8")
         elif number == 3:
+            if stop - pos > 10 * MAX_DIMS:
+                return None  # more extents than allowed: _peek says so
             while pos < stop:
                 extent = data[pos]
                 if extent < 0x80:
@@ -196,7 +212,7 @@ def _input_usual(
         elif number == 0:
             return None
         pos = stop
-    return name, tuple(shape)
+    return name, tuple(shape), fields
 
 
 def _peek(data: bytes | memoryview) -> InferPeek:
@@ -216,7 +232,8 @@ def _peek(data: bytes | memoryview) -> InferPeek:
             if len(inputs) >= MAX_INPUTS:
                 raise c.fail(f"more than {MAX_INPUTS} inputs")
             start, end = c.length()
-            inputs.append(_input(_Cursor(data, start, end, "ModelInferRequest.InferInputTensor")))
+            tensor = _Cursor(data, start, end, "ModelInferRequest.InferInputTensor", c.budget)
+            inputs.append(_input(tensor))
         elif number == 1:
             c.expect(wire, LEN, "model_name")
             model = c.string("model_name")

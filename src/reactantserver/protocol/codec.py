@@ -52,7 +52,10 @@ codec says what is wrong instead, since no correct client sends one), invalid UT
 ``endpoints.max_message_bytes`` bounds) with a small factor: fields that become a
 Python object each (inputs, outputs, raw entries, parameters) are capped at
 :data:`MAX_ENTRIES` per list or map and shapes at ``wire_reader.MAX_DIMS``, so that a message
-of millions of empty fields cannot turn into gigabytes of objects.
+of millions of empty fields cannot turn into gigabytes of objects. Time is bounded too:
+the reader's work budget (``wire_reader.MAX_FIELDS`` fields, packed integers counted one
+each) refuses a message that would hold the event loop for more than about a millisecond,
+whatever its fields are -- unknown ones, repeated singular ones, typed contents.
 
 Why one module of this size: the reader and the writer of one RPC's two messages,
 sharing the wire constants; most of it is the reader's precise error paths.
@@ -71,6 +74,7 @@ from reactantserver.protocol.wire_reader import (
     I32,
     I64,
     LEN,
+    MAX_ENTRIES,
     VARINT,
 )
 from reactantserver.protocol.wire_reader import Reader as _Reader
@@ -83,9 +87,6 @@ from reactantserver.records import (
     RequestedOutput,
     TensorContents,
 )
-
-#: Most inputs, outputs, raw entries or parameters one list or map may hold.
-MAX_ENTRIES = 4096
 
 _MASK64 = (1 << 64) - 1
 _SIGN64 = 1 << 63
@@ -176,6 +177,7 @@ def _contents(r: _Reader, contents: TensorContents) -> None:
         if wire == LEN:  # packed: the usual encoding
             packed = r.sub(f"contents.{name}")
             if element == VARINT:
+                packed.charge_varints(packed.pos, packed.end)  # the work budget
                 while packed.pos < packed.end:
                     values.append(convert(packed.varint()))
             else:

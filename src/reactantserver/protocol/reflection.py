@@ -58,6 +58,7 @@ __all__ = [
     "ReflectionAnswerer",
     "ReflectionStatus",
     "load_descriptor_set",
+    "parsed_files",
     "split_descriptor_set",
 ]
 
@@ -117,6 +118,13 @@ def split_descriptor_set(data: bytes) -> list[bytes]:
         files.append(data[pos:end])
         pos = end
     return files
+
+
+def parsed_files(descriptor_set: bytes) -> Iterator[tuple[bytes, FileDescriptorProto]]:
+    """Each file of a serialized ``FileDescriptorSet``: its exact bytes, and it parsed
+    without its source comments (which are not needed to index names or fields)."""
+    for raw in split_descriptor_set(descriptor_set):
+        yield raw, FileDescriptorProto().parse(_strip_field(raw, _SOURCE_CODE_INFO_FIELD))
 
 
 # FileDescriptorProto.source_code_info: comments and source spans. Served to clients, but
@@ -231,8 +239,7 @@ class ReflectionAnswerer:
         self._message_types: set[str] = set()
         defined_services: list[str] = []
 
-        for raw in split_descriptor_set(descriptor_set):
-            fdp = FileDescriptorProto().parse(_strip_field(raw, _SOURCE_CODE_INFO_FIELD))
+        for raw, fdp in parsed_files(descriptor_set):
             if fdp.name in self._files:
                 raise ValueError(f"descriptor set holds {fdp.name!r} twice")
             self._files[fdp.name] = raw

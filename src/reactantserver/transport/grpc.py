@@ -98,6 +98,7 @@ from reactantserver.protocol.codec import (
 from reactantserver.protocol.grpc.reflection import v1 as reflection_v1
 from reactantserver.protocol.grpc.reflection import v1alpha as reflection_v1alpha
 from reactantserver.protocol.reflection import ReflectionAnswerer
+from reactantserver.protocol.screen import decode_message
 from reactantserver.records import CallContext
 from reactantserver.service import PendingInfer, Service
 from reactantserver.status import StatusCode, WireStatus, to_status
@@ -165,8 +166,10 @@ _Method = Callable[[Any, CallContext], Awaitable[Any]]
 
 class _SizeLimitedCodec(ProtoCodec):
     """grpclib's protobuf codec (betterproto messages implement its interface), with
-    ``endpoints.max_message_bytes`` enforced on every message in and out, and the lean
-    codec for ModelInfer's request (its response is framed by the bridge itself)."""
+    ``endpoints.max_message_bytes`` enforced on every message in and out, the lean
+    codec for ModelInfer's request (its response is framed by the bridge itself) and every
+    other request screened before betterproto parses it (:mod:`~reactantserver.protocol.screen`:
+    bounded work, unknown fields dropped)."""
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
@@ -198,13 +201,9 @@ class _SizeLimitedCodec(ProtoCodec):
                 status = to_status(exc, rpc="ModelInfer")
                 raise GRPCError(Status(status.code.value), status.message) from None
         try:
-            return super().decode(data, message_type)
-        except Exception as exc:  # betterproto's parser raises whatever it meets
-            raise GRPCError(
-                Status.INVALID_ARGUMENT,
-                f"the request is not a valid {message_type.__name__} message "
-                f"({type(exc).__name__}: {exc})",
-            ) from None
+            return decode_message(data, message_type)  # bounded work (protocol/screen.py)
+        except InvalidArgument as exc:
+            raise GRPCError(Status.INVALID_ARGUMENT, str(exc)) from None
 
 
 class _Bridge:
