@@ -56,6 +56,7 @@ from ..config.certs import read_secret
 from ..config.dump import dump_config
 from ..config.rules import split_host_port
 from ..config.schema import GatewayConfig, LoggingConfig
+from ..protocol import screen
 from ..protocol.grpc.reflection import v1 as reflection_v1
 from ..protocol.grpc.reflection import v1alpha as reflection_v1alpha
 from ..protocol.reflection import ReflectionAnswerer
@@ -252,6 +253,7 @@ class Gateway:
         table = proxy.mapping()
         table.update(self.health.mapping())
         answerer = ReflectionAnswerer.from_package(services=SERVICES)
+        screen.prepare()  # the small requests' schemas, before the first one arrives
 
         async def reflect(stream: ServerStream) -> None:
             async for request in stream:

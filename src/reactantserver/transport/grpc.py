@@ -88,7 +88,7 @@ from grpclib.encoding.proto import ProtoCodec
 
 from reactantserver.config.schema import EndpointsConfig
 from reactantserver.errors import DeadlineExceeded, InvalidArgument
-from reactantserver.protocol import inference, reactant_control
+from reactantserver.protocol import inference, reactant_control, screen
 from reactantserver.protocol.codec import (
     decode_infer_request,
     encode_infer_response_parts,
@@ -630,6 +630,7 @@ async def serve_grpc(
             "process with reactantserver.transport.guest.run(main)"
         ) from None
     answerer = ReflectionAnswerer.from_package(services=SERVICES)
+    screen.prepare()  # the small requests' schemas, before the first one arrives
     limits = WireLimits.from_endpoints(endpoints)
     _check_file_limit(endpoints)
     security = listener_security(
