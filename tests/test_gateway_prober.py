@@ -27,6 +27,7 @@ from reactantserver.gateway.pool import WorkerClient
 from reactantserver.gateway.prober import (
     STARTUP_GRACE_SECONDS,
     GatewayWedged,
+    LoopLag,
     Prober,
     Registrations,
     WedgeWatch,
@@ -161,6 +162,106 @@ def test_wedge_watch_counts_seconds_since_the_last_answer(
         assert watch.wedged(now) == (last is not None and now >= last + limit)
         if last is not None:
             assert watch.wedged(last + limit) and not watch.wedged(last + limit * 0.99)
+
+
+@given(
+    limit=st.floats(min_value=0.5, max_value=100.0),
+    rounds=st.lists(
+        st.tuples(
+            st.floats(min_value=0.0, max_value=50.0),
+            st.floats(min_value=0.0, max_value=1.0),
+            st.booleans(),
+        ),
+        max_size=30,
+    ),
+)
+def test_wedge_watch_does_not_count_time_the_loop_was_held_up(
+    limit: float, rounds: list[tuple[float, float, bool]]
+) -> None:
+    """After any rounds (time advancing by a gap, of which a fraction the loop was held
+    up), the watch is wedged exactly when some round was answered and the time since the
+    last answer, less the time held up since, is at least ``limit``."""
+    watch = WedgeWatch(limit)
+    now = held = 0.0
+    last: tuple[float, float] | None = None
+    for gap, fraction, answered in rounds:
+        now += gap
+        held += gap * fraction
+        watch.observe(now, answered, held)
+        if answered:
+            last = (now, held)
+        # (had = now - last[0] - (held - last[1]) >= limit, in the deadline's rounding)
+        assert watch.wedged(now, held) == (
+            last is not None and now >= last[0] + limit + (held - last[1])
+        )
+
+
+class StallingFleet(FakeFleet):
+    """Workers that always answer, on a gateway whose own loop is held up for ``stall``
+    seconds during every round between ``from_`` and ``until`` (the clock jumps while no
+    task runs, as a blocked loop is to them): those rounds time out, answered by no one."""
+
+    def __init__(self, clock: trio.testing.MockClock, stall: float, from_: float, until: float):
+        super().__init__()
+        self.clock = clock
+        self.stall = stall
+        self.window = (from_, until)
+
+    async def gather(self) -> list[tuple[WorkerSnapshot, WorkerProbe]]:
+        now = trio.current_time() - self.t0
+        if not self.window[0] <= now < self.window[1]:
+            return await super().gather()
+        self.rounds.append(now)
+        self.clock.jump(self.stall)  # the loop is held up: nothing runs meanwhile
+        return [
+            (
+                WorkerSnapshot(address=a, name=f"worker{i}", ready=False),
+                WorkerProbe(address=a, name=f"worker{i}", problem="deadline exceeded"),
+            )
+            for i, a in enumerate(ADDRESSES)
+        ]
+
+
+async def test_the_gateways_own_stalls_are_not_the_workers_silence(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The issue's case: a request held the gateway's loop 2.5 s, every probe of the round
+    missed its deadline, and the gateway exited ("no worker answered for 6.0 s"). Here the
+    loop is held up 2.5 s in every round for a minute, against a wedge limit of 3 s: the
+    gateway does not exit, and no round takes a worker out of the route table."""
+    fleet = StallingFleet(autojump_clock, stall=2.5, from_=10.0, until=70.0)
+    p = prober(fleet, interval=1.0, rounds=3)
+    served: list[bool] = []
+    p._on_table = lambda table: served.append(len(table.replicas("double")) == 2)
+    with trio.move_on_after(100):
+        await p.run()  # GatewayWedged would fail the test
+    assert trio.current_time() - fleet.t0 >= 100
+    assert len([r for r in fleet.rounds if 10 <= r < 70]) >= 10
+    assert served and all(served)
+    assert p.lag is None  # the meter stops with the prober
+
+
+async def test_a_real_outage_still_ends_the_gateway(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """With the meter running and the loop never held up, silence is counted as before:
+    workers dead from 20 s, the gateway exits 3 s after the last answer."""
+    fleet = FakeFleet(dies_at=20.0)
+    p = prober(fleet, interval=1.0, rounds=3)
+    with pytest.raises(GatewayWedged, match=r"no worker answered for 3\.0 s"):
+        await p.run()
+    assert p.wedge.last_answer is not None
+    assert p.wedge.last_answer + 3.0 <= trio.current_time() <= p.wedge.last_answer + 3.02
+
+
+def test_the_loop_lag_meter_counts_late_wake_ups_and_the_one_overdue() -> None:
+    lag = LoopLag(0.0, period=0.1)
+    lag.beat(0.1)
+    lag.beat(0.2)
+    assert lag.held(0.25) == 0.0
+    lag.beat(2.8)  # woke 2.5 s late
+    assert lag.held(2.85) == pytest.approx(2.5)
+    assert lag.held(4.0) == pytest.approx(2.5 + 1.1)  # held up again, no beat yet
 
 
 async def test_a_start_with_workers_still_compiling_reads_healthy(

@@ -34,6 +34,17 @@ otherwise use the budget up in a few seconds, so the gateway would give up after
 under traffic and 29.4 s without. The periodic loop wakes at the limit, probes once more,
 and exits only if that round got no answer either.
 
+**Time the loop had, not time that passed.** The probes, the timers and every client
+share one thread. A request that held the gateway's loop for seconds (issue 41: 2.5 s
+decoding one SystemSharedMemoryRegister) made every probe of that round miss its
+deadline, and the gateway concluded "no worker answered for 6.0 s" and exited -- its
+own stall, judged as the workers' silence. So a :class:`LoopLag` meter, fed by a Trio task
+that wakes every :data:`LAG_PERIOD` seconds, counts how late the loop let it wake (a
+stall in progress included), and the watch counts silence *minus* that time; and a round
+during which the loop was held up for a quarter of the probe timeout or more judges no
+worker it got no answer from: each keeps what the last round said of it (a worker that
+is down is judged by the next round).
+
 **What the log says.** A worker's first ready answer is ``worker w0 is ready: routing to
 it``; a worker that was ready and stops answering, ``left the route table`` (a warning).
 A worker not answering yet at start is no warning -- workers compile before they answer,
@@ -89,38 +100,72 @@ class GatewayWedged(Exception):
     gateway should restart."""
 
 
+#: Seconds between two wake-ups of the loop-lag meter's task.
+LAG_PERIOD = 0.1
+
+
+class LoopLag:
+    """How long the event loop was held up: the seconds by which a task that sleeps
+    ``period`` seconds at a time woke up late, summed (sans-IO: given ``now``).
+
+    ``beat(now)`` is the task waking; ``held(now)`` is the sum so far, with the hold-up
+    still in progress (a wake-up overdue by now) included, so a reader that runs before
+    the late task does still counts it. Only differences of ``held`` mean anything.
+    """
+
+    def __init__(self, now: float, period: float = LAG_PERIOD) -> None:
+        self.period = period
+        self.last = now
+        self.stalled = 0.0
+
+    def beat(self, now: float) -> None:
+        self.stalled += max(0.0, now - self.last - self.period)
+        self.last = now
+
+    def held(self, now: float) -> float:
+        return self.stalled + max(0.0, now - self.last - self.period)
+
+
 class WedgeWatch:
-    """When the gateway counts as wedged: no probe answered for ``limit`` seconds since the
-    last one that was (sans-IO: every call is given ``now``).
+    """When the gateway counts as wedged: no probe answered for ``limit`` seconds of time
+    the loop had since the last one that was (sans-IO: every call is given ``now`` and
+    ``held``, the :class:`LoopLag` reading at ``now``).
 
     Nothing counts before the first answer (the workers may still be starting), and a
     ``limit`` of 0 disables it. However many rounds ran meanwhile -- periodic ones, or the
-    request path's -- only the time since the last answer matters.
+    request path's -- only the time since the last answer matters, less the time the
+    gateway's own loop was held up meanwhile (module docstring).
     """
 
     def __init__(self, limit: float) -> None:
         self.limit = limit
         #: When a round last got an answer from some worker (None: never yet).
         self.last_answer: float | None = None
+        #: The loop's held-up seconds (``LoopLag.held``) at that answer.
+        self.held_at_answer = 0.0
 
-    def observe(self, now: float, answered: bool) -> None:
+    def observe(self, now: float, answered: bool, held: float = 0.0) -> None:
         """A round ended at ``now``; ``answered``: some worker answered it."""
         if answered:
             self.last_answer = now
+            self.held_at_answer = held
 
-    def deadline(self) -> float | None:
-        """When the gateway is wedged unless a worker answers first (None: it cannot be)."""
+    def deadline(self, held: float = 0.0) -> float | None:
+        """When the gateway is wedged unless a worker answers first, or the loop is held up
+        again (None: it cannot be)."""
         if self.limit <= 0 or self.last_answer is None:
             return None
-        return self.last_answer + self.limit
+        return self.last_answer + self.limit + (held - self.held_at_answer)
 
-    def wedged(self, now: float) -> bool:
-        deadline = self.deadline()
+    def wedged(self, now: float, held: float = 0.0) -> bool:
+        deadline = self.deadline(held)
         return deadline is not None and now >= deadline
 
-    def silent_for(self, now: float) -> float:
-        """Seconds since the last answer (0 before the first)."""
-        return 0.0 if self.last_answer is None else now - self.last_answer
+    def silent_for(self, now: float, held: float = 0.0) -> float:
+        """Seconds of loop time since the last answer (0 before the first)."""
+        if self.last_answer is None:
+            return 0.0
+        return now - self.last_answer - (held - self.held_at_answer)
 
 
 def probe_timeout(interval: float) -> float:
@@ -290,6 +335,10 @@ class Prober:
         self.timeout = probe_timeout(interval)
         self.wedge_exit_rounds = wedge_exit_rounds
         self.wedge = WedgeWatch(wedge_exit_rounds * interval)
+        #: The loop's hold-ups (started by :meth:`run`; none while it is not running).
+        self.lag: LoopLag | None = None
+        #: What the last round said of each worker, kept for a round that cannot judge it.
+        self._snapshots: dict[str, WorkerSnapshot] = {}
         self.registrations = registrations if registrations is not None else Registrations()
         self.probes: Mapping[str, WorkerProbe] = {
             c.address: WorkerProbe(address=c.address, name=c.name) for c in self.clients
@@ -322,41 +371,88 @@ class Prober:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Probe every ``interval`` seconds until cancelled (first round before ``started``);
         raise :class:`GatewayWedged` when :attr:`wedge` says so after a round."""
-        await self.probe_round()
-        task_status.started()
+        self.lag = LoopLag(trio.current_time())
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._measure_lag, self.lag)
+                await self.probe_round()
+                task_status.started()
+                why = await self._rounds()
+                nursery.cancel_scope.cancel()
+        finally:
+            self.lag = None
+        raise GatewayWedged(why)
+
+    async def _rounds(self) -> str:
+        """The periodic rounds, until the watch says the gateway is wedged: why."""
         while True:
             wake = trio.current_time() + self.interval
-            deadline = self.wedge.deadline()
+            deadline = self.wedge.deadline(self._held())
             if deadline is not None:
                 wake = min(wake, deadline)  # a last round at the limit, not up to a period late
             await trio.sleep_until(wake)
             await self.probe_round()
             now = trio.current_time()
-            if self.wedge.wedged(now):
-                raise GatewayWedged(
-                    f"no worker answered for {self.wedge.silent_for(now):.1f} s "
+            held = self._held()
+            if self.wedge.wedged(now, held):
+                return (
+                    f"no worker answered for {self.wedge.silent_for(now, held):.1f} s "
                     f"(wedge_exit_rounds {self.wedge_exit_rounds} x health_interval_seconds "
                     f"{self.interval:g}); exiting to be restarted"
                 )
+
+    @staticmethod
+    async def _measure_lag(lag: LoopLag) -> None:
+        while True:
+            await trio.sleep(lag.period)
+            lag.beat(trio.current_time())
+
+    def _held(self) -> float:
+        return 0.0 if self.lag is None else self.lag.held(trio.current_time())
 
     async def probe_round(self) -> RouteTable:
         """One round now (waits for a round already running, then runs its own)."""
         async with self._lock:
             if self._started_at is None:
                 self._started_at = trio.current_time()
+            held_before = self._held()
             results = await self._gather_round()
             now = trio.current_time()
+            held = self._held()
+            if held - held_before >= self.timeout / 4:
+                results = self._unjudged(results, held - held_before)
             snapshots = [snapshot for snapshot, _ in results]
+            self._snapshots = {snapshot.address: snapshot for snapshot in snapshots}
             probes = {probe.address: probe for _, probe in results}
             self._log_changes(probes, now)
             self.probes = probes
             table = build_table(self.router.table, snapshots)
             self.router.update(table)
             self.rounds += 1
-            self.wedge.observe(now, any(p.answered for p in probes.values()))
+            self.wedge.observe(now, any(p.answered for p in probes.values()), held)
             if self._on_table is not None:
                 self._on_table(table)
             return table
+
+    def _unjudged(
+        self, results: Sequence[tuple[WorkerSnapshot, WorkerProbe]], held: float
+    ) -> list[tuple[WorkerSnapshot, WorkerProbe]]:
+        """A round during which the loop was held up for ``held`` seconds: a worker it got
+        no answer from keeps what the last round said of it (module docstring)."""
+        out = []
+        for snapshot, probe in results:
+            before = self._snapshots.get(probe.address)
+            if probe.answered or before is None:
+                out.append((snapshot, probe))
+                continue
+            log.info(
+                "worker %s did not answer a probe round during which the gateway's own loop "
+                "was held up for %.1f s; not judged by it",
+                probe.name,
+                held,
+            )
+            out.append((before, self.probes.get(probe.address, probe)))
+        return out
 
     async def _gather(self) -> list[tuple[WorkerSnapshot, WorkerProbe]]:
         return list(
