@@ -80,7 +80,7 @@ import numpy as np
 
 from reactantserver import tensors
 from reactantserver.bundle.manifest import TensorSpec
-from reactantserver.errors import ExecutionFailed, InvalidArgument
+from reactantserver.errors import BatchTooLarge, ExecutionFailed, InvalidArgument
 from reactantserver.protocol import inference as pb
 from reactantserver.protocol.codec import from_message
 from reactantserver.records import (
@@ -336,12 +336,16 @@ def decode_request(
     now: float,
     deadline: float = math.inf,
     owner: str = "",
+    batch_sizes: Sequence[int] = (),
 ) -> InferCall:
     """Validate ``request`` against the model's client-facing tensors and decode it.
 
     ``now`` and ``deadline`` are ``trio.current_time()`` values: the arrival time and
     the gRPC deadline (``inf`` when the client set none). ``owner``: whose shared-memory
     regions the request may name (the caller's; :mod:`reactantserver.shm`).
+    ``batch_sizes``: a batched model's compiled sizes, so that an input in shared memory
+    with more rows than the largest is refused before a byte of it is read (empty: no
+    batch axis to check).
     """
     if not isinstance(request, InferRequest):
         request = from_message(request)
@@ -394,6 +398,10 @@ def decode_request(
         if target is not None:
             if contents is not None:
                 raise InvalidArgument(f"{where}: both contents and shared memory are set")
+            if batch_sizes and shape and shape[0] > max(batch_sizes):
+                # Before reading: the scheduler would refuse it after (issue 41: four such
+                # requests on a sparse 256 MiB region read 1 GiB on the loop first).
+                raise BatchTooLarge(model, shape[0], batch_sizes)
             if spec.datatype != "BYTES":
                 # Check the size against the shape before reading anything.
                 _check_byte_size(spec, shape, target.byte_size, where, shm=True)

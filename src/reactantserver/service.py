@@ -350,6 +350,7 @@ class Service:
                 now=started,
                 deadline=ctx.deadline,
                 owner=ctx.owner,
+                batch_sizes=model.compiled_batch_sizes if model.max_batch_size else (),
             )
             answer = Answer(wake)
             handle = self._host.begin(
