@@ -48,3 +48,32 @@ async def test_endpoints_over_loopback() -> None:
         huge = await _get(port, b"GET /healthz HTTP/1.1\r\n" + b"X: y\r\n" * 3000)
         assert huge.startswith(b"HTTP/1.1 431")
         nursery.cancel_scope.cancel()
+
+
+async def test_idle_connections_cannot_keep_a_probe_out() -> None:
+    """Issue 41: the admin port had no connection cap (3,000 idle connections held 3,000
+    descriptors). Past ``max_connections`` a new connection closes the oldest one that has
+    not sent its request; when every open one is being answered, the new one gets 503."""
+    release = trio.Event()
+    app = AdminApp(CollectorRegistry(), lambda: (True, ""), before_metrics=release.wait)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(partial(serve_admin, app, "127.0.0.1", 0, max_connections=3))
+        idle = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(3)]
+        await trio.sleep(0.1)
+        health = await _get(port, b"GET /healthz HTTP/1.1\r\n\r\n")  # closes the oldest
+        assert health.startswith(b"HTTP/1.1 200 OK")
+        with trio.fail_after(5):
+            assert await idle[0].receive_some(1) == b""
+        async with trio.open_nursery() as scrapes:  # three scrapes: the other two go
+            for _ in range(3):
+                scrapes.start_soon(_get, port, b"GET /metrics HTTP/1.1\r\n\r\n")
+                await trio.sleep(0.1)
+            for stream in idle[1:]:
+                with trio.fail_after(5):
+                    assert await stream.receive_some(1) == b""
+            busy = await _get(port, b"GET /healthz HTTP/1.1\r\n\r\n")  # all being answered
+            assert busy.startswith(b"HTTP/1.1 503") and busy.endswith(b"retry\n")
+            release.set()
+        for stream in idle:
+            await stream.aclose()
+        nursery.cancel_scope.cancel()

@@ -492,26 +492,57 @@ def test_handshake_timeout_closes_silent_connections(tmp_path: Path) -> None:
 
 
 def test_idle_timeout_sends_goaway_then_closes(tmp_path: Path) -> None:
-    """Bullet 7, idle. Before: a connection with no open stream was held forever."""
+    """Bullet 7, idle. Before: a connection with no open stream was held forever. Since
+    issue 41 a call still waiting for its request message does not keep a connection
+    open either (such calls kept it open forever); a call at work does."""
+    slow = grpc_message(
+        bytes(
+            pb.ModelInferRequest(
+                model_name="slow",
+                inputs=[
+                    pb.ModelInferRequestInferInputTensor(name="x", datatype="FP32", shape=[1, 16])
+                ],
+                raw_input_contents=[bytes(64)],
+            )
+        )
+    )
     with (
         running_wire_server(tmp_path, idle_timeout_seconds=0.5) as server,
         H2Client(server.port) as busy,
         H2Client(server.port) as idle,
+        H2Client(server.port) as held,
     ):
         assert idle.call(LIVE, b"").grpc_status == OK
-        sid = busy.start(LIVE)  # an open stream: the connection is not idle
-        outcome = idle.wait_closed(20)
-        assert outcome.goaway == (NO_ERROR, 1), outcome
-        assert outcome.closed
+        held.start(LIVE)  # headers, and never the message
+        working = busy.start(INFER)
+        busy.send(working, slow, end_stream=True)  # at work until the server stops
+        for client in (idle, held):
+            outcome = client.wait_closed(20)
+            assert outcome.goaway is not None and outcome.goaway[0] == NO_ERROR, outcome
+            assert outcome.closed
         time.sleep(1.0)
         assert busy.pump(0.1) and busy.connection.goaway is None
-        busy.send(sid, grpc_message(b""), end_stream=True)
-        assert busy.wait(sid).grpc_status == OK
-        assert busy.wait_closed(20).goaway == (NO_ERROR, sid)
+
+
+def _slow_infer() -> bytes:
+    """A ModelInfer of the fake host's ``slow`` model: at work until the server stops."""
+    return grpc_message(
+        bytes(
+            pb.ModelInferRequest(
+                model_name="slow",
+                inputs=[
+                    pb.ModelInferRequestInferInputTensor(name="x", datatype="FP32", shape=[1, 16])
+                ],
+                raw_input_contents=[bytes(64)],
+            )
+        )
+    )
 
 
 def test_max_connections(tmp_path: Path) -> None:
-    """Bullet 7, connections. Before: no bound on connections at all."""
+    """Bullet 7, connections. Before: no bound on connections at all. Since issue 41 a
+    connection without a call at work makes room too; only when every connection has
+    one is a new one refused."""
     with running_wire_server(tmp_path, max_connections=4) as server:
         # Stalled connections (no preface) make room for one that talks HTTP/2.
         stalled = [RawClient(server.port) for _ in range(4)]
@@ -521,10 +552,12 @@ def test_max_connections(tmp_path: Path) -> None:
             assert wait_for(
                 lambda: any(s.pump(0.05) is False or s.connection.closed for s in stalled)
             )
-            # Four live connections: the fifth is refused at once, with a GOAWAY saying why.
+            # Four live connections, each with a call at work: the fifth is refused at
+            # once, with a GOAWAY saying why.
             others = [H2Client(server.port) for _ in range(3)]
-            for other in others:
-                assert other.call(LIVE, b"").grpc_status == OK
+            for client in (polite, *others):
+                client.send(client.start(INFER), _slow_infer(), end_stream=True)
+            assert wait_for(lambda: all(not s.pump(0.05) or s.connection.closed for s in stalled))
             with H2Client(server.port) as extra:
                 outcome = extra.wait_closed(20)
                 assert outcome.closed
@@ -538,6 +571,30 @@ def test_max_connections(tmp_path: Path) -> None:
         metrics = server.metrics()
         assert metrics["worker_grpc_connections_refused_total"] == 1
         assert metrics["worker_grpc_connections_evicted_total"] >= 1
+
+
+def test_connections_that_only_hold_calls_cannot_lock_clients_out(tmp_path: Path) -> None:
+    """Issue 41: max_connections connections each holding a call whose request message
+    never comes locked out every new client. Now a new client's connection closes the
+    one idle the longest, and the held calls end DEADLINE_EXCEEDED at body_timeout."""
+    with running_wire_server(tmp_path, max_connections=4, body_timeout_seconds=1.0) as server:
+        holders = [H2Client(server.port) for _ in range(4)]
+        held = [h.start(LIVE) for h in holders]  # headers, never a message
+        for h in holders:
+            h.pump(0.1)
+        with H2Client(server.port) as polite:
+            assert polite.call(LIVE, b"").grpc_status == OK  # one holder made room
+        assert sum(h.wait_closed(20).closed for h in holders[:1]) == 1
+        answered = [h.wait(sid, 20) for h, sid in zip(holders[1:], held[1:], strict=True)]
+        assert {(r.grpc_status, r.grpc_message) for r in answered} == {
+            (4, "the request message did not arrive within 1 s of the call's headers "
+                "(endpoints.body_timeout_seconds)")
+        }  # fmt: skip
+        for h in holders:
+            h.close()
+        metrics = server.metrics()
+        assert metrics["worker_grpc_connections_evicted_total"] == 1
+        assert metrics['worker_grpc_client_errors_total{kind="body_timeout"}'] == 3
 
 
 # --------------------------------------------------------------------------- statuses

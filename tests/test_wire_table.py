@@ -44,6 +44,15 @@ class FakeConnection:
         limit = self.table.limits.idle_timeout
         return self.handshaken and self.idle_since is not None and now - self.idle_since >= limit
 
+    def evictable_since(self) -> float | None:
+        return self.idle_since
+
+    def send_stalled(self, now: float) -> bool:
+        return False
+
+    def expire_bodies(self, now: float) -> None:
+        pass
+
 
 def table(**limits: Any) -> tuple[ConnectionTable, WireCounters, list[str]]:
     counters, lines = WireCounters(), []
@@ -69,6 +78,23 @@ def test_past_the_limit_the_oldest_handshaking_connection_makes_room() -> None:
     assert not admitted and d.events == []
     assert counters.connections_refused == 1 and counters.connections_open == 2
     assert counters.faults[Fault.TOO_MANY_CONNECTIONS] == 2
+
+
+def test_past_the_limit_the_connection_idle_the_longest_makes_room() -> None:
+    """Issue 41: connections that only hold calls open (or none) locked every new client
+    out at max_connections. Now a new connection closes the one without a working call
+    the longest; it is refused only when every connection has a call at work."""
+    t, counters, _ = table(max_connections=3)
+    conns = [connect(t, name, 0)[0] for name in ("a", "b", "c")]
+    for conn, idle_since in zip(conns, (5.0, 2.0, None), strict=True):
+        t.handshaken(conn)  # type: ignore[arg-type]
+        conn.idle_since = idle_since
+    d, admitted = connect(t, "d", 10)
+    assert admitted and conns[1].events == ["abort"] and conns[0].events == []
+    t.handshaken(d)  # type: ignore[arg-type]
+    _, admitted = connect(t, "e", 11)  # d has a call at work (the fake's default): a goes
+    assert admitted and conns[0].events == ["abort"]
+    assert counters.connections_evicted == 2 and counters.connections_open == 3
 
 
 def test_the_sweep_closes_expired_handshakes_and_idle_connections() -> None:

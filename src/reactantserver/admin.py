@@ -2,8 +2,13 @@
 
 A deliberately small HTTP/1.1 server on Trio streams. It answers one GET per
 connection and closes it, which is all Prometheus scrapers and orchestrator probes
-need, and it bounds everything a peer controls: the request head is at most 8 KiB and
-a connection gets ``CONNECTION_TIMEOUT`` seconds to send it.
+need, and it bounds everything a peer controls: the request head is at most 8 KiB, a
+connection gets ``CONNECTION_TIMEOUT`` seconds to send it, and at most
+``max_connections`` are open at once (``endpoints.max_admin_connections``, a gateway's
+``grpc.max_admin_connections``; issue 41 held 3,000 idle ones, 3,000 descriptors). A
+connection past the cap closes the oldest one that has not sent its request yet (so idle
+connections cannot keep a liveness probe out), or, when every open one is being
+answered, is answered 503 and closed (:class:`_Gate`).
 
 - ``/healthz``: 200 ``ok`` while the process is alive and its event loop answers.
 - ``/readyz``: 200 ``ready`` only when the readiness callback says so; otherwise 503
@@ -27,6 +32,8 @@ log = logging.getLogger(__name__)
 
 MAX_HEAD = 8192
 CONNECTION_TIMEOUT = 10.0
+#: Open admin connections at most, by default.
+MAX_CONNECTIONS = 64
 
 #: Returns (ready, reason); the reason is shown when not ready.
 ReadinessCheck = Callable[[], tuple[bool, str]]
@@ -89,7 +96,59 @@ async def _refuse_oversize(stream: trio.SocketStream) -> None:
             drained += len(chunk)
 
 
-async def _handle(app: AdminApp, stream: trio.SocketStream) -> None:
+class _Gate:
+    """The open admin connections, oldest first, and the cap on them.
+
+    Each connection is a cancel scope and whether its request head has arrived. A new
+    connection past the cap cancels the oldest one still waiting for its head (evicted);
+    with none such, the new one is refused.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._open: dict[trio.CancelScope, bool] = {}
+        self.evicted = 0
+        self.refused = 0
+
+    def enter(self, scope: trio.CancelScope) -> bool:
+        if len(self._open) >= self.limit:
+            waiting = next((s for s, has_head in self._open.items() if not has_head), None)
+            if waiting is None:
+                self.refused += 1
+                return False
+            self.evicted += 1
+            self.leave(waiting)
+            waiting.cancel()
+        self._open[scope] = False
+        return True
+
+    def headed(self, scope: trio.CancelScope) -> None:
+        if scope in self._open:
+            self._open[scope] = True
+
+    def leave(self, scope: trio.CancelScope) -> None:
+        self._open.pop(scope, None)
+
+
+async def _gated(app: AdminApp, gate: _Gate, stream: trio.SocketStream) -> None:
+    with trio.CancelScope() as scope:
+        if not gate.enter(scope):
+            async with stream:
+                with trio.move_on_after(1.0):
+                    busy = f"{gate.limit} admin connections are being answered; retry\n"
+                    await stream.send_all(_response("503 Service Unavailable", busy.encode()))
+            return
+        try:
+            await _handle(app, stream, lambda: gate.headed(scope))
+        finally:
+            gate.leave(scope)
+    if scope.cancelled_caught:
+        await trio.aclose_forcefully(stream)
+
+
+async def _handle(
+    app: AdminApp, stream: trio.SocketStream, headed: Callable[[], None] = lambda: None
+) -> None:
     async with stream:
         with trio.move_on_after(CONNECTION_TIMEOUT):
             buf = bytearray()
@@ -101,6 +160,7 @@ async def _handle(app: AdminApp, stream: trio.SocketStream) -> None:
                 if len(buf) > MAX_HEAD:
                     await _refuse_oversize(stream)
                     return
+            headed()
             line = bytes(buf).split(b"\r\n", 1)[0].decode("latin-1")
             parts = line.split(" ")
             if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
@@ -119,12 +179,15 @@ async def serve_admin(
     host: str,
     port: int,
     *,
+    max_connections: int = MAX_CONNECTIONS,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``app`` on ``host:port`` until cancelled; reports the bound port when listening."""
+    """Serve ``app`` on ``host:port`` until cancelled; reports the bound port when listening.
+    At most ``max_connections`` connections are open at once (module docstring)."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()[1]
     log.info("admin HTTP listening on %s:%d (/healthz /readyz /metrics)", host, bound)
+    gate = _Gate(max_connections)
     async with trio.open_nursery() as nursery:
-        await nursery.start(partial(trio.serve_listeners, partial(_handle, app), listeners))
+        await nursery.start(partial(trio.serve_listeners, partial(_gated, app, gate), listeners))
         task_status.started(bound)

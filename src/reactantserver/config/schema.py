@@ -207,8 +207,18 @@ class EndpointsConfig:
     max_concurrent_streams: int = 128
     #: A new connection must complete the HTTP/2 preface and SETTINGS within this time.
     handshake_timeout_seconds: float = 10.0
-    #: A connection with no open call for this long gets GOAWAY and is closed.
+    #: A connection with no working call for this long gets GOAWAY and is closed (a
+    #: call still waiting for its request message does not count as working).
     idle_timeout_seconds: float = 300.0
+    #: A unary call must have sent its whole request message this long after its headers.
+    body_timeout_seconds: float = 60.0
+    #: A connection whose peer reads none of its waiting answers for this long is closed.
+    send_timeout_seconds: float = 60.0
+    #: Bytes of answers one connection may have waiting for its peer to read them.
+    max_unsent_bytes: int = 64 * 1024 * 1024
+    #: Open admin HTTP connections at most (a new one past it closes the oldest that has
+    #: not sent its request yet, or is refused).
+    max_admin_connections: int = 64
     #: Registered system shared-memory regions at most (each holds a file descriptor).
     max_shm_regions: int = 256
     #: Shared-memory keys a client may register must start with this ("" = any name
@@ -385,6 +395,12 @@ class GatewayGrpcConfig:
     max_concurrent_streams: int = 128
     handshake_timeout_seconds: float = 10.0
     idle_timeout_seconds: float = 300.0
+    #: As a worker's ``endpoints:`` keys of the same names (held calls, unread answers,
+    #: and the admin port's connections).
+    body_timeout_seconds: float = 60.0
+    send_timeout_seconds: float = 60.0
+    max_unsent_bytes: int = 64 * 1024 * 1024
+    max_admin_connections: int = 64
 
 
 @attrs.frozen(kw_only=True)

@@ -45,6 +45,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Mapping
+from functools import partial
 
 import attrs
 import trio
@@ -457,7 +458,10 @@ async def serve_gateway(
                     before_metrics=gateway.worker_metrics.refresh,
                 )
                 metrics_port = await nursery.start(
-                    serve_admin, app, host_port[0].strip("[]"), host_port[1]
+                    partial(serve_admin, max_connections=config.grpc.max_admin_connections),
+                    app,
+                    host_port[0].strip("[]"),
+                    host_port[1],
                 )
                 proxy.admin = (host_port[0].strip("[]"), metrics_port)
             if lpt is None:

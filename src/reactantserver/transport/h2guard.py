@@ -36,13 +36,26 @@ first SETTINGS frame), feeds it the bytes, writes what comes out, and hands the 
   :attr:`.h2core.Connection.wasted`, handed to the budget after each read) against a
   token bucket. Past either, GOAWAY ENHANCE_YOUR_CALM and the connection closes.
 * **Connections are bounded in number and time.** :class:`ConnectionTable` caps open
-  connections (evicting the oldest one still in its handshake before refusing a new one
-  with GOAWAY); each protocol closes itself when the preface and SETTINGS do not arrive
-  within ``handshake_timeout``, and sends GOAWAY and closes after ``idle_timeout`` with
-  no open stream (both checked by a periodic sweep of the table, not a timer per
-  connection). A peer that stops reading our output stops being read (the protocol
-  pauses reading while the transport's write buffer is full, and answers wait), so PING
-  or SETTINGS floods cannot grow our buffers.
+  connections: a new one past the cap closes the oldest still in its handshake, else the
+  one idle the longest (no working call: only calls still waiting for their request
+  message, or none), and is refused with GOAWAY only when every connection is doing
+  work -- so connections that merely hold calls open cannot lock new clients out. Each
+  protocol closes itself when the preface and SETTINGS do not arrive within
+  ``handshake_timeout``, and sends GOAWAY and closes after ``idle_timeout`` without a
+  working call (a unary call works from the end of its request message, a streaming one
+  from its HEADERS). A unary call whose request message is not complete ``body_timeout``
+  after its HEADERS is answered DEADLINE_EXCEEDED and reset (issue 41: such calls kept
+  their connections open forever). All three are checked by a periodic sweep of the
+  table, not a timer per connection.
+* **Answers a peer does not read are bounded.** A peer that stops reading our output
+  stops being read (the protocol pauses reading while the transport's write buffer is
+  full, and answers wait), so PING or SETTINGS floods cannot grow our buffers. The
+  answers waiting for its windows or its reading are counted per connection
+  (:meth:`GuardedProtocol.answer_waits`): one that would leave more than
+  ``max_unsent_bytes`` waiting fails with RESOURCE_EXHAUSTED (its bytes freed; one
+  answer alone may always wait), and when none of them moves for ``send_timeout`` the
+  connection is closed, freeing them all (issue 41: 32 answers of 8 MiB, unread, held
+  256 MiB per connection).
 * **Nothing escapes a callback.** A protocol error in the peer's bytes is a clean
   connection error (GOAWAY, then close), counted and logged through the rate-limited
   :class:`~.faultlog.FaultLog`; an exception in our own event handling is logged with its
@@ -67,6 +80,8 @@ import logging
 import socket
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
+
+from reactantserver.status import StatusCode
 
 from . import h2events
 from .abuse import AbuseBudget
@@ -177,21 +192,25 @@ class ConnectionTable:
     def admit(self, protocol: GuardedProtocol) -> bool:
         """Take a new connection in, making room if one is still in its handshake."""
         if len(self._open) >= self.limits.max_connections:
-            if not self._handshaking:
+            victim = next(iter(self._handshaking), None)
+            why = "in its handshake"
+            if victim is None:
+                victim = self._idlest()
+                why = "without a working call"
+            if victim is None:
                 self.counters.connections_refused += 1
                 self.fault(
                     Fault.TOO_MANY_CONNECTIONS,
                     protocol.peer,
-                    f"refused: {len(self._open)} connections are open "
-                    f"({self.limits.names.max_connections})",
+                    f"refused: {len(self._open)} connections are open, each with a call at "
+                    f"work ({self.limits.names.max_connections})",
                 )
                 return False
-            victim = next(iter(self._handshaking))
             self.counters.connections_evicted += 1
             self.fault(
                 Fault.TOO_MANY_CONNECTIONS,
                 victim.peer,
-                "closed in its handshake to make room for a new connection "
+                f"closed {why} to make room for a new connection "
                 f"({self.limits.names.max_connections})",
             )
             victim.abort()
@@ -200,6 +219,17 @@ class ConnectionTable:
         self.counters.connections_open = len(self._open)
         self.counters.connections_accepted += 1
         return True
+
+    def _idlest(self) -> GuardedProtocol | None:
+        """The open connection without a working call the longest, if any (a scan, made
+        only when the table is full)."""
+        found: GuardedProtocol | None = None
+        oldest = float("inf")
+        for protocol in self._open:
+            since = protocol.evictable_since()
+            if since is not None and since < oldest:
+                found, oldest = protocol, since
+        return found
 
     def handshaken(self, protocol: GuardedProtocol) -> None:
         self._handshaking.pop(protocol, None)
@@ -225,6 +255,10 @@ class ConnectionTable:
             if protocol.idle_expired(now):
                 self.counters.connections_idle_closed += 1
                 protocol.goaway()
+            elif protocol.send_stalled(now):
+                protocol.send_expired()
+            else:
+                protocol.expire_bodies(now)
 
     def linger(self) -> bool:
         """Reserve a slot for a refused connection to linger in (False: none left)."""
@@ -273,6 +307,12 @@ class _Processor:
         self._message_key = guard.limits.names.max_message_bytes
         #: When each running call started (loop time), for the premature-reset rule.
         self._started: dict[int, float] = {}
+        #: Unary calls whose request message is not complete yet: when their HEADERS came
+        #: (loop time), for ``body_timeout``.
+        self._receiving: dict[int, float] = {}
+        #: Calls at work: a unary one from the end of its request message, a streaming
+        #: one from its HEADERS; the connection is idle while there is none.
+        self.working: set[int] = set()
         #: What the peer made us do for nothing, judged (module docstring); calls started
         #: are counted into it here (``budget.streams``), the rest through :meth:`tally`.
         self.budget = AbuseBudget(guard.opened_at)
@@ -329,7 +369,10 @@ class _Processor:
         counters.streams_open += 1
         if counters.streams_open > counters.streams_peak:
             counters.streams_peak = counters.streams_open
-        self._guard.busy()
+        if decision.unary_request:
+            self._receiving[sid] = now
+        else:
+            self._working(sid)
         if isinstance(decision, DirectAdmission):
             self.direct.open(sid, decision)  # released through self._released
         else:
@@ -337,11 +380,18 @@ class _Processor:
                 self._guard, sid, decision, lambda: self._released(sid)
             )
 
+    def _working(self, sid: int) -> None:
+        if not self.working:
+            self._guard.busy()
+        self.working.add(sid)
+
     def _released(self, sid: int) -> None:
         """A stream's handler is done with it (once per stream that got one)."""
         self._counters.streams_open -= 1
         self._framers.pop(sid, None)
         self._started.pop(sid, None)
+        self._receiving.pop(sid, None)
+        self.working.discard(sid)
         h2 = self._h2
         # What the handler did not read is dropped, not consumed: the connection's window
         # gets it back. A handler that finished while the peer is still sending (no
@@ -356,7 +406,7 @@ class _Processor:
             if still_open:
                 h2.reset_stream(sid, ErrorCodes.NO_ERROR)
             self._guard.flush()
-        if not self.streams and not self.direct.calls:
+        if not self.working:
             self._guard.idle()
 
     def data_received(self, event: h2events.DataReceived) -> None:
@@ -386,6 +436,8 @@ class _Processor:
             if refusal is not None:
                 self._refuse(sid, refusal, 0)
                 return
+        if self._receiving.pop(sid, None) is not None:
+            self._working(sid)  # its request message is complete: the call is at work
         if sid in self.direct.calls:
             self.direct.ended(sid, self._guard.read_at)
             return
@@ -408,6 +460,7 @@ class _Processor:
     def stream_reset(self, event: h2events.StreamReset) -> None:
         sid = event.stream_id
         self._framers.pop(sid, None)
+        self._receiving.pop(sid, None)
         started = self._started.pop(sid, None)
         self.direct.cancel(sid)
         if sid in self.streams:
@@ -433,6 +486,26 @@ class _Processor:
             return
         self._guard.fault(fault, f"{verdict}; connection closed with GOAWAY ENHANCE_YOUR_CALM")
         self._guard.goaway(ErrorCodes.ENHANCE_YOUR_CALM, b"too much work asked for nothing")
+
+    def expire_bodies(self, now: float) -> None:
+        """Answer DEADLINE_EXCEEDED, and reset, every unary call whose request message is
+        not complete ``body_timeout`` seconds after its HEADERS (``now``: loop time)."""
+        timeout = self._limits.body_timeout
+        late = [sid for sid, since in self._receiving.items() if now - since >= timeout]
+        for sid in late:
+            self._receiving.pop(sid, None)
+            self._refuse(
+                sid,
+                Refusal(
+                    StatusCode.DEADLINE_EXCEEDED,
+                    f"the request message did not arrive within {timeout:g} s of the call's "
+                    f"headers ({self._limits.names.body_timeout})",
+                    Fault.BODY_TIMEOUT,
+                ),
+                0,
+            )
+        if late:
+            self._guard.flush()
 
     def settings_changed(self, event: h2events.RemoteSettingsChanged) -> None:
         # The peer's first SETTINGS frame (after its preface) completes the handshake.
@@ -520,7 +593,12 @@ class GuardedProtocol(asyncio.Protocol):
         self._handshaken = False
         #: GOAWAY sent or the connection refused: input is no longer read.
         self._closing = False
+        #: Some call is at work (see ``_Processor.working``): the connection is not idle.
         self._streams_open = False
+        #: Bytes of answers waiting for the peer (windows, or its reading) that are not yet
+        #: handed to the connection, and when some of them last moved (loop time).
+        self.unsent = 0
+        self._moved_at = 0.0
         #: Loop times: when the connection was accepted, and since when it has no stream.
         self.opened_at = 0.0
         self._idle_since = 0.0
@@ -691,6 +769,59 @@ class GuardedProtocol(asyncio.Protocol):
         self._streams_open = False
         if self._loop is not None:
             self._idle_since = self._loop.time()
+
+    def evictable_since(self) -> float | None:
+        """Since when the connection has had no working call (None: it has one, or it is
+        closing): what the table evicts by when it is full."""
+        if self._streams_open or self._closing:
+            return None
+        return self._idle_since
+
+    # ------------------------------------------------------------------ unread answers
+
+    def answer_waits(self, delta: int) -> None:
+        """``delta`` more (negative: fewer) answer bytes wait for the peer; any that left
+        count as the answers moving (for ``send_timeout``)."""
+        if delta < 0 or not self.unsent:
+            self._moved_at = self.now()
+        self.unsent += delta
+
+    def room_for(self, size: int) -> bool:
+        """Whether an answer of ``size`` bytes may wait for the peer (``max_unsent_bytes``;
+        the first one always may)."""
+        return not self.unsent or self.unsent + size <= self.limits.max_unsent_bytes
+
+    def unread_refusal(self, size: int) -> str:
+        """Why an answer of ``size`` bytes is not sent (counted as a fault here)."""
+        text = (
+            f"the client has not read the {self.unsent} bytes of answers already waiting on "
+            f"this connection; an answer of {size} more bytes would pass "
+            f"{self.limits.names.max_unsent_bytes} ({self.limits.max_unsent_bytes}): read the "
+            "answers, or send fewer calls at once"
+        )
+        self.fault(Fault.UNREAD_ANSWERS, text)
+        return text
+
+    def send_stalled(self, now: float) -> bool:
+        return (
+            bool(self.unsent)
+            and not self._closing
+            and now - self._moved_at >= self.limits.send_timeout
+        )
+
+    def send_expired(self) -> None:
+        """Answers waited ``send_timeout`` with none of them read: close the connection
+        (its calls end, their bytes are freed)."""
+        self.fault(
+            Fault.SEND_TIMEOUT,
+            f"{self.unsent} bytes of answers waited {self.limits.send_timeout:g} s for the "
+            f"client to read any of them ({self.limits.names.send_timeout}); connection closed",
+        )
+        self.abort()
+
+    def expire_bodies(self, now: float) -> None:
+        if self._processor is not None and not self._closing:
+            self._processor.expire_bodies(now)
 
     # ------------------------------------------------------------------ timeouts (swept)
 

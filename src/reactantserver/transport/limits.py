@@ -61,6 +61,9 @@ class SettingNames:
     max_concurrent_streams: str = "endpoints.max_concurrent_streams"
     handshake_timeout: str = "endpoints.handshake_timeout_seconds"
     max_message_bytes: str = "endpoints.max_message_bytes"
+    body_timeout: str = "endpoints.body_timeout_seconds"
+    send_timeout: str = "endpoints.send_timeout_seconds"
+    max_unsent_bytes: str = "endpoints.max_unsent_bytes"
 
 
 #: A gateway's: its ``grpc:`` section sets the same bounds for its own clients.
@@ -69,6 +72,9 @@ GATEWAY_SETTING_NAMES = SettingNames(
     max_concurrent_streams="grpc.max_concurrent_streams",
     handshake_timeout="grpc.handshake_timeout_seconds",
     max_message_bytes="grpc.max_recv_msg_bytes",
+    body_timeout="grpc.body_timeout_seconds",
+    send_timeout="grpc.send_timeout_seconds",
+    max_unsent_bytes="grpc.max_unsent_bytes",
 )
 
 
@@ -82,8 +88,19 @@ class WireLimits:
     max_concurrent_streams: int = attrs.field(default=128, validator=_between(1, _MAX_WINDOW))
     #: Seconds a new connection has to send the preface and its first SETTINGS.
     handshake_timeout: float = attrs.field(default=10.0, validator=_positive)
-    #: Seconds a connection may stay without an open stream before GOAWAY.
+    #: Seconds a connection may stay without a working call (one whose request message
+    #: is complete, or a streaming one) before GOAWAY: calls still waiting for their
+    #: request message do not keep it open.
     idle_timeout: float = attrs.field(default=300.0, validator=_positive)
+    #: Seconds a unary call has from its HEADERS to the end of its request message.
+    body_timeout: float = attrs.field(default=60.0, validator=_positive)
+    #: Seconds answers may wait on a peer that reads none of them before the connection
+    #: is closed.
+    send_timeout: float = attrs.field(default=60.0, validator=_positive)
+    #: Bytes of answers one connection may have waiting for its peer to read them; an
+    #: answer that would wait past it fails with RESOURCE_EXHAUSTED (one answer alone
+    #: always may wait, whatever its size).
+    max_unsent_bytes: int = attrs.field(default=64 << 20, validator=_between(1, 1 << 40))
     #: Largest gRPC message, checked at the 5-byte length prefix.
     max_message_bytes: int = attrs.field(default=512 << 20, validator=_between(1, 1 << 40))
     #: SETTINGS_MAX_FRAME_SIZE: a large tensor then arrives in a few frames instead of
@@ -117,6 +134,9 @@ class WireLimits:
             handshake_timeout=endpoints.handshake_timeout_seconds,
             idle_timeout=endpoints.idle_timeout_seconds,
             max_message_bytes=endpoints.max_message_bytes,
+            body_timeout=endpoints.body_timeout_seconds,
+            send_timeout=endpoints.send_timeout_seconds,
+            max_unsent_bytes=endpoints.max_unsent_bytes,
         )
 
     @classmethod
@@ -129,6 +149,9 @@ class WireLimits:
             handshake_timeout=grpc.handshake_timeout_seconds,
             idle_timeout=grpc.idle_timeout_seconds,
             max_message_bytes=grpc.max_recv_msg_bytes,
+            body_timeout=grpc.body_timeout_seconds,
+            send_timeout=grpc.send_timeout_seconds,
+            max_unsent_bytes=grpc.max_unsent_bytes,
             names=GATEWAY_SETTING_NAMES,
         )
 
@@ -191,6 +214,14 @@ class Fault(enum.Enum):
     UNAUTHORIZED = "unauthorized"
     #: A TLS client that did not negotiate HTTP/2 (ALPN ``h2``): connection closed.
     TLS_REFUSED = "tls_refused"
+    #: A unary call's request message did not arrive within ``body_timeout`` of its
+    #: HEADERS: DEADLINE_EXCEEDED, the stream reset.
+    BODY_TIMEOUT = "body_timeout"
+    #: Answers waited ``send_timeout`` for a peer that read none of them: connection closed.
+    SEND_TIMEOUT = "send_timeout"
+    #: An answer would have left more than ``max_unsent_bytes`` waiting on its connection
+    #: for the peer to read: RESOURCE_EXHAUSTED.
+    UNREAD_ANSWERS = "unread_answers"
 
 
 @attrs.frozen

@@ -184,11 +184,32 @@ class Output(Protocol):
         ...
 
 
+class Answers(Output, Protocol):
+    """The connection's count of answer bytes waiting for the peer (:mod:`.h2guard`)."""
+
+    def answer_waits(self, delta: int) -> None:
+        """``delta`` more (negative: fewer) answer bytes wait for the peer."""
+        ...
+
+    def room_for(self, size: int) -> bool:
+        """Whether an answer of ``size`` bytes may wait (``max_unsent_bytes``)."""
+        ...
+
+    def unread_refusal(self, size: int) -> str:
+        """The message of an answer refused for the unread ones before it."""
+        ...
+
+
+def waiting_bytes(pending: collections.deque[memoryview]) -> int:
+    """The bytes of an answer's views not yet handed to the connection."""
+    return sum(view.nbytes for view in pending)
+
+
 class UnaryCall:
     """One direct call, from its complete request to its answer (module docstring)."""
 
-    __slots__ = ("_calls", "_chunks", "_done", "_handler", "_pending", "deadline", "head",
-                 "on_cancel", "owner", "received_at", "stream_id")  # fmt: skip
+    __slots__ = ("_calls", "_chunks", "_done", "_handler", "_pending", "_waiting", "deadline",
+                 "head", "on_cancel", "owner", "received_at", "stream_id")  # fmt: skip
 
     def __init__(self, calls: DirectCalls, stream_id: int, admitted: DirectAdmission) -> None:
         self._calls = calls
@@ -206,8 +227,10 @@ class UnaryCall:
         #: Set by the handler: runs once if the call is cancelled before it is answered.
         self.on_cancel: Callable[[], None] | None = None
         self._chunks: list[memoryview] = []
-        #: The answer's bytes not yet handed to the connection (flow control).
+        #: The answer's bytes not yet handed to the connection (flow control), and how many
+        #: of them the connection counts as waiting.
         self._pending: collections.deque[memoryview] | None = None
+        self._waiting = 0
         self._done = False
 
     @property
@@ -257,7 +280,7 @@ class DirectCalls:
     def __init__(
         self,
         h2: ServerConnection,
-        guard: Output,
+        guard: Answers,
         peer: str,
         fault: Callable[[Fault, str], None],
         released: Callable[[int], None],
@@ -404,6 +427,9 @@ class DirectCalls:
                 self._guard.flush()
                 self._forget(call)
                 return
+            if not self._guard.room_for(size):  # unread answers before it: not one more
+                self.fail(call, StatusCode.RESOURCE_EXHAUSTED, self._guard.unread_refusal(size))
+                return
             conn.send_headers(sid, headers)
         except h2events.ProtocolError:
             self._gone(call)
@@ -443,7 +469,14 @@ class DirectCalls:
         assert call._pending is not None
         if not send_frames(conn, sid, call._pending, self._guard):
             self.blocked[sid] = call  # until a WINDOW_UPDATE or the transport drains
+            left = waiting_bytes(call._pending)
+            if left != call._waiting:
+                self._guard.answer_waits(left - call._waiting)
+                call._waiting = left
             return
+        if call._waiting:
+            self._guard.answer_waits(-call._waiting)
+            call._waiting = 0
         call._pending = None
         conn.send_headers(sid, OK_TRAILERS, end_stream=True)
         self._guard.flush()
@@ -454,6 +487,9 @@ class DirectCalls:
         if self.calls.pop(sid, None) is None:
             return
         self.blocked.pop(sid, None)
+        if call._waiting:  # cancelled, or the stream closed, with part of it unsent
+            self._guard.answer_waits(-call._waiting)
+            call._waiting = 0
         call._handler = None
         call._pending = None
         call._chunks = []

@@ -41,6 +41,7 @@ import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
+from functools import partial
 
 import attrs
 import trio
@@ -277,7 +278,13 @@ class Worker:
                 registry.register(WorkerCollector(self.statistics))
                 app = AdminApp(registry, self.readiness, before_metrics=self._before_metrics)
                 metrics_port = await nursery.start(
-                    serve_admin, app, cfg.endpoints.host, cfg.endpoints.metrics_port
+                    partial(
+                        serve_admin,
+                        max_connections=cfg.endpoints.max_admin_connections,
+                    ),
+                    app,
+                    cfg.endpoints.host,
+                    cfg.endpoints.metrics_port,
                 )
                 self.service.admin = (cfg.endpoints.host, metrics_port)
             task_status.started(WorkerAddress(cfg.endpoints.host, grpc_port, metrics_port))
