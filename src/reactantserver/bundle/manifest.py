@@ -59,7 +59,7 @@ from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ..errors import BundleError
 from ..names import did_you_mean
 from ..tensors import DATATYPES, to_numpy_dtype
-from ..yaml_lines import line_of, plain_scalar
+from ..yaml_lines import YamlTooLarge, line_of, load_round_trip, plain_scalar
 
 _T = TypeVar("_T")
 _D = TypeVar("_D")
@@ -446,7 +446,9 @@ def load_yaml_lines(
     gives, so the rules see the same values either way.
     """
     try:
-        doc = YAML(typ="rt", pure=True).load(text)
+        doc = load_round_trip(text)
+    except YamlTooLarge as exc:
+        raise BundleError(bundle, f"{file}:{exc.line}: refused: {exc.problem}") from None
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f":{mark.line + 1}" if mark else ""

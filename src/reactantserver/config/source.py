@@ -37,11 +37,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NoReturn
 
 import attrs
-from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from ..errors import ConfigError
-from ..yaml_lines import line_of, plain_scalar
+from ..yaml_lines import YamlTooLarge, line_of, load_round_trip, plain_scalar
 
 #: A key path: mapping keys are ``str``, list positions ``int``.
 Path = tuple[str | int, ...]
@@ -202,7 +201,9 @@ def read_yaml(path: str | os.PathLike[str]) -> tuple[dict[str, Any], SourceMap]:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{file}: cannot read the file: not UTF-8 text ({exc.reason})") from None
     try:
-        doc = YAML(typ="rt").load(text)
+        doc = load_round_trip(text)
+    except YamlTooLarge as exc:
+        raise ConfigError(f"{file}:{exc.line}: refused: {exc.problem}") from None
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else 1
