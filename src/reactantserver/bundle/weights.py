@@ -135,25 +135,33 @@ def read_weights(bundle: str, path: Path, specs: Sequence[WeightSpec]) -> list[n
     """Host copies of the weights in argument order, checked against ``specs``.
 
     ``specs`` is what the bundle was validated with; a file changed on disk since
-    then (a different tensor set or shape) is refused rather than half-loaded.
+    then (a different tensor set or shape) is refused rather than half-loaded. The data
+    is read with plain reads (:func:`reactantserver.weights.host.materialize`), never
+    through a memory map: a file truncated while it is read is a load error, not a
+    SIGBUS that kills the worker (issue 41).
     """
-    from safetensors import SafetensorError, safe_open
+    from ..weights.host import materialize, read_layout
 
-    out: list[np.ndarray] = []
     try:
-        with safe_open(str(path), framework="numpy") as f:
-            for spec in specs:
-                arr = f.get_tensor(spec.name)
-                if arr.dtype != spec.dtype or arr.shape != spec.shape:
-                    raise BundleError(
-                        bundle,
-                        f"{path.name}: tensor {spec.name!r} changed on disk: now "
-                        f"{arr.dtype}{list(arr.shape)}, loaded as {spec.dtype}{list(spec.shape)}",
-                    )
-                out.append(arr)
-    except (SafetensorError, OSError) as exc:
-        raise BundleError(bundle, f"{path.name}: cannot read weights ({exc})") from None
-    return out
+        layout = read_layout(path)
+    except BundleError as exc:
+        raise BundleError(bundle, f"{path.name}: cannot read weights ({exc.detail})") from None
+    tensors = {t.name: t for t in layout.tensors}
+    for spec in specs:
+        got = tensors.get(spec.name)
+        if got is None:
+            raise BundleError(
+                bundle, f"{path.name}: tensor {spec.name!r} changed on disk: it is gone"
+            )
+        if got.dtype != spec.dtype or got.shape != spec.shape:
+            raise BundleError(
+                bundle,
+                f"{path.name}: tensor {spec.name!r} changed on disk: now "
+                f"{got.dtype}{list(got.shape)}, loaded as {spec.dtype}{list(spec.shape)}",
+            )
+    host = materialize(bundle, layout)  # a short read (the file cut) is a BundleError
+    by_name = dict(zip((t.name for t in layout.tensors), host.arrays, strict=True))
+    return [by_name[spec.name] for spec in specs]
 
 
 def write_weights(path: Path, named: Sequence[tuple[str, np.ndarray]]) -> None:

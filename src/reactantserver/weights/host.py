@@ -1,4 +1,4 @@
-"""The host side of model weights: ``weights.safetensors`` read into RAM or memory-mapped.
+"""The host side of model weights: ``weights.safetensors`` read into RAM, kept or transient.
 
 JAX-free (numpy only). The device side (transfers, pinned host buffers) lives in
 ``reactantserver.runtime``; this module only produces numpy arrays in argument order.
@@ -22,15 +22,24 @@ Two ways to get the data, matching the residency floors of ``policy``:
   shapes and dtypes, so the variants of one architecture share it. The allocator is the
   seam for the backend's host memory (the runtime stages the buffer in pinned memory
   where the backend offers it); the default is ``numpy.empty``.
-* :func:`map_weights` (floors ``unpinned`` and ``device``): the file is memory-mapped
-  read-only and each tensor is a zero-copy ``numpy`` view of the map; nothing is read
-  until the transfer touches the pages. :meth:`MappedWeights.close` drops the views and
-  unmaps, so an ``unpinned`` model holds no host memory between loads.
+* :func:`map_weights` (floors ``unpinned`` and ``device``): one load's transient copy.
+  The data section is read (``readinto``, as above) into one buffer of anonymous memory
+  and each tensor is a zero-copy ``numpy`` view of it; :meth:`MappedWeights.close` drops
+  the views and the buffer, so an ``unpinned`` model holds no host memory between loads.
+
+Why read, not map: the file is a bundle's, in a repository others write to. A mapped
+file that is truncated while the transfer reads it kills the worker with SIGBUS (issue
+41: a 256 MiB bundle renamed into a dynamic repository and truncated 1.5 s later) --
+``MAP_POPULATE`` does not help, the kernel unmaps truncated pages from every mapping. A
+read of a truncated file is a short read: a :class:`~reactantserver.errors.BundleError`
+naming the tensor, and the load fails cleanly. The cost is one copy through the page
+cache that the map avoided; the bytes were read from it by the transfer anyway.
 
 Invariants: every array has exactly the header's shape and dtype; arrays follow
-``argument_order``; a mapped array is a view of the ``mmap`` (never a copy); every byte
-range is checked against the file size before it is touched, with Python integers, so a
-hostile header cannot make us read or allocate past the file.
+``argument_order``; a transient array is a view of the load's one buffer (never a
+separate copy); every byte range is checked against the file size before it is read, with
+Python integers, so a hostile header cannot make us read or allocate past the file; no
+file is ever memory-mapped.
 
 ``HostStore`` is shared by the dispatch loop and the transfer thread, so its table is
 guarded by a lock; the slow reads happen outside it.
@@ -43,7 +52,6 @@ from __future__ import annotations
 
 import json
 import math
-import mmap
 import os
 import struct
 import threading
@@ -300,7 +308,7 @@ class HostWeights:
     model: str
     layout: WeightsLayout
     arrays: tuple[np.ndarray, ...]
-    #: Views of a memory map (``unpinned``/``device`` loads) rather than RAM copies.
+    #: One load's transient copy (``unpinned``/``device`` loads) rather than kept RAM copies.
     mapped: bool
     #: The one uint8 buffer ``arrays`` are views of, at :func:`pack_offsets` (a RAM copy
     #: from :func:`materialize`); ``None`` for a map.
@@ -373,17 +381,26 @@ def materialize(
 
 
 class MappedWeights:
-    """Zero-copy views of a read-only memory map of the weights file; close to unmap.
+    """One load's transient copy of the weights: views of one buffer read from the file
+    (module docstring: read, never memory-mapped); close to drop it.
 
-    ``close`` drops the views and unmaps. If a caller still holds one of the arrays the
-    unmap is left to the garbage collector (the map closes when its last view goes), so
-    closing is always safe; use as a context manager around the transfer.
+    ``close`` drops the views and the buffer. If a caller still holds one of the arrays
+    the buffer goes with its last view, so closing is always safe; use as a context
+    manager around the transfer.
     """
 
     def __init__(self, model: str, layout: WeightsLayout) -> None:
         p = Path(layout.path)
+
+        def bad(message: str) -> BundleError:
+            return BundleError(_bundle_name(p), f"{p.name}: {message}")
+
+        tensors = layout.tensors
+        start = min((t.begin for t in tensors), default=0)
+        end = max((t.end for t in tensors), default=0)
+        buffer = np.empty(end - start, dtype=np.uint8)
         try:
-            with p.open("rb") as f:
+            with p.open("rb", buffering=0) as f:
                 size = os.fstat(f.fileno()).st_size
                 if size != layout.file_size:
                     raise BundleError(
@@ -391,17 +408,19 @@ class MappedWeights:
                         f"{p.name} changed size since its header was read "
                         f"({layout.file_size} -> {size} bytes)",
                     )
-                # The map outlives the file object (mmap dups the descriptor).
-                self._mmap: mmap.mmap | None = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                section = TensorSpec(
+                    name="the data section", dtype_name="U8", dtype=buffer.dtype,
+                    shape=buffer.shape, begin=start, end=end,
+                )  # fmt: skip
+                _read_into(f, section, buffer, bad)  # a truncated file: a short read
         except OSError as exc:
             raise BundleError(
-                _bundle_name(p), f"cannot map {p.name}: {exc.strerror or exc}"
+                _bundle_name(p), f"cannot read {p.name}: {exc.strerror or exc}"
             ) from exc
+        buffer.flags.writeable = False  # the file's bytes: nobody writes them
+        self._buffer: np.ndarray | None = buffer
         arrays = tuple(
-            np.frombuffer(
-                self._mmap, dtype=s.dtype, count=math.prod(s.shape), offset=s.begin
-            ).reshape(s.shape)
-            for s in layout.tensors
+            buffer[t.begin - start : t.end - start].view(t.dtype).reshape(t.shape) for t in tensors
         )
         self._weights: HostWeights | None = HostWeights(
             model=model, layout=layout, arrays=arrays, mapped=True
@@ -419,14 +438,7 @@ class MappedWeights:
 
     def close(self) -> None:
         self._weights = None
-        mm, self._mmap = self._mmap, None
-        if mm is not None:
-            try:
-                mm.close()
-            except BufferError:
-                # A view escaped; the map is released with it. Not an error: the pages are
-                # clean (read-only), so the kernel reclaims them under pressure anyway.
-                pass
+        self._buffer = None  # freed with its last view
 
     def __enter__(self) -> MappedWeights:
         return self
@@ -454,7 +466,7 @@ class HostStoreStatistics:
 
     #: Bytes of ``system`` copies held in RAM.
     resident_bytes: int
-    #: Maps open right now (``unpinned``/``device`` loads in flight).
+    #: Transient copies open right now (``unpinned``/``device`` loads in flight).
     maps_open: int
     materializations: int
     maps: int
@@ -500,7 +512,7 @@ class HostStore:
                 self._copies[new] = attrs.evolve(w, model=new)
 
     def map(self, model: str, layout: WeightsLayout) -> MappedWeights:
-        """A transient map for one load; counted open until the returned object closes."""
+        """A transient copy for one load; counted open until the returned object closes."""
         mapped = _CountedMap(model, layout, self)
         with self._lock:
             self._maps_open += 1
