@@ -26,12 +26,37 @@ message on the wire and the traceback in the log.
         └── ExecutionFailed          -> INTERNAL           the device execution failed / timed out
 
 Every message is written for the person who has to fix the problem: it names the
-model, the input, the key or the value, and says what was expected.
+model, the input, the key or the value, and says what was expected. A value that came
+from a client is quoted with :func:`quoted`, which bounds it: a message echoing a 1 MiB
+model name overflowed the client's metadata limit (issue 41), so the client saw a
+transport error instead of the reason. :func:`bounded` is the last bound, on the whole
+message, where the transport writes ``grpc-message``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+#: Characters of one client-given value a message quotes at most.
+QUOTE_LIMIT = 120
+#: Characters of a whole status message sent to a client at most.
+MESSAGE_LIMIT = 1024
+
+
+def quoted(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """``repr`` of a client-given value for a message, cut to ``limit`` characters (with
+    how long it was): ``'mlp'``, or ``'aaaa...'... (1048576 characters)``."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"
+
+
+def bounded(message: str, limit: int = MESSAGE_LIMIT) -> str:
+    """``message`` cut to ``limit`` characters, saying how much was cut."""
+    if len(message) <= limit:
+        return message
+    return f"{message[:limit]}... ({len(message) - limit} more characters)"
 
 
 class ReactantError(Exception):
@@ -58,14 +83,21 @@ class BundleError(ReactantError):
     Like ``ConfigError``, one error can carry every problem a check found at once (a
     manifest with an unknown key and two bad datatypes is one load, not three): the
     message is one ``bundle 'name': problem`` line per problem; ``problems`` holds the
-    problems, ``detail`` them joined with ``; `` (a one-line reason for the index).
+    problems, ``detail`` them joined with ``; `` (the log's one line).
+
+    ``public`` is the reason clients read (RepositoryIndex, a refused load): ``detail``,
+    unless the problems quote what a file holds -- a manifest's values and keys, its
+    YAML -- when the parser gives a reason that names only the file and its lines and
+    leaves the rest to the log (issue 41: a manifest linked to ``/etc/passwd`` showed its
+    first line to any client).
     """
 
-    def __init__(self, bundle: str, message: str, *more: str) -> None:
+    def __init__(self, bundle: str, message: str, *more: str, public: str | None = None) -> None:
         self.problems: tuple[str, ...] = (message, *more)
         super().__init__("\n".join(f"bundle {bundle!r}: {p}" for p in self.problems))
         self.bundle = bundle
         self.detail = "; ".join(self.problems)
+        self.public = self.detail if public is None else public
 
 
 class LifecycleError(ReactantError):

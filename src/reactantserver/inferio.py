@@ -80,7 +80,7 @@ import numpy as np
 
 from reactantserver import tensors
 from reactantserver.bundle.manifest import TensorSpec
-from reactantserver.errors import BatchTooLarge, ExecutionFailed, InvalidArgument
+from reactantserver.errors import BatchTooLarge, ExecutionFailed, InvalidArgument, quoted
 from reactantserver.protocol import inference as pb
 from reactantserver.protocol.codec import from_message
 from reactantserver.records import (
@@ -179,7 +179,7 @@ def _int_param(params: Mapping[str, ParamValue], key: str, where: str) -> int | 
     # bool is an int subclass in Python, but a different parameter on the wire.
     if type(value) is not int:
         raise InvalidArgument(
-            f"{where}: parameter {key!r} must be an int64_param, got {_kind(value)}"
+            f"{where}: parameter {quoted(key)} must be an int64_param, got {_kind(value)}"
         )
     return value
 
@@ -190,7 +190,7 @@ def _str_param(params: Mapping[str, ParamValue], key: str, where: str) -> str | 
     value = params[key]
     if type(value) is not str:
         raise InvalidArgument(
-            f"{where}: parameter {key!r} must be a string_param, got {_kind(value)}"
+            f"{where}: parameter {quoted(key)} must be a string_param, got {_kind(value)}"
         )
     return value
 
@@ -206,7 +206,7 @@ def _shm_target(params: Mapping[str, ParamValue], where: str) -> ShmTarget | Non
             )
         return None
     if size is None:
-        raise InvalidArgument(f"{where}: {SHM_REGION} {region!r} needs {SHM_BYTE_SIZE}")
+        raise InvalidArgument(f"{where}: {SHM_REGION} {quoted(region)} needs {SHM_BYTE_SIZE}")
     offset = 0 if offset is None else offset
     if offset < 0 or size < 0:
         raise InvalidArgument(
@@ -225,7 +225,7 @@ def request_deadline(
         if value is None or value == 0:
             continue
         if value < 0:
-            raise InvalidArgument(f"{where}: parameter {key!r} must be >= 0, got {value}")
+            raise InvalidArgument(f"{where}: parameter {quoted(key)} must be >= 0, got {value}")
         deadline = min(deadline, now + value * unit)
     return deadline
 
@@ -350,11 +350,11 @@ def decode_request(
     if not isinstance(request, InferRequest):
         request = from_message(request)
     model = request.model_name
-    prefix = f"model {model!r}"
+    prefix = f"model {quoted(model)}"
     for key in _SEQUENCE_PARAMS:
         if key in request.parameters:
             raise InvalidArgument(
-                f"{prefix}: parameter {key!r}: sequence batching is not supported"
+                f"{prefix}: parameter {quoted(key)}: sequence batching is not supported"
             )
     due = request_deadline(request.parameters, prefix, now=now, deadline=deadline)
 
@@ -379,7 +379,7 @@ def decode_request(
     next_raw = 0
     arrays: dict[str, np.ndarray] = {}
     for tensor in request.inputs:
-        where = f"{prefix}: input {tensor.name!r}"
+        where = f"{prefix}: input {quoted(tensor.name)}"
         spec = declared.get(tensor.name)
         if spec is None:
             raise InvalidArgument(
@@ -448,7 +448,7 @@ def _requested_outputs(
     chosen: list[RequestedOutput] = []
     seen: set[str] = set()
     for wanted in request.outputs:
-        where = f"{prefix}: output {wanted.name!r}"
+        where = f"{prefix}: output {quoted(wanted.name)}"
         spec = declared.get(wanted.name)
         if spec is None:
             raise InvalidArgument(
@@ -511,7 +511,7 @@ def _write_shm(
     if nbytes > target.byte_size:
         raise InvalidArgument(
             f"{where}: {nbytes} bytes do not fit in {SHM_BYTE_SIZE}={target.byte_size} of "
-            f"shared memory region {target.region!r}"
+            f"shared memory region {quoted(target.region)}"
         )
     return registry.write(target.region, target.offset, data, owner)
 

@@ -14,10 +14,15 @@ from collections.abc import Iterable
 
 #: How many candidates a hint names at most.
 MAX_SUGGESTIONS = 3
+#: A name longer than this gets no hint: it is no typo, and difflib's work grows with its
+#: length (a 1 MiB model name took 0.3 s on the event loop).
+MAX_HINTED = 256
 
 
 def closest(name: str, known: Iterable[str], n: int = MAX_SUGGESTIONS) -> list[str]:
     """Up to ``n`` names of ``known`` close to ``name``, the closest first (never ``name``)."""
+    if len(name) > MAX_HINTED:
+        return []
     candidates = sorted({k for k in known if k and k != name})
     return difflib.get_close_matches(name, candidates, n=n)
 

@@ -69,6 +69,7 @@ from reactantserver.errors import (
     TooManyRequests,
     Unavailable,
     Unimplemented,
+    quoted,
 )
 from reactantserver.histogram import LATENCY_BUCKETS, Histogram
 from reactantserver.host import HostedModel, ModelHost
@@ -428,8 +429,8 @@ class Service:
             await self._host.load(name, override)
         except RequestError as exc:
             raise _failed_to_load(name, exc) from None
-        except BundleError as exc:
-            raise FailedPrecondition(f"failed to load {name!r}: {exc}") from None
+        except BundleError as exc:  # its public reason: no file's contents (errors.py)
+            raise FailedPrecondition(f"failed to load {quoted(name)}: {exc.public}") from None
         return pb.RepositoryModelLoadResponse()
 
     async def repository_model_unload(
@@ -527,7 +528,7 @@ class Service:
         target = RESIDENCY_FROM_PROTO.get(int(request.target))
         if target is None:
             raise InvalidArgument(
-                f"model {request.name!r}: target must be UNPINNED, PINNED_SYSTEM or "
+                f"model {quoted(request.name)}: target must be UNPINNED, PINNED_SYSTEM or "
                 f"PINNED_DEVICE, got {enum_name(cpb.Residency, request.target)}"
             )
         after = await self._host.set_residency(request.name, target)
@@ -591,7 +592,7 @@ def _load_override(
 
 def _failed_to_load(name: str, exc: RequestError) -> RequestError:
     """``exc`` in its own category, its message saying which load failed."""
-    message = f"failed to load {name!r}: {exc}"
+    message = f"failed to load {quoted(name)}: {exc}"
     for category, _ in CATEGORY_CODES:
         if isinstance(exc, category) and issubclass(category, RequestError):
             return category(message)

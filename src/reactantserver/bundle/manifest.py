@@ -243,10 +243,19 @@ class _Checker:
         return len(self.problems)
 
     def finish(self) -> None:
-        """Raise every problem found as one ``BundleError`` (none: return)."""
+        """Raise every problem found as one ``BundleError`` (none: return); its public
+        reason names the lines only, since the problems quote the file's values."""
         if self.problems:
-            ordered = [text for _, _, text in sorted(self.problems)]
-            raise BundleError(self.bundle, *ordered)
+            ordered = sorted(self.problems)
+            lines = sorted({line for line, _, _ in ordered if line})
+            at = f" (line{'s' if len(lines) > 1 else ''} {', '.join(map(str, lines))})"
+            count = f"{len(ordered)} problem{'s' if len(ordered) > 1 else ''}"
+            raise BundleError(
+                self.bundle,
+                *(text for _, _, text in ordered),
+                public=f"{self.file} is not a valid manifest: {count}{at if lines else ''}; "
+                "the worker's log says what is wrong",
+            )
 
     def _line(self, path: str) -> int:
         if self.lines is None:
@@ -454,9 +463,15 @@ def load_yaml_lines(
         where = f":{mark.line + 1}" if mark else ""
         column = f" (column {mark.column + 1})" if mark else ""
         what = exc.problem or exc.context or "unreadable"
-        raise BundleError(bundle, f"{file}{where}: not valid YAML: {what}{column}") from None
-    except YAMLError as exc:
-        raise BundleError(bundle, f"{file}: not valid YAML: {exc}") from None
+        raise BundleError(
+            bundle,
+            f"{file}{where}: not valid YAML: {what}{column}",
+            public=f"{file}{where}: not valid YAML{column}; the worker's log says why",
+        ) from None
+    except YAMLError:
+        raise BundleError(
+            bundle, f"{file}: not valid YAML", public=f"{file}: not valid YAML"
+        ) from None
     lines: dict[str, int] = {"": 1}
     return _plain(doc, "", lines), lines
 

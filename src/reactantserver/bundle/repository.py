@@ -25,6 +25,14 @@ per-bundle errors: one broken bundle never stops the others.
 ``signature`` fingerprints a bundle directory by the (name, size, mtime) of its
 top-level files; the repository watcher compares signatures between polls to decide
 what to reload.
+
+Symbolic links out of the repository are refused unless the operator sets
+``follow_symlinks: true`` (``load_bundle``'s ``follow_symlinks``): a bundle directory, or a
+file it reads (the manifest, the artifact, the weights, ``model.py``), whose real path is
+not inside the real path of the repository directory holding the bundle is a
+``BundleError`` naming the file (issue 41: a manifest linked to ``/etc/passwd`` was read,
+and its first line shown to clients). Links that stay inside the repository (one bundle
+sharing another's weights) are followed either way.
 """
 
 from __future__ import annotations
@@ -135,11 +143,37 @@ def signature(path: Path) -> Signature:
     return tuple(sorted(entries))
 
 
-def load_bundle(path: Path | str, *, name: str | None = None) -> Bundle:
-    """Validate the bundle directory ``path`` (JAX-free checks) and load its hooks."""
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def _check_links(name: str, path: Path, files: Iterable[str]) -> None:
+    """Refuse the bundle directory ``path`` or one of its ``files`` whose real path is out
+    of the repository directory holding the bundle (module docstring)."""
+    root = path.parent.resolve()
+    for file in ("", *files):
+        real = (path / file).resolve()
+        if not _inside(real, root):
+            what = file or "the bundle directory"
+            raise BundleError(
+                name,
+                f"{what}: a symbolic link out of the model repository (to {real}); set "
+                "follow_symlinks: true to follow links out of it",
+                public=f"{what}: a symbolic link out of the model repository; set "
+                "follow_symlinks: true to follow links out of it",
+            )
+
+
+def load_bundle(
+    path: Path | str, *, name: str | None = None, follow_symlinks: bool = False
+) -> Bundle:
+    """Validate the bundle directory ``path`` (JAX-free checks) and load its hooks;
+    links out of the repository refused unless ``follow_symlinks`` (module docstring)."""
     path = Path(path)
     name = name or path.name
     sig = signature(path)
+    if not follow_symlinks:
+        _check_links(name, path, (MANIFEST_FILE, MODEL_PY))
     manifest_path = path / MANIFEST_FILE
     try:
         text = manifest_path.read_text(encoding="utf-8")
@@ -154,6 +188,8 @@ def load_bundle(path: Path | str, *, name: str | None = None) -> Bundle:
     specs: tuple[WeightSpec, ...] = ()
     if manifest.kind == "model":
         assert manifest.artifact is not None and manifest.weights is not None
+        if not follow_symlinks:
+            _check_links(name, path, (manifest.artifact, manifest.weights))
         if not (path / manifest.artifact).is_file():
             raise BundleError(
                 name, f"{manifest.artifact}: file not found (manifest key 'artifact')"
@@ -252,13 +288,17 @@ def find_bundles(
 
 
 def scan_repository(
-    directories: Path | str | Sequence[Path | str], *, include: Iterable[str] = ()
+    directories: Path | str | Sequence[Path | str],
+    *,
+    include: Iterable[str] = (),
+    follow_symlinks: bool = False,
 ) -> ScanResult:
     """Load every bundle of one or more repositories.
 
     ``include`` (the ``models_include`` allowlist) restricts which names are loaded;
     empty loads all. A name found in two repositories is an error for the second
     one (the first wins). A missing repository directory is a ``ConfigError``.
+    ``follow_symlinks``: as :func:`load_bundle`'s.
     """
     dirs = (
         [Path(directories)]
@@ -273,7 +313,7 @@ def scan_repository(
     errors: dict[str, BundleError] = {}
     for name, path in listing.paths.items():
         try:
-            bundles[name] = load_bundle(path)
+            bundles[name] = load_bundle(path, follow_symlinks=follow_symlinks)
         except BundleError as exc:
             errors[name] = exc
     for name, directory in listing.duplicates.items():

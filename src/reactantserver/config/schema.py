@@ -254,6 +254,9 @@ class ServerConfig:
     models_include: tuple[str, ...] = ()
     #: JAX persistent compilation cache; empty disables it.
     cache_dir: str = ""
+    #: Follow symbolic links out of the model repository (a bundle directory, or a file of
+    #: one); off: such a bundle fails to load, saying which link.
+    follow_symlinks: bool = False
     model_control_mode: ControlMode = "dynamic"
     model_poll_seconds: float = 15.0
     #: Device ordinal among the visible devices (None = 0 / the supervisor's choice).
@@ -315,6 +318,7 @@ def _freeze(value: object) -> object:
 #: own keys, and so do ``endpoints.port`` / ``endpoints.metrics_port``.
 SETTINGS_KEYS: tuple[str, ...] = (
     "cache_dir",
+    "follow_symlinks",
     "model_control_mode",
     "model_poll_seconds",
     "models_include",

@@ -33,7 +33,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Collection, Sequence
 
-from ..errors import DeadlineExceeded, FailedPrecondition, NotFound, Unavailable
+from ..errors import DeadlineExceeded, FailedPrecondition, NotFound, Unavailable, quoted
 from ..model_version import check_version, parse_version
 from ..protocol import inference as pb
 from ..protocol import reactant_control as cpb
@@ -199,10 +199,10 @@ class FanOut:
         if isinstance(result, Reply):
             raise Passthrough(
                 result.status,
-                f"worker {client.label} refused region {request.name!r}: {result.message}{undone}",
+                f"worker {client.label} refused region {quoted(request.name)}: {result.message}{undone}",
             )
         raise Unavailable(
-            f"region {request.name!r} could not be registered on worker {client.label} "
+            f"region {quoted(request.name)} could not be registered on worker {client.label} "
             f"({result}){undone}"
         )
 

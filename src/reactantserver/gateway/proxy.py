@@ -73,6 +73,7 @@ from ..errors import (
     RequestError,
     Unavailable,
     Unimplemented,
+    quoted,
 )
 from ..model_version import check_version, parse_version, serves_version
 from ..protocol import inference as pb
@@ -334,7 +335,7 @@ class Proxy:
             stream.drain(StatusCode.UNAVAILABLE, DRAINING)
 
     def lost_message(self, client: WorkerClient, exc: ChannelError, request_id: str) -> str:
-        what = f"request {request_id!r}" if request_id else "the request"
+        what = f"request {quoted(request_id)}" if request_id else "the request"
         if exc.unprocessed:
             return f"no worker could take {what}; the last, {client.label}, failed: {exc}"
         return (
@@ -450,7 +451,7 @@ class Proxy:
         if reply is None:
             if not candidates:
                 raise self.not_served(model)
-            raise Unavailable(f"{rpc}: no worker serving {model!r} answered")
+            raise Unavailable(f"{rpc}: no worker serving {quoted(model)} answered")
         if reply.status != OK:
             raise Passthrough(reply.status, reply.message)
         return reply.payload

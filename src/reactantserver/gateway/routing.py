@@ -94,7 +94,7 @@ from typing import Literal
 import attrs
 
 from ..config.schema import GatewaySchedulingConfig, WorkBasis
-from ..errors import LifecycleError, NotFound, Unavailable
+from ..errors import LifecycleError, NotFound, Unavailable, quoted
 from ..names import did_you_mean
 from .inflight import Inflight, Load
 from .table import Replica, RouteTable
@@ -239,7 +239,7 @@ class Router:
         if replicas is None:
             replicas = self.table.replicas(model)
         if not replicas:
-            raise NotFound(f"model {model!r} is not served by any ready worker")
+            raise NotFound(f"model {quoted(model)} is not served by any ready worker")
         items = max(1, items)
         order = self._order(model, replicas, items)
         ticket = Ticket(next(self._seq), model, items, order, now, order[0])
@@ -542,17 +542,17 @@ def refusal(table: RouteTable, model: str, workers: int) -> NotFound | Unavailab
     listing = sorted(w.name for w in table.workers.values() if model in w.models)
     if listing:
         return Unavailable(
-            f"model {model!r} is not ready on any worker (listed by {', '.join(listing)}); "
+            f"model {quoted(model)} is not ready on any worker (listed by {', '.join(listing)}); "
             "retry when it has loaded"
         )
     if model in table.known:
         if ready < workers:
             return Unavailable(
-                f"model {model!r}: no worker serving it is ready ({ready} of {workers} "
+                f"model {quoted(model)}: no worker serving it is ready ({ready} of {workers} "
                 "workers ready); retry when one is back"
             )
         return NotFound(
-            f"model {model!r} is no longer served behind this gateway (all {workers} workers "
+            f"model {quoted(model)} is no longer served behind this gateway (all {workers} workers "
             "are ready and none lists it: it was unloaded or removed)"
         )
     if ready == 0:
@@ -561,7 +561,7 @@ def refusal(table: RouteTable, model: str, workers: int) -> NotFound | Unavailab
             f"whether it serves it; retry when one is back{did_you_mean(model, table.known)}"
         )
     return NotFound(
-        f"model {model!r} is not served by any worker behind this gateway ({ready} of "
+        f"model {quoted(model)} is not served by any worker behind this gateway ({ready} of "
         f"{workers} workers ready){did_you_mean(model, table.known)}"
     )
 

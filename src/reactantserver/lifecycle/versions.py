@@ -88,7 +88,7 @@ from typing import Any, Generic, TypeAlias, TypeVar
 
 import attrs
 
-from ..errors import BundleError, LifecycleError, NotFound, ReactantError, Unavailable
+from ..errors import BundleError, LifecycleError, NotFound, ReactantError, Unavailable, quoted
 from ..names import did_you_mean
 from .states import LifecycleEvent, ModelRecord, ModelState, ModelTable, admits_requests
 
@@ -385,7 +385,7 @@ class ModelVersions(Generic[V]):
             return _NONE
         entry = self._serving.get(name)
         if entry is None:
-            raise NotFound(f"model {name!r} is not loaded")
+            raise NotFound(f"model {quoted(name)} is not loaded")
         self._states.apply(name, _E.UNLOAD)  # refused (LifecycleError) unless READY
         del self._serving[name]
         del self._current[name]
@@ -465,12 +465,12 @@ class ModelVersions(Generic[V]):
         if admits_requests(record.state):  # a serving state without a serving version
             return LifecycleError(f"model {name!r} is {record.state.value} but nothing serves it")
         if record.state is ModelState.LOADING:
-            return Unavailable(f"model {name!r} is still loading")
+            return Unavailable(f"model {quoted(name)} is still loading")
         if record.state is ModelState.FAILED:
-            return NotFound(f"model {name!r} failed to load: {record.error}")
+            return NotFound(f"model {quoted(name)} failed to load: {record.error}")
         if record.state is ModelState.DRAINING:
-            return NotFound(f"model {name!r} is being unloaded")
+            return NotFound(f"model {quoted(name)} is being unloaded")
         # A name this worker never had is most often a typo: name the closest it has.
         known = self._states.records
         hint = "" if name in known else did_you_mean(name, {*known, *self._by_name})
-        return NotFound(f"model {name!r} is not loaded{hint}")
+        return NotFound(f"model {quoted(name)} is not loaded{hint}")

@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Protocol
 import attrs
 from grpclib.metadata import encode_grpc_message
 
+from reactantserver.errors import bounded
 from reactantserver.status import INTERNAL_MESSAGE, StatusCode
 
 from . import h2events
@@ -167,10 +168,24 @@ def status_headers(code: int, message: str | None, *, headers_sent: bool, http_s
     content type first)."""
     status = [("grpc-status", str(int(code))), *extra]
     if message is not None:
-        status.insert(1, ("grpc-message", encode_grpc_message(message)))
+        status.insert(1, ("grpc-message", _grpc_message(message)))
     if headers_sent:
         return status
     return [(":status", str(http_status)), ("content-type", "application/grpc+proto"), *status]
+
+
+#: Bytes of an encoded ``grpc-message`` at most: clients' metadata limits (gRPC's default is
+#: 8 KiB for all of a response's headers) must leave room for the rest.
+MAX_GRPC_MESSAGE = 4096
+
+
+def _grpc_message(message: str) -> str:
+    """``message`` percent-encoded for ``grpc-message``, bounded (:func:`errors.bounded`,
+    then tighter if its encoding is still too long: non-ASCII text encodes up to 9x)."""
+    encoded: str = encode_grpc_message(bounded(message))
+    if len(encoded) > MAX_GRPC_MESSAGE:
+        encoded = encode_grpc_message(bounded(message, MAX_GRPC_MESSAGE // 9))
+    return encoded
 
 
 class Output(Protocol):

@@ -200,7 +200,12 @@ class Worker:
         metas = MetaGlue(config, self.versions, thread=thread or default)
         builder = VersionBuilder(config, runtime, self.weights, metas, thread=thread or default)
         self.lifecycle = LifecycleDriver(
-            self.versions, self.scheduler, self.weights, builder, thread=thread or default
+            self.versions,
+            self.scheduler,
+            self.weights,
+            builder,
+            thread=thread or default,
+            follow_symlinks=config.follow_symlinks,
         )
         self.repository = RepositoryDriver(
             config, self.versions, self.lifecycle, thread=thread or default

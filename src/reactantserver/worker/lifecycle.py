@@ -82,8 +82,11 @@ class LifecycleDriver:
         builder: VersionBuilder,
         *,
         thread: ThreadRunner,
+        follow_symlinks: bool = False,
     ) -> None:
         self._versions = versions
+        #: ``follow_symlinks`` of the configuration: links out of the repository.
+        self._follow_symlinks = follow_symlinks
         self._scheduler = scheduler
         self._weights = weights
         self._builder = builder
@@ -163,13 +166,20 @@ class LifecycleDriver:
                 bundle = (
                     source
                     if isinstance(source, Bundle)
-                    else await self._thread(partial(load_bundle, source, name=name))
+                    else await self._thread(
+                        partial(
+                            load_bundle, source, name=name, follow_symlinks=self._follow_symlinks
+                        )
+                    )
                 )
                 self._versions.check_replaceable(name, meta=bundle.is_meta)
                 version = await self._builder.build(bundle, current, override)
             except ReactantError as exc:
                 log.debug("model %r: the load failure's traceback", name, exc_info=exc)
-                self._load_failed(name, exc.detail if isinstance(exc, BundleError) else str(exc))
+                if isinstance(exc, BundleError):  # clients read the public reason (errors.py)
+                    self._load_failed(name, exc.public, exc.detail)
+                else:
+                    self._load_failed(name, str(exc))
                 return None
             except Exception as exc:
                 # A bug or an unexpected library error: keep the worker (and any serving
@@ -243,15 +253,17 @@ class LifecycleDriver:
             # that program is a dispatch of one request, size 1.
             self._scheduler.seed_cost(served.name, max(size, 1), seconds)
 
-    def _load_failed(self, name: str, detail: str) -> None:
+    def _load_failed(self, name: str, reason: str, detail: str | None = None) -> None:
+        """The load failed: ``reason`` in the state table (clients read it), ``detail``
+        (the whole story, default the reason) in the log."""
         serving = name in self._versions.current
-        self._versions.load_failed(name, detail)
+        self._versions.load_failed(name, reason)
         self._changes.notify()
         log.error(
             "model %r failed to load%s: %s",
             name,
             "; the previous version keeps serving" if serving else "",
-            detail,
+            reason if detail is None else detail,
         )
 
 

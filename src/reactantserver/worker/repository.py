@@ -117,7 +117,12 @@ class RepositoryDriver:
         self._note_unbundled(found.unbundled)
         listing = found.bundles
         scan = await self._thread(
-            partial(scan_repository, cfg.model_dirs, include=cfg.models_include)
+            partial(
+                scan_repository,
+                cfg.model_dirs,
+                include=cfg.models_include,
+                follow_symlinks=cfg.follow_symlinks,
+            )
         )
         versions = self._versions
         if explicit:
@@ -127,7 +132,7 @@ class RepositoryDriver:
             log.error("%s", error)
             if name not in scan.bundles:  # a duplicate name keeps its first bundle
                 versions.begin_load(name)
-                versions.load_failed(name, error.detail)
+                versions.load_failed(name, error.public)  # the log above has the detail
         for name in scan.bundles:
             versions.begin_load(name)  # readiness lists them as loading until they are
         for name in startup_order(scan.bundles, cfg):
