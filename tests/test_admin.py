@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import struct
 from functools import partial
 
 import trio
@@ -76,4 +78,22 @@ async def test_idle_connections_cannot_keep_a_probe_out() -> None:
             release.set()
         for stream in idle:
             await stream.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_client_resetting_its_connection_ends_only_that_connection() -> None:
+    """A reset (RST) while the request head is read raised out of the handler and ended
+    the admin server -- and the worker or gateway whose nursery it ran in."""
+    app = AdminApp(CollectorRegistry(), lambda: (True, ""))
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(partial(serve_admin, app, "127.0.0.1", 0))
+        for partial_head in (b"GET /hea", b""):
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.send(partial_head)
+            await trio.sleep(0.05)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()  # RST
+        await trio.sleep(0.1)
+        health = await _get(port, b"GET /healthz HTTP/1.1\r\n\r\n")
+        assert health.startswith(b"HTTP/1.1 200 OK")
         nursery.cancel_scope.cancel()

@@ -109,6 +109,8 @@ class _Gate:
         self._open: dict[trio.CancelScope, bool] = {}
         self.evicted = 0
         self.refused = 0
+        #: Refused connections reading their request before the 503 (at most ``limit``).
+        self.refusing = 0
 
     def enter(self, scope: trio.CancelScope) -> bool:
         if len(self._open) >= self.limit:
@@ -131,12 +133,32 @@ class _Gate:
 
 
 async def _gated(app: AdminApp, gate: _Gate, stream: trio.SocketStream) -> None:
+    """One connection, within the gate; a peer that resets it mid-way ends it quietly (an
+    exception out of a handler would end ``serve_listeners``: the admin port, and with it
+    the worker or the gateway -- a reset during the request head did, before)."""
+    try:
+        await _gated_connection(app, gate, stream)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+
+
+async def _gated_connection(app: AdminApp, gate: _Gate, stream: trio.SocketStream) -> None:
     with trio.CancelScope() as scope:
         if not gate.enter(scope):
             async with stream:
-                with trio.move_on_after(1.0):
-                    busy = f"{gate.limit} admin connections are being answered; retry\n"
-                    await stream.send_all(_response("503 Service Unavailable", busy.encode()))
+                if gate.refusing >= gate.limit:
+                    return  # a flood of them: closed at once
+                gate.refusing += 1
+                try:
+                    with trio.move_on_after(1.0):
+                        # Read the request first (briefly): closing a socket with unread
+                        # input resets it, and the peer may lose the answer.
+                        with trio.move_on_after(0.1):
+                            await stream.receive_some(MAX_HEAD)
+                        busy = f"{gate.limit} admin connections are being answered; retry\n"
+                        await stream.send_all(_response("503 Service Unavailable", busy.encode()))
+                finally:
+                    gate.refusing -= 1
             return
         try:
             await _handle(app, stream, lambda: gate.headed(scope))

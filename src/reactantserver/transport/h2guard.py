@@ -531,6 +531,7 @@ class _Processor:
     def _refuse(self, sid: int, refusal: Refusal, unacked: int) -> None:
         """Answer ``refusal`` on a stream with a handler, drop it and what it buffered."""
         self._framers.pop(sid, None)
+        self._receiving.pop(sid, None)
         self._answer(sid, refusal)
         self._guard.fault(refusal.fault, refusal.message)
         if refusal.fault in _MALFORMED:
