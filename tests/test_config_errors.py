@@ -316,7 +316,7 @@ NODE_CASES: list[tuple[str, str, str]] = [
             device: 1
         """,
         "node.yaml:4: workers[0].device: unknown key; expected one of name, port, metrics_port, "
-        "gpu, cache_dir, model_control_mode, model_poll_seconds, models_include, runtime, "
+        "gpu, cache_dir, follow_symlinks, model_control_mode, model_poll_seconds, models_include, runtime, "
         "scheduler, endpoints, cost",
     ),
     (

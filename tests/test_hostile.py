@@ -160,24 +160,30 @@ def test_a_shared_memory_input_is_checked_for_rows_before_it_is_read(worker: Wir
 # ---------------------------------------------------------- 7. held calls, unread answers
 
 
+def unread_answers(port: int) -> RawClient:
+    """Sixteen ModelInfer calls of 1 MiB (answered with two 1 MiB outputs) from a client
+    that grants no stream window, read until the server closes the connection."""
+    rows = (1 << 20) // 64
+    message = grpc_message(infer_message(rows=rows))
+    client = RawClient(port)
+    client.handshake()
+    for sid in range(1, 33, 2):
+        client.send(client.headers(sid, request_headers(INFER)))
+        for at in range(0, len(message), 1 << 20):
+            piece = message[at : at + (1 << 20)]
+            client.send(client.data(sid, piece, end_stream=at + len(piece) == len(message)))
+    assert client.wait_closed(60).closed
+    return client
+
+
 def test_answers_a_client_never_reads_are_bounded_per_connection(worker: WireServer) -> None:
     """Sixteen ModelInfer calls whose 2 MiB answers the client never reads (it grants no
     stream window): before, every answer was held whole (+32 MiB here, +256 MiB in the
     issue). Now what waits on the connection is bounded by max_unsent_bytes -- the calls
     past it fail RESOURCE_EXHAUSTED -- and after send_timeout_seconds with nothing read the
     connection is closed, freeing the rest."""
-    rows = (1 << 20) // 64  # a 1 MiB input, answered with two 1 MiB outputs
-    message = grpc_message(infer_message(rows=rows))
-    client = RawClient(worker.port)
-    client.handshake()
-    sids = list(range(1, 33, 2))
-    for sid in sids:
-        client.send(client.headers(sid, request_headers(INFER)))
-        for at in range(0, len(message), 1 << 20):
-            piece = message[at : at + (1 << 20)]
-            client.send(client.data(sid, piece, end_stream=at + len(piece) == len(message)))
-    outcome = client.wait_closed(60)
-    assert outcome.closed
+    client = unread_answers(worker.port)
+    sids = sorted(client.results)
     statuses = [client.results[sid].grpc_status for sid in sids]
     refused = [r for r in (client.results[s] for s in sids) if r.grpc_status == RESOURCE_EXHAUSTED]
     assert len(refused) >= 8, statuses  # at most ~4 MiB of answers were let wait
@@ -243,6 +249,16 @@ def test_the_gateways_own_decoding_is_bounded_and_it_stays_up(
         assert client.call(INFER, infer_message()).grpc_status == OK
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
     assert gateway.gateway.prober.ready()[0]
+
+
+def test_answers_never_read_through_the_gateway_are_bounded(gateway: GatewayRun) -> None:
+    """The same client against the gateway: it buffers the workers' answers for the
+    client, under its own grpc.max_unsent_bytes and grpc.send_timeout_seconds."""
+    client = unread_answers(gateway_port(gateway))
+    refused = [r for r in client.results.values() if r.grpc_status == RESOURCE_EXHAUSTED]
+    assert client.connection.closed and len(refused) >= 8
+    assert "grpc.max_unsent_bytes" in refused[0].grpc_message
+    assert live(gateway_port(gateway)) == OK
 
 
 def test_a_held_call_at_the_gateway_ends_at_the_body_timeout(gateway: GatewayRun) -> None:
