@@ -79,6 +79,7 @@ from ..model_version import check_version, parse_version, serves_version
 from ..protocol import inference as pb
 from ..protocol import reactant_control as cpb
 from ..protocol.codec import encode_stream_error, stream_response_head
+from ..protocol.screen import decode_message
 from ..records import REPORTED_VERSION
 from ..status import StatusCode, to_status
 from ..transport.server import ServerStream
@@ -504,14 +505,15 @@ class Proxy:
     # CUDA shared memory: answered here as every worker would (reactantserver.cuda_shm).
 
     async def cuda_shm_status(self, data: bytes, call: CallInfo) -> bytes:
-        request = pb.CudaSharedMemoryStatusRequest().parse(data)
+        request = decode_message(data, pb.CudaSharedMemoryStatusRequest)
         return bytes(cuda_status(request.name))
 
     async def cuda_shm_register(self, data: bytes, call: CallInfo) -> bytes:
-        cuda_register(pb.CudaSharedMemoryRegisterRequest().parse(data).name)
+        cuda_register(decode_message(data, pb.CudaSharedMemoryRegisterRequest).name)
 
     async def cuda_shm_unregister(self, data: bytes, call: CallInfo) -> bytes:
-        return bytes(cuda_unregister(pb.CudaSharedMemoryUnregisterRequest().parse(data).name))
+        name = decode_message(data, pb.CudaSharedMemoryUnregisterRequest).name
+        return bytes(cuda_unregister(name))
 
     async def unimplemented(self, rpc: str, data: bytes, call: CallInfo) -> bytes:
         raise Unimplemented(f"{rpc} is not supported by the gateway")
