@@ -558,6 +558,7 @@ def test_max_connections(tmp_path: Path) -> None:
             for client in (polite, *others):
                 client.send(client.start(INFER), _slow_infer(), end_stream=True)
             assert wait_for(lambda: all(not s.pump(0.05) or s.connection.closed for s in stalled))
+            assert wait_for(lambda: server.metrics()["worker_inflight_requests"] == 4)
             with H2Client(server.port) as extra:
                 outcome = extra.wait_closed(20)
                 assert outcome.closed
@@ -580,8 +581,7 @@ def test_connections_that_only_hold_calls_cannot_lock_clients_out(tmp_path: Path
     with running_wire_server(tmp_path, max_connections=4, body_timeout_seconds=1.0) as server:
         holders = [H2Client(server.port) for _ in range(4)]
         held = [h.start(LIVE) for h in holders]  # headers, never a message
-        for h in holders:
-            h.pump(0.1)
+        assert wait_for(lambda: server.metrics()["worker_grpc_streams_open"] == 4)
         with H2Client(server.port) as polite:
             assert polite.call(LIVE, b"").grpc_status == OK  # one holder made room
         assert sum(h.wait_closed(20).closed for h in holders[:1]) == 1

@@ -430,7 +430,9 @@ class Service:
         except RequestError as exc:
             raise _failed_to_load(name, exc) from None
         except BundleError as exc:  # its public reason: no file's contents (errors.py)
-            raise FailedPrecondition(f"failed to load {quoted(name)}: {exc.public}") from None
+            raise FailedPrecondition(
+                f"failed to load {quoted(name)}: bundle {quoted(exc.bundle)}: {exc.public}"
+            ) from None
         return pb.RepositoryModelLoadResponse()
 
     async def repository_model_unload(
