@@ -195,6 +195,26 @@ def test_answers_a_client_never_reads_are_bounded_per_connection(worker: WireSer
     assert live(worker.port) == OK
 
 
+def test_streams_pin_a_connection_only_while_they_owe_answers(tmp_path: Path) -> None:
+    """ModelStreamInfer: a stream open with nothing asked keeps its connection no more
+    than a held unary call does -- the idle timeout closes it -- while a stream owing an
+    answer (the fake host's slow model, at work until the server stops) keeps its own."""
+    stream = "/inference.GRPCInferenceService/ModelStreamInfer"
+    slow = grpc_message(infer_message(model="slow"))
+    with (
+        running_wire_server(tmp_path, idle_timeout_seconds=0.5) as server,
+        H2Client(server.port) as empty,
+        H2Client(server.port) as owing,
+    ):
+        empty.start(stream)  # a stream, and nothing on it
+        sid = owing.start(stream)
+        owing.send(sid, slow)  # one request owed, the stream left open
+        outcome = empty.wait_closed(30)
+        assert outcome.closed and outcome.goaway is not None
+        time.sleep(1.0)  # twice the idle timeout: the owing connection must still be open
+        assert owing.pump(0.1) and owing.connection.goaway is None
+
+
 # --------------------------------------------------------------------------- the gateway
 
 

@@ -385,6 +385,19 @@ class _Processor:
             self._guard.busy()
         self.working.add(sid)
 
+    def call_works(self, sid: int) -> None:
+        """A running call (a stream method's, with requests owed) is at work."""
+        if sid in self._started:
+            self._working(sid)
+
+    def call_rests(self, sid: int) -> None:
+        """A running call has nothing to do until its client sends more (a stream method's
+        with no request owed): it keeps the connection neither busy nor unevictable."""
+        if sid in self.working:
+            self.working.discard(sid)
+            if not self.working:
+                self._guard.idle()
+
     def _released(self, sid: int) -> None:
         """A stream's handler is done with it (once per stream that got one)."""
         self._counters.streams_open -= 1
@@ -741,6 +754,17 @@ class GuardedProtocol(asyncio.Protocol):
     def closing(self) -> bool:
         """GOAWAY sent or the connection refused: input is no longer read."""
         return self._closing
+
+    def call_works(self, sid: int) -> None:
+        """Stream ``sid`` has requests owed (:mod:`.streaming`): it counts as working."""
+        if self._processor is not None:
+            self._processor.call_works(sid)
+
+    def call_rests(self, sid: int) -> None:
+        """Stream ``sid`` owes nothing: it does not count as working (idle timeout and
+        eviction see through it)."""
+        if self._processor is not None:
+            self._processor.call_rests(sid)
 
     def calls_started(self, count: int) -> None:
         """Requests begun inside a stream method's call (:mod:`.streaming`): each counts

@@ -56,6 +56,11 @@ does), the abuse budget counts the stream, a reset or a lost connection cancels 
   (a server stopping) ends the call with the given status as soon as nothing is owed.
 * **Releasing.** Every stream is released exactly once, through the sink's release
   callback, which frees its slot under ``max_concurrent_streams``.
+* **Held and unread** (:mod:`.h2guard`). A stream counts as a working call only while it
+  owes requests: an open stream with nothing owed leaves its connection to the idle
+  timeout and to eviction when the connection table is full. Answers waiting for the
+  client's window count in the connection's unread answers (``max_unsent_bytes``,
+  ``send_timeout``), as a unary call's do.
 
 Exceptions from a handler or an ``on_cancel`` are our bugs: logged with their traceback,
 the request answered (in the stream) INTERNAL with the fixed message.
@@ -90,6 +95,7 @@ from .unary import (
     message_pieces,
     send_frames,
     status_headers,
+    waiting_bytes,
 )
 
 if TYPE_CHECKING:
@@ -296,8 +302,10 @@ class StreamCall:
         self._answer_headers = (
             ACCEPTING_ANSWER_HEADERS if admitted.head.compressed else ANSWER_HEADERS
         )
-        #: The head answer's bytes not yet handed to the connection.
+        #: The head answer's bytes not yet handed to the connection, and how many of them
+        #: the connection counts as waiting for the client (``answer_waits``).
         self._pending: collections.deque[memoryview] | None = None
+        self._waiting = 0
         self._headers_sent = False
         self._peer_ended = False
         #: The status to end with once nothing is owed (:meth:`drain`).
@@ -311,6 +319,9 @@ class StreamCall:
             self._timer = loop.call_at(admitted.deadline, self._expired)
         if admitted.handler.opened is not None:
             admitted.handler.opened(self)
+        # Nothing owed yet: an open stream alone keeps its connection neither busy nor
+        # safe from eviction (h2guard), or a client could pin connections with empty ones.
+        guard.call_rests(sid)
 
     def __repr__(self) -> str:
         return f"StreamCall({self.head.path}, stream {self.id} of {self.peer})"
@@ -479,6 +490,8 @@ class StreamCall:
         self._owed.append(request)
         self._owed_bytes += size
         self._guard.calls_started(1)
+        if len(self._owed) == 1:
+            self._guard.call_works(self.id)  # owed something: at work (h2guard's idle rule)
         if flags == 1:  # (the framer lets the flag through only on a call with an encoding)
             limit, setting = self._inflate_limit
             self._inflate(request, Inflater(message, self.head.encoding, limit, setting))
@@ -569,12 +582,23 @@ class StreamCall:
                     h2.send_headers(sid, self._answer_headers)
                     self._headers_sent = True
             if not send_frames(h2, sid, self._pending, self._guard):
+                self._count_waiting(waiting_bytes(self._pending))
                 return False
+            self._count_waiting(0)
             self._pending = None
             owed.popleft()
             self._owed_bytes -= head.size
             head._stream = None
+            if not owed:
+                self._guard.call_rests(sid)
         return True
+
+    def _count_waiting(self, left: int) -> None:
+        """The head answer has ``left`` bytes waiting for the client: the connection's
+        count of unread answers (h2guard: ``max_unsent_bytes``, ``send_timeout``)."""
+        if left != self._waiting:
+            self._guard.answer_waits(left - self._waiting)
+            self._waiting = left
 
     def _end_if_over(self) -> None:
         if self._owed:
@@ -613,6 +637,8 @@ class StreamCall:
         owed, self._owed = self._owed, collections.deque()
         self._owed_bytes = 0
         self._pending = None
+        self._count_waiting(0)
+        self._guard.call_rests(self.id)
         for request in owed:
             request.withdraw()
 
