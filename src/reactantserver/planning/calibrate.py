@@ -355,7 +355,8 @@ def probes_for(repo: Path) -> tuple[list[ModelProbe], list[str], int]:
     bundles skipped and why, and the catalog's weight bytes."""
     from ..bundle.repository import scan_repository
 
-    scan = scan_repository(repo)
+    # The operator named these bundles (calibrate links one into a repository of its own).
+    scan = scan_repository(repo, follow_symlinks=True)
     probes: list[ModelProbe] = []
     skipped = [f"{name}: {err.detail}" for name, err in sorted(scan.errors.items())]
     total = 0
@@ -392,6 +393,8 @@ metrics_base_port: {metrics_port}
   - name: calibrate
 global:
   cache_dir: '{cache}'
+  # The repository is calibrate's own: a link to the bundle the operator named.
+  follow_symlinks: true
   model_control_mode: static
   runtime:
     backend: {backend}
