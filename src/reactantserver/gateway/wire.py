@@ -35,7 +35,8 @@ most eight digits and reads back within its unit of the original, never above it
 
 from __future__ import annotations
 
-from ..protocol.wire_reader import LEN, MAX_DIMS, MAX_ENTRIES, MAX_FIELDS
+from ..errors import InvalidArgument
+from ..protocol.wire_reader import LEN, MAX_DIMS, MAX_ENTRIES, MAX_FIELDS, Budget
 from ..protocol.wire_reader import Reader as _Cursor
 
 #: Inputs the peek keeps at most (the codec's bound; extents: ``wire_reader.MAX_DIMS``).
@@ -128,6 +129,13 @@ def _usual_field(data: bytes | memoryview, pos: int, end: int) -> tuple[int, int
     return (key >> 3, start, stop) if stop <= end else (0, pos, pos)
 
 
+def _spent() -> InvalidArgument:
+    """The work budget's refusal, as :func:`_peek`'s cursor words it. The usual path
+    counts the fields the general one would (every tag it reads, all well-formed up to
+    here), so it refuses at the same field, without reading them all again."""
+    return Budget("ModelInferRequest").spent()
+
+
 def _peek_usual(data: bytes | memoryview) -> InferPeek | None:
     """:func:`_peek` for the message every client sends, in one pass of plain loops:
     every field length-delimited under a one-byte tag, lengths and extents below 2^28,
@@ -143,7 +151,7 @@ def _peek_usual(data: bytes | memoryview) -> InferPeek | None:
         while pos < end:
             left -= 1
             if left < 0:
-                return None
+                raise _spent()  # what _peek would say, having read the same fields
             # _usual_field, inlined for a field shorter than 128 bytes (a tensor's bytes
             # take the call)
             key = data[pos]
@@ -165,7 +173,7 @@ def _peek_usual(data: bytes | memoryview) -> InferPeek | None:
                 name, shape, fields = tensor
                 left -= fields
                 if left < 0:
-                    return None
+                    raise _spent()
                 inputs.append((name, shape))
             elif number == 0:
                 return None
@@ -186,7 +194,7 @@ def _input_usual(
     while pos < end:
         fields += 1
         if fields > MAX_FIELDS:
-            return None
+            raise _spent()
         key = data[pos]
         size = data[pos + 1] if pos + 1 < end else 0x80
         if size < 0x80 and key & 7 == LEN and 8 <= key < 0x80 and pos + 2 + size <= end:
