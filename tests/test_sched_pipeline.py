@@ -438,7 +438,9 @@ def test_with_prefetch_and_the_pipeline_the_device_idles_only_as_its_copy_engine
 
 class ThreadDevice:
     """A blocking PipelinedExecutor over a real "device" thread that runs programs in the
-    order they were queued, each ``seconds`` long (``time.sleep``)."""
+    order they were queued, each ``seconds`` long (``time.sleep``). Every step is stamped
+    on the pipeline's clock (``time.perf_counter``): the checks compare the charges with
+    these stamps, never with ``seconds``, which a loaded machine stretches."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
@@ -450,8 +452,11 @@ class ThreadDevice:
         self.order: list[int] = []
         self.threads: set[str] = set()
         self.stopped = False
+        self.prepared_at: dict[int, float] = {}
         self.launched_at: dict[int, float] = {}
+        self.programs: dict[int, tuple[float, float]] = {}  # seq -> (began, ended)
         self.done_at: dict[int, float] = {}
+        self.ran_at: dict[int, float] = {}
         self.held: set[int] = set()
         self.device = threading.Thread(target=self._device, daemon=True)
         self.device.start()
@@ -466,13 +471,16 @@ class ThreadDevice:
                 seq, done = self.queue.pop(0)
             self.running += 1
             self.overlaps += self.running > 1
+            began = time.perf_counter()
             time.sleep(self.seconds)
+            self.programs[seq] = (began, time.perf_counter())
             self.running -= 1
             self.order.append(seq)
             done.set()
 
     async def prepare(self, batch: Batch) -> None:
         self.held.add(batch.seq)
+        self.prepared_at[batch.seq] = time.perf_counter()
 
     def run(self, batch: Batch) -> Sequence[Any]:
         return self.collect(batch, self.launch(batch))
@@ -496,6 +504,7 @@ class ThreadDevice:
     def ran(self, batch: Batch) -> None:
         assert batch.seq in self.done_at
         self.held.discard(batch.seq)
+        self.ran_at[batch.seq] = time.perf_counter()
 
     def stop(self) -> None:
         with self.work:
@@ -505,8 +514,11 @@ class ThreadDevice:
 
 async def test_a_thread_backed_device_at_depth_two() -> None:
     """Real threads: launches on the launch thread, collects on the collect thread; the
-    device thread runs one program at a time in launch order, and the charges are the
-    device's time per batch (about one program each once the pipeline is full)."""
+    device thread runs one program at a time in launch order, and each batch is charged
+    completion to completion -- from max(its launch, the previous batch's outputs back)
+    to its own outputs back, within what the stamps around those moments allow -- so the
+    charges add up to at least the device's busy time (the programs' own stamps) and at
+    most the wall time from the first prepare to the last landing."""
     device = ThreadDevice(0.02)
     charged: list[tuple[Batch, float]] = []
     scheduler = Scheduler(
@@ -535,15 +547,19 @@ async def test_a_thread_backed_device_at_depth_two() -> None:
     assert device.order == [b.seq for b, _ in charged]
     assert device.threads == {"reactantserver-device", "reactantserver-collect"}
     assert not device.held
+    # The pipeline stamps a launch before ``launch`` begins (after ``prepare``) and its
+    # end after ``collect`` returns (before ``ran``): the bounds of each charge. Timing
+    # on a loaded machine moves the stamps, and the bounds with them.
+    previous_done = previous_ran = -math.inf
+    for batch, charge in charged:
+        seq = batch.seq
+        lower = device.done_at[seq] - max(device.launched_at[seq], previous_ran)
+        upper = device.ran_at[seq] - max(device.prepared_at[seq], previous_done)
+        assert max(0.0, lower) <= charge <= upper, (seq, lower, charge, upper)
+        previous_done, previous_ran = device.done_at[seq], device.ran_at[seq]
     seconds = [s for _, s in charged]
-    # Completion to completion: about one program each once the pipeline is full (one
-    # batch's completion stamped late by a busy machine shortens the next one's charge by
-    # as much, so the mean is what is stable).
-    mean = sum(seconds[1:]) / len(seconds[1:])
-    assert 0.02 * 0.9 <= mean < 0.02 * 1.6, seconds
-    assert (
-        sum(seconds) <= device.done_at[charged[-1][0].seq] - min(device.launched_at.values()) + 1e-3
-    )  # the threads' stamps sit a few microseconds outside the device's own
+    busy = sum(end - began for began, end in device.programs.values())
+    assert busy <= sum(seconds) <= max(device.ran_at.values()) - min(device.prepared_at.values())
 
 
 async def test_out_of_memory_in_a_launched_batch_fails_only_that_batch(
@@ -620,6 +636,12 @@ class ScriptedDevice:
     thread could break is recorded in ``violations`` (an assert on a pipeline thread would
     only turn into that batch's error). The test waits for the threads with
     :meth:`settled` and :meth:`wait_change` -- events, never a sleep.
+
+    The launch thread is made as late as a loaded machine may make it: a launch handed
+    over begins only once the test waits for the threads (:meth:`wait_change`), so a
+    test that took "handed over, not begun" for settled would act on, or end, with the
+    launch still to come -- in every example, not in the one run in four where the OS
+    happened to put the thread off (as before this was checked).
     """
 
     def __init__(self, fail_prepare: str, fail_launch: str, fail_collect: str, slow: str) -> None:
@@ -634,6 +656,7 @@ class ScriptedDevice:
         self.depth = 0
         self.changed = threading.Condition()
         self.version = 0
+        self.test_waits = False  # the test is blocked in wait_change
         self.violations: list[str] = []
         self.prepared: list[int] = []  # in prepare order (the policy's order)
         self.held: dict[int, str] = {}
@@ -660,7 +683,24 @@ class ScriptedDevice:
         """Block (in a worker thread) until something changed since ``seen``; False if
         nothing did for 10 s (the threads are stuck: a bug)."""
         with self.changed:
-            return self.changed.wait_for(lambda: self.version != seen, timeout=10)
+            self.test_waits = True
+            self.changed.notify_all()  # a launch held back may begin now
+            try:
+                return self.changed.wait_for(lambda: self.version != seen, timeout=10)
+            finally:
+                self.test_waits = False
+
+    def _begin_late(self, seq: int) -> None:
+        """Hold the launch thread until the test waits for the threads (see the class
+        docstring); the test never waits for 10 s: it took the pipeline for settled."""
+        with self.changed:
+            self.version += 1  # a settle under way looks again, and then waits
+            self.changed.notify_all()
+            if not self.changed.wait_for(lambda: self.test_waits, timeout=10):
+                self.violations.append(
+                    f"batch {seq}: handed to the launch thread while the test took the "
+                    "pipeline for settled"
+                )
 
     async def prepare(self, batch: Batch) -> None:
         await trio.lowlevel.checkpoint()
@@ -676,6 +716,7 @@ class ScriptedDevice:
 
     def launch(self, batch: Batch) -> threading.Event:
         seq = batch.seq
+        self._begin_late(seq)
         self.launch_in[seq] = time.perf_counter()
         self.threads.add(threading.current_thread().name)
         self.launching += 1
@@ -761,11 +802,11 @@ class ScriptedDevice:
             if seq not in self.launch_out:
                 if seq in self.launch_in:
                     return False  # launching
-                # Not launched: only the newest prepared batch may wait, for an overrun;
-                # once the loop is closed nothing will launch it (the final checks judge).
-                health = self.scheduler.health
-                newest = seq == self.prepared[-1]
-                if not (health is Health.CLOSED or (newest and health is Health.OVERRUN)):
+                # Not launched: only the newest prepared batch may wait, for an overrun.
+                # Any other is on its way to the launch thread (a batch taken before a
+                # close is still launched), or being given back (cancelled): neither
+                # needs the test, and the launch thread may not have begun yet.
+                if not (seq == self.prepared[-1] and self.scheduler.health is Health.OVERRUN):
                     return False
                 continue
             if waiting_behind:
@@ -810,6 +851,19 @@ class ScriptedDevice:
     deadlines=False,
     steps=[("arrive", "a", 1), ("arrive", "b", 1), ("overrun",), ("load",)],
     ending="cancel",
+)
+# A flake of the test itself (about one run in four on a loaded machine): a batch whose
+# weights finish loading after close() is still launched, and the test's settle took it
+# for settled before the launch thread had begun it -- then ended with it never finished.
+@example(
+    depth=2,
+    fail_prepare="",
+    fail_launch="",
+    fail_collect="",
+    slow="b",
+    deadlines=False,
+    steps=[("arrive", "b", 1)],
+    ending="close",
 )
 def test_the_six_invariants_hold_over_the_thread_pipeline(
     depth: int,
@@ -857,8 +911,12 @@ def test_the_six_invariants_hold_over_the_thread_pipeline(
     overran_at: list[int] = []
     clock = trio.testing.MockClock()
 
+    run_done = trio.Event()
+
     async def settle() -> None:
-        while True:
+        # Once run() has returned its threads have ended: nothing moves (the final checks
+        # judge what is left).
+        while not run_done.is_set():
             seen = device.version
             await trio.testing.wait_all_tasks_blocked()
             if device.settled() and device.version == seen:
@@ -872,7 +930,6 @@ def test_the_six_invariants_hold_over_the_thread_pipeline(
     async def main() -> None:
         async with trio.open_nursery() as outer:
             run_scope = trio.CancelScope()
-            run_done = trio.Event()
 
             async def run() -> None:
                 try:
