@@ -12,7 +12,10 @@ chosen to drive one path through the transport:
 * ``cold``    loaded but not ready ("still compiling"): UNAVAILABLE;
 * ``busy``    its queue is full (``QueueFull``): RESOURCE_EXHAUSTED;
 * ``nap``     sleeps :data:`NAP_SECONDS` (Trio time) and answers ``y = x``: a call that
-  stays in flight for a while without a test's help (a server in a subprocess).
+  stays in flight for a while without a test's help (a server in a subprocess). Its
+  device counters record exactly :data:`NAP_SECONDS` per call -- the program's time, as
+  a device reports it -- not the wall time of the sleep that stands for it, which a
+  loaded machine stretches.
 
 The repository also lists ``spare`` (not loaded; ``load`` loads it) and ``badbundle``
 (loading it raises ``BundleError``). Device statistics are counted for real: rows,
@@ -222,7 +225,10 @@ class FakeHost:
                     )
                 )
             return
-        answer.resolve(self._compute(model, inputs, trio.current_time() - started))
+        # The device's time: a nap's program is NAP_SECONDS long however late the sleep
+        # that stands for it ends; slow's lasts until the test releases it.
+        seconds = NAP_SECONDS if model == "nap" else trio.current_time() - started
+        answer.resolve(self._compute(model, inputs, seconds))
 
     def _compute(self, model: str, inputs: Mapping[str, np.ndarray], seconds: float) -> Any:
         m = self.get(model)
