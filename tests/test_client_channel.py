@@ -32,6 +32,7 @@ from grpclib.server import Server, Stream
 from reactantserver.client import AsyncClient
 from reactantserver.client.channel import Channel
 from reactantserver.client.status import translate
+from reactantserver.grpcwire import encode_grpc_timeout, parse_grpc_timeout
 from reactantserver.protocol import inference as pb
 from reactantserver.status import StatusCode
 from reactantserver.transport.h2events import ErrorCodes
@@ -418,3 +419,91 @@ def test_a_server_that_goes_away_before_any_call_fails_it_after_three_connection
         assert _AlwaysGoingAway.connections == 3
 
     asyncio.run(main())
+
+
+class _Tells(_H2Server):
+    """An h2 server that keeps each request's ``grpc-timeout`` (None: none) and answers
+    with the ``:status`` and trailers of :attr:`answer`."""
+
+    told: ClassVar[list[bytes | None]] = []
+    answer: ClassVar[tuple[bytes, tuple[tuple[bytes, bytes], ...]]] = (
+        b"200",
+        ((b"grpc-status", b"0"),),
+    )
+
+    def data_received(self, data: bytes) -> None:
+        for event in self.h2.receive_data(data):
+            if isinstance(event, h2.events.RequestReceived):
+                headers = dict(event.headers)
+                type(self).told.append(headers.get(b"grpc-timeout"))
+            elif isinstance(event, h2.events.StreamEnded):
+                status, trailers = self.answer
+                sid = event.stream_id
+                if trailers:
+                    self.h2.send_headers(sid, [(b":status", status)])
+                    self.h2.send_headers(sid, list(trailers), end_stream=True)
+                else:
+                    self.h2.send_headers(sid, [(b":status", status)], end_stream=True)
+        self.transport.write(self.h2.data_to_send())
+
+
+def test_the_timeout_is_told_rounded_down_in_the_finest_unit_that_fits() -> None:
+    """The client tells the server its timeout as grpcwire writes it (never longer than
+    the client waits itself: the server gives up first); no timeout, no header."""
+    timeouts = [None, 1.0004, 29.999, 120.0, 3.3]
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(_Tells, "127.0.0.1", 0)
+        channel = _channel(server.sockets[0].getsockname()[1])
+        try:
+            for timeout in timeouts:
+                assert await channel.unary(INFER, [b"x"], timeout=timeout) is None
+        finally:
+            channel.close()
+            server.close()
+
+    _Tells.told.clear()
+    asyncio.run(main())
+    assert _Tells.told == [None, b"1000400u", b"29999000u", b"120000m", b"3300000u"]
+    for timeout, told in zip(timeouts[1:], _Tells.told[1:], strict=True):
+        assert told is not None
+        assert told.decode() == encode_grpc_timeout(timeout)
+        assert parse_grpc_timeout(told.decode()) <= timeout
+
+
+@pytest.mark.parametrize(
+    ("status", "trailers", "code"),
+    [
+        (b"503", (), StatusCode.UNAVAILABLE),  # gRPC's HTTP table (grpcwire.HTTP_TO_GRPC)
+        (b"404", (), StatusCode.UNIMPLEMENTED),
+        (b"418", (), StatusCode.UNKNOWN),
+        (b"200", ((b"grpc-status", b"14"), (b"grpc-message", b"later")), StatusCode.UNAVAILABLE),
+        (b"200", ((b"grpc-status", b"99"),), StatusCode.UNKNOWN),  # no such code
+        (b"200", ((b"grpc-message", b"what?"),), StatusCode.UNKNOWN),  # no grpc-status
+    ],
+)
+def test_an_answer_that_is_not_ok_is_read_with_the_wire_vocabulary(
+    status: bytes, trailers: tuple[tuple[bytes, bytes], ...], code: StatusCode
+) -> None:
+    """An HTTP status other than 200 is read with gRPC's table; a grpc-status is the code
+    it names, UNKNOWN if it names none; the client's translation sees that code."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(_Tells, "127.0.0.1", 0)
+        channel = _channel(server.sockets[0].getsockname()[1])
+        try:
+            with pytest.raises(GRPCError) as caught:
+                await channel.unary(INFER, [b"x"], timeout=10)
+        finally:
+            channel.close()
+            server.close()
+        translated = translate(caught.value, rpc="ModelInfer", target="t")
+        assert translated is not None and translated[0] is code
+
+    _Tells.answer = (status, trailers)
+    try:
+        asyncio.run(main())
+    finally:
+        _Tells.answer = (b"200", ((b"grpc-status", b"0"),))

@@ -33,7 +33,6 @@ from strategies import (
 
 from reactantserver import errors, tensors
 from reactantserver.client import RetryPolicy, SharedMemoryRegion
-from reactantserver.client.channel import grpc_timeout
 from reactantserver.client.codec import Placement, decode_outputs, encode_request
 from reactantserver.client.core import parse_url
 from reactantserver.client.shm import NAME_PREFIX
@@ -472,13 +471,3 @@ def test_single_arrays_round_trip_through_request_and_response(arr: np.ndarray) 
         assert back.shape == arr.shape
     else:
         np.testing.assert_array_equal(back, arr)
-
-
-@pytest.mark.parametrize(
-    ("seconds", "value"),
-    [(None, None), (0.05, "50m"), (0.0001, "1m"), (1.0004, "1001m"), (120, "120000m")],
-)
-def test_the_timeout_is_sent_in_whole_milliseconds_rounded_up(
-    seconds: float | None, value: str | None
-) -> None:
-    assert grpc_timeout(seconds) == value

@@ -1,8 +1,8 @@
-"""The gateway's peek at ModelInfer bytes and its grpc-timeout encoding (``gateway.wire``).
+"""The gateway's peek at ModelInfer bytes (``gateway.wire``).
 
 The peek is checked against protobuf's own parser (tritonclient's ``service_pb2``) on
-arbitrary messages, with unknown fields spliced in and with every kind of damage; the
-timeout encoding against grpclib's decoder.
+arbitrary messages, with unknown fields spliced in and with every kind of damage. (The
+``grpc-timeout`` the gateway writes is ``reactantserver.grpcwire``'s: test_grpcwire.py.)
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 
 import pytest
-from grpclib.metadata import decode_timeout
 from hypothesis import given
 from hypothesis import strategies as st
 from strategies import codec_unknown_field, model_infer_requests
@@ -20,8 +19,6 @@ from reactantserver.errors import InvalidArgument
 from reactantserver.gateway import wire
 from reactantserver.gateway.wire import (
     InferPeek,
-    decode_grpc_timeout,
-    encode_grpc_timeout,
     grpc_message,
     peek_infer,
     peek_name,
@@ -217,45 +214,6 @@ def test_peek_name_reads_field_one_of_small_requests() -> None:
     assert peek_name(bytes(pb.ModelStatisticsRequest())) == ""
     with pytest.raises(InvalidArgument, match="malformed ModelConfigRequest"):
         peek_name(b"\x0a\x09", what="ModelConfigRequest")
-
-
-@given(st.floats(min_value=1e-9, max_value=1e9, allow_nan=False))
-def test_grpc_timeout_is_exact_to_its_unit_and_never_longer(seconds: float) -> None:
-    """The header has at most eight digits, uses the finest unit that fits them, and reads
-    back (ours and grpclib's decoders agree) within one unit below the time left -- never
-    above it, so forwarding never extends a client's deadline."""
-    text = encode_grpc_timeout(seconds)
-    assert re.fullmatch(r"[0-9]{1,8}[numSMH]", text)
-    value = decode_grpc_timeout(text)
-    assert value == pytest.approx(decode_timeout(text))
-    unit = {"n": 1e-9, "u": 1e-6, "m": 1e-3, "S": 1.0, "M": 60.0, "H": 3600.0}[text[-1]]
-    assert value <= seconds * (1 + 1e-12)
-    assert seconds - value <= unit * (1 + 1e-9)
-    finer = {"u": 1e-9, "m": 1e-6, "S": 1e-3, "M": 1.0, "H": 60.0}.get(text[-1])
-    if finer is not None:  # the finer unit would have needed a ninth digit
-        assert seconds / finer >= 10**8 * (1 - 1e-9)
-
-
-@pytest.mark.parametrize(
-    ("seconds", "text"),
-    [
-        (0.05, "50000000n"),
-        (0.25, "250000u"),
-        (59.9999, "59999900u"),
-        (3600.5, "3600500m"),
-        (10**6, "1000000S"),
-        (0.0, "0n"),
-        (-1.0, "0n"),
-    ],
-)
-def test_grpc_timeout_examples(seconds: float, text: str) -> None:
-    assert encode_grpc_timeout(seconds) == text
-
-
-def test_decode_grpc_timeout_refuses_malformed_values() -> None:
-    for text in ("", "5", "123456789m", "5x", "-5m", "1.5S"):
-        with pytest.raises(ValueError, match="malformed grpc-timeout"):
-            decode_grpc_timeout(text)
 
 
 def test_grpc_message_prefixes_the_length() -> None:

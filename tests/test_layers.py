@@ -25,6 +25,7 @@ LEAF = [
     "reactantserver.records",
     "reactantserver.host",
     "reactantserver.status",
+    "reactantserver.grpcwire",
     "reactantserver.statistics",
     "reactantserver.changes",
     "reactantserver.threads",

@@ -20,12 +20,12 @@ from strategies import (
     wire_garbage,
 )
 
+from reactantserver.grpcwire import parse_grpc_timeout
 from reactantserver.status import StatusCode
 from reactantserver.transport.framing import (
     MessageFramer,
     Refusal,
     RequestHead,
-    parse_timeout,
     request_head,
 )
 from reactantserver.transport.limits import Fault, WireLimits
@@ -118,14 +118,14 @@ def test_grpc_timeout_is_parsed_exactly_as_the_spec_says(value: str) -> None:
     head = request_head([*BASE_HEADERS, ("grpc-timeout", value)])
     if valid:
         seconds = int(value[:-1]) * units[value[-1]]
-        assert math.isclose(parse_timeout(value), seconds)
+        assert math.isclose(parse_grpc_timeout(value), seconds)
         if seconds > 0:
-            assert isinstance(head, RequestHead) and head.timeout == parse_timeout(value)
+            assert isinstance(head, RequestHead) and head.timeout == parse_grpc_timeout(value)
         else:
             assert isinstance(head, Refusal) and head.code is StatusCode.DEADLINE_EXCEEDED
     else:
         with pytest.raises(ValueError):
-            parse_timeout(value)
+            parse_grpc_timeout(value)
         assert isinstance(head, Refusal) and head.code is StatusCode.INVALID_ARGUMENT
         assert head.fault is Fault.BAD_TIMEOUT and "grpc-timeout" in head.message
 

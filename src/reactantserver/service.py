@@ -71,6 +71,7 @@ from reactantserver.errors import (
     Unimplemented,
     quoted,
 )
+from reactantserver.grpcwire import StatusCode
 from reactantserver.histogram import LATENCY_BUCKETS, Histogram
 from reactantserver.host import HostedModel, ModelHost
 from reactantserver.inferio import InferCall, decode_request, encode_response
@@ -99,7 +100,7 @@ from reactantserver.records import (
 )
 from reactantserver.scheduling import check_weight
 from reactantserver.shm import SharedMemoryRegistry, object_exists
-from reactantserver.status import CATEGORY_CODES, StatusCode, code_of
+from reactantserver.status import CATEGORY_CODES, code_of
 
 SERVER_NAME = "reactantserver"
 #: Triton's names for the protocol extensions this server implements.

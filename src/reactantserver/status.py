@@ -6,7 +6,9 @@ Domain code raises the category classes of :mod:`reactantserver.errors` and know
 nothing of gRPC. :func:`to_status` is the only place that turns an exception into what
 goes on the wire: a status code and a message. It is a pure function over the class
 hierarchy -- no grpclib, no asyncio -- so it is tested alone, and the transport turns
-its answer into ``grpclib.GRPCError`` in one line.
+its answer into ``grpclib.GRPCError`` in one line
+(:func:`reactantserver.transport.grpcerror.grpc_error`). The codes are
+:class:`reactantserver.grpcwire.StatusCode` (the wire's vocabulary), exported here too.
 
 Invariants
 ----------
@@ -27,7 +29,6 @@ Invariants
 
 from __future__ import annotations
 
-import enum
 import logging
 
 import attrs
@@ -45,33 +46,14 @@ from reactantserver.errors import (
     Unavailable,
     Unimplemented,
 )
+from reactantserver.grpcwire import StatusCode
+
+__all__ = ["CATEGORY_CODES", "INTERNAL_MESSAGE", "StatusCode", "WireStatus", "code_of", "to_status"]
 
 log = logging.getLogger(__name__)
 
 #: What the wire says for an exception we did not raise on purpose.
 INTERNAL_MESSAGE = "internal error"
-
-
-class StatusCode(enum.IntEnum):
-    """gRPC status codes, numbered as in ``grpc/status.proto`` (and grpclib's ``Status``)."""
-
-    OK = 0
-    CANCELLED = 1
-    UNKNOWN = 2
-    INVALID_ARGUMENT = 3
-    DEADLINE_EXCEEDED = 4
-    NOT_FOUND = 5
-    ALREADY_EXISTS = 6
-    PERMISSION_DENIED = 7
-    RESOURCE_EXHAUSTED = 8
-    FAILED_PRECONDITION = 9
-    ABORTED = 10
-    OUT_OF_RANGE = 11
-    UNIMPLEMENTED = 12
-    INTERNAL = 13
-    UNAVAILABLE = 14
-    DATA_LOSS = 15
-    UNAUTHENTICATED = 16
 
 
 #: Category -> code. Order matters only between a class and its subclasses, and no

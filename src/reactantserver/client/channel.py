@@ -45,9 +45,10 @@ import time
 from collections.abc import Iterable, Sequence
 from urllib.parse import unquote
 
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError, StreamTerminatedError
+from grpclib.exceptions import StreamTerminatedError
 
+from ..grpcwire import StatusCode, encode_grpc_timeout, parse_grpc_status, status_for_http
+from ..transport.grpcerror import grpc_error
 from ..transport.h2client import ClientConnection, encode_request, request_prefix
 from ..transport.h2events import (
     ConnectionTerminated,
@@ -66,20 +67,6 @@ from ..transport.tls import ClientTls, check_h2, client_tls
 #: Pieces smaller than this are joined into one ``write``; larger ones are written as
 #: they are (the transport sends them, or keeps what the socket did not take).
 JOIN_BYTES = 64 * 1024
-
-#: HTTP statuses other than 200 -> the gRPC status they stand for (gRPC's
-#: doc/http-grpc-status-mapping.md); any other is UNKNOWN.
-HTTP_STATUSES = {
-    b"400": Status.INTERNAL,
-    b"401": Status.UNAUTHENTICATED,
-    b"403": Status.PERMISSION_DENIED,
-    b"404": Status.UNIMPLEMENTED,
-    b"429": Status.UNAVAILABLE,
-    b"502": Status.UNAVAILABLE,
-    b"503": Status.UNAVAILABLE,
-    b"504": Status.UNAVAILABLE,
-}
-
 
 def write_pieces(transport: asyncio.WriteTransport, pieces: Iterable[bytes | memoryview]) -> None:
     """Write ``pieces`` in order: small ones joined into one write, large ones as they are."""
@@ -154,24 +141,21 @@ class _Call:
         headers = dict(self.headers or ())
         http = headers.get(b":status")
         if http != b"200":
-            status = HTTP_STATUSES.get(http or b"", Status.UNKNOWN)
-            self.fail(GRPCError(status, f"HTTP status {(http or b'none').decode()}"))
+            # Not a gRPC answer (a proxy's?): gRPC's table says what it means.
+            status = status_for_http(int(http)) if http and http.isdigit() else StatusCode.UNKNOWN
+            self.fail(grpc_error(status, f"HTTP status {(http or b'none').decode()}"))
             return
         fields = dict(trailers)
         code = fields.get(b"grpc-status")
         if code is None:
-            self.fail(GRPCError(Status.UNKNOWN, "the answer carried no grpc-status"))
+            self.fail(grpc_error(StatusCode.UNKNOWN, "the answer carried no grpc-status"))
         elif code != b"0":
-            try:
-                status = Status(int(code))
-            except ValueError:
-                status = Status.UNKNOWN
             text = unquote(fields.get(b"grpc-message", b"").decode("utf-8", "replace"))
-            self.fail(GRPCError(status, text or None))
+            self.fail(grpc_error(parse_grpc_status(code), text or None))
         elif not self.prefix:
             self.done.set_result(None)
         elif len(self.prefix) < 5 or len(self.message) != int.from_bytes(self.prefix[1:5], "big"):
-            self.fail(GRPCError(Status.INTERNAL, "the answer's message was cut short"))
+            self.fail(grpc_error(StatusCode.INTERNAL, "the answer's message was cut short"))
         elif not self.done.done():
             self.done.set_result(memoryview(self.message).toreadonly())
         self.poke()  # the server may answer before the whole request was sent
@@ -267,7 +251,7 @@ class _Protocol(asyncio.Protocol):
             if not call.take(event.data):
                 self.conn.reset(stream_id, 1)
                 message = "the answer is not one uncompressed gRPC message of the size it says"
-                self._end(call, GRPCError(Status.INTERNAL, message))
+                self._end(call, grpc_error(StatusCode.INTERNAL, message))
                 return
             if event.stream_ended is not None:  # no trailers: finish() says so
                 self.calls.pop(stream_id, None)
@@ -375,13 +359,6 @@ class _Protocol(asyncio.Protocol):
             call.wake = None
 
 
-def grpc_timeout(seconds: float | None) -> str | None:
-    """``grpc-timeout`` for ``seconds``: whole milliseconds, rounded up (None: none)."""
-    if seconds is None:
-        return None
-    return f"{max(1, -int(-seconds * 1000 // 1))}m"
-
-
 class Channel:
     """Unary gRPC calls to ``host:port`` over one HTTP/2 connection at a time; the
     receive windows granted: ``stream_window`` per call, ``connection_window`` in all."""
@@ -416,13 +393,14 @@ class Channel:
     ) -> memoryview | None:
         """Call ``path`` with the message ``b"".join(parts)`` (never joined here); the
         answer's message, read-only (None when the server sent none). ``timeout``: seconds, sent as
-        ``grpc-timeout`` and kept here (``TimeoutError``)."""
+        ``grpc-timeout`` (rounded down: :func:`reactantserver.grpcwire.encode_grpc_timeout`,
+        so the server gives up no later than we do) and kept here (``TimeoutError``)."""
         block = self._blocks.get(path)
         if block is None:
             block = self._blocks[path] = request_prefix(
                 path.encode(), self._authority.encode(), tls=self.tls is not None, extra=self._extra
             )
-        block = encode_request(block, grpc_timeout(timeout))
+        block = encode_request(block, None if timeout is None else encode_grpc_timeout(timeout))
         async with asyncio.timeout(timeout):
             barren = 0
             while barren < MOVES:

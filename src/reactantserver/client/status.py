@@ -47,8 +47,10 @@ from reactantserver.errors import (
     Unavailable,
     Unimplemented,
 )
-from reactantserver.status import StatusCode, code_of
+from reactantserver.grpcwire import StatusCode
+from reactantserver.status import code_of
 
+from ..transport.grpcerror import error_code
 from ..transport.h2events import ProtocolError as WireProtocolError
 
 #: Status codes worth asking again after a pause.
@@ -104,7 +106,7 @@ def translate(
         # Raised by the client itself (a local check); keep it as it is.
         return code_of(exc), exc
     if isinstance(exc, GRPCError):
-        code = StatusCode(exc.status.value)
+        code = error_code(exc)
         return code, error_for(code, exc.message)
     if isinstance(exc, TimeoutError):  # asyncio.TimeoutError since 3.11; before OSError
         return StatusCode.DEADLINE_EXCEEDED, DeadlineExceeded(

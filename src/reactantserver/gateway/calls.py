@@ -13,16 +13,18 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from grpclib import GRPCError
-from grpclib.const import Status
 from grpclib.encoding.base import CodecBase
 
 from ..errors import InvalidArgument
+from ..grpcwire import StatusCode
 from ..protocol.screen import decode_message
+from ..transport.grpcerror import grpc_error
 from .pool import WorkerClient
 
-#: gRPC status codes the gateway's handlers compare against.
-OK, CANCELLED, DEADLINE_EXCEEDED, NOT_FOUND, UNIMPLEMENTED, UNAVAILABLE = 0, 1, 4, 5, 12, 14
+#: The codes the gateway's handlers compare against, as module names (a forwarded call
+#: compares its answer's status once: no attribute lookup): grpcwire's members.
+OK, CANCELLED, DEADLINE_EXCEEDED = StatusCode.OK, StatusCode.CANCELLED, StatusCode.DEADLINE_EXCEEDED
+NOT_FOUND, UNAVAILABLE = StatusCode.NOT_FOUND, StatusCode.UNAVAILABLE
 
 
 class Raw:
@@ -46,8 +48,8 @@ class RawCodec(CodecBase):
     def encode(self, message: Any, message_type: Any) -> bytes:
         data = message if isinstance(message, bytes | memoryview) else bytes(message)
         if len(data) > self._max_send:
-            raise GRPCError(
-                Status.RESOURCE_EXHAUSTED,
+            raise grpc_error(
+                StatusCode.RESOURCE_EXHAUSTED,
                 f"response message of {len(data)} bytes exceeds the gateway's limit of "
                 f"{self._max_send} bytes (grpc.max_send_msg_bytes)",
             )
@@ -55,8 +57,8 @@ class RawCodec(CodecBase):
 
     def decode(self, data: bytes, message_type: Any) -> Any:
         if len(data) > self._max_recv:
-            raise GRPCError(
-                Status.RESOURCE_EXHAUSTED,
+            raise grpc_error(
+                StatusCode.RESOURCE_EXHAUSTED,
                 f"request message of {len(data)} bytes exceeds the gateway's limit of "
                 f"{self._max_recv} bytes (grpc.max_recv_msg_bytes); use shared memory for "
                 "tensors this large",
@@ -66,24 +68,16 @@ class RawCodec(CodecBase):
         try:
             return decode_message(data, message_type)  # bounded work (protocol/screen.py)
         except InvalidArgument as exc:
-            raise GRPCError(Status.INVALID_ARGUMENT, str(exc)) from None
+            raise grpc_error(StatusCode.INVALID_ARGUMENT, str(exc)) from None
 
 
 class Passthrough(Exception):
     """A worker's status, answered to the client as the worker sent it."""
 
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: StatusCode, message: str) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
-
-
-def status_of(code: int) -> Status:
-    """grpclib's ``Status`` for a code number (UNKNOWN for a number gRPC does not define)."""
-    try:
-        return Status(code)
-    except ValueError:
-        return Status.UNKNOWN
 
 
 class CallInfo:

@@ -24,7 +24,7 @@ whether the worker cannot have executed it:
   then failed. The worker may have run it; the proxy answers UNAVAILABLE and does not retry.
 
 Deadlines: each call carries an absolute deadline (``loop.time()``). The remaining time is
-sent as ``grpc-timeout`` (:func:`~reactantserver.gateway.wire.encode_grpc_timeout`: the
+sent as ``grpc-timeout`` (:func:`~reactantserver.grpcwire.encode_grpc_timeout`: the
 finest unit that fits, rounded down) when the stream opens, after any wait for a stream --
 unless the caller says not to tell the worker (``tell=False``: the deadline is the
 gateway's own bound, not the client's; the request headers are then the same bytes on
@@ -73,6 +73,7 @@ from urllib.parse import unquote
 import attrs
 
 from ..errors import DeadlineExceeded
+from ..grpcwire import StatusCode, encode_grpc_timeout, parse_grpc_status, status_for_http
 from ..transport import h2client, h2events
 from ..transport.auth import GATEWAY_KEY as _GATEWAY_KEY
 from ..transport.auth import OWNER as _OWNER
@@ -88,7 +89,6 @@ from ..transport.h2events import (
     WindowUpdated,
 )
 from ..transport.limits import WireLimits
-from .wire import encode_grpc_timeout
 
 log = logging.getLogger(__name__)
 
@@ -116,12 +116,11 @@ FLUSH_EVERY = 8
 #: Most request bytes handed to the HTTP/2 layer at once (it frames them by the worker's
 #: SETTINGS_MAX_FRAME_SIZE); a large request is written to the socket as it goes.
 MAX_CHUNK = 1024 * 1024
-_OK, _UNKNOWN, _DEADLINE, _RESOURCE, _INTERNAL = 0, 2, 4, 8, 13
+#: Compared against on every answer (a module name: no attribute lookup per call).
+_OK = StatusCode.OK
 #: A call's request left to queue when it went out whole (never changed: :meth:`Call.hold`
 #: gives a call that waits its own).
 _NOTHING_PENDING: collections.deque[memoryview] = collections.deque()
-#: HTTP status -> gRPC status, for a worker that answers without gRPC (the gRPC spec's table).
-_HTTP_TO_GRPC = {400: 13, 401: 16, 403: 7, 404: 12, 429: 14, 502: 14, 503: 14, 504: 14}
 
 
 #: Request header blocks remembered per connection, by (path, owner), at most.
@@ -158,7 +157,10 @@ class Reply:
     __slots__ = ("framed", "message", "status")
 
     def __init__(
-        self, status: int, message: str = "", framed: bytes | memoryview = b"\x00\x00\x00\x00\x00"
+        self,
+        status: StatusCode,
+        message: str = "",
+        framed: bytes | memoryview = b"\x00\x00\x00\x00\x00",
     ) -> None:
         self.status = status
         self.message = message
@@ -214,7 +216,7 @@ class Call:
         self.chunks: list[memoryview] = []
         self.received = 0
         self.http_status = 0
-        self.grpc_status: int | None = None
+        self.grpc_status: StatusCode | None = None
         self.grpc_message = ""
 
     def hold(self, payload: bytes | memoryview) -> None:
@@ -516,7 +518,10 @@ class WorkerConnection(asyncio.Protocol):
     def _expire(self, call: Call) -> None:
         self._finish(
             call,
-            Reply(_DEADLINE, "deadline exceeded: the worker did not answer before the deadline"),
+            Reply(
+                StatusCode.DEADLINE_EXCEEDED,
+                "deadline exceeded: the worker did not answer before the deadline",
+            ),
         )
         self._reset_later(call)
 
@@ -584,7 +589,7 @@ class WorkerConnection(asyncio.Protocol):
             self._finish(
                 call,
                 Reply(
-                    _RESOURCE,
+                    StatusCode.RESOURCE_EXHAUSTED,
                     f"the worker's response exceeds {self._max_reply} bytes "
                     "(the gateway's grpc.max_send_msg_bytes); use shared memory for outputs "
                     "this large",
@@ -630,19 +635,20 @@ def _code_name(code: int) -> str:
 
 
 #: ``(:status, grpc-status, grpc-message)`` of a header block, None where absent.
-_Said = tuple[int | None, int | None, str | None]
+_Said = tuple[int | None, StatusCode | None, str | None]
 #: Distinct header blocks remembered per connection (error messages vary; the rest repeat).
 MAX_BLOCKS_REMEMBERED = 64
 
 
 def _header_fields(headers: tuple[tuple[bytes, bytes], ...]) -> _Said:
     """What a response header block or trailer block says (the last of a repeated field).
-    A status that is not a number reads as UNKNOWN (gRPC) or 0 (HTTP: not 200)."""
+    A grpc-status that names no code reads as UNKNOWN; an HTTP status that is not a number
+    as 0 (not 200)."""
     http_status = grpc_status = None
     grpc_message = None
     for name, value in headers:
         if name == b"grpc-status":
-            grpc_status = int(value) if value.isdigit() else _UNKNOWN
+            grpc_status = parse_grpc_status(value)
         elif name == b"grpc-message":
             grpc_message = unquote(value.decode("ascii", "replace"))
         elif name == b":status":
@@ -653,14 +659,16 @@ def _header_fields(headers: tuple[tuple[bytes, bytes], ...]) -> _Said:
 def _reply_of(call: Call) -> Reply:
     """The gRPC answer of a stream that ended."""
     if call.http_status != 200:
-        status = _HTTP_TO_GRPC.get(call.http_status, _UNKNOWN)
+        status = status_for_http(call.http_status)  # gRPC's table (grpcwire.HTTP_TO_GRPC)
         return Reply(status, f"the worker answered HTTP status {call.http_status}, not gRPC")
     if call.grpc_status is None:
-        return Reply(_INTERNAL, "the worker's answer carried no grpc-status")
+        return Reply(StatusCode.INTERNAL, "the worker's answer carried no grpc-status")
     if call.grpc_status != _OK:
         return Reply(call.grpc_status, call.grpc_message)
     chunks = call.chunks
     data = chunks[0] if len(chunks) == 1 else memoryview(b"".join(chunks))
     if len(data) < 5 or data[0] != 0 or int.from_bytes(data[1:5], "big") != len(data) - 5:
-        return Reply(_INTERNAL, "the worker's answer is not one uncompressed gRPC message")
+        return Reply(
+            StatusCode.INTERNAL, "the worker's answer is not one uncompressed gRPC message"
+        )
     return Reply(_OK, "", data)

@@ -49,6 +49,7 @@ import trio
 
 from ..config.schema import GatewaySchedulingConfig
 from ..errors import FailedPrecondition, InvalidArgument
+from ..grpcwire import StatusCode
 from ..protocol import reactant_control as cpb
 from ..protocol.screen import decode_message
 from ..transport import guest
@@ -213,7 +214,7 @@ class LptDriver:
             status, message = await guest.aio(call())
         except Exception as exc:  # unreachable: the next repack tries again
             status, message = -1, str(exc) or type(exc).__name__
-        if status == 0:
+        if status == StatusCode.OK:
             return ""
         line = f"lpt_packing: {what} on worker {client.label} failed: {message} (status {status})"
         log.warning("%s", line)

@@ -73,6 +73,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 import attrs
 import trio
 
+from ..grpcwire import StatusCode
 from ..protocol import inference as pb
 from ..protocol import reactant_control as cpb
 from ..transport import guest
@@ -87,7 +88,6 @@ SERVER_READY = b"/inference.GRPCInferenceService/ServerReady"
 REPOSITORY_INDEX = b"/inference.GRPCInferenceService/RepositoryIndex"
 MODEL_CONTROL_STATUS = b"/reactant_control.ControlService/ModelControlStatus"
 SHM_REGISTER = b"/inference.GRPCInferenceService/SystemSharedMemoryRegister"
-_UNIMPLEMENTED = 12
 #: The least time between two rounds the request path asks for.
 REFRESH_INTERVAL = 1.0
 #: How long a worker may go without a ready answer after the gateway started before the
@@ -227,7 +227,7 @@ class Registrations:
 
 async def _call(client: WorkerClient, path: bytes, payload: bytes, deadline: float) -> Reply:
     reply = await client.call(path, payload, deadline, probe=True)
-    if reply.status not in (0, _UNIMPLEMENTED):
+    if reply.status not in (StatusCode.OK, StatusCode.UNIMPLEMENTED):
         raise ChannelError(f"{path.decode().rsplit('/', 1)[1]}: status {reply.status}: "
                            f"{reply.message}", unprocessed=True)  # fmt: skip
     return reply
@@ -254,7 +254,7 @@ async def probe_worker(
         )
     control = (
         cpb.ModelControlStatusResponse().parse(bytes(control_reply.payload))
-        if control_reply.status == 0
+        if control_reply.status == StatusCode.OK
         else cpb.ModelControlStatusResponse()
     )
     status = {m.name: m for m in control.models}
@@ -301,7 +301,7 @@ async def _replay(client: WorkerClient, registrations: Registrations, deadline: 
             return
         for (owner, name), request in list(registrations.regions.items()):
             reply = await client.call(SHM_REGISTER, request, deadline, probe=True, owner=owner)
-            if reply.status != 0:
+            if reply.status != StatusCode.OK:
                 log.warning(
                     "could not register shared-memory region %r on worker %s (it joined or "
                     "reconnected): status %d: %s",

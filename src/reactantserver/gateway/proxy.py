@@ -59,7 +59,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 
 from grpclib import GRPCError
-from grpclib.const import Cardinality, Handler, Status
+from grpclib.const import Cardinality, Handler
 
 import reactantserver
 
@@ -75,13 +75,15 @@ from ..errors import (
     Unimplemented,
     quoted,
 )
+from ..grpcwire import StatusCode
 from ..model_version import check_version, parse_version, serves_version
 from ..protocol import inference as pb
 from ..protocol import reactant_control as cpb
 from ..protocol.codec import encode_stream_error, stream_response_head
 from ..protocol.screen import decode_message
 from ..records import REPORTED_VERSION
-from ..status import StatusCode, to_status
+from ..status import to_status
+from ..transport.grpcerror import error_code, grpc_error
 from ..transport.server import ServerStream
 from ..transport.streaming import StreamCall, StreamedRequest, StreamHandler
 from ..transport.unary import DirectHandler, UnaryCall
@@ -95,7 +97,6 @@ from .calls import (
     Method,
     Passthrough,
     Raw,
-    status_of,
 )
 from .channel import ChannelError, Reply
 from .fanout import FanOut
@@ -296,14 +297,14 @@ class Proxy:
             await stream.send_message(await method(data, call))
         except Passthrough as exc:
             code = exc.code
-            raise GRPCError(status_of(exc.code), exc.message) from None
+            raise grpc_error(exc.code, exc.message) from None
         except GRPCError as exc:
-            code = exc.status.value
+            code = error_code(exc)
             raise
         except RequestError as exc:
             status = to_status(exc, rpc=rpc)
-            code = status.code.value
-            raise GRPCError(Status(status.code.value), status.message) from None
+            code = status.code
+            raise grpc_error(status.code, status.message) from None
         except asyncio.CancelledError:
             # The server cancels a call whose deadline passed (and answers it
             # DEADLINE_EXCEEDED itself), or whose client went away.
@@ -311,8 +312,8 @@ class Proxy:
             raise
         except Exception as exc:
             status = to_status(exc, rpc=rpc)  # logs the traceback: our bug
-            code = status.code.value
-            raise GRPCError(Status(status.code.value), status.message) from None
+            code = status.code
+            raise grpc_error(status.code, status.message) from None
         finally:
             self.admission.leave(False)
             stats.finish(rpc, call.model, code, loop.time() - started)

@@ -21,6 +21,7 @@ from types import MappingProxyType
 
 import attrs
 
+from ..grpcwire import status_name
 from ..histogram import LATENCY_BUCKETS, Histogram, HistogramSnapshot
 from .inflight import Admission
 
@@ -47,31 +48,6 @@ class GatewayStatistics:
     #: connection failures), and how many of them ran a probe round.
     refreshes_requested: int
     refreshes_run: int
-
-
-_STATUS_NAMES = {
-    0: "OK",
-    1: "CANCELLED",
-    2: "UNKNOWN",
-    3: "INVALID_ARGUMENT",
-    4: "DEADLINE_EXCEEDED",
-    5: "NOT_FOUND",
-    6: "ALREADY_EXISTS",
-    7: "PERMISSION_DENIED",
-    8: "RESOURCE_EXHAUSTED",
-    9: "FAILED_PRECONDITION",
-    10: "ABORTED",
-    11: "OUT_OF_RANGE",
-    12: "UNIMPLEMENTED",
-    13: "INTERNAL",
-    14: "UNAVAILABLE",
-    15: "DATA_LOSS",
-    16: "UNAUTHENTICATED",
-}
-
-
-def status_name(code: int) -> str:
-    return _STATUS_NAMES.get(code, "UNKNOWN")
 
 
 class _Answered:

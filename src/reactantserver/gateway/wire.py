@@ -1,4 +1,4 @@
-"""What the gateway reads of the gRPC wire, without a protobuf runtime: the peek and grpc-timeout.
+"""What the gateway reads of the gRPC wire, without a protobuf runtime: the peek.
 
 The gateway forwards every ModelInfer as the bytes it received. To route one it needs four
 things from the message and nothing else: the model name (field 1), the version asked for
@@ -21,16 +21,13 @@ can read. The peek is deliberately no stricter than that: a field it does not ne
 skipped, so a request the worker would refuse for its content (a wrong datatype, a missing
 input) is forwarded and refused there, with the worker's message.
 
-:func:`encode_grpc_timeout` writes the ``grpc-timeout`` header of a forwarded call: the
-remaining time in the finest unit whose value fits the header's eight digits (nanoseconds
-below 0.1 s, microseconds below 100 s, milliseconds below about 27 hours), rounded down so
-that forwarding never extends a client's deadline. (grpclib writes whole seconds above 10 s,
-and the original gateway rounded every deadline *up* to whole seconds.)
+The ``grpc-timeout`` of a forwarded call is written by
+:func:`reactantserver.grpcwire.encode_grpc_timeout` (rounded down: forwarding never
+extends a client's deadline).
 
 Invariants (``tests/test_gateway_wire.py``): for any serialized ``ModelInferRequest`` the
 peek returns the model name, version, id and input shapes that protobuf's own parser reads; for any
-byte string it returns or raises ``InvalidArgument``, nothing else; an encoded timeout has at
-most eight digits and reads back within its unit of the original, never above it.
+byte string it returns or raises ``InvalidArgument``, nothing else.
 """
 
 from __future__ import annotations
@@ -269,40 +266,6 @@ def peek_name(data: bytes, field: int = 1, what: str = "request") -> str:
         else:
             c.skip(number, wire)
     return value
-
-
-#: ``(unit, units per second)`` from the finest; grpc-timeout allows at most 8 digits.
-_UNITS: tuple[tuple[str, float], ...] = (
-    ("n", 1e9),
-    ("u", 1e6),
-    ("m", 1e3),
-    ("S", 1.0),
-    ("M", 1 / 60),
-    ("H", 1 / 3600),
-)
-_MAX_DIGITS = 10**8
-
-
-def encode_grpc_timeout(seconds: float) -> str:
-    """``grpc-timeout`` for ``seconds`` left: the finest unit that fits, rounded down."""
-    if not seconds > 0:
-        return "0n"
-    for unit, scale in _UNITS:
-        value = int(seconds * scale)
-        if value < _MAX_DIGITS:
-            return f"{value}{unit}"
-    return f"{_MAX_DIGITS - 1}H"  # more than 11,000 years: as good as none
-
-
-_UNIT_SECONDS = {unit: 1 / scale for unit, scale in _UNITS}
-
-
-def decode_grpc_timeout(text: str) -> float:
-    """Seconds of a ``grpc-timeout`` value (``ValueError`` if malformed)."""
-    digits, unit = text[:-1], text[-1:]
-    if not digits.isdigit() or len(digits) > 8 or unit not in _UNIT_SECONDS:
-        raise ValueError(f"malformed grpc-timeout {text!r}")
-    return int(digits) * _UNIT_SECONDS[unit]
 
 
 def grpc_message(data: bytes | memoryview) -> bytes | memoryview:

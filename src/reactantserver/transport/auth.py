@@ -48,7 +48,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
-from reactantserver.status import StatusCode
+from reactantserver.grpcwire import StatusCode
 
 from .framing import Refusal
 from .limits import Fault

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import zlib
 
-from reactantserver.status import StatusCode
+from reactantserver.grpcwire import StatusCode
 
 from .framing import ACCEPT_ENCODING, Refusal
 from .limits import Fault

@@ -13,8 +13,9 @@ Headers (:func:`request_head`), following the gRPC HTTP/2 protocol spec
 (else 400), all with INVALID_ARGUMENT; ``grpc-encoding`` may be ``identity``, ``gzip``
 or ``deflate`` (inflated within bounds by :mod:`.compression`), anything else is
 UNIMPLEMENTED with ``grpc-accept-encoding`` saying what is accepted (the gRPC spec's rule);
-``grpc-timeout`` must be 1 to 8 digits and a unit (``H M S m u n``), else
-INVALID_ARGUMENT, and a timeout of zero is DEADLINE_EXCEEDED at once.
+``grpc-timeout`` must be 1 to 8 digits and a unit (``H M S m u n``: the one grammar,
+:func:`reactantserver.grpcwire.parse_grpc_timeout`), else INVALID_ARGUMENT, and a timeout
+of zero is DEADLINE_EXCEEDED at once.
 
 Messages (:class:`MessageFramer`)
 ---------------------------------
@@ -35,12 +36,11 @@ completes it; a well-formed stream is never refused.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 import attrs
 
-from reactantserver.status import StatusCode
+from reactantserver.grpcwire import StatusCode, parse_grpc_timeout
 
 from .limits import Fault
 
@@ -50,9 +50,6 @@ ACCEPT_ENCODING = ",".join(ENCODINGS)
 #: The gRPC content type (``+proto`` is the only subtype served).
 CONTENT_TYPE = "application/grpc"
 _SUBTYPES = ("", "proto")
-#: Seconds per ``grpc-timeout`` unit.
-_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
-_TIMEOUT = re.compile(r"([0-9]{1,8})([HMSmun])")
 PREFIX_BYTES = 5
 
 
@@ -86,14 +83,6 @@ class RequestHead:
     def compressed(self) -> bool:
         """The call's messages may come compressed (a ``grpc-encoding`` was named)."""
         return self.encoding != "identity"
-
-
-def parse_timeout(value: str) -> float:
-    """``grpc-timeout`` -> seconds; ``ValueError`` unless 1-8 digits and a unit."""
-    match = _TIMEOUT.fullmatch(value)
-    if match is None:
-        raise ValueError(value)
-    return int(match.group(1)) * _UNITS[match.group(2)]
 
 
 def _bad(message: str, http_status: int, fault: Fault = Fault.BAD_REQUEST) -> Refusal:
@@ -143,7 +132,7 @@ def request_head(headers: Sequence[tuple[str, str]]) -> RequestHead | Refusal:
     timeout = None
     for text in timeouts:
         try:
-            seconds = parse_timeout(text)
+            seconds = parse_grpc_timeout(text)
         except ValueError:
             return _bad(
                 f"malformed grpc-timeout {text!r}: expected 1 to 8 digits and a unit "

@@ -83,11 +83,12 @@ from typing import Any
 
 import trio
 from grpclib import GRPCError
-from grpclib.const import Cardinality, Handler, Status
+from grpclib.const import Cardinality, Handler
 from grpclib.encoding.proto import ProtoCodec
 
 from reactantserver.config.schema import EndpointsConfig
 from reactantserver.errors import DeadlineExceeded, InvalidArgument
+from reactantserver.grpcwire import StatusCode
 from reactantserver.protocol import inference, reactant_control, screen
 from reactantserver.protocol.codec import (
     decode_infer_request,
@@ -101,9 +102,10 @@ from reactantserver.protocol.reflection import ReflectionAnswerer
 from reactantserver.protocol.screen import decode_message
 from reactantserver.records import CallContext
 from reactantserver.service import PendingInfer, Service
-from reactantserver.status import StatusCode, WireStatus, to_status
+from reactantserver.status import WireStatus, to_status
 
 from . import guest
+from .grpcerror import error_code, grpc_error
 from .h2guard import GuardedProtocol
 from .health import HealthServicer
 from .limits import Fault, WireCounters, WireLimits
@@ -181,16 +183,16 @@ class _SizeLimitedCodec(ProtoCodec):
 
     def check_response(self, size: int) -> None:
         if size > self._limit:
-            raise GRPCError(
-                Status.RESOURCE_EXHAUSTED,
+            raise grpc_error(
+                StatusCode.RESOURCE_EXHAUSTED,
                 f"response message of {size} bytes exceeds the limit of {self._limit} "
                 "bytes (endpoints.max_message_bytes); use shared memory for outputs this large",
             )
 
     def decode(self, data: bytes, message_type: Any) -> Any:
         if len(data) > self._limit:
-            raise GRPCError(
-                Status.RESOURCE_EXHAUSTED,
+            raise grpc_error(
+                StatusCode.RESOURCE_EXHAUSTED,
                 f"request message of {len(data)} bytes exceeds the limit of {self._limit} "
                 "bytes (endpoints.max_message_bytes); use shared memory for inputs this large",
             )
@@ -199,11 +201,11 @@ class _SizeLimitedCodec(ProtoCodec):
                 return decode_infer_request(data)
             except InvalidArgument as exc:
                 status = to_status(exc, rpc="ModelInfer")
-                raise GRPCError(Status(status.code.value), status.message) from None
+                raise grpc_error(status.code, status.message) from None
         try:
             return decode_message(data, message_type)  # bounded work (protocol/screen.py)
         except InvalidArgument as exc:
-            raise GRPCError(Status.INVALID_ARGUMENT, str(exc)) from None
+            raise grpc_error(StatusCode.INVALID_ARGUMENT, str(exc)) from None
 
 
 class _Bridge:
@@ -310,19 +312,19 @@ class _Bridge:
         """Serve one call: receive, run ``method`` in Trio, send or raise its status."""
         if self._draining:
             self._service.record_rpc(rpc, StatusCode.UNAVAILABLE)
-            raise GRPCError(Status.UNAVAILABLE, "server is shutting down")
+            raise grpc_error(StatusCode.UNAVAILABLE, "server is shutting down")
         code = StatusCode.OK
         self._in_flight += 1
         try:
             request = await stream.recv_message() if receive else None
             if receive and request is None:  # the wire layer refuses this first
-                raise GRPCError(Status.INVALID_ARGUMENT, "the call carries no request message")
+                raise grpc_error(StatusCode.INVALID_ARGUMENT, "the call carries no request message")
             outcome = await self._hop(rpc, method, request, stream)
             if isinstance(outcome, WireStatus):
                 raise _grpc_error(outcome)
             await stream.send_message(outcome)
         except GRPCError as exc:
-            code = StatusCode(exc.status.value)
+            code = error_code(exc)
             raise
         except asyncio.CancelledError:
             code = StatusCode.CANCELLED
@@ -339,7 +341,7 @@ class _Bridge:
     async def reflect(self, reply_type: type[Any], stream: ServerStream) -> None:
         """One reflection stream; the answerer is sans-IO and fast, so no Trio hop."""
         if self._draining:
-            raise GRPCError(Status.UNAVAILABLE, "server is shutting down")
+            raise grpc_error(StatusCode.UNAVAILABLE, "server is shutting down")
         self._in_flight += 1
         try:
             async for request in stream:
@@ -479,7 +481,7 @@ class _Infer:
             size = sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
             bridge._codec.check_response(size)
         except GRPCError as exc:
-            self._fail(WireStatus(StatusCode(exc.status.value), exc.message or ""))
+            self._fail(WireStatus(error_code(exc), exc.message or ""))
             return
         except Exception as exc:
             self._fail(to_status(exc, rpc=self.rpc))
@@ -539,7 +541,7 @@ def _stream_error(request: bytes | memoryview, code: int, message: str) -> list[
 
 
 def _grpc_error(status: WireStatus) -> GRPCError:
-    return GRPCError(Status(status.code.value), status.message)
+    return grpc_error(status.code, status.message)
 
 
 def listen_tcp(host: str, port: int, backlog: int = 128) -> socket.socket:

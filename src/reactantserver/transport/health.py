@@ -32,10 +32,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import grpclib.const
-from grpclib import GRPCError
-from grpclib.const import Handler, Status
+from grpclib.const import Handler
 
+from reactantserver.grpcwire import StatusCode
 from reactantserver.protocol.grpc.health import v1 as health
+
+from .grpcerror import grpc_error
 
 if TYPE_CHECKING:
     from .server import ServerStream
@@ -103,8 +105,8 @@ class HealthServicer:
         assert request is not None  # a unary request always carries its message
         status = self.status(request.service)
         if status is None:
-            raise GRPCError(
-                Status.NOT_FOUND,
+            raise grpc_error(
+                StatusCode.NOT_FOUND,
                 f"unknown service {request.service!r}: ask '' (the server) or a model name",
             )
         await stream.send_message(health.HealthCheckResponse(status=_Status(status)))

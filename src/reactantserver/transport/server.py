@@ -73,17 +73,19 @@ from typing import Any
 
 import attrs
 from grpclib import GRPCError
-from grpclib.const import Cardinality, Handler, Status
+from grpclib.const import Cardinality, Handler
 from grpclib.encoding.base import CodecBase
 from grpclib.metadata import Deadline, decode_metadata
 
-from reactantserver.status import INTERNAL_MESSAGE, StatusCode
+from reactantserver.grpcwire import StatusCode
+from reactantserver.status import INTERNAL_MESSAGE
 
 from . import h2events
 from .auth import Authorizer, Peer
 from .compression import Inflater
 from .faultlog import FaultLog
 from .framing import Refusal, RequestHead, request_head
+from .grpcerror import error_code, grpc_error
 from .h2guard import ConnectionTable, GuardedProtocol
 from .limits import Fault, WireCounters, WireLimits, WireStatistics
 from .reclaim import ReclaimPolicy, release_memory
@@ -242,7 +244,7 @@ class ServerStream:
             await asyncio.sleep(0)  # the other calls are served between two steps
         if isinstance(result, Refusal):
             self._guard.fault(result.fault, result.message)
-            raise GRPCError(Status(result.code.value), result.message)
+            raise grpc_error(result.code, result.message)
         return result
 
     def _take(self, n: int) -> bytes:
@@ -290,7 +292,7 @@ class ServerStream:
             return
         guard = self._guard
         if not guard.room_for(size):  # unread answers before it: not one more
-            raise GRPCError(Status.RESOURCE_EXHAUSTED, guard.unread_refusal(size))
+            raise grpc_error(StatusCode.RESOURCE_EXHAUSTED, guard.unread_refusal(size))
         if not self.headers_sent:
             h2.send_headers(sid, self._answer_headers)
             self.headers_sent = True
@@ -310,17 +312,17 @@ class ServerStream:
         self._guard.flush()
 
     async def send_trailing_metadata(
-        self, *, status: Status = Status.OK, status_message: str | None = None
+        self, *, status: StatusCode = StatusCode.OK, status_message: str | None = None
     ) -> None:
         """End the call with ``status`` (trailers-only if nothing was sent)."""
         if self.trailers_sent:
             raise CallError(f"{self.path}: the call was already answered")
-        if self.unary and status is Status.OK and not self.message_sent:
+        if self.unary and status is StatusCode.OK and not self.message_sent:
             raise CallError(f"{self.path}: a unary call ended OK without its message")
-        if status is Status.OK and status_message is None and self.headers_sent:
+        if status is StatusCode.OK and status_message is None and self.headers_sent:
             headers: Sequence[tuple[str, str]] = OK_TRAILERS
         else:
-            headers = status_headers(status.value, status_message, headers_sent=self.headers_sent)
+            headers = status_headers(status, status_message, headers_sent=self.headers_sent)
         self._h2.send_headers(self.id, headers, end_stream=True)
         self.trailers_sent = self.headers_sent = True
         self._guard.flush()
@@ -500,35 +502,36 @@ class _Calls:
 
     async def _call(self, stream: ServerStream, admitted: Admission) -> None:
         handler, head = admitted.handler, admitted.head
-        status, message = Status.OK, None
+        status: StatusCode = StatusCode.OK
+        message: str | None = None
         remaining = None if admitted.deadline is None else admitted.deadline.time_remaining()
         timeout = asyncio.timeout(remaining)
         try:
             if remaining is not None and remaining <= 0:
                 text = f"deadline exceeded before the call started (grpc-timeout {head.timeout_text!r})"
                 self._server.table.fault(Fault.EXPIRED_ON_ARRIVAL, self._peer, text)
-                raise GRPCError(Status.DEADLINE_EXCEEDED, text)
+                raise grpc_error(StatusCode.DEADLINE_EXCEEDED, text)
             async with timeout:
                 await handler.func(stream)
         except GRPCError as exc:
-            status, message = exc.status, exc.message
+            status, message = error_code(exc), exc.message
         except TimeoutError:
             if timeout.expired():  # the call's deadline passed
-                status = Status.DEADLINE_EXCEEDED
+                status = StatusCode.DEADLINE_EXCEEDED
                 message = f"deadline exceeded (grpc-timeout {head.timeout_text!r})"
             else:
                 log.exception("%s failed with an unexpected error", head.path)
-                status, message = Status.INTERNAL, INTERNAL_MESSAGE
+                status, message = StatusCode.INTERNAL, INTERNAL_MESSAGE
         except h2events.ProtocolError:
             return  # the stream or the connection closed under the call: nobody to tell
         except Exception:
             log.exception("%s failed with an unexpected error", head.path)
-            status, message = Status.INTERNAL, INTERNAL_MESSAGE
+            status, message = StatusCode.INTERNAL, INTERNAL_MESSAGE
         if stream.trailers_sent:
             return
-        if stream.unary and status is Status.OK and not stream.message_sent:
+        if stream.unary and status is StatusCode.OK and not stream.message_sent:
             log.error("%s ended without answering", head.path)  # our bug
-            status, message = Status.INTERNAL, INTERNAL_MESSAGE
+            status, message = StatusCode.INTERNAL, INTERNAL_MESSAGE
         try:
             await stream.send_trailing_metadata(status=status, status_message=message)
         except h2events.ProtocolError:

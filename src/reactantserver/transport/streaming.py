@@ -82,7 +82,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
-from reactantserver.status import INTERNAL_MESSAGE, StatusCode
+from reactantserver.grpcwire import StatusCode
+from reactantserver.status import INTERNAL_MESSAGE
 
 from . import h2events
 from .compression import Inflater

@@ -60,7 +60,8 @@ import attrs
 from grpclib.metadata import encode_grpc_message
 
 from reactantserver.errors import bounded
-from reactantserver.status import INTERNAL_MESSAGE, StatusCode
+from reactantserver.grpcwire import StatusCode
+from reactantserver.status import INTERNAL_MESSAGE
 
 from . import h2events
 from .compression import Inflater, accepting
