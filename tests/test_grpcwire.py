@@ -235,7 +235,8 @@ _NAMES = {code.name for code in StatusCode}
 
 def test_no_module_spells_a_status_code_as_a_bare_number() -> None:
     """No module-level name of a status code (``OK``, ``_UNIMPLEMENTED``, ...) is bound to
-    a number literal outside grpcwire: the codes are StatusCode's members."""
+    a number literal outside grpcwire, nor a set of statuses or codes to numbers: the codes
+    are StatusCode's members."""
     offenders = []
     for name, tree in _trees().items():
         if name == "grpcwire.py":
@@ -253,6 +254,18 @@ def test_no_module_spells_a_status_code_as_a_bare_number() -> None:
             values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
             numbers = any(isinstance(v, ast.Constant) and type(v.value) is int for v in values)
             if numbers and any(n.lstrip("_") in _NAMES for n in names):
+                offenders.append((name, node.lineno, names))
+            # A set of codes (``FAILOVER_STATUSES = frozenset({5, 14})``).
+            inner = [
+                elt
+                for sub in ast.walk(node.value)
+                if isinstance(sub, ast.Set | ast.Tuple | ast.List)
+                for elt in sub.elts
+            ]
+            ints = inner and all(
+                isinstance(e, ast.Constant) and type(e.value) is int for e in inner
+            )
+            if ints and any("STATUS" in n.upper() or "CODE" in n.upper() for n in names):
                 offenders.append((name, node.lineno, names))
     assert offenders == []
 

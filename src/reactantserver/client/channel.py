@@ -68,6 +68,7 @@ from ..transport.tls import ClientTls, check_h2, client_tls
 #: they are (the transport sends them, or keeps what the socket did not take).
 JOIN_BYTES = 64 * 1024
 
+
 def write_pieces(transport: asyncio.WriteTransport, pieces: Iterable[bytes | memoryview]) -> None:
     """Write ``pieces`` in order: small ones joined into one write, large ones as they are."""
     group: list[bytes | memoryview] = []

@@ -43,9 +43,10 @@ import heapq
 import math
 
 from ..errors import LifecycleError
+from ..grpcwire import StatusCode
 
 #: Worker statuses after which the request cannot have run (NOT_FOUND, UNAVAILABLE).
-FAILOVER_STATUSES = frozenset({5, 14})
+FAILOVER_STATUSES = frozenset({StatusCode.NOT_FOUND, StatusCode.UNAVAILABLE})
 
 
 def fails_over(status: int | None, *, unprocessed: bool = False) -> bool:
