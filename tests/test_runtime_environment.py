@@ -89,3 +89,54 @@ def test_too_late_settings_are_reported_not_silently_dropped(
         "XLA_PYTHON_CLIENT_MEM_FRACTION=0.3; continuing with JAX's current platforms and "
         "allocator"
     ]
+
+
+def test_the_private_jax_probe_is_where_the_installed_jax_keeps_it() -> None:
+    """JAX has no public "are the backends initialised?" (jax-ml/jax#23320), so
+    runtime/environment.py reads jax's private PRIVATE_PROBE. This pins it against the
+    installed jax (CI: constraints.txt's), in a fresh process: importing jax leaves it
+    False, a device brings it to True. When a JAX release moves it, this fails naming what
+    to change."""
+    from reactantserver.runtime import environment
+
+    module, name = environment.PRIVATE_PROBE
+    code = (
+        "import json, sys\n"
+        "import jax\n"
+        "from reactantserver.runtime.environment import _backends_probe, jax_initialised\n"
+        "probe = _backends_probe()\n"
+        "if probe is None:\n"
+        "    print(json.dumps({'version': jax.__version__, 'found': False})); sys.exit()\n"
+        "before = jax_initialised()\n"
+        "jax.devices()\n"
+        "print(json.dumps({'version': jax.__version__, 'found': True, 'before': before,\n"
+        "                  'after': jax_initialised()}))\n"
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["found"], (
+        f"jax {seen['version']} has no {module}.{name}: find where it now answers 'are the "
+        "backends initialised?' without initialising them (a public API, if one exists by "
+        "now) and change reactantserver.runtime.environment.PRIVATE_PROBE"
+    )
+    assert (seen["before"], seen["after"]) == (False, True), (
+        f"jax {seen['version']}: {module}.{name}() no longer tells an imported jax from one "
+        f"with backends ({seen}); change reactantserver.runtime.environment.PRIVATE_PROBE"
+    )
+
+
+def test_a_moved_probe_warns_and_applies_the_settings(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Should the private name move, the server still starts: a warning names it, and the
+    settings are applied as in a fresh process."""
+    import jax  # noqa: F401  (in sys.modules: the probe is asked)
+
+    from reactantserver.runtime import environment
+
+    monkeypatch.setattr(environment, "PRIVATE_PROBE", ("jax._src.xla_bridge", "no_such_name"))
+    with caplog.at_level(logging.WARNING, logger="reactantserver.runtime"):
+        assert environment.jax_initialised() is False
+    assert "xla_bridge.no_such_name moved" in caplog.text

@@ -20,14 +20,17 @@ application), nothing can change any more: we log a warning naming each setting
 that would have differed and carry on with what JAX has.
 
 This module imports no JAX: it only looks at ``sys.modules`` to see whether JAX is
-already there.
+already there, and if so asks JAX's own (private: :data:`PRIVATE_PROBE` says why) flag
+whether its backends are up.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
+from collections.abc import Callable
 
 import attrs
 
@@ -61,13 +64,43 @@ def desired_environment(cfg: RuntimeConfig) -> dict[str, str]:
     }
 
 
+#: Where JAX answers "are the backends up?" without bringing them up. No public API does
+#: (jax-ml/jax#23320 asks for one and is open; ``jax.extend.backend.backends()`` and
+#: ``jax.devices()`` initialise the backends they report), so this reads a private name
+#: (jax 0.4 has it; CI's constraints.txt pins 0.10.2): ``tests/test_runtime_environment.py``
+#: calls it on the installed jax and fails, naming this constant, the day it moves.
+PRIVATE_PROBE = ("jax._src.xla_bridge", "backends_are_initialized")
+
+
+def _backends_probe() -> Callable[[], object] | None:
+    """JAX's own "are the backends initialised?" (:data:`PRIVATE_PROBE`); None if moved."""
+    module, name = PRIVATE_PROBE
+    try:
+        probe = getattr(importlib.import_module(module), name)  # imported with jax: free
+    except (ImportError, AttributeError):
+        return None
+    return probe if callable(probe) else None
+
+
 def jax_initialised() -> bool:
-    """True once JAX has created its device clients in this process."""
+    """True once JAX has created its device clients in this process (never creates them).
+
+    Reads JAX's private :data:`PRIVATE_PROBE`. Should a JAX release move it, this warns and
+    answers False: the settings are then applied as in a fresh process (harmless when JAX has
+    not started; when it has, they do not take effect and the warning says why).
+    """
     if "jax" not in sys.modules:
         return False
-    from jax._src import xla_bridge  # already imported: costs nothing
-
-    return bool(xla_bridge.backends_are_initialized())
+    probe = _backends_probe()
+    if probe is None:
+        log.warning(
+            "cannot tell whether JAX %s already initialised its backends (%s.%s moved); "
+            "applying the runtime settings as if it had not",
+            getattr(sys.modules["jax"], "__version__", "?"),
+            *PRIVATE_PROBE,
+        )
+        return False
+    return bool(probe())
 
 
 def apply_environment(cfg: RuntimeConfig) -> EnvironmentReport:
