@@ -9,6 +9,7 @@ sources (AST and text), the way ``test_import_graph.py`` reads the layering.
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import re
 from pathlib import Path
@@ -171,6 +172,7 @@ def test_grpclibs_status_is_made_at_the_one_edge() -> None:
 # --- one place: the sources -------------------------------------------------------------
 
 
+@functools.cache
 def _sources() -> dict[str, str]:
     return {
         str(p.relative_to(PACKAGE)): p.read_text()
@@ -179,7 +181,9 @@ def _sources() -> dict[str, str]:
     }
 
 
+@functools.cache
 def _trees() -> dict[str, ast.Module]:
+    """Every module of src/ parsed once for the four checks below."""
     return {name: ast.parse(text) for name, text in _sources().items()}
 
 
