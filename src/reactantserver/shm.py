@@ -365,7 +365,7 @@ class SharedMemoryRegistry:
                 region.drop()
 
     def forget(self, owner: str) -> None:
-        """``owner``'s connection closed: its regions go (:class:`.GuardedServer` ``on_closed``)."""
+        """``owner``'s connection closed: its regions go (:class:`~reactantserver.transport.server.GuardedServer` ``on_closed``)."""
         self.unregister("", owner)
 
     def held(self) -> list[tuple[str, RegionInfo]]:

@@ -18,9 +18,10 @@
 * ``client.shared_memory(nbytes)`` registers a :class:`SharedMemoryRegion` for a ``with``
   block; tensors then move through it instead of the socket.
 
-Layout: ``core`` (the engine: RPCs, retries), ``channel`` and ``http2`` (its connection:
-unary gRPC calls over sans-IO HTTP/2), ``codec`` (ModelInfer tensors
-<-> numpy), ``wire`` (ModelInfer's two messages in protobuf, by hand), ``shm`` (the
+Layout: ``core`` (the engine: RPCs, retries), ``channel`` (its connection: unary gRPC
+calls over the transport's sans-IO client role, ``reactantserver.transport.h2client``),
+``codec`` (ModelInfer tensors <-> numpy), ``coerce`` (lists and scalars to the datatype a
+model declares, never losing a value), ``wire`` (ModelInfer's two messages in protobuf, by hand), ``shm`` (the
 region), ``retry`` (the backoff policy), ``status`` (status codes -> errors, the one
 mapping point), ``records`` (what the RPCs return), ``sync`` / ``aio`` (the two front
 ends), ``_loop`` (the private loop thread). Importing this package imports numpy, grpclib and betterproto, never JAX,

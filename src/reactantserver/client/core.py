@@ -2,10 +2,11 @@
 
 Theory of operation
 -------------------
-:class:`Core` owns one :class:`~.channel.Channel` (unary gRPC calls over the client's
-own sans-IO HTTP/2, :mod:`.http2`) -- one connection, opened on the first call and
-reopened after the server goes away -- with flow-control windows well above HTTP/2's
-64 KiB defaults so large tensors stream without waiting for window updates. Messages are
+:class:`Core` owns one :class:`~.channel.Channel` (unary gRPC calls over the transport's
+sans-IO client role, :mod:`reactantserver.transport.h2client`) -- one connection, opened
+on the first call and reopened after the server goes away -- with flow-control windows
+well above HTTP/2's 64 KiB defaults so large tensors stream without waiting for window
+updates. Messages are
 encoded and decoded by grpclib's protobuf codec (betterproto's messages), ModelInfer's
 by :mod:`.wire`. A request is sent as the pieces its encoder made: a ModelInfer
 request's tensors go from the caller's arrays to the socket uncopied. Every RPC goes

@@ -3,7 +3,7 @@
 :mod:`.simulator` runs the worker's real scheduling and weight-cache policies
 (:mod:`reactantserver.scheduling`, :mod:`reactantserver.weights`) behind the gateway's real
 router and LPT controller (:mod:`reactantserver.gateway`); :mod:`.report` holds what a run
-reports. It lives above both packages because it imports both: the worker's scheduling
+reports, :mod:`.host` the host's cores as a resource (what makes a batch slower under load). It lives above both packages because it imports both: the worker's scheduling
 package stays free of the gateway (``docs/fleet.md`` is the user's guide).
 """
 

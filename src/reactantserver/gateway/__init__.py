@@ -1,24 +1,49 @@
-"""The gateway's sans-IO core: route table, routers, the lpt_packing packer and estimates.
+"""The gateway: one endpoint in front of many workers, a sans-IO core and the I/O that drives it.
 
-One gateway process fronts many workers (one per GPU). Everything here decides and nothing
-here does I/O: no sockets, no clock, no trio, no grpclib, no protobuf, no JAX. The gateway's
-I/O (the gRPC proxy, the prober, the admin port) converts what it hears into the records
-below, calls these objects, and carries out what they return; the fleet simulator
-(``reactantserver.fleet``) drives the very same objects in virtual time.
+One gateway process fronts many workers (one per GPU). Its core decides and does no I/O:
+no sockets, no clock, no asyncio, no trio, no grpclib, no protobuf, no JAX. The gateway's
+I/O (the gRPC proxy, the worker connections, the prober, the admin port) converts what it
+hears into the core's records, calls the core, and carries out what it returns; the fleet
+simulator (``reactantserver.fleet``) drives the very same core objects in virtual time.
+Both halves live in this one folder today; which module is which:
 
-Modules, one concern each:
+The sans-IO core (imports none of asyncio, trio, socket, grpclib, protobuf):
 
 ``table``      the immutable route table built from the workers' probe answers
                (replicas per model, batch axis, learned cost per item, fleet totals)
 ``routing``    the Router seam: round_robin, least_outstanding and lpt_packing fill routing;
                choose / failover / release and in-flight accounting
+``inflight``   what is in flight, counted once, and the admission, failover and
+               stream-slot rules that read it
 ``packing``    the LPT packer: a pure function from demand, weight bytes and budgets to a
                placement, with hysteresis and the oversubscription warning
 ``estimates``  rate and cost EWMAs on the fleet-compute clock; the repack cadence
 ``control``    the lpt_packing controller: repack, control-RPC semantics, status records
 ``policy``     GatewayControlService values: checked against gateway.yml's rules
+``wire``       the peek at a ModelInfer's bytes and the grpc-timeout it forwards
+``stats``      the gateway's own counters and the frozen records metrics read
 
-See docs/gateway.md.
+Pure, but speaking a library's records (no I/O, no clock):
+
+``merge``      one answer from many workers' answers (the protobuf messages)
+``energy``     the workers' energy summed into Prometheus metric families
+
+The I/O (asyncio, trio, sockets or grpclib):
+
+``app``        the process: Trio supervising the proxy, the prober and the admin port
+``proxy``      every RPC of the Triton surface, on asyncio
+``forward``    one forwarded ModelInfer, from the client's call to a worker's answer
+``calls``      what the handlers share: the raw codec, the call record (grpclib's errors)
+``pool``       one worker as the gateway talks to it: connection, stream slots, counters
+``channel``    the connections to the workers: unary gRPC over the transport's client role
+``fanout``     the RPCs answered by asking every worker, then merged
+``prober``     discovery: a probe round every ``health_interval_seconds``
+``lpt``        lpt_packing in the process: the repack driver and the control plane
+``scrape``     the workers' metrics, fetched at scrape time
+``metrics``    the gateway's Prometheus collector over the parts above
+
+The package re-exports the core only: ``import reactantserver.gateway`` imports none of
+the I/O. See docs/gateway.md.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ has no artifact, no weights and no queue of its own. A request for it runs like 
 
 Cancellation is structural: the client going away or the deadline passing cancels
 the request's task, which cancels ``run`` at its next ``await``, which withdraws a
-queued sub-call (it never executes). Errors (see :func:`_sub_call_error`):
+queued sub-call (it never executes). Errors (see :func:`.context._sub_call_error`):
 
 * calling a model that is not in ``calls``, a callee that is itself a meta model,
   malformed sub-call inputs or an unknown requested output are the bundle's bugs:

@@ -11,9 +11,22 @@ initialise anything.
     model.execute(inputs, device_weights)   -> list[np.ndarray]  (sync, thread-safe)
     model.warmup(device_weights)            -> {batch size: seconds}
 
-Modules: ``environment`` (XLA/JAX settings, JAX-free), ``artifact`` (deserialize and
-check against the manifest), ``compile`` (AOT compile, persistent cache, hit
-detection), ``model`` (LoadedModel), ``runtime`` (Runtime).
+Modules, one concern each:
+
+``environment``      process-wide XLA/JAX settings, applied before JAX initialises (JAX-free)
+``runtime``          ``Runtime``: backend selection, model loading, weight transfers, memory stats
+``artifact``         deserialize a bundle's artifact and prove it matches the manifest
+``compile``          AOT compilation per batch size; the persistent cache, hit detection
+``programs``         compiled programs shared between bundles with the same artifact
+``model``            ``LoadedModel``: one executable per compiled batch size; launch, then fetch
+``assemble``         a batch's data: gather requests into one padded batch, split the results
+``executor``         the scheduler's executor for a real device: weights, assembly, execution
+``device_errors``    out of device memory: recognising it, and the errors callers get instead
+``host_memory``      host memory for transfers: pinned staging where the device has it
+``unpack``           one transfer per weight load, cut into its weights on the device
+``weight_io``        the weight cache's handles: device arrays, host copies, the transfers
+``weight_cache``     the on-demand weight cache on a device: a thin driver over the policy
+``weight_provider``  device weights per model version: the one interface the worker uses
 """
 
 from .artifact import check_artifact, deserialize_artifact

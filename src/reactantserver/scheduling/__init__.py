@@ -5,7 +5,8 @@ The package is split the sans-IO way (see ``docs/scheduling.md``):
 * ``policy.SchedulingPolicy`` -- the synchronous core (queues, disciplines,
   coalescing, shedding, learned costs); given ``now``, returns decisions.
   ``batching`` (row planning), ``cost`` (EMAs), ``queues`` and ``candidates``
-  are its parts.
+  are its parts, ``records`` the values it hands out (requests, batches, decisions,
+  statistics).
 * ``dispatch.Scheduler`` -- the thin Trio driver: one device execution at a time,
   dispatch timeout, cancellation, shutdown. ``reactantserver.Scheduler`` is this class.
 * ``simulate`` -- a cost-model executor and workload generator to run the real

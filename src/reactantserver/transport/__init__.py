@@ -7,6 +7,24 @@ one mapping from error categories to gRPC status codes :mod:`reactantserver.stat
 
 Sans-IO (no grpclib, h2 or asyncio; importable anywhere):
 
+``transport.h2core``
+    One HTTP/2 connection for both roles: the stream table, the states as transition
+    tables, flow control both ways, SETTINGS, one handler per frame type.
+``transport.h2lean`` / ``transport.h2client``
+    Its server role (what a gRPC server sends) and its client role (unary gRPC calls:
+    the gateway's worker connections and the Python client).
+``transport.h2parse``
+    The one frame reader, for either role: received frames read straight from their bytes.
+``transport.h2events`` / ``transport.h2wire``
+    Our HTTP/2 events, exceptions and codes; the wire numbers and frame headers.
+``transport.hpack_blocks``
+    HPACK as both roles use it (hpack's public decoder and our encoders).
+``transport.abuse``
+    One abuse budget per connection, given the time: what a peer may make us do for nothing.
+``transport.auth``
+    Who a call is, and whether it may do what it asks: restricted API groups.
+``transport.compression``
+    gzip / deflate request messages, inflated a step at a time within bounds.
 ``transport.limits``
     ``WireLimits`` (what a peer may do), ``Fault`` (kinds of client mistakes),
     ``WireCounters`` / ``WireStatistics`` (what the wire counted, for /metrics).
@@ -16,6 +34,10 @@ Sans-IO (no grpclib, h2 or asyncio; importable anywhere):
     Rate-limited logging of client mistakes.
 ``transport.reclaim``
     When to give memory back after a hostile burst.
+
+On ``ssl``, for both roles: ``transport.tls`` (TLS and mutual TLS for the listeners and
+the connections to workers) and ``transport.security`` (a listener's security from its
+configuration: TLS, the authorizer, the start-up warning).
 
 On asyncio and grpclib's public records (import them explicitly, so that importing this
 package stays free of them):
@@ -31,6 +53,11 @@ package stays free of them):
     ``GuardedServer``: a hardened gRPC server from a handler table and ``WireLimits``
     (no ``Service``: a gateway builds its own from it), and ``ServerStream``, what a
     handler of the task path reads and writes.
+``transport.unary`` / ``transport.streaming``
+    Unary calls and ModelStreamInfer's streams served by the connection's event handling:
+    no task, no stream object per call (``unary`` uses only grpclib's message encoding).
+``transport.health``
+    ``grpc.health.v1.Health``, the standard gRPC health check, on a worker and a gateway.
 ``transport.grpc``
     :func:`~reactantserver.transport.grpc.serve_grpc`: the worker's listener, a
     ``GuardedServer`` on the asyncio loop that hosts Trio as its guest, serving

@@ -1,14 +1,17 @@
 """Trio as a guest of asyncio: where the two event loops of a process meet.
 
-grpclib runs on asyncio only (its issue #19). Instead of hosting an asyncio loop inside
+The gRPC server's connections are asyncio protocols (``h2guard.py``, around our own sans-IO
+HTTP/2), and its direct methods answer from the loop's callbacks; asyncio became the host
+for grpclib, which runs on asyncio only (its issue #19), whose records (handler tables,
+status codes, ``GRPCError``) are all the server still takes from it. Instead of hosting an asyncio loop inside
 Trio (trio-asyncio: every call crosses twice, through a queue), a reactantserver process
 runs the standard-library asyncio loop and starts Trio as its *guest*
 (``trio.lowlevel.start_guest_run``). Both run on the main thread and take turns: Trio's
 scheduler runs in short ticks that asyncio schedules as ordinary callbacks, and Trio's
 I/O wait happens in a helper thread that hands readiness back through
 ``loop.call_soon_threadsafe``. Trio still owns the structure of the process -- every
-nursery, the dispatch loop, the lifecycle, the signals; asyncio hosts grpclib and
-nothing else.
+nursery, the dispatch loop, the lifecycle, the signals; asyncio hosts the server's
+connections and the calls they run, and nothing else.
 
 Theory of operation
 -------------------

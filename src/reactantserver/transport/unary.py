@@ -181,7 +181,7 @@ MAX_GRPC_MESSAGE = 4096
 
 
 def _grpc_message(message: str) -> str:
-    """``message`` percent-encoded for ``grpc-message``, bounded (:func:`errors.bounded`,
+    """``message`` percent-encoded for ``grpc-message``, bounded (:func:`reactantserver.errors.bounded`,
     then tighter if its encoding is still too long: non-ASCII text encodes up to 9x)."""
     encoded: str = encode_grpc_message(bounded(message))
     if len(encoded) > MAX_GRPC_MESSAGE:

@@ -31,7 +31,8 @@ Shutdown (``stop`` set, e.g. by SIGTERM): the gRPC listener refuses new calls an
 for the calls in flight, which the still-running dispatch loop answers; then whatever is
 still admitted is failed (UNAVAILABLE), the loop closes once the device is idle, and the
 nursery exits. The process runs all this as Trio's guest on a standard asyncio loop
-(``transport.guest.run``; ``reactantserver serve`` does it), which hosts grpclib.
+(``transport.guest.run``; ``reactantserver serve`` does it), which hosts the gRPC
+listener's connections (``transport/h2guard.py``).
 """
 
 from __future__ import annotations
@@ -125,8 +126,10 @@ def freeze_heap(*, collect: bool = False) -> None:
     """Exempt every object alive now from the cyclic garbage collector's later passes.
 
     After the startup load the heap holds hundreds of thousands of long-lived objects
-    (JAX, the compiled programs, the bundles). Requests leave cyclic garbage (grpclib's
-    stream objects), so the collector runs its oldest generation every few hundred
+    (JAX, the compiled programs, the bundles). Requests once left cyclic garbage (grpclib's
+    stream objects, before the server was our own; a direct ModelInfer leaves none now,
+    ``tests/test_wire_direct.py``, but a call on the task path may: an asyncio task, its
+    exception's traceback), so the collector ran its oldest generation every few hundred
     milliseconds under load, and each of those passes walked the whole heap: 40-100 ms
     with the event loop stopped, the p99 latency at 64 requests in flight
     (docs/benchmarks.md). ``gc.freeze`` moves what exists now into a permanent
