@@ -1,4 +1,5 @@
-"""Every block of docs/*.md and README.md that shows printed output, run against the page.
+"""Every block of docs/*.md, docs/history/*.md and README.md that shows printed output, run
+against the page.
 
 The convention (docs pages and README.md)
 -----------------------------------------
@@ -60,7 +61,13 @@ import attrs
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
+#: docs/history/'s pages (the benchmarks' journal) are held to the same markers: their
+#: measured blocks are all ``skip``, so they are listed, never run.
+PAGES = [
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted((ROOT / "docs" / "history").glob("*.md")),
+    ROOT / "README.md",
+]
 
 #: Pages with a test module of their own that runs their marked blocks.
 OWN_MODULES = {
