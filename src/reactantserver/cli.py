@@ -392,7 +392,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     from reactantserver.transport import guest
 
     try:
-        # Trio as the guest of a standard asyncio loop, which hosts grpclib.
+        # Trio as the guest of a standard asyncio loop, which hosts the gRPC server.
         guest.run(_serve, config, args.announce)
     except KeyboardInterrupt:
         # Ctrl-C before the worker's own signal handling was in place (the runtime was
