@@ -53,6 +53,9 @@ package stays free of them):
     ``GuardedServer``: a hardened gRPC server from a handler table and ``WireLimits``
     (no ``Service``: a gateway builds its own from it), and ``ServerStream``, what a
     handler of the task path reads and writes.
+``transport.grpcerror``
+    grpclib's status enum, made at the one edge where a ``GRPCError`` is raised or read
+    (everything else speaks ``reactantserver.grpcwire.StatusCode``).
 ``transport.unary`` / ``transport.streaming``
     Unary calls and ModelStreamInfer's streams served by the connection's event handling:
     no task, no stream object per call (``unary`` uses only grpclib's message encoding).
