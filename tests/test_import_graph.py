@@ -109,21 +109,148 @@ def test_the_client_speaks_http2_through_the_transport_only() -> None:
     assert "reactantserver.transport.h2client" in _imports(PACKAGE / "gateway" / "channel.py")
 
 
+#: The roles and the server's asyncio edge: what may only read the connection's states,
+#: windows and budget (``transport/h2core.py`` moves and charges them).
+ROLES = ("h2lean.py", "h2client.py", "h2guard.py")
+
+
+def _bypasses(source: str) -> list[str]:
+    """Where ``source`` goes around the connection's state machine, its flow control or
+    its abuse budget, each as ``line: what``: an assignment to a ``.state`` (a stream's or
+    the connection's: only the transition tables move them), arithmetic on or an
+    assignment to a window (an attribute named ``*window*``, or a field of
+    ``h2core.RecvWindow``: only ``Connection._sent`` debits a send window), and a budget
+    charge (``abuse`` imported, a ``budget`` named, a method of ``AbuseBudget`` called, or
+    one of its counters or the connection's ``wasted`` moved)."""
+    from reactantserver.transport.abuse import AbuseBudget
+    from reactantserver.transport.h2core import RecvWindow
+
+    methods = {n for n, v in vars(AbuseBudget).items() if callable(v) and n[0] != "_"}
+    counters = {n for n in AbuseBudget.__slots__ if not n.startswith("_")} | {"wasted"}
+    fields = set(RecvWindow.__slots__)
+
+    def window(node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and ("window" in node.attr or node.attr in fields)
+
+    def targets(node: ast.AST) -> list[ast.expr]:
+        if isinstance(node, ast.Assign):
+            found = list(node.targets)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            found = [node.target]
+        else:
+            return []
+        flat: list[ast.expr] = []
+        while found:
+            target = found.pop()
+            if isinstance(target, (ast.Tuple, ast.List)):
+                found.extend(target.elts)
+            else:
+                flat.append(target)
+        return flat
+
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        line = getattr(node, "lineno", 0)
+        for target in targets(node):
+            if not isinstance(target, ast.Attribute):
+                continue
+            if target.attr == "state":
+                found.append(f"{line}: assigns .state")
+            elif window(target):
+                found.append(f"{line}: assigns a window (.{target.attr})")
+            elif target.attr in counters and (
+                isinstance(node, ast.AugAssign) or target.attr != "streams"
+            ):  # (a role's own ``streams`` table may be made; the budget's count is moved)
+                found.append(f"{line}: charges the budget (.{target.attr})")
+        operands: list[ast.expr] = (
+            [node.left, node.right]
+            if isinstance(node, ast.BinOp)
+            else [node.operand]
+            if isinstance(node, ast.UnaryOp)
+            else []
+        )
+        if any(window(o) for o in operands):
+            found.append(f"{line}: arithmetic on a window")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1] == "abuse":
+            found.append(f"{line}: imports the abuse budget")
+        elif isinstance(node, ast.Name) and node.id in ("budget", "AbuseBudget"):
+            found.append(f"{line}: names the budget")
+        elif isinstance(node, ast.Attribute) and node.attr in {"budget"} | methods:
+            found.append(f"{line}: charges the budget (.{node.attr})")
+    return sorted(set(found), key=lambda f: int(f.split(":")[0]))
+
+
+def test_the_bypass_finder_finds_each_kind() -> None:
+    """The check below finds what it looks for: each line of this snippet is one
+    bypass, and the reads beside them (a state compared, a window compared, the verdict
+    read) are none."""
+    snippet = "\n".join([
+        "stream.state = 3",
+        "self.state, x = 2, 1",
+        "stream.send_window -= size",
+        "self._open(self.peer_initial_window - size)",
+        "self.inbound.left += 1",
+        "self.budget.streams += 1",
+        "processor.budget.peer_reset(at, now)",
+        "h2.wasted += 1",
+        "from .abuse import AbuseBudget",
+        "ok = stream.state == 3 and size > stream.send_window and h2.verdict",
+    ])  # fmt: skip
+    found = _bypasses(snippet)
+    assert [int(f.split(":")[0]) for f in found] == [1, 2, 3, 4, 5, 6, 6, 7, 7, 8, 9], found
+
+
 def test_both_roles_are_one_connection() -> None:
     """The server and the client role are one state machine: each subclasses
     ``h2core.Connection`` directly and adds only its sending API -- neither reads frames
-    (``receive_data`` or a frame handler ``_on_*``), moves streams between states, or
-    keeps windows of its own (the methods and attributes that do are the core's)."""
+    (``receive_data`` or a frame handler ``_on_*``) nor overrides the core's moves, debit
+    or budget -- and, read from their ASTs, neither they nor the server's asyncio edge
+    (``h2guard.py``) assigns a stream's or the connection's state, does arithmetic on a
+    window or charges the abuse budget: ``h2core.Connection`` moves states by its
+    transition tables (``_move``, ``_move_connection``), debits the send windows in one
+    place (``_sent``) and keeps the one budget of both roles (the edge tells it what only
+    the edge knows -- which calls started -- and reads the verdict)."""
     from reactantserver.transport.h2client import ClientConnection
     from reactantserver.transport.h2core import Connection
     from reactantserver.transport.h2lean import ServerConnection
 
-    core = {"receive_data", "_move", "_end_remote", "_close", "_grant", "_granted", "send_pieces", "send_data",
-            "acknowledge_received_data", "increment_flow_control_window", "__init__"}  # fmt: skip
+    core = {"receive_data", "_move", "_move_connection", "_sent", "_open", "_end_remote",
+            "_grant", "_granted", "send_pieces", "send_data", "acknowledge_received_data",
+            "increment_flow_control_window", "grow_connection_window", "judge",
+            "call_started", "calls_started", "calls_reset", "__init__"}  # fmt: skip
     for role in (ServerConnection, ClientConnection):
         assert role.__bases__ == (Connection,), role
         own = set(vars(role))
         assert not {n for n in own if n.startswith("_on_") or n in core}, role
+    offenders = {name: _bypasses((PACKAGE / "transport" / name).read_text()) for name in ROLES}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_the_core_moves_states_and_debits_windows_in_one_place() -> None:
+    """Within ``h2core.py`` itself: a ``.state`` is assigned only where a state starts
+    (``__init__``) or moves by its table (``Connection._move`` for streams,
+    ``Connection._move_connection`` for the connection), and a send window is debited
+    (``-=``) only in ``Connection._sent`` (the peer's WINDOW_UPDATE and SETTINGS credit
+    them where they are read)."""
+    tree = ast.parse((PACKAGE / "transport" / "h2core.py").read_text())
+    assigns: dict[str, set[str]] = {"state": set(), "debit": set()}
+    for function in ast.walk(tree):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(function):
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    if isinstance(target, ast.Attribute) and target.attr == "state":
+                        assigns["state"].add(function.name)
+                    if (
+                        isinstance(node, ast.AugAssign)
+                        and isinstance(node.op, ast.Sub)
+                        and isinstance(target, ast.Attribute)
+                        and "window" in target.attr
+                    ):
+                        assigns["debit"].add(function.name)
+    assert assigns == {"state": {"__init__", "_move", "_move_connection"}, "debit": {"_sent"}}
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:

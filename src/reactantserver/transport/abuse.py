@@ -20,9 +20,10 @@ stream limit alone does not bound it:
 Theory of operation
 -------------------
 :class:`AbuseBudget` is sans-IO: told what happened and *given* ``now``, it answers
-``None`` (within budget) or the reason the connection is past it; the caller (the
-server's guard, :mod:`.h2guard`, or the client role's connection, :mod:`.h2core`) then
-sends GOAWAY ENHANCE_YOUR_CALM and closes. Two rules, one budget:
+``None`` (within budget) or the reason the connection is past it. Its one caller is
+the HTTP/2 connection, :mod:`.h2core`, for both roles: it keeps the verdict, which the
+server's edge (:mod:`.h2guard`) reads to send GOAWAY ENHANCE_YOUR_CALM and close, and on
+which the client role raises (its caller then sends the GOAWAY). Two rules, one budget:
 
 1. **Calls ended for nothing** (Envoy's premature-reset rule, widened): a call reset by
    the peer within :data:`PREMATURE_RESET_SECONDS` of its start, and a running call reset

@@ -32,11 +32,10 @@ frame size; whatever bytes a worker sends are events on our streams or a connect
 from __future__ import annotations
 
 from . import h2events
-from .h2core import Connection, Stream, StreamState
+from .h2core import Connection
 from .h2events import ConnectionState, ErrorCodes
 from .h2wire import (
     DATA,
-    DEFAULT_WINDOW,
     END_HEADERS,
     END_STREAM,
     HEADERS,
@@ -86,9 +85,7 @@ class ClientConnection(Connection):
         """The preface, our SETTINGS and the connection window's growth."""
         self._out.append(PREFACE)
         self._out.append(self._settings_frame())
-        grow = self._connection_window - DEFAULT_WINDOW
-        if grow > 0:
-            self.increment_flow_control_window(grow)
+        self.grow_connection_window()
 
     @property
     def goaway_received(self) -> bool:
@@ -109,25 +106,13 @@ class ClientConnection(Connection):
             and len(self.streams) < self.peer_max_streams
         )
 
-    def _open(self, send_window: int) -> Stream:
-        stream_id = self.next_stream_id
-        self.next_stream_id += 2
-        stream = self.streams[stream_id] = Stream(stream_id, send_window, self._stream_window)
-        stream.headers_sent = True
-        self.state = ConnectionState.OPEN
-        assert self.budget is not None
-        self.budget.streams += 1
-        return stream
-
     def open_stream(self, header_block: bytes, *, end_stream: bool = False) -> int:
         """Send a request's HEADERS (and CONTINUATIONs); the new stream's id."""
         if not self.can_open:
             raise h2events.ProtocolError("no new stream may be opened on this connection")
-        stream = self._open(self.peer_initial_window)
-        self._queue_block(stream.stream_id, header_block, end_stream)
-        if end_stream:
-            self._move(stream, self._on_send_end)
-        return stream.stream_id
+        stream_id = self._open(0, end_stream)
+        self._queue_block(stream_id, header_block, end_stream)
+        return stream_id
 
     def send_request(self, header_block: bytes, message: bytes | memoryview) -> int | None:
         """A whole small unary request in one step: HEADERS, then one DATA frame holding
@@ -148,10 +133,7 @@ class ClientConnection(Connection):
             or size > self.outbound_flow_control_window
         ):
             return None
-        stream = self._open(self.peer_initial_window - size)
-        stream.state = StreamState.HALF_CLOSED_LOCAL
-        self.outbound_flow_control_window -= size
-        stream_id = stream.stream_id
+        stream_id = self._open(size, True)  # the stream's move and the windows: the core's
         out = self._out
         out.append(frame_head(HEADERS, END_HEADERS, stream_id, len(header_block)))
         out.append(header_block)

@@ -10,15 +10,18 @@ client to its workers, the Python client's). Frames come from :class:`.h2parse.F
 HPACK is :mod:`.hpack_blocks`. Nothing here imports h2: it is the oracle of both roles'
 differential tests (``tests/test_h2lean.py``, ``tests/test_h2client.py``).
 
-States (RFC 9113 §5.1), as tables: a stream is opened by the client's HEADERS (OPEN),
-moves on END_STREAM sent or received per :data:`SERVER_STREAM` / :data:`CLIENT_STREAM`
-(the client closes a stream when the server ends it: what is left of a request is not
-sent), and closes on RST_STREAM either way; a closed stream leaves
-:attr:`Connection.streams` at once and how it closed is remembered (the last 2^16 resets,
-the last :data:`MAX_ENDED_STREAMS` normal endings). The connection is IDLE until its
-first stream, OPEN, then CLOSED once a GOAWAY is sent, or, for the server, received (h2's
-rule: any later frame but GOAWAY is PROTOCOL_ERROR); a client that receives GOAWAY opens
-no new stream and reads the answers of those at or below the peer's last one (DRAINING).
+States (RFC 9113 §5.1), as tables, and each moved in one place: a stream is opened by
+the client's HEADERS (OPEN), moves on END_STREAM sent or received and closes on
+RST_STREAM either way, per :data:`SERVER_STREAM` / :data:`CLIENT_STREAM` (the client
+closes a stream when the server ends it: what is left of a request is not sent), only
+through :meth:`Connection._move`; a closed stream leaves :attr:`Connection.streams` at
+once and how it closed is remembered (the last 2^16 resets, the last
+:data:`MAX_ENDED_STREAMS` normal endings). The connection, per :data:`SERVER_CONNECTION`
+/ :data:`CLIENT_CONNECTION` and only through :meth:`Connection._move_connection` (a move
+the table lacks is raised there, as the bug it is), is IDLE until its first stream,
+OPEN, then CLOSED once a GOAWAY is sent, or, for the server, received (h2's rule: any
+later frame but GOAWAY is PROTOCOL_ERROR); a client that receives GOAWAY opens no new
+stream and reads the answers of those at or below the peer's last one (DRAINING).
 
 Frames on streams not open (h2's answers): DATA on a closed or half-closed (remote)
 stream is answered RST_STREAM(STREAM_CLOSED) by the server, ignored by the client, its
@@ -30,8 +33,9 @@ without END_STREAM, PUSH_PROMISE, a stream depending on itself: PROTOCOL_ERROR. 
 are applied and acknowledged at once, PING answered, PRIORITY and unknown frame types
 reported, ALTSVC ignored, padding stripped.
 
-Flow control, in one place (:class:`RecvWindow`, :meth:`Connection.send_pieces`): DATA
-past a receive window we granted is FLOW_CONTROL_ERROR; a window is reopened once half
+Flow control, in one place (:class:`RecvWindow`; :meth:`Connection._sent`, the one debit
+of the send windows, for every DATA frame either role sends): DATA past a receive window
+we granted is FLOW_CONTROL_ERROR; a window is reopened once half
 of it was processed (h2's ``WindowManager`` rule; the server acknowledges as its
 handlers read, the client as bytes arrive), and a grant takes effect when the output
 holding it is handed out, so that DATA the peer sent before it could know the grant is
@@ -42,10 +46,15 @@ stream a stream error (RST_STREAM, reported as ``StreamReset(remote_reset=False)
 reset the peer provoked), on the connection a connection error (h2 makes a zero
 increment a connection error on a stream too; the one difference the tests allow).
 
-What the peer makes us do for nothing is counted (:attr:`Connection.wasted`: PING,
-SETTINGS, empty DATA, frames answered RST_STREAM) and the resets it provokes reported as
-events; the server's guard judges both with its :class:`.abuse.AbuseBudget`, the client
-role with the one its connection holds (:attr:`Connection.budget`). A connection error
+What the peer makes us do for nothing is judged here, for both roles, by the one
+:class:`.abuse.AbuseBudget` of the connection (:attr:`Connection.budget`): the resets as
+they come (the peer's of a call just started, those it provokes on a running call) and
+the frames for nothing it counts (:attr:`Connection.wasted`: PING, SETTINGS, empty DATA,
+frames answered RST_STREAM, and the answers the edge gives for nothing) once per read
+(:meth:`Connection.judge`). What only the server's edge knows it says (which calls
+started: :meth:`Connection.call_started`; the refusals it answers), and it reads the
+verdict (:attr:`Connection.verdict`) to send GOAWAY ENHANCE_YOUR_CALM; the client role
+raises :class:`.h2events.DenialOfServiceError` as its read ends. A connection error
 queues GOAWAY with its code and raises :class:`.h2events.ProtocolError`.
 """
 
@@ -53,7 +62,7 @@ from __future__ import annotations
 
 import collections
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from hpack import HPACKError, OversizedHeaderListError
 
@@ -105,7 +114,7 @@ from .h2wire import (
     frame_head,
 )
 from .hpack_blocks import BlockDecoder, TableEncoder
-from .limits import WireLimits
+from .limits import Fault, WireLimits
 
 #: A frame type's handler: (the connection, flags, stream id, body, the events so far).
 _Handler = Callable[["Connection", int, int, Body, list[Event]], None]
@@ -179,28 +188,72 @@ class Move:
 
     SEND_END = 1  # we sent END_STREAM
     RECV_END = 2  # the peer sent END_STREAM
+    RESET = 3  # RST_STREAM, sent or received
 
 
 _S = StreamState
-#: (state, move) -> next state (RST_STREAM either way closes from any state). A move not
-#: in the table is refused before it is made (:meth:`Connection._sendable`; a received
-#: frame's handler checks the state first).
+#: (state, move) -> next state. A move not in the table is refused before it is made
+#: (:meth:`Connection._sendable`; a received frame's handler checks the state first).
 SERVER_STREAM: dict[tuple[int, int], int] = {
     (_S.OPEN, Move.SEND_END): _S.HALF_CLOSED_LOCAL,
     (_S.OPEN, Move.RECV_END): _S.HALF_CLOSED_REMOTE,
     (_S.HALF_CLOSED_REMOTE, Move.SEND_END): _S.CLOSED,
     (_S.HALF_CLOSED_LOCAL, Move.RECV_END): _S.CLOSED,
+    (_S.OPEN, Move.RESET): _S.CLOSED,
+    (_S.HALF_CLOSED_REMOTE, Move.RESET): _S.CLOSED,
+    (_S.HALF_CLOSED_LOCAL, Move.RESET): _S.CLOSED,
 }
 #: The client's: the server's END_STREAM closes the stream whatever we still had to send.
 CLIENT_STREAM = {**SERVER_STREAM, (_S.OPEN, Move.RECV_END): _S.CLOSED}
 
-#: Each role's table by move, derived once: (END_STREAM sent, received), state -> next.
+#: Each role's table by move, derived once: (END_STREAM sent, received, RST_STREAM),
+#: state -> next.
 _MOVES = {
     role: tuple(
-        {s: t for (s, m), t in table.items() if m == mv} for mv in (Move.SEND_END, Move.RECV_END)
+        {s: t for (s, m), t in table.items() if m == mv}
+        for mv in (Move.SEND_END, Move.RECV_END, Move.RESET)
     )
     for role, table in ((False, SERVER_STREAM), (True, CLIENT_STREAM))
 }
+
+
+class ConnectionMove:
+    """What moves the connection from one state (:class:`.h2events.ConnectionState`) to
+    the next."""
+
+    STREAM_OPENED = 1  # a stream opened: the peer's HEADERS (server), ours (client)
+    ALTSVC_RECEIVED = 2  # h2's server leaves its idle state on an ALTSVC frame
+    GOAWAY_SENT = 3
+    GOAWAY_RECEIVED = 4
+
+
+_C, _M = ConnectionState, ConnectionMove
+#: The server's connection: (state, move) -> next state. A GOAWAY either way ends it
+#: (h2's rule: after the peer's, any frame but GOAWAY is PROTOCOL_ERROR, and we send
+#: nothing more); a move not in the table is a bug of ours (:meth:`Connection._move_connection`
+#: raises): every caller checks the state first.
+SERVER_CONNECTION: dict[tuple[int, int], int] = {
+    (_C.IDLE, _M.STREAM_OPENED): _C.OPEN,
+    (_C.OPEN, _M.STREAM_OPENED): _C.OPEN,
+    (_C.IDLE, _M.ALTSVC_RECEIVED): _C.OPEN,
+    (_C.OPEN, _M.ALTSVC_RECEIVED): _C.OPEN,
+    **{(s, _M.GOAWAY_SENT): _C.CLOSED for s in (_C.IDLE, _C.OPEN, _C.CLOSED)},
+    **{(s, _M.GOAWAY_RECEIVED): _C.CLOSED for s in (_C.IDLE, _C.OPEN, _C.CLOSED)},
+}
+#: The client's: the peer's GOAWAY leaves it DRAINING (no new stream; those at or below
+#: the peer's last one are still answered), ours CLOSED; an ALTSVC changes nothing.
+CLIENT_CONNECTION: dict[tuple[int, int], int] = {
+    (_C.IDLE, _M.STREAM_OPENED): _C.OPEN,
+    (_C.OPEN, _M.STREAM_OPENED): _C.OPEN,
+    **{(s, _M.ALTSVC_RECEIVED): s for s in (_C.IDLE, _C.OPEN, _C.DRAINING)},
+    **{(s, _M.GOAWAY_SENT): _C.CLOSED for s in (_C.IDLE, _C.OPEN, _C.DRAINING, _C.CLOSED)},
+    **{(s, _M.GOAWAY_RECEIVED): _C.DRAINING for s in (_C.IDLE, _C.OPEN, _C.DRAINING)},
+    (_C.CLOSED, _M.GOAWAY_RECEIVED): _C.CLOSED,
+}
+_CONNECTION = {False: SERVER_CONNECTION, True: CLIENT_CONNECTION}
+
+#: A verdict of the abuse budget: the rule the peer broke (its fault) and why.
+Verdict = tuple[Fault, str]
 
 
 class RecvWindow:
@@ -242,9 +295,13 @@ class RecvWindow:
 
 
 class Stream(RecvWindow):
-    """One open stream: its state, our send window, and (what it is) its receive window."""
+    """One open stream: its state, our send window, (what it is) its receive window, and
+    when its call started (the server role: :meth:`Connection.call_started`; None before,
+    and on the client's streams)."""
 
-    __slots__ = ("headers_received", "headers_sent", "send_window", "state", "stream_id")
+    __slots__ = (
+        "headers_received", "headers_sent", "send_window", "started_at", "state", "stream_id"
+    )  # fmt: skip
 
     def __init__(self, stream_id: int, send_window: int, recv_window: int) -> None:
         self.stream_id = stream_id
@@ -254,6 +311,7 @@ class Stream(RecvWindow):
         self.send_window = send_window
         self.left = self.max_size = recv_window
         self.processed = self.granting = 0
+        self.started_at: float | None = None
 
 
 def _window_update_error(
@@ -305,9 +363,11 @@ class Connection:
         #: Ours (all sent in our first SETTINGS frame, never changed), and the peer's.
         self.local_settings = initial_settings(client) | local_settings(limits)
         self.remote_settings = initial_settings(not client)
+        #: Where the connection starts in its table (:data:`SERVER_CONNECTION`,
+        #: :data:`CLIENT_CONNECTION`); it moves only by :meth:`_move_connection`.
         self.state = ConnectionState.IDLE
-        #: The role's transition table, by move.
-        self._on_send_end, self._on_recv_end = _MOVES[client]
+        #: The role's stream transition table, by move (:meth:`_move`).
+        self._on_send_end, self._on_recv_end, self._on_reset = _MOVES[client]
         self.streams: dict[int, Stream] = {}
         #: The peer's highest stream id (server), and the next one we open (client).
         self.highest_inbound_stream_id = 0
@@ -331,13 +391,17 @@ class Connection:
         #: The closed streams remembered (oldest first): reset, and ended normally.
         self._resets: OrderedDict[int, None] = OrderedDict()
         self._endings: OrderedDict[int, None] = OrderedDict()
-        #: Frames that asked for nothing (module docstring), and the resets the peer
-        #: provoked; the client role's budget judges them as they come.
+        #: What the peer made us do for nothing, judged by the connection's one abuse
+        #: budget (module docstring): the frames for nothing counted so far, and how
+        #: many of them the budget was handed (:meth:`judge`); the budget's first
+        #: verdict, once it is spent; the time of the read being handled.
         self.wasted = 0
-        self.provoked = 0
+        self.wasted_judged = 0
+        self.budget = AbuseBudget(now)
+        self.verdict: Verdict | None = None
+        self._now = now
         #: The client's DATA bytes read so far in this read (acknowledged as it ends).
         self._arrived = 0
-        self.budget = AbuseBudget(now) if client else None
         #: Our side of the peer's HPACK table: the constant blocks through it (the
         #: server role), and the size updates owed at the start of our next block.
         self.table = TableEncoder(DEFAULT_TABLE)
@@ -395,12 +459,66 @@ class Connection:
         return stream
 
     def _move(self, stream: Stream, moves: dict[int, int]) -> None:
-        """END_STREAM sent or received: the stream's move by that column of the table."""
-        state = moves[stream.state]
+        """The one place a stream's state changes: ``moves`` is a column of the role's
+        transition table (END_STREAM sent, received, or RST_STREAM either way: ``_on_*``)
+        and gives its next state. A stream that closes leaves :attr:`streams` at once,
+        remembered as reset or as ended (the latest :data:`MAX_RESET_STREAMS`, and
+        :data:`MAX_ENDED_STREAMS`). A move not in the table is a KeyError: a bug, as the
+        callers check the state first."""
+        state = stream.state = moves[stream.state]
         if state == StreamState.CLOSED:
-            self._close(stream, False)
-        else:
-            stream.state = state
+            sid = stream.stream_id
+            del self.streams[sid]
+            if moves is self._on_reset:
+                closed, bound = self._resets, MAX_RESET_STREAMS
+            else:
+                closed, bound = self._endings, MAX_ENDED_STREAMS
+            closed[sid] = None
+            if len(closed) > bound:
+                closed.popitem(last=False)
+
+    def _sent(self, stream: Stream, size: int, end: bool) -> None:
+        """``size`` bytes of DATA queued on ``stream``, the last of them with END_STREAM
+        when ``end``: the one place the send windows are debited (every DATA frame of
+        both roles: :meth:`send_pieces`, the server's whole answer
+        :meth:`.h2lean.ServerConnection.send_answer` and the client's whole request
+        :meth:`.h2client.ClientConnection.send_request`), and the stream's move. The
+        callers checked the windows (:meth:`_within_windows` or their own fast path)."""
+        stream.send_window -= size
+        self.outbound_flow_control_window -= size
+        if end:
+            self._move(stream, self._on_send_end)
+
+    def _open(self, sent: int = 0, end: bool = False) -> int:
+        """A stream we open, its id (the client role: push is off, the server opens
+        none; the caller queues its HEADERS): the next id, the connection's move, one
+        call more for the budget (the client's calls start as it opens them); with
+        ``end``, ``sent`` bytes of DATA queued with the HEADERS are debited and
+        END_STREAM moves it (:meth:`_sent`). The caller checked that a stream may open
+        (``can_open``)."""
+        stream_id = self.next_stream_id
+        self.next_stream_id = stream_id + 2
+        stream = Stream(stream_id, self.peer_initial_window, self._stream_window)
+        self.streams[stream_id] = stream
+        stream.headers_sent = True
+        if self.state != ConnectionState.OPEN:
+            self._move_connection(ConnectionMove.STREAM_OPENED)
+        self.budget.streams += 1
+        if end:
+            self._sent(stream, sent, True)
+        return stream_id
+
+    def _move_connection(self, move: int) -> None:
+        """The one place the connection's state changes, by the role's table
+        (:data:`SERVER_CONNECTION`, :data:`CLIENT_CONNECTION`); a move the table does not
+        hold is a bug of ours (the callers check the state first), raised here."""
+        state = _CONNECTION[self.client].get((self.state, move))
+        if state is None:
+            raise RuntimeError(
+                f"connection move {move} in state {self.state}: not in the "
+                f"{'client' if self.client else 'server'}'s table (a bug)"
+            )
+        self.state = state
 
     def _queue_block(self, stream_id: int, block: bytes, end_stream: bool) -> None:
         """HEADERS (and CONTINUATIONs past the peer's frame size) carrying ``block``."""
@@ -468,10 +586,7 @@ class Connection:
             sent += size
         if end_stream and not pending and not sent:  # an empty message's end
             out.append(frame_head(DATA, END_STREAM, stream_id, 0))
-        stream.send_window -= sent
-        self.outbound_flow_control_window -= sent
-        if end_stream and not pending:
-            self._move(stream, self._on_send_end)
+        self._sent(stream, sent, end_stream and not pending)
         return sent
 
     def local_flow_control_window(self, stream_id: int) -> int:
@@ -487,7 +602,15 @@ class Connection:
         if stream is None:
             raise self._missing(stream_id)
         self._out.append(_rst(stream_id, error_code))
-        self._close(stream, True)
+        self._move(stream, self._on_reset)
+
+    def grow_connection_window(self) -> None:
+        """Grant the peer the connection window our limits give (HTTP/2 opens every
+        connection's at 65,535 bytes, and SETTINGS cannot move it: RFC 9113 §6.9.2); both
+        roles, right after ``initiate_connection``."""
+        grow = self._connection_window - DEFAULT_WINDOW
+        if grow > 0:
+            self.increment_flow_control_window(grow)
 
     def increment_flow_control_window(self, increment: int) -> None:
         """Grow the connection's receive window (the streams' start at our SETTINGS')."""
@@ -526,18 +649,71 @@ class Connection:
         body = last.to_bytes(4, "big") + int(error_code).to_bytes(4, "big")
         body += additional_data or b""
         self._out.append(frame_head(GOAWAY, 0, 0, len(body)) + body)
-        self.state = ConnectionState.CLOSED
+        self._move_connection(ConnectionMove.GOAWAY_SENT)
+
+    # ------------------------------------------------------------------ the abuse budget
+
+    def _charge(self, verdict: str | None, fault: Fault) -> None:
+        """Keep the budget's first verdict (``fault``: the rule it broke)."""
+        if verdict is not None and self.verdict is None:
+            self.verdict = (fault, verdict)
+
+    def judge(self, now: float) -> Verdict | None:
+        """Hand the budget the frames for nothing counted since the last judgement (the
+        server's edge calls this once it has handled a read's events, so that the calls
+        they started earn their credit first; the client role's reads are judged as
+        they end); the budget's verdict, once it is spent (the resets were judged as
+        they came)."""
+        wasted = self.wasted - self.wasted_judged
+        if wasted:
+            self.wasted_judged = self.wasted
+            self._charge(self.budget.wasted_frames(wasted, now), Fault.FRAME_FLOOD)
+        return self.verdict
+
+    def call_started(self, stream_id: int, now: float) -> None:
+        """The server's edge started a call on ``stream_id`` (it admitted the request)
+        at ``now``: one call more for the budget, and the time its premature-reset rule
+        reads if the peer resets the stream (the client's calls start as it opens them)."""
+        self.streams[stream_id].started_at = now
+        self.budget.streams += 1
+
+    def calls_started(self, count: int) -> None:
+        """``count`` requests begun inside one stream's call (a stream method's): each
+        counts as a call started, as a unary call would."""
+        self.budget.streams += count
+
+    def calls_reset(self, started: Iterable[float], now: float) -> Verdict | None:
+        """Requests inside a stream's call that the peer's reset withdrew, with the time
+        each began: each judged as a call reset then would be; the verdict, if spent."""
+        for at in started:
+            self._charge(self.budget.peer_reset(at, now), Fault.RAPID_RESET)
+        return self.verdict
+
+    def answered_for_nothing(self) -> None:
+        """The edge answered a stream whose call never started (refused past the stream
+        limit, or a request the peer malformed: RFC 9113 §8.1.1): a frame for nothing,
+        judged with the read's others (:meth:`judge`)."""
+        self.wasted += 1
+
+    def refused_malformed(self) -> Verdict | None:
+        """The edge refused a running call on a message the peer malformed (a stream
+        error it provoked, RFC 9113 §8.1.1): judged with the resets; the verdict, if
+        spent."""
+        self._charge(self.budget.provoked_resets(1), Fault.RAPID_RESET)
+        return self.verdict
 
     # ------------------------------------------------------------------ input
 
     def receive_data(self, data: bytes, now: float = 0.0) -> list[Event]:
-        """Feed bytes read at ``now`` (seconds of any monotonic clock; the client role's
-        budget reads it); the events they complete. Payloads are views of the reads."""
+        """Feed bytes read at ``now`` (seconds of any monotonic clock: the abuse budget's);
+        the events they complete. Payloads are views of the reads. The client role's
+        reads are judged as they end (its calls start as it opens them, never while a
+        read's events are handled): past the budget, DenialOfServiceError."""
         events: list[Event] = []
         reader = self.reader
         reader.feed(data)
         next_frame, handlers = reader.next_frame, self._handlers
-        wasted, provoked = self.wasted, self.provoked
+        self._now = now
         opened = ConnectionState.OPEN
         try:
             while (frame := next_frame()) is not None:
@@ -550,13 +726,10 @@ class Connection:
                 self._arrived = 0
                 if increment:
                     self._grant(self.inbound, 0, increment)
-            budget = self.budget
-            if budget is not None and (self.wasted != wasted or self.provoked != provoked):
-                verdict = budget.wasted_frames(self.wasted - wasted, now) or (
-                    budget.provoked_resets(self.provoked - provoked)
-                )
+            if self.client and (self.wasted != self.wasted_judged or self.verdict is not None):
+                verdict = self.judge(now)
                 if verdict is not None:
-                    raise h2events.DenialOfServiceError(verdict)
+                    raise h2events.DenialOfServiceError(verdict[1])
         except h2events.ProtocolError as err:
             self.close_connection(err.error_code)  # a connection error: GOAWAY, its code
             raise
@@ -579,20 +752,6 @@ class Connection:
             raise h2events.ProtocolError(
                 f"{FRAME_NAMES[kind]} received before any stream was opened"
             )
-
-    def _close(self, stream: Stream, reset: bool) -> None:
-        """Forget a stream that closed, remembering how (reset, or ended both ways)."""
-        stream.state = StreamState.CLOSED
-        sid = stream.stream_id
-        self.streams.pop(sid, None)
-        if reset:
-            self._resets[sid] = None
-            if len(self._resets) > MAX_RESET_STREAMS:
-                self._resets.popitem(last=False)
-        else:
-            self._endings[sid] = None
-            if len(self._endings) > MAX_ENDED_STREAMS:
-                self._endings.popitem(last=False)
 
     def _is_idle(self, sid: int) -> bool:
         """Whether a stream not in :attr:`streams` was never opened (else: closed). The
@@ -659,8 +818,8 @@ class Connection:
             if not sid % 2:
                 raise h2events.ProtocolError("Invalid stream ID for peer.")
             self.highest_inbound_stream_id = sid
-            if self.state == ConnectionState.IDLE:
-                self.state = ConnectionState.OPEN
+            if self.state != ConnectionState.OPEN:  # the first stream
+                self._move_connection(ConnectionMove.STREAM_OPENED)
             stream = Stream(sid, self.peer_initial_window, self._stream_window)
             stream.headers_received = True
             self.streams[sid] = stream
@@ -701,10 +860,16 @@ class Connection:
         self, stream: Stream, events: list[Event], code: ErrorCodes | int = ErrorCodes.STREAM_CLOSED
     ) -> None:
         """A stream error the peer provoked (by default a frame the stream's state
-        forbids): RST_STREAM with ``code``, reported as an event and counted."""
+        forbids): RST_STREAM with ``code``, reported as an event and budgeted -- the reset
+        of a running call (every client stream is one) against the calls, that of a
+        stream whose call never started (the provoking frame read with its HEADERS) as
+        a frame for nothing."""
         self._out.append(_rst(stream.stream_id, code))
-        self._close(stream, True)
-        self.provoked += 1
+        self._move(stream, self._on_reset)
+        if self.client or stream.started_at is not None:
+            self._charge(self.budget.provoked_resets(1), Fault.RAPID_RESET)
+        else:
+            self.wasted += 1
         events.append(StreamReset(stream_id=stream.stream_id, error_code=code, remote_reset=False))
 
     def _answer_closed(self, sid: int) -> None:
@@ -760,10 +925,12 @@ class Connection:
         stream = self.streams.get(sid)
         if stream is None:
             return  # idle once a stream opened (h2 ignores it too) or closed (ignored)
-        self._close(stream, True)
+        self._move(stream, self._on_reset)
         events.append(
             StreamReset(stream_id=sid, error_code=h2events.error_code(code), remote_reset=True)
         )
+        if stream.started_at is not None:  # a running call the peer reset (server role)
+            self._charge(self.budget.peer_reset(stream.started_at, self._now), Fault.RAPID_RESET)
 
     def _on_window_update(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         increment = h2parse.window_update(flags, body)
@@ -829,11 +996,10 @@ class Connection:
 
     def _on_goaway(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         last, code, extra = h2parse.goaway(flags, body)
-        if self.client:  # no new streams; those at or below ``last`` are answered
-            if self.state != ConnectionState.CLOSED:
-                self.state = ConnectionState.DRAINING
-        else:  # h2's: the connection is over, nothing more may be sent
-            self.state = ConnectionState.CLOSED
+        # The client drains (no new streams; those at or below ``last`` are answered);
+        # for the server, as for h2, the connection is over: nothing more may be sent.
+        self._move_connection(ConnectionMove.GOAWAY_RECEIVED)
+        if not self.client:
             self._out.clear()
         events.append(
             ConnectionTerminated(
@@ -870,10 +1036,9 @@ class Connection:
 
     def _on_altsvc(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         h2parse.altsvc(flags, body)  # checked as h2 does, then ignored (RFC 7838)
-        if self.state == ConnectionState.IDLE and not self.client:
-            # h2's server leaves its idle state on an ALTSVC: DATA or RST_STREAM then
-            # meet the stream's rules.
-            self.state = ConnectionState.OPEN
+        # h2's server leaves its idle state on an ALTSVC: DATA or RST_STREAM then meet
+        # the stream's rules (the client's table keeps its state).
+        self._move_connection(ConnectionMove.ALTSVC_RECEIVED)
 
     def _on_unknown(self, kind: int, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         """A frame of a type we do not know: reported, and otherwise ignored."""

@@ -28,13 +28,16 @@ first SETTINGS frame), feeds it the bytes, writes what comes out, and hands the 
   declaring 16 MiB when we advertise 1 MiB is FRAME_SIZE_ERROR before its body arrives,
   and a header block is bounded to ``max_header_list_size`` bytes.
 * **What a peer makes us do for nothing is budgeted** (:class:`.abuse.AbuseBudget`, one
-  per connection, given the loop's time; its docstring says why and how): calls reset by
-  the peer soon after they started (rapid reset, CVE-2023-44487) and calls the server was
-  made to reset on a stream error the peer provoked (MadeYouReset, CVE-2025-8671) count
-  against the calls started; frames that ask for nothing (PING, SETTINGS, empty DATA,
-  frames on reset streams, streams past the limit; the connection counts those it sees,
-  :attr:`.h2core.Connection.wasted`, handed to the budget after each read) against a
-  token bucket. Past either, GOAWAY ENHANCE_YOUR_CALM and the connection closes.
+  per connection, kept by the connection itself, :mod:`.h2core`, given the loop's time;
+  its docstring says why and how): calls reset by the peer soon after they started
+  (rapid reset, CVE-2023-44487) and calls the server was made to reset on a stream error
+  the peer provoked (MadeYouReset, CVE-2025-8671) count against the calls started;
+  frames that ask for nothing (PING, SETTINGS, empty DATA, frames on reset streams,
+  streams past the limit) against a token bucket, judged after each read's events
+  (:meth:`.h2core.Connection.judge`). This edge only says what the connection cannot
+  see -- which calls started (:meth:`.h2core.Connection.call_started`), the streams it
+  refused for nothing, the requests inside a stream's call -- and reads the verdict:
+  past either rule, GOAWAY ENHANCE_YOUR_CALM and the connection closes.
 * **Connections are bounded in number and time.** :class:`ConnectionTable` caps open
   connections: a new one past the cap closes the oldest still in its handshake, else the
   one idle the longest (no working call: only calls still waiting for their request
@@ -84,11 +87,11 @@ from typing import Any, Protocol
 from reactantserver.status import StatusCode
 
 from . import h2events
-from .abuse import AbuseBudget
 from .auth import Peer
 from .faultlog import FaultLog
 from .framing import MessageFramer, Refusal, RequestHead
 from .h2conn import CorkedTransport, held_writes
+from .h2core import Verdict
 from .h2events import ErrorCodes
 from .h2lean import ServerConnection
 from .limits import Fault, WireCounters, WireLimits
@@ -305,19 +308,12 @@ class _Processor:
         self._framers: dict[int, MessageFramer] = {}
         #: The setting that bounds a request message here, named when one is refused.
         self._message_key = guard.limits.names.max_message_bytes
-        #: When each running call started (loop time), for the premature-reset rule.
-        self._started: dict[int, float] = {}
         #: Unary calls whose request message is not complete yet: when their HEADERS came
         #: (loop time), for ``body_timeout``.
         self._receiving: dict[int, float] = {}
         #: Calls at work: a unary one from the end of its request message, a streaming
         #: one from its HEADERS; the connection is idle while there is none.
         self.working: set[int] = set()
-        #: What the peer made us do for nothing, judged (module docstring); calls started
-        #: are counted into it here (``budget.streams``), the rest through :meth:`tally`.
-        self.budget = AbuseBudget(guard.opened_at)
-        #: The lean connection's count of frames for nothing the budget was told of.
-        self.seen_wasted = 0
         #: Event class -> its handler; any other event is ignored. Emptied on close, so
         #: that the loop over one read's events stops handling them once the connection
         #: closed.
@@ -347,7 +343,7 @@ class _Processor:
                 f"stream {sid} refused: {open_calls} calls are open on the connection "
                 f"({self._limits.names.max_concurrent_streams})",
             )
-            self._judged(self.budget.wasted_frames(1, self._guard.read_at), Fault.FRAME_FLOOD)
+            self._h2.answered_for_nothing()
             return
         now = self._guard.read_at
         decision = self.sink.admit(event.headers, self._guard.peer, now)
@@ -355,10 +351,9 @@ class _Processor:
             self._answer(sid, decision)
             self._guard.fault(decision.fault, decision.message)
             if decision.fault in _MALFORMED:  # refused before it started: an answer for nothing
-                self._judged(self.budget.wasted_frames(1, now), Fault.FRAME_FLOOD)
+                self._h2.answered_for_nothing()
             return
-        self._started[sid] = now
-        self.budget.streams += 1
+        self._h2.call_started(sid, now)  # for the abuse budget (module docstring)
         self._framers[sid] = MessageFramer(
             self._limits.max_message_bytes,
             unary=decision.unary_request,
@@ -387,7 +382,7 @@ class _Processor:
 
     def call_works(self, sid: int) -> None:
         """A running call (a stream method's, with requests owed) is at work."""
-        if sid in self._started:
+        if sid in self.streams:
             self._working(sid)
 
     def call_rests(self, sid: int) -> None:
@@ -402,7 +397,6 @@ class _Processor:
         """A stream's handler is done with it (once per stream that got one)."""
         self._counters.streams_open -= 1
         self._framers.pop(sid, None)
-        self._started.pop(sid, None)
         self._receiving.pop(sid, None)
         self.working.discard(sid)
         h2 = self._h2
@@ -474,30 +468,25 @@ class _Processor:
         sid = event.stream_id
         self._framers.pop(sid, None)
         self._receiving.pop(sid, None)
-        started = self._started.pop(sid, None)
         self.direct.cancel(sid)
         if sid in self.streams:
             self.sink.cancel(sid)
-        budget = self.budget
-        if event.remote_reset:
-            if started is not None:
-                self._judged(budget.peer_reset(started, self._guard.now()), Fault.RAPID_RESET)
-        elif started is not None:  # the peer made us reset a running call (MadeYouReset)
-            self._judged(budget.provoked_resets(1), Fault.RAPID_RESET)
-        else:  # ... or a stream whose call never started: an RST_STREAM for nothing
-            self._judged(budget.wasted_frames(1, self._guard.read_at), Fault.FRAME_FLOOD)
+        # The connection judged the reset as it came (the peer's of a call just started,
+        # or one it provoked; module docstring): past the budget, GOAWAY here.
+        self._judged(self._h2.verdict)
 
-    def tally(self) -> None:
-        """Hand the budget the frames for nothing the lean connection counted."""
-        wasted = self._h2.wasted - self.seen_wasted
-        self.seen_wasted = self._h2.wasted
-        self._judged(self.budget.wasted_frames(wasted, self._guard.read_at), Fault.FRAME_FLOOD)
+    def judge(self) -> None:
+        """Once a read's events are handled: the connection's budget judges the frames
+        for nothing it counted in them (the calls they started earned their credit)."""
+        self._judged(self._h2.judge(self._guard.read_at))
 
-    def _judged(self, verdict: str | None, fault: Fault) -> None:
-        """Past the budget (a verdict): GOAWAY ENHANCE_YOUR_CALM, once."""
+    def _judged(self, verdict: Verdict | None) -> None:
+        """Past the budget (its verdict: the rule's fault and why): GOAWAY
+        ENHANCE_YOUR_CALM, once."""
         if verdict is None or self._guard.closing:
             return
-        self._guard.fault(fault, f"{verdict}; connection closed with GOAWAY ENHANCE_YOUR_CALM")
+        fault, why = verdict
+        self._guard.fault(fault, f"{why}; connection closed with GOAWAY ENHANCE_YOUR_CALM")
         self._guard.goaway(ErrorCodes.ENHANCE_YOUR_CALM, b"too much work asked for nothing")
 
     def expire_bodies(self, now: float) -> None:
@@ -548,7 +537,7 @@ class _Processor:
         self._answer(sid, refusal)
         self._guard.fault(refusal.fault, refusal.message)
         if refusal.fault in _MALFORMED:
-            self._judged(self.budget.provoked_resets(1), Fault.RAPID_RESET)
+            self._judged(self._h2.refused_malformed())
         stream = self.streams.get(sid)
         if stream is not None:
             unacked += stream.drop()
@@ -649,9 +638,9 @@ class GuardedProtocol(asyncio.Protocol):
                 self._refuse_connection()
                 return
             self._cork = CorkedTransport(transport, loop)
-            self.h2 = h2 = ServerConnection(self.limits)
+            self.h2 = h2 = ServerConnection(self.limits, self.opened_at)
             h2.initiate_connection()
-            h2.increment_flow_control_window(self.limits.connection_window - 65535)
+            h2.grow_connection_window()
             self._processor = _Processor(self._sink, self, h2)
             self.flush()
         except Exception:
@@ -671,7 +660,7 @@ class GuardedProtocol(asyncio.Protocol):
 
     def _received(self, h2: ServerConnection, processor: _Processor, data: bytes) -> None:
         try:
-            events = h2.receive_data(data)
+            events = h2.receive_data(data, self.read_at)
         except h2events.ProtocolError as exc:
             kind = (
                 Fault.FRAME_TOO_LARGE
@@ -695,8 +684,8 @@ class GuardedProtocol(asyncio.Protocol):
                 handle = handlers.get(event.__class__)
                 if handle is not None:
                     handle(event)
-            if h2.wasted != processor.seen_wasted:
-                processor.tally()
+            if h2.wasted != h2.wasted_judged:
+                processor.judge()
             self.flush()
         except Exception:
             log.exception("serving the connection from %s failed; closing it", self.peer)
@@ -769,18 +758,14 @@ class GuardedProtocol(asyncio.Protocol):
     def calls_started(self, count: int) -> None:
         """Requests begun inside a stream method's call (:mod:`.streaming`): each counts
         in the abuse budget as a call started, as a unary call would."""
-        if self._processor is not None:
-            self._processor.budget.streams += count
+        if self.h2 is not None:
+            self.h2.calls_started(count)
 
     def calls_reset(self, started: Sequence[float]) -> None:
         """Requests inside a stream method's call that the peer's reset withdrew, with the
         loop time each began: each is judged as a unary call reset then would be."""
-        processor = self._processor
-        if processor is None:
-            return
-        now = self.now()
-        for at in started:
-            processor._judged(processor.budget.peer_reset(at, now), Fault.RAPID_RESET)
+        if self._processor is not None and self.h2 is not None:
+            self._processor._judged(self.h2.calls_reset(started, self.now()))
 
     def handshake_done(self) -> None:
         if not self._handshaken:

@@ -111,8 +111,6 @@ class ServerConnection(Connection):
         # must reach the peer); a constant list's block is far below any frame size.
         head = table.encode(headers)
         tail = table.encode(trailers)
-        stream.send_window -= size
-        self.outbound_flow_control_window -= size
         out = self._out
         out.append(frame_head(HEADERS, END_HEADERS, stream_id, len(head)))
         out.append(head)
@@ -121,5 +119,5 @@ class ServerConnection(Connection):
         out.append(frame_head(HEADERS, END_STREAM | END_HEADERS, stream_id, len(tail)))
         out.append(tail)
         stream.headers_sent = True
-        self._move(stream, self._on_send_end)
+        self._sent(stream, size, True)  # the windows' debit and the stream's move
         return True
