@@ -10,21 +10,22 @@ inject a runner that calls ``fn`` inline between two checkpoints (``tests/confte
 ``trio.testing.wait_all_tasks_blocked()`` whatever has not happened will not happen
 until the test acts.
 
-Device executions are different: they run one at a time on one long-lived thread,
-:class:`DeviceThread`, owned by a task of the dispatch loop's nursery. A job is handed
-over with :meth:`DeviceThread.submit` (synchronous, no Trio task per job) and its
-outcome comes back as a callback on Trio's loop: one crossing per batch. Keeping one
-thread also keeps every device call on the same OS thread.
+Device executions are different: they run one at a time on long-lived threads owned by
+a task of the dispatch loop's nursery, handed over synchronously (no Trio task per job),
+their outcome coming back as one callback on Trio's loop -- :data:`PipelineDone`,
+``done(outcome, started, finished)``, stamped on the threads with one clock
+(``time.perf_counter``): when the job began and when its outputs were back, which is
+what the dispatch loop charges as device time. Two shapes share that answer:
 
-A pipelined dispatch loop (``scheduler.pipeline_depth`` > 1) uses :class:`DevicePipeline`
-instead: two long-lived threads, owned the same way. The *launch* thread runs each
-batch's launch (gather, the inputs' transfer, the asynchronous program call; it returns
-as soon as the program is queued on the device) and hands the result to the *collect*
-thread, which waits for the outputs to reach the host. So launches run one at a time in
-submission order, collects run one at a time in the same order, and a collect that
-blocks on batch N's outputs never holds up the launch of batch N+1. Each job is timed on
-the threads with one clock (``time.perf_counter``): when its launch began and when its
-outputs were back, which is what the dispatch loop charges as device time.
+* :class:`DeviceThread` (``scheduler.pipeline_depth`` 1): one thread runs each job whole
+  (gather, execute, scatter), one at a time. Keeping one thread also keeps every device
+  call on the same OS thread.
+* :class:`DevicePipeline` (depth > 1): two threads. The *launch* thread runs each batch's
+  launch (gather, the inputs' transfer, the asynchronous program call; it returns as
+  soon as the program is queued on the device) and hands the result to the *collect*
+  thread, which waits for the outputs to reach the host. So launches run one at a time
+  in submission order, collects run one at a time in the same order, and a collect that
+  blocks on batch N's outputs never holds up the launch of batch N+1.
 """
 
 from __future__ import annotations
@@ -52,21 +53,28 @@ def in_threads(limiter: trio.CapacityLimiter | None = None) -> ThreadRunner:
     return partial(trio.to_thread.run_sync, limiter=limiter)
 
 
+#: ``done(outcome, started, finished)``: a device job's outcome (a pipelined job's: the
+#: collect's, or the launch's error), when it began and when it finished
+#: (``time.perf_counter``, on the threads).
+PipelineDone = Callable[[outcome.Outcome[Any], float, float], object]
+
+
 class DeviceThread:
     """One long-lived thread running blocking jobs one at a time, owned by a Trio task.
 
     Start it with ``await nursery.start(device.run)``; the thread lives as long as that
     task. :meth:`submit` hands over a job from the loop's thread (Trio or asyncio code);
-    ``done(outcome)`` is then called on Trio's loop when the job has returned.
+    ``done(outcome, started, finished)`` is then called on Trio's loop when the job has
+    returned.
     Cancelling the owner lets the job in progress finish (a device call cannot be
     interrupted), delivers its outcome, then ends the thread: a job is never abandoned.
     """
 
     def __init__(self, name: str = "reactantserver-device") -> None:
         self._name = name
-        self._jobs: queue.SimpleQueue[
-            tuple[Callable[[], Any], Callable[[outcome.Outcome[Any]], object]] | None
-        ] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], PipelineDone] | None] = (
+            queue.SimpleQueue()
+        )
         self._token: trio.lowlevel.TrioToken | None = None
         self._closed = False
 
@@ -84,10 +92,9 @@ class DeviceThread:
                 self._closed = True
                 self._jobs.put(None)
 
-    def submit(
-        self, job: Callable[[], Any], done: Callable[[outcome.Outcome[Any]], object]
-    ) -> None:
-        """Run ``job()`` on the thread, then ``done(outcome)`` on Trio's loop."""
+    def submit(self, job: Callable[[], Any], done: PipelineDone) -> None:
+        """Run ``job()`` on the thread, then ``done(outcome, started, finished)`` on Trio's
+        loop. Raises ``RuntimeError`` once the owner has been cancelled."""
         if self._closed or self._token is None:
             raise RuntimeError("the device thread is not running")
         self._jobs.put((job, done))
@@ -98,13 +105,9 @@ class DeviceThread:
         assert token is not None
         while (item := self._jobs.get()) is not None:
             job, done = item
+            started = time.perf_counter()
             result = outcome.capture(job)
-            token.run_sync_soon(done, result)
-
-
-#: ``done(outcome, started, finished)``: a pipelined job's outcome (the collect's, or the
-#: launch's error), when its launch began and when it finished (``time.perf_counter``).
-PipelineDone = Callable[[outcome.Outcome[Any], float, float], object]
+            token.run_sync_soon(done, result, started, time.perf_counter())
 
 
 class DevicePipeline:

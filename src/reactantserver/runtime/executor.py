@@ -23,9 +23,9 @@ numpy inputs, which its call moves to the device), ``collect`` waits for the out
 (``LoadedModel.fetch``) and scatters them. ``ran`` still comes only when the batch has
 landed, so the weights stay acquired for as long as the device may read them.
 
-The batch's scheduler ``group`` is the ``ServedModel`` that admitted its requests,
-so a batch always runs on the version its requests were validated against, even
-while a newer version is being swapped in.
+The batch's scheduler ``group`` is the ``ServedModel`` that admitted its requests
+(``Batch[ServedModel]``: a typed field), so a batch always runs on the version its
+requests were validated against, even while a newer version is being swapped in.
 
 Weights come from a :class:`~reactantserver.runtime.weight_provider.WeightProvider`
 (the on-demand cache, or every model resident with the cache off); batch data is
@@ -70,7 +70,8 @@ def _run_batch(
 
 
 class DeviceExecutor:
-    """Implements the scheduler's ``BlockingExecutor`` (and ``Prefetcher``) protocols.
+    """Implements the scheduler's ``BlockingExecutor`` and ``PipelinedExecutor`` (and
+    ``Prefetcher``, ``PreparesNow``) protocols over ``Batch[ServedModel]``.
 
     ``run`` is the blocking part: the dispatch loop calls it on its device thread, or
     inline for a batch learned to be tiny (``scheduler.inline_max_seconds``, CPU only).
@@ -88,22 +89,22 @@ class DeviceExecutor:
         self._acquired: dict[int, Sequence[Any]] = {}
         self._timings: dict[int, tuple[float, float, float]] = {}
 
-    async def prepare(self, batch: Batch) -> None:
-        model: ServedModel = batch.group  # type: ignore[assignment]
+    async def prepare(self, batch: Batch[ServedModel]) -> None:
+        model = batch.group
         self._acquired[batch.seq] = await self._weights.acquire(model)
 
-    def prepare_now(self, batch: Batch) -> bool:
+    def prepare_now(self, batch: Batch[ServedModel]) -> bool:
         """``prepare`` without a wait, where the weights are at hand (the scheduler's
         pass of the host loop); False, with nothing acquired, otherwise."""
-        model: ServedModel = batch.group  # type: ignore[assignment]
+        model = batch.group
         weights = self._weights.acquire_now(model)
         if weights is None:
             return False
         self._acquired[batch.seq] = weights
         return True
 
-    def run(self, batch: Batch) -> Sequence[Outputs]:
-        model: ServedModel = batch.group  # type: ignore[assignment]
+    def run(self, batch: Batch[ServedModel]) -> Sequence[Outputs]:
+        model = batch.group
         payloads = [r.payload for r in batch.requests]
         rows = [r.rows for r in batch.requests]
         per_request, timings = _run_batch(
@@ -112,8 +113,8 @@ class DeviceExecutor:
         self._timings[batch.seq] = timings
         return per_request
 
-    def ran(self, batch: Batch) -> None:
-        model: ServedModel = batch.group  # type: ignore[assignment]
+    def ran(self, batch: Batch[ServedModel]) -> None:
+        model = batch.group
         self._acquired.pop(batch.seq, None)
         self._weights.release(model)
         timings = self._timings.pop(batch.seq, None)
@@ -122,10 +123,10 @@ class DeviceExecutor:
             queued = [batch.started - r.arrival for r in batch.requests]
             model.record_batch(batch.size, queued, batch.rows, t_in, t_infer, t_out)
 
-    def launch(self, batch: Batch) -> tuple[Launched, float, float]:
+    def launch(self, batch: Batch[ServedModel]) -> tuple[Launched, float, float]:
         """Gather and launch (the pipeline's launch thread): the launched execution, the
         gather's seconds and when the launch began (``time.perf_counter``)."""
-        model: ServedModel = batch.group  # type: ignore[assignment]
+        model = batch.group
         t0 = time.perf_counter()
         payloads = [r.payload for r in batch.requests]
         inputs = gather(payloads, batch.size) if model.batched else payloads[0]
@@ -133,9 +134,11 @@ class DeviceExecutor:
         t1 = time.perf_counter()
         return model.loaded.launch(args, self._acquired[batch.seq]), t1 - t0, t1
 
-    def collect(self, batch: Batch, handle: tuple[Launched, float, float]) -> Sequence[Outputs]:
+    def collect(
+        self, batch: Batch[ServedModel], handle: tuple[Launched, float, float]
+    ) -> Sequence[Outputs]:
         """Fetch and scatter (the pipeline's collect thread), in launch order."""
-        model: ServedModel = batch.group  # type: ignore[assignment]
+        model = batch.group
         launched, t_in, t1 = handle
         results = model.loaded.fetch(launched)
         t2 = time.perf_counter()

@@ -1,7 +1,9 @@
-"""The Trio driver: one device execution at a time, around the sans-IO core.
+"""The Trio driver: one dispatch loop around the sans-IO core.
 
 ``Scheduler`` owns a ``SchedulingPolicy``, an executor and the **table of admitted
-requests** (request number -> the callback that answers it), and does only I/O.
+requests** (request number -> the callback that answers it), and does only I/O: what
+runs next, and when, is the policy's (``policy.py``); the loop asks it at
+``trio.current_time()`` and carries out its answer.
 
 Requests: begin -> wait -> finish
 ---------------------------------
@@ -11,36 +13,107 @@ Requests: begin -> wait -> finish
   one it sleeps until), wakes it. Callable from any code on the loop's thread -- a
   Trio task, or an asyncio handler when Trio runs as asyncio's guest -- so a gRPC
   handler queues its request without a Trio task of its own.
-* From then on the request is owned by this table until the dispatch loop calls its
+* From then on the request is owned by this table until the loop calls its
   ``answer(value, error)`` exactly once: with its result, with the batch's error, with
   ``DeadlineExceeded`` (its deadline passed while queued, or before its batch came
   back), or with ``Unavailable`` at shutdown.
 * ``withdraw`` (the caller gave up: client cancel) is synchronous too: a queued
-  request never runs; one already in a running batch has its result dropped.
+  request never runs; one already in a launched batch has its result dropped.
 * ``submit`` is the same for Trio callers: enqueue, wait on an event, withdraw if
   cancelled.
 
 No request has a timer or a cancel scope of its own: the loop knows every queued
-deadline (``policy.next_deadline``) and sleeps until the next batch or the soonest
-deadline, whichever comes first; each time it wakes it fails what expired
+deadline (``policy.next_deadline``) and sleeps until its next piece of work or the
+soonest deadline, whichever comes first; each time it wakes it fails what expired
 (``policy.expire``).
 
-The dispatch loop
------------------
-``run`` (start it with ``await nursery.start(scheduler.run)``) asks the policy for the
-next batch at ``trio.current_time()``, fails what it shed, ``prepare``\\ s it (weights
-resident; not timed), runs it (timed: the learned cost), answers the requests and
-``complete``\\ s it. How a batch runs depends on the executor:
+The one loop
+------------
+``run`` (start it with ``await nursery.start(scheduler.run)``) is one task that keeps up
+to ``d`` batches **launched** -- on the device and not landed yet -- where ``d`` is
+``scheduler.pipeline_depth`` (1 by default, the CPU's). Each turn it:
 
-* A :class:`BlockingExecutor` (the runtime's) gives a blocking ``run(batch)``. A batch
-  whose learned cost is below ``inline_max_seconds`` (the worker sets it on the CPU
-  backend only) runs **inline** on the loop: for a program of tens of microseconds a
-  thread hand-off costs more than the program. Every other batch goes to the one
-  long-lived **device thread** (:class:`~reactantserver.threads.DeviceThread`), owned
-  by a task of the loop's nursery; its completion is the one crossing back per batch.
-  A batch never measured at its size has cost ``inf``: a slow program never runs inline.
-* Any other :class:`Executor` (the cost model of ``scheduling.simulate``, test fakes)
-  gives an ``async execute(batch)``, run as a child task.
+1. **tends** the batches in flight (``_tend``): lands those that came back, strictly in
+   launch order (charge the device time, ``complete``, ``on_batch``, ``ran`` -- weights
+   released --, answer), fails expired queued requests, and runs the dispatch timeout of
+   the device's *head* (the oldest launched and not landed);
+2. if fewer than ``d`` are in flight and health is ``READY``, takes the policy's next
+   batch (failing what it shed), ``prepare``\\ s it (weights resident; not timed) and
+   **launches** it;
+3. else sleeps until a batch comes back, a request arrives (only when idle), the soonest
+   deadline or the head's timeout.
+
+A launch hands a prepared batch to the **device** (:class:`Device`, the one protocol the
+loop drives), which later calls back ``_back(flight, outcome, started, finished)`` on
+the loop; the executor decides which device a scheduler gets, once, at construction:
+
+* a :class:`BlockingExecutor` (the runtime's) at depth 1: a blocking ``run(batch)`` on
+  the one long-lived **device thread** (:class:`~reactantserver.threads.DeviceThread`);
+* a :class:`PipelinedExecutor` at depth ``d`` > 1: a blocking ``launch`` (gather, inputs
+  to the device in one step, the asynchronous program call) on the launch thread and a
+  blocking ``collect`` (outputs to the host, scatter) on the collect thread of a
+  :class:`~reactantserver.threads.DevicePipeline`, so a collect blocked on batch N never
+  holds up the launch of N+1;
+* an :class:`Executor` (the cost model of ``scheduling.simulate``, test fakes) at depth
+  1: an ``async execute(batch)`` run as a child task; an :class:`AsyncPipelinedExecutor`
+  at depth > 1: ``async launch`` awaited by the loop (never two at once) and ``async
+  collect`` as a child task -- fake devices on Trio's (virtual) clock.
+
+Depth 1 is this loop with ``d`` = 1: a batch is launched only onto an idle device, and
+the next is taken once it has landed. A batch learned tiny (its cost below
+``inline_max_seconds``: the worker sets it on the CPU backend only) is the limiting
+case, a launch that **completes at once**: ``run`` is called on the loop itself and the
+batch lands on the spot -- for a program of tens of microseconds a thread hand-off costs
+more than the program. A batch never measured at its size has cost ``inf``: a slow
+program never runs inline. Inline execution is a depth-1 affair.
+
+While a batch waits for weights to load behind a batch in flight (``prepare`` awaited
+with ``d`` > 1), a **watch** task tends the flight meanwhile, so batches still land and
+the head's timeout still runs.
+
+Invariants (``tests/test_sched_pipeline.py`` checks them with Hypothesis against an honest
+asynchronous fake device in virtual time, and over the real ``DevicePipeline`` threads
+with a blocking executor -- what CUDA runs -- whose programs and weight loads finish when
+the test says; ``tests/test_sched_dispatch.py`` at depth 1):
+
+1. The device is given programs one launch at a time, in launch order, and they are
+   landed (completed, answered) in that order; at most ``d`` are launched and not landed.
+2. The learned cost is device time, completion to completion: a batch is charged from
+   ``max(its launch began, the previous batch's outputs were back)`` to its own outputs
+   being back, on the device's clock (the threads' ``perf_counter``, or Trio's for an
+   async executor). The charges of back-to-back batches tile the device's busy time
+   exactly; host wall time spent waiting for an earlier batch is never charged to a
+   later one. At depth 1 that is the run itself, timed where it ran: a hand-off to the
+   device thread and back is not the program's cost.
+3. The dispatch timeout runs from when a batch became the head (at its launch if none
+   was in flight, else when the previous one landed). On overrun its callers get
+   ``ExecutionFailed`` at once, health is ``OVERRUN`` (not ready; new requests get
+   ``Unavailable``; nothing more is launched) until that batch lands: the device is never
+   given work behind a program that may be stuck. The batches launched behind it run
+   after it and are answered normally. (An inline batch cannot be timed out: it is known
+   to be tiny.)
+4. Weights: acquired at ``prepare``, released by ``ran`` only when that batch lands, so
+   a model's weights are never evicted or replaced (a version is freed only once the
+   weight provider has every release) while a launched batch uses them; a reload's drain
+   counts launched batches because their requests stay in the table (``admitted``)
+   until they are answered at landing.
+5. Shutdown (``close``/``aclose``, or cancelling ``run``): queued requests fail
+   ``Unavailable("server shutting down")``, later requests are refused at once; a batch
+   already taken is launched -- unless the loop is cancelled while its weights load (its
+   in-flight slot is returned, its callers told ``Unavailable``) or while, prepared, it
+   waits for an overrunning head (then ``ran`` releases its weights too); every launched
+   batch is waited for and landed (shielded: a cancelled loop never abandons the
+   device). A ``prepare`` failure fails only its batch (it never reached the device: no
+   ``on_batch``); a launch or collect failure (``ResourceExhausted`` for memory) fails
+   only its batch, and the loop serves on.
+6. ``withdraw`` and deadlines as above: a withdrawn request in a launched batch has its
+   result dropped; a deadline passed by the time its batch lands is ``DeadlineExceeded``;
+   every admitted request is answered exactly once.
+
+The fair shares lag by at most ``d - 1`` batches (a batch is chosen before the ones in
+flight are charged; ``policy.py``). Health is an enum with a read-only property, not a
+flag callers can set. All clocks are Trio's, so ``trio.testing.MockClock`` gives exact,
+instant simulations.
 
 A lone request needs none of the loop's machinery (the host loop's pass)
 --------------------------------------------------------------------------
@@ -55,92 +128,16 @@ sleeps with nothing to do; it arms one **pass** (:meth:`Scheduler._pass`) instea
 runs after the callback that queued the request -- so every request of the same read is
 queued by then -- and, while requests keep arriving between passes, up to
 :data:`MAX_DEFERRED_PASSES` passes later (each one ``select`` of the host loop: a burst
-spread over a few reads still coalesces). The pass does exactly what the loop would:
-``expire``, ``next_batch``, shedding, then for a batch learned tiny whose weights are
-acquired without waiting (the executor's optional ``prepare_now``) the inline run,
-``ran``, ``complete`` and the answers; it repeats while the policy has batches. Anything
-else -- a batch that is not tiny or whose weights must load, a deadline sooner than the
-loop's sleep -- is handed to the loop (the batch taken is the loop's next, ``_handed``)
-and the loop is woken: the one crossing, paid only where the loop has work of its own.
-A pass runs only while the loop sleeps with nothing to do (``_idle``): nothing else is
-executing then, and the pass itself is synchronous, so the device still gets one
-execution at a time, and the policy sees the same calls in the same order.
-
-While a batch runs in the thread or a child task, the loop keeps failing expired
-queued requests and waits at most ``dispatch_timeout_seconds``. On overrun the
-batch's callers get ``ExecutionFailed`` at once, health becomes ``OVERRUN`` (not ready;
-new requests get ``Unavailable``) and the loop waits for the execution to return
-*before* anything else runs: the device is never given a second execution. That wait
-is shielded: a cancelled loop never abandons a running batch. (An inline batch cannot
-be timed out: it is known to be tiny.)
-
-Shutdown (``close``/``aclose``, or cancelling ``run``): queued requests fail with
-``Unavailable("server shutting down")``, the running execution is waited for, later
-requests are refused at once.
-
-Health is an enum with a read-only property, not a flag callers can set. All clocks
-are Trio's, so ``trio.testing.MockClock`` gives exact, instant simulations.
-
-The pipeline (``scheduler.pipeline_depth`` > 1)
------------------------------------------------
-With depth 1 (the CPU's default) the loop is exactly what is described above. On a GPU
-a small model's execution is mostly transfers and host work around a short program
-(docs/gpu.md): waiting for each batch's outputs before starting the next leaves the
-device idle through every transfer. With depth ``d`` > 1 and an executor that splits a
-batch in two (:class:`PipelinedExecutor`: a blocking ``launch`` -- gather, inputs to the
-device in one step, the asynchronous program call -- and a blocking ``collect`` --
-outputs to the host, scatter; or :class:`AsyncPipelinedExecutor`, the same as
-coroutines, for fakes on virtual time) the loop keeps up to ``d`` batches *launched*:
-
-* The **launcher** (the ``run`` task) asks the policy for a batch while fewer than ``d``
-  are in flight and health is ``READY``, ``prepare``\\ s it (weights acquired: a load on
-  demand overlaps the batches already on the device -- this is what makes prefetch
-  overlap) and launches it: with a blocking executor it is handed to a
-  :class:`~reactantserver.threads.DevicePipeline`, whose launch thread runs launches one
-  at a time in order and whose collect thread collects them in the same order, so a
-  collect blocked on batch N never holds up the launch of N+1; with an async one the
-  launcher awaits the launch itself (never two at once) and a child task collects.
-* The **collector** (a second task, shielded) lands batches strictly in launch order:
-  charges the device time, ``complete``\\ s, calls ``on_batch``, ``ran`` (weights
-  released), answers; it also runs the head's dispatch timeout and fails expired
-  queued requests.
-
-Invariants with several batches in flight (``tests/test_sched_pipeline.py`` checks them
-with Hypothesis against an honest asynchronous fake device in virtual time, and over the
-real ``DevicePipeline`` threads with a blocking executor -- what CUDA runs -- whose
-programs and weight loads finish when the test says):
-
-1. The device is given programs one launch at a time, in launch order, and they are
-   landed (completed, answered) in that order; at most ``d`` are launched and not landed.
-2. The learned cost is device time, completion to completion: a batch is charged from
-   ``max(its launch began, the previous batch's outputs were back)`` to its own outputs
-   being back, on the threads' clock (Trio's for an async executor). The charges of
-   back-to-back batches tile the device's busy time exactly; host wall time spent
-   waiting for an earlier batch is never charged to a later one.
-3. The dispatch timeout runs from when a batch became the device's *head* (the oldest
-   launched and not landed: at its launch if none was in flight, else when the previous
-   one landed). On overrun its callers get ``ExecutionFailed``, health is ``OVERRUN``
-   (new requests refused, nothing more launched) until that batch lands; the batches
-   launched behind it run after it and are answered normally.
-4. Weights: acquired at ``prepare``, released by ``ran`` only when that batch lands, so
-   a model's weights are never evicted or replaced (a version is freed only once the
-   weight provider has every release) while a launched batch uses them; a reload's drain
-   counts launched batches because their requests stay in the table (``admitted``)
-   until they are answered at landing.
-5. Shutdown: queued requests fail ``Unavailable``; a batch already taken is launched --
-   unless the loop is cancelled while its weights load (its in-flight slot is returned,
-   its callers told ``Unavailable``) or while, prepared, it waits for an overrunning
-   head (then ``ran`` releases its weights too); every launched batch is waited for and
-   landed (the collector is shielded), never abandoned. A ``prepare`` failure fails only its batch (it never reached the device:
-   no ``on_batch``); a launch or collect failure (``ResourceExhausted`` for memory)
-   fails only its batch, and the loop serves on.
-6. ``withdraw`` and deadlines as above: a withdrawn request in a launched batch has its
-   result dropped; a deadline passed by the time its batch lands is ``DeadlineExceeded``;
-   every admitted request is answered exactly once.
-
-Inline execution is a depth-1 affair: with ``d`` > 1 every batch goes through the
-pipeline. The fair shares lag by at most ``d - 1`` batches (a batch is chosen before the
-ones in flight are charged; ``policy.py``).
+spread over a few reads still coalesces). The pass is the loop's own turn, synchronous:
+``_tend``, ``next_batch``, shedding, then for a batch learned tiny whose weights are
+acquired without waiting (the executor's optional ``prepare_now``) the launch that
+completes at once (``_at_once``: run, land); it repeats while the policy has batches.
+Anything else -- a batch that is not tiny or whose weights must load, a deadline sooner
+than the loop's sleep -- is handed to the loop (the batch taken is the loop's next,
+``_handed``) and the loop is woken: the one crossing, paid only where the loop has work
+of its own. A pass runs only while the loop sleeps with nothing to do (``_idle``, so
+nothing is in flight) and only at depth 1: the device still gets one execution at a
+time, and the policy sees the same calls in the same order.
 
 Why one module of this size: the normal path, the dispatch timeout, deadlines, the
 failure paths and shutdown all answer the same table, and are only checkable side by
@@ -157,7 +154,7 @@ import math
 import time
 from collections.abc import Callable, Hashable, Sequence
 from functools import partial
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import attrs
 import outcome
@@ -188,73 +185,85 @@ MAX_DEFERRED_PASSES = 4
 #: ``answer(value, error)``: how the dispatch loop answers one request, exactly once.
 AnswerFn = Callable[[Any, BaseException | None], object]
 
+#: The batches' ``group`` type an executor reads (``Batch[ServedModel]`` in the worker).
+G = TypeVar("G")
 
-class Executor(Protocol):
-    """What the dispatch loop drives: a simulated cost model, or a test's fake."""
+# ------------------------------------------------------------------ executors
+# The shapes an executor comes in; ``_device`` turns one into the loop's ``Device``.
 
-    async def prepare(self, batch: Batch) -> None:
+
+class Executor(Protocol[G]):
+    """Depth 1 on Trio's clock: a simulated cost model, or a test's fake."""
+
+    async def prepare(self, batch: Batch[G]) -> None:
         """Make ``batch.model``'s weights resident. Not counted as compute time."""
 
-    async def execute(self, batch: Batch) -> Sequence[Any]:
+    async def execute(self, batch: Batch[G]) -> Sequence[Any]:
         """Run ``batch`` on the device; one result per request, in request order."""
         ...
 
 
 @runtime_checkable
-class BlockingExecutor(Protocol):
-    """An executor whose execution is one blocking call: the runtime's."""
+class BlockingExecutor(Protocol[G]):
+    """Depth 1, one blocking call per batch: the runtime's."""
 
-    async def prepare(self, batch: Batch) -> None:
+    async def prepare(self, batch: Batch[G]) -> None:
         """Make ``batch.model``'s weights resident. Not counted as compute time."""
 
-    def run(self, batch: Batch) -> Sequence[Any]:
+    def run(self, batch: Batch[G]) -> Sequence[Any]:
         """Gather, execute, scatter; blocking. Called on the device thread, or inline on
         the loop for a tiny program. One result per request, in request order."""
         ...
 
-    def ran(self, batch: Batch) -> None:
+    def ran(self, batch: Batch[G]) -> None:
         """Back on the loop after ``run``, whatever its outcome (release, statistics)."""
 
 
 @runtime_checkable
-class PreparesNow(Protocol):
+class PreparesNow(Protocol[G]):
     """Optional executor extension: ``prepare`` when it needs no waiting."""
 
-    def prepare_now(self, batch: Batch) -> bool:
+    def prepare_now(self, batch: Batch[G]) -> bool:
         """``prepare`` ``batch`` synchronously if its weights are acquired without a wait
         (resident, nothing in the way), True; else nothing is done and False."""
         ...
 
 
 @runtime_checkable
-class PipelinedExecutor(Protocol):
+class PipelinedExecutor(Protocol[G]):
     """A :class:`BlockingExecutor` whose ``run`` splits in two, for ``pipeline_depth`` > 1."""
 
-    async def prepare(self, batch: Batch) -> None: ...
+    async def prepare(self, batch: Batch[G]) -> None: ...
 
-    def launch(self, batch: Batch) -> Any:
+    def launch(self, batch: Batch[G]) -> Any:
         """Gather, inputs to the device in one step, the asynchronous program call; returns
         a handle as soon as the program is queued (on the launch thread, in order)."""
 
-    def collect(self, batch: Batch, handle: Any) -> Sequence[Any]:
+    def collect(self, batch: Batch[G], handle: Any) -> Sequence[Any]:
         """Wait for ``launch``'s outputs to reach the host and scatter them: one result per
         request (on the collect thread, in launch order)."""
         ...
 
-    def ran(self, batch: Batch) -> None:
+    def ran(self, batch: Batch[G]) -> None:
         """Back on the loop when the batch has landed, whatever its outcome."""
 
 
-class AsyncPipelinedExecutor(Protocol):
+class AsyncPipelinedExecutor(Protocol[G]):
     """:class:`PipelinedExecutor` as coroutines: a fake device on Trio's (virtual) clock."""
 
-    async def prepare(self, batch: Batch) -> None: ...
+    async def prepare(self, batch: Batch[G]) -> None: ...
 
-    async def launch(self, batch: Batch) -> Any: ...
+    async def launch(self, batch: Batch[G]) -> Any: ...
 
-    async def collect(self, batch: Batch, handle: Any) -> Sequence[Any]: ...
+    async def collect(self, batch: Batch[G], handle: Any) -> Sequence[Any]: ...
 
-    def ran(self, batch: Batch) -> None: ...
+    def ran(self, batch: Batch[G]) -> None: ...
+
+
+#: Any executor shape the scheduler accepts.
+AnyExecutor = (
+    Executor[Any] | BlockingExecutor[Any] | PipelinedExecutor[Any] | AsyncPipelinedExecutor[Any]
+)
 
 
 def can_pipeline(executor: object) -> bool:
@@ -308,21 +317,144 @@ class SchedulerStatistics:
         return self.health is Health.READY
 
 
-#: The outcome of an execution not back yet.
+#: The outcome of a launched batch not back yet.
 _PENDING: Any = object()
+
+#: ``back(flight, outcome, started, finished)``: a device is done with ``flight``.
+Back = Callable[["Flight", outcome.Outcome[Any], float, float], None]
 
 
 @attrs.define(eq=False)
-class _Flight:
+class Flight:
     """One launched batch, from its launch to its landing."""
 
-    batch: Batch
+    batch: Batch[Any]
     #: Trio time when it became the device's head (its dispatch timeout runs from here).
     head_since: float = math.inf
-    #: ``(outcome, launch began, outputs back)`` once it is back (the clock: the
-    #: pipeline threads', or Trio's for an async executor).
+    #: ``(outcome, launch began, outputs back)`` once it is back (the device's clock).
     result: Any = _PENDING
     overran: bool = False
+    #: Run on the loop itself (a launch that completed at once).
+    inline: bool = False
+
+
+class Device(Protocol):
+    """What the loop drives: the one protocol between it and the device.
+
+    ``waits`` says whether ``launch`` may wait (then a watch tends the flight
+    meanwhile). ``run`` owns the device's threads or tasks (started in the loop's nursery);
+    ``launch`` hands over one prepared batch and returns once the device has it; its
+    outcome comes back later as ``back(flight, outcome, started, finished)`` on the loop,
+    ``started``/``finished`` on the device's own clock. A device that can no longer take
+    work (its owner cancelled: shutting down) answers ``Unavailable`` through ``back``.
+    """
+
+    waits: bool
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the device until cancelled; every launch handed over still comes back."""
+
+    async def launch(self, flight: Flight) -> None: ...
+
+
+class _OnThread:
+    """A :class:`BlockingExecutor` at depth 1: ``run`` on the device thread."""
+
+    def __init__(self, executor: BlockingExecutor[Any], back: Back) -> None:
+        self._run = executor.run
+        self._back = back
+        self.waits = False
+        self._thread = DeviceThread()
+        self.run = self._thread.run
+
+    async def launch(self, flight: Flight) -> None:
+        try:
+            self._thread.submit(partial(self._run, flight.batch), partial(self._back, flight))
+        except RuntimeError:  # the thread's owner is cancelled: shutting down
+            self._back(flight, outcome.Error(Unavailable(SHUTTING_DOWN)), 0.0, 0.0)
+
+
+class _OnPipeline:
+    """A :class:`PipelinedExecutor` at depth > 1: the launch and collect threads."""
+
+    def __init__(self, executor: PipelinedExecutor[Any], back: Back) -> None:
+        self._executor = executor
+        self._back = back
+        self.waits = False
+        self._pipe = DevicePipeline()
+        self.run = self._pipe.run
+
+    async def launch(self, flight: Flight) -> None:
+        executor, batch = self._executor, flight.batch
+        try:
+            self._pipe.submit(
+                partial(executor.launch, batch),
+                partial(executor.collect, batch),
+                partial(self._back, flight),
+            )
+        except RuntimeError:  # the pipeline's owner is cancelled: shutting down
+            self._back(flight, outcome.Error(Unavailable(SHUTTING_DOWN)), 0.0, 0.0)
+
+
+class _OnTasks:
+    """An async executor on Trio's clock: ``execute`` (depth 1), or ``launch`` awaited by
+    the loop and ``collect`` (depth > 1), in child tasks of ``run``."""
+
+    def __init__(self, executor: Any, back: Back, *, split: bool) -> None:
+        self._executor = executor
+        self._back = back
+        self._split = split
+        self.waits = split
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    async def launch(self, flight: Flight) -> None:
+        nursery = self._nursery
+        assert nursery is not None
+        started = trio.current_time()
+        if not self._split:
+            nursery.start_soon(self._finish, flight, self._executor.execute, (), started)
+            return
+        try:
+            with trio.CancelScope(shield=True):  # a launch is never cut in half
+                handle = await self._executor.launch(flight.batch)
+        except Exception as exc:
+            self._back(flight, outcome.Error(exc), started, trio.current_time())
+            return
+        nursery.start_soon(self._finish, flight, self._executor.collect, (handle,), started)
+
+    async def _finish(
+        self, flight: Flight, step: Callable[..., Any], args: tuple[Any, ...], started: float
+    ) -> None:
+        try:
+            # Shielded: a launched batch is never abandoned, not even by a cancelled run.
+            with trio.CancelScope(shield=self._split):
+                result: outcome.Outcome[Any] = outcome.Value(await step(flight.batch, *args))
+        except Exception as exc:
+            result = outcome.Error(exc)
+        except BaseException:
+            # Cancelled (abrupt shutdown): its callers hear so, and it still lands.
+            self._back(
+                flight, outcome.Error(Unavailable(SHUTTING_DOWN)), started, trio.current_time()
+            )
+            raise
+        self._back(flight, result, started, trio.current_time())
+
+
+def _device(executor: Any, depth: int, back: Back) -> tuple[Device, bool]:
+    """The device ``executor`` is driven through at ``depth``, and whether it blocks."""
+    if depth > 1:
+        if inspect.iscoroutinefunction(getattr(executor, "launch", None)):
+            return _OnTasks(executor, back, split=True), False
+        return _OnPipeline(executor, back), True
+    if isinstance(executor, BlockingExecutor):
+        return _OnThread(executor, back), True
+    return _OnTasks(executor, back, split=False), False
 
 
 class Scheduler:
@@ -348,11 +480,11 @@ class Scheduler:
     def __init__(
         self,
         config: SchedulerConfig,
-        executor: Executor | BlockingExecutor,
+        executor: AnyExecutor,
         *,
         policy: SchedulingPolicy | None = None,
         inline_max_seconds: float | None = None,
-        on_batch: Callable[[Batch, float], None] | None = None,
+        on_batch: Callable[[Batch[Any], float], None] | None = None,
         pipeline_depth: int | None = None,
         soon: Callable[[Callable[[], object]], bool] | None = None,
     ) -> None:
@@ -381,31 +513,33 @@ class Scheduler:
         self._policy = (
             policy if policy is not None else SchedulingPolicy(config, max_in_flight=depth)
         )
-        self._executor = executor
-        self._blocking = isinstance(executor, BlockingExecutor) or (
-            depth > 1 and not inspect.iscoroutinefunction(getattr(executor, "launch", None))
+        self._executor: Any = executor
+        #: The one device the loop drives, and whether it runs blocking calls (threads).
+        self._device, self._blocking = _device(executor, depth, self._back)
+        #: ``ran`` at landing (every shape but ``execute``, which releases for itself).
+        self._ran: Callable[[Batch[Any]], None] | None = (
+            getattr(executor, "ran", None) if self._blocking or depth > 1 else None
         )
-        self._device = DeviceThread() if self._blocking and depth == 1 else None
-        #: The launch and collect threads of a pipelined blocking executor.
-        self._pipe = DevicePipeline() if self._blocking and depth > 1 else None
-        #: Launched batches not landed yet, in launch order (the pipeline only).
-        self._flight: collections.deque[_Flight] = collections.deque()
-        #: When the last landed batch's outputs were back (the pipeline's device clock).
+        #: Blocking ``run`` on the loop, for a launch that completes at once.
+        self._run_inline: Callable[[Batch[Any]], Sequence[Any]] | None = (
+            executor.run if isinstance(executor, BlockingExecutor) and depth == 1 else None
+        )
+        #: Launched batches not landed yet, in launch order; the oldest is the head.
+        self._flight: collections.deque[Flight] = collections.deque()
+        #: When the last landed batch's outputs were back (the device's clock).
         self._last_back = -math.inf
-        self._launcher_done = False
-        #: Wakes the collector: a batch was launched or came back, or the launcher ended.
-        self._collected = trio.Event()
-        self._pipelined = 0
         #: Batches learned to cost less than this run inline (0: never). The worker
         #: passes 0 off the CPU backend; by default the configured value.
         self._inline_max = (
             config.inline_max_seconds if inline_max_seconds is None else inline_max_seconds
         )
+        if self._run_inline is None:
+            self._inline_max = 0.0
         self._timeout = config.dispatch_timeout_seconds
         if self._timeout <= 0:
             self._timeout = math.inf
         #: Runs a pass on the host loop (None: every batch is the dispatch loop's).
-        self._soon = soon if self._blocking and depth == 1 and self._inline_max > 0 else None
+        self._soon = soon if self._inline_max > 0 else None
         #: A pass is armed; requests admitted so far (a pass is put off while they grow),
         #: and by how many passes the armed one was put off.
         self._pass_armed = False
@@ -413,7 +547,7 @@ class Scheduler:
         self._arrivals_seen = 0
         self._deferred = 0
         #: A batch a pass took and left to the loop: the loop's next (depth 1 only).
-        self._handed: Batch | None = None
+        self._handed: Batch[Any] | None = None
         #: The executor's ``prepare_now``, if it has one (asked once: a runtime-checkable
         #: Protocol's ``isinstance`` costs more than the pass it would be asked in).
         self._prepare_now = executor.prepare_now if isinstance(executor, PreparesNow) else None
@@ -425,16 +559,17 @@ class Scheduler:
         self._wakeup = trio.Event()
         self._idle = False
         self._wake_at = -math.inf
-        self._outcome: Any = _PENDING
         self._stopped = trio.Event()
         self._started = False
         self._health = Health.STARTING
-        self._executing: Batch | None = None
+        #: The batch being prepared (or run inline), not launched yet.
+        self._executing: Batch[Any] | None = None
         self._prefetching = False
         self._overruns = 0
         self._failed = 0
         self._inline = 0
         self._threaded = 0
+        self._pipelined = 0
 
     # ------------------------------------------------------------ the registry
 
@@ -639,18 +774,17 @@ class Scheduler:
         self._started = True
         try:
             async with trio.open_nursery() as nursery:
-                if self._device is not None:
-                    await nursery.start(self._device.run)
-                if self._pipe is not None:
-                    await nursery.start(self._pipe.run)
+                await nursery.start(self._device.run)
                 if self._health is Health.STARTING:
                     self._health = Health.READY
                 task_status.started()
-                if self.pipeline_depth > 1:
-                    await self._pipeline(nursery)
-                else:
+                try:
                     await self._loop(nursery)
-                nursery.cancel_scope.cancel()  # the device thread and any prefetch
+                finally:
+                    # Every launched batch lands before run() goes on: never abandoned.
+                    with trio.CancelScope(shield=True):
+                        await self._drain()
+                nursery.cancel_scope.cancel()  # the device's owner and any prefetch
         finally:
             self._shut(running=True)
             self._stopped.set()
@@ -680,19 +814,17 @@ class Scheduler:
     # ---------------------------------------------------------------- the loop
 
     async def _loop(self, nursery: trio.Nursery) -> None:
-        """Take batches: at depth 1 ``_dispatch`` each (it returns once the batch is
-        answered); in the pipeline ``_launch`` each while fewer than ``pipeline_depth``
-        are in flight and the head has not overrun (the launcher)."""
+        """Tend the flight, then take and launch a batch while fewer than
+        ``pipeline_depth`` are in flight and health is ``READY``; else sleep."""
         policy = self._policy
+        flight = self._flight
         depth = self.pipeline_depth
-        step = self._dispatch if depth == 1 else self._launch
         while not policy.closed:
             now = trio.current_time()
-            self._expire(now)
-            if len(self._flight) >= depth or self._health is Health.OVERRUN:
-                # The pipeline: woken by the collector when a batch lands (or by a
-                # sooner deadline). At depth 1 neither holds here.
-                await self._sleep(policy.next_deadline(), idle=False)
+            self._tend(now)
+            if len(flight) >= depth or self._health is Health.OVERRUN:
+                # Woken when a batch comes back (or by a sooner deadline).
+                await self._sleep(self._until(), idle=False)
                 continue
             batch, self._handed = self._handed, None
             if batch is None:
@@ -702,14 +834,42 @@ class Scheduler:
                 batch = decision.batch
             if batch is None:
                 # No checkpoint since next_batch: nothing can have slipped in.
-                await self._sleep(policy.next_deadline(), idle=True)
+                await self._sleep(self._until(), idle=True)
                 continue
-            await step(nursery, batch)
+            await self._launch(nursery, batch)
+
+    async def _drain(self) -> None:
+        """Tend the flight until every launched batch has landed (run is ending)."""
+        while self._flight:
+            self._tend(trio.current_time())
+            if self._flight:
+                await self._sleep(self._until(), idle=False)
+
+    def _tend(self, now: float) -> None:
+        """Land what came back (launch order), fail expired queued requests, run the head's
+        dispatch timeout. ``_until`` then says when to look again."""
+        flight = self._flight
+        while flight and flight[0].result is not _PENDING:
+            self._land(flight.popleft())
+            if flight:
+                flight[0].head_since = now
+        self._expire(now)
+        if flight and not flight[0].overran and now >= flight[0].head_since + self._timeout:
+            flight[0].overran = True
+            self._overran(flight[0].batch)
+
+    def _until(self) -> float:
+        """When the loop must look again on its own: the soonest queued deadline, or the
+        head's timeout if sooner."""
+        until = self._policy.next_deadline()
+        if self._flight and not self._flight[0].overran:
+            until = min(until, self._flight[0].head_since + self._timeout)
+        return until
 
     async def _sleep(self, until: float, *, idle: bool) -> None:
         """Sleep until ``_wakeup`` is set or ``until``. ``idle``: waiting for work, so
-        any new request wakes it; otherwise only a sooner deadline (or the execution
-        returning) does."""
+        any new request wakes it; otherwise only a sooner deadline (or a batch coming
+        back) does."""
         self._wakeup = wakeup = trio.Event()
         self._idle = idle
         self._wake_at = until
@@ -729,76 +889,69 @@ class Scheduler:
         self._wake_at = -math.inf
         self._wakeup.set()
 
-    # ------------------------------------------------------ the host loop's pass
+    async def _watch(self) -> None:
+        """Tend the flight while the loop waits on something else (a load behind it)."""
+        while True:
+            self._tend(trio.current_time())
+            await self._sleep(self._until(), idle=False)
 
-    def _arm_pass(self) -> None:
-        assert self._soon is not None
-        if self._soon(self._pass):
-            self._pass_armed = True
-            self._arrivals_seen = self._arrivals
-        else:  # no host loop (plain Trio): the loop's own way, from now on
-            self._soon = None
-            self._wake()
-
-    def _pass(self) -> None:
-        """Run what the sleeping loop would, for batches that run inline (module
-        docstring, "A lone request..."); hand the loop the rest."""
-        self._pass_armed = False
-        if not self._idle:
-            self._deferred = 0
-            return  # woken meanwhile (a close, a sooner deadline): the queue is the loop's
-        if self._arrivals != self._arrivals_seen and self._deferred < MAX_DEFERRED_PASSES:
-            self._deferred += 1  # requests still arriving: let the burst gather
-            self._arm_pass()
+    async def _watched(self, fn: Callable[[Any], Any], arg: Any) -> None:
+        """``await fn(arg)``; with batches in flight, the watch tends them meanwhile."""
+        if not self._flight:
+            await fn(arg)
             return
-        self._deferred = 0
-        policy = self._policy
-        executor: Any = self._executor
-        prepare_now = self._prepare_now
-        while self._idle and not policy.closed and self._health is Health.READY:
-            now = trio.current_time()
-            self._expire(now)
-            decision = policy.next_batch(now)
-            for request in decision.shed:
-                self._fail(request.seq, _shed_error(request))
-            batch = decision.batch
-            if batch is None:
-                if policy.next_deadline() < self._wake_at:
-                    self._wake()  # the loop must wake for a queued deadline sooner
-                return
-            if not self._inline_now(batch) or prepare_now is None or not prepare_now(batch):
-                self._handed = batch  # the loop prepares and runs it
-                self._wake()
-                return
-            self._executing = batch
-            try:
-                self._inline += 1
-                self._passed += 1
-                result, elapsed = _timed(executor.run, batch)
-                executor.ran(batch)
-                self._deliver(batch, result, elapsed, trio.current_time())
-            finally:
-                self._executing = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch)
+            result = await outcome.acapture(fn, arg)
+            nursery.cancel_scope.cancel()
+        result.unwrap()
 
-    def _inline_now(self, batch: Batch) -> bool:
-        """Whether ``batch`` runs inline on the loop (its learned cost is tiny)."""
-        return self._blocking and (batch.cost < self._inline_max or self._inline_max == math.inf)
+    # ------------------------------------------------------------- launching
 
-    def _expire(self, now: float) -> None:
-        for request in self._policy.expire(now):
-            self._fail(
-                request.seq,
-                DeadlineExceeded(
-                    f"model {request.model!r}: deadline passed after "
-                    f"{now - request.arrival:.3f} s waiting for the device"
-                ),
-            )
-
-    async def _prepared(self, batch: Batch) -> bool:
-        """``prepare`` ``batch`` (weights acquired; not timed); on failure fail only its
-        requests, charge nothing (it never reached the device) and say False."""
+    async def _launch(self, nursery: trio.Nursery, batch: Batch[Any]) -> None:
+        """Prepare ``batch`` (weights acquired), then launch it: on the loop when it is
+        tiny (it lands at once), else onto the device, queued for landing."""
+        self._executing = batch
         try:
-            await self._executor.prepare(batch)
+            if not await self._prepared(batch):
+                return
+            if self._inline_now(batch):
+                self._at_once(batch)
+                return
+        finally:
+            self._executing = None
+        # The head may have overrun while this batch's weights were loading: nothing is
+        # launched until it lands.
+        try:
+            while self._health is Health.OVERRUN:
+                self._tend(trio.current_time())
+                if self._health is Health.OVERRUN:
+                    await self._sleep(self._until(), idle=False)
+        except BaseException:
+            # Cancelled while waiting (shutdown): the batch never reaches the device, so
+            # it is given back here -- its weights released, its in-flight slot returned,
+            # its callers told -- or the pin would stop every later control command.
+            self._unlaunched(batch)
+            raise
+        flight = Flight(batch)
+        if self._device.waits:
+            await self._watched(self._device.launch, flight)
+        else:
+            await self._device.launch(flight)
+        if not self._flight:
+            flight.head_since = trio.current_time()
+        self._flight.append(flight)
+        self._maybe_prefetch(nursery)
+
+    async def _prepared(self, batch: Batch[Any]) -> bool:
+        """``prepare`` ``batch`` (weights acquired; not timed); on failure fail only its
+        requests, charge nothing (it never reached the device) and say False. Behind a
+        batch in flight, weights at hand are taken at once (``prepare_now``)."""
+        try:
+            if not self._flight:
+                await self._executor.prepare(batch)
+            elif self._prepare_now is None or not self._prepare_now(batch):
+                await self._watched(self._executor.prepare, batch)
         except Exception as exc:
             self._failed += 1
             self._policy.complete(batch, 0.0, trio.current_time(), ok=False)
@@ -812,209 +965,105 @@ class Scheduler:
             raise
         return True
 
-    async def _dispatch(self, nursery: trio.Nursery, batch: Batch) -> None:
-        executor = self._executor
-        self._executing = batch
+    def _inline_now(self, batch: Batch[Any]) -> bool:
+        """Whether ``batch`` runs inline on the loop (its learned cost is tiny)."""
+        return self._inline_max > 0 and (
+            batch.cost < self._inline_max or self._inline_max == math.inf
+        )
+
+    def _at_once(self, batch: Batch[Any]) -> None:
+        """The launch that completes at once: ``run`` on the loop, timed, landed."""
+        run = self._run_inline
+        assert run is not None
+        flight = Flight(batch, inline=True)
+        started = time.perf_counter()
         try:
-            if not await self._prepared(batch):
-                return
-            start = trio.current_time()
-            if self._inline_now(batch):
-                self._inline += 1
-                result: Any = _timed(executor.run, batch)  # type: ignore[union-attr]
-                executor.ran(batch)  # type: ignore[union-attr]
-            else:
-                self._threaded += 1
-                result = await self._execution(nursery, batch, start)
-                if result is None:  # overran: its requests were failed already
-                    now = trio.current_time()
-                    self._complete(batch, now - start, now, ok=False)
-                    return
-            now = trio.current_time()
-            if self._blocking:
-                # The cost sample is the run itself, timed where it ran: a hand-off to the
-                # device thread and back is not the program's cost (and would keep a tiny
-                # program that once ran on the thread from ever coming back inline).
-                result, elapsed = result
-            else:
-                elapsed = now - start
-            self._deliver(batch, result, elapsed, now)
-        finally:
-            self._executing = None
+            result: outcome.Outcome[Sequence[Any]] = outcome.Value(run(batch))
+        except Exception as exc:
+            result = outcome.Error(exc)
+        flight.result = (result, started, time.perf_counter())
+        self._land(flight)
 
-    async def _execution(self, nursery: trio.Nursery, batch: Batch, start: float) -> Any:
-        """Run ``batch`` off the loop and wait for it (see the module docstring); None when
-        it overran ``dispatch_timeout_seconds``, else what it came back with: on the
-        device thread ``(outcome, seconds it ran)``, in a child task the outcome."""
-        self._outcome = _PENDING
-        if self._device is not None:
-            self._device.submit(partial(_timed, self._executor.run, batch), self._returned)  # type: ignore[union-attr]
-        else:
-            nursery.start_soon(self._execute_async, batch)
-        self._maybe_prefetch(nursery)
-        overrun_at = start + self._timeout
-        overran = False
-        # Shielded: a cancelled loop still waits for the device (never two executions).
-        with trio.CancelScope(shield=True):
-            while self._outcome is _PENDING:
-                now = trio.current_time()
-                self._expire(now)
-                if not overran and now >= overrun_at:
-                    overran = True
-                    self._overran(batch)
-                until = self._policy.next_deadline()
-                await self._sleep(until if overran else min(until, overrun_at), idle=False)
-        result: Any = self._outcome
-        self._outcome = _PENDING
-        if self._device is not None:
-            self._executor.ran(batch)  # type: ignore[union-attr]
-            result = result.unwrap()  # the device thread's job is _timed: it never raises
-        if overran:
-            if self._health is Health.OVERRUN:
-                self._health = Health.READY
-                log.warning("model %r: the overrunning execution returned", batch.model)
-            return None
-        return result
-
-    # ------------------------------------------------------------ the pipeline
-
-    async def _pipeline(self, nursery: trio.Nursery) -> None:
-        """The launcher (``_loop``), with the collector beside it (see "The pipeline")."""
-        landed = trio.Event()
-        nursery.start_soon(self._collector, landed)
-        try:
-            await self._loop(nursery)
-        finally:
-            self._launcher_done = True
-            self._collected.set()
-            # Every launched batch lands before run() goes on: never abandoned.
-            with trio.CancelScope(shield=True):
-                await landed.wait()
-
-    async def _launch(self, nursery: trio.Nursery, batch: Batch) -> None:
-        """Prepare ``batch`` (weights acquired), then launch it and queue it for landing."""
-        executor: Any = self._executor
-        self._executing = batch
-        try:
-            if not await self._prepared(batch):
-                return
-        finally:
-            self._executing = None
-        # The head may have overrun while this batch's weights were loading: nothing is
-        # launched until it returns (the collector wakes the launcher when it lands).
-        try:
-            while self._health is Health.OVERRUN:
-                await self._sleep(self._policy.next_deadline(), idle=False)
-                self._expire(trio.current_time())
-        except BaseException:
-            # Cancelled while waiting (shutdown): the batch never reaches the device, so
-            # it is given back here -- its weights released, its in-flight slot returned,
-            # its callers told -- or the pin would stop every later control command.
-            self._unlaunched(batch)
-            raise
-        flight = _Flight(batch)
-        if self._pipe is not None:
-            try:
-                self._pipe.submit(
-                    partial(executor.launch, batch),
-                    partial(executor.collect, batch),
-                    partial(self._back, flight),
-                )
-            except RuntimeError:  # the pipeline's owner is cancelled: shutting down
-                flight.result = (outcome.Error(Unavailable(SHUTTING_DOWN)), 0.0, 0.0)
-        else:
-            started = trio.current_time()
-            try:
-                with trio.CancelScope(shield=True):  # a launch is never cut in half
-                    handle = await executor.launch(batch)
-            except Exception as exc:
-                flight.result = (outcome.Error(exc), started, trio.current_time())
-            else:
-                nursery.start_soon(self._collect_async, flight, handle, started)
-        if not self._flight:
-            flight.head_since = trio.current_time()
-        self._flight.append(flight)
-        self._collected.set()
-        self._maybe_prefetch(nursery)
-
-    def _unlaunched(self, batch: Batch) -> None:
+    def _unlaunched(self, batch: Batch[Any]) -> None:
         """Give back a prepared batch that will never be launched (see ``_launch``): no
         device time (and no ``on_batch``: it never reached the device), weights released."""
         self._policy.complete(batch, 0.0, trio.current_time(), ok=False)
-        ran = getattr(self._executor, "ran", None)
-        if ran is not None:
-            ran(batch)
+        if self._ran is not None:
+            self._ran(batch)
         self._fail_batch(batch, lambda: Unavailable(SHUTTING_DOWN))
 
     def _back(
-        self, flight: _Flight, result: outcome.Outcome[Any], started: float, ended: float
+        self, flight: Flight, result: outcome.Outcome[Any], started: float, ended: float
     ) -> None:
-        """On the loop: the pipeline threads (or the collect task) are done with ``flight``."""
+        """On the loop: the device is done with ``flight``; the loop (or the watch) lands
+        it in launch order."""
         flight.result = (result, started, ended)
-        self._collected.set()
+        self._wakeup.set()
 
-    async def _collect_async(self, flight: _Flight, handle: Any, started: float) -> None:
-        executor: Any = self._executor
-        try:
-            # Shielded: a launched batch is never abandoned, not even by a cancelled run.
-            with trio.CancelScope(shield=True):
-                result: outcome.Outcome[Any] = outcome.Value(
-                    await executor.collect(flight.batch, handle)
-                )
-        except Exception as exc:
-            result = outcome.Error(exc)
-        except BaseException:
-            # Cancelled (abrupt shutdown): its callers hear so, and it still lands.
-            self._back(
-                flight, outcome.Error(Unavailable(SHUTTING_DOWN)), started, trio.current_time()
-            )
-            raise
-        self._back(flight, result, started, trio.current_time())
+    # ------------------------------------------------------ the host loop's pass
 
-    async def _collector(self, landed: trio.Event) -> None:
-        """Land batches in launch order; the head's dispatch timeout; expiries. Shielded:
-        it returns only once the launcher has ended and nothing is in flight."""
-        flight = self._flight
+    def _arm_pass(self) -> None:
+        assert self._soon is not None
+        if self._soon(self._pass):
+            self._pass_armed = True
+            self._arrivals_seen = self._arrivals
+        else:  # no host loop (plain Trio): the loop's own way, from now on
+            self._soon = None
+            self._wake()
+
+    def _pass(self) -> None:
+        """The loop's turn, run by the host loop while the loop sleeps with nothing to do,
+        for batches that run inline (module docstring, "A lone request..."); hand the
+        loop the rest."""
+        self._pass_armed = False
+        if not self._idle:
+            self._deferred = 0
+            return  # woken meanwhile (a close, a sooner deadline): the queue is the loop's
+        if self._arrivals != self._arrivals_seen and self._deferred < MAX_DEFERRED_PASSES:
+            self._deferred += 1  # requests still arriving: let the burst gather
+            self._arm_pass()
+            return
+        self._deferred = 0
         policy = self._policy
-        with trio.CancelScope(shield=True):
-            while True:
-                while flight and flight[0].result is not _PENDING:
-                    self._land(flight.popleft())
-                    if flight:
-                        flight[0].head_since = trio.current_time()
-                    self._wakeup.set()  # a slot is free (or health changed): the launcher
-                if not flight and self._launcher_done:
-                    landed.set()
-                    return
-                now = trio.current_time()
-                self._expire(now)
-                until = policy.next_deadline()
-                if flight and not flight[0].overran:
-                    head = flight[0]
-                    overrun_at = head.head_since + self._timeout
-                    if now >= overrun_at:
-                        head.overran = True
-                        self._overran(head.batch)
-                    else:
-                        until = min(until, overrun_at)
-                self._collected = collected = trio.Event()
-                if until == math.inf:
-                    await collected.wait()
-                else:
-                    with trio.move_on_at(until):
-                        await collected.wait()
+        prepare_now = self._prepare_now
+        while self._idle and not policy.closed and self._health is Health.READY:
+            now = trio.current_time()
+            self._expire(now)  # the loop's _tend: nothing is in flight while it is idle
+            decision = policy.next_batch(now)
+            for request in decision.shed:
+                self._fail(request.seq, _shed_error(request))
+            batch = decision.batch
+            if batch is None:
+                if policy.next_deadline() < self._wake_at:
+                    self._wake()  # the loop must wake for a queued deadline sooner
+                return
+            if not self._inline_now(batch) or prepare_now is None or not prepare_now(batch):
+                self._handed = batch  # the loop prepares and launches it
+                self._wake()
+                return
+            self._executing = batch
+            try:
+                self._passed += 1
+                self._at_once(batch)
+            finally:
+                self._executing = None
 
-    def _land(self, flight: _Flight) -> None:
+    # --------------------------------------------------------------- landing
+
+    def _land(self, flight: Flight) -> None:
         """Charge, complete, release and answer one batch that came back (launch order)."""
         batch = flight.batch
         result, started, ended = flight.result
         seconds = max(0.0, ended - max(started, self._last_back))
         self._last_back = max(self._last_back, ended)
-        self._pipelined += 1
-        self._threaded += 1
-        ran = getattr(self._executor, "ran", None)
-        if ran is not None:
-            ran(batch)
+        if flight.inline:
+            self._inline += 1
+        else:
+            self._threaded += 1
+            if self.pipeline_depth > 1:
+                self._pipelined += 1
+        if self._ran is not None:
+            self._ran(batch)
         now = trio.current_time()
         if flight.overran:
             self._complete(batch, seconds, now, ok=False)
@@ -1024,25 +1073,9 @@ class Scheduler:
             return
         self._deliver(batch, result, seconds, now)
 
-    def _returned(self, result: outcome.Outcome[Any]) -> None:
-        """On the loop: the device thread (or the child task) is done with the batch."""
-        self._outcome = result
-        self._wakeup.set()
-
-    async def _execute_async(self, batch: Batch) -> None:
-        try:
-            result: outcome.Outcome[Sequence[Any]] = outcome.Value(
-                await self._executor.execute(batch)  # type: ignore[union-attr]
-            )
-        except Exception as exc:
-            result = outcome.Error(exc)
-        except BaseException:
-            # The run is being cancelled (abrupt shutdown): its callers hear so.
-            self._returned(outcome.Error(Unavailable(SHUTTING_DOWN)))
-            raise
-        self._returned(result)
-
-    def _overran(self, batch: Batch) -> None:
+    def _overran(self, batch: Batch[Any]) -> None:
+        """The head overran ``dispatch_timeout_seconds``: fail its callers now; not ready
+        until it lands (``_land``)."""
         self._overruns += 1
         self._failed += 1
         self._health = Health.OVERRUN
@@ -1061,6 +1094,16 @@ class Scheduler:
                 f"scheduler.dispatch_timeout_seconds={self.config.dispatch_timeout_seconds}"
             ),
         )
+
+    def _expire(self, now: float) -> None:
+        for request in self._policy.expire(now):
+            self._fail(
+                request.seq,
+                DeadlineExceeded(
+                    f"model {request.model!r}: deadline passed after "
+                    f"{now - request.arrival:.3f} s waiting for the device"
+                ),
+            )
 
     def _deliver(
         self, batch: Batch, result: outcome.Outcome[Sequence[Any]], elapsed: float, now: float
@@ -1148,18 +1191,6 @@ class Scheduler:
     def _fail_batch(self, batch: Batch, make_error: Callable[[], BaseException]) -> None:
         for request in batch.requests:
             self._fail(request.seq, make_error())
-
-
-def _timed(
-    run: Callable[[Batch], Sequence[Any]], batch: Batch
-) -> tuple[outcome.Outcome[Sequence[Any]], float]:
-    """``run(batch)``'s outcome and how long it took, measured on the thread it ran on."""
-    started = time.perf_counter()
-    try:
-        result: outcome.Outcome[Sequence[Any]] = outcome.Value(run(batch))
-    except Exception as exc:
-        result = outcome.Error(exc)
-    return result, time.perf_counter() - started
 
 
 def _shed_error(request: Request) -> DeadlineExceeded:

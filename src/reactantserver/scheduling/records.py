@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Hashable, Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import attrs
+
+#: What a batch's ``group`` is: the caller's coalescing key, which the worker makes the
+#: ``ServedModel`` its requests were admitted against (``Batch[ServedModel]``).
+G = TypeVar("G")
 
 
 class RequestState(enum.Enum):
@@ -49,8 +53,13 @@ class Request:
 
 
 @attrs.frozen
-class Batch:
-    """One dispatch: ``requests`` of ``model`` (FIFO order) run at padded ``size``."""
+class Batch(Generic[G]):
+    """One dispatch: ``requests`` of ``model`` (FIFO order) run at padded ``size``.
+
+    ``group`` is the requests' common coalescing key (``Request.group``), typed by the
+    caller: the worker's batches are ``Batch[ServedModel]``, so its executor reads the
+    version a batch runs on as a typed field.
+    """
 
     #: Dispatch number, unique and increasing.
     seq: int
@@ -58,7 +67,7 @@ class Batch:
     size: int
     requests: tuple[Request, ...]
     rows: int
-    group: Hashable
+    group: G
     #: When the core handed it out.
     started: float
     #: The learned cost of one dispatch of this model at ``size``: its fastest run
