@@ -187,6 +187,39 @@ async def test_the_head_overruns_the_one_behind_it_still_runs_and_nothing_more_l
     assert [round(s, 6) for _, s in charged] == [20.0, 1.0, 1.0]
 
 
+async def test_the_flight_is_tended_while_the_next_batch_s_weights_load(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Depth 2, timeout 2 s, loads of 10 s: while the loop waits for ``b``'s weights
+    (queued at 10.5 s, loaded at 20.5 s) behind ``a`` (launched at 10 s, a 3 s program),
+    the flight is still tended: ``a``'s caller gets ExecutionFailed at its timeout (12 s),
+    ``a`` lands at 13 s and health is READY again then -- neither waits for the load --
+    and ``b`` is answered once its own program has run."""
+    gpu = FakeGpu(lambda b: 3.0 if b.model == "a" else 1.0, t_load=10.0)
+    scheduler, charged = make(gpu, 2, dispatch_timeout_seconds=2.0, discipline="fifo")
+    got: dict[Any, Any] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(scheduler.run)
+        t0 = trio.current_time()
+        scheduler.enqueue("a", "a", answer=answers_into(got, "a"))
+        await trio.sleep_until(t0 + 10.5)
+        assert scheduler.statistics().in_flight == ("a",)
+        scheduler.enqueue("b", "b", answer=answers_into(got, "b"))
+        await trio.sleep_until(t0 + 12.0 + 1e-6)
+        assert isinstance(got["a"][2], ExecutionFailed)
+        assert got["a"][0] - t0 == pytest.approx(12.0)
+        assert scheduler.health is Health.OVERRUN
+        await trio.sleep_until(t0 + 13.0 + 1e-6)
+        assert scheduler.health is Health.READY
+        assert [b.model for b, _ in charged] == ["a"]  # landed during b's load
+        assert "b" not in got
+        while "b" not in got:
+            await trio.sleep(0.1)
+        await scheduler.aclose()
+    assert got["b"][1] == ("out", "b") and got["b"][0] - t0 == pytest.approx(21.5)
+    assert gpu.loads == 2 and not gpu.violations
+
+
 async def test_shutdown_fails_the_queue_and_lands_every_launched_batch(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
