@@ -334,8 +334,6 @@ class Flight:
     #: ``(outcome, launch began, outputs back)`` once it is back (the device's clock).
     result: Any = _PENDING
     overran: bool = False
-    #: Run on the loop itself (a launch that completed at once).
-    inline: bool = False
 
 
 class Device(Protocol):
@@ -850,7 +848,9 @@ class Scheduler:
         dispatch timeout. ``_until`` then says when to look again."""
         flight = self._flight
         while flight and flight[0].result is not _PENDING:
-            self._land(flight.popleft())
+            head = flight.popleft()
+            result, started, ended = head.result
+            self._land(head.batch, result, started, ended, head.overran, False)
             if flight:
                 flight[0].head_since = now
         self._expire(now)
@@ -975,14 +975,12 @@ class Scheduler:
         """The launch that completes at once: ``run`` on the loop, timed, landed."""
         run = self._run_inline
         assert run is not None
-        flight = Flight(batch, inline=True)
         started = time.perf_counter()
         try:
             result: outcome.Outcome[Sequence[Any]] = outcome.Value(run(batch))
         except Exception as exc:
             result = outcome.Error(exc)
-        flight.result = (result, started, time.perf_counter())
-        self._land(flight)
+        self._land(batch, result, started, time.perf_counter(), False, True)
 
     def _unlaunched(self, batch: Batch[Any]) -> None:
         """Give back a prepared batch that will never be launched (see ``_launch``): no
@@ -1050,13 +1048,20 @@ class Scheduler:
 
     # --------------------------------------------------------------- landing
 
-    def _land(self, flight: Flight) -> None:
-        """Charge, complete, release and answer one batch that came back (launch order)."""
-        batch = flight.batch
-        result, started, ended = flight.result
+    def _land(
+        self,
+        batch: Batch[Any],
+        result: outcome.Outcome[Sequence[Any]],
+        started: float,
+        ended: float,
+        overran: bool,
+        inline: bool,
+    ) -> None:
+        """Charge, complete, release and answer one batch that came back (launch order):
+        a flight's, or one run at once (``inline``)."""
         seconds = max(0.0, ended - max(started, self._last_back))
         self._last_back = max(self._last_back, ended)
-        if flight.inline:
+        if inline:
             self._inline += 1
         else:
             self._threaded += 1
@@ -1065,7 +1070,7 @@ class Scheduler:
         if self._ran is not None:
             self._ran(batch)
         now = trio.current_time()
-        if flight.overran:
+        if overran:
             self._complete(batch, seconds, now, ok=False)
             if self._health is Health.OVERRUN:
                 self._health = Health.READY
