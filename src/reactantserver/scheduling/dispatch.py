@@ -355,43 +355,32 @@ class Device(Protocol):
     async def launch(self, flight: Flight) -> None: ...
 
 
-class _OnThread:
-    """A :class:`BlockingExecutor` at depth 1: ``run`` on the device thread."""
+class _OnThreads:
+    """A blocking executor on the device's threads: at depth 1 ``run`` on the one
+    :class:`~reactantserver.threads.DeviceThread`; deeper, ``launch`` then ``collect`` on
+    a :class:`~reactantserver.threads.DevicePipeline`. Both answer ``back`` the same way."""
 
-    def __init__(self, executor: BlockingExecutor[Any], back: Back) -> None:
-        self._run = executor.run
-        self._back = back
-        self.waits = False
-        self._thread = DeviceThread()
-        self.run = self._thread.run
+    waits = False
 
-    async def launch(self, flight: Flight) -> None:
-        try:
-            self._thread.submit(partial(self._run, flight.batch), partial(self._back, flight))
-        except RuntimeError:  # the thread's owner is cancelled: shutting down
-            self._back(flight, outcome.Error(Unavailable(SHUTTING_DOWN)), 0.0, 0.0)
-
-
-class _OnPipeline:
-    """A :class:`PipelinedExecutor` at depth > 1: the launch and collect threads."""
-
-    def __init__(self, executor: PipelinedExecutor[Any], back: Back) -> None:
+    def __init__(self, executor: Any, back: Back, *, depth: int) -> None:
         self._executor = executor
         self._back = back
-        self.waits = False
-        self._pipe = DevicePipeline()
-        self.run = self._pipe.run
+        self._threads: DeviceThread | DevicePipeline = (
+            DeviceThread() if depth == 1 else DevicePipeline()
+        )
+        self.run = self._threads.run
 
     async def launch(self, flight: Flight) -> None:
-        executor, batch = self._executor, flight.batch
+        executor, batch, back = self._executor, flight.batch, partial(self._back, flight)
         try:
-            self._pipe.submit(
-                partial(executor.launch, batch),
-                partial(executor.collect, batch),
-                partial(self._back, flight),
-            )
-        except RuntimeError:  # the pipeline's owner is cancelled: shutting down
-            self._back(flight, outcome.Error(Unavailable(SHUTTING_DOWN)), 0.0, 0.0)
+            if isinstance(self._threads, DeviceThread):
+                self._threads.submit(partial(executor.run, batch), back)
+            else:
+                self._threads.submit(
+                    partial(executor.launch, batch), partial(executor.collect, batch), back
+                )
+        except RuntimeError:  # the threads' owner is cancelled: shutting down
+            back(outcome.Error(Unavailable(SHUTTING_DOWN)), 0.0, 0.0)
 
 
 class _OnTasks:
@@ -402,6 +391,7 @@ class _OnTasks:
         self._executor = executor
         self._back = back
         self._split = split
+        #: The loop awaits an async ``launch``: a watch tends the flight meanwhile.
         self.waits = split
         self._nursery: trio.Nursery | None = None
 
@@ -449,9 +439,9 @@ def _device(executor: Any, depth: int, back: Back) -> tuple[Device, bool]:
     if depth > 1:
         if inspect.iscoroutinefunction(getattr(executor, "launch", None)):
             return _OnTasks(executor, back, split=True), False
-        return _OnPipeline(executor, back), True
+        return _OnThreads(executor, back, depth=depth), True
     if isinstance(executor, BlockingExecutor):
-        return _OnThread(executor, back), True
+        return _OnThreads(executor, back, depth=1), True
     return _OnTasks(executor, back, split=False), False
 
 
