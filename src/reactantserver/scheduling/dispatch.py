@@ -67,9 +67,11 @@ batch lands on the spot -- for a program of tens of microseconds a thread hand-o
 more than the program. A batch never measured at its size has cost ``inf``: a slow
 program never runs inline. Inline execution is a depth-1 affair.
 
-While a batch waits for weights to load behind a batch in flight (``prepare`` awaited
-with ``d`` > 1), a **watch** task tends the flight meanwhile, so batches still land and
-the head's timeout still runs.
+While the loop waits on something else with batches in flight (weights loading behind
+them, or an async ``launch``; ``d`` > 1 only), a **watch** task tends the flight
+meanwhile, so batches still land and the head's timeout still runs. Behind a batch in
+flight, weights at hand are taken with the executor's ``prepare_now`` (no task at all);
+at depth 1 nothing is in flight while a batch is prepared, so no watch is ever needed.
 
 Invariants (``tests/test_sched_pipeline.py`` checks them with Hypothesis against an honest
 asynchronous fake device in virtual time, and over the real ``DevicePipeline`` threads
