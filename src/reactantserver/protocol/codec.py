@@ -305,7 +305,8 @@ def from_message(message: pb.ModelInferRequest) -> InferRequest:
 # ------------------------------------------------------------------------------ writing
 
 
-def _varint(value: int) -> bytes:
+def encode_varint(value: int) -> bytes:
+    """``value`` as a protobuf varint."""
     value &= _MASK64  # negative int64: ten bytes of two's complement, as protobuf does
     if value < 0x80:
         return _SMALL[value]
@@ -321,12 +322,12 @@ _SMALL = [bytes([i]) for i in range(0x80)]
 
 
 def _tag(number: int, wire: int) -> bytes:
-    return _varint(number << 3 | wire)
+    return encode_varint(number << 3 | wire)
 
 
 def _len_field(parts: list[Any], tag: bytes, payload: bytes | memoryview) -> None:
     parts.append(tag)
-    parts.append(_varint(len(payload) if isinstance(payload, bytes) else payload.nbytes))
+    parts.append(encode_varint(len(payload) if isinstance(payload, bytes) else payload.nbytes))
     parts.append(payload)
 
 
@@ -343,7 +344,7 @@ def _output_tensor(tensor: OutputTensor) -> bytes:
     if tensor.datatype:
         _len_field(parts, _T_DATATYPE, tensor.datatype.encode())
     if tensor.shape:
-        _len_field(parts, _T_SHAPE, b"".join([_varint(d) for d in tensor.shape]))
+        _len_field(parts, _T_SHAPE, b"".join([encode_varint(d) for d in tensor.shape]))
     for key, param in tensor.parameters.items():
         entry: list[Any] = []
         if key:
@@ -385,7 +386,7 @@ def stream_response_head(size: int) -> bytes:
     """What goes before a serialized ``ModelInferResponse`` of ``size`` bytes to make it a
     ``ModelStreamInferResponse`` carrying it (its ``infer_response``, no error): the
     response's pieces follow unjoined, so its tensors are not copied."""
-    return _T_INFER_RESPONSE + _varint(size)
+    return _T_INFER_RESPONSE + encode_varint(size)
 
 
 def encode_stream_error(request: bytes | memoryview, message: str) -> list[bytes | memoryview]:
@@ -395,7 +396,9 @@ def encode_stream_error(request: bytes | memoryview, message: str) -> list[bytes
     out: list[bytes | memoryview] = []
     _len_field(out, _T_ERROR_MESSAGE, message.encode())
     request_id = peek_request_id(request)
-    inner = [_T_ID, _varint(len(request_id.encode())), request_id.encode()] if request_id else []
+    inner = (
+        [_T_ID, encode_varint(len(request_id.encode())), request_id.encode()] if request_id else []
+    )
     _len_field(out, _T_INFER_RESPONSE, b"".join(inner))
     return out
 

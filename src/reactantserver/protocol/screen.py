@@ -57,6 +57,7 @@ from betterproto.lib.google.protobuf import (
 
 from reactantserver.errors import InvalidArgument
 
+from .codec import encode_varint
 from .reflection import load_descriptor_set, parsed_files
 from .wire_reader import I32, I64, LEN, VARINT, Budget, Reader
 
@@ -195,7 +196,7 @@ def _screen(r: Reader, fields: Mapping[int, _Field]) -> bytes | None:
                 if inner is not None:
                     pieces.append(buf[kept:at])
                     pieces.append(buf[at:head])  # the tag, then the new length
-                    pieces.append(_varint(len(inner)))
+                    pieces.append(encode_varint(len(inner)))
                     pieces.append(inner)
                     kept, changed = end, True
             else:
@@ -206,15 +207,6 @@ def _screen(r: Reader, fields: Mapping[int, _Field]) -> bytes | None:
         return None
     pieces.append(buf[kept : r.end])
     return b"".join(pieces)
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def decode_message(data: bytes | memoryview, message_type: type[_M]) -> _M:
