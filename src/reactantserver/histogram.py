@@ -3,11 +3,13 @@
 Request paths call ``observe`` (a bisect and two additions); the metrics collector
 calls ``snapshot`` at scrape time and gets a frozen record in the shape
 ``HistogramMetricFamily`` takes: cumulative ``(upper bound, count)`` pairs ending
-with ``+Inf``, and the sum of observed values.
+with ``+Inf``, and the sum of observed values. The simulators keep every latency
+instead and report its nearest-rank :func:`percentile`.
 """
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections.abc import Sequence
 
@@ -50,3 +52,11 @@ class Histogram:
             cumulative += n
             pairs.append((bound, cumulative))
         return HistogramSnapshot(tuple(pairs), self._sum)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile (nearest rank) of ``values``; NaN when empty."""
+    if not values:
+        return math.nan
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 
 import attrs
 
+from reactantserver.histogram import percentile
+
 __all__ = [
     "FleetModelReport",
     "FleetReport",
@@ -189,11 +191,3 @@ class FleetReport:
         if rows is not None and rows < len(self.models):
             out.append(f"{'...':>6} ({len(self.models) - rows} more)")
         return "\n".join(out)
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-quantile (nearest rank) of ``values``; NaN when empty."""
-    if not values:
-        return math.nan
-    values = sorted(values)
-    return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]

@@ -49,6 +49,7 @@ from reactantserver.config import SchedulerConfig
 from reactantserver.errors import DeadlineExceeded, ExecutionFailed, ResourceExhausted
 from reactantserver.floatmath import expovariate, log
 from reactantserver.floatmath import pow as fpow
+from reactantserver.histogram import percentile
 
 from .dispatch import Scheduler
 from .policy import SchedulingPolicy
@@ -353,13 +354,6 @@ class SimulationReport:
         return "\n".join(out)
 
 
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return math.nan
-    values = sorted(values)
-    return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
-
-
 def simulate(
     config: SchedulerConfig,
     specs: Sequence[ModelSpec],
@@ -463,8 +457,8 @@ def simulate(
             completed=outcomes[s.name]["completed"],
             rejected=outcomes[s.name]["rejected"],
             late=outcomes[s.name]["late"],
-            p50=_percentile(latencies[s.name], 0.50),
-            p99=_percentile(latencies[s.name], 0.99),
+            p50=percentile(latencies[s.name], 0.50),
+            p99=percentile(latencies[s.name], 0.99),
             mean_batch_rows=rows[s.name] / batches[s.name] if batches[s.name] else 0.0,
             backlogged=backlog[s.name] / samples if samples else 0.0,
         )
