@@ -353,12 +353,7 @@ class CachedWeights:
         if self._sizer.probing(self.probe_available):
             return await self._probe_run(key, model)
         weights = await self._acquire(key)
-        try:
-            before = self._memory()
-            costs: dict[int, float] = await self._thread(model.loaded.warmup, weights)
-            after = self._memory()
-        finally:
-            self.release(model)
+        costs, before, after = await self._measured_warmup(model, weights)
         if (
             before is not None
             and after is not None
@@ -375,16 +370,24 @@ class CachedWeights:
                 await self._resize()
         return costs
 
+    async def _measured_warmup(
+        self, model: ServedModel, weights: list[Any]
+    ) -> tuple[dict[int, float], MemoryStats | None, MemoryStats | None]:
+        """Warm ``model`` up on its acquired ``weights``, then release it: its costs, and
+        the allocator's statistics just before and just after (None: not available)."""
+        try:
+            before = self._memory()
+            costs: dict[int, float] = await self._thread(model.loaded.warmup, weights)
+            after = self._memory()
+        finally:
+            self.release(model)
+        return costs, before, after
+
     async def _probe_run(self, key: str, model: ServedModel) -> dict[int, float]:
         async with self._exclusive():
             await self._run(self._policy.evict_idle())  # the version runs alone
             weights = await self._acquire(key, command=True)
-            try:
-                before = self._memory()
-                costs: dict[int, float] = await self._thread(model.loaded.warmup, weights)
-                after = self._memory()
-            finally:
-                self.release(model)
+            costs, before, after = await self._measured_warmup(model, weights)
         if before is not None and after is not None:
             r = self._policy.residency(key)
             self._sizer.record_probe(
