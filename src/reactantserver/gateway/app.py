@@ -60,7 +60,7 @@ from ..config.schema import GatewayConfig, LoggingConfig
 from ..protocol import screen
 from ..protocol.grpc.reflection import v1 as reflection_v1
 from ..protocol.grpc.reflection import v1alpha as reflection_v1alpha
-from ..protocol.reflection import ReflectionAnswerer
+from ..protocol.reflection import WORKER_SERVICES, ReflectionAnswerer
 from ..signals import drain_on_signals
 from ..transport import guest
 from ..transport.health import HealthServicer
@@ -71,7 +71,7 @@ from ..transport.security import (
     listener_security,
     open_warning,
 )
-from ..transport.server import GuardedServer, ServerStream
+from ..transport.server import GuardedServer, ServerStream, listen_tcp
 from ..transport.streaming import StreamHandler
 from ..transport.tls import ClientTls
 from ..transport.unary import DirectHandler
@@ -90,14 +90,7 @@ from .table import RouteTable
 log = logging.getLogger("reactantserver.gateway")
 
 #: What the gateway's reflection lists (every service it answers).
-SERVICES: tuple[str, ...] = (
-    "grpc.health.v1.Health",
-    "grpc.reflection.v1.ServerReflection",
-    "grpc.reflection.v1alpha.ServerReflection",
-    "inference.GRPCInferenceService",
-    "reactant_control.ControlService",
-    "reactant_control.GatewayControlService",
-)
+SERVICES: tuple[str, ...] = (*WORKER_SERVICES, "reactant_control.GatewayControlService")
 #: How long calls in flight may take to finish once stopping (a node supervisor kills the
 #: gateway 10 s after SIGTERM).
 DRAIN_GRACE_SECONDS = 8.0
@@ -304,28 +297,12 @@ def build_server(
     )
 
 
-def listen_tcp(address: str) -> socket.socket:
-    """A listening socket on ``host:port`` (port 0 picks one).
-
-    ``proto=IPPROTO_TCP`` so that accepted connections get TCP_NODELAY (asyncio sets it
-    only when the socket says TCP); without it every small answer waits for a delayed ACK.
-    """
+def listen_address(address: str) -> socket.socket:
+    """A listening socket on ``host:port`` (port 0 picks one): :func:`listen_tcp`."""
     parsed = split_host_port(address)
     if parsed is None:
         raise ValueError(f"expected host:port, got {address!r}")
-    host, port = parsed[0].strip("[]"), parsed[1]
-    family, kind, proto, _, sockaddr = socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP, flags=socket.AI_PASSIVE
-    )[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(sockaddr)
-        sock.listen(512)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
+    return listen_tcp(parsed[0].strip("[]"), parsed[1], backlog=512)
 
 
 def listen_problems(config: GatewayConfig) -> list[str]:
@@ -340,7 +317,7 @@ def listen_problems(config: GatewayConfig) -> list[str]:
         if parsed is None or parsed[1] == 0:
             continue  # off, or any free port: nothing to collide with
         try:
-            listen_tcp(address).close()
+            listen_address(address).close()
         except OSError as exc:
             reason = (exc.strerror or str(exc)).lower()
             lines.append(f"cannot listen for {what} on {address}: {reason} (change {key})")
@@ -356,7 +333,7 @@ async def _serve_grpc(
 ) -> None:
     """Serve until ``stop``, then drain (see the module docstring) and return."""
     config = gateway.config
-    sock: socket.socket | None = listen_tcp(config.listen.grpc)
+    sock: socket.socket | None = listen_address(config.listen.grpc)
     assert sock is not None
     port: int = sock.getsockname()[1]
     mapping = gateway.mapping(proxy)

@@ -65,6 +65,16 @@ __all__ = [
 #: File name, inside the ``reactantserver.protocol`` package, of the generated descriptor set.
 DESCRIPTOR_SET_RESOURCE = "descriptors.bin"
 
+#: Fully qualified names of the services a worker serves (and lists by reflection); the
+#: gateway serves these too, and its own ``GatewayControlService``.
+WORKER_SERVICES: tuple[str, ...] = (
+    "grpc.health.v1.Health",
+    "grpc.reflection.v1.ServerReflection",
+    "grpc.reflection.v1alpha.ServerReflection",
+    "inference.GRPCInferenceService",
+    "reactant_control.ControlService",
+)
+
 
 class ReflectionStatus(enum.IntEnum):
     """The gRPC status numbers this module puts in ``ErrorResponse.error_code``.

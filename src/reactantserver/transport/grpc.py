@@ -98,7 +98,7 @@ from reactantserver.protocol.codec import (
 )
 from reactantserver.protocol.grpc.reflection import v1 as reflection_v1
 from reactantserver.protocol.grpc.reflection import v1alpha as reflection_v1alpha
-from reactantserver.protocol.reflection import ReflectionAnswerer
+from reactantserver.protocol.reflection import WORKER_SERVICES, ReflectionAnswerer
 from reactantserver.protocol.screen import decode_message
 from reactantserver.records import CallContext
 from reactantserver.service import PendingInfer, Service
@@ -110,7 +110,7 @@ from .h2guard import GuardedProtocol
 from .health import HealthServicer
 from .limits import Fault, WireCounters, WireLimits
 from .security import describe_security, listener_security, open_warning
-from .server import GuardedServer, ServerStream
+from .server import GuardedServer, ServerStream, listen_tcp
 from .streaming import RequestCall, StreamCall, StreamedRequest, StreamHandler
 from .unary import DirectHandler, UnaryCall
 
@@ -149,14 +149,6 @@ CONTROL_RPCS: Mapping[str, str] = {
     "CompactMemory": "compact_memory",
     "AdminEndpoint": "admin_endpoint",
 }
-#: Fully qualified names of the services served (and listed by reflection).
-SERVICES: tuple[str, ...] = (
-    "grpc.health.v1.Health",
-    "grpc.reflection.v1.ServerReflection",
-    "grpc.reflection.v1alpha.ServerReflection",
-    "inference.GRPCInferenceService",
-    "reactant_control.ControlService",
-)
 
 #: How long closing the listener and its connections may take after draining.
 CLOSE_TIMEOUT = 5.0
@@ -544,27 +536,6 @@ def _grpc_error(status: WireStatus) -> GRPCError:
     return grpc_error(status.code, status.message)
 
 
-def listen_tcp(host: str, port: int, backlog: int = 128) -> socket.socket:
-    """A listening TCP socket on host:port (port 0 picks a free port).
-
-    Accepted connections get ``TCP_NODELAY`` from the connection layer
-    (:mod:`~reactantserver.transport.h2guard`); the socket is still created with
-    ``proto=IPPROTO_TCP`` so that it says what it is.
-    """
-    family, kind, proto, _, address = socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP, flags=socket.AI_PASSIVE
-    )[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(backlog)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
 def _check_file_limit(endpoints: EndpointsConfig) -> None:
     """Warn when the process may run out of file descriptors before the limits bite.
 
@@ -631,7 +602,7 @@ async def serve_grpc(
             "serve_grpc needs Trio running as the guest of an asyncio loop: start the "
             "process with reactantserver.transport.guest.run(main)"
         ) from None
-    answerer = ReflectionAnswerer.from_package(services=SERVICES)
+    answerer = ReflectionAnswerer.from_package(services=WORKER_SERVICES)
     screen.prepare()  # the small requests' schemas, before the first one arrives
     limits = WireLimits.from_endpoints(endpoints)
     _check_file_limit(endpoints)

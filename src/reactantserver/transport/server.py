@@ -650,3 +650,26 @@ class GuardedServer:
             await self._server.wait_closed()
         while self.tasks:
             await asyncio.wait(list(self.tasks))
+
+
+def listen_tcp(host: str, port: int, backlog: int = 128) -> socket.socket:
+    """A listening TCP socket on host:port (port 0 picks a free port), for a
+    :class:`GuardedServer` (the worker's and the gateway's).
+
+    Accepted connections get ``TCP_NODELAY`` from the connection layer
+    (:mod:`~reactantserver.transport.h2guard`); the socket is still created with
+    ``proto=IPPROTO_TCP`` so that it says what it is (asyncio, too, sets ``TCP_NODELAY``
+    only when the socket says TCP; without it every small answer waits for a delayed ACK).
+    """
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
