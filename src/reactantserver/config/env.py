@@ -32,7 +32,7 @@ import attrs
 
 from .convert import LEGACY_KEYS, Invalid, expected
 from .schema import GatewayConfig, ServerConfig
-from .source import EnvOrigin, Path, Problem
+from .source import EnvOrigin, Path, Problem, RawTree
 
 WORKER_PREFIX = "INFERENCE_SERVER_"
 GATEWAY_PREFIX = "REACTANT_GATEWAY_"
@@ -181,6 +181,22 @@ def read(
         except Invalid as exc:
             wrong.append(Problem(origin, exc.message))
     return found, wrong
+
+
+def apply(
+    tree: RawTree,
+    env: Mapping[str, str],
+    prefix: str,
+    table: Mapping[str, EnvSetting],
+    ignore: frozenset[str],
+    found: list[Problem],
+) -> None:
+    """Set on ``tree`` the overrides ``env`` sets (:func:`read`), each at its variable's
+    origin; the problems with the ones it gets wrong go to ``found``."""
+    overrides, wrong = read(env, prefix, table, ignore)
+    found.extend(wrong)
+    for setting, value in overrides:
+        tree.set(setting.path, value, EnvOrigin(setting.var))
 
 
 def place(tree: dict[str, Any], path: Path, value: Any) -> None:

@@ -39,7 +39,7 @@ from . import env as envmod
 from .certs import gateway_file_problems
 from .convert import try_structure, yaml_keys
 from .dump import to_plain
-from .node import anchor_gateway, build_worker, environ, lpt_problems, worker_names
+from .node import anchor_gateway, build_workers, environ, lpt_problems
 from .rules import GATEWAY_CROSS, GATEWAY_RULES, problems
 from .schema import GatewayConfig, NodeConfig, ServerConfig
 from .source import (
@@ -78,12 +78,8 @@ def _finish(
     """Apply ``REACTANT_GATEWAY_*``, structure and hold to the gateway rules, and check its
     certificates and keys (relative paths anchored next to ``file``); every problem goes
     to ``found``. None when the record cannot be built at all."""
-    overrides, wrong = envmod.read(
-        env, envmod.GATEWAY_PREFIX, envmod.GATEWAY_ENV, frozenset({envmod.GATEWAY_FILE_VAR})
-    )
-    found.extend(wrong)
-    for setting, value in overrides:
-        tree.set(setting.path, value, EnvOrigin(setting.var))
+    ignore = frozenset({envmod.GATEWAY_FILE_VAR})
+    envmod.apply(tree, env, envmod.GATEWAY_PREFIX, envmod.GATEWAY_ENV, ignore, found)
     cfg, structural = try_structure(GatewayConfig, tree.data, tree.locate)
     found.extend(structural)
     if cfg is not None:
@@ -204,12 +200,7 @@ def resolve_gateway(
     """
     environment = environ(env)
     found: list[Problem] = []
-    workers: list[tuple[ServerConfig, RawTree]] = []
-    for index in range(len(worker_names(node))):
-        cfg, wrong, tree = build_worker(node, index, environment)
-        found.extend(wrong)
-        if cfg is not None:
-            workers.append((cfg, tree))
+    workers = build_workers(node, environment, found)
     if found:
         raise_all(found)  # the gateway's defaults are derived from the workers
 

@@ -302,10 +302,7 @@ def build_worker(
     if entry.gpu is not None:
         tree.set(("gpu",), entry.gpu, src.origin((*here, "gpu")))
 
-    overrides, wrong = envmod.read(env, envmod.WORKER_PREFIX, envmod.WORKER_ENV, frozenset())
-    found.extend(wrong)
-    for setting, value in overrides:
-        tree.set(setting.path, value, EnvOrigin(setting.var))
+    envmod.apply(tree, env, envmod.WORKER_PREFIX, envmod.WORKER_ENV, frozenset(), found)
 
     cfg, structural = try_structure(ServerConfig, tree.data, tree.locate)
     found.extend(structural)
@@ -313,6 +310,20 @@ def build_worker(
         cfg = _anchor_paths(cfg, src.file)
         found.extend(problems(cfg, WORKER_RULES, WORKER_CROSS, tree.locate))
     return cfg, found, tree
+
+
+def build_workers(
+    node: NodeConfig, env: Mapping[str, str], found: list[Problem]
+) -> list[tuple[ServerConfig, RawTree]]:
+    """Every worker of ``node`` that could be built (:func:`build_worker`), with its tree;
+    everything wrong with them goes to ``found``."""
+    workers = []
+    for index in range(len(_entries(node))):
+        cfg, wrong, tree = build_worker(node, index, env)
+        found.extend(wrong)
+        if cfg is not None:
+            workers.append((cfg, tree))
+    return workers
 
 
 def _anchor_paths(cfg: ServerConfig, file: str) -> ServerConfig:
@@ -438,12 +449,7 @@ def check_node(
     if any(var.startswith(envmod.WORKER_PREFIX) for var in env):
         # The overrides are checked against every worker; the repository check then
         # looks at the directories the workers will really use.
-        effective = []
-        for index in range(len(_entries(node))):
-            cfg, wrong, tree = build_worker(node, index, env)
-            gathered.extend(wrong)
-            if cfg is not None:
-                effective.append((cfg, tree))
+        effective = build_workers(node, env, gathered)
     if check_paths:
         for cfg, tree in effective:
             gathered.extend(repository_problems(cfg, tree.get, tree.locate))
