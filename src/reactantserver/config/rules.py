@@ -221,6 +221,21 @@ def duplicates(values: Sequence[Any], at: Path, what: str) -> Iterator[tuple[Pat
         seen.add(value)
 
 
+def _wire_bounds(section: str) -> tuple[tuple[Path, Check], ...]:
+    """The hardened wire's bounds on its clients, which a worker's ``endpoints:`` and a
+    gateway's ``grpc:`` set under the same key names."""
+    return (
+        ((section, "max_connections"), at_least(1)),
+        ((section, "max_concurrent_streams"), at_most(2**31 - 1, at_least(1))),
+        ((section, "handshake_timeout_seconds"), positive),
+        ((section, "idle_timeout_seconds"), positive),
+        ((section, "body_timeout_seconds"), positive),
+        ((section, "send_timeout_seconds"), positive),
+        ((section, "max_unsent_bytes"), at_most(1 << 40, at_least(1))),
+        ((section, "max_admin_connections"), at_least(1)),
+    )
+
+
 # --- a worker (ServerConfig) -----------------------------------------------------------------
 
 WORKER_RULES: tuple[tuple[Path, Check], ...] = (
@@ -249,14 +264,7 @@ WORKER_RULES: tuple[tuple[Path, Check], ...] = (
     (("endpoints", "metrics_port"), port_or_off),
     (("endpoints", "max_concurrent_requests"), at_least(0, "0 = uncapped")),
     (("endpoints", "max_message_bytes"), at_least(1)),
-    (("endpoints", "max_connections"), at_least(1)),
-    (("endpoints", "max_concurrent_streams"), at_most(2**31 - 1, at_least(1))),
-    (("endpoints", "handshake_timeout_seconds"), positive),
-    (("endpoints", "idle_timeout_seconds"), positive),
-    (("endpoints", "body_timeout_seconds"), positive),
-    (("endpoints", "send_timeout_seconds"), positive),
-    (("endpoints", "max_unsent_bytes"), at_most(1 << 40, at_least(1))),
-    (("endpoints", "max_admin_connections"), at_least(1)),
+    *_wire_bounds("endpoints"),
     (("endpoints", "max_shm_regions"), at_least(1)),
     (("endpoints", "shm_key_prefix"), shm_prefix),
     (("endpoints", "restricted", "*", "groups", "*"), api_group),
@@ -365,14 +373,7 @@ GATEWAY_RULES: tuple[tuple[Path, Check], ...] = (
     (("grpc", "max_recv_msg_bytes"), at_least(1)),
     (("grpc", "max_send_msg_bytes"), at_least(1)),
     (("grpc", "max_concurrent_requests_per_worker"), at_least(0, "0 = uncapped")),
-    (("grpc", "max_connections"), at_least(1)),
-    (("grpc", "max_concurrent_streams"), at_most(2**31 - 1, at_least(1))),
-    (("grpc", "handshake_timeout_seconds"), positive),
-    (("grpc", "idle_timeout_seconds"), positive),
-    (("grpc", "body_timeout_seconds"), positive),
-    (("grpc", "send_timeout_seconds"), positive),
-    (("grpc", "max_unsent_bytes"), at_most(1 << 40, at_least(1))),
-    (("grpc", "max_admin_connections"), at_least(1)),
+    *_wire_bounds("grpc"),
     (("worker_client", "request_timeout_seconds"), positive),
     (("worker_client", "max_concurrent_streams"), at_least(1)),
     (("restricted", "*", "groups", "*"), api_group),
