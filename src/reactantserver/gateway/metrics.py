@@ -9,7 +9,7 @@ gateway's own (never the process-global one). ``docs/monitoring.md`` lists every
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -19,6 +19,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from ..histogram import HistogramSnapshot
 from ..transport.limits import Fault, WireCounters
 from .control import LptController, SchedulingStatus
 from .energy import energy_series
@@ -31,6 +32,15 @@ from .stats import GatewayStats
 
 def _one(family: GaugeMetricFamily | CounterMetricFamily, value: float) -> Metric:
     family.add_metric([], value)
+    return family
+
+
+def _histograms(
+    family: HistogramMetricFamily, snapshots: Mapping[tuple[str, str], HistogramSnapshot]
+) -> Metric:
+    """``family`` with one series per label pair of ``snapshots``, in sorted order."""
+    for labels, snap in sorted(snapshots.items()):
+        family.add_metric(list(labels), list(snap.buckets), snap.total)
     return family
 
 
@@ -88,22 +98,22 @@ class GatewayCollector(Collector):
         for (rpc, model, status), n in sorted(stats.requests.items()):
             requests.add_metric([rpc, model, status], n)
         yield requests
-        latency = HistogramMetricFamily(
-            "gateway_request_latency_seconds",
-            "Gateway-side latency of each call, arrival to answer.",
-            labels=["rpc", "model"],
+        yield _histograms(
+            HistogramMetricFamily(
+                "gateway_request_latency_seconds",
+                "Gateway-side latency of each call, arrival to answer.",
+                labels=["rpc", "model"],
+            ),
+            stats.latency,
         )
-        for (rpc, model), snap in sorted(stats.latency.items()):
-            latency.add_metric([rpc, model], list(snap.buckets), snap.total)
-        yield latency
-        worker_latency = HistogramMetricFamily(
-            "gateway_worker_latency_seconds",
-            "Latency of the calls forwarded to each worker (sent to answered).",
-            labels=["rpc", "worker"],
+        yield _histograms(
+            HistogramMetricFamily(
+                "gateway_worker_latency_seconds",
+                "Latency of the calls forwarded to each worker (sent to answered).",
+                labels=["rpc", "worker"],
+            ),
+            stats.worker_latency,
         )
-        for (rpc, worker), snap in sorted(stats.worker_latency.items()):
-            worker_latency.add_metric([rpc, worker], list(snap.buckets), snap.total)
-        yield worker_latency
         yield _one(
             GaugeMetricFamily(
                 "gateway_inflight_requests",
