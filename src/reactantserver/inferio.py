@@ -73,7 +73,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import numpy as np
@@ -172,33 +172,29 @@ def _kind(value: ParamValue) -> str:
     return "no value" if value is None else _KIND[type(value)]
 
 
-def _int_param(params: Mapping[str, ParamValue], key: str, where: str) -> int | None:
+#: The types :func:`_param` reads.
+_P = TypeVar("_P", int, str)
+
+
+def _param(params: Mapping[str, ParamValue], key: str, kind: type[_P], where: str) -> _P | None:
+    """Parameter ``key`` of type ``kind`` (None when absent); any other type is refused."""
     if key not in params:
         return None
     value = params[key]
     # bool is an int subclass in Python, but a different parameter on the wire.
-    if type(value) is not int:
+    if type(value) is not kind:
+        name = _KIND[kind]
+        article = "an" if name[0] in "aeiou" else "a"
         raise InvalidArgument(
-            f"{where}: parameter {quoted(key)} must be an int64_param, got {_kind(value)}"
-        )
-    return value
-
-
-def _str_param(params: Mapping[str, ParamValue], key: str, where: str) -> str | None:
-    if key not in params:
-        return None
-    value = params[key]
-    if type(value) is not str:
-        raise InvalidArgument(
-            f"{where}: parameter {quoted(key)} must be a string_param, got {_kind(value)}"
+            f"{where}: parameter {quoted(key)} must be {article} {name}, got {_kind(value)}"
         )
     return value
 
 
 def _shm_target(params: Mapping[str, ParamValue], where: str) -> ShmTarget | None:
-    region = _str_param(params, SHM_REGION, where)
-    offset = _int_param(params, SHM_OFFSET, where)
-    size = _int_param(params, SHM_BYTE_SIZE, where)
+    region = _param(params, SHM_REGION, str, where)
+    offset = _param(params, SHM_OFFSET, int, where)
+    size = _param(params, SHM_BYTE_SIZE, int, where)
     if region is None:
         if offset is not None or size is not None:
             raise InvalidArgument(
@@ -221,7 +217,7 @@ def request_deadline(
 ) -> float:
     """The earliest of ``deadline`` and the request's timeout parameters, absolute."""
     for key, unit in ((PARAM_TIMEOUT_US, 1e-6), (PARAM_TIMEOUT_NS, 1e-9)):
-        value = _int_param(params, key, where)
+        value = _param(params, key, int, where)
         if value is None or value == 0:
             continue
         if value < 0:
