@@ -14,7 +14,9 @@ import argparse
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from ..errors import ConfigError
 from .costs import Costs, read_costs, render_costs
@@ -22,6 +24,8 @@ from .device import read_device
 from .fleet import Goal, Run
 from .plan import make_plan, plan_json, render_plan
 from .traffic import Traffic, read_traffic, render_traffic, traffic_from_metrics
+
+_T = TypeVar("_T")
 
 __all__ = ["default_seconds", "run_calibrate", "run_plan"]
 
@@ -38,19 +42,29 @@ def _fetch(address: str) -> str:
     return fetch(address)
 
 
+def _scraped(flag: str, address: str, read: Callable[[], _T]) -> _T:
+    """What ``read`` makes of ``address``'s /metrics; a failure is a ConfigError that
+    names ``--flag``."""
+    try:
+        return read()
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--{flag} {address}: cannot read its /metrics: {exc}") from None
+
+
 def _traffic(args: argparse.Namespace) -> Traffic:
     if not _is_address(args.traffic):
         return read_traffic(args.traffic)
-    try:
+
+    def record() -> Traffic:
         t0 = time.monotonic()
         before = _fetch(args.traffic)
         time.sleep(args.window)
         after = _fetch(args.traffic)
-        traffic = traffic_from_metrics(
+        return traffic_from_metrics(
             before, after, time.monotonic() - t0, source=f"{args.traffic}/metrics"
         )
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"--traffic {args.traffic}: cannot read its /metrics: {exc}") from None
+
+    traffic = _scraped("traffic", args.traffic, record)
     if args.save_traffic:
         Path(args.save_traffic).write_text(
             render_traffic(traffic, f"recorded from {args.traffic}/metrics over {args.window:g} s")
@@ -63,10 +77,11 @@ def _costs(args: argparse.Namespace) -> Costs:
         return read_costs(args.costs)
     from .metrics_input import costs_from_metrics
 
-    try:
-        costs = costs_from_metrics(_fetch(args.costs), source=f"{args.costs}/metrics")
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"--costs {args.costs}: cannot read its /metrics: {exc}") from None
+    costs = _scraped(
+        "costs",
+        args.costs,
+        lambda: costs_from_metrics(_fetch(args.costs), source=f"{args.costs}/metrics"),
+    )
     if args.save_costs:
         Path(args.save_costs).write_text(
             render_costs(costs, f"read from {args.costs}/metrics (no host figures)")
