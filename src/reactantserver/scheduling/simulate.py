@@ -89,6 +89,18 @@ class DispatchRecord:
     start: float
     end: float
 
+    @classmethod
+    def of(cls, batch: Batch, start: float, end: float) -> DispatchRecord:
+        """The record of ``batch``, executed from ``start`` to ``end``."""
+        return cls(
+            model=batch.model,
+            size=batch.size,
+            rows=batch.rows,
+            requests=len(batch.requests),
+            start=start,
+            end=end,
+        )
+
 
 class SimulatedExecutor:
     """An ``Executor`` whose device time comes from a cost model.
@@ -114,16 +126,7 @@ class SimulatedExecutor:
             await trio.sleep(self.cost(batch.model, batch.size))
         finally:
             self.running -= 1
-        self.trace.append(
-            DispatchRecord(
-                model=batch.model,
-                size=batch.size,
-                rows=batch.rows,
-                requests=len(batch.requests),
-                start=start,
-                end=trio.current_time(),
-            )
-        )
+        self.trace.append(DispatchRecord.of(batch, start, trio.current_time()))
         return [r.payload for r in batch.requests]
 
 
@@ -153,16 +156,7 @@ def drive_backlogged(
         if batch is None:
             break
         seconds = cost(batch.model, batch.size)
-        trace.append(
-            DispatchRecord(
-                model=batch.model,
-                size=batch.size,
-                rows=batch.rows,
-                requests=len(batch.requests),
-                start=now,
-                end=now + seconds,
-            )
-        )
+        trace.append(DispatchRecord.of(batch, now, now + seconds))
         now += seconds
         policy.complete(batch, seconds, now)
     return trace
