@@ -28,6 +28,7 @@ from reactantserver.lifecycle import (
     changed_files,
     index_view,
 )
+from reactantserver.lifecycle.states import INDEX_VIEW
 
 S = ModelState
 E = LifecycleEvent
@@ -123,6 +124,15 @@ def test_index_view_speaks_tritons_vocabulary() -> None:
     assert index_view(ModelRecord(S.FAILED, "bad manifest")) == ("UNAVAILABLE", "bad manifest")
     assert index_view(ModelRecord(S.UNLOADED)) == ("UNAVAILABLE", "not loaded")
     assert index_view(ModelRecord(S.READY)) == ("READY", "")
+
+
+def test_index_view_has_a_row_for_every_state() -> None:
+    """Every state has its RepositoryIndex row, and only a reason with ``{error}`` shows
+    the record's error (verbatim, braces included)."""
+    assert set(INDEX_VIEW) == set(ModelState)
+    for state, (_, reason, failed) in INDEX_VIEW.items():
+        shown = index_view(ModelRecord(state, "x {y}"))[1]
+        assert shown == (failed.replace("{error}", "x {y}") if "{error}" in failed else reason)
 
 
 def test_a_reason_comes_with_load_failed_and_only_with_it() -> None:

@@ -44,6 +44,7 @@ import attrs
 from ..errors import LifecycleError
 
 __all__ = [
+    "INDEX_VIEW",
     "TRANSITIONS",
     "LifecycleEvent",
     "ModelRecord",
@@ -183,21 +184,23 @@ class ModelTable:
         self._records.pop(name, None)
 
 
+_RELOADING = "a new version is compiling; this one serves until it is ready"
+_DRAINING = "answering the queued requests; no new ones are admitted"
+
+#: State -> RepositoryIndex's (Triton's) state, the reason, and the reason when the
+#: record carries an error (``{error}``: the error).
+INDEX_VIEW: Mapping[ModelState, tuple[str, str, str]] = MappingProxyType({
+    ModelState.UNLOADED: ("UNAVAILABLE", "not loaded", "not loaded"),
+    ModelState.LOADING: ("LOADING", "compiling", "compiling again after a failure: {error}"),
+    ModelState.READY: ("READY", "", "serving the previous version; the new one failed: {error}"),
+    ModelState.RELOADING: ("READY", _RELOADING, _RELOADING),
+    ModelState.DRAINING: ("UNLOADING", _DRAINING, _DRAINING),
+    ModelState.FAILED: ("UNAVAILABLE", "", "{error}"),
+})  # fmt: skip
+
+
 def index_view(record: ModelRecord) -> tuple[str, str]:
-    """``(state, reason)`` of a record in RepositoryIndex's (Triton's) vocabulary."""
-    s = record.state
-    if s is ModelState.READY:
-        if record.error:
-            return "READY", f"serving the previous version; the new one failed: {record.error}"
-        return "READY", ""
-    if s is ModelState.RELOADING:
-        return "READY", "a new version is compiling; this one serves until it is ready"
-    if s is ModelState.LOADING:
-        if record.error:
-            return "LOADING", f"compiling again after a failure: {record.error}"
-        return "LOADING", "compiling"
-    if s is ModelState.DRAINING:
-        return "UNLOADING", "answering the queued requests; no new ones are admitted"
-    if s is ModelState.FAILED:
-        return "UNAVAILABLE", record.error
-    return "UNAVAILABLE", "not loaded"
+    """``(state, reason)`` of a record in RepositoryIndex's (Triton's) vocabulary
+    (:data:`INDEX_VIEW`)."""
+    state, reason, failed = INDEX_VIEW[record.state]
+    return state, failed.format(error=record.error) if record.error else reason
