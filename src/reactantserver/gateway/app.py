@@ -364,7 +364,9 @@ async def _serve_grpc(
         with trio.move_on_after(DRAIN_GRACE_SECONDS) as waited:
             await guest.aio(proxy.wait_idle())
         if waited.cancelled_caught:
-            log.warning("%d calls still in flight after the grace period", proxy.stats.in_flight)
+            log.warning(
+                "%d calls still in flight after the grace period", proxy.stats.admission.calls
+            )
         with trio.move_on_after(1.0):  # health watchers hear NOT_SERVING before GOAWAY
             await guest.aio(gateway.health.wait_told())
         server.goaway()

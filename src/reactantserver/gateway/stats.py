@@ -72,22 +72,6 @@ class GatewayStats:
         self._answered: dict[tuple[str, str], _Answered] = {}
         self._worker_latency: dict[tuple[str, str], Histogram] = {}
 
-    @property
-    def in_flight(self) -> int:
-        return self.admission.calls
-
-    @property
-    def infer_in_flight(self) -> int:
-        return self.admission.infer
-
-    @property
-    def shed(self) -> int:
-        return self.admission.shed
-
-    @property
-    def max_concurrent(self) -> int:
-        return self.admission.cap
-
     def finish(self, rpc: str, model: str, code: int, seconds: float) -> None:
         """One call answered with status ``code`` after ``seconds``."""
         key = (rpc, model)
@@ -119,10 +103,10 @@ class GatewayStats:
             worker_latency=MappingProxyType(
                 {k: h.snapshot() for k, h in self._worker_latency.items()}
             ),
-            in_flight=self.in_flight,
-            infer_in_flight=self.infer_in_flight,
-            shed=self.shed,
-            max_concurrent=self.max_concurrent,
+            in_flight=self.admission.calls,
+            infer_in_flight=self.admission.infer,
+            shed=self.admission.shed,
+            max_concurrent=self.admission.cap,
             refreshes_requested=self.refreshes_requested,
             refreshes_run=self.refreshes_run,
         )
