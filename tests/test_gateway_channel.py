@@ -10,13 +10,17 @@ worker); a deadline resets the stream and answers DEADLINE_EXCEEDED; a cancelled
 resets its stream and the server's handler is cancelled; at most ``max_streams`` calls are
 on the wire at once and waiters time out without sending; ``unprocessed`` is true exactly
 when the worker cannot have run the call; a lost connection is replaced on the next call.
+
+Every test runs on a virtual clock (``clocks.VirtualClockLoop``: the loop's time jumps to
+the next timer whenever nothing is ready), so each deadline, grace and timer is checked at
+the exact virtual second it is due, whatever the machine's load; a test waits for a
+worker's state through ``Worker.changes``, never by sleeping.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -24,8 +28,10 @@ import h2.config
 import h2.connection
 import h2.events
 import pytest
+from clocks import Changes, VirtualClockLoop
 from grpclib import GRPCError
 from grpclib.const import Cardinality, Handler, Status
+from grpclib.metadata import decode_timeout
 from grpclib.server import Server, Stream
 
 from reactantserver.errors import DeadlineExceeded
@@ -66,12 +72,14 @@ class Worker:
         self.calls = 0
         self.deadlines: list[float | None] = []
         self.release = asyncio.Event()
+        self.changes = Changes()  # told each time the counts above move
         self.server: _Server | None = None
         self.port = 0
 
     async def echo(self, stream: Stream[Any, Any]) -> None:
         data = await stream.recv_message()
         self.calls += 1
+        self.changes.changed()
         await stream.send_message(data[::-1])
 
     async def fail(self, stream: Stream[Any, Any]) -> None:
@@ -84,6 +92,7 @@ class Worker:
         self.deadlines.append(stream.deadline.time_remaining() if stream.deadline else None)
         self.active += 1
         self.peak = max(self.peak, self.active)
+        self.changes.changed()
         try:
             await self.release.wait()
         except asyncio.CancelledError:
@@ -91,6 +100,7 @@ class Worker:
             raise
         finally:
             self.active -= 1
+            self.changes.changed()
         await stream.send_message(b"released")
 
     async def big(self, stream: Stream[Any, Any]) -> None:
@@ -129,10 +139,15 @@ class Worker:
 
 
 def run(test: Callable[[], Awaitable[None]]) -> None:
-    """``test`` on the standard selector loop, as the gateway runs (not the loop
-    trio-asyncio's policy would make, once another test module imported it)."""
-    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+    """``test`` on a selector loop, as the gateway runs (not the loop trio-asyncio's
+    policy would make, once another test module imported it), with a virtual clock: a
+    test that hangs fails after 60 virtual seconds, at once."""
+    with asyncio.Runner(loop_factory=VirtualClockLoop) as runner:
         runner.run(asyncio.wait_for(test(), 60))
+
+
+def now() -> float:
+    return asyncio.get_running_loop().time()
 
 
 def deadline(seconds: float = 10.0) -> float:
@@ -158,25 +173,30 @@ def test_answers_and_statuses_come_back_as_sent() -> None:
 
 
 def test_the_remaining_deadline_is_sent_and_enforced() -> None:
-    """grpc-timeout carries the time left when the stream opens; at the deadline the call is
-    reset (the worker's handler is cancelled) and answered DEADLINE_EXCEEDED."""
+    """grpc-timeout carries the time left when the stream opens; at the deadline a worker
+    that keeps silent is not waited for: the call is answered DEADLINE_EXCEEDED by the
+    gateway, then and not before. (A grpclib worker enforces the same deadline itself and
+    cancels its handler: the next test's worker is not told one.)"""
 
     async def main() -> None:
-        worker = Worker()
-        await worker.start()
-        client = WorkerClient(f"127.0.0.1:{worker.port}")
-        await client.call(b"/t.T/Echo", b"warm", deadline())  # connected
-        started = time.monotonic()
-        reply = await client.call(b"/t.T/Hold", b"x", deadline(0.2))
-        took = time.monotonic() - started
+        loop = asyncio.get_running_loop()
+        timeouts: list[bytes] = []
+        server = await loop.create_server(
+            lambda: ScriptedWorker(["ok", "silent"], timeouts=timeouts), "127.0.0.1", 0
+        )
+        client = WorkerClient(f"127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        await client.call(b"/t.T/A", b"warm", deadline(30))  # connected
+        started = now()
+        reply = await client.call(b"/t.T/A", b"x", deadline(0.2))
         assert reply.status == 4 and "deadline" in reply.message
-        assert 0.19 <= took < 1.0
-        (sent,) = worker.deadlines
-        assert sent is not None and 0.1 < sent <= 0.2
-        await asyncio.sleep(0.1)
-        assert worker.cancelled == 1
+        assert now() - started == pytest.approx(0.2, abs=1e-9)  # at the deadline, not before
+        assert [decode_timeout(t.decode()) for t in timeouts] == [
+            pytest.approx(30, abs=1e-6),
+            pytest.approx(0.2, abs=1e-6),  # all of it: no time passed before it was sent
+        ]
         await client.wait_closed()
-        await worker.stop()
+        server.close()
+        await server.wait_closed()
 
     run(main)
 
@@ -190,14 +210,14 @@ def test_a_deadline_the_worker_is_not_told_is_the_gateways_alone() -> None:
         worker = Worker()
         await worker.start()
         client = WorkerClient(f"127.0.0.1:{worker.port}")
+        started = now()
         reply = await client.call(b"/t.T/Hold", b"x", deadline(0.2), tell=False)
-        answered = time.monotonic()
+        answered = now()
         assert reply.status == 4
+        assert answered - started == pytest.approx(0.2, abs=1e-9)
         assert worker.deadlines == [None]
-        while worker.cancelled == 0 and time.monotonic() - answered < 10:
-            await asyncio.sleep(0.02)
-        assert worker.cancelled == 1
-        assert time.monotonic() - answered >= DEADLINE_RESET_GRACE - 0.05
+        await worker.changes.until(lambda: worker.cancelled == 1)
+        assert now() - answered == pytest.approx(DEADLINE_RESET_GRACE, abs=1e-9)
         await client.wait_closed()
         await worker.stop()
 
@@ -210,13 +230,13 @@ def test_a_cancelled_caller_resets_its_stream() -> None:
         await worker.start()
         client = WorkerClient(f"127.0.0.1:{worker.port}")
         task = asyncio.ensure_future(client.call(b"/t.T/Hold", b"x", deadline()))
-        while worker.active == 0:
-            await asyncio.sleep(0.01)
+        started = now()
+        await worker.changes.until(lambda: worker.active == 1)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        while worker.cancelled == 0:
-            await asyncio.sleep(0.01)
+        await worker.changes.until(lambda: worker.cancelled == 1)
+        assert now() == started  # by the reset, not by a timer
         assert client.statistics().active_streams == 0
         await client.wait_closed()
         await worker.stop()
@@ -236,13 +256,14 @@ def test_stream_slots_bound_the_calls_on_the_wire() -> None:
         calls = [
             asyncio.ensure_future(client.call(b"/t.T/Hold", b"x", deadline())) for _ in range(5)
         ]
-        while worker.active < 2:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.05)
+        await worker.changes.until(lambda: worker.active == 2)
+        await asyncio.sleep(0.05)  # virtual-clock: all in flight has settled meanwhile
         stats = client.statistics()
         assert (worker.active, stats.active_streams, stats.waiting) == (2, 2, 3)
+        started = now()
         with pytest.raises(DeadlineExceeded, match="max_concurrent_streams"):
             await client.call(b"/t.T/Echo", b"late", deadline(0.05))
+        assert now() - started == pytest.approx(0.05, abs=1e-9)
         assert worker.calls == 2
         worker.release.set()
         replies = await asyncio.gather(*calls)
@@ -259,8 +280,7 @@ async def _hold_a_slot(worker: Worker, client: WorkerClient) -> asyncio.Future[R
     """A call the worker holds (until ``worker.release``), once it is there: with
     ``max_streams=1`` the client's one stream slot is taken."""
     holding = asyncio.ensure_future(client.call(b"/t.T/Hold", b"x", deadline()))
-    while worker.active < 1:
-        await asyncio.sleep(0.01)
+    await worker.changes.until(lambda: worker.active == 1)
     return holding
 
 
@@ -284,6 +304,7 @@ def test_a_waiter_without_a_task_takes_its_turn_in_the_same_line() -> None:
             def on_done(outcome: Reply | ChannelError) -> None:
                 order.append(f"{name} answered")
                 outcomes[name] = outcome
+                worker.changes.changed()
 
             return on_done
 
@@ -306,7 +327,7 @@ def test_a_waiter_without_a_task_takes_its_turn_in_the_same_line() -> None:
 
         a = client.wait_for_slot(deadline(), granted("a"), expired.append)
         c = asyncio.ensure_future(coroutine())
-        await asyncio.sleep(0.01)  # c is in line behind a
+        await asyncio.sleep(0.01)  # virtual-clock: c has run and is in line behind a
         gone = client.wait_for_slot(deadline(), granted("gone"), expired.append)
         client.wait_for_slot(deadline(0.05), granted("late"), expired.append)
         b = client.wait_for_slot(deadline(), granted("b"), expired.append)
@@ -314,15 +335,16 @@ def test_a_waiter_without_a_task_takes_its_turn_in_the_same_line() -> None:
         assert client.statistics().waiting == 5
         gone.cancel()
         gone.cancel()  # twice: a no-op
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.049)  # virtual-clock: just before late's deadline
+        assert expired == []
+        await asyncio.sleep(0.002)  # virtual-clock: just after it
         assert [type(e) for e in expired] == [DeadlineExceeded]
         assert "worker_client.max_concurrent_streams" in str(expired[0])
         assert client.statistics().waiting == 3
         worker.release.set()
         await holding
         await c
-        while "b answered" not in order:
-            await asyncio.sleep(0.01)
+        await worker.changes.until(lambda: "b answered" in order)
         # One slot: a's answer hands it to c (sent by its task), c's answer to b -- before
         # c's coroutine, woken by that answer, has run again.
         assert order == ["a granted", "a answered", "b granted", "c answered", "b answered"]
@@ -357,9 +379,9 @@ def test_waiters_in_line_expire_by_their_own_deadlines() -> None:
                 told.append((name, loop.time() - at))
 
             waits[name] = client.wait_for_slot(at, lambda: None, expired)
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # virtual-clock: past the three short deadlines
         assert [name for name, _ in told] == ["a", "b", "c"]
-        assert all(0 <= late < 0.1 for _, late in told)
+        assert all(late == pytest.approx(0, abs=1e-9) for _, late in told)  # each when due
         assert client.statistics().waiting == 1
         waits["patient"].cancel()  # type: ignore[union-attr]
         assert client.statistics().waiting == 0
@@ -430,8 +452,7 @@ def test_a_lost_connection_fails_calls_in_flight_as_possibly_run_then_reconnects
         await worker.start()
         client = WorkerClient(f"127.0.0.1:{worker.port}")
         task = asyncio.ensure_future(client.call(b"/t.T/Hold", b"x", deadline()))
-        while worker.active == 0:
-            await asyncio.sleep(0.01)
+        await worker.changes.until(lambda: worker.active == 1)
         port = worker.port
         await worker.stop()
         with pytest.raises(ChannelError) as caught:
@@ -473,11 +494,18 @@ class ScriptedWorker(asyncio.Protocol):
     """An h2 server that answers each stream per ``script``: "ok", "refuse" (RST_STREAM
     REFUSED_STREAM), "goaway" (GOAWAY naming the stream before it as the last), or "drain"
     (GOAWAY naming this stream as the last, then its answer), or "silent" (no answer ever);
-    ``resets`` gets the time (``time.monotonic``, the loop's clock) of each RST_STREAM."""
+    ``resets`` gets the loop's time of each RST_STREAM, ``timeouts`` each request's
+    grpc-timeout."""
 
-    def __init__(self, script: list[str], resets: list[float] | None = None) -> None:
+    def __init__(
+        self,
+        script: list[str],
+        resets: list[float] | None = None,
+        timeouts: list[bytes] | None = None,
+    ) -> None:
         self.script = script
         self.resets = resets if resets is not None else []
+        self.timeouts = timeouts if timeouts is not None else []
         self.conn = h2.connection.H2Connection(
             h2.config.H2Configuration(client_side=False, header_encoding=None)
         )
@@ -492,8 +520,10 @@ class ScriptedWorker(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         assert self.transport is not None
         for event in self.conn.receive_data(data):
+            if isinstance(event, h2.events.RequestReceived):
+                self.timeouts.extend(v for k, v in event.headers if k == b"grpc-timeout")
             if isinstance(event, h2.events.StreamReset):
-                self.resets.append(time.monotonic())  # the selector loop's clock
+                self.resets.append(asyncio.get_running_loop().time())
             if isinstance(event, h2.events.StreamEnded):
                 action = self.script.pop(0)
                 sid = event.stream_id
@@ -571,12 +601,14 @@ def test_probes_do_not_wait_for_a_stream_slot() -> None:
         await worker.start()
         client = WorkerClient(f"127.0.0.1:{worker.port}", max_streams=1)
         held = asyncio.ensure_future(client.call(b"/t.T/Hold", b"x", deadline()))
-        while worker.active == 0:
-            await asyncio.sleep(0.01)
+        await worker.changes.until(lambda: worker.active == 1)
+        started = now()
         reply = await client.call(b"/t.T/Echo", b"probe", deadline(0.5), probe=True)
         assert bytes(reply.payload) == b"eborp"
+        assert now() == started  # at once: no timer ran
         with pytest.raises(DeadlineExceeded):  # an ordinary call waits for the slot
             await client.call(b"/t.T/Echo", b"x", deadline(0.05))
+        assert now() - started == pytest.approx(0.05, abs=1e-9)
         worker.release.set()
         assert bytes((await held).payload) == b"released"
         await client.wait_closed()
@@ -601,13 +633,11 @@ def test_an_expired_call_is_reset_only_if_the_worker_does_not_end_it() -> None:
         started = loop.time()
         reply = await client.call(b"/t.T/A", b"", deadline(0.05))
         answered = loop.time()
-        assert reply.status == 4
-        await asyncio.sleep(0.3)
-        if loop.time() - answered < DEADLINE_RESET_GRACE:  # (a loaded machine may sleep longer)
-            assert resets == []  # not yet: the worker may still end it
-        while not resets and loop.time() - started < 5:
-            await asyncio.sleep(0.02)
-        assert resets and resets[0] - started >= DEADLINE_RESET_GRACE
+        assert reply.status == 4 and answered - started == pytest.approx(0.05, abs=1e-9)
+        await asyncio.sleep(DEADLINE_RESET_GRACE - 0.001)  # virtual-clock: just before it
+        assert resets == []  # not yet: the worker may still end it
+        await asyncio.sleep(0.002)  # virtual-clock: just after it
+        assert resets == [pytest.approx(answered + DEADLINE_RESET_GRACE, abs=1e-9)]
         await client.wait_closed()
         server.close()
         await server.wait_closed()
@@ -646,7 +676,7 @@ def test_one_timer_expires_every_call_at_its_own_deadline() -> None:
 
         await asyncio.gather(*(one(offset) for offset in offsets))
         for offset, took in answered.items():
-            assert offset <= took < offset + 0.5, (offset, took)
+            assert took == pytest.approx(offset, abs=1e-9), (offset, took)
         by_deadline = sorted(answered, key=answered.__getitem__)
         assert by_deadline == sorted(offsets)
         await client.wait_closed()
