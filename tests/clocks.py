@@ -5,10 +5,13 @@ holds every other real-clock sleep in tests to a ``# real-clock: <reason>`` comm
 
 - :func:`wait_until` -- a condition another thread or process brings about (a server
   answering, a log line, a file): polled until it holds, returning as soon as it does,
-  failing after ``timeout`` with what was awaited. The one such helper of the suite.
+  failing after ``timeout`` with what was awaited. The one such helper of the suite;
+  :func:`trio_wait_until` is the same inside a Trio test (on ``autojump_clock`` its
+  polls and its timeout are virtual).
 - :class:`Changes` -- a condition inside the test's own asyncio loop (a fake worker has
-  a call, a callback ran): the fake calls :meth:`Changes.changed` where its state moves
-  and the test awaits :meth:`Changes.until`; nothing is polled.
+  a call, a callback ran): the fake calls :meth:`Changes.notify` where its state moves
+  and the test awaits :meth:`Changes.until`; nothing is polled (the asyncio twin of
+  ``reactantserver.changes.Changes``, which Trio drivers use).
 - :class:`VirtualClockLoop` -- timeouts and deadlines under test in asyncio code that
   reads the loop's clock (``loop.time()``, ``call_at``, ``call_later``, ``asyncio.sleep``):
   an asyncio selector loop whose clock is virtual and jumps to the next timer whenever the
@@ -26,17 +29,35 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import trio
+
 #: Seconds between two looks at a :func:`wait_until` condition.
 POLL = 0.01
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 60.0, what: str = "") -> None:
+def wait_until(
+    predicate: Callable[[], bool], timeout: float = 60.0, what: str | Callable[[], object] = ""
+) -> None:
     """Return once ``predicate()`` is true; fail after ``timeout`` real seconds (a bound for
-    a broken run, not a timing: a loaded machine only makes it return later)."""
+    a broken run, not a timing: a loaded machine only makes it return later), saying
+    ``what`` (called then, if a function: the state to show)."""
     give_up = time.monotonic() + timeout
     while not predicate():
-        assert time.monotonic() < give_up, f"not reached in {timeout} s: {what or predicate}"
+        if time.monotonic() >= give_up:
+            said = what() if callable(what) else what
+            raise AssertionError(f"not reached in {timeout} s: {said or predicate}")
         time.sleep(POLL)  # real-clock: the poll of a condition another thread or process sets
+
+
+async def trio_wait_until(
+    predicate: Callable[[], bool], timeout: float = 60.0, what: str = ""
+) -> None:
+    """:func:`wait_until` in a Trio task."""
+    with trio.move_on_after(timeout):
+        while not predicate():
+            await trio.sleep(POLL)  # real-clock: the poll of a condition (virtual on autojump)
+        return
+    raise AssertionError(f"not reached in {timeout} s: {what or predicate}")
 
 
 class Changes:
@@ -45,14 +66,14 @@ class Changes:
     def __init__(self) -> None:
         self._waiters: list[asyncio.Future[None]] = []
 
-    def changed(self) -> None:
+    def notify(self) -> None:
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
 
     async def until(self, predicate: Callable[[], bool]) -> None:
-        """Return once ``predicate()`` is true, looking again at each :meth:`changed`."""
+        """Return once ``predicate()`` is true, looking again at each :meth:`notify`."""
         while not predicate():
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
@@ -91,4 +112,4 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
         return self.now
 
 
-__all__ = ["POLL", "Changes", "VirtualClockLoop", "wait_until"]
+__all__ = ["POLL", "Changes", "VirtualClockLoop", "trio_wait_until", "wait_until"]

@@ -20,7 +20,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,6 +28,7 @@ from typing import Any
 
 import attrs
 import trio
+from clocks import wait_until
 from fake_host import FakeHost
 from worker_harness import free_port
 
@@ -218,13 +218,6 @@ def metric(text: str, name: str, **labels: str) -> float:
     return 0.0
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 60.0, what: str = "") -> None:
-    give_up = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < give_up, f"not reached in {timeout} s: {what}"
-        time.sleep(0.02)
-
-
 # ------------------------------------------------------------------------------ processes
 
 
@@ -279,17 +272,16 @@ def wait_serving(address: str, process: Process, timeout: float = 120.0) -> None
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(address)
+
+    def ready() -> bool:
+        assert process.alive(), f"exited with {process.proc.returncode}:\n{process.text()}"
+        try:
+            return bool(client.is_server_ready())
+        except Exception:
+            return False
+
     try:
-        give_up = time.monotonic() + timeout
-        while time.monotonic() < give_up:
-            assert process.alive(), f"exited with {process.proc.returncode}:\n{process.text()}"
-            try:
-                if client.is_server_ready():
-                    return
-            except Exception:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"{address} not ready after {timeout} s:\n{process.text()}")
+        wait_until(ready, timeout, lambda: f"{address} ready:\n{process.text()}")
     finally:
         client.close()
 

@@ -15,8 +15,9 @@ import importlib.metadata
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from clocks import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,17 +87,16 @@ class Running:
         """Until the server is ready and has printed its "Try:" block (or fail)."""
         from reactantserver.client import Client
 
-        deadline = time.monotonic() + 180
         with Client(f"127.0.0.1:{port}", timeout=5) as client:
-            while True:
+
+            def ready() -> bool:
                 assert self.proc.poll() is None, self.text()
                 try:
-                    if client.is_server_ready() and "Try:" in self.text():
-                        return
+                    return bool(client.is_server_ready()) and "Try:" in self.text()
                 except Exception:  # not listening yet
-                    pass
-                assert time.monotonic() < deadline, self.text()
-                time.sleep(0.2)
+                    return False
+
+            wait_until(ready, 180, self.text)
 
     def close(self) -> None:
         """Kill what is left of the group (a test that failed midway)."""

@@ -7,9 +7,8 @@ from __future__ import annotations
 import os
 import ssl
 import subprocess
-import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -110,15 +109,6 @@ def shm_object(data: bytes, prefix: str = "reactantserver-test-") -> Iterator[tu
         yield "/" + name, path
     finally:
         path.unlink(missing_ok=True)
-
-
-def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    """Wait for a condition another thread or process brings about (bounded)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def server_serial(host: str, port: int, ca_file: Path, alpn: Sequence[str] = ("h2",)) -> str:

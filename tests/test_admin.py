@@ -1,4 +1,5 @@
-"""The admin HTTP server, over a real socket on loopback."""
+"""The admin HTTP server, over a real socket on loopback (on autojump_clock where a test
+lets the server catch up: the clock moves only once every task waits)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import struct
 from functools import partial
 
 import trio
+import trio.testing
 from prometheus_client import CollectorRegistry, Counter
 
 from reactantserver.admin import AdminApp, serve_admin
@@ -52,7 +54,9 @@ async def test_endpoints_over_loopback() -> None:
         nursery.cancel_scope.cancel()
 
 
-async def test_idle_connections_cannot_keep_a_probe_out() -> None:
+async def test_idle_connections_cannot_keep_a_probe_out(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     """Issue 41: the admin port had no connection cap (3,000 idle connections held 3,000
     descriptors). Past ``max_connections`` a new connection closes the oldest one that has
     not sent its request; when every open one is being answered, the new one gets 503."""
@@ -81,7 +85,9 @@ async def test_idle_connections_cannot_keep_a_probe_out() -> None:
         nursery.cancel_scope.cancel()
 
 
-async def test_a_client_resetting_its_connection_ends_only_that_connection() -> None:
+async def test_a_client_resetting_its_connection_ends_only_that_connection(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     """A reset (RST) while the request head is read raised out of the handler and ended
     the admin server -- and the worker or gateway whose nursery it ran in."""
     app = AdminApp(CollectorRegistry(), lambda: (True, ""))

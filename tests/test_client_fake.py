@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -20,6 +19,7 @@ import attrs
 import numpy as np
 import pytest
 import trio
+from clocks import trio_wait_until, wait_until
 from fake_host import FakeHost
 from worker_harness import free_port
 
@@ -270,9 +270,7 @@ def test_a_server_that_comes_up_late_is_reached_by_retrying() -> None:
         caller = threading.Thread(target=lambda: answer.append(client.is_server_live()))
         caller.start()
         # The client is refused and retries before the server comes up.
-        give_up = time.monotonic() + 20
-        while client.statistics().retries == 0 and time.monotonic() < give_up:
-            time.sleep(0.01)
+        wait_until(lambda: client.statistics().retries > 0, what="a retry")
         with serving(port):
             caller.join(20)
         assert answer == [True]
@@ -413,9 +411,7 @@ async def test_async_client_under_trio(nursery: trio.Nursery) -> None:
         with trio.move_on_after(0.3) as scope:
             await client.infer("slow", {"x": X})
         assert scope.cancelled_caught
-        with trio.fail_after(5):
-            while "slow" not in host.cancelled:
-                await trio.sleep(0.01)
+        await trio_wait_until(lambda: "slow" in host.cancelled)
         with pytest.raises(NotFound, match="model 'nope' is not loaded"):
             await client.infer("nope", {"x": X})
     for i in range(6):

@@ -79,7 +79,7 @@ class Worker:
     async def echo(self, stream: Stream[Any, Any]) -> None:
         data = await stream.recv_message()
         self.calls += 1
-        self.changes.changed()
+        self.changes.notify()
         await stream.send_message(data[::-1])
 
     async def fail(self, stream: Stream[Any, Any]) -> None:
@@ -92,7 +92,7 @@ class Worker:
         self.deadlines.append(stream.deadline.time_remaining() if stream.deadline else None)
         self.active += 1
         self.peak = max(self.peak, self.active)
-        self.changes.changed()
+        self.changes.notify()
         try:
             await self.release.wait()
         except asyncio.CancelledError:
@@ -100,7 +100,7 @@ class Worker:
             raise
         finally:
             self.active -= 1
-            self.changes.changed()
+            self.changes.notify()
         await stream.send_message(b"released")
 
     async def big(self, stream: Stream[Any, Any]) -> None:
@@ -304,7 +304,7 @@ def test_a_waiter_without_a_task_takes_its_turn_in_the_same_line() -> None:
             def on_done(outcome: Reply | ChannelError) -> None:
                 order.append(f"{name} answered")
                 outcomes[name] = outcome
-                worker.changes.changed()
+                worker.changes.notify()
 
             return on_done
 

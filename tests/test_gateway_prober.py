@@ -16,6 +16,7 @@ import types
 import pytest
 import trio
 import trio.testing
+from clocks import VirtualClockLoop
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -54,7 +55,7 @@ class FakeFleet:
     async def gather(self) -> list[tuple[WorkerSnapshot, WorkerProbe]]:
         now = trio.current_time() - self.t0
         self.rounds.append(now)
-        await trio.sleep(0.01)  # a round takes a little time
+        await trio.sleep(0.01)  # virtual-clock: a round takes a little (autojump) time
         up = self.starts_at <= now < self.dies_at
         out = []
         for i, address in enumerate(ADDRESSES):
@@ -87,7 +88,7 @@ def prober(fleet: FakeFleet, *, interval: float = 10.0, rounds: int = 3) -> Prob
 async def traffic(p: Prober, every: float = 1.0) -> None:
     """The request path under load: a round asked for every ``every`` seconds."""
     while True:
-        await trio.sleep(every)
+        await trio.sleep(every)  # virtual-clock: wedge_time's tests run on autojump
         await p.probe_round()
 
 
@@ -349,10 +350,11 @@ def test_an_unregister_during_a_replay_leaves_no_region_behind() -> None:
                 CallInfo("SystemSharedMemoryUnregister", deadline),
             )
         )
-        await asyncio.sleep(0.01)  # the unregister is under way while the replay waits
+        await asyncio.sleep(0.01)  # virtual-clock: the unregister runs until it waits
         worker.release.set()
         await asyncio.gather(replay, unregister)
         assert registrations.regions == {}
         return worker.regions
 
-    assert asyncio.run(main()) == set()
+    with asyncio.Runner(loop_factory=VirtualClockLoop) as runner:
+        assert runner.run(main()) == set()

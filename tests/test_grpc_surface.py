@@ -28,6 +28,7 @@ import trio.testing
 import tritonclient.grpc as tc
 import tritonclient.grpc.aio as tca
 import tritonclient.utils.shared_memory as tshm
+from clocks import trio_wait_until
 from fake_host import FakeHost
 from tritonclient.utils import InferenceServerException
 
@@ -96,12 +97,6 @@ def x_input(rows: int = 2, datatype: str = "FP32", cols: int = 16) -> tc.InferIn
     dtype = np.float32 if datatype == "FP32" else np.int32
     inp.set_data_from_numpy(np.arange(rows * cols, dtype=dtype).reshape(rows, cols))
     return inp
-
-
-async def wait_until(predicate: Callable[[], bool]) -> None:
-    with trio.fail_after(5):
-        while not predicate():
-            await trio.sleep(0.005)
 
 
 # ------------------------------------------------------------------------ health, metadata
@@ -494,7 +489,7 @@ async def test_grpc_deadline_becomes_the_deadline(server: Running) -> None:
         lambda: error_of(lambda: server.client().infer("slow", [x_input()], client_timeout=0.15))
     )
     assert status == "StatusCode.DEADLINE_EXCEEDED"
-    await wait_until(lambda: server.host.cancelled == ["slow"])
+    await trio_wait_until(lambda: server.host.cancelled == ["slow"])
     ((_, deadline),) = server.host.calls
     assert t0 < deadline < t0 + 0.15 + 1.0
 
@@ -533,7 +528,7 @@ async def test_the_server_answers_a_deadline_itself_while_the_request_runs(
     assert result.grpc_status == 4, result.grpc_message  # DEADLINE_EXCEEDED
     assert result.reset is None
     assert took < 5.0  # at the deadline, not at the client's 10 s
-    await wait_until(lambda: server.host.cancelled == ["slow"])
+    await trio_wait_until(lambda: server.host.cancelled == ["slow"])
     rpcs = server.service.statistics().rpcs
     assert rpcs[("ModelInfer", "DEADLINE_EXCEEDED")] == 1
 
@@ -545,7 +540,7 @@ async def test_in_flight_cap_sheds_with_resource_exhausted(server: Running) -> N
     async with trio.open_nursery() as nursery:
         for _ in range(CAP):
             nursery.start_soon(occupy)
-        await wait_until(lambda: server.service.statistics().in_flight == CAP)
+        await trio_wait_until(lambda: server.service.statistics().in_flight == CAP)
         status = await off_loop(
             lambda: error_of(lambda: server.client().infer("double", [x_input()]))
         )
@@ -594,8 +589,8 @@ async def test_aio_client(server: Running) -> None:
     assert out["config"]["config"]["max_batch_size"] == 8
     assert out["error"] == ("StatusCode.NOT_FOUND", "model 'nope' is not loaded on this worker")
     assert out["gave_up"]
-    await wait_until(lambda: server.host.cancelled == ["slow"])
-    await wait_until(lambda: server.service.statistics().in_flight == 0)
+    await trio_wait_until(lambda: server.host.cancelled == ["slow"])
+    await trio_wait_until(lambda: server.service.statistics().in_flight == 0)
 
 
 # --------------------------------------------------------------------------- control service
@@ -772,7 +767,7 @@ async def test_stop_drains_in_flight_calls_and_refuses_new_ones() -> None:
             results.append(result.as_numpy("y"))
 
         nursery.start_soon(slow_call)
-        await wait_until(lambda: service.statistics().in_flight == 1)
+        await trio_wait_until(lambda: service.statistics().in_flight == 1)
         stop.set()
         # Every task has done what it can: the listener is draining, and still waits.
         await trio.testing.wait_all_tasks_blocked()

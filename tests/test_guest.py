@@ -23,7 +23,9 @@ def test_run_returns_the_trio_result_and_both_loops_are_live() -> None:
     async def main(x: int) -> tuple[int, bool]:
         # Trio runs inside an asyncio callback: the host loop is the running loop.
         loop = asyncio.get_running_loop()
-        await trio.sleep(0.001)
+        await trio.sleep(
+            0.001
+        )  # real-clock: a real timer through the guest loop, not a wait for an event
         return x * 2, loop.is_running()
 
     assert guest.run(main, 21) == (42, True)
@@ -39,7 +41,9 @@ def test_run_raises_what_main_raises() -> None:
 
 def test_aio_awaits_an_asyncio_coroutine_from_trio() -> None:
     async def produce() -> str:
-        await asyncio.sleep(0.001)
+        await asyncio.sleep(
+            0.001
+        )  # real-clock: a real timer through the guest loop, not a wait for an event
         return "from asyncio"
 
     async def main() -> str:
@@ -67,9 +71,9 @@ def test_cancelling_aio_cancels_and_waits_for_the_asyncio_task() -> None:
 
     async def slow() -> None:
         try:
-            await asyncio.sleep(3600)
+            await asyncio.sleep(3600)  # real-clock: never ends: it is cancelled
         except asyncio.CancelledError:
-            await asyncio.sleep(0.001)  # cleanup that itself awaits
+            await asyncio.sleep(0.001)  # real-clock: a cleanup that itself awaits a timer
             log.append("asyncio cleanup done")
             raise
 
@@ -84,7 +88,9 @@ def test_cancelling_aio_cancels_and_waits_for_the_asyncio_task() -> None:
 
 def test_portal_runs_trio_tasks_for_asyncio_callers() -> None:
     async def double(x: int) -> int:
-        await trio.sleep(0.001)
+        await trio.sleep(
+            0.001
+        )  # real-clock: a real timer through the guest loop, not a wait for an event
         return 2 * x
 
     async def boom() -> None:
@@ -108,16 +114,18 @@ def test_portal_runs_trio_tasks_for_asyncio_callers() -> None:
 
 def test_cancelling_the_asyncio_caller_cancels_the_trio_task() -> None:
     events: list[str] = []
+    started = asyncio.Event()
 
     async def forever() -> None:
         try:
+            started.set()  # the same thread: the host loop's Event is safe to set
             await trio.sleep_forever()
         finally:
             events.append("trio task ended")
 
     async def caller(portal: guest.TrioPortal) -> None:
         task = asyncio.ensure_future(portal.run(forever))
-        await asyncio.sleep(0.01)
+        await started.wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -21,13 +21,14 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from clocks import wait_until
 from gateway_harness import FakeWorker, GatewayRun, fake_workers, running_gateway
 from h2_client import INFER, LIVE, H2Client, RawClient, grpc_message, request_headers
 from tritonclient.utils import InferenceServerException
@@ -52,15 +53,6 @@ LIMITS = {
     "send_timeout_seconds": 1.0,
     "max_unsent_bytes": 4 << 20,
 }
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 def infer_message(model: str = "double", rows: int = 1, extra: bytes = b"") -> bytes:
@@ -211,7 +203,9 @@ def test_streams_pin_a_connection_only_while_they_owe_answers(tmp_path: Path) ->
         owing.send(sid, slow)  # one request owed, the stream left open
         outcome = empty.wait_closed(30)
         assert outcome.closed and outcome.goaway is not None
-        time.sleep(1.0)  # twice the idle timeout: the owing connection must still be open
+        time.sleep(
+            1.0
+        )  # real-clock: twice the idle timeout: the owing connection must still be open
         assert owing.pump(0.1) and owing.connection.goaway is None
 
 
@@ -371,9 +365,11 @@ def test_weights_truncated_mid_load_are_a_load_error_not_a_dead_worker(
     staged = add_bundle(zoo_repo, repo, "late")
     os.rename(staged, repo / "late")
     weights = repo / "late" / "weights.safetensors"
-    assert wait_for(lambda: "late" in index(address), 120), "the watcher never took it up"
+    wait_until(lambda: "late" in index(address), 120, what=lambda: "the watcher never took it up")
     os.truncate(weights, weights.stat().st_size // 2)
-    assert wait_for(lambda: "weights.safetensors" in index(address)["late"][1], 120), index(address)
+    wait_until(
+        lambda: "weights.safetensors" in index(address)["late"][1], 120, what=lambda: index(address)
+    )
     assert serves_double(address)
 
 
@@ -387,7 +383,7 @@ def test_a_live_manifest_alias_bomb_is_refused(live_repo: tuple[Path, str], zoo_
     manifest = staged / "manifest.yaml"
     manifest.write_text(manifest.read_text() + "\n".join(lines) + "\n")
     os.rename(staged, repo / "bomb")
-    assert wait_for(lambda: "refused" in index(address).get("bomb", ("", ""))[1], 120)
+    wait_until(lambda: "refused" in index(address).get("bomb", ("", ""))[1], 120)
     _, reason = index(address)["bomb"]
     assert "manifest.yaml:" in reason and "aliases make the file stand for more than" in reason
     assert serves_double(address)
@@ -410,8 +406,8 @@ def test_reasons_quote_no_file_and_links_out_of_the_repository_are_refused(
     staged = add_bundle(zoo_repo, repo, "leaky", source="double")
     (staged / "manifest.yaml").write_text("format_version: 1\nkind: model\nsecret: hunter2\n")
     os.rename(staged, repo / "leaky")
-    assert wait_for(lambda: {"linked", "leaky"} <= set(index(address)), 120)
-    assert wait_for(lambda: all(index(address)[n][1] for n in ("linked", "leaky")), 120)
+    wait_until(lambda: {"linked", "leaky"} <= set(index(address)), 120)
+    wait_until(lambda: all(index(address)[n][1] for n in ("linked", "leaky")), 120)
     entries = index(address)
     assert entries["linked"][1] == (
         "manifest.yaml: a symbolic link out of the model repository; set follow_symlinks: "

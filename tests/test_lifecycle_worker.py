@@ -22,7 +22,6 @@ import math
 import os
 import shutil
 import threading
-import time
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -37,6 +36,7 @@ import pytest
 import trio
 import trio.testing
 import tritonclient.grpc as grpcclient
+from clocks import trio_wait_until, wait_until
 from conftest import inline
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
@@ -93,14 +93,6 @@ def mlp_logits(bundle_dir: Path, x: np.ndarray) -> np.ndarray:
 
 def close(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.allclose(a, b, rtol=1e-4, atol=1e-4))
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting until {what}")
-        time.sleep(0.05)
 
 
 def status_of(exc: InferenceServerException) -> str:
@@ -248,12 +240,12 @@ def test_weights_replaced_under_load_switch_answers_with_no_failure(
     with running_worker(config) as address, client_for(address) as c:
         nbytes = load_bundle(repo / "mlp").weights_nbytes
         with ClientLoad(address, "mlp", x, classify) as load:
-            wait_until(lambda: load.answered_at_least(5, "old"), "every client got answers")
+            wait_until(lambda: load.answered_at_least(5, "old"), what="every client got answers")
             replace_file(
                 repo / "mlp" / "weights.safetensors",
                 (zoo_repo / "mlp_v000" / "weights.safetensors").read_bytes(),
             )
-            wait_until(lambda: load.all_last("new", 5), "every client gets the new answers")
+            wait_until(lambda: load.all_last("new", 5), what="every client gets the new answers")
         for history in load.histories:
             # Zero failures, and each client switches exactly once: a request admitted
             # after the swap never meets the old version again.
@@ -268,7 +260,7 @@ def test_weights_replaced_under_load_switch_answers_with_no_failure(
         # The old version is retired once drained: one copy of the weights is left.
         wait_until(
             lambda: sample(metrics(address), "worker_resident_weight_bytes") == nbytes,
-            "the old version's weights are freed",
+            what="the old version's weights are freed",
         )
         scraped = metrics(address)
         assert sample(scraped, "worker_model_state", model="mlp", state="ready") == 1
@@ -288,9 +280,9 @@ def test_directory_removed_under_load(zoo_repo: Path, compile_cache: Path, tmp_p
         with ClientLoad(
             address, "mlp", x, lambda out: "ok" if close(out, want) else "WRONG"
         ) as load:
-            wait_until(lambda: load.answered_at_least(5, "ok"), "every client got answers")
+            wait_until(lambda: load.answered_at_least(5, "ok"), what="every client got answers")
             shutil.rmtree(repo / "mlp")
-            wait_until(lambda: load.all_last("NOT_FOUND", 3), "requests are refused")
+            wait_until(lambda: load.all_last("NOT_FOUND", 3), what="requests are refused")
         for history in load.histories:
             # Answered correctly until the unload began, NOT_FOUND after: nothing else.
             assert runs(history) == ["ok", "NOT_FOUND"], runs(history)
@@ -302,7 +294,7 @@ def test_directory_removed_under_load(zoo_repo: Path, compile_cache: Path, tmp_p
             "model 'mlp' is being unloaded",
             "model 'mlp' is not loaded",
         }
-        wait_until(lambda: "mlp" not in index(c), "the index forgets the removed model")
+        wait_until(lambda: "mlp" not in index(c), what="the index forgets the removed model")
         assert index(c) == {"double": ("READY", "")}
         assert [m.name for m in control_status(address).models] == ["double"]
         scraped = metrics(address)
@@ -335,7 +327,7 @@ def test_corrupt_new_version_keeps_the_old_one_serving(
         # (Not just "a reason": while the new version is read, the index says it compiles.)
         wait_until(
             lambda: index(c)["mlp"][1].startswith("serving the previous version"),
-            "the failure shows in the index",
+            what="the failure shows in the index",
         )
         state, reason = index(c)["mlp"]
         assert state == "READY"
@@ -349,12 +341,12 @@ def test_corrupt_new_version_keeps_the_old_one_serving(
         polls = sample(metrics(address), "worker_repository_polls_total") or 0
         wait_until(
             lambda: (sample(metrics(address), "worker_repository_polls_total") or 0) >= polls + 4,
-            "four more polls saw the broken files",
+            what="four more polls saw the broken files",
         )
         assert sample(metrics(address), "worker_model_load_failures_total", model="mlp") == 1
         # ...fixed files are loaded: the reason clears and the new weights answer.
         replace_file(weights, (zoo_repo / "mlp_v000" / "weights.safetensors").read_bytes())
-        wait_until(lambda: close(answer(), new), "the fixed version serves")
+        wait_until(lambda: close(answer(), new), what="the fixed version serves")
         assert index(c) == {"mlp": ("READY", "")}
 
 
@@ -373,13 +365,13 @@ def test_new_bundles_are_loaded_and_broken_ones_reported(
         shutil.copytree(repo / "double", broken)
         (broken / "model.jaxexport").unlink()
 
-        wait_until(lambda: index(c).get("triple") == ("READY", ""), "triple is loaded")
+        wait_until(lambda: index(c).get("triple") == ("READY", ""), what="triple is loaded")
         assert c.is_model_ready("triple")
         x = np.arange(16, dtype=np.float32).reshape(1, 16)
         inp = grpcclient.InferInput("x", [1, 16], "FP32")
         inp.set_data_from_numpy(x)
         np.testing.assert_array_equal(c.infer("triple", [inp]).as_numpy("y"), 3 * x)
-        wait_until(lambda: "broken" in index(c), "broken is reported")
+        wait_until(lambda: "broken" in index(c), what="broken is reported")
         state, reason = index(c)["broken"]
         assert state == "UNAVAILABLE"
         assert reason == "model.jaxexport: file not found (manifest key 'artifact')"
@@ -523,9 +515,7 @@ async def with_worker(config: ServerConfig, body: Callable[[Worker], Awaitable[N
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         await nursery.start(partial(worker.run, stop=stop))
-        with trio.fail_after(120):
-            while not worker.readiness()[0]:
-                await trio.sleep(0.02)
+        await trio_wait_until(lambda: worker.readiness()[0], 120, "the worker ready")
         try:
             await body(worker)
         finally:
@@ -621,7 +611,7 @@ async def test_swap_to_other_batch_sizes_under_load(
         async with trio.open_nursery() as nursery:
             for k in range(8):
                 nursery.start_soon(client, k)
-            await trio.sleep(0.2)
+            await trio_wait_until(lambda: answered["total"] >= 8, what="the first answers")
             text = manifest.read_text()
             assert "compiled_batch_sizes: [1, 8, 32]" in text
             replace_file(manifest, text.replace("[1, 8, 32]", "[4, 16]").encode())
@@ -655,7 +645,7 @@ async def virtual_worker(config: ServerConfig) -> AsyncIterator[Worker]:
         await nursery.start(worker.serving.run)
         nursery.start_soon(worker.manage_models)
         while not worker.readiness()[0]:
-            await trio.sleep(POLL / 10)
+            await trio.sleep(POLL / 10)  # virtual-clock: its three tests run on autojump
         yield worker
         nursery.cancel_scope.cancel()
 
@@ -664,7 +654,7 @@ async def next_poll(worker: Worker) -> None:
     """Wait until the watcher completes one more poll (and everything it set off)."""
     polls = worker.repository.statistics().polls
     while worker.repository.statistics().polls == polls:
-        await trio.sleep(POLL / 10)
+        await trio.sleep(POLL / 10)  # virtual-clock: its three tests run on autojump
     await trio.testing.wait_all_tasks_blocked()
 
 

@@ -95,7 +95,7 @@ class FakeHost:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            await trio.sleep(self.delay)
+            await trio.sleep(self.delay)  # virtual-clock: every test of it runs on autojump
         finally:
             self.in_flight -= 1
         if model in self.errors:
@@ -230,7 +230,7 @@ async def test_outputs_select_and_order_the_callee_outputs(
     ids=["undeclared", "dtype", "shape", "missing", "unknown", "output", "meta"],
 )
 async def test_glue_bugs_fail_the_request_as_internal_without_a_sub_call(
-    call: Callable[[Any], Any], message: str
+    call: Callable[[Any], Any], message: str, autojump_clock: trio.testing.MockClock
 ) -> None:
     async def run(inputs: dict[str, np.ndarray], ctx: Any) -> dict[str, np.ndarray]:
         await call(ctx)
@@ -245,7 +245,9 @@ async def test_glue_bugs_fail_the_request_as_internal_without_a_sub_call(
     assert host.calls == []
 
 
-async def test_a_missing_or_unready_callee_is_unavailable_naming_it() -> None:
+async def test_a_missing_or_unready_callee_is_unavailable_naming_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     host = FakeHost({"stage": Stage("stage", up=False)})
     runner = MetaRunner(host, concurrency=1)
     with pytest.raises(Unavailable, match="callee 'stage' is not ready: warming up"):
@@ -328,7 +330,9 @@ async def test_an_exception_in_run_is_internal_logged_with_the_model_name(
     np.testing.assert_array_equal(out["out"], np.full((2, 4), 3, np.float32))
 
 
-async def test_errors_raised_on_purpose_keep_their_status() -> None:
+async def test_errors_raised_on_purpose_keep_their_status(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async def picky(inputs: dict[str, np.ndarray], ctx: Any) -> dict[str, np.ndarray]:
         raise InvalidArgument("model 'picky': x must be positive")
 
@@ -336,7 +340,9 @@ async def test_errors_raised_on_purpose_keep_their_status() -> None:
         await MetaRunner(FakeHost({}), concurrency=1).run(meta_model("picky", picky), ones())
 
 
-async def test_run_results_are_checked_against_the_manifest() -> None:
+async def test_run_results_are_checked_against_the_manifest(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async def wrong(inputs: dict[str, np.ndarray], ctx: Any) -> dict[str, np.ndarray]:
         return {"out": inputs["x"].astype(np.float64)}
 
@@ -520,7 +526,7 @@ class TraceExecutor:
     async def execute(self, batch: Batch) -> Sequence[Any]:
         values = [float(r.payload.flat[0]) for r in batch.requests]
         self.trace.append((batch.model, trio.current_time(), values))
-        await trio.sleep(1.0)
+        await trio.sleep(1.0)  # virtual-clock: its test runs on autojump
         return [r.payload for r in batch.requests]
 
 

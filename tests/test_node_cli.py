@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from clocks import wait_until
 from conftest import load_build_repo
 from tritonclient.utils import InferenceServerException
 from worker_harness import free_port
@@ -109,16 +110,16 @@ class Node:
 
     def wait_for(self, pattern: str, *, count: int = 1, timeout: float = 120.0) -> list[str]:
         """The groups of the first ``count`` matches of ``pattern`` in the log."""
-        deadline = time.monotonic() + timeout
-        while True:
-            found = re.findall(pattern, self.text())
-            if len(found) >= count:
-                return found
-            if self.proc.poll() is not None and len(re.findall(pattern, self.text())) < count:
-                raise AssertionError(f"node exited {self.proc.returncode}:\n{self.text()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no {pattern!r} x{count} in the log:\n{self.text()}")
-            time.sleep(0.05)
+
+        def logged() -> bool:
+            exited = self.proc.poll() is not None  # before reading: its last lines are in
+            if len(re.findall(pattern, self.text())) >= count:
+                return True
+            assert not exited, f"node exited {self.proc.returncode}:\n{self.text()}"
+            return False
+
+        wait_until(logged, timeout, lambda: f"{pattern!r} x{count} in the log:\n{self.text()}")
+        return re.findall(pattern, self.text())
 
     def pid(self, name: str, nth: int = 1) -> int:
         return int(self.wait_for(rf"started {name} \(pid (\d+)\)", count=nth)[nth - 1])
@@ -148,25 +149,23 @@ def alive(pid: int) -> bool:
 
 
 def wait_gone(pids: list[int], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(alive(pid) for pid in pids), f"still running: {pids}"
+    wait_until(lambda: not any(alive(pid) for pid in pids), timeout, f"{pids} gone")
 
 
 def wait_ready(url: str, node: Node, timeout: float = 120.0) -> None:
     client = grpcclient.InferenceServerClient(url)
-    deadline = time.monotonic() + timeout
+
+    def ready() -> bool:
+        try:
+            if client.is_server_ready():
+                return True
+        except InferenceServerException:
+            pass
+        assert node.proc.poll() is None, node.text()
+        return False
+
     try:
-        while True:
-            try:
-                if client.is_server_ready():
-                    return
-            except InferenceServerException:
-                pass
-            assert node.proc.poll() is None, node.text()
-            assert time.monotonic() < deadline, f"{url} not ready:\n{node.text()}"
-            time.sleep(0.1)
+        wait_until(ready, timeout, lambda: f"{url} ready:\n{node.text()}")
     finally:
         client.close()
 
@@ -262,16 +261,13 @@ def _load_until_sigterm(url: str, node: Node) -> tuple[Counter[str], list[str]]:
             with lock:
                 outcomes[kind] += 1
             if kind != "ok":
-                time.sleep(0.01)
+                time.sleep(0.01)  # real-clock: a client's pause before it tries again
         client.close()
 
     threads = [threading.Thread(target=load) for _ in range(8)]
     for thread in threads:
         thread.start()
-    deadline = time.monotonic() + 60
-    while outcomes["ok"] < 20 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert outcomes["ok"] >= 20, f"no load before SIGTERM: {outcomes}"
+    wait_until(lambda: outcomes["ok"] >= 20, what=lambda: f"load before SIGTERM: {outcomes}")
     sigterm_at.append(time.monotonic())
     node.proc.send_signal(signal.SIGTERM)
     node.proc.wait(60)
@@ -299,7 +295,8 @@ def test_two_workers_answer_on_their_own_ports_and_die_with_the_supervisor(
             np.testing.assert_array_equal(infer(url), 2 * X)
             assert http(f"http://127.0.0.1:{ports['metrics'] + i}/readyz")[0] == 200
         assert "started gateway" not in node.text()
-        time.sleep(max(0.0, 11.0 - (time.monotonic() - started)))
+        outlive = 11.0 - (time.monotonic() - started)  # the 10 s a spawning thread lives
+        time.sleep(max(0.0, outlive))  # real-clock: an absence (nobody dies) over 10 real s
         assert all(alive(pid) for pid in pids)
         assert node.text().count("started worker") == 2  # nobody died in between
         node.proc.send_signal(signal.SIGKILL)
@@ -516,18 +513,19 @@ def test_the_public_port_stays_up_while_both_workers_restart(
             os.kill(pid, signal.SIGKILL)
         node.wait_for(r"worker[01] killed by SIGKILL", count=2)
         seen: Counter[str] = Counter()
-        deadline = time.monotonic() + 120
-        while True:
+
+        def served() -> bool:
             with socket.create_connection(("127.0.0.1", ports["grpc"]), timeout=10):
                 pass  # the public port accepts: never "connection refused"
             try:
                 np.testing.assert_array_equal(infer(public), 2 * X)
-                break
+                return True
             except InferenceServerException as exc:
                 assert str(exc.status()) == "StatusCode.UNAVAILABLE", exc
                 seen[exc.message() or ""] += 1
-            assert time.monotonic() < deadline, node.text()
-            time.sleep(0.1)
+                return False
+
+        wait_until(served, 120, node.text)
         assert seen, "no call found both workers away"
         assert any("no worker serving it is ready" in m for m in seen), seen
         node.wait_for(r"started worker0 \(pid", count=2)

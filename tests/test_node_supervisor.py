@@ -24,6 +24,7 @@ from pathlib import Path
 import attrs
 import pytest
 import trio
+from clocks import wait_until
 
 from reactantserver.config import load_node
 from reactantserver.node import NodePlan, Supervisor, plan_node, supervise
@@ -266,10 +267,7 @@ def test_a_sigkilled_supervisor_leaves_no_child_behind(tmp_path: Path) -> None:
         assert all(alive(pid) for pid in pids)
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
-        deadline = time.monotonic() + 30
-        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not any(alive(pid) for pid in pids), "a child outlived the supervisor"
+        wait_until(lambda: not any(alive(pid) for pid in pids), what="the children gone")
     finally:
         proc.kill()
         proc.wait()

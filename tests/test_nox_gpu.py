@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from clocks import wait_until
 from nox_harness import environment, nox_argv, nox_path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,19 +110,17 @@ def test_a_step_over_its_limit_is_killed_with_everything_it_started(tmp_path: Pa
     assert rc is None and last == "started"
     assert time.monotonic() - start < 60
     child = int(pid_file.read_text())
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+
+    def gone() -> bool:
         try:
             os.kill(child, 0)
         except ProcessLookupError:
-            break
+            return True
         # A zombie until init reaps it: look at its state.
         state = Path(f"/proc/{child}/stat")
-        if state.exists() and state.read_text().split(") ")[-1].startswith("Z"):
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail(f"the step's child {child} survived the time limit")
+        return state.exists() and state.read_text().split(") ")[-1].startswith("Z")
+
+    wait_until(gone, what=f"the step's child {child} gone after the time limit")
     assert "started" in (tmp_path / "log.txt").read_text()
 
 

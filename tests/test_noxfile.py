@@ -19,11 +19,11 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from clocks import wait_until
 from nox_harness import Running, environment, nox_argv, nox_path
 from worker_harness import free_port
 
@@ -458,10 +458,7 @@ def test_nox_serve_stops_gracefully_and_leaves_nothing_behind(
     send, status = STOPS[stop]
     send(run.proc.pid)
     assert run.proc.wait(timeout=60) == status, run.text()
-    deadline = time.monotonic() + 10
-    while not _group_is_gone(run.proc.pid):
-        assert time.monotonic() < deadline, "a process of nox's group outlived it"
-        time.sleep(0.05)
+    wait_until(lambda: _group_is_gone(run.proc.pid), what="nox's whole process group gone")
     text = run.text()
     assert "[3/3] reactantserver serve" in text
     assert f"gRPC (KServe V2 / Triton):  127.0.0.1:{port}" in text

@@ -20,6 +20,7 @@ import pytest
 import trio
 import tritonclient.grpc as tc
 import tritonclient.grpc.aio as tca
+from clocks import trio_wait_until
 from fake_host import FakeModel
 from tritonclient.utils import InferenceServerException
 
@@ -133,7 +134,7 @@ def call_then_give_up(url: str, value: float, gave_up: Callable[[], None]) -> st
         async with tca.InferenceServerClient(url) as client:
             task = asyncio.ensure_future(client.infer("double", [x_input(value)]))
             while not task.done() and not gave_up():
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.01)  # real-clock: the poll of a condition another thread sets
             task.cancel()
             try:
                 await task
@@ -142,12 +143,6 @@ def call_then_give_up(url: str, value: float, gave_up: Callable[[], None]) -> st
             return "answered"
 
     return asyncio.run(main())
-
-
-async def wait_until(predicate: Callable[[], bool]) -> None:
-    with trio.fail_after(10):
-        while not predicate():
-            await trio.sleep(0.005)
 
 
 async def test_a_client_cancel_while_queued_withdraws_the_request_before_it_runs(
@@ -168,15 +163,15 @@ async def test_a_client_cancel_while_queued_withdraws_the_request_before_it_runs
         outcome.append(await trio.to_thread.run_sync(call_then_give_up, url, 2.0, stop.is_set))
 
     nursery.start_soon(run_second)
-    await wait_until(lambda: scheduler.admitted == 2)  # request 2 is queued
+    await trio_wait_until(lambda: scheduler.admitted == 2)  # request 2 is queued
     stop.set()
-    await wait_until(lambda: outcome == ["cancelled"])
+    await trio_wait_until(lambda: outcome == ["cancelled"])
     # Withdrawn at once, synchronously, by the handler's cancellation: the table and
     # the in-flight count hold only request 1 now.
-    await wait_until(lambda: scheduler.admitted == 1 and service.statistics().in_flight == 1)
+    await trio_wait_until(lambda: scheduler.admitted == 1 and service.statistics().in_flight == 1)
     assert scheduler.statistics().policy.models["double"].cancelled == 1
     executor.release.set()
-    await wait_until(lambda: len(first) == 1)
+    await trio_wait_until(lambda: len(first) == 1)
     assert first[0][0] == "OK"
     assert executor.executed == [1.0]  # request 2 never ran
     stats = service.statistics()
@@ -198,12 +193,12 @@ async def test_a_client_cancel_while_executing_drops_the_result_and_frees_the_sl
     nursery.start_soon(run)
     await executor.executing.wait()
     stop.set()
-    await wait_until(lambda: outcome == ["cancelled"])
+    await trio_wait_until(lambda: outcome == ["cancelled"])
     # The batch still runs, but the request is out of the table and its slot is free.
     assert scheduler.statistics().executing == "double"
-    await wait_until(lambda: scheduler.admitted == 0 and service.statistics().in_flight == 0)
+    await trio_wait_until(lambda: scheduler.admitted == 0 and service.statistics().in_flight == 0)
     executor.release.set()
-    await wait_until(lambda: scheduler.statistics().executing is None)
+    await trio_wait_until(lambda: scheduler.statistics().executing is None)
     assert executor.executed == [1.0]  # it ran; its result went nowhere
     # The server goes on serving.
     status, y = await trio.to_thread.run_sync(call, url, 3.0)
@@ -235,7 +230,7 @@ async def test_a_deadline_passing_while_queued_is_answered_by_the_dispatch_loop(
     assert trio.current_time() - t0 < 5  # answered at its deadline, not after the batch
     assert first == []  # the batch ahead of it is still running
     executor.release.set()
-    await wait_until(lambda: len(first) == 1)
+    await trio_wait_until(lambda: len(first) == 1)
     assert executor.executed == [1.0]
     assert scheduler.statistics().policy.models["double"].shed == 1
     assert service.request_statistics("double").by_status == {"DEADLINE_EXCEEDED": 1, "OK": 1}

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as tc
+from clocks import wait_until
 from security_support import (
     X,
     call,
@@ -27,7 +28,6 @@ from security_support import (
     server_serial,
     shm_object,
     triton,
-    wait_until,
     x_input,
 )
 from tls_certs import Pki, make_pki
@@ -166,7 +166,7 @@ def test_a_tls_client_that_does_not_negotiate_h2_is_closed(tmp_path: Path, pki: 
             lambda: (
                 server.metrics().get('worker_grpc_client_errors_total{kind="tls_refused"}', 0) == 1
             ),
-            "the refusal counted",
+            what="the refusal counted",
         )
 
 
@@ -324,7 +324,7 @@ def test_a_connection_is_the_owner_of_a_client_that_presents_nothing(tmp_path: P
         assert server.open_fds() >= before + 1
         first.close()
         second.close()
-        wait_until(lambda: server.open_fds() <= before, "the region's descriptor closed")
+        wait_until(lambda: server.open_fds() <= before, what="the region's descriptor closed")
 
 
 def test_an_object_outside_the_prefix_is_neither_read_nor_written(tmp_path: Path) -> None:

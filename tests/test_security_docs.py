@@ -15,8 +15,9 @@ from pathlib import Path
 import attrs
 import numpy as np
 import pytest
+from clocks import wait_until
 from conftest import load_build_repo
-from security_support import X, call, triton, wait_until, x_input
+from security_support import X, call, triton, x_input
 from test_node_cli import Node, _free_pair
 from tls_certs import Pki, make_pki
 from tritonclient.utils import InferenceServerException
@@ -101,7 +102,7 @@ def locked_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
             finally:
                 client.close()
 
-        wait_until(ready, "the node's gateway routes double", timeout=240)
+        wait_until(ready, what="the node's gateway routes double", timeout=240)
         yield Running(node, target, f"127.0.0.1:{base}", pki, tmp)
     finally:
         node.proc.terminate()

@@ -16,8 +16,9 @@ from pathlib import Path
 import attrs
 import numpy as np
 import pytest
+from clocks import wait_until
 from gateway_harness import PAIRED, PAIRED_KEY_ENV, FakeWorker, fake_workers, running_gateway
-from security_support import X, call, grpcurl, shm_object, triton, wait_until, x_input
+from security_support import X, call, grpcurl, shm_object, triton, x_input
 from tls_certs import Pki, make_pki
 from tritonclient.utils import InferenceServerException
 from worker_harness import free_port
@@ -252,4 +253,4 @@ def test_a_closed_client_connection_takes_its_regions_off_the_workers(tmp_path: 
         assert owner.startswith("gateway/conn:")
         assert all(len(r) == 1 for r in regions(workers))
         client.close()
-        wait_until(lambda: regions(workers) == [set(), set()], "the regions removed")
+        wait_until(lambda: regions(workers) == [set(), set()], what="the regions removed")

@@ -32,12 +32,12 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from clocks import wait_until
 from nox_harness import ROOT, Running, environment, nox_argv, nox_path
 from worker_harness import free_port
 
@@ -212,10 +212,10 @@ def test_the_tutorial_as_written(tutorial: Tutorial) -> None:
             assert tutorial.shell(command).splitlines() == expected
         elif kind == "log":
             wanted = [masked(x) for x in body.splitlines()]
-            deadline = time.monotonic() + 60
-            while in_order(wanted, tutorial.server_lines()):
-                assert time.monotonic() < deadline, tutorial.server.text()  # type: ignore[union-attr]
-                time.sleep(0.2)
+            wait_until(
+                lambda wanted=wanted: not in_order(wanted, tutorial.server_lines()),
+                what=lambda: tutorial.server.text(),  # type: ignore[union-attr]
+            )
         elif kind == "stop":
             assert tutorial.server is not None
             os.killpg(tutorial.server.proc.pid, signal.SIGINT)

@@ -199,7 +199,7 @@ def test_an_answer_to_a_client_that_does_not_read_waits_for_it(server: DirectSer
         client.flush()
         sid = client.start("/t.S/Big")
         client.send(sid, grpc_message(str(HUGE).encode()), end_stream=True)
-        time.sleep(1.0)  # not reading: the server's socket and transport buffers fill
+        time.sleep(1.0)  # real-clock: not reading: the server's socket and transport buffers fill
         result = client.wait(sid, timeout=60)
     assert result.grpc_status == 0, result.grpc_message
     assert _message(result) == _pattern(HUGE // 2) + _pattern(HUGE - HUGE // 2)
@@ -288,7 +288,8 @@ def test_a_deadline_that_passes_before_the_message_is_complete(server: DirectSer
         sid = client.start("/t.S/Echo", timeout="100m")
         message = grpc_message(b"slow")
         client.send(sid, message[:4])
-        time.sleep(0.3)
+        assert server.until(lambda: server.streams_open() == 1)  # its deadline counts now
+        time.sleep(0.3)  # real-clock: the server's 100 ms deadline passes mid-message
         client.send(sid, message[4:], end_stream=True)
         result = client.wait(sid)
     assert result.grpc_status == StatusCode.DEADLINE_EXCEEDED

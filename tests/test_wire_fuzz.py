@@ -35,6 +35,7 @@ from typing import Any
 import hpack
 import numpy as np
 import pytest
+from clocks import wait_until
 from h2.exceptions import H2Error
 from h2_client import (
     INFER,
@@ -160,19 +161,17 @@ def at_rest(server: WireServer, baseline: dict[str, int] | None) -> None:
     """The server is live and back to rest (see the module docstring)."""
     assert server.alive(), server.log()[-3000:]
     assert server_live(server.port), server.log()[-3000:]
-    deadline = time.monotonic() + 20
-    while True:
+
+    def at_rest() -> bool:
         metrics = server.metrics()
         quiet = (
             metrics["worker_inflight_requests"] == 0
             and metrics["worker_grpc_streams_open"] == 0
             and metrics["worker_grpc_connections_open"] == 0
         )
-        fds_ok = baseline is None or server.open_fds() == baseline["fds"]
-        if quiet and fds_ok:
-            break
-        assert time.monotonic() < deadline, (metrics, server.open_fds(), baseline)
-        time.sleep(0.02)
+        return quiet and (baseline is None or server.open_fds() == baseline["fds"])
+
+    wait_until(at_rest, what=lambda: (server.metrics(), server.open_fds(), baseline))
     if baseline is not None:
         assert server.rss_bytes() - baseline["rss"] < RSS_MARGIN
     assert "Traceback" not in server.log(), server.log()[-3000:]

@@ -27,6 +27,7 @@ import hpack
 import numpy as np
 import pytest
 import tritonclient.grpc as tc
+from clocks import wait_until
 from h2_client import (
     INFER,
     LIVE,
@@ -117,15 +118,6 @@ def error_of(fn: Callable[[], Any]) -> tuple[str, str]:
     except InferenceServerException as exc:
         return str(exc.status()), str(exc.message())
     raise AssertionError("the call succeeded, an error was expected")
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 # --------------------------------------------------------------------- unknown frame types
@@ -255,7 +247,7 @@ def test_unregister_during_calls_releases_every_fd_and_mapping(
         threads = [threading.Thread(target=call) for _ in range(2)]
         for t in threads:
             t.start()
-        assert wait_for(lambda: server.metrics().get("worker_inflight_requests", 0) >= 1)
+        wait_until(lambda: server.metrics().get("worker_inflight_requests", 0) >= 1)
         client.unregister_system_shared_memory("in")
         client.unregister_system_shared_memory("out")
         for t in threads:
@@ -263,7 +255,7 @@ def test_unregister_during_calls_releases_every_fd_and_mapping(
         assert set(outcomes) <= {"OK", "StatusCode.FAILED_PRECONDITION"}, outcomes
         for path in (in_path, SHM / out_key[1:]):
             path.unlink()
-    assert wait_for(lambda: server.open_fds() == baseline), (server.open_fds(), baseline)
+    wait_until(lambda: server.open_fds() == baseline, what=lambda: (server.open_fds(), baseline))
     assert server.shm_mappings() == []
     client.close()
 
@@ -520,7 +512,7 @@ def test_idle_timeout_sends_goaway_then_closes(tmp_path: Path) -> None:
             outcome = client.wait_closed(20)
             assert outcome.goaway is not None and outcome.goaway[0] == NO_ERROR, outcome
             assert outcome.closed
-        time.sleep(1.0)
+        time.sleep(1.0)  # real-clock: past the idle timeout: the busy connection stays open
         assert busy.pump(0.1) and busy.connection.goaway is None
 
 
@@ -546,19 +538,17 @@ def test_max_connections(tmp_path: Path) -> None:
     with running_wire_server(tmp_path, max_connections=4) as server:
         # Stalled connections (no preface) make room for one that talks HTTP/2.
         stalled = [RawClient(server.port) for _ in range(4)]
-        time.sleep(0.3)
+        wait_until(lambda: server.metrics()["worker_grpc_connections_open"] == 4)
         with H2Client(server.port) as polite:
             assert polite.call(LIVE, b"").grpc_status == OK
-            assert wait_for(
-                lambda: any(s.pump(0.05) is False or s.connection.closed for s in stalled)
-            )
+            wait_until(lambda: any(s.pump(0.05) is False or s.connection.closed for s in stalled))
             # Four live connections, each with a call at work: the fifth is refused at
             # once, with a GOAWAY saying why.
             others = [H2Client(server.port) for _ in range(3)]
             for client in (polite, *others):
                 client.send(client.start(INFER), _slow_infer(), end_stream=True)
-            assert wait_for(lambda: all(not s.pump(0.05) or s.connection.closed for s in stalled))
-            assert wait_for(lambda: server.metrics()["worker_inflight_requests"] == 4)
+            wait_until(lambda: all(not s.pump(0.05) or s.connection.closed for s in stalled))
+            wait_until(lambda: server.metrics()["worker_inflight_requests"] == 4)
             with H2Client(server.port) as extra:
                 outcome = extra.wait_closed(20)
                 assert outcome.closed
@@ -581,7 +571,7 @@ def test_connections_that_only_hold_calls_cannot_lock_clients_out(tmp_path: Path
     with running_wire_server(tmp_path, max_connections=4, body_timeout_seconds=1.0) as server:
         holders = [H2Client(server.port) for _ in range(4)]
         held = [h.start(LIVE) for h in holders]  # headers, never a message
-        assert wait_for(lambda: server.metrics()["worker_grpc_streams_open"] == 4)
+        wait_until(lambda: server.metrics()["worker_grpc_streams_open"] == 4)
         with H2Client(server.port) as polite:
             assert polite.call(LIVE, b"").grpc_status == OK  # one holder made room
         assert sum(h.wait_closed(20).closed for h in holders[:1]) == 1
@@ -809,7 +799,7 @@ def test_hostile_traffic_leaves_a_real_worker_at_rest(zoo_repo: Path) -> None:
                 and m[f"worker_grpc_connections_open{{{labels}}}"] == 0
             )
 
-        assert wait_for(at_rest), metrics()
+        wait_until(at_rest, what=lambda: metrics())
         m = metrics()
         for kind in ("expired_on_arrival", "bad_timeout", "malformed_message", "message_too_large"):
             assert (

@@ -15,7 +15,6 @@ import math
 import random
 import shutil
 import threading
-import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,6 +24,7 @@ import attrs
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from clocks import wait_until
 from conftest import ZOO_NAMES
 from prometheus_client.parser import text_string_to_metric_families
 from reference import client_inputs, expected_outputs
@@ -175,14 +175,20 @@ def test_reloads_under_load_at_depth_two_answer_every_request(
         for t in threads:
             t.start()
         control = grpcclient.InferenceServerClient(f"127.0.0.1:{address.grpc_port}")
+
+        def some_answered() -> None:
+            """Until the clients got another 8 answers (or one failed)."""
+            target = answered[0] + 8
+            wait_until(lambda: bool(errors) or answered[0] >= target, what=lambda: answered)
+
         try:
             for i in range(3):
-                time.sleep(0.5)
+                some_answered()  # by the version serving now
                 weights = versions[(i + 1) % 2].path / "weights.safetensors"
                 shutil.copyfile(weights, repo / "mlp" / "weights.safetensors")
                 control.load_model("mlp")  # returns once the new version serves
+            some_answered()  # by the last version
         finally:
-            time.sleep(0.5)
             stop.set()
             for t in threads:
                 t.join(60)

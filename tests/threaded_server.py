@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, Self
+
+from clocks import wait_until
 
 from reactantserver.gateway.calls import RawCodec
 from reactantserver.transport.limits import WireLimits
@@ -55,11 +56,8 @@ class ThreadedServer:
         self.loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
 
-    def until(self, condition: Callable[[], bool], timeout: float = 10.0) -> bool:
-        """Wait (blocking) until ``condition()`` holds; False if ``timeout`` passes first."""
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.01)
+    def until(self, condition: Callable[[], bool], timeout: float = 60.0) -> bool:
+        """Wait (blocking) until ``condition()`` holds (``clocks.wait_until``, which fails
+        after ``timeout``); True, for ``assert server.until(...)``."""
+        wait_until(condition, timeout)
         return True

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+from clocks import wait_until
 
 HERE = Path(__file__).resolve().parent
 
@@ -94,13 +95,13 @@ def running_wire_server(tmp_path: Path, **endpoints: Any) -> Iterator[WireServer
             env=env,
         )
     try:
-        deadline = time.monotonic() + 60
-        while not ports_path.exists() or not ports_path.read_text().endswith("\n"):
+
+        def started() -> bool:
             if process.poll() is not None:
                 raise RuntimeError(f"wire server exited early:\n{log_path.read_text()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"wire server did not start:\n{log_path.read_text()}")
-            time.sleep(0.02)
+            return ports_path.exists() and ports_path.read_text().endswith("\n")
+
+        wait_until(started, 60, lambda: f"the wire server started:\n{log_path.read_text()}")
         port, admin_port = (int(p) for p in ports_path.read_text().split())
         yield WireServer(port, admin_port, process, log_path)
     finally:

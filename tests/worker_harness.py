@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 import attrs
 import trio
+from clocks import wait_until
 
 from reactantserver.config import EndpointsConfig, SchedulerConfig, ServerConfig
 from reactantserver.transport import guest
@@ -105,11 +105,7 @@ def wait_ready(address: WorkerAddress, timeout: float) -> None:
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{address.grpc_port}")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if client.is_server_ready():
-            client.close()
-            return
-        time.sleep(0.05)
-    client.close()
-    raise TimeoutError("worker did not become ready")
+    try:
+        wait_until(client.is_server_ready, timeout, "the worker ready")
+    finally:
+        client.close()
