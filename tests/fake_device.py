@@ -243,7 +243,7 @@ async def run_batch(cache: CachedWeights, device: FakeDevice, model: FakeModel) 
         for a, want in zip(arrays, model.expected, strict=True):
             assert not a.deleted, f"{model.name} is missing weights at execution"
             np.testing.assert_array_equal(a.data, want)
-        await trio.sleep(0.001)
+        await trio.sleep(0.001)  # virtual-clock: run_batch's callers run on autojump_clock
         assert not any(a.deleted for a in arrays), f"{model.name} lost its weights mid-run"
     finally:
         device.executing -= held

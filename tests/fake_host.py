@@ -214,7 +214,9 @@ class FakeHost:
             if model == "slow":
                 await self.release.wait()
             else:
-                await trio.sleep(NAP_SECONDS)
+                await trio.sleep(
+                    NAP_SECONDS
+                )  # real-clock: stands for device work (counted as NAP_SECONDS)
         if scope.cancelled_caught:
             self.cancelled.append(model)
             if trio.current_time() >= scope.deadline:  # else withdrawn: nobody waits

@@ -58,7 +58,7 @@ def main() -> None:
         sys.stdout.flush()
         os.close(1)  # EOF on stdout: the partial line must still arrive
     while True:
-        time.sleep(0.1)
+        time.sleep(0.1)  # real-clock: the stand-in idles until it is stopped
 
 
 if __name__ == "__main__":

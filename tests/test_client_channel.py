@@ -58,7 +58,7 @@ class _Echo:
             raise GRPCError(Status.NOT_FOUND, "no model named 'missing' (ünïcode 100%)")
         if request.model_name == "sleep":
             try:
-                await asyncio.sleep(float(request.id))
+                await asyncio.sleep(float(request.id))  # real-clock: a slow model, as asked
             except asyncio.CancelledError:
                 self.cancelled.set()
                 raise

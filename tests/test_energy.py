@@ -314,7 +314,7 @@ class PoweredExecutor:
     async def execute(self, batch: Batch) -> Sequence[Any]:
         self.gpu.start(batch.model)
         try:
-            await trio.sleep(self.cost[batch.model])
+            await trio.sleep(self.cost[batch.model])  # virtual-clock: its tests run on autojump
         finally:
             self.gpu.stop()
         return [r.payload for r in batch.requests]

@@ -300,7 +300,7 @@ def test_the_preface_and_settings_split_across_reads_are_served(port: int) -> No
         hello = PREFACE + frame(SETTINGS, 0, 0, b"")
         for i in range(0, len(hello), 5):
             client.send(hello[i : i + 5])
-            time.sleep(0.002)
+            time.sleep(0.002)  # real-clock: a slow client, so that each piece is one read
         client.send(client.headers(1, request_headers(LIVE)))
         client.send(client.data(1, grpc_message(b""), end_stream=True))
         assert client.wait(1, 10).grpc_status == 0

@@ -50,7 +50,7 @@ class FakeExecutor:
         self.max_running = max(self.max_running, self.running)
         start = trio.current_time()
         try:
-            await trio.sleep(self.cost(batch))
+            await trio.sleep(self.cost(batch))  # virtual-clock: its tests run on autojump
         finally:
             self.running -= 1
         self.executed.append((start, batch))

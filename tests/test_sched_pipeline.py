@@ -505,7 +505,7 @@ class ThreadDevice:
             self.running += 1
             self.overlaps += self.running > 1
             began = time.perf_counter()
-            time.sleep(self.seconds)
+            time.sleep(self.seconds)  # real-clock: a program's run on the device's own thread
             self.programs[seq] = (began, time.perf_counter())
             self.running -= 1
             self.order.append(seq)

@@ -50,7 +50,7 @@ class StreamServer(ThreadedServer):
     async def sleep(self, stream: Any) -> None:
         try:  # a reset may come while the message is still being read (a loaded machine)
             await stream.recv_message()
-            await asyncio.sleep(30)
+            await asyncio.sleep(30)  # real-clock: a handler that never answers (it is reset)
         except asyncio.CancelledError:
             self.cancelled.append("sleep")
             raise
@@ -150,7 +150,7 @@ def test_an_answer_past_the_transports_buffer_waits_for_the_client_to_read(
         client.flush()
         sid = client.start("/t.S/Big")
         client.send(sid, grpc_message(str(huge).encode()), end_stream=True)
-        time.sleep(1.0)  # not reading: the server's socket and transport buffers fill
+        time.sleep(1.0)  # real-clock: not reading: the server's socket and transport buffers fill
         result = client.wait(sid, timeout=60)
     assert result.grpc_status == 0, result.grpc_message
     assert _messages(result.data) == [_pattern(huge)]
