@@ -287,9 +287,9 @@ async def _hold_a_slot(worker: Worker, client: WorkerClient) -> asyncio.Future[R
 def test_a_waiter_without_a_task_takes_its_turn_in_the_same_line() -> None:
     """``wait_for_slot`` (a forwarded call's wait): waiters without a task share one line
     with coroutine waiters, first come first served; a freed slot is handed over in the
-    event handling that freed it (``granted`` runs holding it, ``start_granted`` sends the
-    call there); a cancelled waiter leaves the line and is never granted; one whose
-    deadline passes is told so, naming the key, and nothing of it is sent; every slot
+    event handling that freed it (``granted`` runs holding it, ``start(..., holding=True)``
+    sends the call there); a cancelled waiter leaves the line and is never granted; one
+    whose deadline passes is told so, naming the key, and nothing of it is sent; every slot
     comes back."""
 
     async def main() -> None:
@@ -308,16 +308,23 @@ def test_a_waiter_without_a_task_takes_its_turn_in_the_same_line() -> None:
 
             return on_done
 
-        def granted(name: str) -> Callable[[], None]:
-            def on_granted() -> None:
+        class InLine:  # a caller in line (a pool.SlotCaller)
+            def __init__(self, name: str) -> None:
+                self.name = name
+
+            def granted(self) -> None:
+                name = self.name
                 order.append(f"{name} granted")
-                call = client.start_granted(b"/t.T/Echo", name.encode(), deadline(), answered(name))
+                call = client.start(
+                    b"/t.T/Echo", name.encode(), deadline(), answered(name), holding=True
+                )
                 assert call is not None
 
-            return on_granted
+            def expired(self, exc: DeadlineExceeded) -> None:
+                expired.append(exc)
 
         # No connection yet: such a caller waits in a task (start_when_ready).
-        assert client.wait_for_slot(deadline(), granted("x"), expired.append) is None
+        assert client.wait_for_slot(deadline(), InLine("x")) is None
         holding = await _hold_a_slot(worker, client)
         assert client.start(b"/t.T/Echo", b"a", deadline(), answered("a")) is None
 
@@ -325,12 +332,12 @@ def test_a_waiter_without_a_task_takes_its_turn_in_the_same_line() -> None:
             await client.call(b"/t.T/Echo", b"c", deadline())
             order.append("c answered")
 
-        a = client.wait_for_slot(deadline(), granted("a"), expired.append)
+        a = client.wait_for_slot(deadline(), InLine("a"))
         c = asyncio.ensure_future(coroutine())
         await asyncio.sleep(0.01)  # virtual-clock: c has run and is in line behind a
-        gone = client.wait_for_slot(deadline(), granted("gone"), expired.append)
-        client.wait_for_slot(deadline(0.05), granted("late"), expired.append)
-        b = client.wait_for_slot(deadline(), granted("b"), expired.append)
+        gone = client.wait_for_slot(deadline(), InLine("gone"))
+        client.wait_for_slot(deadline(0.05), InLine("late"))
+        b = client.wait_for_slot(deadline(), InLine("b"))
         assert a is not None and gone is not None and b is not None
         assert client.statistics().waiting == 5
         gone.cancel()
@@ -375,10 +382,14 @@ def test_waiters_in_line_expire_by_their_own_deadlines() -> None:
         for name, seconds in [("c", 0.3), ("a", 0.05), ("b", 0.15), ("patient", 30.0)]:
             at = deadline(seconds)
 
-            def expired(exc: DeadlineExceeded, name: str = name, at: float = at) -> None:
-                told.append((name, loop.time() - at))
+            class Caller:
+                def granted(self) -> None:
+                    pass
 
-            waits[name] = client.wait_for_slot(at, lambda: None, expired)
+                def expired(self, exc: DeadlineExceeded, name: str = name, at: float = at) -> None:
+                    told.append((name, loop.time() - at))
+
+            waits[name] = client.wait_for_slot(at, Caller())
         await asyncio.sleep(0.5)  # virtual-clock: past the three short deadlines
         assert [name for name, _ in told] == ["a", "b", "c"]
         assert all(late == pytest.approx(0, abs=1e-9) for _, late in told)  # each when due
@@ -396,8 +407,9 @@ def test_waiters_in_line_expire_by_their_own_deadlines() -> None:
 
 def test_a_slot_granted_after_the_connection_went_is_kept_for_the_next_one() -> None:
     """A waiter handed a slot when the connection has just failed (its calls' slots coming
-    back as they fail) cannot send there: ``start_granted`` says None, the slot still held,
-    and the call goes out on the next connection (``start_when_ready(holding=True)``)."""
+    back as they fail) cannot send there: ``start(..., holding=True)`` says None, the slot
+    still held, and the call goes out on the next connection
+    (``start_when_ready(holding=True)``)."""
 
     async def main() -> None:
         worker = Worker()
@@ -405,11 +417,15 @@ def test_a_slot_granted_after_the_connection_went_is_kept_for_the_next_one() -> 
         client = WorkerClient(f"127.0.0.1:{worker.port}", max_streams=1)
         holding = await _hold_a_slot(worker, client)
         started: list[object] = []
-        wait = client.wait_for_slot(
-            deadline(),
-            lambda: started.append(client.start_granted(b"/t.T/Echo", b"y", deadline(), print)),
-            lambda exc: started.append(exc),
-        )
+
+        class Caller:
+            def granted(self) -> None:
+                started.append(client.start(b"/t.T/Echo", b"y", deadline(), print, holding=True))
+
+            def expired(self, exc: DeadlineExceeded) -> None:
+                started.append(exc)
+
+        wait = client.wait_for_slot(deadline(), Caller())
         assert wait is not None
         port = worker.port
         await worker.stop()

@@ -388,7 +388,7 @@ def test_an_ended_slot_wait_keeps_nothing_of_its_call_alive() -> None:
     assert slots.take(1)
     callers = [Caller(), Caller()]
     refs = [weakref.ref(c) for c in callers]
-    waits = [SlotWait(client, 10.0, c.granted, c.expired) for c in callers]
+    waits = [SlotWait(client, 10.0, c) for c in callers]
     for wait in waits:
         slots.join(wait)
     granted = slots.release()

@@ -116,13 +116,14 @@ def test_public_scheduler_name_without_jax() -> None:
 
 def test_gateway_core_is_sans_io() -> None:
     """The gateway's core decides without I/O: importing it -- and the wire peek, the HTTP/2
-    client state machine, the request counters and the request path's rules (admission,
-    failover, stream slots) -- pulls in no event loop, gRPC library, protobuf runtime or
-    JAX (the gateway's I/O converts to and from messages)."""
+    client state machine, the request counters, the request path's rules (admission,
+    failover, stream slots) and a forwarded call's states -- pulls in no event loop, gRPC
+    library, protobuf runtime or JAX (the gateway's I/O converts to and from messages)."""
     code = (
         "import sys, reactantserver.gateway, reactantserver.gateway.wire\n"
         "import reactantserver.transport.h2client, reactantserver.gateway.stats\n"
         "import reactantserver.gateway.inflight, reactantserver.gateway.routing\n"
+        "import reactantserver.gateway.callstate\n"
         "roots = ('trio', 'asyncio', 'grpclib', 'betterproto', 'google', 'jax', 'jaxlib')\n"
         "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in roots)))\n"
     )

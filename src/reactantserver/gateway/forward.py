@@ -70,10 +70,11 @@ from ..records import REPORTED_VERSION
 from ..status import to_status
 from ..transport.streaming import RequestCall
 from .calls import CANCELLED, DEADLINE_EXCEEDED, NOT_FOUND, OK
+from .callstate import OUTCOME, CallEvent, CallState, advance
 from .channel import Call, ChannelError, Reply
 from .inflight import Admission, fails_over
 from .pool import SlotWait, WorkerClient
-from .routing import Outcome, Router, Ticket
+from .routing import Router, Ticket
 from .stats import GatewayStats
 from .table import Replica, items_of
 from .wire import InferPeek, peek_infer
@@ -126,13 +127,20 @@ class Gateway(Protocol):
 INFER_PATH = b"/inference.GRPCInferenceService/ModelInfer"
 RPC = "ModelInfer"
 
+# The states and events, bound once (the call path reads no enum class attribute).
+ARRIVED = CallState.ARRIVED
+ENDED = CallState.ANSWERED  # the first terminal state: ``state >= ENDED`` is "ended"
+ROUTE, LOOKUP, START, QUEUE = CallEvent.ROUTE, CallEvent.LOOKUP, CallEvent.START, CallEvent.QUEUE
+CONNECT, FAILOVER, ANSWER = CallEvent.CONNECT, CallEvent.FAILOVER, CallEvent.ANSWER
+FAIL, EXPIRE, CANCEL = CallEvent.FAIL, CallEvent.EXPIRE, CallEvent.CANCEL
+
 
 class Forward:
-    """One ModelInfer through the gateway (module docstring)."""
+    """One ModelInfer through the gateway (module docstring): the I/O that drives one
+    call's :class:`~.callstate.CallState` along :data:`~.callstate.TRANSITIONS`."""
 
-    __slots__ = ("_admitted", "_call", "_client", "_closed", "_data", "_deadline", "_model",
-                 "_peek", "_pending", "_proxy", "_sent_at", "_started", "_task",
-                 "_ticket")  # fmt: skip
+    __slots__ = ("_admitted", "_call", "_client", "_data", "_deadline", "_model", "_peek",
+                 "_proxy", "_sent_at", "_started", "_state", "_ticket", "_waiting")  # fmt: skip
 
     #: The RPC the call is counted under.
     rpc = RPC
@@ -145,24 +153,32 @@ class Forward:
         self._data = data
         self._started = now
         self._deadline = call.deadline if call.deadline is not None else now + proxy.timeout
+        #: Where the call stands: the one field that says it (:mod:`.callstate`).
+        self._state = ARRIVED
+        #: What the call waits on in its state, which ``CANCEL`` cancels: the task
+        #: (REFRESHING, CONNECTING), the place in line (WAITING_SLOT), the worker's stream
+        #: (SENT); None in the others.
+        self._waiting: Call | SlotWait | asyncio.Task[None] | None = None
         self._model = ""
         self._peek: InferPeek | None = None
+        #: The router's ticket (from ROUTED on): the worker, the replicas left to fail
+        #: over to, what :meth:`.Router.release` gives back.
         self._ticket: Ticket | None = None
         self._client: WorkerClient | None = None
-        #: The worker call in flight, or the wait for its stream slot (to cancel if the
-        #: client goes away).
-        self._pending: Call | SlotWait | None = None
-        #: The task of a call that has to wait (a table refresh, a connection).
-        self._task: asyncio.Task[None] | None = None
         self._sent_at = 0.0
         #: Admitted under the cap (counted in ``admission.infer``).
         self._admitted = False
-        self._closed = False
+
+    @property
+    def state(self) -> CallState:
+        """Where the call stands (:class:`~.callstate.CallState`)."""
+        return self._state
 
     # ---------------------------------------------------------------- the call's steps
 
     def begin(self) -> None:
-        """Admit, route and send (or hand the wait to a task)."""
+        """ARRIVED: admit, then route and send (ROUTE), or refresh the table first
+        (LOOKUP, a task)."""
         proxy = self._proxy
         admission = proxy.admission
         self._call.on_cancel = self._cancelled
@@ -189,12 +205,13 @@ class Forward:
             if replicas:
                 self._route(replicas, self._started)
             else:
+                self._state = advance(self._state, LOOKUP)
                 self._wait(self._refresh_then_route())
         except Exception as exc:
             self._fail(exc)
 
     async def _refresh_then_route(self) -> None:
-        """The model is not in the table: one refresh (single-flight), then route or fail."""
+        """REFRESHING: one refresh (single-flight), then route (ROUTE) or fail."""
         proxy = self._proxy
         await proxy.refresh(self._deadline)
         assert self._peek is not None
@@ -205,7 +222,7 @@ class Forward:
 
     def _route(self, replicas: tuple[Replica, ...], now: float) -> None:
         """Count the request's items (by the first replica's batch input) and take a
-        ticket from the router, then send."""
+        ticket from the router (ROUTE), then send."""
         peek = self._peek
         assert peek is not None
         self._model = peek.model
@@ -216,49 +233,56 @@ class Forward:
         first = replicas[0]
         items = items_of(first, peek.shape_of(first.batch_input_name))
         self._ticket = self._proxy.router.choose(peek.model, items, now, replicas)
+        self._state = advance(self._state, ROUTE)
         self._send(now)
 
     def _send(self, now: float) -> None:
-        """Start the call on the ticket's worker, or line up for one of its stream slots
-        (a task only if its connection must be opened first)."""
+        """ROUTED: start the call on the ticket's worker (START), or line up for one of
+        its stream slots (QUEUE), or wait in a task for its connection (CONNECT)."""
         ticket = self._ticket
         assert ticket is not None and ticket.worker is not None
         proxy = self._proxy
         self._client = client = proxy.clients[ticket.worker]
         self._sent_at = now
         try:
-            pending = client.start(
+            started = client.start(
                 INFER_PATH,
                 self._data,
                 self._deadline,
                 self._on_reply,
                 tell=self._call.deadline is not None,
-                owner=self._proxy.region_owner(self._call.owner),
+                owner=proxy.region_owner(self._call.owner),
             )
         except ChannelError as exc:
             self._on_reply(exc)
             return
-        if pending is not None:
-            self._pending = pending
+        if started is not None:
+            self._state = advance(self._state, START)
+            self._waiting = started
             return
-        self._pending = client.wait_for_slot(self._deadline, self._slot_granted, self._fail)
-        if self._pending is None:
-            self._wait(self._send_when_ready(client))
+        wait = client.wait_for_slot(self._deadline, self)
+        if wait is not None:
+            self._state = advance(self._state, QUEUE)
+            self._waiting = wait
+        else:
+            self._state = advance(self._state, CONNECT)
+            self._wait(self._send_when_ready(client, holding=False))
 
-    def _slot_granted(self) -> None:
-        """A stream slot came free for this call (in the event handling of the worker
-        connection that freed it): send it there."""
-        self._pending = None
+    def granted(self) -> None:
+        """WAITING_SLOT: a stream slot came free for this call (in the event handling of
+        the worker connection that freed it): send it there (START), or, the connection
+        gone meanwhile, wait for the next one holding the slot (CONNECT)."""
         client = self._client
         assert client is not None
         try:
-            pending = client.start_granted(
+            started = client.start(
                 INFER_PATH,
                 self._data,
                 self._deadline,
                 self._on_reply,
                 tell=self._call.deadline is not None,
                 owner=self._proxy.region_owner(self._call.owner),
+                holding=True,
             )
         except ChannelError as exc:
             self._on_reply(exc)
@@ -266,14 +290,21 @@ class Forward:
         except Exception as exc:  # the deadline passed
             self._fail(exc)
             return
-        if pending is None:  # the connection went meanwhile: reopen it, holding the slot
+        if started is None:
+            self._state = advance(self._state, CONNECT)
             self._wait(self._send_when_ready(client, holding=True))
         else:
-            self._pending = pending
+            self._state = advance(self._state, START)
+            self._waiting = started
 
-    async def _send_when_ready(self, client: WorkerClient, *, holding: bool = False) -> None:
+    def expired(self, exc: DeadlineExceeded) -> None:
+        """WAITING_SLOT: the deadline passed in line (EXPIRE); nothing was sent."""
+        self._fail(exc)
+
+    async def _send_when_ready(self, client: WorkerClient, *, holding: bool) -> None:
+        """CONNECTING: once connected (and holding a slot), START."""
         try:
-            self._pending = await client.start_when_ready(
+            started = await client.start_when_ready(
                 INFER_PATH,
                 self._data,
                 self._deadline,
@@ -284,12 +315,17 @@ class Forward:
             )
         except ChannelError as exc:
             self._on_reply(exc)
+            return
+        self._state = advance(self._state, START)
+        self._waiting = started
 
     def _on_reply(self, outcome: Reply | ChannelError) -> None:
-        """The worker's answer (or why there is none): answer the client, or fail over."""
-        self._pending = None
-        if self._closed:
+        """The worker's answer (SENT), or why there is none (any state that tried to
+        send): answer the client (ANSWER, FAIL, EXPIRE), or fail over (FAILOVER)."""
+        state = self._state
+        if state >= ENDED:
             return  # the client went away; the call was cancelled
+        self._waiting = None
         proxy = self._proxy
         ticket, client = self._ticket, self._client
         assert ticket is not None and client is not None
@@ -300,6 +336,7 @@ class Forward:
                 if fails_over(None, unprocessed=outcome.unprocessed) and (
                     proxy.router.failover(ticket) is not None
                 ):
+                    self._state = advance(state, FAILOVER)
                     self._send(now)
                     return
                 assert self._peek is not None
@@ -307,16 +344,17 @@ class Forward:
             proxy.stats.worker_call(self.rpc, client.name, now - self._sent_at)
             status = outcome.status
             if status == OK:
-                self._close(OK, "ok", now)
+                self._end(ANSWER, OK, now)
                 self._call.answer_framed(outcome.framed)  # the worker's bytes, as they came
                 return
             if fails_over(status):
                 if status == NOT_FOUND:
                     proxy.refresh_soon()
                 if proxy.router.failover(ticket) is not None:
+                    self._state = advance(state, FAILOVER)
                     self._send(now)
                     return
-            self._close(status, "deadline" if status == DEADLINE_EXCEEDED else "error", now)
+            self._end(EXPIRE if status == DEADLINE_EXCEEDED else FAIL, status, now)
             self._call.fail(status, outcome.message)
         except Exception as exc:
             self._fail(exc)
@@ -324,8 +362,9 @@ class Forward:
     # ---------------------------------------------------------------- waiting
 
     def _wait(self, step: Coroutine[Any, Any, None]) -> None:
-        """Run ``step`` (a coroutine that continues the call) in a task of its own."""
-        self._task = task = self._proxy.loop.create_task(self._guarded(step))
+        """Run ``step`` (a coroutine that continues the call) in a task of its own: what
+        the call waits on until the step moves it on."""
+        self._waiting = task = self._proxy.loop.create_task(self._guarded(step))
         self._proxy.tasks.add(task)
         task.add_done_callback(self._proxy.tasks.discard)
 
@@ -336,40 +375,40 @@ class Forward:
             pass  # the client went away (_cancelled) or the gateway is closing
         except Exception as exc:
             self._fail(exc)
-        finally:
-            self._task = None
 
     # ---------------------------------------------------------------- endings
 
     def _fail(self, exc: Exception) -> None:
-        """End the call with the status of ``exc`` (the gateway's own outcome)."""
-        if self._closed:
+        """End the call with the status of ``exc`` (the gateway's own outcome): FAIL, or
+        EXPIRE for a deadline."""
+        if self._state >= ENDED:
             return
         status = to_status(exc, rpc=self.rpc)  # INTERNAL, with the traceback, if not ours
         code = status.code.value
-        self._close(code, "deadline" if isinstance(exc, DeadlineExceeded) else "error")
+        self._end(EXPIRE if isinstance(exc, DeadlineExceeded) else FAIL, code)
         self._call.fail(code, status.message)
 
     def _cancelled(self) -> None:
-        """The client reset the call or its connection went: cancel the worker's call."""
-        if self._closed:
+        """The client reset the call or its connection went (CANCEL; EXPIRE if its
+        deadline passed): cancel what the call waits on."""
+        if self._state >= ENDED:
             return
         expired = self._proxy.loop.time() >= self._deadline
-        self._close(
-            DEADLINE_EXCEEDED if expired else CANCELLED, "deadline" if expired else "cancelled"
-        )
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.cancel()
-        if self._task is not None:
-            self._task.cancel()
+        if expired:
+            self._end(EXPIRE, DEADLINE_EXCEEDED)
+        else:
+            self._end(CANCEL, CANCELLED)
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None:
+            waiting.cancel()
 
-    def _close(self, code: int, outcome: Outcome, now: float | None = None) -> None:
-        """Account the call's end, once: the ticket, the counts, the statistics."""
-        self._closed = True
+    def _end(self, event: CallEvent, code: int, now: float | None = None) -> None:
+        """Move to the terminal state of ``event`` and account the call's end, once: the
+        ticket (with the state's outcome), the counts, the statistics."""
+        self._state = state = advance(self._state, event)
         proxy = self._proxy
         if self._ticket is not None:
-            proxy.router.release(self._ticket, outcome)
+            proxy.router.release(self._ticket, OUTCOME[state])
         proxy.admission.leave(self._admitted)
         if now is None:
             now = proxy.loop.time()

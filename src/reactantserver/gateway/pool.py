@@ -20,11 +20,19 @@ carries its decisions out. One line, two kinds of waiter: a coroutine
 (:meth:`WorkerClient.call`, :meth:`WorkerClient.start_when_ready`) awaits a future; a
 forwarded ModelInfer waits as a :class:`SlotWait`, without a task -- a freed slot is handed
 to it synchronously, from the event handling of the worker connection that freed it, and it
-starts its call there (:meth:`WorkerClient.start_granted`). Their deadlines are one heap
-under one timer, armed for the earliest. More calls in flight than slots is the usual case
+starts its call there (:meth:`WorkerClient.start`, ``holding=True``). Their deadlines are
+one heap under one timer, armed for the earliest. More calls in flight than slots is the usual case
 for a busy gateway (64 requests in flight from its clients against 32 slots to the worker),
 and a task, a future, a timer and their wake-ups per waiting call were a quarter of the
 gateway's CPU there (docs/benchmarks.md, "Client shapes").
+
+Entry points: :meth:`WorkerClient.call` (a coroutine's call: the fan-out, the prober, the
+proxy's other RPCs); and for a forwarded call, the three its state machine
+(:mod:`.callstate`) needs -- :meth:`~WorkerClient.start` (now, on a free or a granted
+slot), :meth:`~WorkerClient.wait_for_slot` (in line, no task) and
+:meth:`~WorkerClient.start_when_ready` (in a task, for the connection) -- with
+:meth:`~WorkerClient.leave_line` and :meth:`~WorkerClient.slot_deadline` for its
+:class:`SlotWait`.
 
 Everything runs on the asyncio loop's thread; nothing here locks.
 
@@ -41,7 +49,7 @@ import asyncio
 import logging
 import math
 import socket
-from collections.abc import Callable
+from typing import Protocol
 
 import attrs
 
@@ -79,56 +87,55 @@ class ClientStatistics:
     connect_failures: int
 
 
+class SlotCaller(Protocol):
+    """Who waits in a :class:`SlotWait` (a forwarded call, :class:`~.forward.Forward`)."""
+
+    def granted(self) -> None:
+        """Handed a stream slot, which it now holds: start the call on it
+        (:meth:`WorkerClient.start` with ``holding=True``)."""
+
+    def expired(self, exc: DeadlineExceeded) -> None:
+        """The deadline passed in line; nothing was sent."""
+
+
 class SlotWait(Waiter):
     """A caller in line for a stream slot without a task (:meth:`WorkerClient.wait_for_slot`):
-    ``granted`` runs once, holding the slot, when one is handed to it; ``expired`` runs
-    once, with why, if its deadline passes first; neither after :meth:`cancel`."""
+    ``caller.granted`` runs once, holding the slot, when one is handed to it;
+    ``caller.expired`` once, with why, if its deadline passes first; neither after
+    :meth:`cancel`."""
 
-    __slots__ = ("_client", "expired", "granted")
+    __slots__ = ("_client", "caller")
 
-    def __init__(
-        self,
-        client: WorkerClient,
-        deadline: float,
-        granted: Callable[[], None],
-        expired: Callable[[DeadlineExceeded], None],
-    ) -> None:
+    def __init__(self, client: WorkerClient, deadline: float, caller: SlotCaller) -> None:
         self.deadline = deadline  # Waiter's fields, set here: one per call that waits
         self.waiting = False
         self._client = client
-        self.granted = granted
-        self.expired = expired
+        self.caller: SlotCaller | None = caller
 
     def cancel(self) -> None:
         """The caller is gone: leave the line (after a grant, a no-op)."""
-        self._client._slots.leave(self)
-        self._forget()
+        self._client.leave_line(self)
+        self.caller = None
 
     def expire(self) -> None:
-        expired = self.expired
-        self._forget()
-        expired(self._client._slot_deadline())
+        caller, self.caller = self.caller, None
+        if caller is not None:
+            caller.expired(self._client.slot_deadline())
 
     def grant(self) -> bool:
         """Handed a slot (already out of the line): the call starts on it."""
-        granted = self.granted
-        self._forget()
-        try:
-            granted()
-        except Exception:  # the caller's bug: it must not reach the connection that freed the slot
-            log.exception("starting a call on a freed stream slot failed")
+        caller, self.caller = self.caller, None
+        # Ended either way: the line's deadline entry for this wait (dropped lazily,
+        # :class:`~.inflight.StreamSlots`) keeps nothing of its call alive -- a call held
+        # there outlived its answer and fed the cyclic collector's passes.
+        if caller is not None:
+            try:
+                caller.granted()
+            except (
+                Exception
+            ):  # the caller's bug: it must not reach the connection that freed the slot
+                log.exception("starting a call on a freed stream slot failed")
         return True
-
-    def _forget(self) -> None:
-        """Ended: drop the caller, so that the line's deadline entry for this wait (dropped
-        lazily, :class:`~.inflight.StreamSlots`) keeps nothing of its call alive -- a call
-        held there outlived its answer and fed the cyclic collector's passes."""
-        self.granted = _nothing
-        self.expired = _nothing
-
-
-def _nothing(*_: object) -> None:
-    """What an ended :class:`SlotWait` calls (nothing: it calls nobody again)."""
 
 
 class _FutureWait(Waiter):
@@ -256,35 +263,43 @@ class WorkerClient:
         *,
         tell: bool = True,
         owner: str = "",
+        holding: bool = False,
     ) -> Call | None:
-        """Start a call at once, if a stream slot and the connection are free; None if it
-        would have to wait for either (then :meth:`start_when_ready`). ``on_done`` runs once
-        with the outcome; raises as :meth:`.WorkerConnection.start` (nothing sent)."""
+        """Start a call at once, if the connection is up and a stream slot free (or held
+        already: ``holding``, a :class:`SlotWait` was granted one). None if it would have
+        to wait: for a slot (:meth:`wait_for_slot`) or the connection
+        (:meth:`start_when_ready`; a slot held stays held). ``on_done`` runs once with the
+        outcome; raises as :meth:`.WorkerConnection.start` (nothing sent, the slot given
+        back)."""
         conn = self._conn
-        if (
-            conn is None
-            or not conn.usable
-            or not self._slots.take(conn.slot_limit(self._max_streams))
-        ):
+        if conn is None or not conn.usable:
+            return None
+        if not holding and not self._slots.take(conn.slot_limit(self._max_streams)):
             return None
         return self._start(conn, path, payload, deadline, on_done, tell, owner)
 
-    def wait_for_slot(
-        self,
-        deadline: float,
-        granted: Callable[[], None],
-        expired: Callable[[DeadlineExceeded], None],
-    ) -> SlotWait | None:
+    def wait_for_slot(self, deadline: float, caller: SlotCaller) -> SlotWait | None:
         """Line up for a stream slot without a task, when :meth:`start` said to wait and a
-        connection is up: ``granted`` runs once, from the loop, holding a slot -- it must
-        then call :meth:`start_granted` -- or ``expired`` once when ``deadline`` passes first.
-        None when there is no usable connection: then wait with :meth:`start_when_ready`."""
+        connection is up: ``caller.granted`` runs once, from the loop, holding a slot, or
+        ``caller.expired`` once when ``deadline`` passes first. None when there is no
+        usable connection: then wait with :meth:`start_when_ready`."""
         conn = self._conn
         if conn is None or not conn.usable or self._loop is None:
             return None
-        wait = SlotWait(self, deadline, granted, expired)
+        wait = SlotWait(self, deadline, caller)
         self._join(wait)
         return wait
+
+    def leave_line(self, wait: SlotWait) -> None:
+        """``wait``'s caller is gone: out of the line (a no-op once granted or expired)."""
+        self._slots.leave(wait)
+
+    def slot_deadline(self) -> DeadlineExceeded:
+        """Why a wait for one of this worker's stream slots ended at its deadline."""
+        return DeadlineExceeded(
+            f"the deadline passed while waiting for one of the {self._limit()} streams "
+            f"to worker {self.label} (worker_client.max_concurrent_streams)"
+        )
 
     def _join(self, wait: SlotWait | _FutureWait) -> None:
         """Line up ``wait``; the timer moves to its deadline if that is now the earliest."""
@@ -309,24 +324,6 @@ class WorkerClient:
         if when < math.inf:
             self._arm(when)
 
-    def start_granted(
-        self,
-        path: bytes,
-        payload: bytes | memoryview,
-        deadline: float,
-        on_done: OnDone,
-        *,
-        tell: bool = True,
-        owner: str = "",
-    ) -> Call | None:
-        """Start a call on the slot a :class:`SlotWait` was granted. None when the
-        connection went meanwhile: the slot is still held, for
-        ``start_when_ready(..., holding=True)``. Raises as :meth:`start` (the slot given back)."""
-        conn = self._conn
-        if conn is None or not conn.usable:
-            return None
-        return self._start(conn, path, payload, deadline, on_done, tell, owner)
-
     async def start_when_ready(
         self,
         path: bytes,
@@ -339,7 +336,7 @@ class WorkerClient:
         owner: str = "",
     ) -> Call:
         """:meth:`start`, after waiting (until ``deadline``) for a slot (unless ``holding``
-        one already: :meth:`start_granted` said None) and a connection."""
+        one already: ``start(..., holding=True)`` said None) and a connection."""
         if not holding:
             await self._acquire(deadline)
         try:
@@ -407,15 +404,9 @@ class WorkerClient:
                 self._release()  # handed a slot just as we were cancelled: pass it on
             raise
         except DeadlineExceeded:
-            raise self._slot_deadline() from None
+            raise self.slot_deadline() from None
         finally:
             self._slots.leave(wait)  # a no-op once granted or expired
-
-    def _slot_deadline(self) -> DeadlineExceeded:
-        return DeadlineExceeded(
-            f"the deadline passed while waiting for one of the {self._limit()} streams "
-            f"to worker {self.label} (worker_client.max_concurrent_streams)"
-        )
 
     def _release(self) -> None:
         """A slot holder is done: the slot passes to the first waiter still there."""
