@@ -10,6 +10,11 @@ starts again. Per call that is one object here and one record per side, where th
 path (grpclib's server stream, an asyncio task, a deadline wrapper, a future) cost about a
 third of the gateway's CPU per request (docs/benchmarks.md, "The gateway").
 
+Where a call stands is one field, its :class:`~.callstate.CallState`, moved along the
+table of :mod:`.callstate` (sans-IO) by each step below -- ROUTE, START, QUEUE, CONNECT,
+FAILOVER, ANSWER, FAIL, EXPIRE, CANCEL -- and one handle of what it waits on in that state
+(its task, its :class:`~.pool.SlotWait`, its worker stream), which is what CANCEL cancels.
+
 Theory of operation
 -------------------
 :meth:`Forward.begin`: refuse when draining (UNAVAILABLE) or over the admission cap
@@ -45,10 +50,12 @@ A request of a client's ModelStreamInfer (:class:`StreamForward`) takes exactly 
 its ``call`` is the stream's :class:`~reactantserver.transport.streaming.StreamedRequest`,
 whose answer goes into the client's stream, and whose deadline is the stream's.
 
-Invariants: the client's call is answered at most once and, unless the client went away,
-exactly once; ``router.release`` runs exactly once per ticket; the gateway's in-flight
-counts go up once and down once per call (:meth:`Forward._close`); when the client goes
-away (reset, lost connection) the worker's call is cancelled and no answer is written.
+Invariants (``tests/test_gateway_callstate.py`` drives them in any order of events): the
+state moves only along :data:`~.callstate.TRANSITIONS` and ends in one terminal state; the
+client's call is answered at most once and, unless the client went away, exactly once;
+``router.release`` runs exactly once per ticket; the gateway's in-flight counts go up once
+and down once per call (:meth:`Forward._end`); when the client goes away (reset, lost
+connection) the worker's call is cancelled and no answer is written.
 """
 
 from __future__ import annotations
