@@ -64,14 +64,14 @@ CANCELLED     -       -           -      -             -           -         -  
 
 def _expected() -> dict[tuple[CallState, CallEvent], CallState]:
     header, *rows = SPECIFICATION.strip().splitlines()
-    events = [E[name] for name in header.split()]
+    events = [CallEvent[name] for name in header.split()]
     expected = {}
     for row in rows:
         state, *cells = row.split()
         assert len(cells) == len(events), row
         for event, cell in zip(events, cells, strict=True):
             if cell != "-":
-                expected[S[state], event] = S[cell]
+                expected[CallState[state], event] = CallState[cell]
     return expected
 
 
@@ -94,8 +94,8 @@ PATHS = {
 
 def test_the_specification_names_every_state_and_event() -> None:
     header, *rows = SPECIFICATION.strip().splitlines()
-    assert [E[n] for n in header.split()] == list(CallEvent)
-    assert [S[r.split()[0]] for r in rows] == list(CallState)
+    assert [CallEvent[n] for n in header.split()] == list(CallEvent)
+    assert [CallState[r.split()[0]] for r in rows] == list(CallState)
 
 
 def test_the_table_is_exactly_the_specification() -> None:
@@ -186,7 +186,7 @@ class FakeTask:
     def __init__(self, coro: Coroutine[Any, Any, None]) -> None:
         self.coro = coro
         #: The Forward whose step it runs.
-        self.owner = coro.cr_frame.f_locals["self"]
+        self.owner = coro.cr_frame.f_locals["self"]  # type: ignore[attr-defined]
         self.gate: Gate | None = None
         self.started = False
         self.cancelling = False
@@ -282,6 +282,8 @@ class FakeClient:
         owner: str = "",
         holding: bool = False,
     ) -> FakeStream | None:
+        if not holding:  # the Forward's first try on this worker (its _send)
+            self.world.visits.setdefault(on_done.__self__, []).append(self.name)  # type: ignore[attr-defined]
         if not self.up:
             return None
         if not holding and not self.slots.take(SLOTS):
@@ -297,7 +299,6 @@ class FakeClient:
             raise DeadlineExceeded("the deadline passed before the call could be sent")
         stream = FakeStream(self, deadline, on_done)
         self.streams.append(stream)
-        self.world.visits.setdefault(on_done.__self__, []).append(self.name)  # type: ignore[attr-defined]
         return stream
 
     def wait_for_slot(self, deadline: float, caller: SlotCaller) -> SlotWait | None:
@@ -404,7 +405,7 @@ class World:
         self.draining = False
         self.timeout = 5.0
         self.calls: list[tuple[ClientCall, Forward]] = []
-        #: Forward -> the workers its streams were opened on, in order.
+        #: Forward -> the workers it was sent to (routed or failed over to), in order.
         self.visits: dict[Forward, list[str]] = {}
         self.refreshes: list[Gate] = []
 
@@ -639,9 +640,9 @@ def _tables_in(text: str) -> dict[tuple[CallState, CallEvent], CallState]:
             continue
         if words[0] != "*" and words[0] not in CallState.__members__:
             continue
-        states = live if words[0] == "*" else [S[words[0]]]
+        states = live if words[0] == "*" else [CallState[words[0]]]
         for state in states:
-            found[state, E[words[1]]] = S[words[2]]
+            found[state, CallEvent[words[1]]] = CallState[words[2]]
     return found
 
 
