@@ -22,6 +22,7 @@ The sans-IO core (imports none of asyncio, trio, socket, grpclib, protobuf):
 ``policy``     GatewayControlService values: checked against gateway.yml's rules
 ``wire``       the peek at a ModelInfer's bytes and the grpc-timeout it forwards
 ``stats``      the gateway's own counters and the frozen records metrics read
+``callstate``  where a forwarded call stands: its transition table (events in, a state out)
 
 Pure, but speaking a library's records (no I/O, no clock):
 
