@@ -59,7 +59,37 @@ def in_threads(limiter: trio.CapacityLimiter | None = None) -> ThreadRunner:
 PipelineDone = Callable[[outcome.Outcome[Any], float, float], object]
 
 
-class DeviceThread:
+class _OwnedThreads:
+    """Threads whose life is one Trio task's: :meth:`run` starts each of ``bodies`` in a
+    ``to_thread`` call and, once cancelled, refuses new jobs and puts ``None`` on ``inbox``
+    (the queue jobs arrive on), which ends the threads after the jobs already handed over.
+    """
+
+    def __init__(
+        self, inbox: queue.SimpleQueue[Any], bodies: tuple[Callable[[], None], ...]
+    ) -> None:
+        self._inbox = inbox
+        self._bodies = bodies
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._closed = False
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the threads until cancelled; then finish every submitted job and end them."""
+        self._token = trio.lowlevel.current_trio_token()
+        async with trio.open_nursery() as nursery:
+            # Each thread's whole life is one to_thread call, which cannot be abandoned:
+            # the nursery (and so this task) waits for the threads to end.
+            for body in self._bodies:
+                nursery.start_soon(partial(trio.to_thread.run_sync, body))
+            task_status.started()
+            try:
+                await trio.sleep_forever()
+            finally:
+                self._closed = True
+                self._inbox.put(None)
+
+
+class DeviceThread(_OwnedThreads):
     """One long-lived thread running blocking jobs one at a time, owned by a Trio task.
 
     Start it with ``await nursery.start(device.run)``; the thread lives as long as that
@@ -75,22 +105,7 @@ class DeviceThread:
         self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], PipelineDone] | None] = (
             queue.SimpleQueue()
         )
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._closed = False
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Own the thread until cancelled; then finish the current job and end it."""
-        self._token = trio.lowlevel.current_trio_token()
-        async with trio.open_nursery() as nursery:
-            # The thread's whole life is one to_thread call, which cannot be abandoned:
-            # the nursery (and so this task) waits for the thread to end.
-            nursery.start_soon(partial(trio.to_thread.run_sync, self._serve))
-            task_status.started()
-            try:
-                await trio.sleep_forever()
-            finally:
-                self._closed = True
-                self._jobs.put(None)
+        super().__init__(self._jobs, (self._serve,))
 
     def submit(self, job: Callable[[], Any], done: PipelineDone) -> None:
         """Run ``job()`` on the thread, then ``done(outcome, started, finished)`` on Trio's
@@ -110,7 +125,7 @@ class DeviceThread:
             token.run_sync_soon(done, result, started, time.perf_counter())
 
 
-class DevicePipeline:
+class DevicePipeline(_OwnedThreads):
     """A launch thread and a collect thread, owned by a Trio task (see the module docstring).
 
     Start it with ``await nursery.start(pipeline.run)``. :meth:`submit` hands over one
@@ -130,21 +145,8 @@ class DevicePipeline:
         self._collects: queue.SimpleQueue[
             tuple[Callable[[Any], Any], outcome.Outcome[Any], float, PipelineDone] | None
         ] = queue.SimpleQueue()
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._closed = False
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Own both threads until cancelled; then finish every submitted job and end them."""
-        self._token = trio.lowlevel.current_trio_token()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(partial(trio.to_thread.run_sync, self._launch_thread))
-            nursery.start_soon(partial(trio.to_thread.run_sync, self._collect_thread))
-            task_status.started()
-            try:
-                await trio.sleep_forever()
-            finally:
-                self._closed = True
-                self._launches.put(None)  # the launch thread passes it on to the collector
+        # The launch thread passes the closing None on to the collector.
+        super().__init__(self._launches, (self._launch_thread, self._collect_thread))
 
     def submit(
         self, launch: Callable[[], Any], collect: Callable[[Any], Any], done: PipelineDone
