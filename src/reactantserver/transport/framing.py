@@ -37,6 +37,7 @@ completes it; a well-formed stream is never refused.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Generic, TypeVar
 
 import attrs
 
@@ -83,6 +84,25 @@ class RequestHead:
     def compressed(self) -> bool:
         """The call's messages may come compressed (a ``grpc-encoding`` was named)."""
         return self.encoding != "identity"
+
+
+#: The handler a served request goes to, and the clock its deadline is read on.
+H = TypeVar("H")
+D = TypeVar("D")
+
+
+@attrs.frozen(eq=False)
+class HeadersPassed(Generic[H, D]):
+    """A request whose headers passed (a sink's ``admit`` returns one, or a
+    :class:`Refusal`): the handler that serves it, what its headers said, by when it must
+    end (``None``: the client set no deadline) and whose it is (:mod:`.auth`: whose
+    shared-memory regions the call may use). Each kind of handler has its record below it,
+    with ``unary_request``: whether the request carries exactly one message."""
+
+    handler: H
+    head: RequestHead
+    deadline: D | None
+    owner: str = ""
 
 
 def _bad(message: str, http_status: int, fault: Fault = Fault.BAD_REQUEST) -> Refusal:

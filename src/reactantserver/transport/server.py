@@ -84,7 +84,7 @@ from . import h2events
 from .auth import Authorizer, Peer
 from .compression import Inflater
 from .faultlog import FaultLog
-from .framing import Refusal, RequestHead, request_head
+from .framing import HeadersPassed, Refusal, RequestHead, request_head
 from .grpcerror import error_code, grpc_error
 from .h2guard import ConnectionTable, GuardedProtocol
 from .limits import Fault, WireCounters, WireLimits, WireStatistics
@@ -112,16 +112,12 @@ TICK = 2.0
 
 
 @attrs.frozen(eq=False)
-class Admission:
-    """A request whose headers passed: what its handler task needs."""
+class Admission(HeadersPassed[Handler, Deadline]):
+    """A request for a grpclib handler whose headers passed: what its handler task needs.
+    Its deadline is grpclib's (``time.monotonic`` based), fixed when the headers arrived."""
 
-    handler: Handler
-    head: RequestHead
-    metadata: Any
-    #: grpclib's deadline (``time.monotonic`` based), fixed when the headers arrived.
-    deadline: Deadline | None
-    #: Whose shared-memory regions the call may use (:mod:`.auth`, rule 4).
-    owner: str = ""
+    #: The call's metadata, decoded (``-bin`` values as bytes).
+    metadata: Any = None
 
     @property
     def unary_request(self) -> bool:
@@ -406,7 +402,7 @@ class _Calls:
                 Fault.BAD_REQUEST,
             )
         deadline = None if head.timeout is None else Deadline.from_timeout(head.timeout)
-        return Admission(handler, head, metadata, deadline, owner)
+        return Admission(handler, head, deadline, owner, metadata)
 
     def accept(
         self,

@@ -87,7 +87,7 @@ from reactantserver.status import INTERNAL_MESSAGE
 
 from . import h2events
 from .compression import Inflater
-from .framing import Refusal, RequestHead
+from .framing import HeadersPassed, Refusal
 from .limits import WireLimits
 from .unary import (
     ACCEPTING_ANSWER_HEADERS,
@@ -151,19 +151,11 @@ class StreamHandler:
 
 
 @attrs.frozen(eq=False)
-class StreamAdmission:
-    """A request for a stream method whose headers passed."""
+class StreamAdmission(HeadersPassed[StreamHandler, float]):
+    """A request for a stream method whose headers passed; its deadline (loop time) is
+    the whole call's, and every request of the stream is its owner's."""
 
-    handler: StreamHandler
-    head: RequestHead
-    #: Loop time by which the whole call must end (None: no deadline).
-    deadline: float | None
-    #: Who the call is (:mod:`.auth`): every request of the stream is its.
-    owner: str = ""
-
-    @property
-    def unary_request(self) -> bool:
-        return False
+    unary_request = False
 
 
 class StreamedRequest:

@@ -65,7 +65,7 @@ from reactantserver.status import INTERNAL_MESSAGE
 
 from . import h2events
 from .compression import Inflater, accepting
-from .framing import Refusal, RequestHead
+from .framing import HeadersPassed, Refusal
 from .h2lean import CONSTANT_BLOCKS
 from .limits import Fault
 
@@ -96,19 +96,10 @@ class DirectHandler:
 
 
 @attrs.frozen(eq=False)
-class DirectAdmission:
-    """A request for a direct method whose headers passed."""
+class DirectAdmission(HeadersPassed[DirectHandler, float]):
+    """A request for a direct method whose headers passed; its deadline is loop time."""
 
-    handler: DirectHandler
-    head: RequestHead
-    #: Loop time by which the call must be answered (None: the client set no deadline).
-    deadline: float | None
-    #: Whose shared-memory regions the call may use (:mod:`.auth`, rule 4).
-    owner: str = ""
-
-    @property
-    def unary_request(self) -> bool:
-        return True
+    unary_request = True
 
 
 def send_frames(h2: ServerConnection, sid: int, pending: collections.deque[memoryview],
