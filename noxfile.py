@@ -160,14 +160,16 @@ def tests(session: nox.Session) -> None:
 @session
 def fuzz(session: nox.Session) -> None:
     """A long run of the wire fuzz suites, both HTTP/2 roles: the worker's server side
-    (tests/test_wire_fuzz.py, over sockets) and the client role the gateway and the Python
+    (tests/transport/test_wire_fuzz.py, over sockets) and the client role the gateway and the Python
     client share (any bytes from a worker): ``nox -s fuzz [-- --fuzz-examples N]``."""
     session.install("-c", CONSTRAINTS, "-e", ".[jax,test]")
     args = session.posargs or ["--fuzz-examples", "400"]
     client_role = (
-        "tests/test_h2client.py::test_any_bytes_from_a_worker_are_events_or_a_connection_error"
+        "tests/h2/test_h2client.py::test_any_bytes_from_a_worker_are_events_or_a_connection_error"
     )
-    session.run("pytest", "tests/test_wire_fuzz.py", client_role, "-p", "no:cacheprovider", *args)
+    session.run(
+        "pytest", "tests/transport/test_wire_fuzz.py", client_role, "-p", "no:cacheprovider", *args
+    )
 
 
 def _step(session: nox.Session, number: int, text: str) -> None:
@@ -584,17 +586,17 @@ GPU_IMAGE_PYTHON = (3, 12)
 #: execute or export, and the GPU tests as a dry run on the CPU backend
 #: (``REACTANT_GPU_DRY_RUN=1``: their code paths, not a GPU).
 GPU_PATH_TESTS = (
-    "tests/test_runtime.py",
-    "tests/test_runtime_environment.py",
-    "tests/test_runtime_transfers.py",
-    "tests/test_export.py",
-    "tests/test_cuda_paths.py",
-    "tests/test_weight_cache.py",
-    "tests/test_worker_pipeline.py",
-    "tests/test_gpu_serving.py",
-    "tests/test_gpu_memory.py",
-    "tests/test_gpu_transfers.py",
-    "tests/test_gpu_energy.py",
+    "tests/runtime/test_runtime.py",
+    "tests/runtime/test_runtime_environment.py",
+    "tests/runtime/test_runtime_transfers.py",
+    "tests/runtime/test_export.py",
+    "tests/runtime/test_cuda_paths.py",
+    "tests/weights/test_weight_cache.py",
+    "tests/worker/test_worker_pipeline.py",
+    "tests/runtime/test_gpu_serving.py",
+    "tests/runtime/test_gpu_memory.py",
+    "tests/runtime/test_gpu_transfers.py",
+    "tests/runtime/test_gpu_energy.py",
 )
 
 

@@ -36,7 +36,7 @@ import tritonclient.grpc as tc
 from reactantserver.config.schema import EndpointsConfig
 from reactantserver.service import Service
 from reactantserver.transport import guest
-from reactantserver.transport.grpc import serve_grpc
+from reactantserver.worker.grpc import serve_grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_grpc import COLS, _Host  # (bench_grpc's identity host)

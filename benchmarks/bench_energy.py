@@ -15,7 +15,7 @@ Two tables:
   models ran (M = 1 ... 10,000): microseconds per sample, median of ``SAMPLES``.
 
 No device and no counter: the reader is a fake whose joules grow with each read. No
-timing is asserted anywhere (``tests/test_bench_energy.py`` checks that the runs book
+timing is asserted anywhere (``tests/benchmarks/test_bench_energy.py`` checks that the runs book
 what they should); the numbers are in docs/benchmarks.md and docs/monitoring.md.
 
     python benchmarks/bench_energy.py      (or: nox -s bench -- energy)

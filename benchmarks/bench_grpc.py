@@ -39,7 +39,7 @@ from reactantserver.protocol import inference as pb
 from reactantserver.records import Answer, CallContext, ExecutionStatistics, IndexEntry
 from reactantserver.service import Service
 from reactantserver.transport import guest
-from reactantserver.transport.grpc import listen_tcp, serve_grpc
+from reactantserver.worker.grpc import listen_tcp, serve_grpc
 
 COLS = 16
 

@@ -7,7 +7,7 @@ Two tables, each taken side by side in one run, alternating the two variants:
   request (HEADERS + DATA, the DATA acknowledged as grpclib does) and to send the answer
   (HEADERS, DATA, trailers), for h2's ``H2Connection`` configured as the worker used it
   before (built here from :mod:`reactantserver.transport.h2conn`'s pieces) and for
-  :class:`~reactantserver.transport.h2lean.ServerConnection`;
+  :class:`~reactantserver.h2.server.ServerConnection`;
 * **worker** (``--against SRC``): a real worker (``reactantserver.cli serve``, the
   ``double`` model of ``bench_serve``) started from this tree and from another one
   (``SRC``: a ``src`` directory, e.g. ``/work/main/src`` before h2lean), driven by
@@ -37,9 +37,9 @@ import h2.connection
 import h2.events
 
 from reactantserver.config.schema import EndpointsConfig
-from reactantserver.transport import h2events
-from reactantserver.transport.h2lean import ServerConnection
-from reactantserver.transport.limits import WireLimits
+from reactantserver.h2 import events as h2events
+from reactantserver.h2.server import ServerConnection
+from reactantserver.transport.core.limits import WireLimits
 from reactantserver.transport.unary import ANSWER_HEADERS as ANSWER
 from reactantserver.transport.unary import OK_TRAILERS as TRAILERS
 

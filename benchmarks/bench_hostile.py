@@ -82,7 +82,7 @@ import trio
 from fake_host import FakeHost
 from reactantserver.config.schema import EndpointsConfig
 from reactantserver.service import Service
-from reactantserver.transport.grpc import serve_grpc
+from reactantserver.worker.grpc import serve_grpc
 logging.basicConfig(level=logging.ERROR)
 # Since issue 16 the server runs Trio as asyncio's guest and the fake host owns a task;
 # a tree from before (the baseline) runs as it did then.

@@ -63,7 +63,7 @@ from fake_host import FakeHost
 from reactantserver.config.schema import EndpointsConfig
 from reactantserver.service import Service
 from reactantserver.transport import guest
-from reactantserver.transport.grpc import serve_grpc
+from reactantserver.worker.grpc import serve_grpc
 logging.basicConfig(level=logging.ERROR)
 async def main():
     host = FakeHost()

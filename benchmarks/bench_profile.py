@@ -65,25 +65,25 @@ MODEL = bs.SMALL_MODEL
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("HTTP/2 out: answer frames, corked send", (
         "asyncio/selector_events.py:_SelectorSocketTransport.write",
-        "reactantserver/transport/h2conn.py", "reactantserver/transport/h2lean.py",
+        "reactantserver/transport/h2conn.py", "reactantserver/h2/server.py",
         "reactantserver/transport/unary.py:UnaryCall.answer",
         "reactantserver/transport/unary.py:UnaryCall._answer",
         "reactantserver/transport/unary.py:DirectCalls.answer",
         "reactantserver/transport/unary.py:message_pieces",
         "reactantserver/transport/h2guard.py:GuardedProtocol.flush",
-        "reactantserver/transport/h2core.py:Connection._queue_block",
-        "reactantserver/transport/h2core.py:Connection.send_pieces",
-        "reactantserver/transport/hpack_blocks.py:TableEncoder",
+        "reactantserver/h2/core.py:Connection._queue_block",
+        "reactantserver/h2/core.py:Connection.send_pieces",
+        "reactantserver/h2/hpack.py:TableEncoder",
     )),
     ("encode: records -> response bytes", (
         "reactantserver/protocol/codec.py:encode", "reactantserver/protocol/codec.py:_output",
         "reactantserver/inferio.py:encode", "reactantserver/inferio.py:_checked_output",
-        "reactantserver/transport/grpc.py:_Infer._finish",
+        "reactantserver/worker/grpc.py:_Infer._finish",
         "reactantserver/service.py:Service.finish_infer",
     )),
     ("decode: ModelInfer bytes -> records", (
         "reactantserver/protocol/", "reactantserver/inferio.py", "reactantserver/tensors.py",
-        "reactantserver/transport/grpc.py:_Infer.begin",
+        "reactantserver/worker/grpc.py:_Infer.begin",
     )),
     ("XLA: the tiny program's dispatch", (
         "reactantserver/runtime/model.py", "jax/", "jaxlib/",

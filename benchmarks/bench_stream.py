@@ -5,7 +5,7 @@ worker (``reactantserver serve``, the zoo's ``double``: FP32 ``[1, 16]``, ``y = 
 a gateway in front of it (``reactantserver gateway``, round robin), as deployed. The load
 is a closed loop of ``N`` requests in flight on one HTTP/2 connection, from a lean client
 of our own in this process -- the HTTP/2 client role the gateway itself speaks to workers
-(``transport.h2client.ClientConnection``) over a blocking socket, about 20 us a request,
+(``h2.client.ClientConnection``) over a blocking socket, about 20 us a request,
 so the servers, not the client, set the pace:
 
 * **unary**: ``N`` ModelInfer calls in flight, each its own HTTP/2 stream (HEADERS, one
@@ -55,14 +55,11 @@ import bench_serve as bs  # noqa: E402
 from bench_gateway import start_gateway  # noqa: E402
 from bench_grpc import _Host as _BenchHost  # noqa: E402
 
+from reactantserver.h2 import events as h2events  # noqa: E402
+from reactantserver.h2.client import ClientConnection, encode_request, request_prefix  # noqa: E402
 from reactantserver.protocol import inference as pb  # noqa: E402
-from reactantserver.transport import guest, h2events  # noqa: E402
-from reactantserver.transport.h2client import (  # noqa: E402
-    ClientConnection,
-    encode_request,
-    request_prefix,
-)
-from reactantserver.transport.limits import WireLimits  # noqa: E402
+from reactantserver.transport import guest  # noqa: E402
+from reactantserver.transport.core.limits import WireLimits  # noqa: E402
 
 INFER = b"/inference.GRPCInferenceService/ModelInfer"
 STREAM = b"/inference.GRPCInferenceService/ModelStreamInfer"
@@ -332,7 +329,7 @@ async def _in_process(args: argparse.Namespace) -> list[Row]:
 
     from reactantserver.config.schema import EndpointsConfig
     from reactantserver.service import Service
-    from reactantserver.transport.grpc import serve_grpc
+    from reactantserver.worker.grpc import serve_grpc
 
     service = Service(_InstantHost(), max_concurrent_requests=0)
     windows: dict[tuple[int, str], list[Window]] = {}

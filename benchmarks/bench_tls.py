@@ -61,7 +61,7 @@ def _serve(endpoints: dict[str, Any], port_file: str) -> None:
     from reactantserver.config.source import EnvOrigin
     from reactantserver.service import Service
     from reactantserver.transport import guest
-    from reactantserver.transport.grpc import serve_grpc
+    from reactantserver.worker.grpc import serve_grpc
 
     config = structure(
         EndpointsConfig,

@@ -1,6 +1,6 @@
 """Pure parts of the fleet benchmark (``bench_fleet.py``): workload, windows, tables.
 
-Nothing here starts a process or opens a socket, so ``tests/test_bench_fleet.py`` can check
+Nothing here starts a process or opens a socket, so ``tests/benchmarks/test_bench_fleet.py`` can check
 the arithmetic: the Zipf draw, the counter deltas that make a measured window (weight loads
 per 1,000 requests, mean batch rows, per-model cost), the least-squares fit of load time
 against bytes, what the lpt_packing controller did (repacks by trigger, models moved), the

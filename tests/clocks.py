@@ -1,6 +1,6 @@
 """Waiting in tests without betting on the real clock.
 
-Three tools, one each for the three kinds of wait a test has (``tests/test_suite_hygiene.py``
+Three tools, one each for the three kinds of wait a test has (``tests/project/test_suite_hygiene.py``
 holds every other real-clock sleep in tests to a ``# real-clock: <reason>`` comment):
 
 - :func:`wait_until` -- a condition another thread or process brings about (a server

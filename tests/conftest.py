@@ -49,7 +49,7 @@ OUTER_JAX_PLATFORMS = os.environ.get("JAX_PLATFORMS")
 # run their GPU work in worker processes of their own; this process stays on the CPU.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-#: Examples per generator in tests/test_wire_fuzz.py unless ``--fuzz-examples`` says.
+#: Examples per generator in tests/transport/test_wire_fuzz.py unless ``--fuzz-examples`` says.
 FUZZ_EXAMPLES = 25
 
 
@@ -208,3 +208,12 @@ def zoo_models(zoo_repo: Path, zoo_runtime: Any) -> dict[str, Any]:
         model = zoo_runtime.load(bundle)
         out[name] = (model, zoo_runtime.to_device(bundle.read_weights()))
     return out
+
+
+# Tests live in rooms that mirror src/ (tests/h2/, tests/gateway/, ...); the shared harnesses
+# stay here. A few test modules import from a test of another room by module name (GRPCURL,
+# the node harness, the broken-bundle cases), as they did in one flat folder: every room is on
+# sys.path.
+for _room in sorted(Path(__file__).resolve().parent.iterdir()):
+    if _room.is_dir() and any(_room.glob("test_*.py")) and str(_room) not in sys.path:
+        sys.path.append(str(_room))

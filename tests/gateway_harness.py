@@ -41,7 +41,7 @@ from reactantserver.config.schema import (
 from reactantserver.gateway.app import Gateway, GatewayAddress, serve_gateway
 from reactantserver.service import Service
 from reactantserver.transport import guest
-from reactantserver.transport.grpc import serve_grpc
+from reactantserver.worker.grpc import serve_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,6 +1,6 @@
 """h2's own server connection, configured as ours: the oracle the differential tests hold
-:class:`~reactantserver.transport.h2lean.ServerConnection` to (``tests/test_h2lean.py``,
-``tests/test_h2conn.py``) and the baseline of ``benchmarks/bench_h2lean.py``. Never used
+:class:`~reactantserver.h2.server.ServerConnection` to (``tests/h2/test_h2lean.py``,
+``tests/h2/test_h2conn.py``) and the baseline of ``benchmarks/bench_h2lean.py``. Never used
 to serve: h2 is a test-only dependency of the server.
 
 Its frames are cut by our reader (:class:`h2frames.HyperframeReader`,
@@ -16,8 +16,8 @@ from h2.connection import H2Connection
 from h2.settings import SettingCodes
 from h2frames import HyperframeReader, route_quiet_frames
 
-from reactantserver.transport.h2core import local_settings
-from reactantserver.transport.limits import WireLimits
+from reactantserver.h2.core import local_settings
+from reactantserver.transport.core.limits import WireLimits
 
 #: What h2 sees as our stream limit: never reached, since ours is enforced per stream.
 _UNCOUNTED = 2**32 + 1

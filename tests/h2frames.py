@@ -1,9 +1,9 @@
 """Received HTTP/2 frames as hyperframe's frame objects, for h2's connection, either side.
 
 Test-only (src/ imports neither h2 nor hyperframe): h2's server connection, the reference
-of ours in tests and benchmarks (``tests/h2_reference.py``, ``tests/test_h2conn.py``), is
+of ours in tests and benchmarks (``tests/h2_reference.py``, ``tests/h2/test_h2conn.py``), is
 fed through this. Frames are cut by the one reader every end of ours uses
-(:class:`~reactantserver.transport.h2parse.FrameReader`:
+(:class:`~reactantserver.h2.parse.FrameReader`:
 the preface, a frame's length judged from its 9-byte header, header blocks bounded and
 joined, each body copied at most once); this module only turns what it yields into
 hyperframe frames, through hyperframe's public methods.
@@ -37,9 +37,9 @@ from hyperframe.frame import (
     WindowUpdateFrame,
 )
 
-from reactantserver.transport import h2events
-from reactantserver.transport.h2parse import FrameReader, RawFrame
-from reactantserver.transport.h2wire import DEFAULT_FRAME
+from reactantserver.h2 import events as h2events
+from reactantserver.h2.parse import FrameReader, RawFrame
+from reactantserver.h2.wire import DEFAULT_FRAME
 
 if TYPE_CHECKING:
     from h2.connection import H2Connection
@@ -126,7 +126,7 @@ def _as_h2(err: h2events.ProtocolError) -> h2.exceptions.ProtocolError:
 
 
 class HyperframeReader:
-    """h2's ``incoming_buffer``, cut by :class:`~reactantserver.transport.h2parse.FrameReader`:
+    """h2's ``incoming_buffer``, cut by :class:`~reactantserver.h2.parse.FrameReader`:
     each frame it yields becomes its hyperframe frame (the quiet subclass, :data:`QUIET`),
     with h2's errors for what the reader or hyperframe refuses. ``server``: the peer is a
     client (its preface is checked)."""

@@ -14,7 +14,7 @@ from reactantserver.protocol import inference as _ip
 from reactantserver.tensors import DATATYPES
 
 # ============================================================================================
-# Protocol messages (tests/test_proto.py, tests/test_reflection.py)
+# Protocol messages (tests/project/test_proto.py, tests/transport/test_reflection.py)
 # ============================================================================================
 
 _INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
@@ -106,7 +106,7 @@ def weight_floors() -> st.SearchStrategy[str | None]:
 
 
 # ============================================================================================
-# Configuration (tests/test_config_properties.py)
+# Configuration (tests/config/test_config_properties.py)
 # ============================================================================================
 
 
@@ -200,7 +200,7 @@ def server_configs() -> st.SearchStrategy[object]:
 
 
 # ============================================================================================
-# Bundles: manifest.yaml (tests/test_bundle_manifest.py)
+# Bundles: manifest.yaml (tests/bundle/test_bundle_manifest.py)
 # ============================================================================================
 
 _BUNDLE_FIXED_DATATYPES = tuple(d for d in DATATYPES if d != "BYTES")
@@ -279,7 +279,7 @@ bundle_yaml_junk = st.recursive(
 
 
 # ============================================================================================
-# Request I/O: ModelInfer decode and encode (tests/test_inferio.py)
+# Request I/O: ModelInfer decode and encode (tests/worker/test_inferio.py)
 # ============================================================================================
 
 #: Fixed-width KServe datatypes (BF16 left out: its numpy dtype comes from ml_dtypes).
@@ -389,7 +389,7 @@ def sched_fleets(draw: st.DrawFn, max_models: int = 6) -> list[tuple[float, floa
 
 
 # ============================================================================================
-# Model lifecycle (tests/test_lifecycle.py)
+# Model lifecycle (tests/lifecycle/test_lifecycle.py)
 # ============================================================================================
 
 #: Bundle names of a small repository, so the same names recur across polls.
@@ -417,7 +417,7 @@ def repository_polls(draw: st.DrawFn) -> list[dict[str, tuple[tuple[str, int, in
 
 
 # ============================================================================================
-# Model versions (tests/test_lifecycle_versions.py)
+# Model versions (tests/lifecycle/test_lifecycle_versions.py)
 # ============================================================================================
 
 #: How a built version batches, as ``ModelVersions.loaded`` is told: compiled sizes and
@@ -427,7 +427,7 @@ version_batchings = st.sampled_from([((1, 8), True), ((1, 8), True), ((4, 16), T
 
 
 # ============================================================================================
-# Meta models: the example detector's glue (tests/test_meta_detector.py)
+# Meta models: the example detector's glue (tests/meta/test_meta_detector.py)
 # ============================================================================================
 
 
@@ -452,7 +452,7 @@ def detector_proposals(draw: st.DrawFn, max_boxes: int = 24) -> tuple[object, ob
 
 
 # ============================================================================================
-# Client: ModelInfer encode/decode on the client side (tests/test_client_unit.py)
+# Client: ModelInfer encode/decode on the client side (tests/client/test_client_unit.py)
 # ============================================================================================
 
 
@@ -516,7 +516,7 @@ def client_infer_responses() -> st.SearchStrategy[_ip.ModelInferResponse]:
 
 
 # ============================================================================================
-# The lean ModelInfer codec (tests/test_codec.py)
+# The lean ModelInfer codec (tests/worker/test_codec.py)
 # ============================================================================================
 
 
@@ -585,7 +585,7 @@ _GW_MODELS = ("alpha", "beta", "gamma", "delta", "eps")
 def gateway_tables(draw: st.DrawFn, max_workers: int = 4, max_models: int = 4) -> object:
     """A RouteTable: 1..max_workers ready workers, each model served by a non-empty subset,
     with per-replica max batch sizes (0 = unknown) and a batch axis."""
-    from reactantserver.gateway.table import ModelSnapshot, WorkerSnapshot, build_table
+    from reactantserver.gateway.core.table import ModelSnapshot, WorkerSnapshot, build_table
 
     n = draw(st.integers(1, max_workers))
     workers = [f"10.0.0.{i}:8080" for i in range(n)]
@@ -617,7 +617,7 @@ def pack_problems(
 ) -> tuple[list[object], list[object], object]:
     """(demands, workers, policy) for the packer: loads, weight bytes, budgets (0 = unlimited),
     per-model replica counts including ``all``."""
-    from reactantserver.gateway.packing import ModelDemand, PackPolicy, WorkerCapacity
+    from reactantserver.gateway.core.packing import ModelDemand, PackPolicy, WorkerCapacity
 
     names = [f"m{i}" for i in range(draw(st.integers(1, max_models)))]
     demands = [
@@ -647,7 +647,7 @@ def pack_problems(
 
 
 # ============================================================================================
-# Node supervisor (tests/test_node_restart.py)
+# Node supervisor (tests/node/test_node_restart.py)
 # ============================================================================================
 
 
@@ -700,7 +700,7 @@ def wire_garbage(limit: int) -> st.SearchStrategy[bytes]:
 
 def fault_reports() -> st.SearchStrategy[list[tuple[object, float]]]:
     """(fault kind, seconds since the previous report) sequences for the fault log."""
-    from reactantserver.transport.limits import Fault
+    from reactantserver.transport.core.limits import Fault
 
     return st.lists(
         st.tuples(
@@ -719,7 +719,7 @@ def grpc_timeouts() -> st.SearchStrategy[str]:
     return st.one_of(st.builds(lambda d, u: d + u, digits, unit), noise)
 
 
-#: What a fuzzed request's body is made of (``tests/test_wire_fuzz.py`` builds the bytes).
+#: What a fuzzed request's body is made of (``tests/transport/test_wire_fuzz.py`` builds the bytes).
 WIRE_BODY_KINDS = (
     "infer",
     "echo",
@@ -797,7 +797,7 @@ def raw_frames() -> st.SearchStrategy[list[tuple[object, ...]]]:
 
 
 # ============================================================================================
-# Configuration faults (tests/test_config_properties.py)
+# Configuration faults (tests/config/test_config_properties.py)
 # ============================================================================================
 
 #: A node file as lines, each either fixed text or a choice ``(valid, faulty, message)``:
@@ -874,7 +874,7 @@ def config_fault_sets() -> st.SearchStrategy[frozenset[int]]:
 
 
 # ============================================================================================
-# Client array-likes (tests/test_client_coerce.py)
+# Client array-likes (tests/client/test_client_coerce.py)
 # ============================================================================================
 
 #: The fixed-width datatypes an array-like can be converted to (BYTES takes text only).
@@ -902,7 +902,7 @@ def client_array_likes(draw: st.DrawFn) -> tuple[list[object], str]:
     return draw(st.lists(item, min_size=1, max_size=6)), target
 
 
-# ---------------------------------------------------------------- h2lean (tests/test_h2lean.py)
+# ---------------------------------------------------------------- h2lean (tests/h2/test_h2lean.py)
 
 #: Client stream ids: mostly odd and increasing in use; 2 is a server-only (even) id.
 _h2_sids = st.sampled_from([1, 1, 3, 3, 5, 7, 2])
@@ -977,7 +977,7 @@ _h2_raw_bodies = st.binary(max_size=13) | st.sampled_from(
         b"\x00\x09ab",
     ]
 )
-#: Malformed frames of every type (tests/test_h2lean.py): any type byte, flag byte and
+#: Malformed frames of every type (tests/h2/test_h2lean.py): any type byte, flag byte and
 #: stream id with bodies of the wrong size or content; HEADERS frames built from a valid
 #: header block with padding and priority fields that may not fit; and header blocks split
 #: across CONTINUATIONs, interleaved with another frame, left open, or flooding.
@@ -1032,7 +1032,7 @@ def h2_client_scripts(draw: st.DrawFn) -> list[list[tuple[object, ...]]]:
 
 
 # ============================================================================================
-# The client's HTTP/2 connection (tests/test_client_channel.py)
+# The client's HTTP/2 connection (tests/client/test_client_channel.py)
 # ============================================================================================
 
 
@@ -1047,7 +1047,7 @@ def message_sends(draw: st.DrawFn) -> tuple[list[list[bytes]], list[int]]:
 
 
 # ============================================================================================
-# Energy attribution (tests/test_energy.py)
+# Energy attribution (tests/energy/test_energy.py)
 # ============================================================================================
 
 #: Models of the energy schedules; "never" is never run, so it must never be charged.
@@ -1070,7 +1070,7 @@ def energy_schedules(draw: st.DrawFn) -> list[tuple[str, str, float]]:
 
 
 # ============================================================================================
-# The host-contention model of the fleet simulator (tests/test_fleet_host.py)
+# The host-contention model of the fleet simulator (tests/planning/test_fleet_host.py)
 # ============================================================================================
 
 
@@ -1089,7 +1089,7 @@ def host_jobs() -> st.SearchStrategy[list[tuple[float, str, float, float]]]:
 
 
 # ============================================================================================
-# The planner's search (tests/test_planning_search.py)
+# The planner's search (tests/planning/test_planning_search.py)
 # ============================================================================================
 
 
@@ -1101,7 +1101,7 @@ def plan_verdicts() -> st.SearchStrategy[tuple[list[bool], int]]:
 
 
 # ============================================================================================
-# Requests other than ModelInfer, screened before betterproto (tests/test_screen.py)
+# Requests other than ModelInfer, screened before betterproto (tests/worker/test_screen.py)
 # ============================================================================================
 
 

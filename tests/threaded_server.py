@@ -13,7 +13,7 @@ from typing import Any, Self
 from clocks import wait_until
 
 from reactantserver.gateway.calls import RawCodec
-from reactantserver.transport.limits import WireLimits
+from reactantserver.transport.core.limits import WireLimits
 from reactantserver.transport.server import GuardedServer
 
 

@@ -130,8 +130,8 @@ def _main(overrides: dict[str, Any], ports_path: str) -> None:
     from reactantserver.service import Service
     from reactantserver.shm import SharedMemoryRegistry
     from reactantserver.transport import guest
-    from reactantserver.transport.grpc import serve_grpc
-    from reactantserver.transport.limits import WireCounters
+    from reactantserver.transport.core.limits import WireCounters
+    from reactantserver.worker.grpc import serve_grpc
 
     logging.basicConfig(
         level=logging.INFO, stream=sys.stdout, format="%(levelname)s %(name)s: %(message)s"

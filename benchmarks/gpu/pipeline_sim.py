@@ -1,6 +1,6 @@
 """An honest asynchronous fake GPU on Trio's clock, and the prefetch-overlap simulation.
 
-:class:`FakeGpu` is what the dispatch loop drives in ``tests/test_sched_pipeline.py``
+:class:`FakeGpu` is what the dispatch loop drives in ``tests/scheduling/test_sched_pipeline.py``
 and in :func:`simulate_catalog` (``bench_gpu_prefetch.py --simulate``): the
 :class:`~reactantserver.scheduling.dispatch.AsyncPipelinedExecutor` protocol (``prepare``,
 ``launch``, ``collect``, ``ran``) plus ``execute`` for depth 1 and ``prefetch``. It has

@@ -7,7 +7,7 @@ dependencies and its ``cuda`` extra's (``flatbuffers``, which ``jax.export`` nee
 read an artifact, and ``nvidia-ml-py``), pytest-trio, and nox. :func:`needed` computes
 that set from the installed distributions' metadata (the closure of those requirements
 on CPython 3.12, less the image's packages and JAX's own), and
-``tests/test_nox_gpu.py`` checks that :data:`WHEELS` is exactly it. This script
+``tests/project/test_nox_gpu.py`` checks that :data:`WHEELS` is exactly it. This script
 downloads them here, as CPython 3.12 manylinux x86_64 wheels, without resolving
 dependencies (the list *is* the closure, pinned to versions the suite passes with),
 into ``.whl/`` (git-ignored); the device tool carries that folder, and the machine

@@ -2,7 +2,7 @@
 
 Why: the simulators promise that a seed gives the same table anywhere
 (``examples/simulate.py``, ``examples/simulate_fleet.py``; docs/scheduling.md and
-docs/fleet.md print their output, and ``tests/test_docs_output.py`` checks it). The
+docs/fleet.md print their output, and ``tests/docs/test_docs_output.py`` checks it). The
 scheduler's fair accounts decay with ``2 ** (-age / halflife)``, the gateway's estimates
 smooth with ``1 - 2 ** (-delta / h)``, and the workload generators draw exponential
 gaps and log-uniform costs. Computed by the platform, none of these is the same
@@ -22,7 +22,7 @@ What holds: these functions use only IEEE-754 addition, subtraction, multiplicat
 division, ``frexp``/``ldexp`` and integer rounding, which every conforming machine does
 exactly alike, in one fixed order (no FMA can be fused into Python's float arithmetic).
 So each returns the same float for the same argument on any CPU, C library, Python and
-numpy. They are accurate to a few units in the last place (``tests/test_floatmath.py``
+numpy. They are accurate to a few units in the last place (``tests/scheduling/test_floatmath.py``
 checks against 60-digit ``decimal`` references), not correctly rounded: determinism is
 the point, not the last bit.
 

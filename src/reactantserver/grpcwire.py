@@ -45,7 +45,7 @@ server that does not speak gRPC) is read with gRPC's own table
 PERMISSION_DENIED, 404 UNIMPLEMENTED, 429 / 502 / 503 / 504 UNAVAILABLE, any other
 UNKNOWN. The table is for clients only: a server never picks its HTTP status from it.
 
-Invariants (``tests/test_grpcwire.py``, Hypothesis): for every ``s`` from 0 to the
+Invariants (``tests/transport/test_grpcwire.py``, Hypothesis): for every ``s`` from 0 to the
 longest the header can say (99,999,999 hours; longer is written as that),
 ``parse_grpc_timeout(encode_grpc_timeout(s)) <= s`` and ``s`` minus it is below one unit
 of the unit written, and the text matches the grammar; ``parse_grpc_timeout`` accepts a

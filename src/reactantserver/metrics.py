@@ -32,7 +32,7 @@ from .lifecycle import ModelState
 from .statistics import WorkerStatistics
 
 if TYPE_CHECKING:  # a plain record of the wire layer, read as data: metrics stays a leaf
-    from .transport.limits import WireStatistics
+    from .transport.core.limits import WireStatistics
 
 
 def _gauge(name: str, doc: str, labels: dict[str, str], value: float) -> GaugeMetricFamily:

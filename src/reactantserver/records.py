@@ -7,7 +7,7 @@ This is a leaf module: it imports no transport, no runtime, no protocol (betterp
 code and no JAX, only ``attrs``, the histogram snapshot and the config's residency
 name. Everything above it -- the policies, the runtime's executor, the meta runner,
 the RPC service, the worker -- may exchange these records without pulling in the
-layers above them (``tests/test_layers.py`` checks it in a fresh interpreter).
+layers above them (``tests/project/test_layers.py`` checks it in a fresh interpreter).
 
 Two families live here:
 
@@ -75,7 +75,7 @@ class CallContext:
     #: The client's address, e.g. ``127.0.0.1:50312`` (for logs).
     peer: str = ""
     #: Whose shared-memory regions the call may see, use and remove
-    #: (:mod:`reactantserver.transport.auth`, rule 4).
+    #: (:mod:`reactantserver.transport.core.auth`, rule 4).
     owner: str = ""
 
 

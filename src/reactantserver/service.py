@@ -6,7 +6,7 @@ Theory of operation
 ``reactant_control.ControlService`` as an ``async`` method taking the request message
 and a :class:`~reactantserver.records.CallContext` (deadline, peer) and returning the
 response message -- ModelInfer also as three steps the transport calls itself (below).
-It knows no transport: :mod:`reactantserver.transport.grpc` runs each other call as a
+It knows no transport: :mod:`reactantserver.worker.grpc` runs each other call as a
 Trio task and ModelInfer's steps on the asyncio side, and errors raised here are the category classes of
 :mod:`reactantserver.errors`, mapped to gRPC status codes in exactly one place
 (:mod:`reactantserver.status`). Tests call these methods directly, or through a real

@@ -31,7 +31,7 @@ moment, also while the server is using it. So:
   or not the object exists (nothing to probe with).
 - **Regions have an owner.** A region is the caller's who registered it (its *owner*:
   the client certificate, the restricted key it presented, the client the gateway acts
-  for, or else its connection; :mod:`reactantserver.transport.auth`). Another owner does
+  for, or else its connection; :mod:`reactantserver.transport.core.auth`). Another owner does
   not see it in the status, cannot use it in a request, and cannot unregister it; its
   ``unregister("")`` removes its own regions only. Two owners may use the same name.
   The object is opened ``O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK`` -- a symbolic

@@ -26,7 +26,7 @@ from .scheduling import SchedulerStatistics
 from .weights import MemoryStats, WeightCacheStatistics
 
 if TYPE_CHECKING:  # a plain record of the wire layer; typed only, so this stays a leaf
-    from .transport.limits import WireStatistics
+    from .transport.core.limits import WireStatistics
 
 __all__ = ["ServedModelStatistics", "WorkerStatistics"]
 

@@ -19,7 +19,7 @@
   block; tensors then move through it instead of the socket.
 
 Layout: ``core`` (the engine: RPCs, retries), ``channel`` (its connection: unary gRPC
-calls over the transport's sans-IO client role, ``reactantserver.transport.h2client``),
+calls over the transport's sans-IO client role, ``reactantserver.h2.client``),
 ``codec`` (ModelInfer tensors <-> numpy), ``coerce`` (lists and scalars to the datatype a
 model declares, never losing a value), ``wire`` (ModelInfer's two messages in protobuf, by hand), ``shm`` (the
 region), ``retry`` (the backoff policy), ``status`` (status codes -> errors, the one

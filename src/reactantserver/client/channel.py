@@ -1,5 +1,5 @@
 """The client's connection to one server: unary gRPC calls over the transport's client
-role of HTTP/2 (:mod:`reactantserver.transport.h2client`, the gateway's too), on asyncio.
+role of HTTP/2 (:mod:`reactantserver.h2.client`, the gateway's too), on asyncio.
 
 Theory of operation
 -------------------
@@ -26,7 +26,7 @@ OK is grpclib's :class:`~grpclib.exceptions.GRPCError` (its public exception, wi
 status and the percent-decoded ``grpc-message``); a stream the server reset is
 :class:`~grpclib.exceptions.StreamTerminatedError`; a lost connection is
 ``ConnectionResetError``; a server breaking HTTP/2 is
-:class:`~reactantserver.transport.h2events.ProtocolError`
+:class:`~reactantserver.h2.events.ProtocolError`
 (after our GOAWAY). A call cancelled, or past its timeout (``TimeoutError``), resets its
 stream (RST_STREAM CANCEL). A call the server did not process -- it said GOAWAY before
 the call could open a stream, or naming a last stream below the call's -- goes to a new
@@ -48,9 +48,8 @@ from urllib.parse import unquote
 from grpclib.exceptions import StreamTerminatedError
 
 from ..grpcwire import StatusCode, encode_grpc_timeout, parse_grpc_status, status_for_http
-from ..transport.grpcerror import grpc_error
-from ..transport.h2client import ClientConnection, encode_request, request_prefix
-from ..transport.h2events import (
+from ..h2.client import ClientConnection, encode_request, request_prefix
+from ..h2.events import (
     ConnectionTerminated,
     DataReceived,
     Event,
@@ -61,7 +60,8 @@ from ..transport.h2events import (
     TrailersReceived,
     WindowUpdated,
 )
-from ..transport.limits import WireLimits
+from ..transport.core.limits import WireLimits
+from ..transport.grpcerror import grpc_error
 from ..transport.tls import ClientTls, check_h2, client_tls
 
 #: Pieces smaller than this are joined into one ``write``; larger ones are written as

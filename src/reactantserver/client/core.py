@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 :class:`Core` owns one :class:`~.channel.Channel` (unary gRPC calls over the transport's
-sans-IO client role, :mod:`reactantserver.transport.h2client`) -- one connection, opened
+sans-IO client role, :mod:`reactantserver.h2.client`) -- one connection, opened
 on the first call and reopened after the server goes away -- with flow-control windows
 well above HTTP/2's 64 KiB defaults so large tensors stream without waiting for window
 updates. Messages are

@@ -20,7 +20,7 @@ Invariants
   another KServe server may) map onto the nearest category, and the message then starts
   with the code's name so nothing is lost.
 * Transport failures -- connection refused or reset, a stream cut off, HTTP/2 protocol
-  trouble (grpclib's or :mod:`reactantserver.transport.h2events`'s ``ProtocolError``) --
+  trouble (grpclib's or :mod:`reactantserver.h2.events`'s ``ProtocolError``) --
   are UNAVAILABLE: the server could not be asked, and asking again may work.
 * The call's own deadline passing on the client side (grpclib raises
   ``asyncio.TimeoutError``, which is the builtin ``TimeoutError``) is DEADLINE_EXCEEDED,
@@ -50,8 +50,8 @@ from reactantserver.errors import (
 from reactantserver.grpcwire import StatusCode
 from reactantserver.status import code_of
 
+from ..h2.events import ProtocolError as WireProtocolError
 from ..transport.grpcerror import error_code
-from ..transport.h2events import ProtocolError as WireProtocolError
 
 #: Status codes worth asking again after a pause.
 RETRYABLE: frozenset[StatusCode] = frozenset(

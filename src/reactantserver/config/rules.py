@@ -135,7 +135,7 @@ def host_port(*, off_allowed: bool = False) -> Check:
 
 _SHM_PREFIX = re.compile(r"^/[A-Za-z0-9._-]{0,254}$")
 _HEADER = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
-#: Headers the server reads itself (:mod:`reactantserver.transport.auth`).
+#: Headers the server reads itself (:mod:`reactantserver.transport.core.auth`).
 RESERVED_HEADERS = frozenset({"reactant-gateway-key", "reactant-owner"})
 
 

@@ -17,7 +17,7 @@ knows, for every batch, which model ran and how many device seconds it was charg
   in an interval exceed its length (a batch that began before the interval opened is
   charged when it completes).
 
-Invariants (``tests/test_energy.py`` states them as Hypothesis properties):
+Invariants (``tests/energy/test_energy.py`` states them as Hypothesis properties):
 
 1. Every joule of the counter's advance is accounted: attributed plus idle equals the
    advance of each interval, and so of all of them (up to floating-point rounding).

@@ -34,7 +34,7 @@ thread of its own here), time slices (a share is fluid: a scheduler runs a short
 the end instead, which changes no mean), and cache or memory-bandwidth contention (they show
 up as a lower share measured in ``background``, or not at all).
 
-Invariants (``tests/test_fleet_host.py``): work is conserved (a job finishes exactly when
+Invariants (``tests/planning/test_fleet_host.py``): work is conserved (a job finishes exactly when
 its work has been done at the rates it was given); the cores given out never exceed
 ``cores - background`` and never exceed a job's width; a thread runs one job at a time, in
 submission order; with the widths fitting, every job finishes ``work / width`` after it

@@ -2,7 +2,7 @@
 
 It drives the worker's scheduling and weight-cache policies *and* the gateway's router
 and controller, so it sits above both packages (``reactantserver.fleet``): the worker's
-``scheduling`` package never imports the gateway (tests/test_layers.py checks it).
+``scheduling`` package never imports the gateway (tests/project/test_layers.py checks it).
 
 Theory of operation
 -------------------
@@ -22,7 +22,7 @@ the device and the network are modelled; every decision is made by the real sans
   a batch runs, as the real one does (``prefetch``);
 * the gateway is the real router for ``gateway.mode`` (``round_robin``,
   ``least_outstanding``, or ``lpt_packing``'s fill router driven by the real
-  :class:`~reactantserver.gateway.control.LptController`: LPT packer, fleet-compute EWMAs,
+  :class:`~reactantserver.gateway.core.control.LptController`: LPT packer, fleet-compute EWMAs,
   repack cadence). Every ``health_interval`` seconds the simulator builds the same
   ``WorkerSnapshot`` records the prober builds from ``ModelControlStatus`` (cumulative
   compute, requests, rows per model; the weight budget), so costs per item, fleet compute
@@ -62,11 +62,11 @@ from reactantserver.config.schema import Discipline
 from reactantserver.errors import ResourceExhausted
 from reactantserver.floatmath import exp, expovariate, log
 from reactantserver.floatmath import pow as fpow
-from reactantserver.gateway.control import LptController
-from reactantserver.gateway.estimates import Trigger
-from reactantserver.gateway.packing import Placement
-from reactantserver.gateway.routing import Router, Ticket, make_router
-from reactantserver.gateway.table import ModelSnapshot, RouteTable, WorkerSnapshot, build_table
+from reactantserver.gateway.core.control import LptController
+from reactantserver.gateway.core.estimates import Trigger
+from reactantserver.gateway.core.packing import Placement
+from reactantserver.gateway.core.routing import Router, Ticket, make_router
+from reactantserver.gateway.core.table import ModelSnapshot, RouteTable, WorkerSnapshot, build_table
 from reactantserver.scheduling.policy import SchedulingPolicy
 from reactantserver.scheduling.records import Batch
 from reactantserver.scheduling.simulate import ModelSpec

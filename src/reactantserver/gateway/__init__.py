@@ -49,17 +49,17 @@ the I/O. See docs/gateway.md.
 
 from __future__ import annotations
 
-from .control import (
+from .core.control import (
     Compaction,
     LptController,
     RepackOutcome,
     ResidencyChange,
     SchedulingStatus,
 )
-from .estimates import Estimate, LoadEstimator, RepackCadence, ewma
-from .packing import ModelDemand, PackPolicy, PackResult, Placement, WorkerCapacity, pack
-from .policy import check_repack_wait, not_lpt, policy_value
-from .routing import (
+from .core.estimates import Estimate, LoadEstimator, RepackCadence, ewma
+from .core.packing import ModelDemand, PackPolicy, PackResult, Placement, WorkerCapacity, pack
+from .core.policy import check_repack_wait, not_lpt, policy_value
+from .core.routing import (
     FillRouter,
     LeastOutstandingRouter,
     RoundRobinRouter,
@@ -69,7 +69,7 @@ from .routing import (
     make_router,
     quantum,
 )
-from .table import ModelSnapshot, Replica, RouteTable, WorkerSnapshot, build_table, items_of
+from .core.table import ModelSnapshot, Replica, RouteTable, WorkerSnapshot, build_table, items_of
 
 __all__ = [
     "Compaction",

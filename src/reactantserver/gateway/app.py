@@ -34,7 +34,7 @@ A prober that could reach no worker for ``wedge_exit_rounds x health_interval_se
 seconds raises :class:`~.prober.GatewayWedged`; :func:`run` then exits with status 1 for a
 supervisor to restart the gateway.
 
-Nothing here imports JAX (tests/test_no_jax.py).
+Nothing here imports JAX (tests/project/test_no_jax.py).
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ from ..protocol.grpc.reflection import v1alpha as reflection_v1alpha
 from ..protocol.reflection import WORKER_SERVICES, ReflectionAnswerer
 from ..signals import drain_on_signals
 from ..transport import guest
+from ..transport.core.limits import WireCounters, WireLimits
 from ..transport.health import HealthServicer
-from ..transport.limits import WireCounters, WireLimits
 from ..transport.security import (
     ListenerSecurity,
     describe_security,
@@ -76,16 +76,16 @@ from ..transport.streaming import StreamHandler
 from ..transport.tls import ClientTls
 from ..transport.unary import DirectHandler
 from .calls import Raw, RawCodec
-from .control import LptController
+from .core.control import LptController
+from .core.routing import Router, make_router
+from .core.stats import GatewayStats
+from .core.table import RouteTable
 from .lpt import LptDriver, LptRefused
 from .metrics import GatewayCollector
 from .pool import WorkerClient
 from .prober import GatewayWedged, Prober, Refresher, Registrations
 from .proxy import Proxy
-from .routing import Router, make_router
 from .scrape import Endpoint, WorkerMetrics
-from .stats import GatewayStats
-from .table import RouteTable
 
 log = logging.getLogger("reactantserver.gateway")
 

@@ -88,7 +88,7 @@ class CallInfo:
     def __init__(self, rpc: str, deadline: float, *, tell: bool = True, owner: str = "") -> None:
         self.rpc = rpc
         #: Whose shared-memory regions the call may see and use (its client:
-        #: :mod:`reactantserver.transport.auth`, rule 4).
+        #: :mod:`reactantserver.transport.core.auth`, rule 4).
         self.owner = owner
         #: ``loop.time()`` by which the call must be answered.
         self.deadline = deadline

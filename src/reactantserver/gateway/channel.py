@@ -1,7 +1,7 @@
 """The gateway's connections to its workers: unary gRPC calls as raw bytes over our HTTP/2.
 
 :class:`WorkerConnection` is an ``asyncio.Protocol`` over the client role of our HTTP/2
-connection (:mod:`~reactantserver.transport.h2client`) that carries unary calls only. It
+connection (:mod:`~reactantserver.h2.client`) that carries unary calls only. It
 tells the proxy what a general client hides -- whether the worker can have executed a
 request (for failover) and the exact ``grpc-timeout`` sent -- and makes nothing per call
 the proxy does not need: a call is started synchronously (:meth:`WorkerConnection.start`)
@@ -47,7 +47,7 @@ Flow control: inbound windows are large (:data:`LIMITS`: those the worker grants
 clients) and replenished as data arrives; outbound data waits for the worker's window
 updates.
 
-A worker that breaks HTTP/2 (what :mod:`~reactantserver.transport.h2core` refuses, the
+A worker that breaks HTTP/2 (what :mod:`~reactantserver.h2.core` refuses, the
 rules the worker holds its own clients to, the abuse budget included) gets GOAWAY with the
 error's code, and the connection fails like any other lost one: its calls fail as
 unprocessed or not by whether they were sent in full, and the pool opens a new connection
@@ -74,11 +74,9 @@ import attrs
 
 from ..errors import DeadlineExceeded
 from ..grpcwire import StatusCode, encode_grpc_timeout, parse_grpc_status, status_for_http
-from ..transport import h2client, h2events
-from ..transport.auth import GATEWAY_KEY as _GATEWAY_KEY
-from ..transport.auth import OWNER as _OWNER
-from ..transport.h2conn import held_writes
-from ..transport.h2events import (
+from ..h2 import client as h2client
+from ..h2 import events as h2events
+from ..h2.events import (
     ConnectionTerminated,
     DataReceived,
     ErrorCodes,
@@ -88,7 +86,10 @@ from ..transport.h2events import (
     TrailersReceived,
     WindowUpdated,
 )
-from ..transport.limits import WireLimits
+from ..transport.core.auth import GATEWAY_KEY as _GATEWAY_KEY
+from ..transport.core.auth import OWNER as _OWNER
+from ..transport.core.limits import WireLimits
+from ..transport.h2conn import held_writes
 
 log = logging.getLogger(__name__)
 

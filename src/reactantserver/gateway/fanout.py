@@ -2,7 +2,7 @@
 
 Each request goes at once to every worker that answered the last probe round (one that does
 not answer is left out; a shared-memory region registered meanwhile reaches it when it comes
-back, see :class:`~.prober.Registrations`), and the answers are combined by :mod:`.merge`:
+back, see :class:`~.prober.Registrations`), and the answers are combined by :mod:`.core.merge`:
 
 ``ModelStatistics``             summed per model and version; NOT_FOUND and UNAVAILABLE from
                                 some workers are ignored (others have the model)
@@ -19,7 +19,7 @@ A worker's refusal is passed through with its status, its message prefixed with 
 worker's name; a worker that cannot be reached makes a read RPC answer from the others, and
 a write RPC (registration, compaction) fail with UNAVAILABLE naming it.
 
-Shared memory is the client's (:mod:`reactantserver.transport.auth`, rule 4): each call
+Shared memory is the client's (:mod:`reactantserver.transport.core.auth`, rule 4): each call
 names the client it is made for to the workers (``reactant-owner``, honoured only with
 the gateway's key, ``worker_client.key_*``), so a worker keeps one client's regions from
 every other's -- in a status, in a ModelInfer, in an unregister. Without that key the
@@ -39,13 +39,13 @@ from ..protocol import inference as pb
 from ..protocol import reactant_control as cpb
 from ..protocol.screen import decode_message
 from ..records import REPORTED_VERSION
-from . import merge
 from .calls import NOT_FOUND, OK, UNAVAILABLE, CallInfo, FleetView, Passthrough
 from .channel import ChannelError, Reply
+from .core import merge
+from .core.stats import GatewayStats
+from .core.wire import peek_name
 from .pool import WorkerClient
 from .prober import Registrations
-from .stats import GatewayStats
-from .wire import peek_name
 
 log = logging.getLogger(__name__)
 

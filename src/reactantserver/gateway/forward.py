@@ -10,15 +10,15 @@ starts again. Per call that is one object here and one record per side, where th
 path (grpclib's server stream, an asyncio task, a deadline wrapper, a future) cost about a
 third of the gateway's CPU per request (docs/benchmarks.md, "The gateway").
 
-Where a call stands is one field, its :class:`~.callstate.CallState`, moved along the
-table of :mod:`.callstate` (sans-IO) by each step below -- ROUTE, START, QUEUE, CONNECT,
+Where a call stands is one field, its :class:`~.core.callstate.CallState`, moved along the
+table of :mod:`.core.callstate` (sans-IO) by each step below -- ROUTE, START, QUEUE, CONNECT,
 FAILOVER, ANSWER, FAIL, EXPIRE, CANCEL -- and one handle of what it waits on in that state
 (its task, its :class:`~.pool.SlotWait`, its worker stream), which is what CANCEL cancels.
 
 Theory of operation
 -------------------
 :meth:`Forward.begin`: refuse when draining (UNAVAILABLE) or over the admission cap
-(RESOURCE_EXHAUSTED; the rule and the counts are :class:`~.inflight.Admission`'s); :func:`~.wire.peek_infer` (model name, version, id, input shapes); the route
+(RESOURCE_EXHAUSTED; the rule and the counts are :class:`~.core.inflight.Admission`'s); :func:`~.core.wire.peek_infer` (model name, version, id, input shapes); the route
 table's replicas of the model; the version asked for (every worker serves
 ``records.REPORTED_VERSION``: another is answered here, see :mod:`reactantserver.model_version`); the batch extent of the batch input gives the item count;
 ``router.choose`` gives a ticket; the bytes go to the ticket's worker with the remaining
@@ -50,8 +50,8 @@ A request of a client's ModelStreamInfer (:class:`StreamForward`) takes exactly 
 its ``call`` is the stream's :class:`~reactantserver.transport.streaming.StreamedRequest`,
 whose answer goes into the client's stream, and whose deadline is the stream's.
 
-Invariants (``tests/test_gateway_callstate.py`` drives them in any order of events): the
-state moves only along :data:`~.callstate.TRANSITIONS` and ends in one terminal state; the
+Invariants (``tests/gateway/test_gateway_callstate.py`` drives them in any order of events): the
+state moves only along :data:`~.core.callstate.TRANSITIONS` and ends in one terminal state; the
 client's call is answered at most once and, unless the client went away, exactly once;
 ``router.release`` runs exactly once per ticket; the gateway's in-flight counts go up once
 and down once per call (:meth:`Forward._end`); when the client goes away (reset, lost
@@ -77,14 +77,14 @@ from ..records import REPORTED_VERSION
 from ..status import to_status
 from ..transport.streaming import RequestCall
 from .calls import CANCELLED, DEADLINE_EXCEEDED, NOT_FOUND, OK
-from .callstate import OUTCOME, CallEvent, CallState, advance
 from .channel import Call, ChannelError, Reply
-from .inflight import Admission, fails_over
+from .core.callstate import OUTCOME, CallEvent, CallState, advance
+from .core.inflight import Admission, fails_over
+from .core.routing import Router, Ticket
+from .core.stats import GatewayStats
+from .core.table import Replica, items_of
+from .core.wire import InferPeek, peek_infer
 from .pool import SlotWait, WorkerClient
-from .routing import Router, Ticket
-from .stats import GatewayStats
-from .table import Replica, items_of
-from .wire import InferPeek, peek_infer
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ FAIL, EXPIRE, CANCEL = CallEvent.FAIL, CallEvent.EXPIRE, CallEvent.CANCEL
 
 class Forward:
     """One ModelInfer through the gateway (module docstring): the I/O that drives one
-    call's :class:`~.callstate.CallState` along :data:`~.callstate.TRANSITIONS`."""
+    call's :class:`~.core.callstate.CallState` along :data:`~.core.callstate.TRANSITIONS`."""
 
     __slots__ = ("_admitted", "_call", "_client", "_data", "_deadline", "_model", "_peek",
                  "_proxy", "_sent_at", "_started", "_state", "_ticket", "_waiting")  # fmt: skip
@@ -160,7 +160,7 @@ class Forward:
         self._data = data
         self._started = now
         self._deadline = call.deadline if call.deadline is not None else now + proxy.timeout
-        #: Where the call stands: the one field that says it (:mod:`.callstate`).
+        #: Where the call stands: the one field that says it (:mod:`.core.callstate`).
         self._state = ARRIVED
         #: What the call waits on in its state, which ``CANCEL`` cancels: the task
         #: (REFRESHING, CONNECTING), the place in line (WAITING_SLOT), the worker's stream
@@ -178,7 +178,7 @@ class Forward:
 
     @property
     def state(self) -> CallState:
-        """Where the call stands (:class:`~.callstate.CallState`)."""
+        """Where the call stands (:class:`~.core.callstate.CallState`)."""
         return self._state
 
     # ---------------------------------------------------------------- the call's steps

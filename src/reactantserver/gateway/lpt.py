@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 :class:`LptDriver` is the thin Trio driver over the sans-IO
-:class:`~.control.LptController` (which owns the estimates, the cadence, the packer and the
+:class:`~.core.control.LptController` (which owns the estimates, the cadence, the packer and the
 fill router). It does three things, all on Trio's side of the gateway:
 
 **Startup** (:meth:`LptDriver.startup`, before the gateway listens). Probe rounds, one every
@@ -17,7 +17,7 @@ and exits 1. Then the ``startup`` repack: no measurements yet, so placement is b
 table (the prober's ``on_table`` hook calls :meth:`LptDriver.on_table`) and wakes the task,
 which asks ``controller.due()``: ``compute`` once enough fleet GPU-seconds accumulated,
 ``fleet`` when the ready workers or the loaded models changed. Arrivals are the router's
-cumulative per-model counts (:meth:`~.routing.Router.arrivals`), read at the repack.
+cumulative per-model counts (:meth:`~.core.routing.Router.arrivals`), read at the repack.
 
 **Control RPCs** (:meth:`LptDriver.call`, the proxy's
 :class:`~.calls.ControlPlane`): decoded on the asyncio side, carried out in a Trio task
@@ -35,7 +35,7 @@ the self-managed workers whose model set changed (``compaction_mode`` /
 ``compaction_interval``). A worker that refuses or cannot be reached is logged; the next
 repack reconciles explicit-mode workers again against the pins they report.
 
-Nothing here imports JAX (tests/test_no_jax.py).
+Nothing here imports JAX (tests/project/test_no_jax.py).
 """
 
 from __future__ import annotations
@@ -53,12 +53,12 @@ from ..grpcwire import StatusCode
 from ..protocol import reactant_control as cpb
 from ..protocol.screen import decode_message
 from ..transport import guest
-from .control import Compaction, LptController, ModelStatus, RepackOutcome, ResidencyChange
-from .estimates import Trigger
-from .policy import POLICY_FIELDS, check_repack_wait
+from .core.control import Compaction, LptController, ModelStatus, RepackOutcome, ResidencyChange
+from .core.estimates import Trigger
+from .core.policy import POLICY_FIELDS, check_repack_wait
+from .core.table import RouteTable
 from .pool import WorkerClient
 from .prober import Prober
-from .table import RouteTable
 
 log = logging.getLogger(__name__)
 

@@ -20,14 +20,14 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from ..histogram import HistogramSnapshot
-from ..transport.limits import Fault, WireCounters
-from .control import LptController, SchedulingStatus
-from .energy import energy_series
+from ..transport.core.limits import Fault, WireCounters
+from .core.control import LptController, SchedulingStatus
+from .core.energy import energy_series
+from .core.routing import Router, RouterStatistics
+from .core.stats import GatewayStats
 from .pool import WorkerClient
 from .prober import Prober
-from .routing import Router, RouterStatistics
 from .scrape import WorkerMetrics
-from .stats import GatewayStats
 
 
 def _one(family: GaugeMetricFamily | CounterMetricFamily, value: float) -> Metric:

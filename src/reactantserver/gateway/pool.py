@@ -14,7 +14,7 @@ Stream slots bound what is in flight to one worker: at most
 ``DeadlineExceeded``; nothing was sent). The wait is bounded in length too: every caller is
 an inbound gateway call, which the gateway's admission cap already bounds.
 
-The slot counts and the line are :class:`~.inflight.StreamSlots` (sans-IO: it decides who
+The slot counts and the line are :class:`~.core.inflight.StreamSlots` (sans-IO: it decides who
 holds a slot, who waits, who is next and whose deadline passed, given ``now``); this class
 carries its decisions out. One line, two kinds of waiter: a coroutine
 (:meth:`WorkerClient.call`, :meth:`WorkerClient.start_when_ready`) awaits a future; a
@@ -28,7 +28,7 @@ gateway's CPU there (docs/benchmarks.md, "Client shapes").
 
 Entry points: :meth:`WorkerClient.call` (a coroutine's call: the fan-out, the prober, the
 proxy's other RPCs); and for a forwarded call, the three its state machine
-(:mod:`.callstate`) needs -- :meth:`~WorkerClient.start` (now, on a free or a granted
+(:mod:`.core.callstate`) needs -- :meth:`~WorkerClient.start` (now, on a free or a granted
 slot), :meth:`~WorkerClient.wait_for_slot` (in line, no task) and
 :meth:`~WorkerClient.start_when_ready` (in a task, for the connection) -- with
 :meth:`~WorkerClient.leave_line` and :meth:`~WorkerClient.slot_deadline` for its
@@ -55,7 +55,7 @@ import attrs
 
 from ..config.rules import split_host_port
 from ..errors import DeadlineExceeded
-from ..transport.limits import WireLimits
+from ..transport.core.limits import WireLimits
 from ..transport.tls import ClientTls, check_h2, client_tls
 from .channel import (
     CONNECT_TIMEOUT,
@@ -67,7 +67,7 @@ from .channel import (
     Reply,
     WorkerConnection,
 )
-from .inflight import StreamSlots, Waiter, WorkerInflight
+from .core.inflight import StreamSlots, Waiter, WorkerInflight
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class SlotWait(Waiter):
         """Handed a slot (already out of the line): the call starts on it."""
         caller, self.caller = self.caller, None
         # Ended either way: the line's deadline entry for this wait (dropped lazily,
-        # :class:`~.inflight.StreamSlots`) keeps nothing of its call alive -- a call held
+        # :class:`~.core.inflight.StreamSlots`) keeps nothing of its call alive -- a call held
         # there outlived its answer and fed the cyclic collector's passes.
         if caller is not None:
             try:
@@ -196,7 +196,7 @@ class WorkerClient:
         #: The loop the connections run on (known once one is opened): asked once, as
         #: Python 3.11's ``asyncio.get_running_loop`` makes a ``getpid`` system call.
         self._loop: asyncio.AbstractEventLoop | None = None
-        #: The worker's in-flight counts (shared with the router, :mod:`.inflight`): its
+        #: The worker's in-flight counts (shared with the router, :mod:`.core.inflight`): its
         #: stream slots and their line are decided there; one timer here, for the line's
         #: earliest deadline -- as the worker connection keeps its calls' deadlines.
         self.inflight = inflight if inflight is not None else WorkerInflight()

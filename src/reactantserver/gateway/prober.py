@@ -12,8 +12,8 @@ A probe round asks every worker three questions, all workers at once, each worke
    per item). A worker without the control service (a plain Triton server behind the
    gateway) still routes: its requests count one item each.
 
-The answers become :class:`~.table.WorkerSnapshot`\\ s, :func:`~.table.build_table` makes the
-next immutable :class:`~.table.RouteTable` from them and the previous one, and the router
+The answers become :class:`~.core.table.WorkerSnapshot`\\ s, :func:`~.core.table.build_table` makes the
+next immutable :class:`~.core.table.RouteTable` from them and the previous one, and the router
 gets it with ``update`` -- one assignment, so a request sees the old table or the new one,
 never a mixture. A worker that does not answer, or answers not ready, serves nothing in the
 new table; it comes back on the first round it answers ready. Joins and departures are
@@ -78,9 +78,9 @@ from ..protocol import inference as pb
 from ..protocol import reactant_control as cpb
 from ..transport import guest
 from .channel import ChannelError, Reply
+from .core.routing import Router
+from .core.table import ModelSnapshot, RouteTable, WorkerSnapshot, build_table
 from .pool import WorkerClient
-from .routing import Router
-from .table import ModelSnapshot, RouteTable, WorkerSnapshot, build_table
 
 log = logging.getLogger(__name__)
 

@@ -99,15 +99,15 @@ from .calls import (
     Raw,
 )
 from .channel import ChannelError, Reply
+from .core.inflight import fails_over
+from .core.policy import not_lpt
+from .core.routing import Router, refusal
+from .core.stats import GatewayStats
+from .core.wire import peek_name
 from .fanout import FanOut
 from .forward import Forward, StreamForward
-from .inflight import fails_over
-from .policy import not_lpt
 from .pool import WorkerClient
 from .prober import Registrations
-from .routing import Router, refusal
-from .stats import GatewayStats
-from .wire import peek_name
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ class Proxy:
         #: Refresh the route table now (single-flight) / soon (from a callback).
         self.refresh = refresh
         self.refresh_soon = refresh_soon
-        #: The gateway's calls in flight and the ModelInfer cap (:mod:`.inflight`).
+        #: The gateway's calls in flight and the ModelInfer cap (:mod:`.core.inflight`).
         self.admission = stats.admission
         per_worker = config.grpc.max_concurrent_requests_per_worker
         self.admission.cap = per_worker * len(config.endpoints)
@@ -351,7 +351,7 @@ class Proxy:
     def not_served(self, model: str) -> NotFound | Unavailable:
         """Why no ready worker serves ``model``: UNAVAILABLE for a model a worker lists or
         the gateway knows while its workers are away, NOT_FOUND for a name never seen
-        (the rule: :func:`.routing.refusal`)."""
+        (the rule: :func:`.core.routing.refusal`)."""
         return refusal(self.router.table, model, len(self.clients))
 
     # ------------------------------------------------------------------ gateway-local

@@ -27,7 +27,7 @@ A name nobody has mentioned yet is ``UNLOADED``. Any other pair is a bug in the 
 anything. Only ``READY`` and ``RELOADING`` admit requests (:func:`admits_requests`):
 ``ModelVersions`` keeps a serving version exactly for the names in those states.
 
-Invariants (checked by ``tests/test_lifecycle.py``): the table moves only along
+Invariants (checked by ``tests/lifecycle/test_lifecycle.py``): the table moves only along
 :data:`TRANSITIONS`; ``FAILED`` always carries a reason, ``DRAINING`` and ``UNLOADED``
 never do; failed loads are counted per name, also for names forgotten since.
 """

@@ -61,7 +61,7 @@ Refusals: ``admit`` and :meth:`~ModelVersions.serving` of a name with no serving
 raise ``Unavailable`` while it loads and ``NotFound`` otherwise, saying why (failed, being
 unloaded, not loaded).
 
-Invariants (``tests/test_lifecycle_versions.py`` checks each after every step):
+Invariants (``tests/lifecycle/test_lifecycle_versions.py`` checks each after every step):
 
 1. A request admitted to a version is answered by that version: a version is never
    freed while it has requests outstanding, and a gated request is released only once

@@ -19,7 +19,7 @@ name and returns :class:`Action` s:
   a version that fails to load is not retried at every poll, only once its files
   change again (touching any file of the bundle is enough to ask for a retry).
 
-Invariants (checked by ``tests/test_lifecycle.py``): an action for ``(name, sig)`` at
+Invariants (checked by ``tests/lifecycle/test_lifecycle.py``): an action for ``(name, sig)`` at
 poll *k* means polls *k-1* and *k* both saw ``sig`` (both saw no directory for a
 removal); no action repeats the acted signature; after two identical consecutive polls
 the acted view equals the polled view.

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 Sans-IO: the supervisor tells a ``RestartPolicy`` when its child started and when it
 exited, with the current time, and gets back a decision. Nothing here sleeps or reads a
-clock, so the rules are tested on plain numbers (tests/test_node_restart.py).
+clock, so the rules are tested on plain numbers (tests/node/test_node_restart.py).
 
 The rules (one policy per child):
 
@@ -18,7 +18,7 @@ The rules (one policy per child):
   supervisor stops the node with exit status 1, leaving the next step to whatever runs
   it (a container restart policy, Kubernetes). 0 restarts forever.
 
-Invariants (tests/test_node_restart.py, Hypothesis): a delay is never more than the cap
+Invariants (tests/node/test_node_restart.py, Hypothesis): a delay is never more than the cap
 nor less than 1 s; a child that keeps failing fast gets delays 1, 2, 4, ... capped; a
 stable run always resets the sequence to 1 s; with a budget of *m*, ``GiveUp`` comes
 exactly at the (*m*+1)-th consecutive fast failure and never earlier.

@@ -14,7 +14,7 @@ What is simulated (nothing is a formula):
   thread and copy engine, the gateway (on the first host when ``gateway_on_host``) and a
   load generator that shares the machine (``generator_seconds``) share those cores
   (:mod:`reactantserver.fleet.host`) -- the model of what costs more under load;
-* the placement lpt_packing's packer (:func:`reactantserver.gateway.packing.pack`, the
+* the placement lpt_packing's packer (:func:`reactantserver.gateway.core.packing.pack`, the
   gateway's own) makes on the traffic's rates and the calibrated costs, held for the run
   (``plan`` answers for the steady state the gateway converges to, not for its first
   minutes of learning); a closed loop's rates are its shares x the throughput of a first
@@ -39,7 +39,7 @@ from ..config import GatewaySchedulingConfig
 from ..energy.report import Scrape, WorkerScrape, build
 from ..fleet.host import Hosts
 from ..fleet.simulator import ClosedLoop, FleetModel, FleetSimulation, FleetWorker
-from ..gateway.packing import ModelDemand, PackPolicy, WorkerCapacity, pack
+from ..gateway.core.packing import ModelDemand, PackPolicy, WorkerCapacity, pack
 from .costs import Costs
 from .device import Device
 from .traffic import Traffic

@@ -19,7 +19,7 @@ simulator, the gateway's packer, the host-contention model). The planner searche
    way the search ends with the smallest meeting fleet whose next-smaller one was
    evaluated and failed.
 
-Invariants (``tests/test_planning_search.py``, for *any* verdict function, monotone or
+Invariants (``tests/planning/test_planning_search.py``, for *any* verdict function, monotone or
 not): the answer meets the goal; every evaluated fleet smaller than the answer fails and
 every evaluated fleet at least as large meets it, so the table a plan prints never shows a
 larger fleet failing where a smaller one met the goal; the fleet one smaller than the

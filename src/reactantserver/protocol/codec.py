@@ -37,7 +37,7 @@ the transport to frame directly. Output parameters (only the echo of shared-memo
 ``ModelStreamInferResponse`` around those pieces (or an error), for worker and gateway.
 
 Protobuf rules kept (what ``tritonclient``'s protobuf runtime does, checked by
-tests/test_codec.py against it and against betterproto): fields in any order, unknown
+tests/worker/test_codec.py against it and against betterproto): fields in any order, unknown
 fields skipped (groups included), a singular field sent twice keeps its last value, a
 message field sent twice merges, packed and unpacked repeated scalars both accepted (a packed
 list sent in several chunks is their concatenation -- betterproto keeps only the last

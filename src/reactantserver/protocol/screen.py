@@ -34,7 +34,7 @@ Both the worker's codec and the gateway (its codec and the handlers that read a 
 themselves) decode through here. The schemas are built from the descriptor set once,
 by :func:`prepare` as the server starts.
 
-Invariants (``tests/test_screen.py``): for any bytes, :func:`decode_message` returns a
+Invariants (``tests/worker/test_screen.py``): for any bytes, :func:`decode_message` returns a
 message or raises ``InvalidArgument``; for a message without unknown fields it returns
 what betterproto's own parser does; unknown fields never change the result.
 """

@@ -2,7 +2,7 @@
 
 Two places read protobuf bytes by hand rather than through betterproto: the worker's
 ModelInfer codec (:mod:`.codec`, every field) and the gateway's peek
-(:mod:`reactantserver.gateway.wire`, the model name, id and input shapes only). Both walk
+(:mod:`reactantserver.gateway.core.wire`, the model name, id and input shapes only). Both walk
 a message with this cursor, so they keep the same protobuf rules and the same error
 messages: fields in any order, unknown fields (groups included, up to
 :data:`MAX_GROUP_DEPTH` deep) skipped, int64 as two's complement; malformed input raises

@@ -67,7 +67,7 @@ def desired_environment(cfg: RuntimeConfig) -> dict[str, str]:
 #: Where JAX answers "are the backends up?" without bringing them up. No public API does
 #: (jax-ml/jax#23320 asks for one and is open; ``jax.extend.backend.backends()`` and
 #: ``jax.devices()`` initialise the backends they report), so this reads a private name
-#: (jax 0.4 has it; CI's constraints.txt pins 0.10.2): ``tests/test_runtime_environment.py``
+#: (jax 0.4 has it; CI's constraints.txt pins 0.10.2): ``tests/runtime/test_runtime_environment.py``
 #: calls it on the installed jax and fails, naming this constant, the day it moves.
 PRIVATE_PROBE = ("jax._src.xla_bridge", "backends_are_initialized")
 

@@ -17,7 +17,7 @@ the order they apply (ported from the original's ``plan_batch``):
    even the head fits (a head larger than the cap), take the head alone. A request is
    never split.
 
-Invariants (checked by ``tests/test_sched_properties.py``): ``B`` is a compiled size;
+Invariants (checked by ``tests/scheduling/test_sched_properties.py``): ``B`` is a compiled size;
 the taken rows are ``<= B``; they are ``<= cap`` unless exactly one request is taken;
 at least one request is taken; the taken requests are a prefix of the window.
 

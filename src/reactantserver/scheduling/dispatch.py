@@ -73,10 +73,10 @@ meanwhile, so batches still land and the head's timeout still runs. Behind a bat
 flight, weights at hand are taken with the executor's ``prepare_now`` (no task at all);
 at depth 1 nothing is in flight while a batch is prepared, so no watch is ever needed.
 
-Invariants (``tests/test_sched_pipeline.py`` checks them with Hypothesis against an honest
+Invariants (``tests/scheduling/test_sched_pipeline.py`` checks them with Hypothesis against an honest
 asynchronous fake device in virtual time, and over the real ``DevicePipeline`` threads
 with a blocking executor -- what CUDA runs -- whose programs and weight loads finish when
-the test says; ``tests/test_sched_dispatch.py`` at depth 1):
+the test says; ``tests/scheduling/test_sched_dispatch.py`` at depth 1):
 
 1. The device is given programs one launch at a time, in launch order, and they are
    landed (completed, answered) in that order; at most ``d`` are launched and not landed.

@@ -4,7 +4,7 @@
 (seconds, any monotonic clock) with each event and returns decisions. The Trio
 driver (``dispatch.Scheduler``) and the simulators call it the same way, which is
 why a workload can be replayed under virtual time and why the Hypothesis state
-machine in ``tests/test_sched_properties.py`` can drive it directly.
+machine in ``tests/scheduling/test_sched_properties.py`` can drive it directly.
 
 Events and decisions::
 
@@ -87,7 +87,7 @@ a constant number of vectorised operations over the candidates, plus planning th
 winner's batch (bounded by its largest compiled size). Nothing is proportional to
 the number of models loaded.
 
-**Invariants** (the executable spec in ``tests/test_sched_properties.py``): every
+**Invariants** (the executable spec in ``tests/scheduling/test_sched_properties.py``): every
 request leaves ``QUEUED`` exactly once; requests of a model are dispatched in
 queue order; batches respect the compiled sizes and the cap and never split a
 request; queues never exceed ``max_queue_depth`` (committed requests aside).

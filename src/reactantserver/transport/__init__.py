@@ -7,32 +7,32 @@ one mapping from error categories to gRPC status codes :mod:`reactantserver.stat
 
 Sans-IO (no grpclib, h2 or asyncio; importable anywhere):
 
-``transport.h2core``
+``h2.core``
     One HTTP/2 connection for both roles: the stream table, the states as transition
     tables, flow control both ways, SETTINGS, one handler per frame type.
-``transport.h2lean`` / ``transport.h2client``
+``h2.server`` / ``h2.client``
     Its server role (what a gRPC server sends) and its client role (unary gRPC calls:
     the gateway's worker connections and the Python client).
-``transport.h2parse``
+``h2.parse``
     The one frame reader, for either role: received frames read straight from their bytes.
-``transport.h2events`` / ``transport.h2wire``
+``h2.events`` / ``h2.wire``
     Our HTTP/2 events, exceptions and codes; the wire numbers and frame headers.
-``transport.hpack_blocks``
+``h2.hpack``
     HPACK as both roles use it (hpack's public decoder and our encoders).
-``transport.abuse``
+``h2.abuse``
     One abuse budget per connection, given the time: what a peer may make us do for nothing.
-``transport.auth``
+``transport.core.auth``
     Who a call is, and whether it may do what it asks: restricted API groups.
-``transport.compression``
+``transport.core.compression``
     gzip / deflate request messages, inflated a step at a time within bounds.
-``transport.limits``
+``transport.core.limits``
     ``WireLimits`` (what a peer may do), ``Fault`` (kinds of client mistakes),
     ``WireCounters`` / ``WireStatistics`` (what the wire counted, for /metrics).
-``transport.framing``
+``transport.core.framing``
     The rules of a gRPC request's headers and message framing, as pure functions.
-``transport.faultlog``
+``transport.core.faultlog``
     Rate-limited logging of client mistakes.
-``transport.reclaim``
+``transport.core.reclaim``
     When to give memory back after a hostile burst.
 
 On ``ssl``, for both roles: ``transport.tls`` (TLS and mutual TLS for the listeners and
@@ -61,8 +61,8 @@ package stays free of them):
     no task, no stream object per call (``unary`` uses only grpclib's message encoding).
 ``transport.health``
     ``grpc.health.v1.Health``, the standard gRPC health check, on a worker and a gateway.
-``transport.grpc``
-    :func:`~reactantserver.transport.grpc.serve_grpc`: the worker's listener, a
+``worker.grpc``
+    :func:`~reactantserver.worker.grpc.serve_grpc`: the worker's listener, a
     ``GuardedServer`` on the asyncio loop that hosts Trio as its guest, serving
     :class:`reactantserver.service.Service` plus server reflection; ModelInfer is
     queued and answered without a Trio task per call (one crossing per batch).

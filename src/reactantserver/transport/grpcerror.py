@@ -3,7 +3,7 @@
 Everything in reactantserver speaks :class:`reactantserver.grpcwire.StatusCode`. grpclib's
 ``GRPCError`` wants its own ``grpclib.const.Status`` member (an ``Enum``, not an
 ``IntEnum``): :func:`grpc_error` makes the exception from a code, and :func:`error_code`
-reads one back, so no other module imports grpclib's enum (``tests/test_grpcwire.py``).
+reads one back, so no other module imports grpclib's enum (``tests/transport/test_grpcwire.py``).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ directly -- ``trio.current_time()``, ``Event.set()``, ``CancelScope.cancel()``,
 runnable from the host schedules Trio's next tick (when Trio sleeps in its I/O thread,
 that thread is woken: one *wake-up crossing*, 80-110 us on a 2-core machine, paid
 only when Trio was idle). This is how a ModelInfer handler queues a request and wakes
-the dispatch loop without a hop (``transport/grpc.py``). For an ordered call on Trio's
+the dispatch loop without a hop (``worker/grpc.py``). For an ordered call on Trio's
 next tick from any thread, use :meth:`TrioPortal.call_soon`; to run an async function
 as a Trio task and await it, :meth:`TrioPortal.run` (a task in the portal's nursery
 under its own cancel scope; cancelling the asyncio caller cancels that scope). Hot

@@ -1,6 +1,6 @@
 """HTTP/2 connections a hostile peer cannot stop, slow or fool: the server's asyncio edge.
 
-Our HTTP/2 connection (:mod:`.h2core`, sans-IO) does the protocol; this module is the
+Our HTTP/2 connection (:mod:`..h2.core`, sans-IO) does the protocol; this module is the
 thin asyncio layer around it and closes, at the layer where bytes become events, the gaps
 a server facing anyone on the network must close -- for every server built on it (the
 worker's, a gateway's), whatever the asyncio/Trio bridge above it looks like.
@@ -14,28 +14,28 @@ first SETTINGS frame), feeds it the bytes, writes what comes out, and hands the 
 * **Unknown events are ignored** (RFC 9113 §5.5: unknown frame types, e.g. ORIGIN 0xC),
   as are PING, SETTINGS ACK and PRIORITY (the connection answers PING itself).
 * **Requests are judged at HEADERS.** Before a stream gets a handler, its headers pass
-  :func:`.framing.request_head` through the sink's ``admit`` (method, content type,
+  :func:`.core.framing.request_head` through the sink's ``admit`` (method, content type,
   encoding, ``grpc-timeout``, known path); a refusal is answered trailers-only at once.
   A stream past ``max_concurrent_streams`` is reset with REFUSED_STREAM (clients retry
   it) instead of tearing the whole connection down: the limit is enforced here, per
   stream.
-* **Messages are judged as DATA arrives.** A :class:`.framing.MessageFramer` per stream
+* **Messages are judged as DATA arrives.** A :class:`.core.framing.MessageFramer` per stream
   reads each 5-byte gRPC prefix the moment it is complete: a declared length over
   ``max_message_bytes`` (or a bad flag, a second message on a unary call, a stream cut
   short) is answered, the stream is reset, the bytes buffered for it are dropped and
   handed back to the connection window, and no more window is granted for it.
-* **Frames are judged by their header** (:class:`.h2parse.FrameReader`): a DATA frame
+* **Frames are judged by their header** (:class:`..h2.parse.FrameReader`): a DATA frame
   declaring 16 MiB when we advertise 1 MiB is FRAME_SIZE_ERROR before its body arrives,
   and a header block is bounded to ``max_header_list_size`` bytes.
-* **What a peer makes us do for nothing is budgeted** (:class:`.abuse.AbuseBudget`, one
-  per connection, kept by the connection itself, :mod:`.h2core`, given the loop's time;
+* **What a peer makes us do for nothing is budgeted** (:class:`..h2.abuse.AbuseBudget`, one
+  per connection, kept by the connection itself, :mod:`..h2.core`, given the loop's time;
   its docstring says why and how): calls reset by the peer soon after they started
   (rapid reset, CVE-2023-44487) and calls the server was made to reset on a stream error
   the peer provoked (MadeYouReset, CVE-2025-8671) count against the calls started;
   frames that ask for nothing (PING, SETTINGS, empty DATA, frames on reset streams,
   streams past the limit) against a token bucket, judged after each read's events
-  (:meth:`.h2core.Connection.judge`). This edge only says what the connection cannot
-  see -- which calls started (:meth:`.h2core.Connection.call_started`), the streams it
+  (:meth:`..h2.core.Connection.judge`). This edge only says what the connection cannot
+  see -- which calls started (:meth:`..h2.core.Connection.call_started`), the streams it
   refused for nothing, the requests inside a stream's call -- and reads the verdict:
   past either rule, GOAWAY ENHANCE_YOUR_CALM and the connection closes.
 * **Connections are bounded in number and time.** :class:`ConnectionTable` caps open
@@ -61,7 +61,7 @@ first SETTINGS frame), feeds it the bytes, writes what comes out, and hands the 
   256 MiB per connection).
 * **Nothing escapes a callback.** A protocol error in the peer's bytes is a clean
   connection error (GOAWAY, then close), counted and logged through the rate-limited
-  :class:`~.faultlog.FaultLog`; an exception in our own event handling is logged with its
+  :class:`~.core.faultlog.FaultLog`; an exception in our own event handling is logged with its
   traceback and closes that connection only: one bad connection must not end the
   server.
 
@@ -86,15 +86,15 @@ from typing import Any, Protocol
 
 from reactantserver.status import StatusCode
 
-from . import h2events
-from .auth import Peer
-from .faultlog import FaultLog
-from .framing import MessageFramer, Refusal, RequestHead
+from ..h2 import events as h2events
+from ..h2.core import Verdict
+from ..h2.events import ErrorCodes
+from ..h2.server import ServerConnection
+from .core.auth import Peer
+from .core.faultlog import FaultLog
+from .core.framing import MessageFramer, Refusal, RequestHead
+from .core.limits import Fault, WireCounters, WireLimits
 from .h2conn import CorkedTransport, held_writes
-from .h2core import Verdict
-from .h2events import ErrorCodes
-from .h2lean import ServerConnection
-from .limits import Fault, WireCounters, WireLimits
 from .tls import certificate_names, negotiated_h2
 from .unary import DirectAdmission, DirectCalls, status_headers
 

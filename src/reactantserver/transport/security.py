@@ -2,7 +2,7 @@
 
 The one place that turns ``endpoints.tls`` / ``endpoints.restricted`` /
 ``endpoints.gateway`` (a worker) and ``tls`` / ``restricted`` (a gateway) into the
-:class:`~.tls.ServerTls` and :class:`~.auth.Authorizer` a
+:class:`~.tls.ServerTls` and :class:`~.core.auth.Authorizer` a
 :class:`~.server.GuardedServer` is given, reading the keys from their files or
 environment variables (:func:`reactantserver.config.certs.read_secret`, the function the
 configuration check used). It also says, once at start, what a listener beyond loopback
@@ -21,7 +21,7 @@ import attrs
 from reactantserver.config.certs import read_secret
 from reactantserver.config.schema import EndpointsConfig, GatewayTrust, Restriction, TlsConfig
 
-from .auth import STATE_CHANGING, Authorizer, Rule, Trust
+from .core.auth import STATE_CHANGING, Authorizer, Rule, Trust
 from .tls import ServerTls
 
 log = logging.getLogger(__name__)

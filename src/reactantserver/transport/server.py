@@ -2,14 +2,14 @@
 
 :class:`GuardedServer` is what both a worker and a gateway serve with: it takes grpclib
 ``Handler`` entries (``{"/pkg.Service/Method": Handler(func, cardinality, request_type,
-reply_type)}``), a message codec and a :class:`~.limits.WireLimits`, and knows nothing of
+reply_type)}``), a message codec and a :class:`~.core.limits.WireLimits`, and knows nothing of
 ``Service``, Trio or model inference. Connections are :class:`~.h2guard.GuardedProtocol`\\ s
 (every check of the wire); this module runs the calls that pass them.
 
 Theory of operation
 -------------------
 Per connection, a :class:`_Calls` object is the ``RequestSink`` of
-:mod:`.h2guard`: ``admit`` judges a request's headers (:func:`.framing.request_head`,
+:mod:`.h2guard`: ``admit`` judges a request's headers (:func:`.core.framing.request_head`,
 then the path against the mapping, then its metadata) and computes its deadline *at
 arrival*; ``accept`` makes the call's :class:`ServerStream` and runs the handler with it
 as an asyncio task whose done-callback releases the stream -- a callback, because a task
@@ -44,7 +44,7 @@ by frame; a streaming answer sends each message the same way, without trailers.
 
 A large answer leaves in DATA frames of at most :data:`SEND_CHUNK` (256 KiB) even when
 the peer allows 16 MiB frames and windows (gRPC's C core does): the frame is copied on
-its way to the socket (:mod:`.h2lean` joins a frame's header and payload once, then the
+its way to the socket (:mod:`..h2.server` joins a frame's header and payload once, then the
 transport), and a 256 KiB frame is copied while it sits in the CPU's cache, a 16 MiB one
 from main memory into freshly mapped pages every time. Each frame is handed to the
 transport at once, and the next waits while the transport's buffer is over its
@@ -53,7 +53,7 @@ latency 0.85x (docs/benchmarks.md).
 
 Housekeeping: every :data:`TICK` seconds the server sweeps its connections for
 handshake, idle, body and send timeouts, flushes the rate-limited fault log and, once a hostile
-burst is over, gives its memory back (:mod:`.reclaim`).
+burst is over, gives its memory back (:mod:`.core.reclaim`).
 
 Shutdown helpers: :meth:`GuardedServer.goaway` (no new streams, on every connection),
 :meth:`GuardedServer.close` (stop listening, close every connection, cancel every call)
@@ -80,15 +80,15 @@ from grpclib.metadata import Deadline, decode_metadata
 from reactantserver.grpcwire import StatusCode
 from reactantserver.status import INTERNAL_MESSAGE
 
-from . import h2events
-from .auth import Authorizer, Peer
-from .compression import Inflater
-from .faultlog import FaultLog
-from .framing import HeadersPassed, Refusal, RequestHead, request_head
+from ..h2 import events as h2events
+from .core.auth import Authorizer, Peer
+from .core.compression import Inflater
+from .core.faultlog import FaultLog
+from .core.framing import HeadersPassed, Refusal, RequestHead, request_head
+from .core.limits import Fault, WireCounters, WireLimits, WireStatistics
+from .core.reclaim import ReclaimPolicy, release_memory
 from .grpcerror import error_code, grpc_error
 from .h2guard import ConnectionTable, GuardedProtocol
-from .limits import Fault, WireCounters, WireLimits, WireStatistics
-from .reclaim import ReclaimPolicy, release_memory
 from .streaming import StreamAdmission, StreamCall, StreamHandler
 from .tls import ServerTls
 from .unary import (
@@ -233,7 +233,7 @@ class ServerStream:
         return self._codec.decode(data, self._recv_type)
 
     async def _inflate(self, data: bytes) -> bytes:
-        """A compressed message inflated (:mod:`.compression`), a step per loop pass."""
+        """A compressed message inflated (:mod:`.core.compression`), a step per loop pass."""
         limit, setting = self._limit
         inflater = Inflater(data, self._head.encoding, limit, setting)
         while (result := inflater.step()) is None:
@@ -330,7 +330,7 @@ class _Calls:
     def __init__(self, server: GuardedServer) -> None:
         self._server = server
         self._loop = asyncio.get_running_loop()
-        #: The connection (set once it is made): who the client is (:mod:`.auth`).
+        #: The connection (set once it is made): who the client is (:mod:`.core.auth`).
         self.guard: GuardedProtocol | None = None
         #: Who a sink without a connection (a test's) judges calls as.
         self._identity = Peer()

@@ -25,7 +25,7 @@ does), the abuse budget counts the stream, a reset or a lost connection cancels 
   handed to ``handler.begin`` at once. The request's deadline is the call's
   (``grpc-timeout``); the request's own ``timeout`` parameter is the handler's to read.
   On a call with a ``grpc-encoding``, a message flagged compressed is inflated first
-  (:mod:`.compression`: within the message limit, a step per pass of the loop), keeping
+  (:mod:`.core.compression`: within the message limit, a step per pass of the loop), keeping
   its place in the order; a refusal (a bomb, a broken stream) answers that request.
 * **Order.** Answers leave in the order the requests arrived, as Triton writes them for a
   model that is not decoupled: an answer that is ready waits behind an earlier one that
@@ -65,7 +65,7 @@ does), the abuse budget counts the stream, a reset or a lost connection cancels 
 Exceptions from a handler or an ``on_cancel`` are our bugs: logged with their traceback,
 the request answered (in the stream) INTERNAL with the fixed message.
 
-Invariants (``tests/test_wire_streaming.py``): every request whose message completed is
+Invariants (``tests/transport/test_wire_streaming.py``): every request whose message completed is
 answered exactly once in the stream, in arrival order, unless the call ended first; then
 it is withdrawn exactly once. What is owed never exceeds ``stream_requests`` requests;
 what is kept, one stream window beyond the message being received (HTTP/2 flow control
@@ -85,10 +85,10 @@ import attrs
 from reactantserver.grpcwire import StatusCode
 from reactantserver.status import INTERNAL_MESSAGE
 
-from . import h2events
-from .compression import Inflater
-from .framing import HeadersPassed, Refusal
-from .limits import WireLimits
+from ..h2 import events as h2events
+from .core.compression import Inflater
+from .core.framing import HeadersPassed, Refusal
+from .core.limits import WireLimits
 from .unary import (
     ACCEPTING_ANSWER_HEADERS,
     ANSWER_HEADERS,
@@ -120,7 +120,7 @@ class RequestCall(Protocol):
     received_at: float
     #: Set by the handler: runs once if the request is cancelled before it is answered.
     on_cancel: Callable[[], None] | None
-    #: Who the call is (:mod:`.auth`): whose shared-memory regions it may name.
+    #: Who the call is (:mod:`.core.auth`): whose shared-memory regions it may name.
     owner: str
 
     @property
@@ -499,7 +499,7 @@ class StreamCall:
             request.fail(StatusCode.INTERNAL, INTERNAL_MESSAGE)
 
     def _inflate(self, request: StreamedRequest, inflater: Inflater) -> None:
-        """One step of a compressed request's inflation (:mod:`.compression`), the next
+        """One step of a compressed request's inflation (:mod:`.core.compression`), the next
         on a later pass of the loop, so that other calls are served in between; the
         request keeps its place in the stream's order meanwhile. Inflated, it counts
         against the stream's bound by its inflated size; refused (a bomb, a broken

@@ -28,7 +28,7 @@ the host connected to), offers ``h2`` and presents ``cert_file``/``key_file`` wh
 
 **Identity.** :func:`certificate_names` reads a verified peer certificate's subject
 common name and subject alternative names (DNS, URI, email, IP), which restricted API
-groups and shared-memory ownership use (:mod:`.auth`).
+groups and shared-memory ownership use (:mod:`.core.auth`).
 """
 
 from __future__ import annotations

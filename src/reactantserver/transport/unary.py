@@ -22,7 +22,7 @@ size, premature resets) applies unchanged; this module adds, per call:
   most ``max_message_bytes``. At END_STREAM the handler gets the message without its
   5-byte prefix: a view of the one payload that holds it, or the payloads joined once.
 * **Compressed messages.** A call with ``grpc-encoding`` whose message carries the
-  compressed flag is inflated before its handler sees it (:mod:`.compression`), a step
+  compressed flag is inflated before its handler sees it (:mod:`.core.compression`), a step
   per pass of the loop, within the message limit; a refusal answers the call and the
   handler never runs. Its answer's headers say what is accepted (``grpc-accept-encoding``).
 * **Deadlines.** A call whose deadline passed before its message was complete is answered
@@ -63,21 +63,21 @@ from reactantserver.errors import bounded
 from reactantserver.grpcwire import StatusCode
 from reactantserver.status import INTERNAL_MESSAGE
 
-from . import h2events
-from .compression import Inflater, accepting
-from .framing import HeadersPassed, Refusal
-from .h2lean import CONSTANT_BLOCKS
-from .limits import Fault
+from ..h2 import events as h2events
+from ..h2.server import CONSTANT_BLOCKS
+from .core.compression import Inflater, accepting
+from .core.framing import HeadersPassed, Refusal
+from .core.limits import Fault
 
 if TYPE_CHECKING:
-    from .h2lean import ServerConnection
+    from ..h2.server import ServerConnection
 
 log = logging.getLogger(__name__)
 
 #: The initial headers and the OK trailers of every unary answer (built once).
 ANSWER_HEADERS = [(":status", "200"), ("content-type", "application/grpc+proto")]
 OK_TRAILERS = [("grpc-status", "0")]
-#: The initial headers of the answer to a compressed request (:mod:`.compression`).
+#: The initial headers of the answer to a compressed request (:mod:`.core.compression`).
 ACCEPTING_ANSWER_HEADERS = accepting(ANSWER_HEADERS)
 # Sent on every call: their (table-independent) HPACK blocks are encoded once.
 CONSTANT_BLOCKS.remember(ANSWER_HEADERS)
@@ -227,7 +227,7 @@ class UnaryCall:
         self.head = admitted.head
         #: Loop time by which the call must be answered (None: no deadline).
         self.deadline = admitted.deadline
-        #: Whose shared-memory regions the call may use (:mod:`.auth`).
+        #: Whose shared-memory regions the call may use (:mod:`.core.auth`).
         self.owner = admitted.owner
         #: Loop time of the read that completed the request (set when it is handed over).
         self.received_at = 0.0
@@ -365,7 +365,7 @@ class DirectCalls:
             call.fail(StatusCode.INTERNAL, INTERNAL_MESSAGE)
 
     def _inflate(self, call: UnaryCall, handler: DirectHandler, inflater: Inflater) -> None:
-        """One step of a compressed message's inflation (:mod:`.compression`); the next
+        """One step of a compressed message's inflation (:mod:`.core.compression`); the next
         on a later pass of the loop, so the other calls are served in between. A call
         reset or gone meanwhile is dropped."""
         if call.done or self.calls.get(call.stream_id) is not call:

@@ -44,7 +44,7 @@ scratch from a warm-up after the probe that raised the allocator's peak (the onl
 model loaded later moves the estimate). The driver applies each new budget to the
 policy with ``WeightCachePolicy.set_budget``.
 
-Invariants (``tests/test_weights_budget.py``): the split never promises a byte the arena
+Invariants (``tests/weights/test_weights_budget.py``): the split never promises a byte the arena
 does not have (every product is floored); ``on_demand + pinned_bytes <= weight_pool``
 whenever the pinned set fits the pool; the sizer's scratch estimate never shrinks, so a
 re-solve can only keep or lower the budget for the same pinned set.

@@ -8,7 +8,7 @@ each call returns, and reports how the I/O went (:meth:`loaded`, :meth:`load_fai
 :meth:`done`). It is the only place that knows what is resident, loading, pinned, in use
 or being removed: the driver keeps device and host handles, never state. Because it is a
 plain synchronous object, ``reactantserver.Scheduler`` simulations and the Hypothesis
-state machine in ``tests/test_weights_policy_state.py`` run it without JAX.
+state machine in ``tests/weights/test_weights_policy_state.py`` run it without JAX.
 
 Why one module of this size: every residency rule and every invariant below is about
 the same few fields of the same entries; split across files they could no longer be

@@ -67,10 +67,10 @@ from ..signals import drain_on_signals
 from ..statistics import ServedModelStatistics, WorkerStatistics
 from ..threads import ThreadRunner, in_threads
 from ..transport import guest
-from ..transport.grpc import serve_grpc
-from ..transport.limits import WireCounters
+from ..transport.core.limits import WireCounters
 from .build import Version, VersionBuilder
 from .control import ControlPlane
+from .grpc import serve_grpc
 from .lifecycle import LifecycleDriver
 from .metas import MetaGlue
 from .repository import RepositoryDriver
@@ -128,7 +128,7 @@ def freeze_heap(*, collect: bool = False) -> None:
     After the startup load the heap holds hundreds of thousands of long-lived objects
     (JAX, the compiled programs, the bundles). Requests once left cyclic garbage (grpclib's
     stream objects, before the server was our own; a direct ModelInfer leaves none now,
-    ``tests/test_wire_direct.py``, but a call on the task path may: an asyncio task, its
+    ``tests/transport/test_wire_direct.py``, but a call on the task path may: an asyncio task, its
     exception's traceback), so the collector ran its oldest generation every few hundred
     milliseconds under load, and each of those passes walked the whole heap: 40-100 ms
     with the event loop stopped, the p99 latency at 64 requests in flight

@@ -1,0 +1,1 @@
+"""The gateway's pure core: decisions handed `now` and events (see each module)."""

@@ -1,0 +1,1 @@
+"""The gRPC-over-HTTP/2 rules, sans-IO (see each module)."""
