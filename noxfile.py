@@ -675,7 +675,7 @@ def gpu(session: nox.Session) -> None:
     """The GPU tests and benchmarks on an NVIDIA GPU: ``nox -s gpu [-- --only tests]``.
 
     Runs ``benchmarks/gpu/run_gpu.py``: a device check, ``pytest -m gpu`` over
-    ``tests/test_gpu_*.py``, then the four GPU benchmarks (cold-load bandwidth, prefetch,
+    ``tests/runtime/test_gpu_*.py``, then the four GPU benchmarks (cold-load bandwidth, prefetch,
     models per GPU at a p99, the batch curve), each with a time limit, in about 7-8
     minutes on an H100. Results (a summary, the test log, the benchmark log and tables)
     go to ``$OUT`` when set, else ``gpu-results/``. Without a GPU it stops after the

@@ -82,7 +82,7 @@ def model_infer_requests() -> st.SearchStrategy[_ip.ModelInferRequest]:
 
 
 # ============================================================================================
-# On-demand weights (tests/test_weights_*.py)
+# On-demand weights (tests/weights/test_weights_*.py)
 # ============================================================================================
 
 #: Model names the weight-cache state machine draws from; few, so models collide and churn.
@@ -357,7 +357,7 @@ def inferio_hostile_inputs(draw: st.DrawFn) -> dict[str, object]:
 
 
 # ============================================================================================
-# Scheduling (tests/test_sched_*.py)
+# Scheduling (tests/scheduling/test_sched_*.py)
 # ============================================================================================
 
 #: Compiled batch sizes a scheduled model may have; () is one any-batch program.
@@ -575,7 +575,7 @@ def codec_responses(draw: st.DrawFn) -> object:
 
 
 # ============================================================================================
-# The gateway's sans-IO core (tests/test_gateway_*.py)
+# The gateway's sans-IO core (tests/gateway/test_gateway_*.py)
 # ============================================================================================
 
 _GW_MODELS = ("alpha", "beta", "gamma", "delta", "eps")
@@ -661,7 +661,7 @@ def child_runs(draw: st.DrawFn, max_runs: int = 30) -> list[float]:
 
 
 # ============================================================================================
-# The gRPC wire: message framing, the fault log, fuzzed HTTP/2 (tests/test_wire_*.py)
+# The gRPC wire: message framing, the fault log, fuzzed HTTP/2 (tests/transport/test_wire_*.py)
 # ============================================================================================
 
 

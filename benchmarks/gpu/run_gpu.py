@@ -9,7 +9,7 @@ step that no longer fits is skipped and the summary says so.
 | step | what it runs | on an H100 | limit |
 | --- | --- | --- | --- |
 | ``device`` | ``nvidia-smi`` and JAX's view of the GPU; without a GPU the run stops here | 2 s | 120 s |
-| ``tests`` | ``pytest -m gpu tests/test_gpu_*.py`` | 2 min | 330 s |
+| ``tests`` | ``pytest -m gpu tests/runtime/test_gpu_*.py`` | 2 min | 330 s |
 | ``bandwidth`` | benchmark (a), ``bench_gpu_bandwidth.py`` | 20 s | 120 s |
 | ``prefetch`` | benchmark (b), ``bench_gpu_prefetch.py`` (three configurations now) | 85 s | 180 s |
 | ``catalog`` | benchmark (c), ``bench_gpu_catalog.py`` | 4 min | 420 s |
@@ -141,7 +141,9 @@ def command(
     if step == "device":
         return [python, "-c", DEVICE_CHECK]
     if step == "tests":
-        tests = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_gpu_*.py"))
+        tests = sorted(
+            str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "runtime").glob("test_gpu_*.py")
+        )
         pytest = ["-p", "no:cacheprovider", "-v", "-rfEs", "--durations=15"]
         return [python, "-m", "pytest", "-m", "gpu", *tests, *pytest]
     flags = ["--backend", backend, *(["--quick"] if quick else []), *extra]

@@ -739,7 +739,7 @@ def test_the_checker_names_each_broken_reference(tmp_path: Path) -> None:
 def test_the_package_map_rule_reads_the_names_a_docstring_uses() -> None:
     modules = {"table", "routing", "wire", "proxy"}
     docstring = (
-        "``table`` the route table; :mod:`.routing`; ``gateway.core.wire.peek``; see proxy.py; "
+        "``table`` the route table; :mod:`.routing`; ``gateway.wire.peek``; see proxy.py; "
         "``reactantserver.transport.table`` is another package's"
     )
     assert named_modules(docstring, "reactantserver.gateway", modules) == modules

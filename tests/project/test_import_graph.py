@@ -22,6 +22,7 @@ still a circle to a reader, and hides the layering it breaks.
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
@@ -111,7 +112,7 @@ def test_the_client_speaks_http2_through_the_transport_only() -> None:
 
 #: The roles and the server's asyncio edge: what may only read the connection's states,
 #: windows and budget (``h2/core.py`` moves and charges them).
-ROLES = ("h2lean.py", "h2client.py", "h2guard.py")
+ROLES = ("h2/server.py", "h2/client.py", "transport/h2guard.py")
 
 
 def _bypasses(source: str) -> list[str]:
@@ -222,7 +223,7 @@ def test_both_roles_are_one_connection() -> None:
         assert role.__bases__ == (Connection,), role
         own = set(vars(role))
         assert not {n for n in own if n.startswith("_on_") or n in core}, role
-    offenders = {name: _bypasses((PACKAGE / "transport" / name).read_text()) for name in ROLES}
+    offenders = {name: _bypasses((PACKAGE / name).read_text()) for name in ROLES}
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
@@ -232,7 +233,7 @@ def test_the_core_moves_states_and_debits_windows_in_one_place() -> None:
     ``Connection._move_connection`` for the connection), and a send window is debited
     (``-=``) only in ``Connection._sent`` (the peer's WINDOW_UPDATE and SETTINGS credit
     them where they are read)."""
-    tree = ast.parse((PACKAGE / "transport" / "h2core.py").read_text())
+    tree = ast.parse((PACKAGE / "h2" / "core.py").read_text())
     assigns: dict[str, set[str]] = {"state": set(), "debit": set()}
     for function in ast.walk(tree):
         if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -262,7 +263,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-@pytest.mark.parametrize("subpackage", ["transport", "gateway"])
+@pytest.mark.parametrize("subpackage", ["h2", "transport", "gateway"])
 def test_no_import_circle_within(subpackage: str) -> None:
     """The modules of ``subpackage`` import each other without a circle (package
     ``__init__`` re-exports left out: they import their modules by design)."""
@@ -287,9 +288,9 @@ _SERVED = [*_modules("transport").values(), PACKAGE / "gateway" / "proxy.py",
            PACKAGE / "gateway" / "app.py"]  # fmt: skip
 #: The modules that use hpack (through its public API: the decoder and its errors); h2 and
 #: hyperframe are imported by no module (test_no_module_imports_h2),
-#: and every transport module names HTTP/2 events, errors and codes through
-#: ``h2.events`` alone.
-_H2_ALLOWED = {"h2core", "hpack_blocks"}
+#: and every other module names HTTP/2 events, errors and codes through our
+#: ``h2/events.py`` alone.
+_H2_ALLOWED = {"reactantserver.h2.core", "reactantserver.h2.hpack"}
 
 
 def _imports_any(path: Path, names: tuple[str, ...]) -> list[str]:
@@ -305,11 +306,12 @@ def test_the_served_side_does_not_use_grpclibs_connection_or_stream() -> None:
 
 
 def test_transport_names_h2_only_through_h2events() -> None:
-    """Outside the core's own modules, transport/ imports no h2, hpack or hyperframe."""
+    """Outside the core's own modules (``h2/core.py``, ``h2/hpack.py``), neither ``h2/``
+    nor transport/ imports h2, hpack or hyperframe."""
     offenders = {
         name: _imports_any(path, ("h2", "hpack", "hyperframe"))
-        for name, path in _modules("transport").items()
-        if name.rpartition(".")[2] not in _H2_ALLOWED
+        for name, path in {**_modules("h2"), **_modules("transport")}.items()
+        if name not in _H2_ALLOWED
     }
     assert {k: v for k, v in offenders.items() if v} == {}
 
@@ -412,3 +414,180 @@ def test_no_class_extends_the_http2_or_grpc_libraries_beyond_their_codecs() -> N
                 if full.split(".")[0] in libs and full not in _SUBCLASSABLE:
                     found.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name}({full})")
     assert found == []
+
+
+# ------------------------------------------------------------------ the rooms by kind
+
+#: Libraries that do I/O or run an event loop: the folder rule's list.
+IO_LIBRARIES = ("asyncio", "trio", "socket", "grpclib")
+#: betterproto's generated modules import grpclib at their top for the client stubs they
+#: define; what pure code takes from them is messages (data), so the rule does not follow
+#: into them (tests/project/test_proto.py keeps them generated, never edited).
+GENERATED = "reactantserver.protocol."
+
+
+def _is_pure_room(path: Path) -> bool:
+    """Under ``h2/``, or under a folder named ``core`` (``gateway/core/``, ``transport/core/``)."""
+    folders = path.relative_to(PACKAGE).parts[:-1]
+    return folders[:1] == ("h2",) or "core" in folders
+
+
+def _ours(names: set[str], modules: dict[str, Path], *, packages: bool = True) -> set[str]:
+    """The modules of ours among ``names``, with (unless ``packages`` is False) the packages
+    whose ``__init__`` runs first."""
+    found = set()
+    for name in names:
+        parts = name.split(".")
+        for i in range(2 if packages else len(parts) - 1, len(parts) + 1):
+            prefix = ".".join(parts[:i])
+            if prefix in modules:
+                found.add(prefix)
+    return found
+
+
+def _generated(path: Path) -> bool:
+    return "DO NOT EDIT" in path.read_text(encoding="utf-8")[:300]
+
+
+def test_the_folder_rule_nothing_pure_does_io() -> None:
+    """The one folder rule: no module under ``h2/`` or a ``core/`` folder imports asyncio,
+    trio, socket or grpclib -- itself, or through any module of ours it imports (every
+    import in its source is followed, functions and ``TYPE_CHECKING`` blocks included,
+    with the packages whose ``__init__`` runs on the way; betterproto's generated messages
+    excepted, see ``GENERATED``)."""
+    modules = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+    pure = [name for name, path in modules.items() if _is_pure_room(path)]
+    assert any(n.startswith("reactantserver.h2.") for n in pure)
+    assert any(".gateway.core." in n for n in pure) and any(".transport.core." in n for n in pure)
+    offenders: dict[str, str] = {}
+    for name in pure:
+        seen, todo = {name}, [name]
+        while todo:
+            current = todo.pop()
+            direct = _imports(modules[current])
+            io = sorted(i for i in direct if i.split(".")[0] in IO_LIBRARIES)
+            if io:
+                offenders[name] = f"{current} imports {io[0]}"
+                break
+            for nxt in _ours(direct, modules) - seen:
+                if nxt.startswith(GENERATED) and _generated(modules[nxt]):
+                    continue
+                seen.add(nxt)
+                todo.append(nxt)
+    assert offenders == {}
+
+
+def test_the_http2_library_stands_on_nothing_of_ours() -> None:
+    """``h2/`` is the ground floor: it imports nothing of the package outside itself (its
+    limits, events and errors are its own, as h11's are)."""
+    offenders = {
+        name: sorted(
+            i
+            for i in _imports(path)
+            if i.startswith("reactantserver.") and not i.startswith("reactantserver.h2")
+        )
+        for name, path in _modules("h2").items()
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def _module_level_imports(path: Path) -> set[str]:
+    """The imports that run when ``path`` is imported: its top level, through ``if`` and
+    ``try`` blocks, but not under ``if TYPE_CHECKING:`` nor inside functions."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+    def statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+        for node in body:
+            if isinstance(node, ast.If):
+                if "TYPE_CHECKING" not in ast.unparse(node.test):
+                    yield from statements(node.body)
+                    yield from statements(node.orelse)
+            elif isinstance(node, ast.Try):
+                yield from statements(node.body)
+                for handler in node.handlers:
+                    yield from statements(handler.body)
+            else:
+                yield node
+
+    found: set[str] = set()
+    for node in statements(tree.body):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def room_of(module: str) -> str:
+    """A module's room: its folder under the package (``gateway``, ``gateway/core``, ``h2``),
+    or, for a module at the package's top, that module (``errors``, ``status``)."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return "reactantserver"
+    if (PACKAGE / parts[0]).is_dir():
+        if len(parts) >= 2 and (PACKAGE / parts[0] / parts[1]).is_dir():
+            return f"{parts[0]}/{parts[1]}"
+        return parts[0]
+    return parts[0]
+
+
+def house() -> dict[str, int]:
+    """Each room's floor: 1 for a room that imports no other room when it loads, else one
+    above the highest room it imports. Raises ``graphlib.CycleError`` on a circle."""
+    modules = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+    below: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        room = room_of(name)
+        below.setdefault(room, set())
+        for other in _ours(_module_level_imports(path), modules, packages=False):
+            if room_of(other) not in (room, "reactantserver") and room != "reactantserver":
+                below[room].add(room_of(other))
+    floors: dict[str, int] = {}
+    for room in TopologicalSorter(below).static_order():
+        floors[room] = 1 + max((floors[r] for r in below[room]), default=0)
+    return floors
+
+
+def test_the_house_has_no_circle_and_under_ten_floors() -> None:
+    """Rooms (a folder, a ``core/`` inside one, or a top-level module) import each other at
+    load time without a circle (``house()`` would raise), no room imports a room above it
+    (which a floor is defined to rule out), and the tallest chain is under ten floors (the
+    flat tree before issue 46 had ten by this count; docs/architecture.md draws them). The
+    HTTP/2 library is on the ground floor."""
+    floors = house()
+    assert max(floors.values()) < 10, sorted(floors.items(), key=lambda kv: kv[1])
+    assert floors["h2"] == 1
+    assert floors["gateway/core"] < floors["gateway"]
+    assert floors["transport/core"] < floors["transport"]
+
+
+def drawn_house() -> str:
+    """The house as docs/architecture.md draws it: a line a floor, from the top."""
+    floors = house()
+    lines = []
+    for floor in range(max(floors.values()), 0, -1):
+        rooms = sorted(r for r, f in floors.items() if f == floor)
+        lines.append(f"{floor:>2}  " + "  ".join(rooms))
+    return "\n".join(lines)
+
+
+def test_the_architecture_page_draws_the_house_as_it_is() -> None:
+    """docs/architecture.md's "Rooms by kind" block is the house the sources make (run
+    ``python tests/project/test_import_graph.py`` to print it after a change)."""
+    page = (SRC.parent / "docs" / "architecture.md").read_text()
+    section = page.split("## Rooms by kind", 1)[1]
+    block = section.split("<!-- house -->\n```\n", 1)[1].split("\n```", 1)[0]
+    assert block == drawn_house()
+
+
+if __name__ == "__main__":
+    print(drawn_house())

@@ -1,33 +1,12 @@
 """The gateway: one endpoint in front of many workers, a sans-IO core and the I/O that drives it.
 
-One gateway process fronts many workers (one per GPU). Its core decides and does no I/O:
-no sockets, no clock, no asyncio, no trio, no grpclib, no protobuf, no JAX. The gateway's
-I/O (the gRPC proxy, the worker connections, the prober, the admin port) converts what it
-hears into the core's records, calls the core, and carries out what it returns; the fleet
-simulator (``reactantserver.fleet``) drives the very same core objects in virtual time.
-Both halves live in this one folder today; which module is which:
-
-The sans-IO core (imports none of asyncio, trio, socket, grpclib, protobuf):
-
-``table``      the immutable route table built from the workers' probe answers
-               (replicas per model, batch axis, learned cost per item, fleet totals)
-``routing``    the Router seam: round_robin, least_outstanding and lpt_packing fill routing;
-               choose / failover / release and in-flight accounting
-``inflight``   what is in flight, counted once, and the admission, failover and
-               stream-slot rules that read it
-``packing``    the LPT packer: a pure function from demand, weight bytes and budgets to a
-               placement, with hysteresis and the oversubscription warning
-``estimates``  rate and cost EWMAs on the fleet-compute clock; the repack cadence
-``control``    the lpt_packing controller: repack, control-RPC semantics, status records
-``policy``     GatewayControlService values: checked against gateway.yml's rules
-``wire``       the peek at a ModelInfer's bytes and the grpc-timeout it forwards
-``stats``      the gateway's own counters and the frozen records metrics read
-``callstate``  where a forwarded call stands: its transition table (events in, a state out)
-
-Pure, but speaking a library's records (no I/O, no clock):
-
-``merge``      one answer from many workers' answers (the protobuf messages)
-``energy``     the workers' energy summed into Prometheus metric families
+One gateway process fronts many workers (one per GPU). Its core (``core``, the
+sub-package ``gateway/core/``) decides and does no I/O: no sockets, no clock, no asyncio,
+no trio, no grpclib, no JAX (``tests/project/test_import_graph.py`` holds it to that,
+through everything it imports). The gateway's I/O, the modules of this folder, converts
+what it hears into the core's records, calls the core, and carries out what it returns;
+the fleet simulator (``reactantserver.fleet``) drives the very same core objects in
+virtual time. The core's modules are listed in ``gateway/core/__init__.py``.
 
 The I/O (asyncio, trio, sockets or grpclib):
 

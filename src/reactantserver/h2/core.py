@@ -66,7 +66,6 @@ from collections.abc import Callable, Iterable
 
 from hpack import HPACKError, OversizedHeaderListError
 
-from ..transport.core.limits import Fault, WireLimits
 from . import events as h2events
 from . import parse as h2parse
 from .abuse import AbuseBudget
@@ -93,6 +92,7 @@ from .events import (
     WindowUpdated,
 )
 from .hpack import BlockDecoder, TableEncoder
+from .limits import DEFAULT, Abuse, Limits
 from .parse import FRAME_NAMES, KNOWN_TYPES, Body, FrameReader, Priority
 from .wire import (
     ACK,
@@ -131,7 +131,7 @@ MAX_ENDED_STREAMS = 1024
 # ---------------------------------------------------------------------- SETTINGS
 
 
-def local_settings(limits: WireLimits) -> dict[SettingCodes, int]:
+def local_settings(limits: Limits) -> dict[SettingCodes, int]:
     """Our SETTINGS: every limit of ``limits``, in force from our first SETTINGS frame
     (the stream count is enforced by refusing one stream too many, not as a connection
     error: :mod:`.server`)."""
@@ -254,7 +254,7 @@ CLIENT_CONNECTION: dict[tuple[int, int], int] = {
 _CONNECTION = {False: SERVER_CONNECTION, True: CLIENT_CONNECTION}
 
 #: A verdict of the abuse budget: the rule the peer broke (its fault) and why.
-Verdict = tuple[Fault, str]
+Verdict = tuple[Abuse, str]
 
 
 class RecvWindow:
@@ -357,9 +357,9 @@ class Connection:
     _handlers: tuple[_Handler, ...] = ()
 
     def __init__(
-        self, limits: WireLimits | None = None, now: float = 0.0, *, pieces: bool = False
+        self, limits: Limits | None = None, now: float = 0.0, *, pieces: bool = False
     ) -> None:
-        limits = limits if limits is not None else WireLimits()
+        limits = limits if limits is not None else DEFAULT
         client = self.client
         #: Ours (all sent in our first SETTINGS frame, never changed), and the peer's.
         self.local_settings = initial_settings(client) | local_settings(limits)
@@ -654,7 +654,7 @@ class Connection:
 
     # ------------------------------------------------------------------ the abuse budget
 
-    def _charge(self, verdict: str | None, fault: Fault) -> None:
+    def _charge(self, verdict: str | None, fault: Abuse) -> None:
         """Keep the budget's first verdict (``fault``: the rule it broke)."""
         if verdict is not None and self.verdict is None:
             self.verdict = (fault, verdict)
@@ -668,7 +668,7 @@ class Connection:
         wasted = self.wasted - self.wasted_judged
         if wasted:
             self.wasted_judged = self.wasted
-            self._charge(self.budget.wasted_frames(wasted, now), Fault.FRAME_FLOOD)
+            self._charge(self.budget.wasted_frames(wasted, now), Abuse.FRAME_FLOOD)
         return self.verdict
 
     def call_started(self, stream_id: int, now: float) -> None:
@@ -687,7 +687,7 @@ class Connection:
         """Requests inside a stream's call that the peer's reset withdrew, with the time
         each began: each judged as a call reset then would be; the verdict, if spent."""
         for at in started:
-            self._charge(self.budget.peer_reset(at, now), Fault.RAPID_RESET)
+            self._charge(self.budget.peer_reset(at, now), Abuse.RAPID_RESET)
         return self.verdict
 
     def answered_for_nothing(self) -> None:
@@ -700,7 +700,7 @@ class Connection:
         """The edge refused a running call on a message the peer malformed (a stream
         error it provoked, RFC 9113 §8.1.1): judged with the resets; the verdict, if
         spent."""
-        self._charge(self.budget.provoked_resets(1), Fault.RAPID_RESET)
+        self._charge(self.budget.provoked_resets(1), Abuse.RAPID_RESET)
         return self.verdict
 
     # ------------------------------------------------------------------ input
@@ -868,7 +868,7 @@ class Connection:
         self._out.append(_rst(stream.stream_id, code))
         self._move(stream, self._on_reset)
         if self.client or stream.started_at is not None:
-            self._charge(self.budget.provoked_resets(1), Fault.RAPID_RESET)
+            self._charge(self.budget.provoked_resets(1), Abuse.RAPID_RESET)
         else:
             self.wasted += 1
         events.append(StreamReset(stream_id=stream.stream_id, error_code=code, remote_reset=False))
@@ -931,7 +931,7 @@ class Connection:
             StreamReset(stream_id=sid, error_code=h2events.error_code(code), remote_reset=True)
         )
         if stream.started_at is not None:  # a running call the peer reset (server role)
-            self._charge(self.budget.peer_reset(stream.started_at, self._now), Fault.RAPID_RESET)
+            self._charge(self.budget.peer_reset(stream.started_at, self._now), Abuse.RAPID_RESET)
 
     def _on_window_update(self, flags: int, sid: int, body: Body, events: list[Event]) -> None:
         increment = h2parse.window_update(flags, body)

@@ -5,35 +5,11 @@ service depends on the transport: the ModelInfer wire codec is
 :mod:`reactantserver.protocol.codec`, its records :mod:`reactantserver.records`, and the
 one mapping from error categories to gRPC status codes :mod:`reactantserver.status`.
 
-Sans-IO (no grpclib, h2 or asyncio; importable anywhere):
-
-``h2.core``
-    One HTTP/2 connection for both roles: the stream table, the states as transition
-    tables, flow control both ways, SETTINGS, one handler per frame type.
-``h2.server`` / ``h2.client``
-    Its server role (what a gRPC server sends) and its client role (unary gRPC calls:
-    the gateway's worker connections and the Python client).
-``h2.parse``
-    The one frame reader, for either role: received frames read straight from their bytes.
-``h2.events`` / ``h2.wire``
-    Our HTTP/2 events, exceptions and codes; the wire numbers and frame headers.
-``h2.hpack``
-    HPACK as both roles use it (hpack's public decoder and our encoders).
-``h2.abuse``
-    One abuse budget per connection, given the time: what a peer may make us do for nothing.
-``transport.core.auth``
-    Who a call is, and whether it may do what it asks: restricted API groups.
-``transport.core.compression``
-    gzip / deflate request messages, inflated a step at a time within bounds.
-``transport.core.limits``
-    ``WireLimits`` (what a peer may do), ``Fault`` (kinds of client mistakes),
-    ``WireCounters`` / ``WireStatistics`` (what the wire counted, for /metrics).
-``transport.core.framing``
-    The rules of a gRPC request's headers and message framing, as pure functions.
-``transport.core.faultlog``
-    Rate-limited logging of client mistakes.
-``transport.core.reclaim``
-    When to give memory back after a hostile burst.
+Below it, sans-IO: the HTTP/2 library (``reactantserver.h2``: both roles of one
+connection) and the gRPC rules this folder's edges apply (``core``, the sub-package
+``transport/core/``: auth, compression, limits, framing, faultlog, reclaim; listed in its
+``__init__``). The worker's listener is :mod:`reactantserver.worker.grpc`, where its one
+user is.
 
 On ``ssl``, for both roles: ``transport.tls`` (TLS and mutual TLS for the listeners and
 the connections to workers) and ``transport.security`` (a listener's security from its
@@ -61,9 +37,4 @@ package stays free of them):
     no task, no stream object per call (``unary`` uses only grpclib's message encoding).
 ``transport.health``
     ``grpc.health.v1.Health``, the standard gRPC health check, on a worker and a gateway.
-``worker.grpc``
-    :func:`~reactantserver.worker.grpc.serve_grpc`: the worker's listener, a
-    ``GuardedServer`` on the asyncio loop that hosts Trio as its guest, serving
-    :class:`reactantserver.service.Service` plus server reflection; ModelInfer is
-    queued and answered without a Trio task per call (one crossing per batch).
 """

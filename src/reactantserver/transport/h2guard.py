@@ -481,12 +481,14 @@ class _Processor:
         self._judged(self._h2.judge(self._guard.read_at))
 
     def _judged(self, verdict: Verdict | None) -> None:
-        """Past the budget (its verdict: the rule's fault and why): GOAWAY
-        ENHANCE_YOUR_CALM, once."""
+        """Past the budget (its verdict: the rule broken and why): GOAWAY
+        ENHANCE_YOUR_CALM, once, counted as the wire fault of the same name."""
         if verdict is None or self._guard.closing:
             return
-        fault, why = verdict
-        self._guard.fault(fault, f"{why}; connection closed with GOAWAY ENHANCE_YOUR_CALM")
+        abuse, why = verdict
+        self._guard.fault(
+            Fault(abuse.value), f"{why}; connection closed with GOAWAY ENHANCE_YOUR_CALM"
+        )
         self._guard.goaway(ErrorCodes.ENHANCE_YOUR_CALM, b"too much work asked for nothing")
 
     def expire_bodies(self, now: float) -> None:

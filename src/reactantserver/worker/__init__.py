@@ -14,6 +14,9 @@ Wiring and thin drivers over the sans-IO policies, one concern per module:
 * ``repository`` -- the startup load and dynamic mode's watcher over
   ``lifecycle.RepositoryWatch``.
 * ``control``    -- RepositoryModelLoad / Unload and the control service's RPCs.
+* ``grpc``       -- :func:`~reactantserver.worker.grpc.serve_grpc`, the worker's listener:
+  a ``GuardedServer`` on the asyncio loop hosting Trio as its guest; ModelInfer queued and
+  answered without a Trio task per call.
 * ``metas``      -- the worker's side of meta models (what they may call, how they are
   listed, what the model RPCs act on).
 

@@ -32,6 +32,7 @@ from typing import Any
 import attrs
 
 from reactantserver.config.schema import EndpointsConfig, GatewayGrpcConfig
+from reactantserver.h2.limits import DEFAULT as H2_DEFAULT
 
 #: HTTP/2's own bounds (RFC 9113 §6.5.2): frame size in [2^14, 2^24 - 1], windows < 2^31.
 _MIN_FRAME, _MAX_FRAME, _MAX_WINDOW = 1 << 14, (1 << 24) - 1, (1 << 31) - 1
@@ -85,7 +86,9 @@ class WireLimits:
     #: Open connections at most (``endpoints.max_connections``).
     max_connections: int = attrs.field(default=256, validator=_between(1, 1 << 20))
     #: SETTINGS_MAX_CONCURRENT_STREAMS, advertised and enforced per stream.
-    max_concurrent_streams: int = attrs.field(default=128, validator=_between(1, _MAX_WINDOW))
+    max_concurrent_streams: int = attrs.field(
+        default=H2_DEFAULT.max_concurrent_streams, validator=_between(1, _MAX_WINDOW)
+    )
     #: Seconds a new connection has to send the preface and its first SETTINGS.
     handshake_timeout: float = attrs.field(default=10.0, validator=_positive)
     #: Seconds a connection may stay without a working call (one whose request message
@@ -106,13 +109,19 @@ class WireLimits:
     #: SETTINGS_MAX_FRAME_SIZE: a large tensor then arrives in a few frames instead of
     #: thousands of 16 KiB ones, each of which costs h2 Python work. A DATA frame past it
     #: is a connection error (FRAME_SIZE_ERROR), detected from its 9-byte header.
-    max_frame_size: int = attrs.field(default=1 << 20, validator=_between(_MIN_FRAME, _MAX_FRAME))
+    max_frame_size: int = attrs.field(
+        default=H2_DEFAULT.max_frame_size, validator=_between(_MIN_FRAME, _MAX_FRAME)
+    )
     #: Connection flow-control window: what all of a connection's streams may have sent
     #: and the server not yet consumed (grpclib's default is 4 MiB).
-    connection_window: int = attrs.field(default=64 << 20, validator=_between(65535, _MAX_WINDOW))
+    connection_window: int = attrs.field(
+        default=H2_DEFAULT.connection_window, validator=_between(65535, _MAX_WINDOW)
+    )
     #: Initial stream window: what one stream may have buffered before its handler reads
     #: it. 16 MiB lets a 16 MiB tensor arrive without waiting for window updates.
-    stream_window: int = attrs.field(default=16 << 20, validator=_between(65535, _MAX_WINDOW))
+    stream_window: int = attrs.field(
+        default=H2_DEFAULT.stream_window, validator=_between(65535, _MAX_WINDOW)
+    )
     #: Requests owed at most on one stream of a stream method (ModelStreamInfer): begun
     #: and not yet written out. At the bound the stream pauses: no more of what arrives
     #: is acknowledged, so the client's window closes (:mod:`..streaming`).
@@ -121,7 +130,9 @@ class WireLimits:
     #: it still runs, alone). 64 MiB: four stream windows.
     stream_bytes: int = attrs.field(default=64 << 20, validator=_between(1, 1 << 40))
     #: SETTINGS_MAX_HEADER_LIST_SIZE (h2's default): decoded header bytes per request.
-    max_header_list_size: int = attrs.field(default=1 << 16, validator=_between(1024, 1 << 24))
+    max_header_list_size: int = attrs.field(
+        default=H2_DEFAULT.max_header_list_size, validator=_between(1024, 1 << 24)
+    )
     #: The keys that set the configurable bounds, as refusals name them.
     names: SettingNames = SettingNames()
 
