@@ -103,14 +103,19 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     )),
     ("scheduling: admission, queue, policy, pass", (
         "reactantserver/scheduling/", "reactantserver/transport/guest.py:call_soon",
-        "reactantserver/transport/guest.py:_holding_writes", "reactantserver/worker/", "reactantserver/lifecycle/",
+        "reactantserver/transport/guest.py:_holding_writes", "reactantserver/lifecycle/",
+        # the worker's drivers (its listener, worker/grpc.py, is the wire's: HTTP/2 in)
+        "reactantserver/worker/serving.py", "reactantserver/worker/core.py",
+        "reactantserver/worker/lifecycle.py", "reactantserver/worker/control.py",
+        "reactantserver/worker/repository.py", "reactantserver/worker/build.py",
+        "reactantserver/worker/metas.py",
         "reactantserver/service.py", "reactantserver/records.py", "reactantserver/host.py",
         "reactantserver/histogram.py", "reactantserver/statistics.py",
         "reactantserver/changes.py",
     )),
     ("HTTP/2 in: read, frames, HPACK, guard", (
-        "reactantserver/transport/", "hpack/",
-        "asyncio/selector_events.py:_SelectorSocketTransport._read_ready",
+        "reactantserver/transport/", "reactantserver/h2/", "reactantserver/worker/grpc.py",
+        "hpack/", "asyncio/selector_events.py:_SelectorSocketTransport._read_ready",
     )),
     ("event loop: epoll, _run_once, callbacks", (
         "asyncio/", "selectors.py",
