@@ -580,13 +580,15 @@ async def big(url: str, repeats: int) -> float | None:
 #: entries of sys.path, e.g. ``h2/connection.py``; first match wins).
 _BUCKETS = (
     (
-        "reactantserver/transport/h2client",
+        "reactantserver/transport/h2client",  # trees before issue 46 (a --baseline)
         "gateway: HTTP/2 client to the worker (h2client.py, hpack)",
     ),
+    ("reactantserver/h2/client", "gateway: HTTP/2 client to the worker (h2client.py, hpack)"),
     ("reactantserver/gateway/channel", "gateway: worker connections (channel.py, pool.py)"),
     ("reactantserver/gateway/pool", "gateway: worker connections (channel.py, pool.py)"),
     ("reactantserver/gateway", "gateway: proxy, peek, routing, stats"),
     ("reactantserver/transport", "server wire (transport/: h2lean, h2guard, server, framing)"),
+    ("reactantserver/h2/", "server wire (transport/: h2lean, h2guard, server, framing)"),
     ("hpack/", "hpack, hyperframe, h2 (header decoding, frame objects)"),
     ("hyperframe/", "hpack, hyperframe, h2 (header decoding, frame objects)"),
     ("h2/", "hpack, hyperframe, h2 (header decoding, frame objects)"),
@@ -631,10 +633,10 @@ def profile(
 def _stack_bucket(stack: str) -> str:
     """The gateway's client side owns everything below it (its hpack decoding included);
     any other sample counts where its innermost frame is."""
-    if "reactantserver/transport/h2client" in stack:
+    if "reactantserver/transport/h2client" in stack or "reactantserver/h2/client" in stack:
         return _BUCKETS[0][1]
     if "reactantserver/gateway/channel" in stack or "reactantserver/gateway/pool" in stack:
-        return _BUCKETS[1][1]
+        return _BUCKETS[2][1]
     leaf = stack.rsplit(";", 1)[-1]
     path = re.search(r"\((.*?):\d+\)", leaf)
     return _bucket(path.group(1) if path else leaf)

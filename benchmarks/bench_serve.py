@@ -511,11 +511,13 @@ async def big_shm(url: str, model: str, *, repeats: int, cpu: Callable[[], float
 CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ModelInfer codec", ("reactantserver/protocol/codec.py",)),
     ("scheduler: policy, dispatch loop", ("reactantserver/scheduling/", "reactantserver/threads.py")),
+    # before the worker's row: the worker's listener (worker/grpc.py) is the wire's
+    ("our wire layer (transport/, h2/)", ("reactantserver/transport/", "reactantserver/h2/",
+                                          "reactantserver/worker/grpc.py")),
     ("worker: admission, versions", ("reactantserver/worker/", "reactantserver/lifecycle/")),
     ("service, inferio, statistics", ("reactantserver/service.py", "reactantserver/inferio.py",
                                       "reactantserver/histogram.py", "reactantserver/records.py",
                                       "reactantserver/tensors.py", "reactantserver/shm.py")),
-    ("our wire layer (transport/)", ("reactantserver/transport/",)),
     ("executor, assemble, JAX, numpy", ("reactantserver/runtime/", "reactantserver/models.py",
                                         "jax/", "jaxlib/", "numpy/")),
     ("grpclib", ("grpclib/",)),
