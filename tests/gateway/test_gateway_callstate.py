@@ -652,5 +652,5 @@ def test_the_tables_in_the_docs_are_the_table(where: str) -> None:
     if where == "callstate":
         text = callstate.__doc__ or ""
     else:
-        text = (Path(__file__).parent.parent / where).read_text()
+        text = (Path(__file__).resolve().parents[2] / where).read_text()
     assert _tables_in(text) == dict(TRANSITIONS)
