@@ -22,7 +22,7 @@ still a circle to a reader, and hides the layering it breaks.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
@@ -45,8 +45,14 @@ def _imports(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
     name = _module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    return _named(ast.walk(tree), package)
+
+
+def _named(nodes: Iterable[ast.AST], package: str) -> set[str]:
+    """The modules the import statements among ``nodes`` name, absolute (relative ones
+    resolved against ``package``)."""
     found: set[str] = set()
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -511,20 +517,7 @@ def _module_level_imports(path: Path) -> set[str]:
             else:
                 yield node
 
-    found: set[str] = set()
-    for node in statements(tree.body):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                module = node.module or ""
-            found.add(module)
-            found.update(f"{module}.{alias.name}" for alias in node.names)
-    return found
+    return _named(statements(tree.body), package)
 
 
 def room_of(module: str) -> str:
