@@ -63,7 +63,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ..errors import (
     DeadlineExceeded,
@@ -87,6 +87,7 @@ from .core.wire import InferPeek, peek_infer
 from .pool import SlotWait, WorkerClient
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class Gateway(Protocol):
@@ -282,15 +283,7 @@ class Forward:
         client = self._client
         assert client is not None
         try:
-            started = client.start(
-                INFER_PATH,
-                self._data,
-                self._deadline,
-                self._on_reply,
-                tell=self._call.deadline is not None,
-                owner=self._proxy.region_owner(self._call.owner),
-                holding=True,
-            )
+            started = self._start(client.start, holding=True)
         except ChannelError as exc:
             self._on_reply(exc)
             return
@@ -311,20 +304,25 @@ class Forward:
     async def _send_when_ready(self, client: WorkerClient, *, holding: bool) -> None:
         """CONNECTING: once connected (and holding a slot), START."""
         try:
-            started = await client.start_when_ready(
-                INFER_PATH,
-                self._data,
-                self._deadline,
-                self._on_reply,
-                tell=self._call.deadline is not None,
-                owner=self._proxy.region_owner(self._call.owner),
-                holding=holding,
-            )
+            started = await self._start(client.start_when_ready, holding=holding)
         except ChannelError as exc:
             self._on_reply(exc)
             return
         self._state = advance(self._state, START)
         self._waiting = started
+
+    def _start(self, start: Callable[..., _T], *, holding: bool) -> _T:
+        """This call's request to its worker, through ``start``: the pool's
+        :meth:`~.WorkerClient.start` (at once) or ``start_when_ready`` (awaited)."""
+        return start(
+            INFER_PATH,
+            self._data,
+            self._deadline,
+            self._on_reply,
+            tell=self._call.deadline is not None,
+            owner=self._proxy.region_owner(self._call.owner),
+            holding=holding,
+        )
 
     def _on_reply(self, outcome: Reply | ChannelError) -> None:
         """The worker's answer (SENT), or why there is none (any state that tried to
