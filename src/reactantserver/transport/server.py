@@ -84,7 +84,7 @@ from ..h2 import events as h2events
 from .core.auth import Authorizer, Peer
 from .core.compression import Inflater
 from .core.faultlog import FaultLog
-from .core.framing import HeadersPassed, Refusal, RequestHead, request_head
+from .core.framing import HeadersPassed, Refusal, RequestHead, request_head, take_bytes
 from .core.limits import Fault, WireCounters, WireLimits, WireStatistics
 from .core.reclaim import ReclaimPolicy, release_memory
 from .grpcerror import error_code, grpc_error
@@ -246,18 +246,7 @@ class ServerStream:
     def _take(self, n: int) -> bytes:
         """The next ``n`` received bytes."""
         self._size -= n
-        chunks = self._chunks
-        parts = []
-        while n:
-            chunk = chunks[0]
-            if len(chunk) <= n:
-                parts.append(chunks.popleft())
-                n -= len(chunk)
-            else:
-                parts.append(chunk[:n])
-                chunks[0] = chunk[n:]
-                n = 0
-        return bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
+        return take_bytes(self._chunks, n)
 
     def __aiter__(self) -> ServerStream:
         return self

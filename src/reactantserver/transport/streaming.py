@@ -87,7 +87,7 @@ from reactantserver.status import INTERNAL_MESSAGE
 
 from ..h2 import events as h2events
 from .core.compression import Inflater
-from .core.framing import HeadersPassed, Refusal
+from .core.framing import HeadersPassed, Refusal, take_bytes
 from .core.limits import WireLimits
 from .unary import (
     ACCEPTING_ANSWER_HEADERS,
@@ -452,17 +452,7 @@ class StreamCall:
             else:
                 chunks[0] = memoryview(first)[n:]
             return memoryview(first)[:n]
-        parts = []
-        while n:
-            chunk = chunks[0]
-            if len(chunk) <= n:
-                parts.append(chunks.popleft())
-                n -= len(chunk)
-            else:
-                parts.append(memoryview(chunk)[:n])
-                chunks[0] = memoryview(chunk)[n:]
-                n = 0
-        return b"".join(parts)
+        return take_bytes(chunks, n)
 
     def _cut_kept(self) -> None:
         """Begin the whole messages among the kept bytes while not paused."""

@@ -36,6 +36,7 @@ completes it; a well-formed stream is never refused.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from typing import Generic, TypeVar
 
@@ -273,3 +274,19 @@ class MessageFramer:
     @staticmethod
     def _malformed(message: str) -> Refusal:
         return Refusal(StatusCode.INVALID_ARGUMENT, message, Fault.MALFORMED_MESSAGE)
+
+
+def take_bytes(chunks: deque[bytes | memoryview] | deque[memoryview], n: int) -> bytes:
+    """The next ``n`` bytes of a stream received as ``chunks`` (oldest first), joined
+    into one copy and taken off the front: whole chunks popped, the last one cut."""
+    parts = []
+    while n:
+        chunk = chunks[0]
+        if len(chunk) <= n:
+            parts.append(chunks.popleft())
+            n -= len(chunk)
+        else:
+            parts.append(memoryview(chunk)[:n])
+            chunks[0] = memoryview(chunk)[n:]
+            n = 0
+    return b"".join(parts)
