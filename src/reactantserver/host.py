@@ -19,16 +19,26 @@ block.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from .bundle.manifest import TensorSpec
 from .config.schema import Residency
 from .load_config import Override
-from .records import Answer, CompactResult, ControlStatus, ExecutionStatistics, IndexEntry
+from .records import (
+    REPORTED_VERSION,
+    Answer,
+    CompactResult,
+    ControlStatus,
+    ExecutionStatistics,
+    IndexEntry,
+)
 
-__all__ = ["HostedModel", "ModelHost"]
+if TYPE_CHECKING:
+    from .bundle import Bundle
+
+__all__ = ["BundleFacts", "HostedModel", "ModelHost"]
 
 
 class HostedModel(Protocol):
@@ -77,6 +87,31 @@ class HostedModel(Protocol):
         ...
 
     def statistics(self) -> ExecutionStatistics: ...
+
+
+class BundleFacts:
+    """The part of :class:`HostedModel` a loaded model reads off its ``bundle`` alone:
+    its name, the version clients see and the client-facing tensors. A served model
+    (:class:`~reactantserver.models.ServedModel`) and a meta model
+    (:class:`~reactantserver.meta.MetaModel`) build on it and add the rest."""
+
+    bundle: Bundle
+
+    @property
+    def name(self) -> str:
+        return self.bundle.name
+
+    @property
+    def version(self) -> str:
+        return REPORTED_VERSION
+
+    @property
+    def inputs(self) -> Sequence[TensorSpec]:
+        return self.bundle.client_inputs
+
+    @property
+    def outputs(self) -> Sequence[TensorSpec]:
+        return self.bundle.client_outputs
 
 
 class ModelHost(Protocol):

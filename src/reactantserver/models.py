@@ -23,10 +23,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .bundle import Bundle, TensorSpec
+from .bundle import Bundle
 from .config import ModelSchedConfig
 from .histogram import ROW_BUCKETS, Histogram, HistogramSnapshot
-from .records import REPORTED_VERSION, BatchStatistics, Duration, ExecutionStatistics
+from .host import BundleFacts
+from .records import BatchStatistics, Duration, ExecutionStatistics
 
 if TYPE_CHECKING:
     from .load_config import Override
@@ -42,7 +43,7 @@ class _BatchCounters:
         self.compute_output = Duration()
 
 
-class ServedModel:
+class ServedModel(BundleFacts):
     """A compiled bundle as clients and the scheduler see it."""
 
     def __init__(
@@ -89,24 +90,8 @@ class ServedModel:
     # -------------------------------------------------------------- HostedModel
 
     @property
-    def name(self) -> str:
-        return self.bundle.name
-
-    @property
-    def version(self) -> str:
-        return REPORTED_VERSION
-
-    @property
     def platform(self) -> str:
         return self._platform
-
-    @property
-    def inputs(self) -> Sequence[TensorSpec]:
-        return self.bundle.client_inputs
-
-    @property
-    def outputs(self) -> Sequence[TensorSpec]:
-        return self.bundle.client_outputs
 
     @property
     def compiled_batch_sizes(self) -> Sequence[int]:

@@ -13,11 +13,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..bundle import MANIFEST_FILE, Bundle, TensorSpec
+from ..bundle import MANIFEST_FILE, Bundle
 from ..bundle.manifest import load_yaml
 from ..config.schema import Residency
 from ..errors import BundleError
-from ..records import REPORTED_VERSION, Duration, ExecutionStatistics, ModelControlInfo
+from ..host import BundleFacts
+from ..records import Duration, ExecutionStatistics, ModelControlInfo
 
 __all__ = [
     "META_PLATFORM",
@@ -31,7 +32,7 @@ __all__ = [
 META_PLATFORM = "meta"
 
 
-class MetaModel:
+class MetaModel(BundleFacts):
     """A loaded ``kind: meta`` bundle, as clients see it (implements ``HostedModel``).
 
     ``callee_problem(name)`` is asked at ``ready()`` time for each declared callee and
@@ -59,24 +60,8 @@ class MetaModel:
     # -------------------------------------------------------------- HostedModel
 
     @property
-    def name(self) -> str:
-        return self.bundle.name
-
-    @property
-    def version(self) -> str:
-        return REPORTED_VERSION
-
-    @property
     def platform(self) -> str:
         return META_PLATFORM
-
-    @property
-    def inputs(self) -> Sequence[TensorSpec]:
-        return self.bundle.client_inputs
-
-    @property
-    def outputs(self) -> Sequence[TensorSpec]:
-        return self.bundle.client_outputs
 
     @property
     def max_batch_size(self) -> int:
