@@ -62,7 +62,7 @@ import errno
 import os
 import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import TracebackType
 
 import attrs
@@ -79,6 +79,14 @@ _KEY = re.compile(r"[A-Za-z0-9._-]{1,255}")
 MAX_NAME = 255
 #: ``O_NONBLOCK``: opening a FIFO for reading would otherwise wait for a writer.
 _OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+
+#: ``os.preadv`` or ``os.pwritev``: (fd, buffers, offset) -> bytes moved.
+_Move = Callable[[int, list[memoryview], int], int]
+#: Why a read or write stopped short: the region's file ended before the window did.
+_STUCK = {
+    "reading": "{key} shrank while it was being read; register it again",
+    "writing": "nothing could be written to {key}",
+}
 
 
 @attrs.frozen
@@ -207,6 +215,23 @@ class _Region:
         return FailedPrecondition(f"{self._where()}: {doing} {self.info.key!r} failed: {exc}")
 
 
+def _move_all(region: _Region, move: _Move, view: memoryview, at: int, doing: str) -> None:
+    """Move all of ``view`` between memory and the region's file from offset ``at``, with
+    ``move`` (``os.preadv`` or ``os.pwritev``), in as many calls as it takes: an error is
+    :meth:`_Region._io_error` for ``doing``, a call that moves nothing (the file ended)
+    FAILED_PRECONDITION saying so (:data:`_STUCK`)."""
+    done = 0
+    while done < view.nbytes:
+        try:
+            n = move(region.fd, [view[done:]], at + done)
+        except OSError as exc:
+            raise region._io_error(exc, doing) from None
+        if n == 0:
+            stuck = _STUCK[doing].format(key=repr(region.info.key))
+            raise FailedPrecondition(f"shared memory region {region.info.name!r}: {stuck}")
+        done += n
+
+
 class Lease:
     """One use of a region: its descriptor stays open until :meth:`release`."""
 
@@ -227,19 +252,7 @@ class Lease:
         position = region.check_window(offset, byte_size)
         region.check_fresh()
         out = np.empty(byte_size, dtype=np.uint8)
-        view = out.data
-        done = 0
-        while done < byte_size:
-            try:
-                n = os.preadv(region.fd, [view[done:]], position + done)
-            except OSError as exc:
-                raise region._io_error(exc, "reading") from None
-            if n == 0:
-                raise FailedPrecondition(
-                    f"shared memory region {region.info.name!r}: {region.info.key!r} shrank "
-                    "while it was being read; register it again"
-                )
-            done += n
+        _move_all(region, os.preadv, out.data, position, "reading")
         return out
 
     def write(self, offset: int, data: bytes | memoryview | np.ndarray) -> int:
@@ -248,19 +261,8 @@ class Lease:
         view = (data.data if isinstance(data, np.ndarray) else memoryview(data)).cast("B")
         position = region.check_window(offset, view.nbytes)
         region.check_fresh()
-        done = 0
-        while done < view.nbytes:
-            try:
-                n = os.pwritev(region.fd, [view[done:]], position + done)
-            except OSError as exc:
-                raise region._io_error(exc, "writing") from None
-            if n == 0:
-                raise FailedPrecondition(
-                    f"shared memory region {region.info.name!r}: nothing could be written to "
-                    f"{region.info.key!r}"
-                )
-            done += n
-        return done
+        _move_all(region, os.pwritev, view, position, "writing")
+        return view.nbytes
 
     def release(self) -> None:
         if self._region is not None:
