@@ -207,27 +207,38 @@ def run_preprocess(
     ``specs`` are the executable inputs; ``rows`` the request's batch extent (``None``
     for an unbatched model). A hook that raises refuses the request as invalid.
     """
-    if hooks is None or hooks.preprocess is None:
-        return inputs
-    try:
-        result = hooks.preprocess(dict(inputs))
-    except Exception as exc:
-        raise InvalidArgument(
-            f"model {model!r}: preprocess rejected the request: {type(exc).__name__}: {exc}"
-        ) from exc
-    return check_result(model, "preprocess", result, specs, rows)
+    hook = hooks.preprocess if hooks is not None else None
+    return _run(model, "preprocess", hook, inputs, specs, rows)
 
 
 def run_postprocess(
     model: str, hooks: Hooks | None, outputs: Arrays, specs: Sequence[Any], rows: int | None
 ) -> Arrays:
     """Executable outputs -> client tensors (identity without a postprocess hook)."""
-    if hooks is None or hooks.postprocess is None:
-        return outputs
+    hook = hooks.postprocess if hooks is not None else None
+    return _run(model, "postprocess", hook, outputs, specs, rows)
+
+
+def _run(
+    model: str,
+    name: str,
+    hook: HookFn | None,
+    given: Arrays,
+    specs: Sequence[Any],
+    rows: int | None,
+) -> Arrays:
+    """``hook`` over ``given`` and its result checked against ``specs``. A preprocess
+    that raises refuses the request (INVALID_ARGUMENT: the client's tensors); a
+    postprocess that raises fails the execution."""
+    if hook is None:
+        return given
     try:
-        result = hooks.postprocess(dict(outputs))
+        result = hook(dict(given))
     except Exception as exc:
-        raise ExecutionFailed(
-            f"model {model!r}: postprocess failed: {type(exc).__name__}: {exc}"
-        ) from exc
-    return check_result(model, "postprocess", result, specs, rows)
+        why = f"{type(exc).__name__}: {exc}"
+        if name == "preprocess":
+            raise InvalidArgument(
+                f"model {model!r}: preprocess rejected the request: {why}"
+            ) from exc
+        raise ExecutionFailed(f"model {model!r}: {name} failed: {why}") from exc
+    return check_result(model, name, result, specs, rows)
