@@ -63,7 +63,6 @@ import os
 import re
 import stat
 from collections.abc import Callable, Iterator
-from types import TracebackType
 
 import attrs
 import numpy as np
@@ -272,12 +271,7 @@ class Lease:
     def __enter__(self) -> Lease:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.release()
 
 

@@ -57,7 +57,7 @@ import struct
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 from typing import Any
 
 import attrs
@@ -443,12 +443,7 @@ class MappedWeights:
     def __enter__(self) -> MappedWeights:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 
