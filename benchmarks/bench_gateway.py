@@ -86,8 +86,10 @@ from bench_serve import (  # noqa: E402
     small_input,
     start_ours,
     tensor_input,
+    versus,
     wait_ready,
 )
+from bench_serve import pair_ratios as serve_pair_ratios  # noqa: E402
 
 MODEL = "double"
 LAYOUTS = ("shared", "pinned")
@@ -471,23 +473,13 @@ class Side:
             f"{med(self.p50) * 1e3:>7.2f}"
         )
         if base is not None:
-            line += f" | gw us x{gw / med(base.gateway_cpu):.3f}"
-            pairs = pair_ratios(base, self)
-            if len(pairs) > 1:
-                line += ", by pair of processes " + " ".join(f"x{r:.3f}" for r in pairs)
+            line += versus("gw us", base.gateway_cpu, self.gateway_cpu, self.per_pair)
         return line
 
 
 def pair_ratios(base: Side, this: Side) -> list[float]:
     """This side's median gateway CPU over the baseline's, for each pair of processes."""
-    out = []
-    at = 0
-    for n in this.per_pair:
-        ours = statistics.median(this.gateway_cpu[at : at + n])
-        theirs = statistics.median(base.gateway_cpu[at : at + n])
-        out.append(ours / theirs)
-        at += n
-    return out
+    return serve_pair_ratios(base.gateway_cpu, this.gateway_cpu, this.per_pair)
 
 
 async def against_baseline(

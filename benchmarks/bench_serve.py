@@ -29,6 +29,8 @@ checked once against ``2 * x`` before measuring.
     python benchmarks/bench_serve.py                   # the tables (about two minutes)
     python benchmarks/bench_serve.py --seconds 5       # longer windows
     python benchmarks/bench_serve.py --no-profile      # without the CPU breakdown
+    python benchmarks/bench_serve.py --baseline REV    # server CPU per request against
+                                                       # REV's worker, windows alternating
 
 ``benchmarks/peer/bench_peer.py`` imports the pieces below to compare with MLServer.
 """
@@ -249,12 +251,14 @@ def start_ours(
     discipline: str = "fair",
     metrics_port: int = 0,
     pin: Callable[[], None] | None = None,
+    src: Path | None = None,
 ) -> Server:
     """``reactantserver serve`` on a fresh node file; returns once the process runs.
 
     ``scheduler_extra`` / ``runtime_extra``: more YAML lines (indented four spaces) under
     ``global.scheduler`` / ``global.runtime``; ``metrics_port``: its admin port (0 = off);
-    ``pin``: run in the child before it starts (``os.sched_setaffinity``: its cores).
+    ``pin``: run in the child before it starts (``os.sched_setaffinity``: its cores);
+    ``src``: another tree's ``src/``, first on the child's path (``--baseline``).
     """
     port = free_port()
     node = workdir / f"node_{port}.yaml"
@@ -271,6 +275,8 @@ def start_ours(
     )
     log = workdir / f"ours_{port}.log"
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(src), *filter(None, [env.get("PYTHONPATH")])])
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [
@@ -774,6 +780,111 @@ def run_in_workdir(
         asyncio.run(run(Path(tmp)))
 
 
+# ------------------------------------------------------------------ against a baseline
+
+
+@attrs.define
+class Side:
+    """One server's windows at one number in flight, in the comparison with a baseline."""
+
+    label: str
+    #: Server CPU seconds per request, a window each.
+    cpu: list[float] = attrs.Factory(list)
+    rps: list[float] = attrs.Factory(list)
+    #: How many of the windows above each pair of processes measured, in order.
+    per_pair: list[int] = attrs.Factory(list)
+
+    def add(self, r: LoadResult) -> None:
+        self.cpu.append(r.cpu_per_request)
+        self.rps.append(r.rps)
+
+    def row(self, in_flight: int, base: Side | None = None) -> str:
+        med = statistics.median
+        line = f"{self.label:>12} {in_flight:>9} {med(self.rps):>9.0f} {med(self.cpu) * 1e6:>11.1f}"
+        if base is not None:
+            line += versus("CPU", base.cpu, self.cpu, self.per_pair)
+        return line
+
+
+def versus(what: str, base: Sequence[float], this: Sequence[float], per_pair: Sequence[int]) -> str:
+    """`` | WHAT xR``: the median of ``this`` over the median of ``base``, then the same
+    ratio for each pair of processes (``per_pair``: how many windows each measured, in
+    order) when there were several, so an offset one pair carries shows as such."""
+    med = statistics.median
+    line = f" | {what} x{med(this) / med(base):.3f}"
+    pairs = pair_ratios(base, this, per_pair)
+    if len(pairs) > 1:
+        line += ", by pair of processes " + " ".join(f"x{r:.3f}" for r in pairs)
+    return line
+
+
+def pair_ratios(
+    base: Sequence[float], this: Sequence[float], per_pair: Sequence[int]
+) -> list[float]:
+    """The median of ``this`` over that of ``base``, for each pair of processes."""
+    out = []
+    at = 0
+    for n in per_pair:
+        out.append(statistics.median(this[at : at + n]) / statistics.median(base[at : at + n]))
+        at += n
+    return out
+
+
+async def against_baseline(args: argparse.Namespace, workdir: Path) -> None:
+    """This tree's worker and the one at ``--baseline``, both running on the same
+    repository, their windows alternating (``--runs`` each per number in flight and pair
+    of processes): the server CPU per request a change costs or saves, with the
+    machine's drift shared by both sides. Both servers are started afresh ``--pairs``
+    times, which one first alternating (one pair of processes can sit a few percent
+    apart on identical code and keep that offset in every window)."""
+    tree = baseline_tree(args.baseline, workdir)
+    if tree is None:
+        return
+    repo = workdir / "repo"
+    build_repo(repo, exported=())
+    label = args.baseline[:12]
+    sides = {n: (Side(label), Side("this tree")) for n in CONCURRENCY}
+    for pair in range(max(1, args.pairs)):
+        starts = [
+            partial(start_ours, src=tree / "src", cache_dir=workdir / "cache_base"),
+            partial(start_ours, cache_dir=workdir / "cache"),
+        ]
+        first = (0, 1) if pair % 2 == 0 else (1, 0)
+        running: dict[int, Server] = {}
+        try:
+            for i in first:
+                running[i] = starts[i](repo, workdir)
+            for server in running.values():
+                await wait_ready(server, [SMALL_MODEL])
+            for n in CONCURRENCY:
+                for side in sides[n]:
+                    side.per_pair.append(args.runs)
+                for run in range(args.runs):
+                    for i in first if run % 2 == 0 else first[::-1]:
+                        server = running[i]
+                        window = await closed_loop(
+                            server.url,
+                            SMALL_MODEL,
+                            n,
+                            seconds=args.seconds,
+                            warmup=args.warmup,
+                            cpu=server.cpu,
+                        )
+                        sides[n][i].add(window)
+        finally:
+            for server in running.values():
+                server.stop()
+    print(
+        f"this tree's worker against {label}'s, one-row {SMALL_MODEL} requests, "
+        f"{args.pairs} pairs of processes x {args.runs} windows of {args.seconds:g} s each"
+    )
+    print(f"load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"{'tree':>12} {'in flight':>9} {'req/s':>9} {'CPU us/req':>11}  (medians)")
+    for n, (base, this) in sides.items():
+        print(base.row(n))
+        print(this.row(n, base))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="measured window per row")
@@ -786,8 +897,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         action="store_false",
         help="skip the CPU breakdown (py-spy) windows",
     )
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="instead of the tables: this tree's worker against REV's, windows alternating",
+    )
+    parser.add_argument("--pairs", type=int, default=3, help="--baseline: pairs of processes")
+    parser.add_argument("--runs", type=int, default=2, help="--baseline: windows a pair, a side")
     args = parser.parse_args(argv)
-    run_in_workdir(args.workdir, "rs_bench_serve_", partial(_run, args))
+    run = against_baseline if args.baseline else _run
+    run_in_workdir(args.workdir, "rs_bench_serve_", partial(run, args))
 
 
 if __name__ == "__main__":
