@@ -209,17 +209,22 @@ class _OutputLayout:
 
 
 class Core:
-    """One connection to one server, and every RPC over it (runs on one asyncio loop)."""
+    """One connection to one server, and every RPC over it (runs on one asyncio loop).
+
+    Only the two front ends build a core and call its ``infer``, always with every
+    argument: their signatures are the client's public ones, defaults and all, so those
+    of the core take no defaults of their own (a third copy that nothing would read).
+    """
 
     def __init__(
         self,
         url: str,
         *,
-        timeout: float | None = None,
-        retry: RetryPolicy | None = None,
-        seed: int | None = None,
-        tls: TlsArg = None,
-        metadata: Mapping[str, str] | None = None,
+        timeout: float | None,
+        retry: RetryPolicy | None,
+        seed: int | None,
+        tls: TlsArg,
+        metadata: Mapping[str, str] | None,
     ) -> None:
         self.host, self.port = parse_url(url)
         self.tls = resolve_tls(url, tls)
@@ -573,11 +578,11 @@ class Core:
         self,
         model: str,
         inputs: Mapping[str, Any],
-        outputs: Sequence[str] | None = None,
+        outputs: Sequence[str] | None,
         *,
-        timeout: float | None = None,
-        shm: SharedMemoryRegion | None = None,
-        request_id: str = "",
+        timeout: float | None,
+        shm: SharedMemoryRegion | None,
+        request_id: str,
     ) -> dict[str, np.ndarray]:
         deadline = self.deadline(timeout)
         # Array-likes take the model's declared datatypes (read once, then cached); numpy

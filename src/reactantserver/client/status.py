@@ -12,8 +12,9 @@ the error. Everything else in the client speaks in the error tree of
 
 Invariants
 ----------
-* A status the server sends on purpose maps back onto the category it came from, and the
-  error's message is the server's message, unchanged: ``str(exc)`` is what the operator
+* A status the server sends on purpose maps back onto the category it came from (the
+  table is the server's, :data:`reactantserver.status.CATEGORY_CODES`, read backwards),
+  and the error's message is the server's message, unchanged: ``str(exc)`` is what the operator
   would read in the server's log. ``reactantserver.status.code_of(error_for(code, m))`` is
   ``code`` for every such status (a test checks the round trip).
 * Codes the server never sends on purpose (CANCELLED, ALREADY_EXISTS, ...; a proxy or
@@ -37,18 +38,12 @@ from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 from reactantserver.errors import (
     DeadlineExceeded,
     ExecutionFailed,
-    FailedPrecondition,
     InvalidArgument,
-    NotFound,
-    PermissionDenied,
     RequestError,
-    ResourceExhausted,
-    Unauthenticated,
     Unavailable,
-    Unimplemented,
 )
 from reactantserver.grpcwire import StatusCode
-from reactantserver.status import code_of
+from reactantserver.status import CATEGORY_CODES, code_of
 
 from ..h2.events import ProtocolError as WireProtocolError
 from ..transport.grpcerror import error_code
@@ -58,18 +53,13 @@ RETRYABLE: frozenset[StatusCode] = frozenset(
     {StatusCode.RESOURCE_EXHAUSTED, StatusCode.UNAVAILABLE}
 )
 
-#: What the server sends on purpose, back onto the category it was raised as.
+#: What the server sends on purpose, back onto the category it was raised as: the
+#: server's own table (:data:`reactantserver.status.CATEGORY_CODES`) read backwards, so
+#: a category added there maps back here too. Its rows that are not a ``RequestError``
+#: (``BundleError``: a bundle problem on the server's disk) are the server's business;
+#: their code comes back as the ``RequestError`` category that shares it.
 CATEGORIES: dict[StatusCode, type[RequestError]] = {
-    StatusCode.INVALID_ARGUMENT: InvalidArgument,
-    StatusCode.NOT_FOUND: NotFound,
-    StatusCode.UNAVAILABLE: Unavailable,
-    StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
-    StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
-    StatusCode.FAILED_PRECONDITION: FailedPrecondition,
-    StatusCode.UNIMPLEMENTED: Unimplemented,
-    StatusCode.PERMISSION_DENIED: PermissionDenied,
-    StatusCode.UNAUTHENTICATED: Unauthenticated,
-    StatusCode.INTERNAL: ExecutionFailed,
+    code: category for category, code in CATEGORY_CODES if issubclass(category, RequestError)
 }
 
 #: Codes reactantserver never sends on purpose, onto the nearest category.

@@ -70,7 +70,6 @@ from ..errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
-    RequestError,
     Unavailable,
     Unimplemented,
     quoted,
@@ -301,17 +300,15 @@ class Proxy:
         except GRPCError as exc:
             code = error_code(exc)
             raise
-        except RequestError as exc:
-            status = to_status(exc, rpc=rpc)
-            code = status.code
-            raise grpc_error(status.code, status.message) from None
         except asyncio.CancelledError:
             # The server cancels a call whose deadline passed (and answers it
             # DEADLINE_EXCEEDED itself), or whose client went away.
             code = DEADLINE_EXCEEDED if loop.time() >= call.deadline else CANCELLED
             raise
         except Exception as exc:
-            status = to_status(exc, rpc=rpc)  # logs the traceback: our bug
+            # The gateway's own outcomes (the error tree) as their status and message;
+            # anything else INTERNAL, its traceback logged: our bug.
+            status = to_status(exc, rpc=rpc)
             code = status.code
             raise grpc_error(status.code, status.message) from None
         finally:
