@@ -47,6 +47,7 @@ failures and failover, deadlines, compaction, and weight loads that evict a mode
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import math
 import random
@@ -54,7 +55,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from heapq import heappop as _pop
 from heapq import heappush as _push
-from typing import Any, cast
+from typing import Any, ParamSpec, cast
 
 import attrs
 
@@ -83,6 +84,8 @@ from .report import (
     moved_models,
     percentile,
 )
+
+_P = ParamSpec("_P")
 
 __all__ = [
     "ClosedLoop",
@@ -214,7 +217,14 @@ class _Worker:
 
 
 class FleetSimulation:
-    """One run (see the module docstring); :func:`simulate_fleet` is the usual entry."""
+    """One run (see the module docstring); :func:`simulate_fleet` is the usual entry, with
+    the same arguments.
+
+    ``hosts``: the machines the workers run on (``FleetWorker.host``), whose cores they
+    share with the gateway and the load generator placed there (:mod:`.host`).
+    ``placement`` (lpt_packing): model -> workers, fixed for the whole run (the fill router
+    routes by it, the controller never repacks): a planner's placement on known traffic.
+    """
 
     def __init__(
         self,
@@ -719,41 +729,22 @@ class FleetSimulation:
         )
 
 
-def simulate_fleet(
-    models: Sequence[FleetModel],
-    workers: Sequence[FleetWorker],
-    gateway: GatewaySchedulingConfig,
-    *,
-    duration: float,
-    warmup: float = 0.0,
-    seed: int = 0,
-    health_interval: float = 1.0,
-    closed_loop: ClosedLoop | None = None,
-    network_delay: float = 0.0,
-    operator_repacks: Sequence[float] = (),
-    hosts: Hosts | None = None,
-    placement: Mapping[str, Sequence[str]] | None = None,
-) -> FleetReport:
-    """Run one fleet simulation and return its report (see the module docstring).
+def _reported(build: Callable[_P, FleetSimulation]) -> Callable[_P, FleetReport]:
+    """A function with ``build``'s own typed signature that runs what it builds and returns
+    the report: one keyword list (the class's), not a second copy to keep in step."""
 
-    ``hosts``: the machines the workers run on (``FleetWorker.host``), whose cores they
-    share with the gateway and the load generator placed there (:mod:`.host`).
-    ``placement`` (lpt_packing): model -> workers, fixed for the whole run (the fill router
-    routes by it, the controller never repacks): a planner's placement on known traffic."""
-    return FleetSimulation(
-        models,
-        workers,
-        gateway,
-        duration=duration,
-        warmup=warmup,
-        seed=seed,
-        health_interval=health_interval,
-        closed_loop=closed_loop,
-        network_delay=network_delay,
-        operator_repacks=operator_repacks,
-        hosts=hosts,
-        placement=placement,
-    ).run()
+    def simulate_fleet(*args: _P.args, **kwargs: _P.kwargs) -> FleetReport:
+        """Run one fleet simulation and return its report: the arguments are
+        :class:`FleetSimulation`'s (see the module docstring)."""
+        return build(*args, **kwargs).run()
+
+    # help() and inspect.signature() show the class's parameters, returning the report.
+    signature = inspect.signature(build).replace(return_annotation="FleetReport")
+    simulate_fleet.__signature__ = signature  # type: ignore[attr-defined]
+    return simulate_fleet
+
+
+simulate_fleet = _reported(FleetSimulation)
 
 
 def zipf_fleet_catalog(
