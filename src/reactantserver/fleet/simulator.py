@@ -250,6 +250,10 @@ class FleetSimulation:
         self.host_models: dict[str, HostModel] = (
             {name: hosts.model(name) for name in hosts.cores} if hosts is not None else {}
         )
+        #: Where the load generator and the gateway spend their CPU per request (half each
+        #: way), and how much: no host (None) costs no time (:meth:`_cpu`).
+        self._clients = (hosts.clients, hosts.client_seconds / 2) if hosts else (None, 0.0)
+        self._gateway = (hosts.gateway, hosts.gateway_seconds / 2) if hosts else (None, 0.0)
         named = [w.host for w in workers]
         if hosts is not None:
             named += [hosts.gateway, hosts.clients]
@@ -345,24 +349,13 @@ class FleetSimulation:
 
     def _send(self, name: str, rows: int, client: int | None) -> None:
         """A client sends a request (its own CPU first, on a host that has it)."""
-        sent = self.now
-        h = self.hosts
-        if h is None:
-            self._arrive(name, rows, client, sent)
-        else:
-            self._cpu(
-                h.clients, "clients", h.client_seconds / 2, self._arrive, name, rows, client, sent
-            )
+        host, work = self._clients
+        self._cpu(host, "clients", work, self._arrive, name, rows, client, self.now)
 
     def _arrive(self, name: str, rows: int, client: int | None, sent: float) -> None:
         """The gateway receives it (its CPU on the way in), then routes it."""
-        h = self.hosts
-        if h is None:
-            self._route(name, rows, client, sent)
-        else:
-            self._cpu(
-                h.gateway, "gateway", h.gateway_seconds / 2, self._route, name, rows, client, sent
-            )
+        host, work = self._gateway
+        self._cpu(host, "gateway", work, self._route, name, rows, client, sent)
 
     def _route(self, name: str, rows: int, client: int | None, sent: float) -> None:
         self.arrivals[name] += 1
@@ -536,16 +529,12 @@ class FleetSimulation:
         """The gateway gets the answer (its CPU on the way out), the client reads it."""
         self.outstanding -= 1
         self.router.release(ticket, "ok")
-        h = self.hosts
-        if h is None:
-            self._answered(ticket, client, sent)
-        else:
-            self._cpu(h.gateway, "gateway", h.gateway_seconds / 2, self._read, ticket, client, sent)
+        host, work = self._gateway
+        self._cpu(host, "gateway", work, self._read, ticket, client, sent)
 
     def _read(self, ticket: Ticket, client: int | None, sent: float) -> None:
-        h = self.hosts
-        assert h is not None
-        self._cpu(h.clients, "clients", h.client_seconds / 2, self._answered, ticket, client, sent)
+        host, work = self._clients
+        self._cpu(host, "clients", work, self._answered, ticket, client, sent)
 
     def _answered(self, ticket: Ticket, client: int | None, sent: float) -> None:
         if sent >= self.warmup:
