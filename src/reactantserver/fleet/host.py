@@ -166,9 +166,10 @@ class HostModel:
 
     Cost: the simulator calls it several times per simulated request, so the running
     threads are kept in a list (in the order each thread first appeared: the order
-    :meth:`advance` reports in) with their job's figures on the thread itself, and the
-    shares are recomputed only when the set of running jobs changes. Every figure is the
-    same float arithmetic, in the same order, as a job-by-job account would do
+    :meth:`advance` reports in) with their job's figures on the thread itself; the shares
+    are recomputed only when the running jobs change, and a job that starts while
+    everything still fits just gets its width (the others keep theirs). Every figure is the
+    same float arithmetic, in the same order, as the job-by-job account before it
     (``tests/planning/test_planning_pinned.py`` pins a simulation's figures to the bit).
     """
 
