@@ -577,12 +577,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-scale", dest="scale", action="store_false",
                         help="skip the planner-speed line (1,000 models, 8 GPUs)")  # fmt: skip
+    parser.add_argument("--scale-only", action="store_true",
+                        help="print only the planner-speed line (no live fleet)")  # fmt: skip
     parser.add_argument("--workdir", help="keep the repository, caches and logs here")
     parser.add_argument("--save", help="write what the live part measured to this JSON file")
     parser.add_argument("--replay", help="report a --save file again (no live run)")
     args = parser.parse_args(argv)
     if args.backend == "cuda" and max(args.fleets) > 1:
         parser.error("--backend cuda runs one worker on the one GPU: give --fleets 1")
+    if args.scale_only:
+        scale_line()
+        return
     if args.replay:
         report(args, json.loads(Path(args.replay).read_text()))
         return

@@ -43,6 +43,7 @@ started, as at idle.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from collections.abc import Hashable, Mapping
@@ -139,15 +140,38 @@ def share_rates(widths: list[float], capacity: float, background: float = 0.0) -
     return rates
 
 
-@attrs.define(eq=False, slots=True)
-class _Job:
-    token: Hashable
-    work: float
-    width: float
+class _Thread:
+    """One thread of a host: its running job (``work`` left, ``width``, ``token``; no job
+    when ``running`` is False), the jobs queued behind it, the cores it gets now, and the
+    core-seconds it has done."""
+
+    __slots__ = ("busy", "index", "name", "queue", "rate", "running", "token", "width", "work")
+
+    def __init__(self, name: str, index: int) -> None:
+        self.name = name
+        #: The order it first appeared in.
+        self.index = index
+        self.running = False
+        self.work = 0.0
+        self.width = 1.0
+        self.token: Hashable = None
+        #: (work, width, token) of the jobs waiting behind the running one.
+        self.queue: deque[tuple[float, float, Hashable]] = deque()
+        self.rate = 0.0
+        self.busy = 0.0
 
 
 class HostModel:
-    """One machine's cores shared by threads (see the module docstring)."""
+    """One machine's cores shared by threads (see the module docstring).
+
+    Cost: the simulator calls it several times per simulated request, so the running
+    threads are kept in a list (in the order each thread first appeared: the order
+    :meth:`advance` reports in) with their job's figures on the thread itself; the shares
+    are recomputed only when the running jobs change, and a job that starts while
+    everything still fits just gets its width (the others keep theirs). Every figure is the
+    same float arithmetic, in the same order, as the job-by-job account before it
+    (``tests/planning/test_planning_pinned.py`` pins a simulation's figures to the bit).
+    """
 
     def __init__(self, name: str, cores: float, background: float = 0.0) -> None:
         if not cores > 0:
@@ -158,88 +182,132 @@ class HostModel:
         self.cores = cores
         self.capacity = cores
         self.background = background
-        self._queues: dict[str, deque[_Job]] = {}
-        #: Thread -> rate of its head job, for the runnable threads.
-        self._rates: dict[str, float] = {}
+        #: Every thread seen, in the order it first appeared.
+        self._threads: dict[str, _Thread] = {}
+        #: The threads that have a job, in that order, and their jobs' widths.
+        self._running: list[_Thread] = []
+        self._widths: list[float] = []
+        #: Whether every running job gets its width (no sharing).
+        self._fits = True
         self._now = 0.0
         #: Changes whenever completion times may have changed: an event the simulator
         #: scheduled for an older version is stale.
         self.version = 0
-        #: Core-seconds done so far, per thread (accounting for reports).
-        self.busy: dict[str, float] = {}
+
+    @property
+    def busy(self) -> dict[str, float]:
+        """Core-seconds done so far, per thread (accounting for reports)."""
+        return {name: th.busy for name, th in self._threads.items()}
 
     def submit(self, now: float, thread: str, work: float, width: float, token: Hashable) -> None:
         """Queue a job of ``work`` core-seconds, at most ``width`` cores, on ``thread``."""
         if not width > 0:
             raise ValueError(f"job width must be > 0; got {width}")
-        self._progress(now)
-        queue = self._queues.setdefault(thread, deque())
-        queue.append(_Job(token, max(0.0, work), width))
-        if len(queue) == 1:
+        if now > self._now:
+            self._progress(now)
+        th = self._threads.get(thread)
+        if th is None:
+            th = self._threads[thread] = _Thread(thread, len(self._threads))
+        work = max(0.0, work)
+        if th.running:
+            th.queue.append((work, width, token))
+            return
+        th.running = True
+        th.work, th.width, th.token = work, width, token
+        running, widths = self._running, self._widths
+        at = len(running)
+        if at and running[-1].index > th.index:
+            at = bisect.bisect(running, th.index, key=_index)
+        running.insert(at, th)
+        widths.insert(at, width)
+        if self._fits and math.fsum(widths) + self.background <= self.capacity:
+            # Everything still fits: the others keep their widths, this one gets its own.
+            th.rate = width
+            self.version += 1
+        else:
             self._share()
 
     def advance(self, now: float) -> list[Hashable]:
         """Run every job on to ``now``; return the tokens of the jobs that finished (by
         thread, in submission order). The next job of each such thread starts at once."""
-        self._progress(now)
+        if now > self._now:
+            self._progress(now)
         done: list[Hashable] = []
-        for thread, rate in list(self._rates.items()):
-            queue = self._queues[thread]
+        for th in self._running:
             # The running job is done with no work left, or so little that it would end
             # within a nanosecond (the float residue of rate x time: it must not re-arm an
             # event at the same time); the residue is counted as done. Jobs of no work
             # queued behind it finish now as well; any other waits for its own turn.
-            head = queue[0]
-            if head.work > _EPSILON and head.work > rate * 1e-9:
+            work = th.work
+            if work > _EPSILON and work > th.rate * 1e-9:
                 continue
-            self.busy[thread] = self.busy.get(thread, 0.0) + head.work
-            done.append(queue.popleft().token)
-            while queue and queue[0].work <= _EPSILON:
-                self.busy[thread] += queue[0].work
-                done.append(queue.popleft().token)
+            th.busy += work
+            done.append(th.token)
+            queue = th.queue
+            th.running = False
+            while queue:
+                work, width, token = queue.popleft()
+                if work <= _EPSILON:
+                    th.busy += work
+                    done.append(token)
+                    continue
+                th.running = True
+                th.work, th.width, th.token = work, width, token
+                break
         if done:
+            running = self._running = [th for th in self._running if th.running]
+            self._widths = [th.width for th in running]
             self._share()
         return done
 
     def next_completion(self) -> float:
         """When the next job finishes if nothing changes (``inf``: nothing runs)."""
         soonest = math.inf
-        for thread, rate in self._rates.items():
-            job = self._queues[thread][0]
+        now = self._now
+        for th in self._running:
+            rate = th.rate
             if rate > 0:
-                soonest = min(soonest, self._now + job.work / rate)
+                t = now + th.work / rate
+                if t < soonest:
+                    soonest = t
         return soonest
 
     def busy_seconds(self, now: float) -> float:
         """Core-seconds done by every thread up to ``now`` (changes nothing)."""
         elapsed = max(0.0, now - self._now)
         # fsum: the same total on every Python (sum() of floats is compensated from 3.12).
-        running = math.fsum(
-            min(self._queues[t][0].work, rate * elapsed) for t, rate in self._rates.items()
-        )
-        return math.fsum(self.busy.values()) + running
+        running = math.fsum(min(th.work, th.rate * elapsed) for th in self._running)
+        return math.fsum(th.busy for th in self._threads.values()) + running
 
     def running(self) -> dict[str, float]:
         """Thread -> the cores its current job gets now."""
-        return dict(self._rates)
+        return {th.name: th.rate for th in self._running}
 
     def queued(self, thread: str) -> int:
         """Jobs on ``thread``, the running one included."""
-        return len(self._queues.get(thread, ()))
+        th = self._threads.get(thread)
+        return 0 if th is None else int(th.running) + len(th.queue)
 
     def _progress(self, now: float) -> None:
         elapsed = now - self._now
-        if elapsed > 0:
-            for thread, rate in self._rates.items():
-                job = self._queues[thread][0]
-                done = min(job.work, rate * elapsed)
-                job.work -= done
-                self.busy[thread] = self.busy.get(thread, 0.0) + done
-        self._now = max(self._now, now)
+        for th in self._running:
+            done = th.rate * elapsed
+            work = th.work
+            if done >= work:
+                done = work
+            th.work = work - done
+            th.busy += done
+        self._now = now
 
     def _share(self) -> None:
-        threads = [t for t, q in self._queues.items() if q]
-        widths = [self._queues[t][0].width for t in threads]
-        rates = share_rates(widths, self.capacity, self.background)
-        self._rates = dict(zip(threads, rates, strict=True))
+        """Every running job's cores (share_rates) from ``_running`` and ``_widths``."""
+        widths = self._widths
+        self._fits = math.fsum(widths) + self.background <= self.capacity
+        rates = widths if self._fits else share_rates(widths, self.capacity, self.background)
+        for th, rate in zip(self._running, rates, strict=True):
+            th.rate = rate
         self.version += 1
+
+
+def _index(th: _Thread) -> int:
+    return th.index

@@ -47,13 +47,15 @@ failures and failover, deadlines, compaction, and weight loads that evict a mode
 
 from __future__ import annotations
 
-import heapq
+import inspect
 import itertools
 import math
 import random
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+from heapq import heappop as _pop
+from heapq import heappush as _push
+from typing import Any, ParamSpec, cast
 
 import attrs
 
@@ -82,6 +84,8 @@ from .report import (
     moved_models,
     percentile,
 )
+
+_P = ParamSpec("_P")
 
 __all__ = [
     "ClosedLoop",
@@ -187,10 +191,20 @@ class _Worker:
         #: Plans handed out by the cache, by id, with the loads each still waits for: a
         #: plan is reported ``done`` when its last load finished, as the real driver does.
         self.plans: dict[int, tuple[CachePlan, int]] = {}
-        # Its threads on the host (host contention, :mod:`.host`).
+        # Its threads on the host (host contention, :mod:`.host`), and what it spends
+        # there, read once: the simulator asks for them several times per request.
+        self.host = spec.host
         self.loop = f"{spec.name}.loop"
         self.device = f"{spec.name}.device"
         self.copy = f"{spec.name}.copy"
+        hosted = spec.host is not None
+        costs = spec.host_costs
+        #: Loop CPU each way of a request (decoding it; encoding its answer).
+        self.half_request = costs.request_seconds / 2 if hosted else 0.0
+        self.batch_seconds = costs.batch_seconds
+        self.execution_threads = costs.execution_threads
+        self.inline_seconds = costs.inline_seconds
+        self.load_threads = costs.load_threads if hosted else 0.0
         # Window accounting.
         self.compute = 0.0
         self.request_cpu = 0.0
@@ -203,7 +217,14 @@ class _Worker:
 
 
 class FleetSimulation:
-    """One run (see the module docstring); :func:`simulate_fleet` is the usual entry."""
+    """One run (see the module docstring); :func:`simulate_fleet` is the usual entry, with
+    the same arguments.
+
+    ``hosts``: the machines the workers run on (``FleetWorker.host``), whose cores they
+    share with the gateway and the load generator placed there (:mod:`.host`).
+    ``placement`` (lpt_packing): model -> workers, fixed for the whole run (the fill router
+    routes by it, the controller never repacks): a planner's placement on known traffic.
+    """
 
     def __init__(
         self,
@@ -229,6 +250,10 @@ class FleetSimulation:
         self.host_models: dict[str, HostModel] = (
             {name: hosts.model(name) for name in hosts.cores} if hosts is not None else {}
         )
+        #: Where the load generator and the gateway spend their CPU per request (half each
+        #: way), and how much: no host (None) costs no time (:meth:`_cpu`).
+        self._clients = (hosts.clients, hosts.client_seconds / 2) if hosts else (None, 0.0)
+        self._gateway = (hosts.gateway, hosts.gateway_seconds / 2) if hosts else (None, 0.0)
         named = [w.host for w in workers]
         if hosts is not None:
             named += [hosts.gateway, hosts.clients]
@@ -282,7 +307,7 @@ class FleetSimulation:
     # ------------------------------------------------------------------ events
 
     def at(self, t: float, action: Callable[..., None], *args: Any) -> None:
-        heapq.heappush(self._events, (t, next(self._seq), action, args))
+        _push(self._events, (t, next(self._seq), action, args))
 
     def stop(self) -> None:
         """End the run now (from an event scheduled with :meth:`at`): the report covers
@@ -302,8 +327,9 @@ class FleetSimulation:
         else:
             for client in range(self.closed_loop.clients):
                 self.at(0.0, self._client, client)
-        while self._events:
-            t, _, action, args = heapq.heappop(self._events)
+        events = self._events
+        while events:
+            t, _, action, args = _pop(events)
             if t > self.duration:
                 break
             self.now = t
@@ -312,8 +338,9 @@ class FleetSimulation:
 
     def _poisson(self, name: str) -> None:
         model = self.models[name]
-        self._send(name, self.rng.choice(model.rows), None)
-        self.at(self.now + expovariate(self.rng.random(), model.rate), self._poisson, name)
+        rng = self.rng
+        self._send(name, rng.choice(model.rows), None)
+        self.at(self.now + expovariate(rng.random(), model.rate), self._poisson, name)
 
     def _client(self, client: int) -> None:
         names = self._names
@@ -322,24 +349,13 @@ class FleetSimulation:
 
     def _send(self, name: str, rows: int, client: int | None) -> None:
         """A client sends a request (its own CPU first, on a host that has it)."""
-        sent = self.now
-        h = self.hosts
-        if h is None:
-            self._arrive(name, rows, client, sent)
-        else:
-            self._cpu(
-                h.clients, "clients", h.client_seconds / 2, self._arrive, name, rows, client, sent
-            )
+        host, work = self._clients
+        self._cpu(host, "clients", work, self._arrive, name, rows, client, self.now)
 
     def _arrive(self, name: str, rows: int, client: int | None, sent: float) -> None:
         """The gateway receives it (its CPU on the way in), then routes it."""
-        h = self.hosts
-        if h is None:
-            self._route(name, rows, client, sent)
-        else:
-            self._cpu(
-                h.gateway, "gateway", h.gateway_seconds / 2, self._route, name, rows, client, sent
-            )
+        host, work = self._gateway
+        self._cpu(host, "gateway", work, self._route, name, rows, client, sent)
 
     def _route(self, name: str, rows: int, client: int | None, sent: float) -> None:
         self.arrivals[name] += 1
@@ -350,8 +366,7 @@ class FleetSimulation:
     def _receive(self, ticket: Ticket, rows: int, client: int | None, sent: float) -> None:
         """The worker decodes it on its event loop, then queues it."""
         w = self.workers[ticket.worker]  # type: ignore[index]
-        work = w.spec.host_costs.request_seconds / 2 if w.spec.host is not None else 0.0
-        self._cpu(w.spec.host, w.loop, work, self._submit, ticket, rows, client, sent)
+        self._cpu(w.host, w.loop, w.half_request, self._submit, ticket, rows, client, sent)
 
     def _submit(self, ticket: Ticket, rows: int, client: int | None, sent: float) -> None:
         worker = self.workers[ticket.worker]  # type: ignore[index]
@@ -401,13 +416,13 @@ class FleetSimulation:
             w.cache.done(plan)
             return
         w.plans[id(plan)] = (plan, len(plan.load))
-        threads = w.spec.host_costs.load_threads if w.spec.host is not None else 0.0
+        threads = w.load_threads
         for name in plan.load:
             seconds = w.nbytes[name] / w.spec.bandwidth + w.spec.load_latency
             if threads > 0:
                 # A copy by the host's CPU: on the copy thread, at the share it gets.
                 w.loading.add(name)
-                self._cpu(w.spec.host, w.copy, seconds * threads, self._copied, w, plan, name,
+                self._cpu(w.host, w.copy, seconds * threads, self._copied, w, plan, name,
                           self.now, width=threads)  # fmt: skip
                 continue
             start = max(self.now, w.engine_free)
@@ -450,11 +465,10 @@ class FleetSimulation:
                 if plan is not None:
                     self._transfer(w, plan)
         w.executing = True
-        if w.spec.host is not None:
+        if w.host is not None:
             # The loop's work for this batch (the decision, gathering, the hand-off), then
             # the execution on the device thread.
-            work = w.spec.host_costs.batch_seconds
-            self._cpu(w.spec.host, w.loop, work, self._run_batch, w, batch)
+            self._cpu(w.host, w.loop, w.batch_seconds, self._run_batch, w, batch)
             return
         # The device runs first, then the worker's per-request CPU (answers encoded, the
         # next requests decoded) before it can start another batch.
@@ -464,12 +478,12 @@ class FleetSimulation:
     def _run_batch(self, w: _Worker, batch: Batch) -> None:
         """A hosted worker's execution: device time, or CPU on the host's cores."""
         seconds = w.costs[batch.model][batch.size]
-        threads = w.spec.host_costs.execution_threads
-        if seconds < w.spec.host_costs.inline_seconds:
+        threads = w.execution_threads
+        if seconds < w.inline_seconds:
             # A tiny program runs inline on the loop, as the live worker runs it.
-            self._cpu(w.spec.host, w.loop, seconds, self._ran, w, batch, self.now)
+            self._cpu(w.host, w.loop, seconds, self._ran, w, batch, self.now)
         elif threads > 0:
-            self._cpu(w.spec.host, w.device, seconds * threads, self._ran, w, batch, self.now,
+            self._cpu(w.host, w.device, seconds * threads, self._ran, w, batch, self.now,
                       width=threads)  # fmt: skip
         else:
             self.at(self.now + seconds, self._ran, w, batch, self.now)
@@ -495,7 +509,7 @@ class FleetSimulation:
             self.model_rows[batch.model] += batch.rows
             self.model_batches[batch.model] += 1
             self.model_workers[batch.model].add(w.spec.name)
-        if w.spec.host is None:
+        if w.host is None:
             for request in batch.requests:
                 ticket, client, sent = request.payload
                 self.at(self.now + self.delay, self._back, ticket, client, sent)
@@ -504,9 +518,9 @@ class FleetSimulation:
         # A live loop takes the next batch and hands it over before the answers' handlers
         # run: the next dispatch is queued on the loop ahead of the encodes.
         self._kick(w)
-        work = w.spec.host_costs.request_seconds / 2
+        work = w.half_request
         for request in batch.requests:
-            self._cpu(w.spec.host, w.loop, work, self._reply, *request.payload)
+            self._cpu(w.host, w.loop, work, self._reply, *request.payload)
 
     def _reply(self, ticket: Ticket, client: int | None, sent: float) -> None:
         self.at(self.now + self.delay, self._back, ticket, client, sent)
@@ -515,16 +529,12 @@ class FleetSimulation:
         """The gateway gets the answer (its CPU on the way out), the client reads it."""
         self.outstanding -= 1
         self.router.release(ticket, "ok")
-        h = self.hosts
-        if h is None:
-            self._answered(ticket, client, sent)
-        else:
-            self._cpu(h.gateway, "gateway", h.gateway_seconds / 2, self._read, ticket, client, sent)
+        host, work = self._gateway
+        self._cpu(host, "gateway", work, self._read, ticket, client, sent)
 
     def _read(self, ticket: Ticket, client: int | None, sent: float) -> None:
-        h = self.hosts
-        assert h is not None
-        self._cpu(h.clients, "clients", h.client_seconds / 2, self._answered, ticket, client, sent)
+        host, work = self._clients
+        self._cpu(host, "clients", work, self._answered, ticket, client, sent)
 
     def _answered(self, ticket: Ticket, client: int | None, sent: float) -> None:
         if sent >= self.warmup:
@@ -557,13 +567,16 @@ class FleetSimulation:
     def _schedule_host(self, model: HostModel) -> None:
         t = model.next_completion()
         if t < math.inf:
-            self.at(max(t, self.now), self._host_event, model, model.version)
+            now = self.now
+            # max(t, now), pushed as at() pushes it: this runs after every job submitted.
+            _push(self._events, (now if now > t else t, next(self._seq), self._host_event,
+                                 (model, model.version)))  # fmt: skip
 
     def _host_event(self, model: HostModel, version: int) -> None:
         if version != model.version:
             return  # completion times changed since: a later event stands for this one
-        for token in model.advance(self.now):
-            then, args = cast("tuple[Callable[..., None], tuple[Any, ...]]", token)
+        done = cast("list[tuple[Callable[..., None], tuple[Any, ...]]]", model.advance(self.now))
+        for then, args in done:
             then(*args)
         self._schedule_host(model)
 
@@ -705,41 +718,22 @@ class FleetSimulation:
         )
 
 
-def simulate_fleet(
-    models: Sequence[FleetModel],
-    workers: Sequence[FleetWorker],
-    gateway: GatewaySchedulingConfig,
-    *,
-    duration: float,
-    warmup: float = 0.0,
-    seed: int = 0,
-    health_interval: float = 1.0,
-    closed_loop: ClosedLoop | None = None,
-    network_delay: float = 0.0,
-    operator_repacks: Sequence[float] = (),
-    hosts: Hosts | None = None,
-    placement: Mapping[str, Sequence[str]] | None = None,
-) -> FleetReport:
-    """Run one fleet simulation and return its report (see the module docstring).
+def _reported(build: Callable[_P, FleetSimulation]) -> Callable[_P, FleetReport]:
+    """A function with ``build``'s own typed signature that runs what it builds and returns
+    the report: one keyword list (the class's), not a second copy to keep in step."""
 
-    ``hosts``: the machines the workers run on (``FleetWorker.host``), whose cores they
-    share with the gateway and the load generator placed there (:mod:`.host`).
-    ``placement`` (lpt_packing): model -> workers, fixed for the whole run (the fill router
-    routes by it, the controller never repacks): a planner's placement on known traffic."""
-    return FleetSimulation(
-        models,
-        workers,
-        gateway,
-        duration=duration,
-        warmup=warmup,
-        seed=seed,
-        health_interval=health_interval,
-        closed_loop=closed_loop,
-        network_delay=network_delay,
-        operator_repacks=operator_repacks,
-        hosts=hosts,
-        placement=placement,
-    ).run()
+    def simulate_fleet(*args: _P.args, **kwargs: _P.kwargs) -> FleetReport:
+        """Run one fleet simulation and return its report: the arguments are
+        :class:`FleetSimulation`'s (see the module docstring)."""
+        return build(*args, **kwargs).run()
+
+    # help() and inspect.signature() show the class's parameters, returning the report.
+    signature = inspect.signature(build).replace(return_annotation="FleetReport")
+    simulate_fleet.__signature__ = signature  # type: ignore[attr-defined]
+    return simulate_fleet
+
+
+simulate_fleet = _reported(FleetSimulation)
 
 
 def zipf_fleet_catalog(
