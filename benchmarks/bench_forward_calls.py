@@ -10,7 +10,7 @@ shared 2-core machine is not (``bench_gateway --baseline``'s medians of identica
 up to 6 % apart). More in flight, reads carry several requests and the count moves a little
 with timing.
 
-    python benchmarks/bench_gateway_calls.py --baseline f61d277      # about two minutes
+    python benchmarks/bench_forward_calls.py --baseline f61d277      # about two minutes
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--workdir", help="keep the repository, profiles and logs here")
     args = parser.parse_args(argv)
-    run_in_workdir(args.workdir, "rs_bench_gateway_calls_", partial(_run, args))
+    run_in_workdir(args.workdir, "rs_bench_forward_calls_", partial(_run, args))
 
 
 if __name__ == "__main__":
