@@ -30,6 +30,7 @@ from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import attrs
@@ -483,7 +484,13 @@ def test_a_worker_that_unloads_a_model_answers_not_found_and_the_gateway_fails_o
 def test_a_worker_killed_mid_load(fleet: Fleet) -> None:
     """SIGKILL one of three workers under load: calls sent to it fail UNAVAILABLE (it may
     have run them), no other call fails; it leaves the table; restarted on its port it is
-    routed to again, with the shared-memory regions registered through the gateway."""
+    routed to again, with the shared-memory regions registered through the gateway.
+
+    How many fail is bounded by what the gateway had sent to w2: the calls in flight when
+    it died (one per client thread, 4) and those routed to it before it left the table
+    (a call can be put on the dead worker's connection before its end is read: a loaded
+    machine reads it later, and a worker whose calls just failed has the fewest
+    outstanding), not by a count that holds only on an idle machine."""
     with gateway(fleet) as gw, _regions("gw-kill") as (inp_key, _, out_key, _):
         client = gw.client()
         client.register_system_shared_memory("in", inp_key, X.nbytes)
@@ -511,9 +518,12 @@ def test_a_worker_killed_mid_load(fleet: Fleet) -> None:
         for t in threads:
             t.start()
         wait_until(lambda: outcomes["OK"] >= 50, what="load under way")
+        routed = partial(metric, name="gateway_replica_routed_total", model="double", worker="w2")
+        before_kill = routed(gw.scrape())
         fleet.processes["w2"].kill()
         wait_until(lambda: metric(gw.scrape(), "gateway_worker_ready", worker="w2") == 0,
                    what="w2 out of the table")  # fmt: skip
+        routed_dead = routed(gw.scrape()) - before_kill
         served_after_kill = outcomes["OK"]
         wait_until(lambda: outcomes["OK"] >= served_after_kill + 100, what="load goes on")
         fleet.start("w2")
@@ -526,8 +536,8 @@ def test_a_worker_killed_mid_load(fleet: Fleet) -> None:
             t.join(60)
         failed = {k: v for k, v in outcomes.items() if k != "OK"}
         assert set(failed) <= {"UNAVAILABLE"}, (failed, messages)
-        assert sum(failed.values()) <= 4  # at most one call in flight per client thread
-        assert all("may have run" in m for m in messages), messages
+        assert sum(failed.values()) <= 4 + routed_dead, (failed, routed_dead, messages)
+        assert all("worker w2 (" in m and "may have run" in m for m in messages), messages
         # The regions were registered on the new w2 when the gateway reached it again
         # (for this client: a client of w2 itself does not see them): round robin sends
         # calls that name them to w2 as well, and every one is answered.
