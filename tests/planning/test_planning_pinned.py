@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from typing import Any
 
 import attrs
@@ -26,6 +27,11 @@ from reactantserver.planning.device import Device
 from reactantserver.planning.fleet import Goal, Run
 from reactantserver.planning.plan import make_plan, plan_json
 from reactantserver.planning.traffic import ModelTraffic, Traffic
+
+#: The small plan's JSON digest. Python 3.12 made ``sum()`` of floats compensated (exact
+#: to the last bit), so the plan's totals -- prices, shares -- round differently from 3.11's
+#: left-to-right sum; the figures asserted one by one are the same on both.
+SMALL_PLAN = "9bb901dd21f3d1aa" if sys.version_info < (3, 12) else "6365ae3697309ff7"
 
 
 def _digest(data: Any) -> str:
@@ -82,7 +88,7 @@ def test_a_small_plan_answers_what_it_answered() -> None:
         (8, True, 1803, 0.0033999999999999586, 0.008444691692300221, 0.0),
     ]
     # Every other figure of the JSON (per model, per worker, the reasons, the prices).
-    assert _digest(data) == "9bb901dd21f3d1aa"
+    assert _digest(data) == SMALL_PLAN
 
 
 def test_a_contended_cpu_fleet_simulates_what_it_simulated() -> None:
