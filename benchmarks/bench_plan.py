@@ -216,6 +216,7 @@ def question(
         models={n: ModelTraffic(name=n, rate=s) for n, s in shares.items()},
         clients=args.inflight,
         generator_seconds=record["client_seconds"],
+        generator_wake_seconds=record.get("client_wake_seconds", 0.0),
         source=f"bench_plan {mix}",
     )
     device = Device(
@@ -286,17 +287,23 @@ async def _run(args: argparse.Namespace, workdir: Path) -> None:
         servers.append(gateway)
         await wait_ready(gateway, names)
         hot = min(measured.costs.models, key=lambda n: measured.costs.models[n].costs[1])
-        through = await measure_gateway(gateway.url, gateway.proc.pid, probe(hot), measured)
+        through = await measure_gateway(
+            gateway.url, gateway.proc.pid, probe(hot), measured, concurrency=args.inflight
+        )
         own = await client_cost(gateway, hot, 600, 1)
+        own_many = await client_cost(gateway, hot, 640, args.inflight)
         gateway.stop()
         costs = attrs.evolve(
             measured.costs,
             gateway_seconds=through.gateway_seconds,
+            gateway_wake_seconds=through.wake_seconds,
             network_seconds=through.network_seconds,
         )
         budget_seen = (await measured_budget(w0)) or budget
         record.update(
-            costs=render_costs(costs), budget=budget_seen, client_seconds=own.seconds,
+            costs=render_costs(costs), budget=budget_seen,
+            client_seconds=min(own.seconds, own_many.seconds),
+            client_wake_seconds=max(0.0, own.seconds - own_many.seconds),
             calibrated=time.strftime("%Y-%m-%d %H:%M:%S"), idle_load=os.getloadavg()[0],
         )  # fmt: skip
         print_calibration(record, costs)
@@ -395,6 +402,13 @@ async def measured_budget(worker: Server) -> int:
     return int(status.weight_cache_max_bytes)
 
 
+def _quantiles(spread: Sequence[float]) -> str:
+    if not spread:
+        return "none measured"
+    at = [(q, spread[min(len(spread) - 1, int(q * len(spread)))]) for q in (0.1, 0.5, 0.9, 0.99)]
+    return f"{len(spread)} samples, " + " ".join(f"p{q * 100:g} {x:.2f}x" for q, x in at)
+
+
 def print_calibration(record: Mapping[str, Any], costs: Costs) -> None:
     h = costs.host
     print(
@@ -404,14 +418,18 @@ def print_calibration(record: Mapping[str, Any], costs: Costs) -> None:
         f"load average {record['idle_load']:.1f}):\n"
         f"  worker event loop {h.request_seconds * 1e3:.3f} ms per request; an execution keeps "
         f"{h.execution_threads:.2f} cores busy, a weight load {h.load_threads:.2f}\n"
-        f"  gateway {(costs.gateway_seconds or 0) * 1e3:.3f} ms per request; this load "
-        f"generator {record['client_seconds'] * 1e3:.3f} ms per request; "
+        f"  gateway {(costs.gateway_seconds or 0) * 1e3:.3f} ms per request many in flight "
+        f"(+{costs.gateway_wake_seconds * 1e3:.3f} alone); this load "
+        f"generator {record['client_seconds'] * 1e3:.3f} "
+        f"(+{record.get('client_wake_seconds', 0.0) * 1e3:.3f}); "
         f"{costs.network_seconds * 1e3:.3f} ms one way beside the CPU\n"
         f"  a weight load {costs.load_latency * 1e3:.2f} ms + {1e9 / costs.load_bandwidth:.3f} "
         f"ns/byte; {len(costs.models)} models, 1-row cost "
         f"{min(m.costs[1] for m in costs.models.values()) * 1e3:.2f}-"
         f"{max(m.costs[1] for m in costs.models.values()) * 1e3:.2f} ms; weight budget "
-        f"{record['budget'] / 1e6:.1f} MB per worker (catalog {record['total_bytes'] / 1e6:.1f} MB)",
+        f"{record['budget'] / 1e6:.1f} MB per worker (catalog {record['total_bytes'] / 1e6:.1f} MB)"
+        f"\n  spread over the mean: loads {_quantiles(costs.load_spread)}; executions "
+        f"{_quantiles(costs.execution_spread)}",
         flush=True,
     )
 

@@ -201,3 +201,66 @@ def test_a_fixed_placement_routes_by_it_and_never_repacks() -> None:
     )  # fmt: skip
     assert report.repacks.get("startup", 0) == 0 and report.repack_log == ()
     assert {m.name: m.workers for m in report.models} == placement
+
+
+def _spread_run(
+    spread: tuple[float, ...], loads: tuple[float, ...] = (), budget: int = 0
+) -> object:
+    gw = GatewaySchedulingConfig(mode="round_robin")
+    workers = [
+        FleetWorker(name="w0", host="h", host_costs=HostCosts(execution_threads=1.0),
+                    cost_spread=spread, load_spread=loads, budget=budget, bandwidth=1e6,
+                    load_latency=0.001)
+    ]  # fmt: skip
+    return simulate_fleet(
+        _models((1,)), workers, gw, duration=8, warmup=1, closed_loop=ClosedLoop(clients=1),
+        hosts=Hosts(cores={"h": 2.0}), seed=3,
+    )  # fmt: skip
+
+
+def test_a_spread_of_ones_changes_nothing() -> None:
+    """Executions and loads drawn from a spread of ratios that are all 1 take exactly their
+    expected time, and the spread's draws do not touch the arrivals' random stream: the
+    run's every figure is the run without a spread."""
+    plain, ones = _spread_run(()), _spread_run((1.0,) * 5, (1.0,) * 5)
+    assert ones == plain
+    cached, cached_ones = _spread_run((), (), 1500), _spread_run((1.0,), (1.0,), 1500)
+    assert cached_ones == cached
+    assert cached.loads_per_second > 0  # the budget holds one model of three: loads happen
+
+
+def test_a_spread_with_a_tail_moves_the_p99_and_keeps_the_mean() -> None:
+    """Nine executions in ten taking half their mean and one 5.5x (the mean kept): one
+    client alone (every latency one execution) sees its median halve and its p99 become
+    the slow draw's, 5.5x the plain run's -- and as many requests answered."""
+    plain = _spread_run(())
+    tail = (0.5,) * 9 + (5.5,)  # mean 1.0
+    spread = _spread_run(tail)
+    assert spread.p50 == pytest.approx(0.5 * plain.p50, rel=1e-6)
+    assert spread.p99 == pytest.approx(5.5 * plain.p99, rel=1e-6)
+    assert spread.throughput == pytest.approx(plain.throughput, rel=0.05)
+
+
+def test_a_loop_pays_its_wake_up_only_when_idle() -> None:
+    """A gateway whose CPU per request is 1 ms with many in flight and 1 ms more alone: one
+    client at a time finds its loop idle both ways and pays the wake-up on each (the host
+    busier by 1 ms a request); sixteen keep it busy, and pay it on fewer requests."""
+    gw = GatewaySchedulingConfig(mode="round_robin")
+    costs = HostCosts(request_seconds=0.0005)
+
+    def run(clients: int, wake: float) -> object:
+        return simulate_fleet(
+            _models(), _fleet(1, "h", costs), gw, duration=5, warmup=1,
+            closed_loop=ClosedLoop(clients=clients),
+            hosts=Hosts(cores={"h": 1.0}, gateway="h", gateway_seconds=0.001,
+                        gateway_wake_seconds=wake),
+        )  # fmt: skip
+
+    def busy_per_request(report: object) -> float:
+        return report.host_busy["h"] / report.throughput  # type: ignore[attr-defined]
+
+    one, one_woken = run(1, 0.0), run(1, 0.001)
+    assert one_woken.p50 == pytest.approx(one.p50 + 0.001, abs=1e-9)  # type: ignore[attr-defined]
+    assert busy_per_request(one_woken) - busy_per_request(one) == pytest.approx(0.001, rel=0.02)
+    many, many_woken = run(16, 0.0), run(16, 0.001)
+    assert busy_per_request(many_woken) - busy_per_request(many) < 0.5 * 0.001

@@ -69,8 +69,8 @@ def test_a_bad_costs_file_gets_every_problem_with_its_line(tmp_path: Path) -> No
         f"{path}:1: backend: expected one of cpu, cuda, metrics; got 'gpu'; did you mean 'cpu'?",
         f"{path}:3: host.request_second: unknown key; expected one of cores, cores_busy, "
         "background_threads, request_seconds, batch_seconds, execution_threads, "
-        "load_threads, inline_seconds, network_seconds, gateway_seconds; did you mean "
-        "'request_seconds' or 'network_seconds'?",
+        "load_threads, inline_seconds, network_seconds, gateway_seconds, "
+        "gateway_wake_seconds; did you mean 'request_seconds' or 'network_seconds'?",
         f"{path}:4: host.cores: expected a number >= 0; got -2",
         f"{path}:7: models.a.costs.x: expected a batch size (a whole number >= 1); got 'x'",
         f"{path}:7: models.a.costs.4: expected a number > 0; got 0",

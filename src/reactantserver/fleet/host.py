@@ -87,7 +87,9 @@ class Hosts:
     workers (``FleetWorker.host`` names each worker's).
 
     A gateway and a load generator on one of the hosts spend their CPU per request there
-    (half on the way in, half on the way out); on a host of their own (``None``) they cost
+    (half on the way in, half on the way out), and a wake-up's more on each way that finds
+    their loop idle (an event loop with requests queued serves them from one wake-up: one
+    epoll, one read, one write for several); on a host of their own (``None``) they cost
     no time beyond ``network_delay``.
     """
 
@@ -99,9 +101,11 @@ class Hosts:
     #: The gateway's host, and its CPU per request (one event-loop thread).
     gateway: str | None = None
     gateway_seconds: float = 0.0
+    gateway_wake_seconds: float = 0.0
     #: The load generator's host, and its CPU per request (one event-loop thread).
     clients: str | None = None
     client_seconds: float = 0.0
+    client_wake_seconds: float = 0.0
 
     def model(self, name: str) -> HostModel:
         return HostModel(name, self.cores[name], self.background.get(name, 0.0))

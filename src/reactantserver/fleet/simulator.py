@@ -154,6 +154,11 @@ class FleetWorker:
     #: it (:mod:`.host`), spending ``host_costs``. None: a machine whose cores never slow it.
     host: str | None = None
     host_costs: HostCosts = attrs.field(factory=HostCosts)
+    #: Measured / expected time of loads and of executions (calibrate's samples): each
+    #: load's and each execution's time is its expected one times a draw from these
+    #: (empty: exactly the expected time).
+    load_spread: tuple[float, ...] = ()
+    cost_spread: tuple[float, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -252,8 +257,17 @@ class FleetSimulation:
         )
         #: Where the load generator and the gateway spend their CPU per request (half each
         #: way), and how much: no host (None) costs no time (:meth:`_cpu`).
-        self._clients = (hosts.clients, hosts.client_seconds / 2) if hosts else (None, 0.0)
-        self._gateway = (hosts.gateway, hosts.gateway_seconds / 2) if hosts else (None, 0.0)
+        #: And what more each way costs that finds its loop idle (its wake-up).
+        self._clients: tuple[str | None, float, float] = (
+            (hosts.clients, hosts.client_seconds / 2, hosts.client_wake_seconds / 2)
+            if hosts
+            else (None, 0.0, 0.0)
+        )
+        self._gateway: tuple[str | None, float, float] = (
+            (hosts.gateway, hosts.gateway_seconds / 2, hosts.gateway_wake_seconds / 2)
+            if hosts
+            else (None, 0.0, 0.0)
+        )
         named = [w.host for w in workers]
         if hosts is not None:
             named += [hosts.gateway, hosts.clients]
@@ -269,6 +283,9 @@ class FleetSimulation:
         self.closed_loop = closed_loop
         self.delay = network_delay
         self.rng = random.Random(seed)
+        #: The draws of loads' and executions' spreads, apart from the arrivals' draws (a
+        #: fleet without spreads sees the same arrivals as before they existed).
+        self._spread_rng = random.Random(f"{seed}:spread")
         self.table: RouteTable | None = None
         self.controller = LptController(gateway) if gateway.mode == "lpt_packing" else None
         self.router: Router = (
@@ -349,13 +366,11 @@ class FleetSimulation:
 
     def _send(self, name: str, rows: int, client: int | None) -> None:
         """A client sends a request (its own CPU first, on a host that has it)."""
-        host, work = self._clients
-        self._cpu(host, "clients", work, self._arrive, name, rows, client, self.now)
+        self._edge(self._clients, "clients", self._arrive, name, rows, client, self.now)
 
     def _arrive(self, name: str, rows: int, client: int | None, sent: float) -> None:
         """The gateway receives it (its CPU on the way in), then routes it."""
-        host, work = self._gateway
-        self._cpu(host, "gateway", work, self._route, name, rows, client, sent)
+        self._edge(self._gateway, "gateway", self._route, name, rows, client, sent)
 
     def _route(self, name: str, rows: int, client: int | None, sent: float) -> None:
         self.arrivals[name] += 1
@@ -419,6 +434,8 @@ class FleetSimulation:
         threads = w.load_threads
         for name in plan.load:
             seconds = w.nbytes[name] / w.spec.bandwidth + w.spec.load_latency
+            if w.spec.load_spread:
+                seconds *= self._draw(w.spec.load_spread)
             if threads > 0:
                 # A copy by the host's CPU: on the copy thread, at the share it gets.
                 w.loading.add(name)
@@ -456,7 +473,6 @@ class FleetSimulation:
             # The device sat waiting for this batch's weights.
             w.loading_only += self._clip(w.waiting_since, self.now)
             w.waiting_since = None
-        seconds = w.costs[batch.model][batch.size]
         if w.cache is not None:
             w.cache.pin_in_use(batch.model)
             if w.spec.prefetch:
@@ -472,14 +488,15 @@ class FleetSimulation:
             return
         # The device runs first, then the worker's per-request CPU (answers encoded, the
         # next requests decoded) before it can start another batch.
+        seconds = self._cost(w, batch)
         cpu = w.spec.request_seconds * len(batch.requests)
         self.at(self.now + seconds + cpu, self._finished, w, batch, seconds, cpu)
 
     def _run_batch(self, w: _Worker, batch: Batch) -> None:
         """A hosted worker's execution: device time, or CPU on the host's cores."""
-        seconds = w.costs[batch.model][batch.size]
+        seconds = self._cost(w, batch)
         threads = w.execution_threads
-        if seconds < w.inline_seconds:
+        if w.costs[batch.model][batch.size] < w.inline_seconds:  # the worker's own rule
             # A tiny program runs inline on the loop, as the live worker runs it.
             self._cpu(w.host, w.loop, seconds, self._ran, w, batch, self.now)
         elif threads > 0:
@@ -487,6 +504,16 @@ class FleetSimulation:
                       width=threads)  # fmt: skip
         else:
             self.at(self.now + seconds, self._ran, w, batch, self.now)
+
+    def _cost(self, w: _Worker, batch: Batch) -> float:
+        """This execution's expected seconds, times a draw from the worker's spread."""
+        seconds = w.costs[batch.model][batch.size]
+        spread = w.spec.cost_spread
+        return seconds * self._draw(spread) if spread else seconds
+
+    def _draw(self, spread: tuple[float, ...]) -> float:
+        """One of ``spread``'s measured ratios, each as likely (its empirical distribution)."""
+        return spread[int(self._spread_rng.random() * len(spread))]
 
     def _ran(self, w: _Worker, batch: Batch, started: float) -> None:
         # What the worker's clock measured, contention included: the policy learns it and
@@ -529,12 +556,10 @@ class FleetSimulation:
         """The gateway gets the answer (its CPU on the way out), the client reads it."""
         self.outstanding -= 1
         self.router.release(ticket, "ok")
-        host, work = self._gateway
-        self._cpu(host, "gateway", work, self._read, ticket, client, sent)
+        self._edge(self._gateway, "gateway", self._read, ticket, client, sent)
 
     def _read(self, ticket: Ticket, client: int | None, sent: float) -> None:
-        host, work = self._clients
-        self._cpu(host, "clients", work, self._answered, ticket, client, sent)
+        self._edge(self._clients, "clients", self._answered, ticket, client, sent)
 
     def _answered(self, ticket: Ticket, client: int | None, sent: float) -> None:
         if sent >= self.warmup:
@@ -545,6 +570,20 @@ class FleetSimulation:
         return max(0.0, min(end, self.duration) - max(start, self.warmup))
 
     # ------------------------------------------------------------------ hosts
+
+    def _edge(
+        self,
+        who: tuple[str | None, float, float],
+        thread: str,
+        then: Callable[..., None],
+        *args: Any,
+    ) -> None:
+        """The load generator's or the gateway's loop, one way of a request: its CPU, and
+        its wake-up's too when the loop has nothing else to do (``Hosts``)."""
+        host, work, wake = who
+        if wake and host is not None and not self.host_models[host].queued(thread):
+            work += wake
+        self._cpu(host, thread, work, then, *args)
 
     def _cpu(
         self,

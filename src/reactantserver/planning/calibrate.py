@@ -10,16 +10,25 @@ what the host's cores do, so the fleet simulator can put the contention back
 (``ModelControlStatus``: compute seconds, dispatches, rows; ``/metrics``: weight loads and
 their seconds) and from the kernel's accounting of its threads (:mod:`.cpu`):
 
-1. **Executions and loads.** Every model gets, ``passes`` times, one request right after a
-   CompactMemory (the weight cache emptied: a cold load), then ``repeats`` of each
-   compiled size. A request that caused exactly one load is a load sample; the fastest
-   sample of each model, against its bytes, gives the load time (least squares: a fixed
-   part plus bytes over a bandwidth). The cost of each size is the worker's own learned
-   cost -- its fastest execution (``worker_model_batch_cost_seconds``): on a machine
-   shared with other work a median carries their time slices, the fastest is what the
-   device does when it has the cores, and the simulator's host model adds the sharing
-   back. The other threads' CPU in the cold requests, beyond the execution, per fastest
-   load, is ``load_threads`` (a copy by the CPU: about 1; DMA: about 0).
+1. **Executions and loads, as traffic over a catalog meets them.** Every model gets,
+   ``passes`` times, one request right after a CompactMemory (the weight cache emptied: a
+   cold load), then ``repeats`` of each compiled size. A request that caused exactly one
+   load is a load sample; every sample, against its model's bytes, gives the load time
+   (least squares: a fixed part plus bytes over a bandwidth, through the samples' mean),
+   and each sample over that line is the loads' ``spread``. Then ``rounds`` rounds per
+   compiled size send each model one request in turn, so that every execution finds the
+   caches full of the other models' weights, as a request does when traffic moves over
+   the catalog: each model's cost at each size is the mean of its executions there, and
+   each execution over its mean is the executions' ``spread``. Where the catalog is
+   larger than the budget these requests load as traffic does, evicting others as they
+   go, and their loads are the load samples instead of the cold loads after a compaction
+   (which measured 3x slower at the median here: the first put after an emptied cache). (Repeats of one model
+   measure its weights hot in the caches: on the CPU backend a one-row execution of a
+   17 MB model took a third of the time it takes in traffic, 2026-12-02; and loads have a
+   tail -- a tenth of the 17 MB puts took four times the median -- that a fastest sample
+   hides and a live p99 does not.) The other threads' CPU in the cold requests, beyond
+   the execution, per mean load, is ``load_threads`` (a copy by the CPU: about 1; DMA:
+   about 0).
 2. **Host CPU per request.** ``requests`` one-row requests to the cheapest model, one at
    a time: the worker's main thread -- its event loop, where the RPC path runs -- per
    request is ``request_seconds`` (an inline execution's time taken out). One at a time
@@ -32,7 +41,11 @@ their seconds) and from the kernel's accounting of its threads (:mod:`.cpu`):
    process, the worker's main thread and the execution account for, halved: a one-way
    delay (loopback, wake-ups) that no core explains.
 4. **Through a gateway** (optional): the same one-at-a-time run through it gives the
-   gateway's CPU per request, and the delay of that path, which then replaces step 3's.
+   gateway's CPU per request alone, and the delay of that path, which then replaces step
+   3's; a run with ``concurrency`` requests in flight gives its CPU per request when its
+   loop serves several from one wake-up (about half, here). The simulator charges the
+   second per request and the difference -- the wake-up -- to each request that finds the
+   gateway's loop idle.
 
 :func:`measure_worker` and :func:`measure_gateway` work on processes someone else started
 (the plan benchmark calls them on its own fleet); :func:`run` starts a worker on a model
@@ -106,7 +119,7 @@ class WorkerMeasurement:
     """What :func:`measure_worker` found (``costs`` is the record a plan reads)."""
 
     costs: Costs
-    #: (bytes, seconds) of the fastest clean cold load of each model.
+    #: (bytes, seconds) of every clean cold load.
     load_samples: tuple[tuple[int, float], ...]
     #: The host run: (requests, executions, main-thread CPU, other-thread CPU, compute
     #: seconds, wall seconds, this process's CPU).
@@ -117,8 +130,10 @@ class WorkerMeasurement:
 
 @attrs.frozen(kw_only=True)
 class GatewayMeasurement:
-    #: The gateway's CPU per request, one at a time.
+    #: The gateway's CPU per request with ``concurrency`` in flight, and what more one
+    #: costs alone (the wake-up: one at a time minus that).
     gateway_seconds: float
+    wake_seconds: float
     requests: int
     #: Mean round trip through the gateway, one at a time.
     round_trip: float
@@ -174,6 +189,7 @@ async def measure_worker(
     *,
     passes: int = 3,
     repeats: int = 3,
+    rounds: int = 3,
     requests: int = 600,
     compact: bool = True,
     cores: float = 0.0,
@@ -213,22 +229,51 @@ async def measure_worker(
                 for rows in probe.batch_sizes:
                     for _ in range(repeats):
                         await client.infer(probe.name, dict(probe.inputs(rows)))
+        # Executions in turn over the catalog (module docstring, step 1), each request
+        # between two looks at the counters: its execution, and its load if it made one.
+        runs: dict[str, dict[int, list[float]]] = {}
+        churn: list[tuple[int, float]] = []
+        before = await _counters(client, metrics_url)
+        for rows in sorted({s for p in probes for s in p.batch_sizes}):
+            sized = [p for p in probes if rows in p.batch_sizes]
+            for _ in range(rounds):
+                for probe in sized:
+                    await client.infer(probe.name, dict(probe.inputs(rows)))
+                    after = await _counters(client, metrics_url)
+                    seconds = after.models[probe.name][0] - before.models[probe.name][0]
+                    dispatches = after.models[probe.name][1] - before.models[probe.name][1]
+                    if dispatches == 1 and seconds > 0:
+                        runs.setdefault(probe.name, {}).setdefault(rows, []).append(seconds)
+                    if after.loads - before.loads == 1:
+                        churn.append(
+                            (nbytes.get(probe.name, 0), after.load_seconds - before.load_seconds)
+                        )
+                    before = after
         final = await _counters(client, metrics_url)
-        # The worker's learned cost of each size is its fastest run: on a machine shared
-        # with other work a median carries their time slices; the fastest is what the
-        # device does when it has the cores, and the fleet simulator's host model adds the
-        # sharing back.
-        costs = {
-            p.name: {s: t for s, t in sorted(final.fastest.get(p.name, {}).items()) if t > 0}
-            for p in probes
-        }
-        costs = {name: c for name, c in costs.items() if c}
+    # The worker's learned (fastest) cost of each size: the weights hot in the caches.
+    fastest = {
+        p.name: {s: t for s, t in sorted(final.fastest.get(p.name, {}).items()) if t > 0}
+        for p in probes
+    }
+    fastest = {name: c for name, c in fastest.items() if c}
+    # A plan's cost of each size is the mean in turn over the catalog (the fastest where a
+    # size has no clean sample), and each execution over its mean is the spread.
+    costs: dict[str, dict[int, float]] = {}
+    execution_spread: list[float] = []
+    for name, table in fastest.items():
+        costs[name] = {}
+        for size, quickest in table.items():
+            seen = runs.get(name, {}).get(size, [])
+            mean = statistics.fmean(seen) if seen else quickest
+            costs[name][size] = mean
+            execution_spread += [x / mean for x in seen]
+    async with AsyncClient(url, timeout=120) as client:
         # Step 2: the cheapest model, resident by now (its last requests just ran), one
         # request at a time: each its own execution and its own wake-ups, as requests
         # arriving through a gateway mostly are.
         hot = min(
-            (p for p in probes if p.name in costs),
-            key=lambda p: costs[p.name][min(costs[p.name])],
+            (p for p in probes if p.name in fastest),
+            key=lambda p: fastest[p.name][min(fastest[p.name])],
         )
         one = dict(hot.inputs(1))
         await client.infer(hot.name, one)
@@ -256,25 +301,29 @@ async def measure_worker(
         main -= compute * min(1.0, inline / executions)
     request_seconds = max(0.0, main) / served if served else 0.0
     ceiling = cores if cores > 0 else 64.0
-    fastest_one = costs[hot.name][min(costs[hot.name])]
+    # Step 2's repeats of one model run it hot: its fastest is what they each took.
+    fastest_one = fastest[hot.name][min(fastest[hot.name])]
     threaded = executions - min(inline, executions)
     execution_threads = (
         others / (threaded * fastest_one) if threaded > 0 and fastest_one > 0 else 0.0
     )
-    samples = tuple((nbytes.get(n, 0), min(v)) for n, v in sorted(loads.items()) if v)
+    # Loads as traffic makes them -- evicting others as they go, in turn over the catalog --
+    # where the catalog is larger than the budget; else the cold loads after a compaction.
+    samples = tuple(churn) or tuple(
+        (nbytes.get(n, 0), t) for n, v in sorted(loads.items()) for t in v
+    )
     latency, per_byte = (
         fit_line([b for b, _ in samples], [t for _, t in samples]) if samples else (0.0, 0.0)
     )
     if per_byte <= 0 and samples:  # every model one size, or noise: through the origin
         latency, per_byte = 0.0, sum(t for _, t in samples) / max(1, sum(b for b, _ in samples))
-    fastest_loads = sum(t for _, t in samples)
+    latency = max(0.0, latency)
+    load_spread = tuple(sorted(t / fit for b, t in samples if (fit := latency + b * per_byte) > 0))
     load_threads = 0.0
-    if load_busy > 0 and fastest_loads > 0:
-        per_load_cpu = load_cpu / sum(len(v) for v in loads.values())
-        load_threads = per_load_cpu / (fastest_loads / len(samples))
+    if load_busy > 0:
+        load_threads = load_cpu / load_busy
     round_trip = statistics.fmean(trips) if trips else 0.0
-    execution = fastest_one
-    rest = round_trip - own / requests - request_seconds - execution
+    rest = round_trip - own / requests - request_seconds - fastest_one
     return WorkerMeasurement(
         costs=Costs(
             backend=backend,
@@ -286,8 +335,10 @@ async def measure_worker(
                 for p in probes
                 if p.name in costs
             },
-            load_latency=max(0.0, latency),
+            load_latency=latency,
             load_bandwidth=1.0 / per_byte if per_byte > 0 else 10e9,
+            load_spread=load_spread,
+            execution_spread=tuple(sorted(execution_spread)),
             host=HostCosts(
                 request_seconds=request_seconds,
                 batch_seconds=0.0,
@@ -313,12 +364,14 @@ async def measure_gateway(
     worker: WorkerMeasurement,
     *,
     requests: int = 600,
+    concurrency: int = 16,
 ) -> GatewayMeasurement:
     """The gateway at ``url`` (process ``pid``) in front of the worker ``worker`` measured:
     its CPU per request over ``requests`` one-row requests one at a time, and the rest of
     the round trip -- less this process's CPU, the gateway's, the worker's main thread's
-    and the execution, halved -- the one-way delay of the path a fleet's clients take
-    (step 4 of the module docstring)."""
+    and the execution, halved -- the one-way delay of the path a fleet's clients take;
+    then its CPU per request over as many with ``concurrency`` in flight (step 4 of the
+    module docstring)."""
     from ..client import AsyncClient
 
     async with AsyncClient(url, timeout=120) as client:
@@ -333,14 +386,25 @@ async def measure_gateway(
             trips.append(time.perf_counter() - s)
         g1 = cpu.thread_times(pid)
         own = (time.process_time() - own0) / requests
-    gateway_seconds = (g1 - g0).total / requests
+
+        async def chain(n: int) -> None:
+            for _ in range(n):
+                await client.infer(probe.name, one)
+
+        per = max(1, requests // max(1, concurrency))
+        g2 = cpu.thread_times(pid)
+        await asyncio.gather(*(chain(per) for _ in range(concurrency)))
+        g3 = cpu.thread_times(pid)
+    alone = (g1 - g0).total / requests
+    many = min(alone, (g3 - g2).total / (per * concurrency))
     round_trip = statistics.fmean(trips)
     host = worker.costs.host
     model = worker.costs.models.get(probe.name)
     execution = model.costs[min(model.costs)] if model is not None else 0.0
-    beside = own + gateway_seconds + host.request_seconds + execution
+    beside = own + alone + host.request_seconds + execution
     return GatewayMeasurement(
-        gateway_seconds=gateway_seconds,
+        gateway_seconds=many,
+        wake_seconds=alone - many,
         requests=requests,
         round_trip=round_trip,
         network_seconds=max(0.0, (round_trip - beside) / 2),
@@ -505,7 +569,10 @@ def run(
                 gw = _through_gateway(work, url, probes, measured, procs, env, requests,
                                       startup_timeout)  # fmt: skip
                 costs = attrs.evolve(
-                    costs, gateway_seconds=gw.gateway_seconds, network_seconds=gw.network_seconds
+                    costs,
+                    gateway_seconds=gw.gateway_seconds,
+                    gateway_wake_seconds=gw.wake_seconds,
+                    network_seconds=gw.network_seconds,
                 )
         finally:
             for proc in reversed(procs):

@@ -158,6 +158,21 @@ class Checker:
             self.problem(path, "expected seconds at one compiled batch size at least")
         return out
 
+    def spread(self, parent: Mapping[str, Any], path: Path) -> tuple[float, ...]:
+        """A list of positive numbers (measured / expected ratios), returned sorted; ``()``
+        when absent."""
+        value = self._get(parent, path, None)
+        if value is MISSING:
+            return ()
+        items = value if isinstance(value, list) else None
+        if not items or any(
+            isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x) or x <= 0
+            for x in items
+        ):
+            self.problem(path, f"expected a list of numbers > 0; got {show(value)}")
+            return ()
+        return tuple(sorted(float(x) for x in items))
+
     def rows(self, parent: Mapping[str, Any], path: Path) -> tuple[int, ...] | None:
         """Rows per request: a whole number >= 1, or a list of them (drawn uniformly)."""
         value = self._get(parent, path, None)

@@ -7,7 +7,10 @@ batch size and the weight bytes. For the machine: the weight load time (a fixed 
 bytes over a bandwidth), what a worker spends on the host's cores besides the device
 (:class:`~reactantserver.fleet.host.HostCosts`), the cores the machine had and how many were
 busy with other work, the rest of an idle round trip (``network_seconds``, one way), and,
-when calibrated through a gateway, the gateway's CPU per request.
+when calibrated through a gateway, the gateway's CPU per request (with many in flight, and
+what more a request costs that finds it idle: its wake-up). The two ``spread`` lists are the
+measured spread of loads and executions around their means: the simulator draws each load's
+and each execution's time from them, which is what puts a live p99's tail into a plan.
 
 The costs file (YAML; every number in base units, seconds and bytes)::
 
@@ -23,10 +26,14 @@ The costs file (YAML; every number in base units, seconds and bytes)::
       load_threads: 1.0         # host cores a weight load keeps busy (0: DMA)
       inline_seconds: 0.0001    # executions cheaper than this run on the loop (CPU)
       network_seconds: 0.0002   # one way, beyond the CPU: loopback, wake-ups
-      gateway_seconds: 0.0004   # optional: the gateway's CPU per request
+      gateway_seconds: 0.0004   # optional: the gateway's CPU per request, many in flight
+      gateway_wake_seconds: 0.0002  # optional: more when the request finds it idle
     loads:
       latency_seconds: 0.0006
       bytes_per_second: 4.2e9
+      spread: [0.8, 0.9, 1.0, 1.1, 2.2]  # optional: each measured load / the line above
+    executions:
+      spread: [0.9, 1.0, 1.0, 1.1]  # optional: each measured execution / its model's mean
     models:
       mlp:
         weight_bytes: 4400000
@@ -89,12 +96,22 @@ class Costs:
     background_threads: float = 0.0
     #: One way, beyond CPU: what an idle round trip took that no CPU figure accounts for.
     network_seconds: float = 0.0
-    #: The gateway's CPU per request (None: not calibrated through a gateway).
+    #: The gateway's CPU per request with many in flight (None: not calibrated through a
+    #: gateway), and what more one costs that finds its loop idle (its wake-up).
     gateway_seconds: float | None = None
+    gateway_wake_seconds: float = 0.0
+    #: Measured / fitted time of each calibration load, and measured / mean time of each
+    #: calibration execution, sorted (empty: every load and execution takes its mean).
+    load_spread: tuple[float, ...] = ()
+    execution_spread: tuple[float, ...] = ()
 
 
 def _number(x: float) -> str:
     return f"{x:.6g}"
+
+
+def _numbers(xs: tuple[float, ...]) -> str:
+    return "[" + ", ".join(f"{x:.4g}" for x in xs) + "]"
 
 
 def render_costs(costs: Costs, comment: str = "") -> str:
@@ -117,12 +134,18 @@ def render_costs(costs: Costs, comment: str = "") -> str:
     ]
     if costs.gateway_seconds is not None:
         lines.append(f"  gateway_seconds: {_number(costs.gateway_seconds)}")
+    if costs.gateway_wake_seconds:
+        lines.append(f"  gateway_wake_seconds: {_number(costs.gateway_wake_seconds)}")
     lines += [
         "loads:",
         f"  latency_seconds: {_number(costs.load_latency)}",
         f"  bytes_per_second: {_number(costs.load_bandwidth)}",
-        "models:",
     ]
+    if costs.load_spread:
+        lines.append(f"  spread: {_numbers(costs.load_spread)}")
+    if costs.execution_spread:
+        lines += ["executions:", f"  spread: {_numbers(costs.execution_spread)}"]
+    lines.append("models:")
     for name, m in sorted(costs.models.items()):
         cells = ", ".join(f"{size}: {_number(s)}" for size, s in sorted(m.costs.items()))
         lines += [f"  {name}:", f"    weight_bytes: {m.weight_bytes}", f"    costs: {{{cells}}}"]
@@ -140,6 +163,7 @@ _HOST_KEYS = (
     "inline_seconds",
     "network_seconds",
     "gateway_seconds",
+    "gateway_wake_seconds",
 )
 
 
@@ -151,13 +175,15 @@ def read_costs(path: str | Path) -> Costs:
 
 def costs_from_data(data: Mapping[str, Any], lines: SourceMap) -> Costs:
     c = Checker(lines)
-    c.keys(data, (), ("backend", "source", "host", "loads", "models"))
+    c.keys(data, (), ("backend", "source", "host", "loads", "executions", "models"))
     backend = c.choice(data, ("backend",), ("cpu", "cuda", "metrics"), default="cpu")
     source = c.text(data, ("source",), default="")
     host = c.mapping(data, ("host",), required=False)
     c.keys(host, ("host",), _HOST_KEYS)
     loads = c.mapping(data, ("loads",), required=False)
-    c.keys(loads, ("loads",), ("latency_seconds", "bytes_per_second", "samples"))
+    c.keys(loads, ("loads",), ("latency_seconds", "bytes_per_second", "samples", "spread"))
+    executions = c.mapping(data, ("executions",), required=False)
+    c.keys(executions, ("executions",), ("spread",))
     models_data = c.mapping(data, ("models",))
     models: dict[str, ModelCosts] = {}
     for name in models_data:
@@ -193,6 +219,11 @@ def costs_from_data(data: Mapping[str, Any], lines: SourceMap) -> Costs:
         background_threads=c.number(host, ("host", "background_threads"), minimum=0.0, default=0.0),
         network_seconds=c.number(host, ("host", "network_seconds"), minimum=0.0, default=0.0),
         gateway_seconds=gateway,
+        gateway_wake_seconds=c.number(
+            host, ("host", "gateway_wake_seconds"), minimum=0.0, default=0.0
+        ),
+        load_spread=c.spread(loads, ("loads", "spread")),
+        execution_spread=c.spread(executions, ("executions", "spread")),
     )
     raise_all(c.problems)
     return costs_record

@@ -148,8 +148,10 @@ def _hosts(n: int, traffic: Traffic, costs: Costs, device: Device) -> Hosts:
         background=dict.fromkeys(names, background),
         gateway="h0" if device.gateway_on_host else None,
         gateway_seconds=costs.gateway_seconds or 0.0,
+        gateway_wake_seconds=costs.gateway_wake_seconds,
         clients="h0" if traffic.generator_seconds > 0 else None,
         client_seconds=traffic.generator_seconds,
+        client_wake_seconds=traffic.generator_wake_seconds,
     )
 
 
@@ -203,6 +205,8 @@ def _simulation(
             discipline="fifo",
             host=_host_of(i, device),
             host_costs=costs.host,
+            load_spread=costs.load_spread,
+            cost_spread=costs.execution_spread,
         )
         for i in range(n)
     ]

@@ -16,8 +16,10 @@ The traffic file (YAML)::
       bert: {share: 1}
 
     # Optional: the CPU a load generator on the same host spends per request (a benchmark
-    # whose clients share the machine with the fleet; 0 when clients are elsewhere).
+    # whose clients share the machine with the fleet; 0 when clients are elsewhere), with
+    # many in flight, and what more a request costs it when its loop was idle.
     generator_seconds: 0.00016
+    generator_wake_seconds: 0.0001
 
 ``rows`` is the rows of each request (a whole number, or a list drawn from uniformly;
 default 1). ``deadline_ms`` is when the client gives up: a request answered later counts
@@ -70,8 +72,10 @@ class Traffic:
     #: Closed loop: this many clients (None: open loop, Poisson arrivals at each rate).
     clients: int | None = None
     think: float = 0.0
-    #: CPU a load generator on the fleet's first host spends per request (0: elsewhere).
+    #: CPU a load generator on the fleet's first host spends per request with many in
+    #: flight (0: elsewhere), and what more one costs that finds its loop idle.
     generator_seconds: float = 0.0
+    generator_wake_seconds: float = 0.0
     source: str = ""
 
     @property
@@ -96,12 +100,15 @@ def read_traffic(path: str | Path) -> Traffic:
 def traffic_from_data(data: Mapping[str, Any], lines: SourceMap, *, source: str = "") -> Traffic:
     """The traffic file's record, validated (every problem at once, ``FILE:LINE: ...``)."""
     c = Checker(lines)
-    c.keys(data, (), ("models", "clients", "think_ms", "generator_seconds"))
+    c.keys(
+        data, (), ("models", "clients", "think_ms", "generator_seconds", "generator_wake_seconds")
+    )
     clients = c.integer(data, ("clients",), minimum=1, default=None)
     think = c.number(data, ("think_ms",), minimum=0.0, default=0.0)
     if "think_ms" in data and "clients" not in data:
         c.problem(("think_ms",), "only means something with clients: (a closed loop)")
     generator = c.number(data, ("generator_seconds",), minimum=0.0, default=0.0)
+    generator_wake = c.number(data, ("generator_wake_seconds",), minimum=0.0, default=0.0)
     models_data = c.mapping(data, ("models",))
     key = "share" if "clients" in data else "rate"
     other = "rate" if key == "share" else "share"
@@ -139,6 +146,7 @@ def traffic_from_data(data: Mapping[str, Any], lines: SourceMap, *, source: str 
         clients=clients,
         think=(think or 0.0) / 1e3,
         generator_seconds=generator or 0.0,
+        generator_wake_seconds=generator_wake or 0.0,
         source=source,
     )
 
@@ -151,6 +159,8 @@ def render_traffic(traffic: Traffic, comment: str = "") -> str:
         lines += [f"clients: {traffic.clients}", f"think_ms: {traffic.think * 1e3:g}"]
     if traffic.generator_seconds:
         lines.append(f"generator_seconds: {traffic.generator_seconds:.6g}")
+    if traffic.generator_wake_seconds:
+        lines.append(f"generator_wake_seconds: {traffic.generator_wake_seconds:.6g}")
     lines.append("models:")
     for name, m in sorted(traffic.models.items()):
         cells = [f"{key}: {m.rate:.6g}"]
