@@ -70,6 +70,7 @@ from reactantserver.planning.calibrate import (  # noqa: E402
     ModelProbe,
     measure_gateway,
     measure_worker,
+    wake_split,
 )
 from reactantserver.planning.costs import Costs, costs_from_data, render_costs  # noqa: E402
 from reactantserver.planning.device import Device  # noqa: E402
@@ -300,10 +301,10 @@ async def _run(args: argparse.Namespace, workdir: Path) -> None:
             network_seconds=through.network_seconds,
         )
         budget_seen = (await measured_budget(w0)) or budget
+        client_seconds, client_wake = wake_split(own.seconds, own_many.seconds)
         record.update(
             costs=render_costs(costs), budget=budget_seen,
-            client_seconds=min(own.seconds, own_many.seconds),
-            client_wake_seconds=max(0.0, own.seconds - own_many.seconds),
+            client_seconds=client_seconds, client_wake_seconds=client_wake,
             calibrated=time.strftime("%Y-%m-%d %H:%M:%S"), idle_load=os.getloadavg()[0],
         )  # fmt: skip
         print_calibration(record, costs)

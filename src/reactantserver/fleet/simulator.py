@@ -433,9 +433,8 @@ class FleetSimulation:
         w.plans[id(plan)] = (plan, len(plan.load))
         threads = w.load_threads
         for name in plan.load:
-            seconds = w.nbytes[name] / w.spec.bandwidth + w.spec.load_latency
-            if w.spec.load_spread:
-                seconds *= self._draw(w.spec.load_spread)
+            expected = w.nbytes[name] / w.spec.bandwidth + w.spec.load_latency
+            seconds = self._drawn(expected, w.spec.load_spread)
             if threads > 0:
                 # A copy by the host's CPU: on the copy thread, at the share it gets.
                 w.loading.add(name)
@@ -488,15 +487,16 @@ class FleetSimulation:
             return
         # The device runs first, then the worker's per-request CPU (answers encoded, the
         # next requests decoded) before it can start another batch.
-        seconds = self._cost(w, batch)
+        seconds = self._drawn(w.costs[batch.model][batch.size], w.spec.cost_spread)
         cpu = w.spec.request_seconds * len(batch.requests)
         self.at(self.now + seconds + cpu, self._finished, w, batch, seconds, cpu)
 
     def _run_batch(self, w: _Worker, batch: Batch) -> None:
         """A hosted worker's execution: device time, or CPU on the host's cores."""
-        seconds = self._cost(w, batch)
+        expected = w.costs[batch.model][batch.size]
+        seconds = self._drawn(expected, w.spec.cost_spread)
         threads = w.execution_threads
-        if w.costs[batch.model][batch.size] < w.inline_seconds:  # the worker's own rule
+        if expected < w.inline_seconds:  # the worker decides by its learned cost
             # A tiny program runs inline on the loop, as the live worker runs it.
             self._cpu(w.host, w.loop, seconds, self._ran, w, batch, self.now)
         elif threads > 0:
@@ -505,15 +505,13 @@ class FleetSimulation:
         else:
             self.at(self.now + seconds, self._ran, w, batch, self.now)
 
-    def _cost(self, w: _Worker, batch: Batch) -> float:
-        """This execution's expected seconds, times a draw from the worker's spread."""
-        seconds = w.costs[batch.model][batch.size]
-        spread = w.spec.cost_spread
-        return seconds * self._draw(spread) if spread else seconds
-
-    def _draw(self, spread: tuple[float, ...]) -> float:
-        """One of ``spread``'s measured ratios, each as likely (its empirical distribution)."""
-        return spread[int(self._spread_rng.random() * len(spread))]
+    def _drawn(self, expected: float, spread: tuple[float, ...]) -> float:
+        """``expected`` seconds times one of ``spread``'s measured ratios, each as likely
+        (their empirical distribution); exactly ``expected`` with no spread, drawing
+        nothing."""
+        if not spread:
+            return expected
+        return expected * spread[int(self._spread_rng.random() * len(spread))]
 
     def _ran(self, w: _Worker, batch: Batch, started: float) -> None:
         # What the worker's clock measured, contention included: the policy learns it and

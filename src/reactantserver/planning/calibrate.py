@@ -77,6 +77,7 @@ __all__ = [
     "fit_line",
     "measure_gateway",
     "measure_worker",
+    "wake_split",
 ]
 
 
@@ -119,7 +120,7 @@ class WorkerMeasurement:
     """What :func:`measure_worker` found (``costs`` is the record a plan reads)."""
 
     costs: Costs
-    #: (bytes, seconds) of every clean cold load.
+    #: (bytes, seconds) of every load sampled: in churn, else after a compaction.
     load_samples: tuple[tuple[int, float], ...]
     #: The host run: (requests, executions, main-thread CPU, other-thread CPU, compute
     #: seconds, wall seconds, this process's CPU).
@@ -174,6 +175,37 @@ async def _counters(client: Any, metrics_url: str) -> _Counters:
         },
         fastest=fastest,
     )
+
+
+def _in_turn(
+    final: _Counters, probes: Sequence[ModelProbe], runs: Mapping[str, Mapping[int, list[float]]]
+) -> tuple[dict[str, dict[int, float]], dict[str, dict[int, float]], tuple[float, ...]]:
+    """Each model's costs: the worker's learned (fastest) one per size -- its weights hot in
+    the caches -- and a plan's, the mean of its executions in turn over the catalog
+    (``runs``; the fastest where a size has no clean sample), with every execution over
+    its mean, sorted: the executions' spread."""
+    fastest = {
+        p.name: {s: t for s, t in sorted(final.fastest.get(p.name, {}).items()) if t > 0}
+        for p in probes
+    }
+    fastest = {name: c for name, c in fastest.items() if c}
+    costs: dict[str, dict[int, float]] = {}
+    spread: list[float] = []
+    for name, table in fastest.items():
+        costs[name] = {}
+        for size, quickest in table.items():
+            seen = runs.get(name, {}).get(size, [])
+            mean = statistics.fmean(seen) if seen else quickest
+            costs[name][size] = mean
+            spread += [x / mean for x in seen]
+    return fastest, costs, tuple(sorted(spread))
+
+
+def wake_split(alone: float, many: float) -> tuple[float, float]:
+    """CPU per request measured one at a time and with many in flight -> (per request with
+    many in flight, the wake-up's more for one that finds the loop idle), never negative."""
+    many = min(alone, many)
+    return many, alone - many
 
 
 #: What the worker's scheduler runs inline on its loop on the CPU backend (its default
@@ -250,27 +282,10 @@ async def measure_worker(
                         )
                     before = after
         final = await _counters(client, metrics_url)
-    # The worker's learned (fastest) cost of each size: the weights hot in the caches.
-    fastest = {
-        p.name: {s: t for s, t in sorted(final.fastest.get(p.name, {}).items()) if t > 0}
-        for p in probes
-    }
-    fastest = {name: c for name, c in fastest.items() if c}
-    # A plan's cost of each size is the mean in turn over the catalog (the fastest where a
-    # size has no clean sample), and each execution over its mean is the spread.
-    costs: dict[str, dict[int, float]] = {}
-    execution_spread: list[float] = []
-    for name, table in fastest.items():
-        costs[name] = {}
-        for size, quickest in table.items():
-            seen = runs.get(name, {}).get(size, [])
-            mean = statistics.fmean(seen) if seen else quickest
-            costs[name][size] = mean
-            execution_spread += [x / mean for x in seen]
-    async with AsyncClient(url, timeout=120) as client:
-        # Step 2: the cheapest model, resident by now (its last requests just ran), one
-        # request at a time: each its own execution and its own wake-ups, as requests
-        # arriving through a gateway mostly are.
+        fastest, costs, execution_spread = _in_turn(final, probes, runs)
+        # Step 2: the cheapest model (loaded by its first request below), one request at
+        # a time: each its own execution and its own wake-ups, as requests arriving
+        # through a gateway mostly are.
         hot = min(
             (p for p in probes if p.name in fastest),
             key=lambda p: fastest[p.name][min(fastest[p.name])],
@@ -338,7 +353,7 @@ async def measure_worker(
             load_latency=latency,
             load_bandwidth=1.0 / per_byte if per_byte > 0 else 10e9,
             load_spread=load_spread,
-            execution_spread=tuple(sorted(execution_spread)),
+            execution_spread=execution_spread,
             host=HostCosts(
                 request_seconds=request_seconds,
                 batch_seconds=0.0,
@@ -396,7 +411,7 @@ async def measure_gateway(
         await asyncio.gather(*(chain(per) for _ in range(concurrency)))
         g3 = cpu.thread_times(pid)
     alone = (g1 - g0).total / requests
-    many = min(alone, (g3 - g2).total / (per * concurrency))
+    many, wake = wake_split(alone, (g3 - g2).total / (per * concurrency))
     round_trip = statistics.fmean(trips)
     host = worker.costs.host
     model = worker.costs.models.get(probe.name)
@@ -404,7 +419,7 @@ async def measure_gateway(
     beside = own + alone + host.request_seconds + execution
     return GatewayMeasurement(
         gateway_seconds=many,
-        wake_seconds=alone - many,
+        wake_seconds=wake,
         requests=requests,
         round_trip=round_trip,
         network_seconds=max(0.0, (round_trip - beside) / 2),
