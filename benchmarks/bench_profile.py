@@ -1,8 +1,9 @@
-"""Where one request's CPU goes at one in flight, by stage (``nox -s bench -- profile``).
+"""Where a request's CPU goes, by stage, at one in flight (``nox -s bench -- profile``;
+``--inflight N``: at N).
 
 A worker (``python -m reactantserver.cli serve``, as deployed) serves the zoo's
 ``double`` (``y = 2 * x``, FP32 ``[1, 16]``: the program is a few microseconds, so what is
-left is the serving path); nghttp2's ``h2load -c 1 -m 1`` posts the same framed
+left is the serving path); nghttp2's ``h2load -c 1 -m 1`` (``-m N``) posts the same framed
 ModelInfer back to back (every answer checked: HTTP 200 and an OK answer's DATA bytes).
 The worker is pinned to the last core, the load to the others. Each run has two windows:
 
@@ -196,12 +197,14 @@ def cpu_split(pid: int) -> tuple[float, float]:
     return user, system
 
 
-async def h2load_for(exe: str, body: Path, url: str, seconds: float, log: Path) -> str:
-    """h2load ``-c 1 -m 1`` for ``seconds``, each request's times in ``log``; its summary,
+async def h2load_for(
+    exe: str, body: Path, url: str, seconds: float, log: Path, inflight: int = 1
+) -> str:
+    """h2load ``-c 1 -m inflight`` for ``seconds``, each request's times in ``log``; its summary,
     every answer checked (:func:`bench_gateway.check_h2load_summary`, by the caller)."""
     log.unlink(missing_ok=True)  # h2load appends to a log that is there
     proc = await asyncio.create_subprocess_exec(
-        exe, "-c", "1", "-m", "1", "-D", f"{max(1, round(seconds * 1000))}ms",
+        exe, "-c", "1", "-m", str(inflight), "-D", f"{max(1, round(seconds * 1000))}ms",
         "-d", str(body), "-H", "content-type: application/grpc", "-H", "te: trailers",
         f"--log-file={log}", f"http://{url}{bg.INFER_PATH}",
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -219,7 +222,14 @@ async def one_run(
     pid = server.proc.pid
     log = body.with_name(f"h2load_{server.port}.tsv")
     running = asyncio.ensure_future(
-        h2load_for(exe, body, server.url, args.warmup + args.seconds + bg.H2LOAD_TAIL, log)
+        h2load_for(
+            exe,
+            body,
+            server.url,
+            args.warmup + args.seconds + bg.H2LOAD_TAIL,
+            log,
+            args.inflight,
+        )
     )
     await asyncio.sleep(args.warmup)
     opened, (u0, s0) = time.time(), cpu_split(pid)
@@ -230,7 +240,9 @@ async def one_run(
     raw = body.with_name(f"profile_{server.port}.txt")
     raw.unlink(missing_ok=True)
     sampled = asyncio.ensure_future(
-        h2load_for(exe, body, server.url, args.warmup + args.profile_seconds + 1, log)
+        h2load_for(
+            exe, body, server.url, args.warmup + args.profile_seconds + 1, log, args.inflight
+        )
     )
     await asyncio.sleep(args.warmup)
     proc = await asyncio.create_subprocess_exec(
@@ -317,7 +329,8 @@ async def _run(args: argparse.Namespace, workdir: Path) -> None:
         for server in servers:
             server.stop()
     print(
-        f"one request in flight (h2load -c 1 -m 1, the double model); worker pinned to "
+        f"{args.inflight} in flight (h2load -c 1 -m {args.inflight}, the double model); "
+        f"worker pinned to "
         f"cores {sorted(server_cores)}, h2load to {sorted(load_cores)}; median of "
         f"{args.runs} runs{', the trees alternating' if len(servers) > 1 else ''}, "
         f"{args.seconds:g} s plain windows, {args.profile_seconds:g} s sampled (py-spy --gil)"
@@ -341,6 +354,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--profile-seconds", type=float, default=3.0, help="sampled window")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured lead-in")
     parser.add_argument("--baseline", help="also profile the tree at this git revision")
+    parser.add_argument("--inflight", type=int, default=1, help="h2load -m: requests in flight")
     parser.add_argument("--workdir", help="keep the repository, caches and logs here")
     args = parser.parse_args(argv)
     bs.run_in_workdir(args.workdir, "rs_bench_profile_", partial(_run, args))

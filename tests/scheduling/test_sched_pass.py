@@ -23,7 +23,6 @@ from hypothesis import strategies as st
 from reactantserver.config import SchedulerConfig
 from reactantserver.errors import DeadlineExceeded, Unavailable
 from reactantserver.scheduling import Batch, Scheduler
-from reactantserver.scheduling.dispatch import MAX_DEFERRED_PASSES
 
 
 class HostLoop:
@@ -169,17 +168,19 @@ async def test_a_burst_in_one_callback_is_one_batch(
         for i in range(4):
             scheduler.enqueue("tiny", i, answer=answers_into(got, i))
         assert len(host.ready) == 1  # armed once
-        host.next_pass()  # three arrived after it was armed: put off by one pass
-        assert got == {}
         host.next_pass()
         assert got == {i: ("out", i) for i in range(4)}
         scheduler.close()
     assert device.batches == [("tiny", [0, 1, 2, 3], device.main)]
 
 
-async def test_requests_arriving_between_passes_put_the_pass_off_a_bounded_number_of_times(
+async def test_a_pass_is_not_put_off_while_requests_keep_arriving(
     autojump_clock: trio.testing.MockClock, steps: Steps
 ) -> None:
+    """A pass runs what is queued when it runs, however many requests arrive between
+    passes: a burst that trickles in over several reads is answered as it comes, each
+    pass's batch what came before it. (A pass that waited while requests kept arriving
+    convoyed a closed loop's clients: the dispatch module's docstring.)"""
     host, device = HostLoop(), Device()
     scheduler = scheduler_for(device, host, max_queue_depth=1000)
     scheduler.add_model("wide", [64])
@@ -190,16 +191,12 @@ async def test_requests_arriving_between_passes_put_the_pass_off_a_bounded_numbe
         await nursery.start(scheduler.run)
         await asleep(steps)
         scheduler.enqueue("wide", 0, answer=answers_into(got, 0))
-        passes = 0
-        while not got:  # one more request before every pass of the host loop
-            scheduler.enqueue("wide", passes + 1, answer=answers_into(got, passes + 1))
+        for i in range(1, 5):  # one more request before every pass of the host loop
+            scheduler.enqueue("wide", i, answer=answers_into(got, i))
             host.next_pass()
-            passes += 1
-        assert passes == MAX_DEFERRED_PASSES + 1
-        while len(got) < passes + 1:
-            host.next_pass()
+            assert sorted(got) == list(range(i + 1))  # everything queued before the pass
         scheduler.close()
-    assert device.batches[0] == ("wide", list(range(passes + 1)), device.main)
+    assert [b[1] for b in device.batches] == [[0, 1], [2], [3], [4]]
 
 
 async def test_what_is_not_tiny_or_not_at_hand_is_handed_to_the_loop(steps: Steps) -> None:

@@ -337,7 +337,26 @@ _T_OUTPUT, _T_RAW = _tag(5, LEN), _tag(6, LEN)
 _T_KEY, _T_VALUE = _tag(1, LEN), _tag(2, LEN)
 
 
+#: Encoded output tensors that carry no parameters, by (name, datatype, shape): a model
+#: answers the same few again and again (one per output and row count), so each is
+#: encoded once. Bounded: emptied when full.
+_OUTPUT_HEADS: dict[tuple[str, str, tuple[int, ...]], bytes] = {}
+_OUTPUT_HEADS_MAX = 4096
+
+
 def _output_tensor(tensor: OutputTensor) -> bytes:
+    if tensor.parameters:
+        return _encode_output_tensor(tensor)
+    key = (tensor.name, tensor.datatype, tuple(tensor.shape))
+    encoded = _OUTPUT_HEADS.get(key)
+    if encoded is None:
+        if len(_OUTPUT_HEADS) >= _OUTPUT_HEADS_MAX:
+            _OUTPUT_HEADS.clear()
+        encoded = _OUTPUT_HEADS[key] = _encode_output_tensor(tensor)
+    return encoded
+
+
+def _encode_output_tensor(tensor: OutputTensor) -> bytes:
     parts: list[Any] = []
     if tensor.name:
         _len_field(parts, _T_NAME, tensor.name.encode())

@@ -47,20 +47,22 @@ def gather(requests: Sequence[Mapping[str, np.ndarray]], size: int) -> dict[str,
         return dict(first)
     out: dict[str, np.ndarray] = {}
     for name, model in first.items():
-        buf = np.empty((size, *model.shape[1:]), dtype=model.dtype)
-        offset = 0
-        for index, (inputs, n) in enumerate(zip(requests, rows, strict=True)):
+        dtype, tail = model.dtype, model.shape[1:]
+        arrays = []
+        for index, inputs in enumerate(requests):
             array = inputs.get(name)
             if array is None:
                 raise ValueError(f"request {index} of the batch has no input {name!r}")
-            if array.dtype != model.dtype or array.shape[1:] != model.shape[1:]:
+            if array.dtype != dtype or array.shape[1:] != tail:
                 raise ValueError(
                     f"input {name!r}: request {index} has {array.dtype}{list(array.shape)}, "
                     f"request 0 has {model.dtype}{list(model.shape)}; they cannot share a batch"
                 )
-            buf[offset : offset + n] = array
-            offset += n
-        buf[offset:] = 0
+            arrays.append(array)
+        buf = np.empty((size, *tail), dtype=dtype)
+        np.concatenate(arrays, out=buf[:total])  # one copy of every row, in one call
+        if total < size:
+            buf[total:] = 0
         out[name] = buf
     return out
 

@@ -136,6 +136,15 @@ class LoadedModel:
         self.compile_reports: tuple[CompileReport, ...] = tuple(reports)
         self._inputs = bundle.inputs
         self._n_weights = len(bundle.weight_specs)
+        #: What each size's program takes, input by input: (numpy dtype, shape), worked
+        #: out once (``_size_of`` checks every launch against it).
+        self._takes: dict[int, tuple[tuple[Any, tuple[int, ...]], ...]] = {
+            size: tuple(
+                (spec.numpy_dtype, tuple(shape))
+                for spec, shape in zip(self._inputs, self.input_shapes(size), strict=True)
+            )
+            for size in self._executables
+        }
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -167,8 +176,8 @@ class LoadedModel:
                     f"model {self.name!r}: input {self._inputs[0].name!r} has {size} rows, which is "
                     f"not a compiled batch size ({', '.join(map(str, self.sizes))}); pad to one"
                 )
-        for arr, spec, shape in zip(inputs, self._inputs, self.input_shapes(size), strict=True):
-            if arr.dtype != spec.numpy_dtype or tuple(arr.shape) != shape:
+        for arr, spec, (dtype, shape) in zip(inputs, self._inputs, self._takes[size], strict=True):
+            if arr.dtype != dtype or arr.shape != shape:
                 raise InvalidArgument(
                     f"model {self.name!r}: input {spec.name!r} is {arr.dtype}{list(arr.shape)}, "
                     f"the program for batch size {size} takes {spec.numpy_dtype}{list(shape)}"

@@ -128,9 +128,12 @@ none of it: with ``soon`` given (how to run a function on the host loop's next p
 the worker passes ``transport.guest.call_soon``), ``enqueue`` does not wake a loop that
 sleeps with nothing to do; it arms one **pass** (:meth:`Scheduler._pass`) instead, which
 runs after the callback that queued the request -- so every request of the same read is
-queued by then -- and, while requests keep arriving between passes, up to
-:data:`MAX_DEFERRED_PASSES` passes later (each one ``select`` of the host loop: a burst
-spread over a few reads still coalesces). The pass is the loop's own turn, synchronous:
+queued by then -- and is not put off for more (a pass that waited while requests kept
+arriving, as this one once did for up to four reads, made a closed loop's clients
+convoy: the worker sat idle while a slow client's burst trickled in, then answered it
+all at once while the client sat idle; tritonclient at 64 in flight answered 8.6-8.9
+thousand requests/s that way against 10.3-11.7 thousand without, at the same CPU per
+request, docs/benchmarks.md). The pass is the loop's own turn, synchronous:
 ``_tend``, ``next_batch``, shedding, then for a batch learned tiny whose weights are
 acquired without waiting (the executor's optional ``prepare_now``) the launch that
 completes at once (``_at_once``: run, land); it repeats while the policy has batches.
@@ -179,10 +182,6 @@ from .records import Batch, PolicyStatistics, Request
 log = logging.getLogger(__name__)
 
 SHUTTING_DOWN = "server shutting down"
-#: Passes of the host loop a pass is put off by while requests keep arriving between
-#: them (see "A lone request..."): each costs one ``select`` (a few microseconds), and
-#: a closed loop's burst is whole within a pass or two of its first request.
-MAX_DEFERRED_PASSES = 4
 
 #: ``answer(value, error)``: how the dispatch loop answers one request, exactly once.
 AnswerFn = Callable[[Any, BaseException | None], object]
@@ -530,12 +529,8 @@ class Scheduler:
             self._timeout = math.inf
         #: Runs a pass on the host loop (None: every batch is the dispatch loop's).
         self._soon = soon if self._inline_max > 0 else None
-        #: A pass is armed; requests admitted so far (a pass is put off while they grow),
-        #: and by how many passes the armed one was put off.
+        #: A pass is armed (one at a time).
         self._pass_armed = False
-        self._arrivals = 0
-        self._arrivals_seen = 0
-        self._deferred = 0
         #: A batch a pass took and left to the loop: the loop's next (depth 1 only).
         self._handed: Batch[Any] | None = None
         #: The executor's ``prepare_now``, if it has one (asked once: a runtime-checkable
@@ -658,7 +653,6 @@ class Scheduler:
             committed=committed,
         )
         self._answers[request.seq] = answer
-        self._arrivals += 1
         if self._idle and self._soon is not None:
             # The loop sleeps with nothing to do: a pass of the host loop runs it.
             if not self._pass_armed:
@@ -996,7 +990,6 @@ class Scheduler:
         assert self._soon is not None
         if self._soon(self._pass):
             self._pass_armed = True
-            self._arrivals_seen = self._arrivals
         else:  # no host loop (plain Trio): the loop's own way, from now on
             self._soon = None
             self._wake()
@@ -1007,13 +1000,7 @@ class Scheduler:
         loop the rest."""
         self._pass_armed = False
         if not self._idle:
-            self._deferred = 0
             return  # woken meanwhile (a close, a sooner deadline): the queue is the loop's
-        if self._arrivals != self._arrivals_seen and self._deferred < MAX_DEFERRED_PASSES:
-            self._deferred += 1  # requests still arriving: let the burst gather
-            self._arm_pass()
-            return
-        self._deferred = 0
         policy = self._policy
         prepare_now = self._prepare_now
         while self._idle and not policy.closed and self._health is Health.READY:

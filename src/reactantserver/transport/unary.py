@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import attrs
@@ -148,9 +148,12 @@ def message_pieces(
     """A gRPC message (5-byte prefix, then ``parts`` as they are) as byte views, and its
     size in bytes, prefix included."""
     size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
-    prefix = b"\x00" + size.to_bytes(4, "big")
-    views = collections.deque(memoryview(p).cast("B") for p in (prefix, *parts) if len(p))
-    return views, size + 5
+    return byte_views((b"\x00" + size.to_bytes(4, "big"), *parts)), size + 5
+
+
+def byte_views(pieces: Iterable[bytes | memoryview]) -> collections.deque[memoryview]:
+    """The non-empty ``pieces`` as flat byte views (none copied), in order."""
+    return collections.deque(memoryview(p).cast("B") for p in pieces if len(p))
 
 
 def status_headers(code: int, message: str | None, *, headers_sent: bool, http_status: int = 200,
@@ -258,8 +261,13 @@ class UnaryCall:
         return self._done
 
     def answer(self, parts: Sequence[bytes | memoryview]) -> None:
-        """Answer OK with the message ``b"".join(parts)`` (the pieces are not joined)."""
-        self._answer(*message_pieces(parts))
+        """Answer OK with the message ``b"".join(parts)``. The pieces are not joined here:
+        a small answer's are copied once, into the connection's write; a larger one's
+        frames take views of them (``DirectCalls.answer``)."""
+        size = 0
+        for part in parts:
+            size += len(part) if isinstance(part, bytes) else part.nbytes
+        self._answer((b"\x00" + size.to_bytes(4, "big"), *parts), size + 5)
 
     def answer_framed(self, framed: bytes | memoryview) -> None:
         """Answer OK with a message already in gRPC's framing (its 5-byte prefix, then the
@@ -267,7 +275,7 @@ class UnaryCall:
         view = framed if type(framed) is memoryview else memoryview(framed)
         self._answer((view,), view.nbytes)
 
-    def _answer(self, pending: Sequence[memoryview], size: int) -> None:
+    def _answer(self, pending: Sequence[bytes | memoryview], size: int) -> None:
         if self._done:
             return  # cancelled meanwhile: nobody to answer
         self._done = True
@@ -421,8 +429,10 @@ class DirectCalls:
 
     # ---------------------------------------------------------------- answering
 
-    def answer(self, call: UnaryCall, pending: Sequence[memoryview], size: int) -> None:
-        """Send ``pending`` (``size`` bytes: the framed message) and OK's trailers."""
+    def answer(self, call: UnaryCall, pending: Sequence[bytes | memoryview], size: int) -> None:
+        """Send ``pending`` (``size`` bytes: the framed message, in pieces) and OK's
+        trailers: a small answer whole, in one step (its pieces joined into the write),
+        a larger one frame by frame, each frame's payload views of the pieces."""
         sid = call.stream_id
         if sid not in self.calls:
             return
@@ -441,7 +451,7 @@ class DirectCalls:
         except h2events.ProtocolError:
             self._gone(call)
             return
-        call._pending = collections.deque(pending)
+        call._pending = byte_views(pending)
         self._pump(call)
 
     def fail(self, call: UnaryCall, code: int, message: str) -> None:
