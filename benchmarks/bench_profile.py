@@ -347,6 +347,38 @@ async def _run(args: argparse.Namespace, workdir: Path) -> None:
     print(f"\n({time.perf_counter() - started:.0f} s)")
 
 
+def xla_alone(calls: int = 3000) -> list[str]:
+    """The tiny program's call (``y = x * s``, FP32 [1, 16], the ``double`` bundle's
+    shape) in this process pinned to one core, back to back and after a pass of Python
+    that walks 60,000 dicts between calls, as a request's own Python work does: what
+    the XLA row costs once the serving path has pushed XLA's code and data out of the
+    caches. Microseconds per call (and its output read), the median."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import jax
+    import numpy as np
+
+    os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[-1:]))
+    x, scale = np.ones((1, 16), np.float32), np.ones((1,), np.float32)
+    program = jax.jit(lambda a, b: a * b).lower(x, scale).compile()
+    scale_on_device = jax.device_put(scale)
+    junk = [{"a": i, "b": str(i)} for i in range(60_000)]
+
+    def walk() -> int:
+        return sum(d["a"] for d in junk[::7])
+
+    lines = []
+    for name, between in (("back to back", None), ("after a pass of Python", walk)):
+        times = []
+        for _ in range(calls):
+            if between is not None:
+                between()
+            t0 = time.perf_counter()
+            np.asarray(program(x, scale_on_device))
+            times.append(time.perf_counter() - t0)
+        lines.append(f"  {name:<24} {statistics.median(times[calls // 10 :]) * 1e6:6.1f} us")
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="runs per tree (median reported)")
@@ -356,7 +388,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--baseline", help="also profile the tree at this git revision")
     parser.add_argument("--inflight", type=int, default=1, help="h2load -m: requests in flight")
     parser.add_argument("--workdir", help="keep the repository, caches and logs here")
+    parser.add_argument(
+        "--xla-alone",
+        action="store_true",
+        help="only the tiny program's call alone, hot and after a pass of Python (no server)",
+    )
     args = parser.parse_args(argv)
+    if args.xla_alone:
+        print("the tiny program's call in one process, one core, median:")
+        print("\n".join(xla_alone()))
+        return
     bs.run_in_workdir(args.workdir, "rs_bench_profile_", partial(_run, args))
 
 
