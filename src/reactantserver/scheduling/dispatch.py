@@ -131,9 +131,9 @@ runs after the callback that queued the request -- so every request of the same 
 queued by then -- and is not put off for more (a pass that waited while requests kept
 arriving, as this one once did for up to four reads, made a closed loop's clients
 convoy: the worker sat idle while a slow client's burst trickled in, then answered it
-all at once while the client sat idle; tritonclient at 64 in flight answered 8.6-8.9
-thousand requests/s that way against 10.3-11.7 thousand without, at the same CPU per
-request, docs/benchmarks.md). The pass is the loop's own turn, synchronous:
+all at once while the client sat idle; tritonclient at 64 in flight answered 7,053
+requests/s that way against 10,189 without, at 0.95x the CPU per request,
+docs/benchmarks.md). The pass is the loop's own turn, synchronous:
 ``_tend``, ``next_batch``, shedding, then for a batch learned tiny whose weights are
 acquired without waiting (the executor's optional ``prepare_now``) the launch that
 completes at once (``_at_once``: run, land); it repeats while the policy has batches.
