@@ -306,6 +306,9 @@ async def _run(args: argparse.Namespace, workdir: Path) -> None:
             costs=render_costs(costs), budget=budget_seen,
             client_seconds=client_seconds, client_wake_seconds=client_wake,
             calibrated=time.strftime("%Y-%m-%d %H:%M:%S"), idle_load=os.getloadavg()[0],
+            load_samples=measured.load_samples,
+            execution_samples={m: {str(r): v for r, v in t.items()}
+                               for m, t in measured.execution_samples.items()},
         )  # fmt: skip
         print_calibration(record, costs)
         # The plan, made now, from the idle calibration only.

@@ -122,6 +122,8 @@ class WorkerMeasurement:
     costs: Costs
     #: (bytes, seconds) of every load sampled: in churn, else after a compaction.
     load_samples: tuple[tuple[int, float], ...]
+    #: model -> batch size -> the seconds of each execution in turn over the catalog.
+    execution_samples: Mapping[str, Mapping[int, tuple[float, ...]]] = attrs.field(factory=dict)
     #: The host run: (requests, executions, main-thread CPU, other-thread CPU, compute
     #: seconds, wall seconds, this process's CPU).
     runs: tuple[tuple[float, ...], ...]
@@ -367,6 +369,7 @@ async def measure_worker(
             network_seconds=max(0.0, rest / 2),
         ),
         load_samples=samples,
+        execution_samples={m: {r: tuple(v) for r, v in t.items()} for m, t in runs.items()},
         runs=((served, executions, d.main, others, compute, wall, own),),
         round_trip=round_trip,
     )
