@@ -49,8 +49,8 @@ their seconds) and from the kernel's accounting of its threads (:mod:`.cpu`):
    core-seconds; that over its time alone (the ``stretch``) is its width in the host
    model (:func:`width_from_stretch`): ``execution_threads``. What the threads burn
    alone overstates it: on the CPU backend they burn 2 cores per second of execution
-   (the machine's two) where the stretch says 1.1-1.6, and live fleets of three CPU
-   workers on two cores spent 0.4-0.6 cores of those threads per second of execution.
+   (the machine's two) where the stretch says 1.1-1.3, and live fleets of three CPU
+   workers on two cores spent 0.38-0.56 cores of those threads per second of execution.
 4. **The rest of the round trip.** The mean round trip less what the client's own
    process, the worker's main thread and the execution account for, halved: a one-way
    delay (loopback, wake-ups) that no core explains.
