@@ -3,6 +3,7 @@ beside spinning processes says, the order of the rounds in turn, the models that
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import numpy as np
@@ -77,3 +78,63 @@ def test_the_stretch_is_measured_on_the_cheapest_models_that_fit_together() -> N
     assert [p.name for p in _fitting(probes, fastest, nbytes, 0)] == ["d", "b", "c", "a"]
     # None fits alone: the cheapest anyway.
     assert [p.name for p in _fitting(probes, fastest, nbytes, 5)] == ["d"]
+
+
+class _FakeWorker:
+    """A worker whose executions take ``seconds[model]`` each, ``slower`` times as long
+    while spinners run: its counters as ``calibrate._counters`` reads them."""
+
+    def __init__(self, seconds: dict[str, float]) -> None:
+        self.seconds = seconds
+        self.slower = 1.0
+        self.models = {name: [0.0, 0] for name in seconds}
+
+    async def infer(self, name: str, inputs: object) -> None:
+        entry = self.models[name]
+        entry[0] += self.seconds[name] * self.slower
+        entry[1] += 1
+        await asyncio.sleep(0)
+
+
+def test_the_stretch_is_the_mean_execution_beside_spinners_over_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every execution 2.5x as long while the spinners run (whatever the model's cost):
+    the stretch is 2.5, from the worker's own compute counters, and every spinner the
+    step started is waited for."""
+    from reactantserver.planning import calibrate
+
+    worker = _FakeWorker({"a": 0.001, "b": 0.003})
+
+    async def counters(client: _FakeWorker, url: str) -> calibrate._Counters:
+        return calibrate._Counters(
+            loads=0.0, load_seconds=0.0, inline=0.0,
+            models={n: (c, d, d) for n, (c, d) in client.models.items()}, fastest={},
+        )  # fmt: skip
+
+    started: list[_Spinner] = []
+
+    def spinners(k: int, seconds: float) -> list[_Spinner]:
+        worker.slower = 2.5
+        started.extend(_Spinner(worker) for _ in range(k))
+        return started[-k:]
+
+    monkeypatch.setattr(calibrate, "_counters", counters)
+    monkeypatch.setattr(calibrate.cpu, "start_spinners", spinners)
+    stretch = asyncio.run(
+        calibrate._stretch(worker, "", [_probe("a"), _probe("b")], spinners=1, seconds=0.05)
+    )
+    assert stretch == pytest.approx(2.5)
+    assert len(started) == 1 and all(s.waited for s in started)
+    assert width_from_stretch(stretch, 2, 1) == pytest.approx(2.0)  # capped at the machine
+
+
+class _Spinner:
+    def __init__(self, worker: _FakeWorker) -> None:
+        self.worker = worker
+        self.waited = False
+
+    def communicate(self) -> tuple[str, str]:
+        self.waited = True
+        self.worker.slower = 1.0
+        return "", ""
