@@ -147,8 +147,9 @@ class WorkerMeasurement:
     #: Mean round trip of one sequential one-row request, seconds.
     round_trip: float
     #: The other threads' CPU per second of execution at idle (XLA's pool spinning
-    #: included), and how much longer executions took beside a spinning process per core
-    #: (0: not measured); ``costs.host.execution_threads`` is the width that stretch says.
+    #: included), and how much longer executions took beside a spinning process on every
+    #: core but one (0: not measured); ``costs.host.execution_threads`` is the width that
+    #: stretch says where it was measured.
     idle_execution_threads: float = 0.0
     stretch: float = 0.0
 
@@ -236,8 +237,8 @@ def in_turn_order(probes: Sequence[ModelProbe], rng: random.Random) -> list[Mode
     """One round in turn over the catalog: every model once, in an order of its own. Live
     traffic visits the catalog in no fixed order; a fixed cycle evicts in a fixed pattern,
     and on the CPU backend the catalog's own cycle of 4.4 and 17.1 MB models gave every
-    other 17 MB load fresh pages from the allocator (8.9 ms at the median against 3.6 ms
-    in a shuffled order, 2026-12-02)."""
+    other 17 MB load fresh pages from the allocator (8.97 ms at the median against 3.6-3.8
+    ms in a shuffled order, 2026-12-02)."""
     out = list(probes)
     rng.shuffle(out)
     return out
@@ -425,7 +426,11 @@ async def measure_worker(
         # spinning process on every core but one.
         stretch = 0.0
         spinning = int(cores) - 1
-        if contended_seconds > 0 and spinning >= 1 and cpu.available():
+        # Only where the execution is host work at all: the other threads burned a tenth
+        # of a core or more per second of execution in step 2 (not a GPU's).
+        ran = c1.models[hot.name][0] - c0.models[hot.name][0]
+        host_work = ran > 0 and (t1 - t0).others >= 0.1 * ran
+        if contended_seconds > 0 and spinning >= 1 and host_work and cpu.available():
             budget = int(status.weight_cache_max_bytes)
             stretch = await _stretch(
                 client, metrics_url, _fitting(probes, fastest, nbytes, budget), spinning,
