@@ -738,6 +738,12 @@ def run(
             f"reactantserver calibrate {bundle_dir} ({backend}), {time.strftime('%Y-%m-%d %H:%M')}\n"
             f"{len(measured.load_samples)} cold loads, {requests} requests per host run"
         )
+        if measured.stretch > 0:
+            comment += (
+                f"\nexecutions {measured.stretch:.2f}x as long with one core left to them: "
+                f"execution_threads {costs.host.execution_threads:.2f} (their threads burn "
+                f"{measured.idle_execution_threads:.2f} cores alone)"
+            )
         text = render_costs(costs, comment)
         if out == "-":
             sys.stdout.write(text)
