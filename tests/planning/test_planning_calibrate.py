@@ -122,10 +122,11 @@ def test_the_stretch_is_the_mean_execution_beside_spinners_over_alone(
     monkeypatch.setattr(calibrate, "_counters", counters)
     monkeypatch.setattr(calibrate.cpu, "start_spinners", spinners)
     stretch = asyncio.run(
-        calibrate._stretch(worker, "", [_probe("a"), _probe("b")], spinners=1, seconds=0.05)
+        calibrate._stretch(worker, "", [_probe("a"), _probe("b")], spinners=1, seconds=0.02)
     )
     assert stretch == pytest.approx(2.5)
-    assert len(started) == 1 and all(s.waited for s in started)
+    # Five pairs by default, a spinner each, each waited for.
+    assert len(started) == 5 and all(s.waited for s in started)
     assert width_from_stretch(stretch, 2, 1) == pytest.approx(2.0)  # capped at the machine
 
 
@@ -138,3 +139,26 @@ class _Spinner:
         self.waited = True
         self.worker.slower = 1.0
         return "", ""
+
+
+def test_the_stretch_is_the_median_of_its_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One pair in five stretched 1.9x, the others 1.2x: the step says 1.2."""
+    from reactantserver.planning import calibrate
+
+    worker = _FakeWorker({"a": 0.001})
+    slow = iter([1.2, 1.9, 1.2, 1.2, 1.2])
+
+    async def counters(client: _FakeWorker, url: str) -> calibrate._Counters:
+        return calibrate._Counters(
+            loads=0.0, load_seconds=0.0, inline=0.0,
+            models={n: (c, d, d) for n, (c, d) in client.models.items()}, fastest={},
+        )  # fmt: skip
+
+    def spinners(k: int, seconds: float) -> list[_Spinner]:
+        worker.slower = next(slow)
+        return [_Spinner(worker) for _ in range(k)]
+
+    monkeypatch.setattr(calibrate, "_counters", counters)
+    monkeypatch.setattr(calibrate.cpu, "start_spinners", spinners)
+    stretch = asyncio.run(calibrate._stretch(worker, "", [_probe("a")], spinners=1, seconds=0.02))
+    assert stretch == pytest.approx(1.2)

@@ -44,7 +44,9 @@ their seconds) and from the kernel's accounting of its threads (:mod:`.cpu`):
 3. **What an execution needs of the cores.** Where the threads burn CPU and the machine
    has ``cores >= 2``: one-row requests in turn over the cheapest models that fit the
    budget together, ``contended_seconds`` alone and as long beside a spinning process on
-   every core but one (:func:`reactantserver.planning.cpu.start_spinners`). There an
+   every core but one (:func:`reactantserver.planning.cpu.start_spinners`), five times
+   over (the median: a single pair now and then says 1.9x where the rest say 1.1-1.3x).
+   There an
    execution one core wide or wider gets the one core left, so its time is its work in
    core-seconds; that over its time alone (the ``stretch``) is its width in the host
    model (:func:`width_from_stretch`): ``execution_threads``. What the threads burn
@@ -292,10 +294,18 @@ def _fitting(
 
 
 async def _stretch(
-    client: Any, metrics_url: str, probes: Sequence[ModelProbe], spinners: int, seconds: float
+    client: Any,
+    metrics_url: str,
+    probes: Sequence[ModelProbe],
+    spinners: int,
+    seconds: float,
+    pairs: int = 5,
 ) -> float:
     """Mean execution of one-row requests in turn over ``probes`` beside ``spinners``
-    spinning processes, over the mean of the same alone (each run ``seconds`` long)."""
+    spinning processes over the mean of the same alone, each run ``seconds`` long: the
+    median of ``pairs`` such pairs, one after the other. One pair alone is not enough: on
+    the 2-core machine one in six took 1.9x where the others took 1.1-1.3x (2026-12-02),
+    and a plan made from the 1.9 was a third short of three workers' requests/s."""
     ones = [(p.name, dict(p.inputs(1))) for p in probes]
     for name, inputs in ones:  # load them, so that no run below waits for weights
         await client.infer(name, inputs)
@@ -311,15 +321,19 @@ async def _stretch(
         dispatches = sum(after.models[n][1] - before.models[n][1] for n, _ in ones)
         return compute / dispatches if dispatches else 0.0
 
-    alone = await run()
-    procs = cpu.start_spinners(spinners, seconds + 0.5)
-    try:
-        await asyncio.sleep(0.2)  # every spinner started and spinning
-        beside = await run()
-    finally:
-        for proc in procs:
-            proc.communicate()
-    return beside / alone if alone > 0 and beside > 0 else 0.0
+    stretches: list[float] = []
+    for _ in range(max(1, pairs)):
+        alone = await run()
+        procs = cpu.start_spinners(spinners, seconds + 0.5)
+        try:
+            await asyncio.sleep(0.2)  # every spinner started and spinning
+            beside = await run()
+        finally:
+            for proc in procs:
+                proc.communicate()
+        if alone > 0 and beside > 0:
+            stretches.append(beside / alone)
+    return statistics.median(stretches) if stretches else 0.0
 
 
 #: What the worker's scheduler runs inline on its loop on the CPU backend (its default
@@ -338,7 +352,7 @@ async def measure_worker(
     rounds: int = 3,
     requests: int = 600,
     compact: bool = True,
-    contended_seconds: float = 1.5,
+    contended_seconds: float = 0.5,
     seed: int = 0,
     cores: float = 0.0,
     cores_busy: float = 0.0,
