@@ -306,6 +306,10 @@ async def _run(args: argparse.Namespace, workdir: Path) -> None:
             costs=render_costs(costs), budget=budget_seen,
             client_seconds=client_seconds, client_wake_seconds=client_wake,
             calibrated=time.strftime("%Y-%m-%d %H:%M:%S"), idle_load=os.getloadavg()[0],
+            load_samples=measured.load_samples, stretch=measured.stretch,
+            idle_execution_threads=measured.idle_execution_threads,
+            execution_samples={m: {str(r): v for r, v in t.items()}
+                               for m, t in measured.execution_samples.items()},
         )  # fmt: skip
         print_calibration(record, costs)
         # The plan, made now, from the idle calibration only.
@@ -417,8 +421,10 @@ def print_calibration(record: Mapping[str, Any], costs: Costs) -> None:
         f"cores busy, as if {costs.background_threads:.1f} threads of other processes always "
         "wanted a core, "
         f"load average {record['idle_load']:.1f}):\n"
-        f"  worker event loop {h.request_seconds * 1e3:.3f} ms per request; an execution keeps "
-        f"{h.execution_threads:.2f} cores busy, a weight load {h.load_threads:.2f}\n"
+        f"  worker event loop {h.request_seconds * 1e3:.3f} ms per request; an execution needs "
+        f"{h.execution_threads:.2f} cores ({record.get('stretch', 0.0):.2f}x as long beside a "
+        f"spinner on every core but one; its threads burn {record.get('idle_execution_threads', 0.0):.2f} "
+        f"alone), a weight load {h.load_threads:.2f}\n"
         f"  gateway {(costs.gateway_seconds or 0) * 1e3:.3f} ms per request many in flight "
         f"(+{costs.gateway_wake_seconds * 1e3:.3f} alone); this load "
         f"generator {record['client_seconds'] * 1e3:.3f} "

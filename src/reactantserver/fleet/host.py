@@ -62,16 +62,17 @@ class HostCosts:
 
     ``calibrate`` measures each figure on a live worker with nothing else running: the CPU
     of the worker's event-loop thread per request and per execution (least squares over
-    runs with different batch fills), the CPU of its other threads per second of execution
-    (XLA's pool on the CPU backend), per second of weight loading, and the cores the
-    machine had free.
+    runs with different batch fills), the cores an execution's work needs (from how much
+    longer it takes with one core left to it: XLA's pool on the CPU backend spins while
+    it waits, so the CPU its threads burn alone overstates it), the CPU of its other
+    threads per second of weight loading, and the cores the machine had free.
     """
 
     #: Loop CPU per request: decoding it and encoding its answer (half each way).
     request_seconds: float = 0.0
     #: Loop CPU per execution: the dispatch decision, gathering inputs, the hand-off.
     batch_seconds: float = 0.0
-    #: Host cores an execution keeps busy (XLA's threads on the CPU backend; 0: a device
+    #: Host cores an execution's work needs (XLA's threads on the CPU backend; 0: a device
     #: of its own, a GPU, whose execution time does not depend on the host).
     execution_threads: float = 0.0
     #: Host cores a weight load keeps busy (1: a copy by the CPU; 0: DMA).

@@ -22,7 +22,10 @@ their seconds) and from the kernel's accounting of its threads (:mod:`.cpu`):
    each execution over its mean is the executions' ``spread``. Where the catalog is
    larger than the budget these requests load as traffic does, evicting others as they
    go, and their loads are the load samples instead of the cold loads after a compaction
-   (which measured 3x slower at the median here: the first put after an emptied cache). (Repeats of one model
+   (which measured 3x slower at the median here: the first put after an emptied cache).
+   Each round takes the models in an order of its own (:func:`in_turn_order`), as traffic
+   does: one fixed cycle evicts in one fixed pattern, and the catalog's cycle of 4.4 and
+   17.1 MB models gave every other 17 MB load fresh pages. (Repeats of one model
    measure its weights hot in the caches: on the CPU backend a one-row execution of a
    17 MB model took a third of the time it takes in traffic, 2026-12-02; and loads have a
    tail -- a tenth of the 17 MB puts took four times the median -- that a fastest sample
@@ -35,12 +38,25 @@ their seconds) and from the kernel's accounting of its threads (:mod:`.cpu`):
    on purpose: each request then pays its own wake-ups, as requests forwarded one by one
    by a gateway do; a burst on one connection shares them and costs a third as much,
    which a live fleet does not see (measured: ``benchmarks/bench_plan.py``'s diagnosis
-   table). The other threads' CPU per execution over the fastest execution is
-   ``execution_threads`` (XLA's pool on the CPU backend; about 0 on a GPU).
-3. **The rest of the round trip.** The mean round trip less what the client's own
+   table). The other threads' CPU per execution over the fastest execution is what
+   they burn at idle (XLA's pool on the CPU backend, spinning while it waits included;
+   about 0 on a GPU).
+3. **What an execution needs of the cores.** Where the threads burn CPU and the machine
+   has ``cores >= 2``: one-row requests in turn over the cheapest models that fit the
+   budget together, ``contended_seconds`` alone and as long beside a spinning process on
+   every core but one (:func:`reactantserver.planning.cpu.start_spinners`), five times
+   over (the median: a single pair now and then says 1.9x where the rest say 1.1-1.3x).
+   There an
+   execution one core wide or wider gets the one core left, so its time is its work in
+   core-seconds; that over its time alone (the ``stretch``) is its width in the host
+   model (:func:`width_from_stretch`): ``execution_threads``. What the threads burn
+   alone overstates it: on the CPU backend they burn 2 cores per second of execution
+   (the machine's two) where the stretch says 1.1-1.3, and live fleets of three CPU
+   workers on two cores spent 0.38-0.56 cores of those threads per second of execution.
+4. **The rest of the round trip.** The mean round trip less what the client's own
    process, the worker's main thread and the execution account for, halved: a one-way
    delay (loopback, wake-ups) that no core explains.
-4. **Through a gateway** (optional): the same one-at-a-time run through it gives the
+5. **Through a gateway** (optional): the same one-at-a-time run through it gives the
    gateway's CPU per request alone, and the delay of that path, which then replaces step
    3's; a run with ``concurrency`` requests in flight gives its CPU per request when its
    loop serves several from one wake-up (about half, here). The simulator charges the
@@ -56,6 +72,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 import statistics
 import time
 import urllib.request
@@ -75,9 +92,11 @@ __all__ = [
     "ModelProbe",
     "WorkerMeasurement",
     "fit_line",
+    "in_turn_order",
     "measure_gateway",
     "measure_worker",
     "wake_split",
+    "width_from_stretch",
 ]
 
 
@@ -122,11 +141,19 @@ class WorkerMeasurement:
     costs: Costs
     #: (bytes, seconds) of every load sampled: in churn, else after a compaction.
     load_samples: tuple[tuple[int, float], ...]
+    #: model -> batch size -> the seconds of each execution in turn over the catalog.
+    execution_samples: Mapping[str, Mapping[int, tuple[float, ...]]] = attrs.field(factory=dict)
     #: The host run: (requests, executions, main-thread CPU, other-thread CPU, compute
     #: seconds, wall seconds, this process's CPU).
     runs: tuple[tuple[float, ...], ...]
     #: Mean round trip of one sequential one-row request, seconds.
     round_trip: float
+    #: The other threads' CPU per second of execution at idle (XLA's pool spinning
+    #: included), and how much longer executions took beside a spinning process on every
+    #: core but one (0: not measured); ``costs.host.execution_threads`` is the width that
+    #: stretch says where it was measured.
+    idle_execution_threads: float = 0.0
+    stretch: float = 0.0
 
 
 @attrs.frozen(kw_only=True)
@@ -208,6 +235,107 @@ def wake_split(alone: float, many: float) -> tuple[float, float]:
     return many, alone - many
 
 
+def in_turn_order(probes: Sequence[ModelProbe], rng: random.Random) -> list[ModelProbe]:
+    """One round in turn over the catalog: every model once, in an order of its own. Live
+    traffic visits the catalog in no fixed order; a fixed cycle evicts in a fixed pattern,
+    and on the CPU backend the catalog's own cycle of 4.4 and 17.1 MB models gave every
+    other 17 MB load fresh pages from the allocator (8.97 ms at the median against 3.6-3.8
+    ms in a shuffled order, 2026-12-02)."""
+    out = list(probes)
+    rng.shuffle(out)
+    return out
+
+
+def width_from_stretch(stretch: float, cores: float, spinners: int) -> float:
+    """The width ``w`` (cores) of an execution that, in the host model, takes ``stretch``
+    times as long beside ``spinners`` always-runnable threads on ``cores`` cores as it does
+    alone: its work is ``w x`` its idle time, done at the share
+    :func:`~reactantserver.fleet.host.share_rates` gives it, so ``w / rate(w) =
+    stretch``: the widest that does (a job narrower than its share is not stretched at
+    all, so a stretch of 1 says only that it fits in the share). Bisection over
+    ``(0, cores]``; a stretch beyond the model's reach gives ``cores``."""
+    from ..fleet.host import share_rates
+
+    def ratio(w: float) -> float:
+        return w / share_rates([w], cores, float(spinners))[0]
+
+    stretch = max(1.0, stretch)
+    lo, hi = 0.0, float(cores)
+    if stretch >= ratio(hi):
+        return hi
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if ratio(mid) <= stretch:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _fitting(
+    probes: Sequence[ModelProbe],
+    fastest: Mapping[str, Mapping[int, float]],
+    nbytes: Mapping[str, int],
+    budget: int,
+) -> list[ModelProbe]:
+    """The models, cheapest first, that fit the weight budget together (0: every one)."""
+    out: list[ModelProbe] = []
+    held = 0
+    ranked = sorted(
+        (p for p in probes if p.name in fastest),
+        key=lambda p: (fastest[p.name][min(fastest[p.name])], p.name),
+    )
+    for p in ranked:
+        b = nbytes.get(p.name, 0)
+        if budget <= 0 or held + b <= budget:
+            out.append(p)
+            held += b
+    return out or ranked[:1]
+
+
+async def _stretch(
+    client: Any,
+    metrics_url: str,
+    probes: Sequence[ModelProbe],
+    spinners: int,
+    seconds: float,
+    pairs: int = 5,
+) -> float:
+    """Mean execution of one-row requests in turn over ``probes`` beside ``spinners``
+    spinning processes over the mean of the same alone, each run ``seconds`` long: the
+    median of ``pairs`` such pairs, one after the other. One pair alone is not enough: on
+    the 2-core machine one in six took 1.9x where the others took 1.1-1.3x (2026-12-02),
+    and a plan made from the 1.9 was a third short of three workers' requests/s."""
+    ones = [(p.name, dict(p.inputs(1))) for p in probes]
+    for name, inputs in ones:  # load them, so that no run below waits for weights
+        await client.infer(name, inputs)
+
+    async def run() -> float:
+        before = await _counters(client, metrics_url)
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            for name, inputs in ones:
+                await client.infer(name, inputs)
+        after = await _counters(client, metrics_url)
+        compute = sum(after.models[n][0] - before.models[n][0] for n, _ in ones)
+        dispatches = sum(after.models[n][1] - before.models[n][1] for n, _ in ones)
+        return compute / dispatches if dispatches else 0.0
+
+    stretches: list[float] = []
+    for _ in range(max(1, pairs)):
+        alone = await run()
+        procs = cpu.start_spinners(spinners, seconds + 0.5)
+        try:
+            await asyncio.sleep(0.2)  # every spinner started and spinning
+            beside = await run()
+        finally:
+            for proc in procs:
+                proc.communicate()
+        if alone > 0 and beside > 0:
+            stretches.append(beside / alone)
+    return statistics.median(stretches) if stretches else 0.0
+
+
 #: What the worker's scheduler runs inline on its loop on the CPU backend (its default
 #: ``scheduler.inline_max_seconds``; calibrate's worker keeps it).
 CPU_INLINE_SECONDS = 1e-4
@@ -224,6 +352,8 @@ async def measure_worker(
     rounds: int = 3,
     requests: int = 600,
     compact: bool = True,
+    contended_seconds: float = 0.5,
+    seed: int = 0,
     cores: float = 0.0,
     cores_busy: float = 0.0,
     background_threads: float = 0.0,
@@ -231,7 +361,7 @@ async def measure_worker(
     source: str = "",
 ) -> WorkerMeasurement:
     """Calibrate the worker at ``url`` (admin ``metrics_url``, process ``pid``): see the
-    module docstring, steps 1-3. ``compact``: empty the weight cache (CompactMemory)
+    module docstring, steps 1-4. ``compact``: empty the weight cache (CompactMemory)
     before each model's first request of a pass, so that it is a cold load whatever the
     budget."""
     from ..client import AsyncClient
@@ -266,10 +396,11 @@ async def measure_worker(
         runs: dict[str, dict[int, list[float]]] = {}
         churn: list[tuple[int, float]] = []
         before = await _counters(client, metrics_url)
+        order = random.Random(seed)
         for rows in sorted({s for p in probes for s in p.batch_sizes}):
             sized = [p for p in probes if rows in p.batch_sizes]
             for _ in range(rounds):
-                for probe in sized:
+                for probe in in_turn_order(sized, order):
                     await client.infer(probe.name, dict(probe.inputs(rows)))
                     after = await _counters(client, metrics_url)
                     seconds = after.models[probe.name][0] - before.models[probe.name][0]
@@ -305,6 +436,20 @@ async def measure_worker(
         own = time.process_time() - own0
         t1 = cpu.thread_times(pid)
         c1 = await _counters(client, metrics_url)
+        # Step 3: executions in turn over models that fit together, alone and beside a
+        # spinning process on every core but one.
+        stretch = 0.0
+        spinning = int(cores) - 1
+        # Only where the execution is host work at all: the other threads burned a tenth
+        # of a core or more per second of execution in step 2 (not a GPU's).
+        ran = c1.models[hot.name][0] - c0.models[hot.name][0]
+        host_work = ran > 0 and (t1 - t0).others >= 0.1 * ran
+        if contended_seconds > 0 and spinning >= 1 and host_work and cpu.available():
+            budget = int(status.weight_cache_max_bytes)
+            stretch = await _stretch(
+                client, metrics_url, _fitting(probes, fastest, nbytes, budget), spinning,
+                contended_seconds,
+            )  # fmt: skip
     compute = c1.models[hot.name][0] - c0.models[hot.name][0]
     executions = c1.models[hot.name][1] - c0.models[hot.name][1]
     served = c1.models[hot.name][2] - c0.models[hot.name][2]
@@ -319,9 +464,15 @@ async def measure_worker(
     # Step 2's repeats of one model run it hot: its fastest is what they each took.
     fastest_one = fastest[hot.name][min(fastest[hot.name])]
     threaded = executions - min(inline, executions)
-    execution_threads = (
-        others / (threaded * fastest_one) if threaded > 0 and fastest_one > 0 else 0.0
+    # What the other threads burn per second of execution at idle: XLA's pool spins
+    # while it waits, so this is what they take when the cores are free, not what an
+    # execution needs; the stretch beside spinners says that (where it was measured).
+    idle_threads = min(
+        ceiling, others / (threaded * fastest_one) if threaded > 0 and fastest_one > 0 else 0.0
     )
+    execution_threads = idle_threads
+    if stretch > 0 and idle_threads > 0:
+        execution_threads = width_from_stretch(stretch, cores, spinning)
     # Loads as traffic makes them -- evicting others as they go, in turn over the catalog --
     # where the catalog is larger than the budget; else the cold loads after a compaction.
     samples = tuple(churn) or tuple(
@@ -367,8 +518,11 @@ async def measure_worker(
             network_seconds=max(0.0, rest / 2),
         ),
         load_samples=samples,
+        execution_samples={m: {r: tuple(v) for r, v in t.items()} for m, t in runs.items()},
         runs=((served, executions, d.main, others, compute, wall, own),),
         round_trip=round_trip,
+        idle_execution_threads=idle_threads,
+        stretch=stretch,
     )
 
 
@@ -385,7 +539,7 @@ async def measure_gateway(
     its CPU per request over ``requests`` one-row requests one at a time, and the rest of
     the round trip -- less this process's CPU, the gateway's, the worker's main thread's
     and the execution, halved -- the one-way delay of the path a fleet's clients take;
-    then its CPU per request over as many with ``concurrency`` in flight (step 4 of the
+    then its CPU per request over as many with ``concurrency`` in flight (step 5 of the
     module docstring)."""
     from ..client import AsyncClient
 
@@ -598,6 +752,12 @@ def run(
             f"reactantserver calibrate {bundle_dir} ({backend}), {time.strftime('%Y-%m-%d %H:%M')}\n"
             f"{len(measured.load_samples)} cold loads, {requests} requests per host run"
         )
+        if measured.stretch > 0:
+            comment += (
+                f"\nexecutions {measured.stretch:.2f}x as long with one core left to them: "
+                f"execution_threads {costs.host.execution_threads:.2f} (their threads burn "
+                f"{measured.idle_execution_threads:.2f} cores alone)"
+            )
         text = render_costs(costs, comment)
         if out == "-":
             sys.stdout.write(text)

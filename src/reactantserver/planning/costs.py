@@ -22,7 +22,7 @@ The costs file (YAML; every number in base units, seconds and bytes)::
       background_threads: 0.3   # other processes' threads wanting a core, on average
       request_seconds: 0.00031  # worker event-loop CPU per request
       batch_seconds: 0.00009    # worker event-loop CPU per execution
-      execution_threads: 1.4    # host cores an execution keeps busy (0: a GPU)
+      execution_threads: 1.4    # host cores an execution's work needs (0: a GPU)
       load_threads: 1.0         # host cores a weight load keeps busy (0: DMA)
       inline_seconds: 0.0001    # executions cheaper than this run on the loop (CPU)
       network_seconds: 0.0002   # one way, beyond the CPU: loopback, wake-ups

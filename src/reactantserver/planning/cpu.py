@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -26,6 +27,7 @@ __all__ = [
     "available",
     "hungry_threads",
     "machine_busy",
+    "start_spinners",
     "thread_times",
 ]
 
@@ -130,6 +132,20 @@ print(time.process_time() - cpu, time.monotonic() - wall)
 """
 
 
+def start_spinners(k: int, seconds: float) -> list[Any]:
+    """Start ``k`` processes that each spin on a core for ``seconds`` (always runnable:
+    what a hungry thread of another process is); each prints its CPU and wall seconds on
+    exit (``proc.communicate()``)."""
+    import subprocess
+    import sys
+
+    code = _SPIN.format(seconds=seconds)
+    return [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        for _ in range(k)
+    ]
+
+
 def hungry_threads(seconds: float = 1.0, spinners: int | None = None) -> tuple[float, float]:
     """How many always-runnable threads of other processes this machine's cores are
     shared with, measured the way a busy fleet would feel them: ``spinners`` processes
@@ -140,17 +156,10 @@ def hungry_threads(seconds: float = 1.0, spinners: int | None = None) -> tuple[f
     The run queue (:func:`machine_busy`'s ``runnable``) counts threads that want a core at
     one instant, bursts included; this counts what they take from work that wants cores
     all the time -- what a fleet under load competes with."""
-    import subprocess
-    import sys
-
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     cores = cores or 1
     k = spinners or cores
-    code = _SPIN.format(seconds=seconds)
-    procs = [
-        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-        for _ in range(k)
-    ]
+    procs = start_spinners(k, seconds)
     obtained = 0.0
     for proc in procs:
         out, _ = proc.communicate()
