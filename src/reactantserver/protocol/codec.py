@@ -63,6 +63,7 @@ sharing the wire constants; most of it is the reader's precise error paths.
 
 from __future__ import annotations
 
+import functools
 import struct
 import sys
 from array import array
@@ -337,39 +338,31 @@ _T_OUTPUT, _T_RAW = _tag(5, LEN), _tag(6, LEN)
 _T_KEY, _T_VALUE = _tag(1, LEN), _tag(2, LEN)
 
 
-#: Encoded output tensors that carry no parameters, by (name, datatype, shape): a model
-#: answers the same few again and again (one per output and row count), so each is
-#: encoded once. Bounded: emptied when full.
-_OUTPUT_HEADS: dict[tuple[str, str, tuple[int, ...]], bytes] = {}
-_OUTPUT_HEADS_MAX = 4096
-
-
 def _output_tensor(tensor: OutputTensor) -> bytes:
-    if tensor.parameters:
-        return _encode_output_tensor(tensor)
-    key = (tensor.name, tensor.datatype, tuple(tensor.shape))
-    encoded = _OUTPUT_HEADS.get(key)
-    if encoded is None:
-        if len(_OUTPUT_HEADS) >= _OUTPUT_HEADS_MAX:
-            _OUTPUT_HEADS.clear()
-        encoded = _OUTPUT_HEADS[key] = _encode_output_tensor(tensor)
-    return encoded
-
-
-def _encode_output_tensor(tensor: OutputTensor) -> bytes:
-    parts: list[Any] = []
-    if tensor.name:
-        _len_field(parts, _T_NAME, tensor.name.encode())
-    if tensor.datatype:
-        _len_field(parts, _T_DATATYPE, tensor.datatype.encode())
-    if tensor.shape:
-        _len_field(parts, _T_SHAPE, b"".join([encode_varint(d) for d in tensor.shape]))
+    head = _output_head(tensor.name, tensor.datatype, tuple(tensor.shape))
+    if not tensor.parameters:
+        return head
+    parts: list[Any] = [head]
     for key, param in tensor.parameters.items():
         entry: list[Any] = []
         if key:
             _len_field(entry, _T_KEY, key.encode())
         _len_field(entry, _T_VALUE, bytes(param))
         _len_field(parts, _T_TPARAMS, b"".join(entry))
+    return b"".join(parts)
+
+
+@functools.lru_cache(maxsize=4096)
+def _output_head(name: str, datatype: str, shape: tuple[int, ...]) -> bytes:
+    """An output tensor's name, datatype and shape fields, encoded once for each: a model
+    answers the same few again and again (one per output and row count)."""
+    parts: list[Any] = []
+    if name:
+        _len_field(parts, _T_NAME, name.encode())
+    if datatype:
+        _len_field(parts, _T_DATATYPE, datatype.encode())
+    if shape:
+        _len_field(parts, _T_SHAPE, b"".join([encode_varint(d) for d in shape]))
     return b"".join(parts)
 
 

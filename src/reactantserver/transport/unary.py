@@ -142,13 +142,22 @@ def _message(chunks: list[memoryview]) -> bytes | memoryview:
     return b"".join(parts)
 
 
+def framed(parts: Sequence[bytes | memoryview]) -> tuple[tuple[bytes | memoryview, ...], int]:
+    """A gRPC message's pieces: its 5-byte prefix, then ``parts`` as they are (none
+    copied), and its size in bytes, prefix included."""
+    size = 0
+    for part in parts:
+        size += len(part) if isinstance(part, bytes) else part.nbytes
+    return (b"\x00" + size.to_bytes(4, "big"), *parts), size + 5
+
+
 def message_pieces(
     parts: Sequence[bytes | memoryview],
 ) -> tuple[collections.deque[memoryview], int]:
-    """A gRPC message (5-byte prefix, then ``parts`` as they are) as byte views, and its
-    size in bytes, prefix included."""
-    size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
-    return byte_views((b"\x00" + size.to_bytes(4, "big"), *parts)), size + 5
+    """A gRPC message (:func:`framed`) as byte views, and its size in bytes, prefix
+    included."""
+    pieces, size = framed(parts)
+    return byte_views(pieces), size
 
 
 def byte_views(pieces: Iterable[bytes | memoryview]) -> collections.deque[memoryview]:
@@ -264,10 +273,7 @@ class UnaryCall:
         """Answer OK with the message ``b"".join(parts)``. The pieces are not joined here:
         a small answer's are copied once, into the connection's write; a larger one's
         frames take views of them (``DirectCalls.answer``)."""
-        size = 0
-        for part in parts:
-            size += len(part) if isinstance(part, bytes) else part.nbytes
-        self._answer((b"\x00" + size.to_bytes(4, "big"), *parts), size + 5)
+        self._answer(*framed(parts))
 
     def answer_framed(self, framed: bytes | memoryview) -> None:
         """Answer OK with a message already in gRPC's framing (its 5-byte prefix, then the
