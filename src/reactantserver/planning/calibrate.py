@@ -330,7 +330,7 @@ async def _stretch(
             beside = await run()
         finally:
             for proc in procs:
-                proc.communicate()
+                await asyncio.to_thread(proc.communicate)  # off the loop: it waits for the exit
         if alone > 0 and beside > 0:
             stretches.append(beside / alone)
     return statistics.median(stretches) if stretches else 0.0
