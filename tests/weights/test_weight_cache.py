@@ -685,3 +685,78 @@ def test_packed_loads_on_the_cpu_are_real_copies_and_one_program_serves_a_layout
         got = np.asarray(device)
         assert (got.dtype, got.shape) == (host.dtype, host.shape), name
         np.testing.assert_array_equal(got.view(np.uint8), host.view(np.uint8))
+
+
+@pytest.mark.slow
+def test_a_layout_is_cut_from_words_of_its_own_width_and_staged_as_those_words(
+    zoo_runtime: Any, tmp_path: Path
+) -> None:
+    """A packed buffer is handed to its unpack program as the layout's one dtype where the
+    tensors share it (slices only), as unsigned words of their one width where they share
+    a width of 2 or 4 bytes, and as bytes otherwise; whichever it is, each tensor comes
+    back bit for bit, from the host buffer and from a copy staged in pinned host memory,
+    the staged copy is one array of those words, and a layout of more tensors than one
+    program cuts on the CPU comes back whole and in order from several."""
+    import ml_dtypes
+
+    from reactantserver.bundle import write_weights
+    from reactantserver.runtime.unpack import CPU_MAX_OUTPUTS, packed_word
+    from reactantserver.weights import read_layout
+
+    rng = np.random.default_rng(7)
+
+    def normal(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        return rng.standard_normal(shape).astype(dtype)
+
+    def ints(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+
+    layouts = [
+        (
+            "float32",
+            [normal((16, 3), np.float32), normal((3,), np.float32), normal((0,), np.float32)],
+        ),
+        ("bfloat16", [normal((5, 2), ml_dtypes.bfloat16), normal((7,), ml_dtypes.bfloat16)]),
+        ("int8", [ints((9,), np.int8), ints((3, 3), np.int8)]),
+        (
+            "uint16",
+            [normal((3,), np.float16), normal((2, 2), ml_dtypes.bfloat16), ints((5,), np.int16)],
+        ),
+        ("uint32", [normal((4, 4), np.float32), ints((6,), np.int32), ints((1,), np.uint32)]),
+        ("uint8", [ints((5,), np.int8), normal((3,), np.float32), rng.integers(0, 2, 4) > 0]),
+        # More tensors than one program cuts on the CPU (CPU_MAX_OUTPUTS): several programs.
+        (
+            "float32",
+            [normal((i % 3 + 1, 2, i + 1), np.float32) for i in range(2 * CPU_MAX_OUTPUTS + 1)],
+        ),
+        (
+            "uint32",
+            [
+                normal((i + 1,), np.float32) if i % 2 else ints((2, i + 1), np.int32)
+                for i in range(CPU_MAX_OUTPUTS + 1)
+            ],
+        ),
+    ]
+    staging = PinnedHostStaging.for_device(zoo_runtime.device)
+    assert staging is not None  # the CPU client lists a pinned_host space too
+    store = HostStore(allocate=copying_allocate)
+    for n, (word, arrays) in enumerate(layouts):
+        path = tmp_path / f"{n}.safetensors"
+        write_weights(path, [(f"t{i}", a) for i, a in enumerate(arrays)])
+        copy = store.materialize(str(n), read_layout(path))
+        assert copy.packed is not None
+        assert packed_word(copy.layout.tensors) == np.dtype(word), word
+        load = zoo_runtime.packed_loader(copy.layout.tensors)
+        staged = staging.stage_packed(copy.packed.view(np.dtype(word)))
+        assert (
+            staged.dtype == np.dtype(word) and staged.size * staged.itemsize == copy.packed.nbytes
+        )
+        for source in (copy.packed, staged):
+            loaded = load(source)
+            for got, want in zip(loaded, arrays, strict=True):
+                got = np.asarray(got)
+                assert (got.dtype, got.shape) == (want.dtype, want.shape), word
+                np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+            zoo_runtime.free(loaded)
+        zoo_runtime.free([staged])

@@ -49,7 +49,7 @@ from .compile import CompileReport, compile_at, configure_cache
 from .environment import EnvironmentReport, apply_environment
 from .model import UNBATCHED, LoadedModel, OutputPath, output_path
 from .programs import SharedPrograms, artifact_digest, program_key
-from .unpack import Unpack, Unpackers
+from .unpack import CPU_MAX_OUTPUTS, Unpack, Unpackers
 
 if TYPE_CHECKING:
     from jax import Device
@@ -121,8 +121,9 @@ class Runtime:
         self.environment = environment
         #: Compiled programs by artifact and argument types, shared between bundles.
         self.programs = SharedPrograms()
-        #: The weight loads' unpack programs, one per layout of weights in use.
-        self.unpackers = Unpackers(device)
+        #: The weight loads' unpack programs, one set per layout of weights in use; on the
+        #: CPU each cuts at most CPU_MAX_OUTPUTS tensors (``unpack.py``).
+        self.unpackers = Unpackers(device, CPU_MAX_OUTPUTS if backend == "cpu" else None)
         #: The memory kind a ``pinned_host``-path program's outputs are compiled into (a
         #: constructor argument so that a test can make that compile fail on the CPU).
         self.output_memory = output_memory

@@ -49,6 +49,9 @@ The same load now: one transfer and the unpack program, 18 us (MLP) and 32 us (R
 in isolation; 92 us at the median of cold acquires in the closed loop (240 us on average,
 against 3,674 for the baseline in the same run: 10.9x the loads per second), 0.46-1.09
 ms per load in the served worker, where the loop shares two cores with the executions.
+Since the unpack program cuts in the tensors' own words, at most 8 a program on the CPU
+(``unpack.py``; 2026-12-02, quiet): 60-73 us per load on average and 100-117 us at the
+median cold acquire, 6.5x the loads per second of the put of the list.
 Alternatives measured side by side (``unpack.py``'s header): a put of the list without
 the block (no better than 10 %: the cost is the per-tensor dispatch), one packed argument
 of the model's own program (slices inside it: 5x slower executions on the CPU), and the

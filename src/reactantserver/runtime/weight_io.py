@@ -45,7 +45,7 @@ from ..weights import (
 )
 from ..weights.host import pack_offsets
 from .host_memory import PinnedHostStaging
-from .unpack import Unpack
+from .unpack import Unpack, packed_word
 
 __all__ = [
     "DeviceRuntime",
@@ -125,7 +125,8 @@ class WeightHandles:
             copy = await self._thread(self.store.materialize, key, layout)
             if self.staging is not None:
                 if key in self.loaders and copy.packed is not None:
-                    staged = await self._thread(self.staging.stage_packed, copy.packed)
+                    words = copy.packed.view(packed_word(layout.tensors))  # no copy
+                    staged = await self._thread(self.staging.stage_packed, words)
                 else:
                     staged = await self._thread(self.staging.stage, copy.arrays)
                 self._staged[key] = staged
