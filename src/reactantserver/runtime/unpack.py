@@ -113,7 +113,7 @@ def _nothing(packed: Any) -> list[Any]:
 #: The most tensors one unpack program cuts on the CPU backend. XLA's CPU runtime runs a
 #: program of at most 8 kernels in the caller's thread, one after another, and spreads a
 #: longer one over its thread pool, whose hand-offs cost more than the slices: the
-#: 14-tensor catalog ResNet's load took 145-162 us as one program and 51-75 us as two of
+#: 14-tensor catalog ResNets' loads took 145-162 us as one program and 50-79 us as two of
 #: at most 8 (2026-12-02, this 2-core machine; the module docstring). Elsewhere (CUDA)
 #: the program runs on the device and one program a load is the cheapest.
 CPU_MAX_OUTPUTS = 8
