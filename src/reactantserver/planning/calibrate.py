@@ -46,9 +46,8 @@ their seconds) and from the kernel's accounting of its threads (:mod:`.cpu`):
    budget together, ``contended_seconds`` alone and as long beside a spinning process on
    every core but one (:func:`reactantserver.planning.cpu.start_spinners`), five times
    over (the median: a single pair now and then says 1.9x where the rest say 1.1-1.3x).
-   There an
-   execution one core wide or wider gets the one core left, so its time is its work in
-   core-seconds; that over its time alone (the ``stretch``) is its width in the host
+   There an execution one core wide or wider gets the one core left, so its time is its
+   work in core-seconds; that over its time alone (the ``stretch``) is its width in the host
    model (:func:`width_from_stretch`): ``execution_threads``. What the threads burn
    alone overstates it: on the CPU backend they burn 2 cores per second of execution
    (the machine's two) where the stretch says 1.1-1.3, and live fleets of three CPU
@@ -58,7 +57,7 @@ their seconds) and from the kernel's accounting of its threads (:mod:`.cpu`):
    delay (loopback, wake-ups) that no core explains.
 5. **Through a gateway** (optional): the same one-at-a-time run through it gives the
    gateway's CPU per request alone, and the delay of that path, which then replaces step
-   3's; a run with ``concurrency`` requests in flight gives its CPU per request when its
+   4's; a run with ``concurrency`` requests in flight gives its CPU per request when its
    loop serves several from one wake-up (about half, here). The simulator charges the
    second per request and the difference -- the wake-up -- to each request that finds the
    gateway's loop idle.
@@ -324,9 +323,9 @@ async def _stretch(
     stretches: list[float] = []
     for _ in range(max(1, pairs)):
         alone = await run()
-        procs = cpu.start_spinners(spinners, seconds + 0.5)
+        # Off the loop: it returns once every spinner spins.
+        procs = await asyncio.to_thread(cpu.start_spinners, spinners, seconds + 0.5)
         try:
-            await asyncio.sleep(0.2)  # every spinner started and spinning
             beside = await run()
         finally:
             for proc in procs:

@@ -125,6 +125,7 @@ def machine_busy(seconds: float = 1.0, samples: int = 40) -> MachineLoad:
 
 _SPIN = """
 import time
+print("spinning", flush=True)
 wall = time.monotonic(); cpu = time.process_time(); end = wall + {seconds}
 while time.monotonic() < end:
     pass
@@ -134,16 +135,21 @@ print(time.process_time() - cpu, time.monotonic() - wall)
 
 def start_spinners(k: int, seconds: float) -> list[Any]:
     """Start ``k`` processes that each spin on a core for ``seconds`` (always runnable:
-    what a hungry thread of another process is); each prints its CPU and wall seconds on
-    exit (``proc.communicate()``)."""
+    what a hungry thread of another process is), and return once every one of them
+    spins (each says so on its first line; blocks: call it off an event loop). Each
+    prints its CPU and wall seconds on exit (``proc.communicate()``)."""
     import subprocess
     import sys
 
     code = _SPIN.format(seconds=seconds)
-    return [
+    procs = [
         subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
         for _ in range(k)
     ]
+    for proc in procs:
+        assert proc.stdout is not None
+        proc.stdout.readline()  # "spinning"
+    return procs
 
 
 def hungry_threads(seconds: float = 1.0, spinners: int | None = None) -> tuple[float, float]:
