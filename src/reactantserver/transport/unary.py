@@ -142,12 +142,18 @@ def _message(chunks: list[memoryview]) -> bytes | memoryview:
     return b"".join(parts)
 
 
-def framed(parts: Sequence[bytes | memoryview]) -> tuple[tuple[bytes | memoryview, ...], int]:
-    """A gRPC message's pieces: its 5-byte prefix, then ``parts`` as they are (none
-    copied), and its size in bytes, prefix included."""
+def message_size(parts: Sequence[bytes | memoryview]) -> int:
+    """The bytes of the message ``b"".join(parts)``, without joining them."""
     size = 0
     for part in parts:
         size += len(part) if isinstance(part, bytes) else part.nbytes
+    return size
+
+
+def framed(parts: Sequence[bytes | memoryview]) -> tuple[tuple[bytes | memoryview, ...], int]:
+    """A gRPC message's pieces: its 5-byte prefix, then ``parts`` as they are (none
+    copied), and its size in bytes, prefix included."""
+    size = message_size(parts)
     return (b"\x00" + size.to_bytes(4, "big"), *parts), size + 5
 
 

@@ -112,7 +112,7 @@ from ..transport.health import HealthServicer
 from ..transport.security import describe_security, listener_security, open_warning
 from ..transport.server import GuardedServer, ServerStream, listen_tcp
 from ..transport.streaming import RequestCall, StreamCall, StreamedRequest, StreamHandler
-from ..transport.unary import DirectHandler, UnaryCall
+from ..transport.unary import DirectHandler, UnaryCall, message_size
 
 log = logging.getLogger(__name__)
 
@@ -470,8 +470,7 @@ class _Infer:
         bridge = self._bridge
         try:
             parts = encode_infer_response_parts(bridge._service.finish_infer(pending))
-            size = sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
-            bridge._codec.check_response(size)
+            bridge._codec.check_response(message_size(parts))
         except GRPCError as exc:
             self._fail(WireStatus(error_code(exc), exc.message or ""))
             return
