@@ -34,13 +34,20 @@ if TYPE_CHECKING:
     from .runtime import LoadedModel
 
 
+def _ns(seconds: float) -> int:
+    """A duration as the statistics count it: whole nanoseconds, never negative."""
+    return max(0, round(seconds * 1e9))
+
+
 class _BatchCounters:
-    __slots__ = ("compute_infer", "compute_input", "compute_output")
+    """One batch size's executions and their nanoseconds, counted in place (an execution
+    adds to plain ints; ``statistics`` makes the records)."""
+
+    __slots__ = ("executions", "infer_ns", "input_ns", "output_ns")
 
     def __init__(self) -> None:
-        self.compute_input = Duration()
-        self.compute_infer = Duration()
-        self.compute_output = Duration()
+        self.executions = 0
+        self.input_ns = self.infer_ns = self.output_ns = 0
 
 
 class ServedModel(BundleFacts):
@@ -75,12 +82,11 @@ class ServedModel(BundleFacts):
         self._readiness = readiness
         self._input_names = tuple(s.name for s in bundle.inputs)
         self._output_names = tuple(s.name for s in bundle.outputs)
-        self._queue = Duration()
-        self._input = Duration()
-        self._infer = Duration()
-        self._output = Duration()
+        #: Requests queued and their nanoseconds; every execution's input, infer and
+        #: output nanoseconds (``_all``; ``_per_size`` by padded size).
+        self._queued = self._queue_ns = 0
+        self._all = _BatchCounters()
         self._rows = 0
-        self._executions = 0
         self._per_size: dict[int, _BatchCounters] = {}
         self._batch_rows = Histogram(ROW_BUCKETS)
         #: Seconds per compiled batch size measured by the warm-up (the scheduler's
@@ -124,15 +130,21 @@ class ServedModel(BundleFacts):
         return self._readiness(self) if self._readiness is not None else (True, "")
 
     def statistics(self) -> ExecutionStatistics:
+        every = self._all
         return ExecutionStatistics(
-            queue=self._queue,
-            compute_input=self._input,
-            compute_infer=self._infer,
-            compute_output=self._output,
+            queue=Duration(self._queued, self._queue_ns),
+            compute_input=Duration(every.executions, every.input_ns),
+            compute_infer=Duration(every.executions, every.infer_ns),
+            compute_output=Duration(every.executions, every.output_ns),
             inference_count=self._rows,
-            execution_count=self._executions,
+            execution_count=every.executions,
             batches=tuple(
-                BatchStatistics(size, c.compute_input, c.compute_infer, c.compute_output)
+                BatchStatistics(
+                    size,
+                    Duration(c.executions, c.input_ns),
+                    Duration(c.executions, c.infer_ns),
+                    Duration(c.executions, c.output_ns),
+                )
                 for size, c in sorted(self._per_size.items())
             ),
         )
@@ -170,20 +182,19 @@ class ServedModel(BundleFacts):
         output_seconds: float,
     ) -> None:
         """Account one successful execution of ``rows`` rows at padded ``size``."""
-        for q in queue_seconds:
-            self._queue = self._queue.plus(q)
-        self._input = self._input.plus(input_seconds)
-        self._infer = self._infer.plus(infer_seconds)
-        self._output = self._output.plus(output_seconds)
+        self._queued += len(queue_seconds)
+        self._queue_ns += sum(map(_ns, queue_seconds))
         self._rows += rows
-        self._executions += 1
         self._batch_rows.observe(rows)
+        ns_in, ns_infer, ns_out = _ns(input_seconds), _ns(infer_seconds), _ns(output_seconds)
         counters = self._per_size.get(size)
         if counters is None:
             counters = self._per_size[size] = _BatchCounters()
-        counters.compute_input = counters.compute_input.plus(input_seconds)
-        counters.compute_infer = counters.compute_infer.plus(infer_seconds)
-        counters.compute_output = counters.compute_output.plus(output_seconds)
+        for c in (self._all, counters):
+            c.executions += 1
+            c.input_ns += ns_in
+            c.infer_ns += ns_infer
+            c.output_ns += ns_out
 
     def __repr__(self) -> str:
         return f"<ServedModel {self.name!r} generation={self.generation}>"

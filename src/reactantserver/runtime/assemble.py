@@ -68,7 +68,10 @@ def gather(requests: Sequence[Mapping[str, np.ndarray]], size: int) -> dict[str,
 
 
 def scatter(outputs: Mapping[str, np.ndarray], rows: Sequence[int]) -> list[dict[str, np.ndarray]]:
-    """Per-request views of each output: request ``i`` gets its ``rows[i]`` rows."""
+    """Per-request views of each output: request ``i`` gets its ``rows[i]`` rows (a lone
+    request whose outputs have exactly its rows gets them whole)."""
+    if len(rows) == 1 and all(a.ndim and a.shape[0] == rows[0] for a in outputs.values()):
+        return [dict(outputs)]
     total = sum(rows)
     for name, array in outputs.items():
         if array.ndim == 0 or array.shape[0] < total:

@@ -58,7 +58,10 @@ def _run_batch(
 ) -> tuple[list[Outputs], tuple[float, float, float]]:
     """Worker-thread body: gather, execute, scatter; returns results and step timings."""
     t0 = time.perf_counter()
-    inputs = gather(payloads, size) if model.batched else payloads[0]
+    if not model.batched or (len(rows) == 1 and rows[0] == size):
+        inputs = payloads[0]  # one request that fills its program (rows checked at begin)
+    else:
+        inputs = gather(payloads, size)
     args = [inputs[name] for name in model.input_names]
     t1 = time.perf_counter()
     results = model.loaded.execute(args, weights)

@@ -105,6 +105,24 @@ def output_path(platform: str, memory_kinds: Iterable[str]) -> OutputPath:
     return "pinned_host" if "pinned_host" in set(memory_kinds) else "copy_async"
 
 
+#: How a program returns its outputs: one array, a flat tuple or list of them, or any
+#: other tree (flattened with ``jax.tree.leaves``).
+OutputForm = Literal["leaf", "sequence", "tree"]
+
+
+def _output_form(executable: Any) -> OutputForm:
+    """From a compiled program's ``out_tree`` (JAX's tree of its outputs): ``leaf`` for
+    one array, ``sequence`` for a tuple or list of arrays (every node but the root a
+    leaf), ``tree`` otherwise or when the program says nothing (a test's fake)."""
+    tree = getattr(executable, "out_tree", None)
+    nodes, leaves = getattr(tree, "num_nodes", 0), getattr(tree, "num_leaves", -1)
+    if nodes == 1 and leaves == 1:
+        return "leaf"
+    if nodes == leaves + 1:
+        return "sequence"  # or a dict of arrays: the call checks the type it returns
+    return "tree"
+
+
 @attrs.frozen
 class Launched:
     """A launched execution: the program is queued on the device, its outputs pending."""
@@ -145,6 +163,11 @@ class LoadedModel:
             )
             for size in self._executables
         }
+        self._n_inputs = len(self._inputs)
+        #: How each size's program returns its outputs (:func:`_output_form`).
+        self._forms: dict[int, OutputForm] = {
+            size: _output_form(exe) for size, exe in self._executables.items()
+        }
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -162,7 +185,7 @@ class LoadedModel:
         return [spec.with_batch(size) for spec in self._inputs]
 
     def _size_of(self, inputs: Sequence[np.ndarray]) -> int:
-        if len(inputs) != len(self._inputs):
+        if len(inputs) != self._n_inputs:
             raise InvalidArgument(
                 f"model {self.name!r}: expected {len(self._inputs)} inputs "
                 f"({', '.join(s.name for s in self._inputs)}), got {len(inputs)}"
@@ -171,44 +194,71 @@ class LoadedModel:
         if self.bundle.batched:
             first = inputs[0]
             size = int(first.shape[0]) if first.ndim else -1
-            if size not in self._executables:
-                raise InvalidArgument(
-                    f"model {self.name!r}: input {self._inputs[0].name!r} has {size} rows, which is "
-                    f"not a compiled batch size ({', '.join(map(str, self.sizes))}); pad to one"
-                )
+        takes = self._takes.get(size)
+        if takes is None:
+            raise InvalidArgument(
+                f"model {self.name!r}: input {self._inputs[0].name!r} has {size} rows, which is "
+                f"not a compiled batch size ({', '.join(map(str, self.sizes))}); pad to one"
+            )
+        for arr, (dtype, shape) in zip(inputs, takes, strict=True):
+            if arr.dtype != dtype or arr.shape != shape:
+                self._mismatch(inputs, size)
+        return size
+
+    def _mismatch(self, inputs: Sequence[np.ndarray], size: int) -> None:
+        """Raise for the first input that is not what the program for ``size`` takes."""
         for arr, spec, (dtype, shape) in zip(inputs, self._inputs, self._takes[size], strict=True):
             if arr.dtype != dtype or arr.shape != shape:
                 raise InvalidArgument(
                     f"model {self.name!r}: input {spec.name!r} is {arr.dtype}{list(arr.shape)}, "
                     f"the program for batch size {size} takes {spec.numpy_dtype}{list(shape)}"
                 )
-        return size
 
     def execute(
         self, inputs: Sequence[np.ndarray], device_weights: Sequence[Any]
     ) -> list[np.ndarray]:
-        """Run the program matching the inputs' batch size; outputs in manifest order."""
-        return self.fetch(self.launch(inputs, device_weights))
+        """Run the program matching the inputs' batch size; outputs in manifest order.
+        ``fetch(launch(...))``, without the ``Launched`` in between (the inline pass of
+        the host loop calls it once a request: docs/benchmarks.md, "Where a request's CPU
+        goes at one in flight")."""
+        size, outputs = self._call(inputs, device_weights)
+        try:
+            return [np.asarray(r) for r in outputs]
+        except Exception as exc:
+            raise self._failed(size, exc) from exc
 
     def launch(self, inputs: Sequence[np.ndarray], device_weights: Sequence[Any]) -> Launched:
         """Check the inputs and queue the program on them (its call moves them to the
         device); returns without waiting for it (see the module docstring)."""
+        return Launched(*self._call(inputs, device_weights))
+
+    def _call(
+        self, inputs: Sequence[np.ndarray], device_weights: Sequence[Any]
+    ) -> tuple[int, list[Any]]:
+        """``launch``'s work: the size run and the program's outputs (not waited for)."""
         size = self._size_of(inputs)
         if len(device_weights) != self._n_weights:
             raise InvalidArgument(
                 f"model {self.name!r}: expected {self._n_weights} weight arrays, got "
                 f"{len(device_weights)}"
             )
-        import jax
-
         try:
             # numpy straight to the program on every path: its call moves them (module
             # docstring, "inputs").
-            outputs = jax.tree.leaves(self._executables[size](*inputs, *device_weights))
+            out = self._executables[size](*inputs, *device_weights)
+            form = self._forms[size]
+            if form == "leaf":
+                outputs = [out]
+            elif form == "sequence" and type(out) in (tuple, list):
+                outputs = list(out)
+            else:
+                import jax
+
+                outputs = jax.tree.leaves(out)
             if self.paths[size] == "copy_async":
                 for output in outputs:
                     output.copy_to_host_async()
-            return Launched(size, outputs)
+            return size, outputs
         except Exception as exc:
             raise self._failed(size, exc) from exc
 

@@ -36,11 +36,16 @@ class HeldWrites:
     without the extra loop pass a ``call_soon`` costs (about 2 % of a forwarded request's
     CPU). A write made anywhere else (a timer, a task) flushes by ``call_soon``. One per
     thread (:func:`held_writes`): each thread runs its own loop.
+
+    A callback may also owe *work* to its own end (:meth:`run_after`): the host loop's
+    pass of the dispatch loop (``guest.call_soon``) runs there, after the whole read has
+    been handled and before the flushes, so its answers leave in the read's ``send``.
     """
 
     def __init__(self) -> None:
         self.depth = 0
         self._owed: list[Callable[[], None]] = []
+        self._after: list[Callable[[], object]] = []
 
     def flush_soon(self, loop: asyncio.AbstractEventLoop, flush: Callable[[], None]) -> None:
         """Run ``flush`` when the protocol callback running now returns or, outside one, on
@@ -50,12 +55,21 @@ class HeldWrites:
         else:
             loop.call_soon(flush)
 
+    def run_after(self, fn: Callable[[], object]) -> None:
+        """Run ``fn()`` as the outermost protocol callback running now returns, before its
+        flushes (what ``fn`` writes is held with the rest). Only inside one (``depth``)."""
+        assert self.depth, "run_after outside a protocol callback"
+        self._after.append(fn)
+
     def enter(self) -> None:
         """A protocol callback starts (pair with :meth:`leave` in ``finally``)."""
         self.depth += 1
 
     def leave(self) -> None:
-        """It returned: the outermost one runs every owed flush."""
+        """It returned: the outermost one runs the work owed to its end
+        (:meth:`run_after`), then every owed flush."""
+        if self.depth == 1 and self._after:
+            self._run_after()
         self.depth -= 1
         if not self.depth and self._owed:
             owed, self._owed = self._owed, []
@@ -64,6 +78,15 @@ class HeldWrites:
                     flush()
                 except Exception:  # one connection's failure is not the others'
                     log.exception("writing a connection's output failed")
+
+    def _run_after(self) -> None:
+        while self._after:  # work that owes more work runs it too, in order
+            after, self._after = self._after, []
+            for fn in after:
+                try:
+                    fn()
+                except Exception:  # as asyncio's handler would for a callback of its own
+                    log.exception("work run at the end of a protocol callback failed")
 
 
 _PER_THREAD = threading.local()
