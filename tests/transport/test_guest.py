@@ -192,3 +192,62 @@ def test_trio_signal_receiver_works_in_guest_mode() -> None:
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0
     assert out.strip() == f"got {int(signal.SIGTERM)}"
+
+
+def test_call_soon_inside_a_read_runs_as_it_returns_when_nothing_else_is_ready() -> None:
+    """``guest.call_soon`` from inside a connection's callback (``HeldWrites`` entered)
+    with nothing else ready on the host loop runs as that callback returns -- the same
+    order the loop's next pass would give it, without the pass; with another callback
+    ready, it waits its turn behind it, as ``loop.call_soon`` does; outside a callback,
+    on the next pass."""
+    from reactantserver.transport.h2conn import held_writes
+
+    async def main() -> list[str]:
+        order: list[str] = []
+        loop = asyncio.get_running_loop()
+        held = held_writes()
+        done = asyncio.Event()
+
+        def read(name: str, other_ready: bool) -> None:
+            held.enter()
+            try:
+                if other_ready:
+                    loop.call_soon(order.append, f"{name}: another callback")
+                assert guest.call_soon(lambda: order.append(f"{name}: the pass"))
+                order.append(f"{name}: the read")
+            finally:
+                held.leave()
+            order.append(f"{name}: returned")
+
+        def reads() -> None:
+            read("alone", False)
+            read("crowded", True)
+            loop.call_soon(done.set)
+
+        # From an asyncio callback of its own (not a Trio tick): the loop's ready
+        # queue holds only what each read adds.
+        await guest.aio(_run_in_callback(loop, reads, done))
+        assert guest.call_soon(lambda: order.append("outside: the pass"))
+        order.append("outside: returned")
+        await trio.sleep(0)
+        await guest.aio(asyncio.sleep(0))
+        return order
+
+    assert guest.run(main) == [
+        "alone: the read",
+        "alone: the pass",
+        "alone: returned",
+        "crowded: the read",
+        "crowded: returned",
+        "crowded: another callback",
+        "crowded: the pass",
+        "outside: returned",
+        "outside: the pass",
+    ]
+
+
+async def _run_in_callback(
+    loop: asyncio.AbstractEventLoop, fn: object, done: asyncio.Event
+) -> None:
+    loop.call_soon(fn)  # type: ignore[arg-type]
+    await done.wait()

@@ -129,3 +129,49 @@ def test_each_thread_owes_its_own_flushes() -> None:
         held.leave()
     assert seen == [[b"x"]]
     assert theirs[0] is not held and held_writes() is held  # one per thread, kept
+
+
+def test_work_owed_to_a_callback_runs_as_it_returns_before_its_flushes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    asyncio.run(_after(caplog))
+
+
+async def _after(caplog: pytest.LogCaptureFixture) -> None:
+    """``run_after``: the work runs once, at the outermost ``leave`` (not at a nested
+    one), in order, with what it writes sent together with the callback's own writes in
+    one ``send``; work it owes in turn runs too; a failing piece is logged and the rest
+    still runs."""
+    loop = asyncio.get_running_loop()
+    socket = _Socket()
+    cork = _cork(socket, loop)
+    ran: list[str] = []
+    held = held_writes()
+
+    def answer() -> None:
+        ran.append("answer")
+        cork.write(b"answer")
+        held.run_after(lambda: ran.append("owed by the answer"))
+
+    def broken() -> None:
+        ran.append("broken")
+        raise RuntimeError("a bug in the work")
+
+    held.enter()
+    try:
+        cork.write(b"read;")
+        held.run_after(answer)
+        held.run_after(broken)
+        held.enter()
+        held.leave()  # nested: nothing runs yet
+        assert ran == [] and socket.sent == []
+    finally:
+        with caplog.at_level(logging.ERROR, logger="reactantserver.transport.h2conn"):
+            held.leave()
+    assert ran == ["answer", "broken", "owed by the answer"]
+    assert socket.sent == [b"read;answer"]  # one send: the read's writes and the answer's
+    assert "work run at the end of a protocol callback failed" in caplog.text
+    assert held.depth == 0
+    held.enter()
+    held.leave()
+    assert ran == ["answer", "broken", "owed by the answer"]  # nothing left over
