@@ -232,19 +232,24 @@ def request_deadline(
 def _check_shape(spec: TensorSpec, shape: Sequence[int], where: str) -> None:
     if len(shape) > MAX_RANK:
         raise InvalidArgument(f"{where}: rank {len(shape)} exceeds the limit of {MAX_RANK}")
-    if any(d < 0 for d in shape):
+    # Bound the extents themselves, not only their product: an empty tensor such as
+    # [0, 2**62] holds nothing, yet numpy (rightly) refuses to create it. (One pass for
+    # both; at most MAX_RANK extents, so the product stays small enough to compute.)
+    extent = 1
+    negative = False
+    for d in shape:
+        if d > 1:
+            extent *= d
+        elif d < 0:
+            negative = True
+    if negative:
         raise InvalidArgument(f"{where}: shape {_shape_text(shape)} has a negative extent")
     if not tensors.shape_matches(spec.shape, shape):
         raise InvalidArgument(
             f"{where}: expected shape {_shape_text(spec.shape)}, got {_shape_text(shape)}"
         )
-    # Bound the extents themselves, not only their product: an empty tensor such as
-    # [0, 2**62] holds nothing, yet numpy (rightly) refuses to create it.
-    extent = 1
-    for d in shape:
-        extent *= max(d, 1)
-        if extent > tensors.MAX_BYTES:
-            raise InvalidArgument(f"{where}: shape {_shape_text(shape)} is too large")
+    if extent > tensors.MAX_BYTES:
+        raise InvalidArgument(f"{where}: shape {_shape_text(shape)} is too large")
 
 
 def _from_typed(

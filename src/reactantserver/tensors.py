@@ -138,7 +138,11 @@ def shape_matches(declared: Sequence[int], actual: Sequence[int]) -> bool:
     """True when ``actual`` fits ``declared``, where ``-1`` in declared matches any extent."""
     if len(declared) != len(actual):
         return False
-    return all(d == -1 or d == a for d, a in zip(declared, actual, strict=True))
+    # A plain loop, not all(): no generator per call (every request asks, twice).
+    for d, a in zip(declared, actual, strict=True):  # noqa: SIM110
+        if d != a and d != -1:
+            return False
+    return True
 
 
 def serialize_bytes(values: Iterable[Any]) -> bytes:

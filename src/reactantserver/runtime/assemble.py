@@ -27,18 +27,32 @@ import numpy as np
 
 def request_rows(inputs: Mapping[str, np.ndarray]) -> int:
     """The batch extent of one request: axis 0 of its tensors, which must agree."""
-    extents = {name: a.shape[0] if a.ndim else -1 for name, a in inputs.items()}
-    distinct = set(extents.values())
-    if len(distinct) != 1 or -1 in distinct:
+    rows = -1
+    for a in inputs.values():
+        extent = a.shape[0] if a.ndim else -1
+        if rows == -1:
+            rows = extent
+        if extent != rows or extent == -1:
+            rows = -1
+            break
+    if rows == -1:
+        extents = {name: a.shape[0] if a.ndim else -1 for name, a in inputs.items()}
         raise ValueError(f"every input needs the same leading (batch) axis; got {extents}")
-    return distinct.pop()
+    return rows
 
 
-def gather(requests: Sequence[Mapping[str, np.ndarray]], size: int) -> dict[str, np.ndarray]:
-    """One ``size``-row array per input name: the requests' rows in order, zero-padded."""
+def gather(
+    requests: Sequence[Mapping[str, np.ndarray]],
+    size: int,
+    rows: Sequence[int] | None = None,
+) -> dict[str, np.ndarray]:
+    """One ``size``-row array per input name: the requests' rows in order, zero-padded.
+    ``rows``: each request's rows where the caller knows them (the executor: counted at
+    admission by :func:`request_rows`), else counted here."""
     if not requests:
         raise ValueError("gather needs at least one request")
-    rows = [request_rows(r) for r in requests]
+    if rows is None:
+        rows = [request_rows(r) for r in requests]
     total = sum(rows)
     if total > size:
         raise ValueError(f"{total} rows do not fit in a batch of {size}")

@@ -49,6 +49,22 @@ from .weight_provider import WeightProvider
 Outputs = dict[str, np.ndarray]
 
 
+def _batch_inputs(
+    model: ServedModel,
+    payloads: Sequence[Mapping[str, np.ndarray]],
+    rows: Sequence[int],
+    size: int,
+) -> list[np.ndarray]:
+    """The program's inputs, in argument order: the requests gathered into one padded
+    batch, or one request's own arrays where it fills the program by itself (its rows
+    were counted at admission)."""
+    if not model.batched or (len(rows) == 1 and rows[0] == size):
+        inputs = payloads[0]
+    else:
+        inputs = gather(payloads, size, rows)
+    return [inputs[name] for name in model.input_names]
+
+
 def _run_batch(
     model: ServedModel,
     payloads: Sequence[Mapping[str, np.ndarray]],
@@ -58,11 +74,7 @@ def _run_batch(
 ) -> tuple[list[Outputs], tuple[float, float, float]]:
     """Worker-thread body: gather, execute, scatter; returns results and step timings."""
     t0 = time.perf_counter()
-    if not model.batched or (len(rows) == 1 and rows[0] == size):
-        inputs = payloads[0]  # one request that fills its program (rows checked at begin)
-    else:
-        inputs = gather(payloads, size)
-    args = [inputs[name] for name in model.input_names]
+    args = _batch_inputs(model, payloads, rows, size)
     t1 = time.perf_counter()
     results = model.loaded.execute(args, weights)
     t2 = time.perf_counter()
@@ -132,8 +144,7 @@ class DeviceExecutor:
         model = batch.group
         t0 = time.perf_counter()
         payloads = [r.payload for r in batch.requests]
-        inputs = gather(payloads, batch.size) if model.batched else payloads[0]
-        args = [inputs[name] for name in model.input_names]
+        args = _batch_inputs(model, payloads, [r.rows for r in batch.requests], batch.size)
         t1 = time.perf_counter()
         return model.loaded.launch(args, self._acquired[batch.seq]), t1 - t0, t1
 
