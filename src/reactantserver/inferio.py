@@ -192,6 +192,8 @@ def _param(params: Mapping[str, ParamValue], key: str, kind: type[_P], where: st
 
 
 def _shm_target(params: Mapping[str, ParamValue], where: str) -> ShmTarget | None:
+    if not params:
+        return None  # the usual case: a tensor sent inline, without parameters
     region = _param(params, SHM_REGION, str, where)
     offset = _param(params, SHM_OFFSET, int, where)
     size = _param(params, SHM_BYTE_SIZE, int, where)
@@ -216,6 +218,8 @@ def request_deadline(
     params: Mapping[str, ParamValue], where: str, *, now: float, deadline: float
 ) -> float:
     """The earliest of ``deadline`` and the request's timeout parameters, absolute."""
+    if not params:
+        return deadline
     for key, unit in ((PARAM_TIMEOUT_US, 1e-6), (PARAM_TIMEOUT_NS, 1e-9)):
         value = _param(params, key, int, where)
         if value is None or value == 0:
@@ -352,17 +356,18 @@ def decode_request(
         request = from_message(request)
     model = request.model_name
     prefix = f"model {quoted(model)}"
-    for key in _SEQUENCE_PARAMS:
-        if key in request.parameters:
-            raise InvalidArgument(
-                f"{prefix}: parameter {quoted(key)}: sequence batching is not supported"
-            )
+    if request.parameters:
+        for key in _SEQUENCE_PARAMS:
+            if key in request.parameters:
+                raise InvalidArgument(
+                    f"{prefix}: parameter {quoted(key)}: sequence batching is not supported"
+                )
     due = request_deadline(request.parameters, prefix, now=now, deadline=deadline)
 
     declared = {s.name: s for s in inputs}
     raw = request.raw_input_contents
-    inline = [t for t in request.inputs if SHM_REGION not in t.parameters]
     if raw:
+        inline = [t for t in request.inputs if SHM_REGION not in t.parameters]
         # Checked before the counts: a request that sends both kinds is told that, not
         # that its raw entries are one short (Triton's words, so its clients recognise it).
         for tensor in inline:
@@ -372,11 +377,12 @@ def decode_request(
                     f"for {tensor.name!r} for model {model!r}; send every inline input "
                     "in raw_input_contents, or every one in its typed contents"
                 )
-    if raw and len(raw) != len(inline):
-        raise InvalidArgument(
-            f"{prefix}: raw_input_contents has {len(raw)} entries but {len(inline)} inputs "
-            "are sent inline (not in shared memory); give every inline input an entry, or none"
-        )
+        if len(raw) != len(inline):
+            raise InvalidArgument(
+                f"{prefix}: raw_input_contents has {len(raw)} entries but {len(inline)} inputs "
+                "are sent inline (not in shared memory); give every inline input an entry, "
+                "or none"
+            )
     next_raw = 0
     arrays: dict[str, np.ndarray] = {}
     for tensor in request.inputs:

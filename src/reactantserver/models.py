@@ -30,6 +30,7 @@ from .host import BundleFacts
 from .records import BatchStatistics, Duration, ExecutionStatistics
 
 if TYPE_CHECKING:
+    from .bundle.manifest import TensorSpec
     from .load_config import Override
     from .runtime import LoadedModel
 
@@ -80,6 +81,12 @@ class ServedModel(BundleFacts):
         self._max_queue_depth = max_queue_depth
         #: Extra readiness condition the worker imposes (explicit mode: device residency).
         self._readiness = readiness
+        # The bundle's facts every request reads, read once (a bundle never changes;
+        # each is otherwise a chain of three or four properties).
+        self._name = bundle.name
+        self._client_inputs = bundle.client_inputs
+        self._client_outputs = bundle.client_outputs
+        self._batched = bundle.batched
         self._input_names = tuple(s.name for s in bundle.inputs)
         self._output_names = tuple(s.name for s in bundle.outputs)
         #: Requests queued and their nanoseconds; every execution's input, infer and
@@ -156,8 +163,20 @@ class ServedModel(BundleFacts):
     # ------------------------------------------------------------------ executor
 
     @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def inputs(self) -> Sequence[TensorSpec]:
+        return self._client_inputs
+
+    @property
+    def outputs(self) -> Sequence[TensorSpec]:
+        return self._client_outputs
+
+    @property
     def batched(self) -> bool:
-        return self.bundle.batched
+        return self._batched
 
     @property
     def input_names(self) -> tuple[str, ...]:

@@ -37,16 +37,21 @@ X = TensorSpec("x", "FP32", (-1, 4))
 Y = TensorSpec("y", "FP32", (-1, 4))
 
 
-def version(sizes: tuple[int, ...], generation: int) -> ServedModel:
+def version(
+    sizes: tuple[int, ...],
+    generation: int,
+    outputs: Sequence[TensorSpec] = (Y,),
+    hooks: Any = None,
+) -> ServedModel:
     bundle = SimpleNamespace(
         name="m",
         inputs=[X],
         outputs=[Y],
         client_inputs=[X],
-        client_outputs=[Y],
+        client_outputs=list(outputs),
         compiled_batch_sizes=sizes,
         batched=True,
-        hooks=None,
+        hooks=hooks,
         manifest=SimpleNamespace(max_batch_size=max(sizes)),
     )
     return ServedModel(
@@ -202,11 +207,8 @@ def _refuse(*_: Any) -> Any:
 
 
 def hooked_version(outputs: Sequence[TensorSpec]) -> ServedModel:
-    served = version((1, 4), 1)
-    bundle = served.bundle
-    bundle.client_outputs = list(outputs)  # type: ignore[misc]
-    bundle.hooks = SimpleNamespace(preprocess=_refuse, postprocess=_refuse)  # type: ignore[misc]
-    return served
+    # (A bundle is immutable: the stand-in is made with these outputs and hooks.)
+    return version((1, 4), 1, outputs, SimpleNamespace(preprocess=_refuse, postprocess=_refuse))
 
 
 async def test_a_request_of_zero_rows_is_answered_at_once_with_zero_rows_of_every_output(
