@@ -145,7 +145,7 @@ class InferCall:
 
     @property
     def output_names(self) -> tuple[str, ...]:
-        return tuple(o.spec.name for o in self.outputs)
+        return tuple([o.spec.name for o in self.outputs])
 
 
 def _shape_text(shape: Sequence[int]) -> str:
@@ -442,6 +442,25 @@ def decode_request(
     )
 
 
+#: ``_every_output``'s answers by the identity of the model's outputs (kept alive here, so
+#: an identity is never reused while cached), cleared past ``_EVERY_OUTPUT_MODELS``.
+_EVERY_OUTPUT: dict[int, tuple[Sequence[TensorSpec], tuple[RequestedOutput, ...]]] = {}
+_EVERY_OUTPUT_MODELS = 4096
+
+
+def _every_output(outputs: Sequence[TensorSpec]) -> tuple[RequestedOutput, ...]:
+    """Every output, in order, for a request that names none (most): one tuple per model
+    version's outputs, made once (``RequestedOutput`` is immutable)."""
+    entry = _EVERY_OUTPUT.get(id(outputs))
+    if entry is not None and entry[0] is outputs:
+        return entry[1]
+    every = tuple([RequestedOutput(spec) for spec in outputs])
+    if len(_EVERY_OUTPUT) >= _EVERY_OUTPUT_MODELS:
+        _EVERY_OUTPUT.clear()
+    _EVERY_OUTPUT[id(outputs)] = (outputs, every)
+    return every
+
+
 def _requested_outputs(
     request: InferRequest,
     outputs: Sequence[TensorSpec],
@@ -450,7 +469,7 @@ def _requested_outputs(
     owner: str,
 ) -> tuple[RequestedOutput, ...]:
     if not request.outputs:
-        return tuple(RequestedOutput(spec) for spec in outputs)
+        return _every_output(outputs)
     declared = {s.name: s for s in outputs}
     chosen: list[RequestedOutput] = []
     seen: set[str] = set()
