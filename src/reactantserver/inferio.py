@@ -303,22 +303,29 @@ def _from_buffer(
     *,
     shm: bool,
 ) -> np.ndarray:
-    """View ``buf`` as the tensor (fixed width: no copy; BYTES: decoded elements)."""
-    source = "shared memory" if shm else "raw contents"
+    """View ``buf`` as the tensor (fixed width: no copy; BYTES: decoded elements).
+    ``shape`` has passed ``_check_shape`` (no negative extent, bounded)."""
     have = len(buf) if isinstance(buf, bytes) else buf.nbytes
-    if spec.datatype == "BYTES":
-        count = tensors.element_count(shape, what=where)
-        # Every element takes at least its 4-byte length: check before allocating the
-        # object array, whose size the (hostile) shape alone would otherwise decide.
-        if count > have // 4:
-            raise InvalidArgument(
-                f"{where}: {source} hold {have} bytes, too few for {count} BYTES elements "
-                "(each needs a 4-byte length)"
-            )
-        data = buf.data if isinstance(buf, np.ndarray) else buf
-        return tensors.deserialize_bytes(data, count, what=f"{where}: {source}").reshape(shape)
-    _check_byte_size(spec, shape, have, where, shm=shm)
-    return np.frombuffer(buf, dtype=spec.numpy_dtype).reshape(shape)
+    if spec.datatype != "BYTES":
+        dtype = spec.numpy_dtype
+        count = 1
+        for d in shape:
+            count *= d
+        if count * dtype.itemsize != have:
+            _check_byte_size(spec, shape, have, where, shm=shm)  # says what is wrong
+        return np.frombuffer(buf, dtype=dtype).reshape(shape)
+    # BYTES: elements of their own lengths.
+    source = "shared memory" if shm else "raw contents"
+    count = tensors.element_count(shape, what=where)
+    # Every element takes at least its 4-byte length: check before allocating the
+    # object array, whose size the (hostile) shape alone would otherwise decide.
+    if count > have // 4:
+        raise InvalidArgument(
+            f"{where}: {source} hold {have} bytes, too few for {count} BYTES elements "
+            "(each needs a 4-byte length)"
+        )
+    data = buf.data if isinstance(buf, np.ndarray) else buf
+    return tensors.deserialize_bytes(data, count, what=f"{where}: {source}").reshape(shape)
 
 
 def _check_byte_size(
@@ -498,24 +505,28 @@ def _requested_outputs(
 
 
 def _checked_output(call: InferCall, spec: TensorSpec, value: Any) -> np.ndarray:
-    where = f"model {call.model!r}: output {spec.name!r}"
     if value is None:
-        raise ExecutionFailed(f"{where}: the model returned no such output")
-    arr = np.asarray(value)
+        raise ExecutionFailed(f"{_output_where(call, spec)}: the model returned no such output")
+    arr = value if type(value) is np.ndarray else np.asarray(value)
     if spec.datatype == "BYTES":
         ok = arr.dtype.kind in ("O", "S", "U")
     else:
         ok = arr.dtype == spec.numpy_dtype
     if not ok:
         raise ExecutionFailed(
-            f"{where}: the model returned dtype {arr.dtype}, but declares {spec.datatype}"
+            f"{_output_where(call, spec)}: the model returned dtype {arr.dtype}, but declares "
+            f"{spec.datatype}"
         )
     if not tensors.shape_matches(spec.shape, arr.shape):
         raise ExecutionFailed(
-            f"{where}: the model returned shape {_shape_text(arr.shape)}, but declares "
-            f"{_shape_text(spec.shape)}"
+            f"{_output_where(call, spec)}: the model returned shape {_shape_text(arr.shape)}, "
+            f"but declares {_shape_text(spec.shape)}"
         )
     return arr
+
+
+def _output_where(call: InferCall, spec: TensorSpec) -> str:
+    return f"model {call.model!r}: output {spec.name!r}"
 
 
 def _write_shm(
@@ -556,7 +567,7 @@ def encode_response(
         arr = _checked_output(call, spec, results.get(spec.name))
         tensor = OutputTensor(spec.name, spec.datatype, list(arr.shape))
         if wanted.shm is not None:
-            where = f"model {call.model!r}: output {spec.name!r}"
+            where = _output_where(call, spec)
             written = _write_shm(arr, spec, wanted.shm, registry, where, call.owner)
             tensor.parameters = {
                 SHM_REGION: pb.InferParameter(string_param=wanted.shm.region),
