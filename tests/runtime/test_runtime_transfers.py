@@ -11,15 +11,17 @@ models and must give bit-identical answers, through ``execute`` and through ``la
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 
 from reactantserver.bundle import load_bundle
+from reactantserver.bundle.manifest import TensorSpec
 from reactantserver.config import RuntimeConfig
 from reactantserver.runtime import Runtime
-from reactantserver.runtime.model import output_path
+from reactantserver.runtime.model import LoadedModel, _output_form, output_path
 from reactantserver.runtime.programs import program_key
 
 pytestmark = pytest.mark.slow
@@ -30,6 +32,36 @@ def test_output_path_per_backend_and_memory_kinds() -> None:
     assert output_path("cuda", ["device", "pinned_host", "unpinned_host"]) == "pinned_host"
     assert output_path("cuda", ["device"]) == "copy_async"
     assert output_path("rocm", iter(["device", "pinned_host"])) == "pinned_host"
+
+
+def test_a_programs_outputs_are_flattened_by_the_form_it_returns_them_in() -> None:
+    """``LoadedModel`` reads how each program returns its outputs once, from its
+    ``out_tree``: one array and a flat tuple or list are taken as they are, anything else
+    (a nested tree, a dict) is flattened by JAX; ``execute`` and ``launch`` give the same
+    list of arrays in tree order either way, and a program that says nothing (a test's
+    fake) is flattened as a tree."""
+    import jax
+
+    spec = TensorSpec("x", "FP32", (-1,))
+    bundle = SimpleNamespace(name="m", inputs=[spec], weight_specs=[], batched=True)
+    x = np.arange(3, dtype=np.float32)
+    cases = [
+        (lambda a: a * 2, "leaf"),
+        (lambda a: (a, a * 2), "sequence"),
+        (lambda a: [a * 3], "sequence"),
+        (lambda a: ((a,), [a * 2, a * 3]), "tree"),
+        (lambda a: {"b": a * 2, "a": a}, "sequence"),  # the call sees a dict: flattened
+    ]
+    for fn, form in cases:
+        program = jax.jit(fn).lower(x).compile()
+        assert _output_form(program) == form
+        model = LoadedModel(bundle, {3: program}, [])  # type: ignore[arg-type]
+        expected = [a.tolist() for a in jax.tree.leaves(fn(x))]
+        assert [a.tolist() for a in model.execute([x], [])] == expected
+        assert [a.tolist() for a in model.fetch(model.launch([x], []))] == expected
+    fake = LoadedModel(bundle, {3: lambda a: [[a], a * 2]}, [])  # type: ignore[arg-type, dict-item]
+    assert _output_form(fake._executables[3]) == "tree"
+    assert [a.tolist() for a in fake.execute([x], [])] == [x.tolist(), (x * 2).tolist()]
 
 
 def test_a_cpu_runtime_keeps_the_zero_copy_path(zoo_runtime: Any) -> None:

@@ -115,7 +115,9 @@ def _output_form(executable: Any) -> OutputForm:
     one array, ``sequence`` for a tuple or list of arrays (every node but the root a
     leaf), ``tree`` otherwise or when the program says nothing (a test's fake)."""
     tree = getattr(executable, "out_tree", None)
-    nodes, leaves = getattr(tree, "num_nodes", 0), getattr(tree, "num_leaves", -1)
+    if tree is None:
+        return "tree"
+    nodes, leaves = tree.num_nodes, tree.num_leaves
     if nodes == 1 and leaves == 1:
         return "leaf"
     if nodes == leaves + 1:
@@ -235,7 +237,8 @@ class LoadedModel:
     def _call(
         self, inputs: Sequence[np.ndarray], device_weights: Sequence[Any]
     ) -> tuple[int, list[Any]]:
-        """``launch``'s work: the size run and the program's outputs (not waited for)."""
+        """``launch``'s work: the batch size it ran at and the program's outputs (not
+        waited for), flat, in manifest order."""
         size = self._size_of(inputs)
         if len(device_weights) != self._n_weights:
             raise InvalidArgument(
