@@ -303,15 +303,11 @@ def _from_buffer(
     *,
     shm: bool,
 ) -> np.ndarray:
-    """View ``buf`` as the tensor (fixed width: no copy; BYTES: decoded elements).
-    ``shape`` has passed ``_check_shape`` (no negative extent, bounded)."""
+    """View ``buf`` as the tensor (fixed width: no copy; BYTES: decoded elements)."""
     have = len(buf) if isinstance(buf, bytes) else buf.nbytes
     if spec.datatype != "BYTES":
         dtype = spec.numpy_dtype
-        count = 1
-        for d in shape:
-            count *= d
-        if count * dtype.itemsize != have:
+        if tensors.element_count(shape, what=where) * dtype.itemsize != have:
             _check_byte_size(spec, shape, have, where, shm=shm)  # says what is wrong
         return np.frombuffer(buf, dtype=dtype).reshape(shape)
     # BYTES: elements of their own lengths.

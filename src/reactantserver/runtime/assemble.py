@@ -27,25 +27,18 @@ import numpy as np
 
 def request_rows(inputs: Mapping[str, np.ndarray]) -> int:
     """The batch extent of one request: axis 0 of its tensors, which must agree."""
-    rows = -1
-    for a in inputs.values():
-        extent = a.shape[0] if a.ndim else -1
-        if rows == -1:
-            rows = extent
-        if extent != rows or extent == -1:
-            rows = -1
-            break
-    if rows == -1:
-        extents = {name: a.shape[0] if a.ndim else -1 for name, a in inputs.items()}
-        raise ValueError(f"every input needs the same leading (batch) axis; got {extents}")
-    return rows
+    extents = [a.shape[0] if a.ndim else -1 for a in inputs.values()]
+    if not extents or extents[0] < 0 or extents.count(extents[0]) != len(extents):
+        named = {name: a.shape[0] if a.ndim else -1 for name, a in inputs.items()}
+        raise ValueError(f"every input needs the same leading (batch) axis; got {named}")
+    return extents[0]
 
 
 def gather(
     requests: Sequence[Mapping[str, np.ndarray]],
     size: int,
     rows: Sequence[int] | None = None,
-) -> dict[str, np.ndarray]:
+) -> Mapping[str, np.ndarray]:
     """One ``size``-row array per input name: the requests' rows in order, zero-padded.
     ``rows``: each request's rows where the caller knows them (the executor: counted at
     admission by :func:`request_rows`), else counted here."""
@@ -58,7 +51,7 @@ def gather(
         raise ValueError(f"{total} rows do not fit in a batch of {size}")
     first = requests[0]
     if len(requests) == 1 and total == size:
-        return dict(first)
+        return first  # its own arrays, read only
     out: dict[str, np.ndarray] = {}
     for name, model in first.items():
         dtype, tail = model.dtype, model.shape[1:]

@@ -56,12 +56,9 @@ def _batch_inputs(
     size: int,
 ) -> list[np.ndarray]:
     """The program's inputs, in argument order: the requests gathered into one padded
-    batch, or one request's own arrays where it fills the program by itself (its rows
-    were counted at admission)."""
-    if not model.batched or (len(rows) == 1 and rows[0] == size):
-        inputs = payloads[0]
-    else:
-        inputs = gather(payloads, size, rows)
+    batch (``gather`` passes a request that fills it by itself through), with the rows
+    counted at admission."""
+    inputs = gather(payloads, size, rows) if model.batched else payloads[0]
     return [inputs[name] for name in model.input_names]
 
 
