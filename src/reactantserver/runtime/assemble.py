@@ -27,11 +27,17 @@ import numpy as np
 
 def request_rows(inputs: Mapping[str, np.ndarray]) -> int:
     """The batch extent of one request: axis 0 of its tensors, which must agree."""
-    extents = [a.shape[0] if a.ndim else -1 for a in inputs.values()]
-    if not extents or extents[0] < 0 or extents.count(extents[0]) != len(extents):
-        named = {name: a.shape[0] if a.ndim else -1 for name, a in inputs.items()}
-        raise ValueError(f"every input needs the same leading (batch) axis; got {named}")
-    return extents[0]
+    rows: int | None = None
+    for a in inputs.values():  # a plain loop: every request asks once
+        extent = a.shape[0] if a.ndim else -1
+        if extent < 0 or (rows is not None and extent != rows):
+            rows = -1
+            break
+        rows = extent
+    if rows is None or rows < 0:
+        extents = {name: a.shape[0] if a.ndim else -1 for name, a in inputs.items()}
+        raise ValueError(f"every input needs the same leading (batch) axis; got {extents}")
+    return rows
 
 
 def gather(
