@@ -34,12 +34,22 @@ def test_a_request_reads_as_betterproto_reads_it(message: betterproto.Message) -
 def test_unknown_fields_change_nothing(
     message: betterproto.Message, unknown: list[bytes], data: st.DataObject
 ) -> None:
-    """Unknown fields anywhere at the top level decode to the message without them."""
+    """Unknown fields anywhere at the top level decode to the message without them --
+    or, where they take it past the work budget (which counts unknown fields too, nested
+    groups' included: the module docstring), to the budget's refusal and no other."""
     wire = bytes(message)
     for field in unknown:
         at = data.draw(st.sampled_from(_field_boundaries(wire)))
         wire = wire[:at] + field + wire[at:]
-    assert decode_message(wire, type(message)) == message
+    try:
+        decoded = decode_message(wire, type(message))
+    except InvalidArgument as exc:
+        # Found by Hypothesis (2026-12-03): a 41-byte RepositoryModelLoadRequest with two
+        # map entries and three unknown groups of nested groups costs more than 48 units.
+        assert f"more than {MAX_FIELDS} protobuf fields" in str(exc)
+        assert decode_message(bytes(message), type(message)) == message
+        return
+    assert decoded == message
 
 
 def _field_boundaries(wire: bytes) -> list[int]:
