@@ -219,6 +219,27 @@ def test_edf_looks_at_the_whole_queue_but_never_reorders_it() -> None:
     assert batch is not None and batch.model == "a" and batch.requests == (head,)
 
 
+def test_a_lone_candidate_is_judged_on_its_current_queue_once_a_rival_joins() -> None:
+    """A model alone is chosen without the candidates' table (nothing to compare); when a
+    rival joins, the choice must see what the lone model's queue holds now, not what it
+    held when it was last compared: here its soonest deadline left while it ran alone."""
+    p = make("edf")
+    for name in "abc":
+        p.add_model(name, [1])
+    p.submit("a", now=0.0, deadline=5.0)
+    p.submit("a", now=0.0, deadline=100.0)
+    p.submit("c", now=0.0, deadline=3.0)
+    now = 1.0
+    for expected in ("c", "a"):  # compared with c (a's soonest: 5), then alone
+        batch = p.next_batch(now).batch
+        assert batch is not None and batch.model == expected
+        now += 0.1
+        p.complete(batch, 0.1, now)
+    p.submit("b", now=now, deadline=50.0)
+    batch = p.next_batch(now).batch
+    assert batch is not None and batch.model == "b"  # 50 is sooner than a's 100 now
+
+
 def test_edf_sheds_by_laxity_but_never_committed_work() -> None:
     p = make("edf")
     p.add_model("m", [1, 2])

@@ -85,7 +85,9 @@ closes the most gap per device second wins.
 table rewritten only for models that changed since the last decision; a decision is
 a constant number of vectorised operations over the candidates, plus planning the
 winner's batch (bounded by its largest compiled size). Nothing is proportional to
-the number of models loaded.
+the number of models loaded. A lone candidate (the usual case at low load) is chosen
+without the table: only its plan is made, and its slot is rewritten when a second
+candidate joins (every reader of the table refreshes it first).
 
 **Invariants** (the executable spec in ``tests/scheduling/test_sched_properties.py``): every
 request leaves ``QUEUED`` exactly once; requests of a model are dispatched in
@@ -461,9 +463,20 @@ class SchedulingPolicy:
             )
         shed: list[Request] = []
         edf = self.discipline == "edf"
-        while self._table:
-            self._refresh()
-            m = self._committed_model(exclude=None) or self._choose(now)
+        table = self._table
+        while table:
+            if len(table) == 1:
+                # The only candidate wins whatever its slot says, and a committed request
+                # queued is its own: only its plan must be current. Its slot stays dirty,
+                # rewritten once another candidate joins.
+                m = table.keys[0]
+                if m.plan is None or m in self._dirty:
+                    m.plan = m.plan_next()
+                if self._committed_model(exclude=None) is None:
+                    self._choose(now)  # the discipline's choice (fair: its service level)
+            else:
+                self._refresh()
+                m = self._committed_model(exclude=None) or self._choose(now)
             plan = m.plan if m.plan is not None else m.plan_next()
             taken = m.queue.take(plan.count)
             margin = m.costs.estimate(plan.size) if edf else 0.0
