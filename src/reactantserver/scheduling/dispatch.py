@@ -1024,6 +1024,10 @@ class Scheduler:
                 self._at_once(batch)
             finally:
                 self._executing = None
+            if not policy.queued:
+                # What the next turn would find (no batch, no deadline): the pass ends
+                # now, and the answers it wrote leave without waiting for that turn.
+                return
 
     # --------------------------------------------------------------- landing
 
