@@ -292,11 +292,15 @@ class H2Load:
     body: Path
     #: DATA bytes of one OK answer (:func:`check_request`).
     reply_bytes: int
+    #: Requests a second per connection (h2load's ``--rps``): a paced load rather than a
+    #: closed loop; None: as fast as the answers come.
+    rps: int | None = None
     name = "h2load (nghttp2, C) in its own process"
 
     def command(self, url: str, shape: Shape, seconds: float, log: Path) -> list[str]:
+        paced = [] if self.rps is None else [f"--rps={self.rps}"]
         return [
-            self.exe, "-c", str(shape.connections), "-m", str(shape.streams),
+            self.exe, "-c", str(shape.connections), "-m", str(shape.streams), *paced,
             "-D", f"{max(1, round(seconds * 1000))}ms", "-d", str(self.body),
             "-H", "content-type: application/grpc", "-H", "te: trailers",
             f"--log-file={log}", f"http://{url}{INFER_PATH}",

@@ -39,6 +39,13 @@ servers alternate run by run; each figure is the median of ``--runs`` and the ra
 spread is the range over the pairs of runs. h2load's header bytes per answer show what
 HPACK saves each server.
 
+``--paced R[,R...]`` adds rows of one request in flight sent at ``R`` requests/s
+(``h2load --rps``) rather than in a closed loop: every server then sees the same arrivals,
+the same idle gap between two requests. At one in flight a request's CPU grows with that
+gap (a server idle between requests meets its next one with cooler caches), and in a
+closed loop the faster server also gets the shorter gaps; the paced rows compare the
+servers' CPU per request at equal gaps (``R`` below every server's closed-loop rate).
+
     nox -s bench_peer                       # builds its own virtualenv, then runs this
     nox -s bench_peer -- --runs 5 --seconds 5
     nox -s bench_peer -- --peer triton,pytriton   # makes the nvidia-pytriton interpreter
@@ -412,14 +419,21 @@ def h2load_tool() -> str:
 
 
 async def h2load_window(
-    exe: str, body: Path, reply_bytes: int, server: bs.Server, n: int, args: argparse.Namespace
+    exe: str,
+    body: Path,
+    reply_bytes: int,
+    server: bs.Server,
+    n: int,
+    args: argparse.Namespace,
+    rps: int | None = None,
 ) -> Window:
-    """One h2load window (``-c 1 -m n``) against ``server``: the requests that ended inside
-    it, every answer checked (:func:`bench_gateway.check_h2load_summary`)."""
+    """One h2load window (``-c 1 -m n``, at ``rps`` requests/s if given) against
+    ``server``: the requests that ended inside it, every answer checked
+    (:func:`bench_gateway.check_h2load_summary`)."""
     shape = bg.Shape(1, n)
-    log = body.with_name(f"h2load_{server.port}_{n}.tsv")
+    log = body.with_name(f"h2load_{server.port}_{n}_{rps or 0}.tsv")
     log.unlink(missing_ok=True)  # h2load appends to a log that is there
-    load = bg.H2Load(exe, body, reply_bytes)
+    load = bg.H2Load(exe, body, reply_bytes, rps)
     argv = load.command(server.url, shape, args.warmup + args.seconds + bg.H2LOAD_TAIL, log)
     proc = await asyncio.create_subprocess_exec(
         *argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
@@ -512,7 +526,7 @@ async def _triton_run(args: argparse.Namespace, workdir: Path) -> None:
     try:
         for slot in slots:
             await slot.ready()
-        if "h2load" in args.loads:
+        if "h2load" in args.loads or args.paced:
             exe = h2load_tool()
             body = workdir / "request.bin"
             body.write_bytes(bg.framed_request())
@@ -538,6 +552,14 @@ async def _triton_run(args: argparse.Namespace, workdir: Path) -> None:
 
                 rows.append((load, n, await alternate(args.runs, slots, measure)))
                 print(f"  measured {load}, {n} in flight", file=sys.stderr, flush=True)
+        for rate in args.paced:
+
+            async def paced(slot: Slot, rate: int = rate) -> Window:
+                server = await slot.alive()
+                return await h2load_window(exe, body, replies[server.name], server, 1, args, rate)
+
+            rows.append((f"h2load {rate}/s", 1, await alternate(args.runs, slots, paced)))
+            print(f"  measured h2load at {rate}/s, 1 in flight", file=sys.stderr, flush=True)
     finally:
         for slot in slots:
             slot.server.stop()
@@ -621,6 +643,18 @@ def load_list(text: str) -> list[str]:
     return _choices(text, ("h2load", "tritonclient"), "the loads")
 
 
+def rate_list(text: str) -> list[int]:
+    try:
+        rates = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        rates = []
+    if not rates or min(rates) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: the paced rates are requests/s, whole numbers >= 1, comma-separated"
+        )
+    return list(dict.fromkeys(rates))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="runs per row (median reported)")
@@ -648,7 +682,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=["h2load", "tritonclient"],
         help="the Triton comparison's loads, comma-separated: h2load, tritonclient",
     )
+    parser.add_argument(
+        "--paced",
+        type=rate_list,
+        default=[],
+        help="the Triton comparison's paced rows: one request in flight at these "
+        "requests/s (h2load --rps), comma-separated",
+    )
     args = parser.parse_args(argv)
+    if args.paced and all(p == "mlserver" for p in args.peer):
+        parser.error("--paced is a row of the Triton comparison: add --peer triton")
     bs.run_in_workdir(args.workdir, "rs_bench_peer_", partial(_run, args))
 
 

@@ -113,6 +113,25 @@ def test_the_peers_and_loads_are_parsed_and_wrong_ones_said() -> None:
     assert not noxfile.wants_triton(["--runs", "3"])
 
 
+def test_paced_rows_send_one_request_in_flight_at_the_given_rate() -> None:
+    """``--paced R`` asks h2load for ``R`` requests/s on its one connection (``--rps``),
+    the rest of the command as the closed loop's; the rates are whole numbers >= 1, and
+    the option belongs to the Triton comparison."""
+    assert bp.rate_list("600, 1100,600") == [600, 1100]
+    for bad in ("", "0", "fast", "600,-1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bp.rate_list(bad)
+    load = bp.bg.H2Load("/usr/bin/h2load", Path("/w/request.bin"), 97, 600)
+    argv = load.command("127.0.0.1:8001", bp.bg.Shape(1, 1), 4.5, Path("/w/log.tsv"))
+    assert argv[:6] == ["/usr/bin/h2load", "-c", "1", "-m", "1", "--rps=600"]
+    closed = bp.bg.H2Load("/usr/bin/h2load", Path("/w/request.bin"), 97)
+    assert not any(
+        a.startswith("--rps") for a in closed.command("h:1", bp.bg.Shape(1, 1), 1, Path("l"))
+    )
+    with pytest.raises(SystemExit):
+        bp.main(["--paced", "600"])  # MLServer's tables have no paced rows
+
+
 def test_the_table_gives_medians_and_each_pairs_ratio_range() -> None:
     def window(rps: float, cpu_us: float) -> Any:
         requests = int(rps)
