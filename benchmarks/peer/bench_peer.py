@@ -690,7 +690,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "requests/s (h2load --rps), comma-separated",
     )
     args = parser.parse_args(argv)
-    if args.paced and all(p == "mlserver" for p in args.peer):
+    if args.paced and args.peer == ["mlserver"]:
         parser.error("--paced is a row of the Triton comparison: add --peer triton")
     bs.run_in_workdir(args.workdir, "rs_bench_peer_", partial(_run, args))
 

@@ -1003,7 +1003,9 @@ class Scheduler:
             return  # woken meanwhile (a close, a sooner deadline): the queue is the loop's
         policy = self._policy
         prepare_now = self._prepare_now
-        while self._idle and not policy.closed and self._health is Health.READY:
+        # Nothing queued: a turn would find no batch and no deadline; the pass ends, and
+        # the answers it wrote leave without waiting for that turn.
+        while policy.queued and self._idle and not policy.closed and self._health is Health.READY:
             now = trio.current_time()
             self._expire(now)  # the loop's _tend: nothing is in flight while it is idle
             decision = policy.next_batch(now)
@@ -1024,10 +1026,6 @@ class Scheduler:
                 self._at_once(batch)
             finally:
                 self._executing = None
-            if not policy.queued:
-                # What the next turn would find (no batch, no deadline): the pass ends
-                # now, and the answers it wrote leave without waiting for that turn.
-                return
 
     # --------------------------------------------------------------- landing
 

@@ -463,20 +463,10 @@ class SchedulingPolicy:
             )
         shed: list[Request] = []
         edf = self.discipline == "edf"
-        table = self._table
-        while table:
-            if len(table) == 1:
-                # The only candidate wins whatever its slot says, and a committed request
-                # queued is its own: only its plan must be current. Its slot stays dirty,
-                # rewritten once another candidate joins.
-                m = table.keys[0]
-                if m.plan is None or m in self._dirty:
-                    m.plan = m.plan_next()
-                if self._committed_model(exclude=None) is None:
-                    self._choose(now)  # the discipline's choice (fair: its service level)
-            else:
-                self._refresh()
-                m = self._committed_model(exclude=None) or self._choose(now)
+        while self._table:
+            # A lone candidate wins whatever its slot says (``_choose``): nothing to compare.
+            self._refresh(compare=len(self._table) > 1)
+            m = self._committed_model(exclude=None) or self._choose(now)
             plan = m.plan if m.plan is not None else m.plan_next()
             taken = m.queue.take(plan.count)
             margin = m.costs.estimate(plan.size) if edf else 0.0
@@ -696,8 +686,15 @@ class SchedulingPolicy:
             self._dirty.discard(m)
             m.plan = None
 
-    def _refresh(self) -> None:
-        """Rewrite the table slots of models that changed since the last decision."""
+    def _refresh(self, *, compare: bool = True) -> None:
+        """Rewrite the table slots of models that changed since the last decision.
+
+        Without ``compare`` (``next_batch`` with a lone candidate) only their plans are
+        made: the slots stay dirty, rewritten by the next refresh that compares."""
+        if not compare:
+            for m in self._dirty:
+                m.plan = m.plan_next()
+            return
         edf = self.discipline == "edf"
         for m in self._dirty:
             m.plan = plan = m.plan_next()
