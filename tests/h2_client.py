@@ -118,6 +118,8 @@ class ConnectionResult:
     goaway_data: bytes = b""
     #: The server closed the socket (EOF or reset), or the client gave up on it.
     closed: bool = False
+    #: It ended in a reset (ECONNRESET, or any read error), not a clean EOF.
+    reset: bool = False
     #: Why the *client's* h2 refused what the server sent (a bug in one of the two).
     client_error: str | None = None
     #: The server's SETTINGS, as received.
@@ -129,18 +131,25 @@ class _Socket:
         self.sock = socket.create_connection((host, port), timeout=10)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.closed = False
+        #: A send failed: the server closed (or reset) the connection. What it sent
+        #: before that may still wait to be read, so reading goes on until EOF.
+        self.send_failed = False
+        #: The connection ended in a read error (a reset), not at EOF.
+        self.reset = False
 
     def send(self, data: bytes) -> bool:
         """Send ``data``; False when the server already closed the connection."""
+        if self.send_failed:
+            return False
         try:
             self.sock.sendall(data)
             return True
         except OSError:
-            self.closed = True
+            self.send_failed = True
             return False
 
     def recv(self, timeout: float) -> bytes | None:
-        """Bytes that arrived within ``timeout`` (b"" when none; None at EOF)."""
+        """Bytes that arrived within ``timeout`` (b"" when none; None at EOF or a reset)."""
         if self.closed:
             return None
         ready, _, _ = select.select([self.sock], [], [], timeout)
@@ -149,8 +158,7 @@ class _Socket:
         try:
             data = self.sock.recv(1 << 20)
         except OSError:
-            data = b""
-            self.closed = True
+            self.closed = self.reset = True
             return None
         if not data:
             self.closed = True
@@ -181,7 +189,7 @@ class H2Client:
 
     def flush(self) -> bool:
         data = self.conn.data_to_send()
-        return self._sock.send(data) if data else not self._sock.closed
+        return self._sock.send(data) if data else not (self._sock.closed or self._sock.send_failed)
 
     def send_raw(self, data: bytes) -> bool:
         """Bytes straight onto the socket, bypassing h2's state machine."""
@@ -370,6 +378,7 @@ class RawClient:
         data = self._sock.recv(timeout)
         if data is None:
             self.connection.closed = True
+            self.connection.reset = self._sock.reset
             return False
         self._buffer += data
         while len(self._buffer) >= 9:

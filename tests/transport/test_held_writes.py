@@ -4,7 +4,8 @@ Invariants: a cork written to inside a connection's callback sends everything wr
 in one ``send`` as the outermost callback returns (not before, and before any other
 callback of the loop runs); written to outside one, it sends on the loop's next pass;
 a flush that fails does not keep the others from running; each thread keeps its own
-owed flushes.
+owed flushes; a cork's FIN follows everything written before it, and nothing written
+after it is sent.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from reactantserver.transport.h2conn import CorkedTransport, held_writes
 class _Socket:
     """The part of an asyncio transport a cork uses: what was sent, send by send."""
 
-    def __init__(self, fail: bool = False) -> None:
+    def __init__(self, fail: bool = False, half_close: bool = True) -> None:
         self.sent: list[bytes] = []
         self.fail = fail
+        self.half_close = half_close
 
     def write(self, data: bytes) -> None:
         if self.fail:
@@ -32,6 +34,12 @@ class _Socket:
 
     def is_closing(self) -> bool:
         return False
+
+    def can_write_eof(self) -> bool:
+        return self.half_close
+
+    def write_eof(self) -> None:
+        self.sent.append(b"<FIN>")
 
 
 def _cork(socket: _Socket, loop: asyncio.AbstractEventLoop) -> CorkedTransport:
@@ -175,3 +183,23 @@ async def _after(caplog: pytest.LogCaptureFixture) -> None:
     held.enter()
     held.leave()
     assert ran == ["answer", "broken", "owed by the answer"]  # nothing left over
+
+
+def test_the_fin_follows_what_was_written_and_nothing_after_it_is_sent() -> None:
+    asyncio.run(_fin())
+
+
+async def _fin() -> None:
+    loop = asyncio.get_running_loop()
+    plain, tls = _Socket(), _Socket(half_close=False)
+    cork, cork_tls = _cork(plain, loop), _cork(tls, loop)
+    for c in (cork, cork_tls):
+        c.write(b"goaway")
+    assert cork.write_eof()
+    assert not cork.write_eof()  # once
+    assert not cork_tls.write_eof()  # TLS cannot half-close: the caller closes instead
+    cork.write(b"late")
+    cork_tls.write(b"more")
+    await asyncio.sleep(0)
+    assert plain.sent == [b"goaway", b"<FIN>"]
+    assert tls.sent == [b"goaway", b"more"]  # (its caller would have closed it)

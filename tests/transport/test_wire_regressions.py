@@ -349,6 +349,30 @@ def test_data_frame_larger_than_advertised_is_a_connection_error(server: WireSer
     assert server_live(server.port)
 
 
+def test_a_connection_error_closes_in_stages_so_its_goaway_arrives(server: WireServer) -> None:
+    """Found in CI (2026-12-04, ``test_wire_fuzz.py::test_raw_frames``, once in a full run):
+    DATA on a stream never opened, one frame behind it, and the client saw the connection
+    close without a GOAWAY. Before: the server closed its socket right after writing the
+    GOAWAY, with the client's next bytes still unread; the kernel answers such a close
+    with RST, which drops whatever of ours it has not yet put on the wire, and the
+    client's read ends in ECONNRESET. Here the bytes behind the bad frame are 1 MiB in one
+    write, so they are unread when the server fails on its first read: before, the client
+    saw a reset every time. Now: GOAWAY, then the server's FIN, and it reads on (dropping
+    what it reads) until the client closes: the GOAWAY, then a clean end of stream."""
+    with RawClient(server.port) as client:
+        client.handshake()
+        deadline = time.monotonic() + 10
+        while MAX_FRAME_SIZE not in client.connection.settings and time.monotonic() < deadline:
+            client.pump(0.2)
+        bad = frame(0x0, 0x1, 3, grpc_message(b"\x01"))  # DATA on idle stream 3
+        behind = b"".join(frame(0x6, 0, 0, bytes(8)) for _ in range((1 << 20) // 17))  # PINGs
+        assert client.send(bad + behind), "the server reset the connection while it was read"
+        outcome = client.wait_closed(10)
+        assert outcome.goaway is not None and outcome.goaway[0] == PROTOCOL_ERROR, outcome
+        assert outcome.closed and not outcome.reset, outcome
+    assert server_live(server.port)
+
+
 # ---------------------------------------------------------------- streams and connections
 
 

@@ -121,6 +121,8 @@ class CorkedTransport:
         self._pending: list[bytes] = []
         self._size = 0
         self._scheduled = False
+        #: Our FIN is sent (:meth:`write_eof`): nothing more may be written.
+        self._ended = False
 
     def write(self, data: bytes) -> None:
         if not data:
@@ -140,8 +142,22 @@ class CorkedTransport:
         data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
         self._pending.clear()
         self._size = 0
-        if not self._transport.is_closing():
+        if not self._ended and not self._transport.is_closing():
             self._transport.write(data)
+
+    def write_eof(self) -> bool:
+        """Send what is corked, then our FIN; what is written later is dropped.
+
+        The peer may still write, and the protocol goes on reading. False where the
+        transport cannot half-close (TLS, whose own close already reads until the peer's
+        close_notify) or is already closing: the caller closes instead.
+        """
+        self.flush()
+        if self._ended or self._transport.is_closing() or not self._transport.can_write_eof():
+            return False
+        self._ended = True
+        self._transport.write_eof()
+        return True
 
     def discard(self) -> None:
         self._pending.clear()

@@ -60,7 +60,8 @@ first SETTINGS frame), feeds it the bytes, writes what comes out, and hands the 
   connection is closed, freeing them all (issue 41: 32 answers of 8 MiB, unread, held
   256 MiB per connection).
 * **Nothing escapes a callback.** A protocol error in the peer's bytes is a clean
-  connection error (GOAWAY, then close), counted and logged through the rate-limited
+  connection error (GOAWAY, our FIN, then close once the peer stops sending:
+  :meth:`GuardedProtocol.fail`), counted and logged through the rate-limited
   :class:`~.core.faultlog.FaultLog`; an exception in our own event handling is logged with its
   traceback and closes that connection only: one bad connection must not end the
   server.
@@ -106,6 +107,9 @@ WRITE_HIGH_WATER = 4 * 1024 * 1024
 #: before the socket closes (closing with unread input makes the kernel send RST, and
 #: the peer may then lose the GOAWAY).
 GOAWAY_LINGER = 0.25
+#: How long a connection that broke the protocol is still read from, its bytes dropped,
+#: after our GOAWAY and FIN (:meth:`GuardedProtocol.fail`), unless the peer closes first.
+ERROR_LINGER = 1.0
 #: Refused connections lingering at once at most; past it they are closed at once.
 MAX_LINGERING = 64
 #: Refusals of a request the peer malformed (RFC 9113 §8.1.1: a stream error): each one
@@ -670,7 +674,7 @@ class GuardedProtocol(asyncio.Protocol):
                 else Fault.PROTOCOL_ERROR
             )
             self.fault(kind, f"{exc or type(exc).__name__}; connection closed with GOAWAY")
-            self.abort()  # the connection has queued its GOAWAY; abort flushes it first
+            self.fail()  # the connection has queued its GOAWAY
             return
         except Exception as exc:  # a bug of ours the bytes found: the state is unknown
             self.fault(
@@ -678,7 +682,7 @@ class GuardedProtocol(asyncio.Protocol):
                 f"undecodable input ({type(exc).__name__}: {exc}); connection closed with GOAWAY",
             )
             h2.close_connection(ErrorCodes.PROTOCOL_ERROR)
-            self.abort()
+            self.fail()
             return
         try:
             handlers = processor.handlers
@@ -880,6 +884,42 @@ class GuardedProtocol(asyncio.Protocol):
             self._processor.close()
         elif self._transport is not None:
             self._transport.close()
+
+    def fail(self) -> None:
+        """A connection error, its GOAWAY queued: end every call, send the GOAWAY and our
+        FIN, then go on reading (and dropping) the peer's bytes until it closes, or for
+        :data:`ERROR_LINGER` at most.
+
+        Closing the socket at once would leave bytes the peer already sent unread, and
+        the kernel answers a close with unread input by RST, which throws away whatever
+        of ours it has not yet put on the wire: the GOAWAY, and its reason, could be
+        lost. Closing in stages (our side first, then the socket once the peer is done)
+        is what RFC 9112 §9.6 describes for the same problem in HTTP/1.1. Under TLS, or
+        past :data:`MAX_LINGERING` connections doing it at once, the connection closes
+        now (TLS's own close reads on until the peer's close_notify).
+        """
+        transport, cork, processor = self._transport, self._cork, self._processor
+        if transport is None or cork is None or processor is None or self.is_closing():
+            self.abort()
+            return
+        self._closing = True
+        self.table.closed(self)
+        self.flush()
+        if not self.table.linger():
+            self.abort()
+            return
+        if not cork.write_eof():
+            self.table.unlinger()
+            self.abort()
+            return
+        processor.close()
+        assert self._loop is not None
+
+        def close() -> None:
+            self.table.unlinger()
+            transport.close()
+
+        self._loop.call_later(ERROR_LINGER, close)
 
     def _refuse_connection(self) -> None:
         """Past ``max_connections``: GOAWAY saying why, then close (after a linger)."""
