@@ -602,6 +602,8 @@ class GuardedProtocol(asyncio.Protocol):
         self._handshaken = False
         #: GOAWAY sent or the connection refused: input is no longer read.
         self._closing = False
+        #: Our FIN is sent after a connection error (:meth:`fail`): nothing more is written.
+        self._shut = False
         #: Some call is at work (see ``_Processor.working``): the connection is not idle.
         self._streams_open = False
         #: Bytes of answers waiting for the peer (windows, or its reading) that are not yet
@@ -704,8 +706,9 @@ class GuardedProtocol(asyncio.Protocol):
             self._cork.write(data)  # type: ignore[union-attr]
 
     def is_closing(self) -> bool:
-        """The transport is closing or closed: nothing written reaches the peer."""
-        return self._transport is None or self._transport.is_closing()
+        """The transport is closing or closed, or our FIN is sent (:meth:`fail`): nothing
+        written reaches the peer."""
+        return self._shut or self._transport is None or self._transport.is_closing()
 
     def pause_writing(self) -> None:
         # The peer does not read what we write: stop reading what it writes, so that
@@ -912,6 +915,7 @@ class GuardedProtocol(asyncio.Protocol):
             self.table.unlinger()
             self.abort()
             return
+        self._shut = True
         processor.close()
         assert self._loop is not None
 
