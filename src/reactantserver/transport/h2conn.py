@@ -121,7 +121,7 @@ class CorkedTransport:
         self._pending: list[bytes] = []
         self._size = 0
         self._scheduled = False
-        #: Our FIN is sent (:meth:`write_eof`): nothing more may be written.
+        #: The connection's output is over (:meth:`end`): nothing more is written.
         self._ended = False
 
     def write(self, data: bytes) -> None:
@@ -145,17 +145,17 @@ class CorkedTransport:
         if not self._ended and not self._transport.is_closing():
             self._transport.write(data)
 
-    def write_eof(self) -> bool:
-        """Send what is corked, then our FIN; what is written later is dropped.
+    def end(self) -> bool:
+        """Send what is corked, then our FIN where the transport can half-close; what is
+        written later is dropped. Whether the FIN went: not under TLS, which cannot
+        half-close, nor on a transport already closing.
 
-        The peer may still write, and the protocol goes on reading. False where the
-        transport cannot half-close (TLS, whose own close already reads until the peer's
-        close_notify) or is already closing: the caller closes instead.
+        The peer may still write, and the protocol goes on reading.
         """
         self.flush()
-        if self._ended or self._transport.is_closing() or not self._transport.can_write_eof():
-            return False
         self._ended = True
+        if self._transport.is_closing() or not self._transport.can_write_eof():
+            return False
         self._transport.write_eof()
         return True
 

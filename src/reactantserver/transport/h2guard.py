@@ -602,7 +602,7 @@ class GuardedProtocol(asyncio.Protocol):
         self._handshaken = False
         #: GOAWAY sent or the connection refused: input is no longer read.
         self._closing = False
-        #: Our FIN is sent after a connection error (:meth:`fail`): nothing more is written.
+        #: Our output ended after a connection error (:meth:`fail`): nothing more is written.
         self._shut = False
         #: Some call is at work (see ``_Processor.working``): the connection is not idle.
         self._streams_open = False
@@ -706,7 +706,7 @@ class GuardedProtocol(asyncio.Protocol):
             self._cork.write(data)  # type: ignore[union-attr]
 
     def is_closing(self) -> bool:
-        """The transport is closing or closed, or our FIN is sent (:meth:`fail`): nothing
+        """The transport is closing or closed, or our output ended (:meth:`fail`): nothing
         written reaches the peer."""
         return self._shut or self._transport is None or self._transport.is_closing()
 
@@ -897,24 +897,22 @@ class GuardedProtocol(asyncio.Protocol):
         the kernel answers a close with unread input by RST, which throws away whatever
         of ours it has not yet put on the wire: the GOAWAY, and its reason, could be
         lost. Closing in stages (our side first, then the socket once the peer is done)
-        is what RFC 9112 §9.6 describes for the same problem in HTTP/1.1. Under TLS, or
-        past :data:`MAX_LINGERING` connections doing it at once, the connection closes
-        now (TLS's own close reads on until the peer's close_notify).
+        is what RFC 9112 §9.6 describes for the same problem in HTTP/1.1. Under TLS,
+        which cannot half-close, the GOAWAY goes without a FIN and the socket closes
+        when the linger ends (a gRPC client closes on the GOAWAY first). Past
+        :data:`MAX_LINGERING` connections lingering at once, it closes now.
         """
         transport, cork, processor = self._transport, self._cork, self._processor
         if transport is None or cork is None or processor is None or self.is_closing():
             self.abort()
             return
-        self._closing = True
-        self.table.closed(self)
-        self.flush()
         if not self.table.linger():
             self.abort()
             return
-        if not cork.write_eof():
-            self.table.unlinger()
-            self.abort()
-            return
+        self._closing = True
+        self.table.closed(self)
+        self.flush()
+        cork.end()
         self._shut = True
         processor.close()
         assert self._loop is not None
