@@ -142,7 +142,7 @@ async def _stages(half_close: bool) -> None:
     # The peer closing first would end it now: asyncio closes the transport itself when
     # eof_received returns a false value.
     assert not protocol.eof_received()
-    await asyncio.sleep(0.2)  # ERROR_LINGER passes
+    await asyncio.sleep(0.2)  # real-clock: ERROR_LINGER (0.05 s) is an asyncio timer
     assert transport.after_goaway() == (["fin", "close"] if half_close else ["close"])
     assert table.linger()  # the slot came back: 64 are free again
     assert [table.linger() for _ in range(63)] == [True] * 63
