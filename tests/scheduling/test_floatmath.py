@@ -77,3 +77,12 @@ def test_the_same_bits_as_on_the_machine_that_wrote_this() -> None:
     # random.expovariate's draw, with floatmath's logarithm.
     rng = random.Random(1)
     assert floatmath.expovariate(rng.random(), 2.0).hex() == "0x1.278212cba49f1p-4"
+
+
+@given(st.floats(min_value=-1080.0, max_value=1023.99, allow_nan=False))
+def test_exp2_written_out_is_horners_rule_bit_for_bit(x: float) -> None:
+    """``exp2``'s polynomial is ``_poly(_EXP2, f)`` written out for speed: for every
+    argument it gives the very same float as the loop (same operations, same order)."""
+    k = round(x)
+    loop = math.ldexp(floatmath._poly(floatmath._EXP2, x - k), k)
+    assert floatmath.exp2(x).hex() == loop.hex()

@@ -34,6 +34,7 @@ from reactantserver.protocol.codec import (
     decode_infer_request,
     encode_infer_response,
     encode_infer_response_parts,
+    encode_infer_response_sized,
     encode_stream_error,
     from_message,
     peek_request_id,
@@ -386,6 +387,24 @@ def test_a_stream_response_wraps_the_response_as_protobuf_reads_it(
     assert theirs.error_message == ""
     unary = service_pb2.ModelInferResponse.FromString(encode_infer_response(response))
     assert theirs.infer_response == unary
+
+
+@settings(max_examples=100)
+@given(codec_responses())
+def test_the_sized_encoding_counts_its_pieces_and_copies_no_tensor(
+    response: InferResponse,
+) -> None:
+    """``encode_infer_response_sized``: its pieces join to exactly the unary encoding, its
+    size is their length, every raw output is one of the pieces as it was given (not
+    copied), and the fields around them are joined: at most one piece before each raw
+    output and one after the last."""
+    parts, size = encode_infer_response_sized(response)
+    joined = b"".join(bytes(p) for p in parts)
+    assert joined == encode_infer_response(response)
+    assert size == len(joined)
+    raws = list(response.raw_output_contents)
+    assert [p for p in parts if any(p is r for r in raws)] == raws
+    assert len(parts) <= 2 * len(raws) + 1
 
 
 @pytest.mark.parametrize(

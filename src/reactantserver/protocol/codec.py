@@ -375,18 +375,39 @@ def encode_infer_response_parts(response: InferResponse) -> list[bytes | memoryv
     """``response`` serialized as pieces whose concatenation is the message: raw outputs
     stay the views they were given, so a writer that frames the pieces itself copies
     each byte of them once (into its frames) instead of joining them first."""
-    parts: list[Any] = []
+    return encode_infer_response_sized(response)[0]
+
+
+def encode_infer_response_sized(response: InferResponse) -> tuple[list[bytes | memoryview], int]:
+    """:func:`encode_infer_response_parts` and the message's size in bytes. The small
+    fields between two raw outputs are joined into one piece as they are made (a
+    one-output answer is two pieces: its fields and the tensor's bytes), so that the
+    writer and the size see a handful of pieces, not one per field."""
+    fields: list[Any] = []
     if response.model_name:
-        _len_field(parts, _T_MODEL, response.model_name.encode())
+        _len_field(fields, _T_MODEL, response.model_name.encode())
     if response.model_version:
-        _len_field(parts, _T_VERSION, response.model_version.encode())
+        _len_field(fields, _T_VERSION, response.model_version.encode())
     if response.id:
-        _len_field(parts, _T_ID, response.id.encode())
+        _len_field(fields, _T_ID, response.id.encode())
     for tensor in response.outputs:
-        _len_field(parts, _T_OUTPUT, _output_tensor(tensor))
+        _len_field(fields, _T_OUTPUT, _output_tensor(tensor))
+    parts: list[bytes | memoryview] = []
+    size = 0
     for raw in response.raw_output_contents:
-        _len_field(parts, _T_RAW, raw)
-    return parts
+        length = len(raw) if isinstance(raw, bytes) else raw.nbytes
+        fields.append(_T_RAW)
+        fields.append(encode_varint(length))
+        head = b"".join(fields)
+        parts.append(head)
+        parts.append(raw)
+        size += len(head) + length
+        fields = []
+    if fields:
+        tail = b"".join(fields)
+        parts.append(tail)
+        size += len(tail)
+    return parts, size
 
 
 # ------------------------------------------------------------------------------ streaming

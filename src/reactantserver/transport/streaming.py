@@ -127,7 +127,7 @@ class RequestCall(Protocol):
     def peer(self) -> str: ...
     @property
     def done(self) -> bool: ...
-    def answer(self, parts: Pieces) -> None: ...
+    def answer(self, parts: Pieces, size: int | None = None) -> None: ...
     def answer_framed(self, framed: bytes | memoryview) -> None: ...
     def fail(self, code: int, message: str) -> None: ...
 
@@ -191,9 +191,10 @@ class StreamedRequest:
     def __repr__(self) -> str:
         return f"StreamedRequest({self._stream!r})"
 
-    def answer(self, parts: Pieces) -> None:
+    def answer(self, parts: Pieces, size: int | None = None) -> None:
         """Answer with the message ``b"".join(parts)`` (wrapped for the stream; the
-        pieces are not joined)."""
+        pieces are not joined). ``size`` is not needed: the views are counted as they
+        are made."""
         stream = self._settle()
         if stream is not None:
             views: collections.deque[memoryview] = collections.deque()

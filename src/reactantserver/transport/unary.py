@@ -150,10 +150,14 @@ def message_size(parts: Sequence[bytes | memoryview]) -> int:
     return size
 
 
-def framed(parts: Sequence[bytes | memoryview]) -> tuple[tuple[bytes | memoryview, ...], int]:
+def framed(
+    parts: Sequence[bytes | memoryview], size: int | None = None
+) -> tuple[tuple[bytes | memoryview, ...], int]:
     """A gRPC message's pieces: its 5-byte prefix, then ``parts`` as they are (none
-    copied), and its size in bytes, prefix included."""
-    size = message_size(parts)
+    copied), and its size in bytes, prefix included. ``size``: the message's, when the
+    caller knows it (:func:`message_size` otherwise)."""
+    if size is None:
+        size = message_size(parts)
     return (b"\x00" + size.to_bytes(4, "big"), *parts), size + 5
 
 
@@ -275,11 +279,12 @@ class UnaryCall:
         """Answered (or being answered), failed or cancelled: nothing more may be sent."""
         return self._done
 
-    def answer(self, parts: Sequence[bytes | memoryview]) -> None:
-        """Answer OK with the message ``b"".join(parts)``. The pieces are not joined here:
-        a small answer's are copied once, into the connection's write; a larger one's
-        frames take views of them (``DirectCalls.answer``)."""
-        self._answer(*framed(parts))
+    def answer(self, parts: Sequence[bytes | memoryview], size: int | None = None) -> None:
+        """Answer OK with the message ``b"".join(parts)`` (of ``size`` bytes, when the
+        caller knows it). The pieces are not joined here: a small answer's are copied
+        once, into the connection's write; a larger one's frames take views of them
+        (``DirectCalls.answer``)."""
+        self._answer(*framed(parts, size))
 
     def answer_framed(self, framed: bytes | memoryview) -> None:
         """Answer OK with a message already in gRPC's framing (its 5-byte prefix, then the

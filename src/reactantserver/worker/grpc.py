@@ -92,7 +92,7 @@ from reactantserver.grpcwire import StatusCode
 from reactantserver.protocol import inference, reactant_control, screen
 from reactantserver.protocol.codec import (
     decode_infer_request,
-    encode_infer_response_parts,
+    encode_infer_response_sized,
     encode_stream_error,
     stream_response_head,
 )
@@ -112,7 +112,7 @@ from ..transport.health import HealthServicer
 from ..transport.security import describe_security, listener_security, open_warning
 from ..transport.server import GuardedServer, ServerStream, listen_tcp
 from ..transport.streaming import RequestCall, StreamCall, StreamedRequest, StreamHandler
-from ..transport.unary import DirectHandler, UnaryCall, message_size
+from ..transport.unary import DirectHandler, UnaryCall
 
 log = logging.getLogger(__name__)
 
@@ -443,10 +443,13 @@ class _Infer:
         loop = self._bridge._loop
         try:
             request = decode_infer_request(message)
-            remaining = math.inf if call.deadline is None else call.deadline - loop.time()
-            ctx = CallContext(
-                deadline=trio.current_time() + remaining, peer=call.peer, owner=call.owner
+            # The wire's deadline (loop time) on Trio's clock; no clock is read without one.
+            deadline = (
+                math.inf
+                if call.deadline is None
+                else trio.current_time() + (call.deadline - loop.time())
             )
+            ctx = CallContext(deadline=deadline, peer=call.peer, owner=call.owner)
             pending = service.begin_infer(request, ctx, self._woken)
         except Exception as exc:
             self._fail(to_status(exc, rpc=self.rpc))
@@ -469,8 +472,8 @@ class _Infer:
         self._stop_timer()
         bridge = self._bridge
         try:
-            parts = encode_infer_response_parts(bridge._service.finish_infer(pending))
-            bridge._codec.check_response(message_size(parts))
+            parts, size = encode_infer_response_sized(bridge._service.finish_infer(pending))
+            bridge._codec.check_response(size)
         except GRPCError as exc:
             self._fail(WireStatus(error_code(exc), exc.message or ""))
             return
@@ -478,7 +481,7 @@ class _Infer:
             self._fail(to_status(exc, rpc=self.rpc))
             return
         self._end(StatusCode.OK)
-        self._call.answer(parts)
+        self._call.answer(parts, size)
 
     def _expired(self) -> None:
         """The deadline passed with the request still queued or executing: withdraw it
