@@ -117,8 +117,8 @@ def exp2(x: float) -> float:
     # per batch): the same multiplications and additions in the same order, so the same
     # bits; Horner's first step, 0.0 * f + c13, is c13 exactly.
     c = _EXP2
-    p = ((((((c[13] * f + c[12]) * f + c[11]) * f + c[10]) * f + c[9]) * f + c[8]) * f + c[7])
-    p = (((((((p * f + c[6]) * f + c[5]) * f + c[4]) * f + c[3]) * f + c[2]) * f + c[1]) * f + c[0])
+    p = (((((c[13] * f + c[12]) * f + c[11]) * f + c[10]) * f + c[9]) * f + c[8]) * f + c[7]
+    p = ((((((p * f + c[6]) * f + c[5]) * f + c[4]) * f + c[3]) * f + c[2]) * f + c[1]) * f + c[0]
     return math.ldexp(p, k)
 
 

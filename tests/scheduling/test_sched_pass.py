@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reactantserver.config import SchedulerConfig
-from reactantserver.errors import DeadlineExceeded, Unavailable
+from reactantserver.errors import DeadlineExceeded, InvalidArgument, NotFound, Unavailable
 from reactantserver.scheduling import Batch, Scheduler
 
 
@@ -151,6 +151,7 @@ async def test_a_lone_tiny_request_is_answered_by_one_pass_without_waking_the_lo
         1,
         0,
     )
+    assert stats.lone_dispatches == 1  # it came alone: it never entered the queue
     assert stats.policy.models["tiny"].dispatches == 1  # the policy learned as ever
 
 
@@ -172,6 +173,46 @@ async def test_a_burst_in_one_callback_is_one_batch(
         assert got == {i: ("out", i) for i in range(4)}
         scheduler.close()
     assert device.batches == [("tiny", [0, 1, 2, 3], device.main)]
+    # The first was held alone until the second came; then both were the queue's.
+    assert scheduler.statistics().lone_dispatches == 0
+
+
+@pytest.mark.parametrize("reader", ["statistics", "withdraw", "remove_model", "update_model"])
+async def test_a_request_held_alone_is_queued_before_anything_else_touches_the_policy(
+    autojump_clock: trio.testing.MockClock, steps: Steps, reader: str
+) -> None:
+    """A request that came alone is held for the pass, out of the queue; whatever reads or
+    changes the scheduler's policy before that pass first queues it, as ``submit`` would
+    have: a reader sees it queued, a withdrawal cancels it, a model's removal or update
+    refuses it as it refuses queued requests. The pass then finds the queue."""
+    host, device = HostLoop(), Device()
+    scheduler = scheduler_for(device, host)
+    got: dict[Any, Any] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(scheduler.run)
+        await asleep(steps)
+        request = scheduler.enqueue("tiny", "x", answer=answers_into(got, "x"))
+        if reader == "statistics":
+            assert scheduler.statistics().policy.models["tiny"].queue_depth == 1
+        elif reader == "withdraw":
+            scheduler.withdraw(request)
+        elif reader == "remove_model":
+            scheduler.remove_model("tiny")
+        else:
+            scheduler.update_model("tiny", compiled_batch_sizes=[2, 4], coalescable=False)
+        host.next_pass()
+        scheduler.close()
+    stats = scheduler.statistics()
+    assert stats.lone_dispatches == 0
+    if reader == "statistics":
+        assert got == {"x": ("out", "x")} and stats.passed_dispatches == 1
+    elif reader == "withdraw":
+        assert got == {} and stats.policy.models["tiny"].cancelled == 1
+    elif reader == "remove_model":
+        assert isinstance(got["x"], NotFound) and "tiny" not in stats.policy.models
+    else:
+        assert isinstance(got["x"], InvalidArgument)
+    assert device.prepared_now == device.released
 
 
 async def test_a_pass_is_not_put_off_while_requests_keep_arriving(

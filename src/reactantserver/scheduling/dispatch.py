@@ -144,6 +144,19 @@ of its own. A pass runs only while the loop sleeps with nothing to do (``_idle``
 nothing is in flight) and only at depth 1: the device still gets one execution at a
 time, and the policy sees the same calls in the same order.
 
+**The lone lane.** The request that arms a pass, finding nothing queued and nothing
+running, is *held* (``_alone``), not queued: ``policy.admit_alone`` makes the same checks
+and the same request as ``submit``, and the pass runs it with ``policy.dispatch_alone``,
+which leaves the policy exactly as ``submit`` and ``next_batch`` would have (usage lifted
+at its arrival, the same decision and shedding; ``tests/scheduling/test_sched_alone.py``)
+without passing it through the queue, the candidates' table and the deadline heap. At
+one in flight that is every request, and it took a fifth of a lone request's CPU (the
+benchmark journal). Coalescing is untouched: a second request before the pass -- the
+same read, or any callback before it -- first queues the held one (``_settle_alone``),
+and the pass then finds both queued. So does anything else that reads or changes the
+policy before the pass (statistics, a withdrawal, a model's update or removal, close,
+the loop's turn): outside the span from ``enqueue`` to its pass, no request is held.
+
 Why one module of this size: the normal path, the dispatch timeout, deadlines, the
 failure paths and shutdown all answer the same table, and are only checkable side by
 side.
@@ -177,7 +190,7 @@ from reactantserver.errors import (
 from reactantserver.threads import DevicePipeline, DeviceThread
 
 from .policy import SchedulingPolicy
-from .records import Batch, PolicyStatistics, Request
+from .records import Batch, Decision, PolicyStatistics, Request
 
 log = logging.getLogger(__name__)
 
@@ -312,6 +325,9 @@ class SchedulerStatistics:
     pipelined_dispatches: int = 0
     #: Of the inline batches, those a pass of the host loop ran (the loop asleep).
     passed_dispatches: int = 0
+    #: Of those, the ones of a request that came alone: it never entered the queue (the
+    #: lone lane, module docstring).
+    lone_dispatches: int = 0
 
     @property
     def ready(self) -> bool:
@@ -537,6 +553,11 @@ class Scheduler:
         #: Protocol's ``isinstance`` costs more than the pass it would be asked in).
         self._prepare_now = executor.prepare_now if isinstance(executor, PreparesNow) else None
         self._passed = 0
+        self._lone = 0
+        #: A request admitted alone and held for the armed pass, which runs it without the
+        #: queue (``policy.dispatch_alone``); None otherwise. Anything that reads or
+        #: changes the policy before that pass queues it first (``_settle_alone``).
+        self._alone: Request | None = None
         #: The table: request number -> its answer callback, from enqueue to answer.
         self._answers: dict[int, AnswerFn] = {}
         # The loop's sleep: the event that ends it, whether it waits for work at all
@@ -573,6 +594,7 @@ class Scheduler:
         max_batch_size: int | None = None,
     ) -> None:
         """Register a model (see ``SchedulingPolicy.add_model``)."""
+        self._settle_alone()
         self._policy.add_model(
             name,
             compiled_batch_sizes,
@@ -590,6 +612,7 @@ class Scheduler:
         max_batch_size: int | None = None,
     ) -> None:
         """Change a model's batching; queued requests that no longer fit are refused."""
+        self._settle_alone()
         refused = self._policy.update_model(
             name,
             compiled_batch_sizes=compiled_batch_sizes,
@@ -607,14 +630,17 @@ class Scheduler:
 
     def remove_model(self, name: str) -> None:
         """Unregister a model; its queued requests fail with ``NotFound``."""
+        self._settle_alone()
         for request in self._policy.remove_model(name):
             self._fail(request.seq, NotFound(f"model {name!r} was unloaded"))
 
     def set_weight(self, name: str, weight: float) -> None:
+        self._settle_alone()
         self._policy.set_weight(name, weight)
 
     def seed_cost(self, model: str, batch_size: int, seconds: float) -> None:
         """Record a warm-up measurement of ``model`` at ``batch_size``."""
+        self._settle_alone()
         self._policy.seed_cost(model, batch_size, seconds)
 
     # ---------------------------------------------------------------- requests
@@ -643,6 +669,22 @@ class Scheduler:
                 f"scheduler.dispatch_timeout_seconds={self.config.dispatch_timeout_seconds}; "
                 "not ready"
             )
+        if self._alone is not None:  # a second request before the pass: both queue
+            self._settle_alone()
+        elif self._idle and self._soon is not None and not self._pass_armed and not committed:
+            # Alone: nothing queued, nothing running, no pass armed yet. Held for the pass
+            # this arms, which runs it without the queue (module docstring).
+            alone = self._policy.admit_alone(
+                model, payload, now=trio.current_time(), rows=rows, deadline=deadline,
+                group=group,
+            )  # fmt: skip
+            if alone is not None:
+                self._answers[alone.seq] = answer
+                self._alone = alone
+                self._arm_pass()
+                if self._soon is None:  # no host loop after all: the loop's queue
+                    self._settle_alone()
+                return alone
         request = self._policy.submit(
             model,
             payload,
@@ -666,6 +708,7 @@ class Scheduler:
         """The caller gave up: a queued request never runs, a running one's result is
         dropped, and it will not be answered. No effect once answered."""
         if self._answers.pop(request.seq, None) is not None:
+            self._settle_alone()
             self._policy.cancel(request)
 
     async def submit(
@@ -731,9 +774,11 @@ class Scheduler:
 
     def peek_next(self) -> str | None:
         """The model most likely to run after the current batch (see the policy)."""
+        self._settle_alone()
         return self._policy.peek_next(trio.current_time())
 
     def statistics(self) -> SchedulerStatistics:
+        self._settle_alone()
         flight = tuple(f.batch.model for f in self._flight)
         executing = self._executing.model if self._executing is not None else None
         return SchedulerStatistics(
@@ -747,6 +792,7 @@ class Scheduler:
             in_flight=flight or ((executing,) if executing is not None else ()),
             pipelined_dispatches=self._pipelined,
             passed_dispatches=self._passed,
+            lone_dispatches=self._lone,
         )
 
     # ---------------------------------------------------------------- lifetime
@@ -785,6 +831,7 @@ class Scheduler:
             await self._stopped.wait()
 
     def _shut(self, *, running: bool) -> None:
+        self._settle_alone()
         self._health = Health.CLOSED
         if not self._policy.closed:
             for request in self._policy.close():
@@ -832,6 +879,7 @@ class Scheduler:
     def _tend(self, now: float) -> None:
         """Land what came back (launch order), fail expired queued requests, run the head's
         dispatch timeout. ``_until`` then says when to look again."""
+        self._settle_alone()
         flight = self._flight
         while flight and flight[0].result is not _PENDING:
             head = flight.popleft()
@@ -997,35 +1045,59 @@ class Scheduler:
     def _pass(self) -> None:
         """The loop's turn, run by the host loop while the loop sleeps with nothing to do,
         for batches that run inline (module docstring, "A lone request..."); hand the
-        loop the rest."""
+        loop the rest. A request held alone runs first, without the queue."""
         self._pass_armed = False
-        if not self._idle:
-            return  # woken meanwhile (a close, a sooner deadline): the queue is the loop's
+        alone, self._alone = self._alone, None
         policy = self._policy
-        prepare_now = self._prepare_now
+        if not self._idle:
+            if alone is not None:
+                policy.enqueue_held(alone)
+            return  # woken meanwhile (a close, a sooner deadline): the queue is the loop's
+        if alone is not None:
+            if policy.closed or self._health is not Health.READY:
+                policy.enqueue_held(alone)
+            elif not self._took(policy.dispatch_alone(alone, trio.current_time()), lone=True):
+                return
         # Nothing queued: a turn would find no batch and no deadline; the pass ends, and
         # the answers it wrote leave without waiting for that turn.
         while policy.queued and self._idle and not policy.closed and self._health is Health.READY:
             now = trio.current_time()
             self._expire(now)  # the loop's _tend: nothing is in flight while it is idle
-            decision = policy.next_batch(now)
-            for request in decision.shed:
-                self._fail(request.seq, _shed_error(request))
-            batch = decision.batch
-            if batch is None:
-                if policy.next_deadline() < self._wake_at:
-                    self._wake()  # the loop must wake for a queued deadline sooner
+            if not self._took(policy.next_batch(now)):
                 return
-            if not self._inline_now(batch) or prepare_now is None or not prepare_now(batch):
-                self._handed = batch  # the loop prepares and launches it
-                self._wake()
-                return
-            self._executing = batch
-            try:
-                self._passed += 1
-                self._at_once(batch)
-            finally:
-                self._executing = None
+
+    def _took(self, decision: Decision, *, lone: bool = False) -> bool:
+        """Carry out a pass's decision: fail what it shed and run its batch inline, or
+        hand the batch (one that does not run inline, or whose weights are not at hand)
+        to the loop. False when the pass must end there."""
+        for request in decision.shed:
+            self._fail(request.seq, _shed_error(request))
+        batch = decision.batch
+        if batch is None:
+            if self._policy.next_deadline() < self._wake_at:
+                self._wake()  # the loop must wake for a queued deadline sooner
+            return False
+        prepare_now = self._prepare_now
+        if not self._inline_now(batch) or prepare_now is None or not prepare_now(batch):
+            self._handed = batch  # the loop prepares and launches it
+            self._wake()
+            return False
+        self._executing = batch
+        try:
+            self._passed += 1
+            self._lone += lone
+            self._at_once(batch)
+        finally:
+            self._executing = None
+        return True
+
+    def _settle_alone(self) -> None:
+        """Queue the request held alone, if any, as ``submit`` would have at its arrival:
+        from here on it is the queue's, like any other (a second request came, or
+        something reads or changes the policy before the pass)."""
+        if self._alone is not None:
+            alone, self._alone = self._alone, None
+            self._policy.enqueue_held(alone)
 
     # --------------------------------------------------------------- landing
 

@@ -16,6 +16,19 @@ Events and decisions::
     complete(batch, seconds, now)    -> None         (feeds the usage and cost EMAs)
     peek_next(now)                   -> model | None (for weight prefetch)
 
+    admit_alone(model, payload, now=...) -> Request | None   (the lone lane, below)
+    dispatch_alone(request, now)     -> Decision     (= enqueue_held, then next_batch)
+    enqueue_held(request)            -> None         (= what submit queued at its arrival)
+
+**The lone lane.** A request that finds nothing queued and nothing running is the usual
+case at low load, and for it the queue, the candidates' table and the deadline heap are
+only passed through. ``admit_alone`` admits it (the same checks, errors and request as
+``submit``) without queueing it; ``dispatch_alone`` then decides it in one step, leaving
+every counter, usage and cost as ``submit`` followed by ``next_batch`` would (the
+property in ``tests/scheduling/test_sched_alone.py``), and ``enqueue_held`` queues it
+instead when another request comes first. The driver (``dispatch.Scheduler``) holds
+such a request only until the pass that runs it.
+
 **One batch at a time** -- or ``max_in_flight`` of them. After ``next_batch`` hands
 out a batch, the next call to ``next_batch`` must wait for ``complete`` of that batch (a
 ``LifecycleError`` otherwise): the core models a single device. A pipelined driver
@@ -188,6 +201,12 @@ class _Model:
             head = self.queue.head
             return Plan(size=head.rows, count=1, rows=head.rows)
         return plan_batch(self.sizes, (r.rows for r in self.queue.window()), self.max_batch_size)
+
+    def plan_alone(self, rows: int) -> Plan:
+        """``plan_next`` for a queue that holds one request of ``rows`` rows."""
+        if not self.coalescable:
+            return Plan(size=rows, count=1, rows=rows)
+        return plan_batch(self.sizes, (rows,), self.max_batch_size)
 
     def effective_max_batch(self) -> int:
         if not self.sizes:
@@ -372,6 +391,21 @@ class SchedulingPolicy:
     ) -> Request:
         """Admit one request or raise why not (``NotFound``, ``BatchTooLarge``,
         ``InvalidArgument``, ``DeadlineExceeded``, ``QueueFull``, ``Unavailable``)."""
+        m, request = self._admit(model, payload, now, rows, deadline, group, committed)
+        self._queue(m, request)
+        return request
+
+    def _admit(
+        self,
+        model: str,
+        payload: Any,
+        now: float,
+        rows: int,
+        deadline: float | None,
+        group: Hashable,
+        committed: bool,
+    ) -> tuple[_Model, Request]:
+        """``submit``'s checks, in order, and the request they admit (not queued yet)."""
         if self._closed:
             raise Unavailable("server shutting down")
         m = self._models.get(model)
@@ -395,20 +429,73 @@ class SchedulingPolicy:
             group=group,
             committed=committed,
         )
+        return m, request
+
+    def _queue(self, m: _Model, request: Request) -> None:
+        """Queue an admitted request (``submit``'s second half, at its arrival)."""
         if not m.queue:
-            self._join(m, now)
+            self._join(m, request.arrival)
         m.queue.push(request)
         self._queued += 1
         self._dirty.add(m)
-        if committed:
+        if request.committed:
             heapq.heappush(self._committed, (request.seq, request))
+        deadline = request.deadline
         if deadline is not None:
             heap = self._deadlines
             if len(heap) > 2 * self._queued + 64:
                 heap[:] = [e for e in heap if e[2].state is RequestState.QUEUED]
                 heapq.heapify(heap)
             heapq.heappush(heap, (deadline, request.seq, request))
-        return request
+
+    # ------------------------------------------------------- the lone lane
+
+    def admit_alone(
+        self,
+        model: str,
+        payload: Any = None,
+        *,
+        now: float,
+        rows: int = 1,
+        deadline: float | None = None,
+        group: Hashable = None,
+    ) -> Request | None:
+        """``submit`` for a request that finds nothing queued and nothing running (the
+        lone lane, module docstring): the same checks (raising the same errors) and the
+        same request, which is *held*, not queued. None, admitting nothing, when
+        something is queued or running. Follow at once -- before anything else is asked
+        of the policy -- with ``dispatch_alone`` (it runs now) or ``enqueue_held`` (it
+        queues as ``submit`` would have queued it at its arrival)."""
+        if self._queued or self._running:
+            return None
+        return self._admit(model, payload, now, rows, deadline, group, False)[1]
+
+    def enqueue_held(self, request: Request) -> None:
+        """Queue a held request (``admit_alone``) as ``submit`` would have at its arrival."""
+        self._queue(self._models[request.model], request)
+
+    def dispatch_alone(self, request: Request, now: float) -> Decision:
+        """``enqueue_held`` then ``next_batch(now)``, in one step for the one request there
+        is: the same decision and the same state after it (the model's usage lifted at
+        the request's arrival, the service level set at ``now``, the same shedding, the
+        same ``Batch``), without the queue and the candidates' table it would only pass
+        through. The executable spec: ``tests/scheduling/test_sched_alone.py``."""
+        if self._queued or self._running:
+            raise LifecycleError("dispatch_alone needs nothing queued and nothing running")
+        m = self._models[request.model]
+        self._lift(m, request.arrival)
+        self._lone_level(m, now)
+        plan = m.plan_alone(request.rows)
+        deadline = request.deadline
+        if deadline is not None:
+            margin = m.costs.estimate(plan.size) if self.discipline == "edf" else 0.0
+            if now + margin >= deadline:
+                request.state = RequestState.SHED
+                m.shed += 1
+                self._totals["shed"] += 1
+                return Decision(None, (request,))
+        request.state = RequestState.DISPATCHED
+        return Decision(self._dispatch(m, (request,), plan.size, plan.rows, now), ())
 
     def cancel(self, request: Request) -> bool:
         """Remove a queued request; ``False`` if it is no longer queued."""
@@ -490,20 +577,26 @@ class SchedulingPolicy:
             if len(survivors) < len(taken):
                 rows = sum(r.rows for r in survivors)
                 size = shrink_size(m.sizes, plan.size, rows) if m.coalescable else plan.size
-            learned = m.costs.fastest(size)
-            batch = Batch(
-                seq=next(self._batch_seq),
-                model=m.name,
-                size=size,
-                requests=tuple(survivors),
-                rows=rows,
-                group=survivors[0].group,
-                started=now,
-                cost=math.inf if learned is None else learned,
-            )
-            self._running[batch.seq] = (batch, m)
-            return Decision(batch, tuple(shed))
+            return Decision(self._dispatch(m, tuple(survivors), size, rows, now), tuple(shed))
         return Decision(None, tuple(shed))
+
+    def _dispatch(
+        self, m: _Model, requests: tuple[Request, ...], size: int, rows: int, now: float
+    ) -> Batch:
+        """The batch of ``requests`` (dispatched) at ``size``, now running."""
+        learned = m.costs.fastest(size)
+        batch = Batch(
+            seq=next(self._batch_seq),
+            model=m.name,
+            size=size,
+            requests=requests,
+            rows=rows,
+            group=requests[0].group,
+            started=now,
+            cost=math.inf if learned is None else learned,
+        )
+        self._running[batch.seq] = (batch, m)
+        return batch
 
     def complete(
         self, batch: Batch, compute_seconds: float, now: float, *, ok: bool = True
@@ -670,11 +763,15 @@ class SchedulingPolicy:
 
     def _join(self, m: _Model, now: float) -> None:
         """``m`` gains queued work: lift its usage to the service level, add its slot."""
+        self._lift(m, now)
+        self._table.add(m)
+
+    def _lift(self, m: _Model, now: float) -> None:
+        """``m``'s usage lifted to the service level at ``now`` (the module docstring)."""
         level = decayed(self._level, self._level_stamp, now, self._halflife)
         current = decayed(m.usage, m.stamp, now, self._halflife)
         m.usage = max(current, m.weight * level)
         m.stamp = now
-        self._table.add(m)
 
     def _touched(self, m: _Model) -> None:
         """``m`` changed: leave the candidates if its queue emptied, else refresh later."""
@@ -716,9 +813,7 @@ class SchedulingPolicy:
             # compare, and a few vectorised operations on one element cost more than
             # the rest of the decision. Only ``fair``'s service level needs updating.
             only: _Model = table.keys[0]
-            if self.discipline == "fair":
-                self._level = decayed(only.usage, only.stamp, now, self._halflife) / only.weight
-                self._level_stamp = now
+            self._lone_level(only, now)
             return only
         slot, usage = table.select(self.discipline, now=now, cap=self._cap)
         if usage is not None:
@@ -726,6 +821,12 @@ class SchedulingPolicy:
             self._level_stamp = now
         chosen: _Model = table.keys[slot]
         return chosen
+
+    def _lone_level(self, only: _Model, now: float) -> None:
+        """The service level after choosing the one candidate there is (``fair`` only)."""
+        if self.discipline == "fair":
+            self._level = decayed(only.usage, only.stamp, now, self._halflife) / only.weight
+            self._level_stamp = now
 
     def _committed_model(self, exclude: _Model | None) -> _Model | None:
         """The model holding the oldest queued committed request (skipping ``exclude``)."""
