@@ -41,6 +41,14 @@ and integer range, shared-memory parameter types and bounds (an unknown region i
 ``FailedPrecondition``), unknown or duplicated requested outputs, unsupported
 parameters (``classification``, sequence batching), negative timeouts.
 
+A request of a layout the codec knows (``codec.Layout``: the same bytes but for the raw
+contents) whose checks depend on nothing else -- no parameters anywhere, every input
+raw and fixed-width -- is checked once per model version: the layout keeps the result
+(the inputs' names, dtypes and shapes, the outputs), and a later request of it gets its
+arrays viewed at those shapes with no check repeated, since none could come out
+otherwise (``tests/worker/test_inferio.py`` holds the two paths to the same calls and
+the same refusals).
+
 The deadline
 ------------
 The request's deadline is the earliest of the gRPC deadline (given, already converted to
@@ -357,6 +365,65 @@ def decode_request(
     """
     if not isinstance(request, InferRequest):
         request = from_message(request)
+    layout = request.layout
+    if layout is not None:  # a layout seen before (codec.Layout): checked already?
+        known = layout.checked.get(id(inputs))
+        if (
+            known is not None
+            and known[0] is inputs
+            and known[1] is outputs
+            and known[2] == batch_sizes
+        ):
+            raw = request.raw_input_contents
+            return InferCall(
+                model=request.model_name,
+                id=request.id,
+                inputs={
+                    name: np.frombuffer(raw[i], dtype=dtype).reshape(shape)
+                    for i, (name, dtype, shape) in enumerate(known[3])
+                },
+                outputs=known[4],
+                deadline=deadline,
+                owner=owner,
+            )
+    call = _decode_request(request, inputs, outputs, registry, now, deadline, owner, batch_sizes)
+    if layout is not None and _checks_once(request):
+        if len(layout.checked) >= _CHECKED_VERSIONS:
+            layout.checked.clear()
+        arrays = call.inputs
+        views = tuple((t.name, arrays[t.name].dtype, arrays[t.name].shape) for t in request.inputs)
+        layout.checked[id(inputs)] = (inputs, outputs, tuple(batch_sizes), views, call.outputs)
+    return call
+
+
+#: Model versions one layout keeps its checks for (a reload makes a new one).
+_CHECKED_VERSIONS = 8
+
+
+def _checks_once(request: InferRequest) -> bool:
+    """Whether what ``decode_request`` checks of ``request`` is a function of its layout
+    and the model version alone: no parameters anywhere (timeouts, shared memory,
+    sequence or classification settings), every input in the raw contents, none of them
+    BYTES (their elements are decoded from the contents)."""
+    if request.parameters or not request.raw_input_contents:
+        return False
+    for tensor in request.inputs:
+        if tensor.parameters or tensor.contents is not None or tensor.datatype == "BYTES":
+            return False
+    return not any(wanted.parameters for wanted in request.outputs)
+
+
+def _decode_request(
+    request: InferRequest,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+    registry: SharedMemoryRegistry,
+    now: float,
+    deadline: float,
+    owner: str,
+    batch_sizes: Sequence[int],
+) -> InferCall:
+    """``decode_request``'s checks, all of them, in order."""
     model = request.model_name
     prefix = f"model {quoted(model)}"
     if request.parameters:

@@ -138,8 +138,8 @@ class RequestedOutput:
 class InferRequest:
     """``ModelInferRequest``, as the codec decodes it."""
 
-    __slots__ = ("id", "inputs", "model_name", "model_version", "outputs", "parameters",
-                 "raw_input_contents")  # fmt: skip
+    __slots__ = ("id", "inputs", "layout", "model_name", "model_version", "outputs",
+                 "parameters", "raw_input_contents")  # fmt: skip
 
     def __init__(self) -> None:
         self.model_name = ""
@@ -150,6 +150,10 @@ class InferRequest:
         self.outputs: list[RequestedOutput] = []
         #: Slices of the received buffer, one per raw input.
         self.raw_input_contents: list[memoryview | bytes] = []
+        #: The layout the codec knows the message by (``codec.Layout``: its bytes but for
+        #: the raw tensors), or None. Requests of one layout share everything but their
+        #: raw contents, so a decoded request is read, never changed.
+        self.layout: Any = None
 
 
 class OutputTensor:

@@ -11,6 +11,7 @@ must answer them with INVALID_ARGUMENT.
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import betterproto
@@ -28,6 +29,7 @@ from tritonclient.grpc import _utils as triton_utils
 
 from reactantserver.config.schema import EndpointsConfig
 from reactantserver.errors import InvalidArgument
+from reactantserver.protocol import codec as codec_module
 from reactantserver.protocol import inference as pb
 from reactantserver.protocol.codec import (
     MAX_ENTRIES,
@@ -707,3 +709,62 @@ def test_a_settings_ack_and_a_large_frame_in_one_read() -> None:
 
     wire = asyncio.run(main())
     assert not wire.closed
+
+
+def _as_values(request: Any) -> Any:
+    """A decoded request as plain values (contents by their bytes)."""
+
+    def contents(c: Any) -> Any:
+        if c is None:
+            return None
+        return tuple(
+            getattr(c, f).tobytes() if hasattr(getattr(c, f), "tobytes") else tuple(getattr(c, f))
+            for f in c.__slots__
+        )
+
+    inputs = tuple(
+        (t.name, t.datatype, tuple(t.shape), dict(t.parameters), contents(t.contents))
+        for t in request.inputs
+    )
+    outputs = tuple((o.name, dict(o.parameters)) for o in request.outputs)
+    raw = tuple(bytes(r) for r in request.raw_input_contents)
+    head = (request.model_name, request.model_version, request.id, dict(request.parameters))
+    return head, inputs, outputs, raw
+
+
+@settings(max_examples=200)
+@given(model_infer_requests(), st.randoms(use_true_random=False))
+def test_a_known_layout_decodes_as_a_fresh_parse_does(message: Any, rng: Any) -> None:
+    """A message of a layout seen before (``codec.Layout``: the same bytes but for the raw
+    contents) is not parsed again, and its request is exactly what a parse of its own
+    bytes gives: the same head, and its own raw contents (not the earlier message's)."""
+    first = bytes(message)
+    again = pb.ModelInferRequest().parse(first)
+    again.raw_input_contents = [
+        bytes(rng.randrange(256) for _ in r) for r in again.raw_input_contents
+    ]
+    second = bytes(again)
+    try:
+        want = _as_values(codec_module._parse(second, None))
+    except InvalidArgument as exc:
+        with pytest.raises(InvalidArgument, match="^" + re.escape(str(exc)) + "$"):
+            decode_infer_request(first)
+        return
+    decode_infer_request(first)  # the layout, kept when its raw contents come last
+    got = decode_infer_request(second)
+    assert _as_values(got) == want
+    if got.layout is not None:  # kept: the second came from it, not from a parse
+        assert [bytes(r) for r in got.raw_input_contents] == list(again.raw_input_contents)
+        assert decode_infer_request(second).layout is got.layout
+
+
+def test_a_layout_is_kept_only_when_its_raw_contents_come_last() -> None:
+    """Protobuf writes the raw contents last; a message with a field after them (any
+    order is valid protobuf) is parsed every time, and so is one over the head limit."""
+    usual = bytes(pb.ModelInferRequest(model_name="m", raw_input_contents=[b"\x01\x02"]))
+    assert decode_infer_request(usual).layout is not None
+    after = usual + bytes(pb.ModelInferRequest(id="late"))
+    assert decode_infer_request(after).layout is None
+    assert decode_infer_request(after).id == "late"
+    long_head = bytes(pb.ModelInferRequest(model_name="m" * 5000, raw_input_contents=[b"\x01"]))
+    assert decode_infer_request(long_head).layout is None

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, example, given, settings
+from hypothesis import strategies as st
 from strategies import inferio_hostile_inputs, inferio_wire_arrays
 
 from reactantserver import tensors
@@ -647,3 +648,88 @@ def test_hostile_inputs_fail_only_with_our_errors(
     assert v.dtype == spec.numpy_dtype
     assert tensors.shape_matches(spec.shape, v.shape)
     del v, call
+
+
+_LAYOUT_INPUTS = (X, K, TensorSpec("s", "BYTES", (-1,)))
+_LAYOUT_OUTPUTS = (Y, Z)
+
+
+@st.composite
+def _layout_requests(draw: st.DrawFn) -> pb.ModelInferRequest:
+    """Requests for a model of inputs x (FP32 [-1, 16]), k (INT8 [-1]) and s (BYTES [-1]): mostly valid
+    ones, and one near miss at a time (a wrong name, datatype, shape or byte count, a
+    duplicate or missing input, an unknown or repeated output, a timeout parameter)."""
+    rows = draw(st.sampled_from([0, 1, 2, 4]))
+    tensors_ = draw(st.permutations([["x", "FP32", [rows, 16]], ["k", "INT8", [rows]],
+                                     ["s", "BYTES", [rows]]]))  # fmt: skip
+    tensors_ = [list(t) for t in tensors_]
+    miss = draw(st.sampled_from(["none"] * 6 + ["name", "datatype", "shape", "bytes",
+                                               "twice", "missing", "output", "param"]))  # fmt: skip
+    if miss == "name":
+        tensors_[0][0] = "q"
+    elif miss == "datatype":
+        tensors_[0][1] = draw(st.sampled_from(["INT8", "BYTES", "FP64"]))
+    elif miss == "shape":
+        tensors_[0][2] = [2, 8]
+    elif miss == "twice":
+        tensors_.append(list(tensors_[0]))
+    elif miss == "missing":
+        tensors_.pop()
+    inputs, raw = [], []
+    for name, datatype, shape in tensors_:
+        size = {"FP32": 4, "INT8": 1, "FP64": 8, "BYTES": 5}[datatype] * math.prod(shape)
+        if miss == "bytes" and not raw:
+            size += 1
+        inputs.append(inp(name, datatype, shape))
+        raw.append(b"\x01\x00\x00\x00a" * (size // 5) if datatype == "BYTES" else bytes(size))
+    wanted = draw(st.lists(st.sampled_from(["y", "z"]), max_size=2, unique=True))
+    if miss == "output":
+        wanted.append(draw(st.sampled_from(["w", "y"])))
+    params = {"timeout": Param(int64_param=5)} if miss == "param" else None
+    return req(*inputs, raw=raw, outputs=[Output(name=n) for n in wanted], params=params)
+
+
+def _call_values(call: InferCall) -> Any:
+    arrays = {
+        n: (a.dtype, a.shape, a.tolist() if a.dtype == object else a.tobytes())
+        for n, a in call.inputs.items()
+    }
+    return call.model, call.id, arrays, call.outputs, call.deadline, call.owner
+
+
+@settings(max_examples=300)
+@given(_layout_requests(), st.randoms(use_true_random=False))
+def test_a_known_layout_is_checked_once_per_model_version(message: Any, rng: Any) -> None:
+    """``decode_request`` keeps what it checked of a layout (``codec.Layout``) for the
+    model version (its tensors, its batch sizes), when the layout alone decides it (no
+    parameters, every input raw and fixed-width): a later request of that layout gets
+    exactly the call a full check of its own bytes gives -- its own arrays, the same
+    outputs and deadline -- or the same refusal, word for word."""
+    from reactantserver.protocol import codec
+
+    registry = SharedMemoryRegistry()
+    first = bytes(message)
+    again = pb.ModelInferRequest().parse(first)
+    again.raw_input_contents = [
+        bytes(rng.randrange(256) for _ in r) for r in again.raw_input_contents
+    ]
+    second = bytes(again)
+
+    def decode(request: Any) -> Any:
+        try:
+            call = decode_request(
+                request, inputs=_LAYOUT_INPUTS, outputs=_LAYOUT_OUTPUTS, registry=registry,
+                now=NOW, deadline=NOW + 7, owner="me", batch_sizes=(1, 2, 4),
+            )  # fmt: skip
+        except InvalidArgument as exc:
+            return str(exc)
+        return _call_values(call)
+
+    decode(codec.decode_infer_request(first))
+    fresh = codec._parse(second, None)
+    assert fresh.layout is None  # the full check
+    known = codec.decode_infer_request(second)
+    assert known.layout is not None  # the layout's
+    got = decode(known)
+    assert got == decode(fresh)
+    event("refused" if isinstance(got, str) else "decoded")

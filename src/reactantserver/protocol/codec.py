@@ -28,6 +28,12 @@ without importing the transport):
   keeps the low 32 bits, packed or unpacked, chunks append); ``bytes_contents`` is a
   list of ``bytes``.
 
+A client sends one request *layout* again and again (the same model, inputs, shapes and
+parameters; new tensors): :class:`Layout` keeps the decode of a recent layout's bytes, so
+a message of it is not parsed again, only its raw contents cut out; ``inferio`` keeps
+its validation against each model version beside it. A message whose raw contents do
+not come last, or whose head is long, is parsed every time.
+
 :func:`encode_infer_response` writes an :class:`InferResponse` straight to bytes with
 one ``b"".join``: raw outputs may be ``memoryview``\\ s of result arrays, so the join
 is their only copy; :func:`encode_infer_response_parts` leaves the pieces unjoined, for
@@ -64,6 +70,7 @@ sharing the wire constants; most of it is the reader's precise error paths.
 from __future__ import annotations
 
 import functools
+import itertools
 import struct
 import sys
 from array import array
@@ -252,19 +259,38 @@ COPY_BELOW = 64 * 1024
 
 
 def decode_infer_request(data: bytes | memoryview) -> InferRequest:
-    """Decode a serialized ``ModelInferRequest`` (see the module docstring)."""
-    if not isinstance(data, bytes) and len(data) < COPY_BELOW:
+    """Decode a serialized ``ModelInferRequest`` (see the module docstring). A message
+    of a layout seen lately (:class:`Layout`) is not parsed again: only its raw contents
+    are cut from it."""
+    if not isinstance(data, bytes):
+        if len(data) >= COPY_BELOW:
+            return _parse(data, None)
         data = bytes(data)
+    for layout in _LAYOUTS.get(len(data), ()):
+        if layout.matches(data):
+            return layout.request(data)
+    spans: list[tuple[int, int, int]] = []
+    request = _parse(data, spans)
+    _remember(data, request, spans)
+    return request
+
+
+def _parse(data: bytes | memoryview, spans: list[tuple[int, int, int]] | None) -> InferRequest:
+    """The field-by-field decode; ``spans`` (if given) gets, for each raw input, where
+    its field begins and where its contents begin and end."""
     view = memoryview(data)
     r = _Reader(data, 0, len(data), "ModelInferRequest")
     request = InferRequest()
     while r.pos < r.end:
+        at = r.pos
         number, wire = r.tag()
         if number == 7:
             r.expect(wire, LEN, "raw_input_contents")
             start, end = r.length()
             _room(r, request.raw_input_contents, "raw_input_contents entries")
             request.raw_input_contents.append(view[start:end])
+            if spans is not None:
+                spans.append((at, start, end))
         elif number == 5:
             r.expect(wire, LEN, "inputs")
             _room(r, request.inputs, "inputs")
@@ -290,6 +316,82 @@ def decode_infer_request(data: bytes | memoryview) -> InferRequest:
         else:
             r.skip(number, wire)
     return request
+
+
+class Layout:
+    """A ModelInferRequest *layout*: a message's bytes but for its raw contents.
+
+    A client sends the same request again and again with new tensors: the same model,
+    inputs, shapes and parameters, the raw contents last (protobuf writes fields in
+    number order, ``raw_input_contents`` is 7). Two messages of one size whose bytes agree
+    outside the raw contents decode alike but for those contents (the parse only cuts
+    them out), so a layout keeps what its bytes decoded to, once, and a later message of
+    it is not parsed: its request shares the layout's head (model, inputs, outputs,
+    parameters: read, never changed) and gets views of its own contents. ``inferio``
+    keeps the layout's validation against each model version beside it (``checked``).
+    """
+
+    __slots__ = ("_head", "_seps", "_spans", "checked", "skeleton")
+
+    def __init__(self, data: bytes, request: InferRequest, spans: list[tuple[int, int, int]]):
+        #: The bytes up to the first raw contents, and those between two raw contents
+        #: (each next field's tag and length) with where they are.
+        self._head = data[: spans[0][1]]
+        self._seps = tuple((at, data[at:start]) for at, start, _ in spans[1:])
+        self._spans = tuple((start, end) for _, start, end in spans)
+        self.skeleton = InferRequest()
+        for field in ("model_name", "model_version", "id", "parameters", "inputs", "outputs"):
+            setattr(self.skeleton, field, getattr(request, field))
+        #: ``inferio.decode_request``'s own: what it checked against a model version.
+        self.checked: dict[int, Any] = {}
+
+    def matches(self, data: bytes) -> bool:
+        """Whether ``data`` (of the layout's size) is of this layout."""
+        return data.startswith(self._head) and all(
+            data.startswith(sep, at) for at, sep in self._seps
+        )
+
+    def request(self, data: bytes) -> InferRequest:
+        """``data``'s request: the layout's head, and views of ``data``'s raw contents."""
+        view = memoryview(data)
+        skeleton = self.skeleton
+        request = InferRequest()
+        request.model_name = skeleton.model_name
+        request.model_version = skeleton.model_version
+        request.id = skeleton.id
+        request.parameters = skeleton.parameters
+        request.inputs = skeleton.inputs
+        request.outputs = skeleton.outputs
+        request.raw_input_contents = [view[start:end] for start, end in self._spans]
+        request.layout = self
+        return request
+
+
+#: Recent layouts by message size; at most ``LAYOUTS`` of them (all forgotten when a new
+#: one would pass that: a client that never repeats itself costs a parse, as without them),
+#: and only of a head of at most ``LAYOUT_HEAD`` bytes, so they hold at most about 1 MiB.
+_LAYOUTS: dict[int, list[Layout]] = {}
+LAYOUTS = 256
+LAYOUT_HEAD = 4096
+_layout_count = 0
+
+
+def _remember(data: bytes, request: InferRequest, spans: list[tuple[int, int, int]]) -> None:
+    """Keep the layout of a message just parsed, when its raw contents come last, one
+    after the other (the usual message: anything else is parsed each time)."""
+    global _layout_count
+    if not spans or spans[0][1] > LAYOUT_HEAD or spans[-1][2] != len(data):
+        return
+    for (_, _, end), (at, _, _) in itertools.pairwise(spans):
+        if at != end:
+            return
+    if _layout_count >= LAYOUTS:
+        _LAYOUTS.clear()
+        _layout_count = 0
+    layout = Layout(data, request, spans)
+    _LAYOUTS.setdefault(len(data), []).append(layout)
+    _layout_count += 1
+    request.layout = layout
 
 
 def from_message(message: pb.ModelInferRequest) -> InferRequest:
