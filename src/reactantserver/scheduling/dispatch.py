@@ -554,6 +554,10 @@ class Scheduler:
         self._prepare_now = executor.prepare_now if isinstance(executor, PreparesNow) else None
         self._passed = 0
         self._lone = 0
+        #: ``trio.current_time``, read straight from the run's clock while ``run`` runs:
+        #: the function looks the run and its clock up on every call (three frames), and
+        #: a request's path reads the time three times (``enqueue``, the pass, landing).
+        self._time: Callable[[], float] = trio.current_time
         #: A request admitted alone and held for the armed pass, which runs it without the
         #: queue (``policy.dispatch_alone``); None otherwise. Anything that reads or
         #: changes the policy before that pass queues it first (``_settle_alone``).
@@ -675,7 +679,7 @@ class Scheduler:
             # Alone: nothing queued, nothing running, no pass armed yet. Held for the pass
             # this arms, which runs it without the queue (module docstring).
             alone = self._policy.admit_alone(
-                model, payload, now=trio.current_time(), rows=rows, deadline=deadline,
+                model, payload, now=self._time(), rows=rows, deadline=deadline,
                 group=group,
             )  # fmt: skip
             if alone is not None:
@@ -688,7 +692,7 @@ class Scheduler:
         request = self._policy.submit(
             model,
             payload,
-            now=trio.current_time(),
+            now=self._time(),
             rows=rows,
             deadline=deadline,
             group=group,
@@ -802,6 +806,7 @@ class Scheduler:
         if self._started:
             raise RuntimeError("Scheduler.run() can only be started once")
         self._started = True
+        self._time = trio.lowlevel.current_clock().current_time
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self._device.run)
@@ -818,6 +823,7 @@ class Scheduler:
         finally:
             self._shut(running=True)
             self._stopped.set()
+            self._time = trio.current_time
 
     def close(self) -> None:
         """Refuse new work and fail queued work; the running execution finishes."""
@@ -1056,12 +1062,12 @@ class Scheduler:
         if alone is not None:
             if policy.closed or self._health is not Health.READY:
                 policy.enqueue_held(alone)
-            elif not self._took(policy.dispatch_alone(alone, trio.current_time()), lone=True):
+            elif not self._took(policy.dispatch_alone(alone, self._time()), lone=True):
                 return
         # Nothing queued: a turn would find no batch and no deadline; the pass ends, and
         # the answers it wrote leave without waiting for that turn.
         while policy.queued and self._idle and not policy.closed and self._health is Health.READY:
-            now = trio.current_time()
+            now = self._time()
             self._expire(now)  # the loop's _tend: nothing is in flight while it is idle
             if not self._took(policy.next_batch(now)):
                 return
@@ -1122,7 +1128,7 @@ class Scheduler:
                 self._pipelined += 1
         if self._ran is not None:
             self._ran(batch)
-        now = trio.current_time()
+        now = self._time()
         if overran:
             self._complete(batch, seconds, now, ok=False)
             if self._health is Health.OVERRUN:
