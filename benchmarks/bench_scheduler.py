@@ -12,6 +12,12 @@ Each run keeps the same models backlogged (every batch taken is resubmitted) so
 the candidate count stays fixed, and times ``next_batch`` alone with
 ``perf_counter_ns``. Target: the 10,000-model row within 2x of the 10-model row.
 
+Then the driver's cost per request (``Scheduler.enqueue`` and the host loop's pass that
+runs it, over an executor that answers at once): a request alone -- the lone lane,
+which never queues it (docs/scheduling.md) -- and requests two to a callback, which
+queue and coalesce. Hot, in a loop: in the server the same code costs three to four times
+as much (docs/benchmarks.md, "Where a request's CPU goes at one in flight").
+
     python benchmarks/bench_scheduler.py      (or: nox -s bench -- scheduler)
 """
 
@@ -20,9 +26,14 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
+
+import trio
+import trio.testing
 
 from reactantserver.config import SchedulerConfig
-from reactantserver.scheduling import SchedulingPolicy
+from reactantserver.scheduling import Scheduler, SchedulingPolicy
 
 SIZES = (1, 2, 4, 8)
 DECISIONS = 20_000
@@ -65,6 +76,67 @@ def measure(discipline: str, loaded: int, busy: int, seed: int = 0) -> list[floa
     return samples
 
 
+class _Instant:
+    """A blocking executor whose batches take no time (the driver's cost alone)."""
+
+    async def prepare(self, batch: Any) -> None:
+        pass
+
+    def prepare_now(self, batch: Any) -> bool:
+        return True
+
+    def run(self, batch: Any) -> list[Any]:
+        return [r.payload for r in batch.requests]
+
+    def ran(self, batch: Any) -> None:
+        pass
+
+
+def driver_costs(discipline: str, per_callback: int, requests: int = DECISIONS) -> float:
+    """Microseconds of ``enqueue`` and the pass per request, ``per_callback`` requests
+    queued by each callback (one read of a connection) before its pass."""
+    ready: list[Callable[[], object]] = []
+
+    def soon(fn: Callable[[], object]) -> bool:
+        ready.append(fn)
+        return True
+
+    async def main() -> float:
+        config = SchedulerConfig(discipline=discipline, inline_max_seconds=0.001)  # type: ignore[arg-type]
+        scheduler = Scheduler(config, _Instant(), soon=soon)
+        scheduler.add_model("tiny", SIZES)
+        for size in SIZES:
+            scheduler.seed_cost("tiny", size, 1e-5)
+        answered: list[Any] = []
+
+        def answer(value: Any, error: BaseException | None) -> None:
+            answered.append(value)
+
+        def callback() -> None:
+            for _ in range(per_callback):
+                scheduler.enqueue("tiny", 1, answer=answer)
+            passes = ready[:]
+            ready.clear()
+            for fn in passes:
+                fn()
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(scheduler.run)
+            await trio.testing.wait_all_tasks_blocked()
+            for _ in range(WARMUP):
+                callback()
+            start = time.perf_counter()
+            for _ in range(requests // per_callback):
+                callback()
+            elapsed = time.perf_counter() - start
+            scheduler.close()
+        assert len(answered) == (WARMUP + requests // per_callback) * per_callback
+        return elapsed / (requests // per_callback * per_callback) * 1e6
+
+    result: float = trio.run(main)
+    return result
+
+
 def main() -> None:
     print(f"one scheduling decision (next_batch), {DECISIONS} decisions per row, median of each")
     print()
@@ -95,6 +167,12 @@ def main() -> None:
         print(
             f"{discipline}: 10,000-model row is {ratio:.2f}x the 10-model row (target <= 2x: {state})"
         )
+    print()
+    print("the driver per request: enqueue and the host loop's pass, an instant executor (us)")
+    print(f"{'discipline':>10} {'alone (lone lane)':>18} {'two per callback':>17}")
+    for discipline in ("fair", "fifo", "edf"):
+        alone, pairs = driver_costs(discipline, 1), driver_costs(discipline, 2)
+        print(f"{discipline:>10} {alone:>18.1f} {pairs:>17.1f}")
 
 
 if __name__ == "__main__":
