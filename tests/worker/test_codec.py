@@ -768,3 +768,13 @@ def test_a_layout_is_kept_only_when_its_raw_contents_come_last() -> None:
     assert decode_infer_request(after).id == "late"
     long_head = bytes(pb.ModelInferRequest(model_name="m" * 5000, raw_input_contents=[b"\x01"]))
     assert decode_infer_request(long_head).layout is None
+
+
+def test_the_layouts_kept_are_bounded() -> None:
+    """A client that never repeats its layout costs a parse each time, never memory: at
+    most ``LAYOUTS`` layouts are kept, however many distinct ones arrive."""
+    for i in range(codec_module.LAYOUTS + 50):
+        data = bytes(pb.ModelInferRequest(model_name=f"m{i}", raw_input_contents=[b"\x00"]))
+        assert decode_infer_request(data).model_name == f"m{i}"
+        kept = sum(len(layouts) for layouts in codec_module._LAYOUTS.values())
+        assert 1 <= kept <= codec_module.LAYOUTS

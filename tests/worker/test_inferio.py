@@ -733,3 +733,21 @@ def test_a_known_layout_is_checked_once_per_model_version(message: Any, rng: Any
     got = decode(known)
     assert got == decode(fresh)
     event("refused" if isinstance(got, str) else "decoded")
+
+
+def test_a_layout_keeps_its_checks_for_a_few_model_versions_only() -> None:
+    """A layout checked against many model versions (reloads) keeps the checks of at most
+    eight of them: the old versions' tensors are not held for ever."""
+    from reactantserver.protocol import codec
+
+    data = bytes(req(inp("x", "FP32", (1, 16)), raw=[bytes(64)]))
+    request = codec.decode_infer_request(data)
+    assert request.layout is not None
+    for _ in range(20):
+        version_inputs = (TensorSpec("x", "FP32", (-1, 16)),)  # a new version's own tuple
+        call = decode_request(
+            codec.decode_infer_request(data), inputs=version_inputs, outputs=(Y,),
+            registry=SharedMemoryRegistry(), now=NOW,
+        )  # fmt: skip
+        assert call.inputs["x"].shape == (1, 16)
+        assert 1 <= len(request.layout.checked) <= 8
