@@ -81,7 +81,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import attrs
 import numpy as np
@@ -367,12 +367,12 @@ def decode_request(
         request = from_message(request)
     layout = request.layout
     if layout is not None:  # a layout seen before (codec.Layout): checked already?
-        known = layout.checked.get(id(inputs))
+        known: _Checked | None = layout.checked.get(id(inputs))
         if (
             known is not None
-            and known[0] is inputs
-            and known[1] is outputs
-            and known[2] == batch_sizes
+            and known.inputs is inputs
+            and known.outputs is outputs
+            and known.batch_sizes == batch_sizes
         ):
             raw = request.raw_input_contents
             return InferCall(
@@ -380,9 +380,9 @@ def decode_request(
                 id=request.id,
                 inputs={
                     name: np.frombuffer(raw[i], dtype=dtype).reshape(shape)
-                    for i, (name, dtype, shape) in enumerate(known[3])
+                    for i, (name, dtype, shape) in enumerate(known.arrays)
                 },
-                outputs=known[4],
+                outputs=known.requested,
                 deadline=deadline,
                 owner=owner,
             )
@@ -391,9 +391,27 @@ def decode_request(
         if len(layout.checked) >= _CHECKED_VERSIONS:
             layout.checked.clear()
         arrays = call.inputs
-        views = tuple((t.name, arrays[t.name].dtype, arrays[t.name].shape) for t in request.inputs)
-        layout.checked[id(inputs)] = (inputs, outputs, tuple(batch_sizes), views, call.outputs)
+        layout.checked[id(inputs)] = _Checked(
+            inputs,
+            outputs,
+            tuple(batch_sizes),
+            tuple((t.name, arrays[t.name].dtype, arrays[t.name].shape) for t in request.inputs),
+            call.outputs,
+        )
     return call
+
+
+class _Checked(NamedTuple):
+    """What ``decode_request`` found of a layout against one model version."""
+
+    #: The version's tensors and compiled sizes (the key; kept, so no id is reused).
+    inputs: Sequence[TensorSpec]
+    outputs: Sequence[TensorSpec]
+    batch_sizes: tuple[int, ...]
+    #: Each raw input's name, dtype and shape, in the request's order.
+    arrays: tuple[tuple[str, np.dtype[Any], tuple[int, ...]], ...]
+    #: The outputs to return.
+    requested: tuple[RequestedOutput, ...]
 
 
 #: Model versions one layout keeps its checks for (a reload makes a new one).

@@ -339,9 +339,8 @@ class Layout:
         self._head = data[: spans[0][1]]
         self._seps = tuple((at, data[at:start]) for at, start, _ in spans[1:])
         self._spans = tuple((start, end) for _, start, end in spans)
-        self.skeleton = InferRequest()
-        for field in ("model_name", "model_version", "id", "parameters", "inputs", "outputs"):
-            setattr(self.skeleton, field, getattr(request, field))
+        #: The head's decode, without the first message's raw contents (not kept alive).
+        self.skeleton = _with_contents(request, [], None)
         #: ``inferio.decode_request``'s own: what it checked against a model version.
         self.checked: dict[int, Any] = {}
 
@@ -354,17 +353,24 @@ class Layout:
     def request(self, data: bytes) -> InferRequest:
         """``data``'s request: the layout's head, and views of ``data``'s raw contents."""
         view = memoryview(data)
-        skeleton = self.skeleton
-        request = InferRequest()
-        request.model_name = skeleton.model_name
-        request.model_version = skeleton.model_version
-        request.id = skeleton.id
-        request.parameters = skeleton.parameters
-        request.inputs = skeleton.inputs
-        request.outputs = skeleton.outputs
-        request.raw_input_contents = [view[start:end] for start, end in self._spans]
-        request.layout = self
-        return request
+        raw: list[memoryview | bytes] = [view[start:end] for start, end in self._spans]
+        return _with_contents(self.skeleton, raw, self)
+
+
+def _with_contents(
+    head: InferRequest, raw: list[memoryview | bytes], layout: Layout | None
+) -> InferRequest:
+    """A request with ``head``'s fields (shared, not copied) and the raw contents ``raw``."""
+    request = InferRequest()
+    request.model_name = head.model_name
+    request.model_version = head.model_version
+    request.id = head.id
+    request.parameters = head.parameters
+    request.inputs = head.inputs
+    request.outputs = head.outputs
+    request.raw_input_contents = raw
+    request.layout = layout
+    return request
 
 
 #: Recent layouts by message size; at most ``LAYOUTS`` of them (all forgotten when a new
