@@ -155,6 +155,57 @@ async def test_a_lone_tiny_request_is_answered_by_one_pass_without_waking_the_lo
     assert stats.policy.models["tiny"].dispatches == 1  # the policy learned as ever
 
 
+async def test_with_send_a_lone_answer_is_sent_before_its_batch_is_released(
+    autojump_clock: trio.testing.MockClock, steps: Steps
+) -> None:
+    """With ``send`` given, the lone lane answers its request, sends, and only then calls
+    the executor's ``ran`` (weights released, the batch's statistics); the policy had
+    learned from the batch before the answer. Requests that coalesce are the pass's
+    ordinary batch: released before they are answered, and sent as the pass returns
+    (``send`` is not called)."""
+    host, device = HostLoop(), Device()
+    events: list[str] = []
+    released = device.ran
+
+    def ran(batch: Batch) -> None:
+        events.append(f"ran {batch.seq}")
+        released(batch)
+
+    device.ran = ran  # type: ignore[method-assign]
+    scheduler = Scheduler(
+        SchedulerConfig(inline_max_seconds=0.001),
+        device,
+        soon=host.soon,
+        send=lambda: events.append("send"),
+    )
+    scheduler.add_model("tiny", [1, 2, 4])
+    for size in (1, 2, 4):
+        scheduler.seed_cost("tiny", size, 1e-5)
+
+    def answer(key: str) -> Callable[[Any, BaseException | None], None]:
+        def answered(value: Any, error: BaseException | None) -> None:
+            learned = scheduler.policy.statistics(0.0).models["tiny"].dispatches
+            events.append(f"answer {key} after {learned} dispatches")
+
+        return answered
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(scheduler.run)
+        await asleep(steps)
+        scheduler.enqueue("tiny", "x", answer=answer("x"))
+        host.next_pass()
+        assert events == ["answer x after 1 dispatches", "send", "ran 0"]
+        events.clear()
+        scheduler.enqueue("tiny", "y", answer=answer("y"))
+        scheduler.enqueue("tiny", "z", answer=answer("z"))
+        host.next_pass()
+        assert events == ["ran 1", "answer y after 2 dispatches", "answer z after 2 dispatches"]
+        scheduler.close()
+    stats = scheduler.statistics()
+    assert stats.lone_dispatches == 1 and stats.passed_dispatches == 2
+    assert device.prepared_now == device.released == [0, 1]
+
+
 async def test_a_burst_in_one_callback_is_one_batch(
     autojump_clock: trio.testing.MockClock, steps: Steps
 ) -> None:

@@ -2,7 +2,8 @@
 
 Invariants: a cork written to inside a connection's callback sends everything written
 in one ``send`` as the outermost callback returns (not before, and before any other
-callback of the loop runs); written to outside one, it sends on the loop's next pass;
+callback of the loop runs), or earlier where the callback asks (``send_now``: what was
+written so far); written to outside one, it sends on the loop's next pass;
 a flush that fails does not keep the others from running; each thread keeps its own
 owed flushes; a cork's end (with a FIN where the transport can half-close) follows
 everything written before it, and nothing written after it is sent.
@@ -183,6 +184,40 @@ async def _after(caplog: pytest.LogCaptureFixture) -> None:
     held.enter()
     held.leave()
     assert ran == ["answer", "broken", "owed by the answer"]  # nothing left over
+
+
+def test_send_now_sends_what_was_written_so_far_and_later_writes_wait_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    asyncio.run(_send_now(caplog))
+
+
+async def _send_now(caplog: pytest.LogCaptureFixture) -> None:
+    """``send_now`` inside a callback: what every cork was written so far leaves at once,
+    one ``send`` each, a failing one logged without keeping the others; what is written
+    after it is held again and leaves as the outermost callback returns; nothing is sent
+    twice."""
+    loop = asyncio.get_running_loop()
+    socket, broken = _Socket(), _Socket(fail=True)
+    cork = _cork(socket, loop)
+    held = held_writes()
+    held.enter()
+    try:
+        cork.write(b"headers;")
+        cork.write(b"answer")
+        _cork(broken, loop).write(b"lost")
+        with caplog.at_level(logging.ERROR, logger="reactantserver.transport.h2conn"):
+            held.send_now()
+        assert socket.sent == [b"headers;answer"]  # before the callback returned
+        assert "writing a connection's output failed" in caplog.text
+        cork.write(b"later")
+        assert socket.sent == [b"headers;answer"]
+    finally:
+        held.leave()
+    assert socket.sent == [b"headers;answer", b"later"]
+    await asyncio.sleep(0)
+    assert socket.sent == [b"headers;answer", b"later"]
+    assert held.depth == 0
 
 
 def test_the_fin_follows_what_was_written_and_nothing_after_it_is_sent() -> None:

@@ -156,6 +156,11 @@ same read, or any callback before it -- first queues the held one (``_settle_alo
 and the pass then finds both queued. So does anything else that reads or changes the
 policy before the pass (statistics, a withdrawal, a model's update or removal, close,
 the loop's turn): outside the span from ``enqueue`` to its pass, no request is held.
+With ``send`` given (the worker's ``transport.guest.send_held``), the lane's answer is
+sent as soon as it is written, and only then is the batch's ``ran`` called (the weights'
+release, the batch's statistics): the client's turn starts while they run, where the
+read's one ``send`` would have waited for them. The policy's ``complete`` still comes
+before the answer (``_deliver``), and nothing else of the pass follows a lone batch.
 
 Why one module of this size: the normal path, the dispatch timeout, deadlines, the
 failure paths and shutdown all answer the same table, and are only checkable side by
@@ -480,6 +485,11 @@ class Scheduler:
     where there is no host loop (plain Trio): with it, batches that run inline are run by
     a pass of the host loop, without waking the dispatch loop (module docstring). Only
     at depth 1 with a blocking executor and inline execution on.
+
+    ``send()``, with ``soon``, sends what the answers have written so far (the host
+    loop's held writes, ``transport.guest.send_held``): a request run by the lone lane
+    is answered, sent, and only then is its batch's ``ran`` called (module docstring,
+    "The lone lane").
     """
 
     def __init__(
@@ -492,6 +502,7 @@ class Scheduler:
         on_batch: Callable[[Batch[Any], float], None] | None = None,
         pipeline_depth: int | None = None,
         soon: Callable[[Callable[[], object]], bool] | None = None,
+        send: Callable[[], object] | None = None,
     ) -> None:
         self.config = config
         depth = pipeline_depth if pipeline_depth is not None else config.pipeline_depth or 1
@@ -545,6 +556,8 @@ class Scheduler:
             self._timeout = math.inf
         #: Runs a pass on the host loop (None: every batch is the dispatch loop's).
         self._soon = soon if self._inline_max > 0 else None
+        #: Sends the answers written so far (None: they leave as the pass returns).
+        self._send = send
         #: A pass is armed (one at a time).
         self._pass_armed = False
         #: A batch a pass took and left to the loop: the loop's next (depth 1 only).
@@ -1011,8 +1024,9 @@ class Scheduler:
             batch.cost < self._inline_max or self._inline_max == math.inf
         )
 
-    def _at_once(self, batch: Batch[Any]) -> None:
-        """The launch that completes at once: ``run`` on the loop, timed, landed."""
+    def _at_once(self, batch: Batch[Any], *, lone: bool = False) -> None:
+        """The launch that completes at once: ``run`` on the loop, timed, landed (a lone
+        request's answer sent before ``ran``: ``_land``)."""
         run = self._run_inline
         assert run is not None
         started = time.perf_counter()
@@ -1020,7 +1034,7 @@ class Scheduler:
             result: outcome.Outcome[Sequence[Any]] = outcome.Value(run(batch))
         except Exception as exc:
             result = outcome.Error(exc)
-        self._land(batch, result, started, time.perf_counter(), False, True)
+        self._land(batch, result, started, time.perf_counter(), False, True, lone=lone)
 
     def _unlaunched(self, batch: Batch[Any]) -> None:
         """Give back a prepared batch that will never be launched (see ``_launch``): no
@@ -1092,7 +1106,7 @@ class Scheduler:
         try:
             self._passed += 1
             self._lone += lone
-            self._at_once(batch)
+            self._at_once(batch, lone=lone)
         finally:
             self._executing = None
         return True
@@ -1115,9 +1129,14 @@ class Scheduler:
         ended: float,
         overran: bool,
         inline: bool,
+        *,
+        lone: bool = False,
     ) -> None:
         """Charge, complete, release and answer one batch that came back (launch order):
-        a flight's, or one run at once (``inline``)."""
+        a flight's, or one run at once (``inline``). The lone lane's batch (``lone``, run
+        by a pass with ``send`` given) is answered and sent first, then released: its
+        ``ran`` -- the weights' release, the batch's statistics -- decides nothing in the
+        answer, and the client need not wait for it."""
         seconds = max(0.0, ended - max(started, self._last_back))
         self._last_back = max(self._last_back, ended)
         if inline:
@@ -1126,8 +1145,18 @@ class Scheduler:
             self._threaded += 1
             if self.pipeline_depth > 1:
                 self._pipelined += 1
-        if self._ran is not None:
-            self._ran(batch)
+        ran = self._ran
+        send = self._send if lone and not overran else None
+        if send is not None:
+            try:
+                self._deliver(batch, result, seconds, self._time())
+                send()
+            finally:
+                if ran is not None:
+                    ran(batch)
+            return
+        if ran is not None:
+            ran(batch)
         now = self._time()
         if overran:
             self._complete(batch, seconds, now, ok=False)

@@ -60,7 +60,7 @@ from .h2conn import held_writes
 
 T = TypeVar("T")
 
-__all__ = ["TrioPortal", "aio", "call_soon", "run"]
+__all__ = ["TrioPortal", "aio", "call_soon", "run", "send_held"]
 
 
 def run(
@@ -149,6 +149,14 @@ def call_soon(fn: Callable[[], object]) -> bool:
     else:
         loop.call_soon(_holding_writes, fn)
     return True
+
+
+def send_held() -> None:
+    """Send what this thread's protocol callbacks have written so far, now, rather than
+    as the outermost callback returns (:meth:`.h2conn.HeldWrites.send_now`): the
+    dispatch loop's pass calls it once a lone request is answered, so the answer leaves
+    before the bookkeeping that decides nothing in it (``scheduling/dispatch.py``)."""
+    held_writes().send_now()
 
 
 def _holding_writes(fn: Callable[[], object]) -> None:

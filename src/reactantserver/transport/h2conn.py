@@ -72,12 +72,19 @@ class HeldWrites:
             self._run_after()
         self.depth -= 1
         if not self.depth and self._owed:
-            owed, self._owed = self._owed, []
-            for flush in owed:
-                try:
-                    flush()
-                except Exception:  # one connection's failure is not the others'
-                    log.exception("writing a connection's output failed")
+            self.send_now()
+
+    def send_now(self) -> None:
+        """Run every flush owed so far, now: what was written until here leaves in one
+        ``send`` per connection before the callback goes on (a lone request's answer,
+        ahead of its batch's bookkeeping: ``scheduling/dispatch.py``). A write made after
+        it owes its flush again, as any write does."""
+        owed, self._owed = self._owed, []
+        for flush in owed:
+            try:
+                flush()
+            except Exception:  # one connection's failure is not the others'
+                log.exception("writing a connection's output failed")
 
     def _run_after(self) -> None:
         while self._after:  # work that owes more work runs it too, in order

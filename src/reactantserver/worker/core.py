@@ -198,6 +198,8 @@ class Worker:
             on_batch=self.energy.on_batch if self.energy is not None else None,
             # Tiny batches run by a pass of the host loop, without waking the dispatch loop.
             soon=guest.call_soon,
+            # ...and a lone request's answer leaves before its batch's bookkeeping.
+            send=guest.send_held,
         )
         default = in_threads()
         metas = MetaGlue(config, self.versions, thread=thread or default)
