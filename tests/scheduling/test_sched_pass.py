@@ -92,10 +92,15 @@ class Device:
         self.released.append(batch.seq)
 
 
-def scheduler_for(device: Device, host: HostLoop | None, **config: Any) -> Scheduler:
+def scheduler_for(
+    device: Device,
+    host: HostLoop | None,
+    send: Callable[[], object] | None = None,
+    **config: Any,
+) -> Scheduler:
     config.setdefault("inline_max_seconds", 0.001)
     scheduler = Scheduler(
-        SchedulerConfig(**config), device, soon=host.soon if host is not None else None
+        SchedulerConfig(**config), device, soon=host.soon if host is not None else None, send=send
     )
     for name, cost in (("tiny", 1e-5), ("slow", 1.0), ("cold", 1e-5)):
         scheduler.add_model(name, [1, 2, 4])
@@ -158,17 +163,20 @@ async def test_a_lone_tiny_request_is_answered_by_one_pass_without_waking_the_lo
 async def test_with_send_a_lone_answer_is_sent_before_its_batch_is_released(
     autojump_clock: trio.testing.MockClock, steps: Steps
 ) -> None:
-    """With ``send`` given, the lone lane answers its request, sends, and only then calls
-    the executor's ``ran`` (weights released, the batch's statistics); the policy had
-    learned from the batch before the answer. Requests that coalesce are the pass's
-    ordinary batch: released before they are answered, and sent as the pass returns
+    """With ``send`` given, the lone lane answers its request, sends, and only then
+    accounts the batch: the policy's ``complete``, then the executor's ``ran`` (weights
+    released, the batch's statistics). Requests that coalesce are the pass's ordinary
+    batch: accounted and released before they are answered, and sent as the pass returns
     (``send`` is not called)."""
     host, device = HostLoop(), Device()
     events: list[str] = []
     released = device.ran
 
+    def learned() -> int:
+        return policy.statistics(0.0).models["tiny"].dispatches  # the core itself: no settling
+
     def ran(batch: Batch) -> None:
-        events.append(f"ran {batch.seq}")
+        events.append(f"ran {batch.seq} after {learned()} dispatches")
         released(batch)
 
     device.ran = ran  # type: ignore[method-assign]
@@ -181,11 +189,11 @@ async def test_with_send_a_lone_answer_is_sent_before_its_batch_is_released(
     scheduler.add_model("tiny", [1, 2, 4])
     for size in (1, 2, 4):
         scheduler.seed_cost("tiny", size, 1e-5)
+    policy = scheduler.policy
 
     def answer(key: str) -> Callable[[Any, BaseException | None], None]:
         def answered(value: Any, error: BaseException | None) -> None:
-            learned = scheduler.policy.statistics(0.0).models["tiny"].dispatches
-            events.append(f"answer {key} after {learned} dispatches")
+            events.append(f"answer {key} after {learned()} dispatches")
 
         return answered
 
@@ -194,16 +202,74 @@ async def test_with_send_a_lone_answer_is_sent_before_its_batch_is_released(
         await asleep(steps)
         scheduler.enqueue("tiny", "x", answer=answer("x"))
         host.next_pass()
-        assert events == ["answer x after 1 dispatches", "send", "ran 0"]
+        assert events == ["answer x after 0 dispatches", "send", "ran 0 after 1 dispatches"]
         events.clear()
         scheduler.enqueue("tiny", "y", answer=answer("y"))
         scheduler.enqueue("tiny", "z", answer=answer("z"))
         host.next_pass()
-        assert events == ["ran 1", "answer y after 2 dispatches", "answer z after 2 dispatches"]
+        assert events == [
+            "ran 1 after 1 dispatches",
+            "answer y after 2 dispatches",
+            "answer z after 2 dispatches",
+        ]
         scheduler.close()
     stats = scheduler.statistics()
     assert stats.lone_dispatches == 1 and stats.passed_dispatches == 2
     assert device.prepared_now == device.released == [0, 1]
+
+
+@pytest.mark.parametrize("reach", ["update_model", "statistics", "enqueue"])
+async def test_what_a_lone_answer_sets_off_finds_its_batch_accounted(
+    autojump_clock: trio.testing.MockClock, steps: Steps, reach: str
+) -> None:
+    """The lone lane accounts its batch after the answer's send, yet whatever the answer's
+    callback asks of the scheduler finds it accounted, as for any other batch: a version
+    swap's ``update_model`` (new sizes forget the learned costs) comes after the batch's
+    cost sample, so the new sizes never learn the old program's cost; a read sees it
+    completed; a new request is admitted behind it, alone, for the next pass."""
+    host, device = HostLoop(), Device()
+    sent: list[str] = []
+    scheduler = Scheduler(
+        SchedulerConfig(inline_max_seconds=0.001),
+        device,
+        soon=host.soon,
+        send=lambda: sent.append("send"),
+    )
+    scheduler.add_model("tiny", [1, 2])
+    for size in (1, 2):
+        scheduler.seed_cost("tiny", size, 1e-5)
+    got: dict[Any, Any] = {}
+    seen: list[Any] = []
+
+    def answered(value: Any, error: BaseException | None) -> None:
+        got["x"] = value
+        if reach == "update_model":
+            scheduler.update_model("tiny", compiled_batch_sizes=[1, 2, 4])
+        elif reach == "statistics":
+            stats = scheduler.statistics().policy
+            seen.append((stats.running, stats.models["tiny"].dispatches))
+        else:
+            scheduler.enqueue("tiny", "y", answer=answers_into(got, "y"))
+        seen.append(list(device.released))
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(scheduler.run)
+        await asleep(steps)
+        scheduler.enqueue("tiny", "x", answer=answered)
+        host.next_pass()
+        if reach == "enqueue":
+            assert "y" not in got and host.next_pass() == 1
+        scheduler.close()
+    model = scheduler.statistics().policy.models["tiny"]
+    if reach == "update_model":
+        assert model.costs == () and model.dispatches == 1  # sampled, then forgotten
+    elif reach == "statistics":
+        assert seen[0] == (None, 1)  # completed, nothing running
+    else:
+        assert got["y"] == ("out", "y") and model.dispatches == 2
+        assert scheduler.statistics().lone_dispatches == 2
+    assert seen[-1] == [0]  # released before the callback went on
+    assert got["x"] == ("out", "x") and sent[0] == "send"
 
 
 async def test_a_burst_in_one_callback_is_one_batch(
@@ -394,33 +460,49 @@ async def test_a_pass_fails_what_expired_and_does_nothing_after_close(
             st.just(("pass",)),
             st.just(("loop",)),
             st.tuples(st.just("withdraw"), st.integers(0, 40)),
+            st.tuples(st.just("chain"), st.sampled_from(["tiny", "cold", "slow"])),
         ),
         max_size=40,
-    )
+    ),
+    st.booleans(),
 )
 def test_any_interleaving_answers_each_request_once_in_order_one_execution_at_a_time(
-    ops: list[tuple[Any, ...]],
+    ops: list[tuple[Any, ...]], sends: bool
 ) -> None:
     """Whatever the interleaving of requests, host-loop passes, dispatch-loop turns and
-    withdrawals: every request not withdrawn is answered exactly once, with its own
-    result; each model's requests execute in the order they were queued; no two
-    executions overlap (``Device.run`` asserts it); and every batch a pass or the loop
-    ran had its weights released (``ran``) as often as acquired."""
+    withdrawals, with or without ``send`` (the lone lane then answers before it
+    accounts), and with answers that queue a request of their own from inside their
+    callback: every request not withdrawn is answered exactly once, with its own result;
+    each model's requests execute in the order they were queued; no two executions
+    overlap (``Device.run`` asserts it); and every batch a pass or the loop ran had its
+    weights released (``ran``) as often as acquired."""
 
     async def main() -> None:
         host, device = HostLoop(), Device()
-        scheduler = scheduler_for(device, host, inline_max_seconds=math.inf)
+        scheduler = scheduler_for(
+            device, host, send=(lambda: None) if sends else None, inline_max_seconds=math.inf
+        )
         got: dict[Any, Any] = {}
-        requests = []
+        requests: list[tuple[str, Any]] = []
         withdrawn = set()
+
+        def enqueue(model: str, chained: bool) -> None:
+            key = len(requests)
+            answer = answers_into(got, key)
+            if chained:  # its answer queues the next request, from inside the callback
+
+                def answer(value: Any, error: BaseException | None, plain: Any = answer) -> None:
+                    plain(value, error)
+                    enqueue(model, False)
+
+            requests.append((model, None))
+            requests[key] = (model, scheduler.enqueue(model, key, answer=answer))
+
         async with trio.open_nursery() as nursery:
             await nursery.start(scheduler.run)
             for op in ops:
-                if op[0] == "enqueue":
-                    key = len(requests)
-                    requests.append(
-                        (op[1], scheduler.enqueue(op[1], key, answer=answers_into(got, key)))
-                    )
+                if op[0] in ("enqueue", "chain"):
+                    enqueue(op[1], op[0] == "chain")
                 elif op[0] == "pass":
                     host.next_pass()
                 elif op[0] == "loop":

@@ -157,10 +157,16 @@ and the pass then finds both queued. So does anything else that reads or changes
 policy before the pass (statistics, a withdrawal, a model's update or removal, close,
 the loop's turn): outside the span from ``enqueue`` to its pass, no request is held.
 With ``send`` given (the worker's ``transport.guest.send_held``), the lane's answer is
-sent as soon as it is written, and only then is the batch's ``ran`` called (the weights'
-release, the batch's statistics): the client's turn starts while they run, where the
-read's one ``send`` would have waited for them. The policy's ``complete`` still comes
-before the answer (``_deliver``), and nothing else of the pass follows a lone batch.
+sent as soon as it is written, and only then is its batch accounted (``_book``: the
+policy's ``complete``, ``on_batch``, the executor's ``ran`` -- the weights' release, the
+batch's statistics): the client's turn starts while they run, where the read's one
+``send`` would have waited for them. Every other batch is accounted before it is
+answered, because an answer may finish the last request of a replaced version and the
+version swap it sets off changes the model's batching, which must not take the batch's
+cost sample; the lane keeps that order where it matters: anything that reaches the
+scheduler from an answer's callback (that swap, a read of the policy, a new request)
+first accounts the lane's batch (``_settle_alone``), and nothing else of the pass
+follows a lone batch.
 
 Why one module of this size: the normal path, the dispatch timeout, deadlines, the
 failure paths and shutdown all answer the same table, and are only checkable side by
@@ -558,6 +564,9 @@ class Scheduler:
         self._soon = soon if self._inline_max > 0 else None
         #: Sends the answers written so far (None: they leave as the pass returns).
         self._send = send
+        #: The lone lane's batch whose answer is being sent, not accounted yet:
+        #: (batch, seconds, now) for ``_book``.
+        self._unbooked: tuple[Batch[Any], float, float] | None = None
         #: A pass is armed (one at a time).
         self._pass_armed = False
         #: A batch a pass took and left to the loop: the loop's next (depth 1 only).
@@ -599,6 +608,7 @@ class Scheduler:
     @property
     def policy(self) -> SchedulingPolicy:
         """The sans-IO core (read it; mutate models through this class)."""
+        self._settle_alone()
         return self._policy
 
     def add_model(
@@ -686,6 +696,8 @@ class Scheduler:
                 f"scheduler.dispatch_timeout_seconds={self.config.dispatch_timeout_seconds}; "
                 "not ready"
             )
+        if self._unbooked is not None:  # an answer's callback asks: account its batch first
+            self._book()
         if self._alone is not None:  # a second request before the pass: both queue
             self._settle_alone()
         elif self._idle and self._soon is not None and not self._pass_armed and not committed:
@@ -1114,10 +1126,26 @@ class Scheduler:
     def _settle_alone(self) -> None:
         """Queue the request held alone, if any, as ``submit`` would have at its arrival:
         from here on it is the queue's, like any other (a second request came, or
-        something reads or changes the policy before the pass)."""
+        something reads or changes the policy before the pass). Likewise account the lone
+        batch whose answer is being sent, if any (``_book``)."""
+        if self._unbooked is not None:
+            self._book()
         if self._alone is not None:
             alone, self._alone = self._alone, None
             self._policy.enqueue_held(alone)
+
+    def _book(self) -> None:
+        """Account the lone lane's batch, answered and sent before it (``_land``): the
+        policy's ``complete``, ``on_batch``, then ``ran`` -- what ``_deliver`` and
+        ``_land`` do before answering any other batch."""
+        unbooked, self._unbooked = self._unbooked, None
+        assert unbooked is not None
+        batch, seconds, now = unbooked
+        try:
+            self._complete(batch, seconds, now)
+        finally:
+            if self._ran is not None:
+                self._ran(batch)
 
     # --------------------------------------------------------------- landing
 
@@ -1134,9 +1162,9 @@ class Scheduler:
     ) -> None:
         """Charge, complete, release and answer one batch that came back (launch order):
         a flight's, or one run at once (``inline``). The lone lane's batch (``lone``, run
-        by a pass with ``send`` given) is answered and sent first, then released: its
-        ``ran`` -- the weights' release, the batch's statistics -- decides nothing in the
-        answer, and the client need not wait for it."""
+        by a pass with ``send`` given) that came back with its values is answered and sent
+        first, then accounted (``_book``): the policy's ``complete``, ``on_batch`` and
+        ``ran`` decide nothing in its answer, and the client need not wait for them."""
         seconds = max(0.0, ended - max(started, self._last_back))
         self._last_back = max(self._last_back, ended)
         if inline:
@@ -1145,18 +1173,26 @@ class Scheduler:
             self._threaded += 1
             if self.pipeline_depth > 1:
                 self._pipelined += 1
-        ran = self._ran
         send = self._send if lone and not overran else None
-        if send is not None:
+        if (
+            send is not None
+            and isinstance(result, outcome.Value)
+            and len(result.value) == len(batch.requests)
+        ):
+            # The lone lane: answered and sent first, accounted right after (``_book``;
+            # anything that reaches the policy meanwhile -- a version swap the answer sets
+            # off -- accounts it first: ``_settle_alone``).
+            now = self._time()
+            self._unbooked = (batch, seconds, now)
             try:
-                self._deliver(batch, result, seconds, self._time())
+                self._answer(batch, result.value, now)
                 send()
             finally:
-                if ran is not None:
-                    ran(batch)
+                if self._unbooked is not None:
+                    self._book()
             return
-        if ran is not None:
-            ran(batch)
+        if self._ran is not None:
+            self._ran(batch)
         now = self._time()
         if overran:
             self._complete(batch, seconds, now, ok=False)
@@ -1229,6 +1265,11 @@ class Scheduler:
             )
             return
         self._complete(batch, elapsed, now)
+        self._answer(batch, values, now)
+
+    def _answer(self, batch: Batch, values: Sequence[Any], now: float) -> None:
+        """Answer a batch's requests with its values (one each, in order), or with
+        ``DeadlineExceeded`` where the request's deadline passed before ``now``."""
         answers = self._answers
         for request, value in zip(batch.requests, values, strict=True):
             answer = answers.pop(request.seq, None)
