@@ -179,7 +179,8 @@ def test_an_out_of_memory_that_surfaces_at_fetch_is_resource_exhausted(zoo_repo:
             raise jax_out_of_memory(1 << 30)
 
     bundle = load_bundle(zoo_repo / "double")
-    model = LoadedModel(bundle, {s: (lambda *args: [Pending()]) for s in (1, 4, 8)}, [])
+    fails: dict[int, Any] = {s: (lambda *args: [Pending()]) for s in (1, 4, 8)}
+    model = LoadedModel(bundle, fails, [])
     weights: list[Any] = [object()] * len(bundle.weight_specs)
     launched = model.launch([np.zeros((4, 16), np.float32)], weights)
     with pytest.raises(ResourceExhausted, match="ran out of memory executing at batch size 4"):
