@@ -180,15 +180,7 @@ async def test_with_send_a_lone_answer_is_sent_before_its_batch_is_released(
         released(batch)
 
     device.ran = ran  # type: ignore[method-assign]
-    scheduler = Scheduler(
-        SchedulerConfig(inline_max_seconds=0.001),
-        device,
-        soon=host.soon,
-        send=lambda: events.append("send"),
-    )
-    scheduler.add_model("tiny", [1, 2, 4])
-    for size in (1, 2, 4):
-        scheduler.seed_cost("tiny", size, 1e-5)
+    scheduler = scheduler_for(device, host, send=lambda: events.append("send"))
     policy = scheduler.policy
 
     def answer(key: str) -> Callable[[Any, BaseException | None], None]:
@@ -229,22 +221,14 @@ async def test_what_a_lone_answer_sets_off_finds_its_batch_accounted(
     completed; a new request is admitted behind it, alone, for the next pass."""
     host, device = HostLoop(), Device()
     sent: list[str] = []
-    scheduler = Scheduler(
-        SchedulerConfig(inline_max_seconds=0.001),
-        device,
-        soon=host.soon,
-        send=lambda: sent.append("send"),
-    )
-    scheduler.add_model("tiny", [1, 2])
-    for size in (1, 2):
-        scheduler.seed_cost("tiny", size, 1e-5)
+    scheduler = scheduler_for(device, host, send=lambda: sent.append("send"))
     got: dict[Any, Any] = {}
     seen: list[Any] = []
 
     def answered(value: Any, error: BaseException | None) -> None:
         got["x"] = value
         if reach == "update_model":
-            scheduler.update_model("tiny", compiled_batch_sizes=[1, 2, 4])
+            scheduler.update_model("tiny", compiled_batch_sizes=[1, 2, 4, 8])
         elif reach == "statistics":
             stats = scheduler.statistics().policy
             seen.append((stats.running, stats.models["tiny"].dispatches))

@@ -494,8 +494,8 @@ class Scheduler:
 
     ``send()``, with ``soon``, sends what the answers have written so far (the host
     loop's held writes, ``transport.guest.send_held``): a request run by the lone lane
-    is answered, sent, and only then is its batch's ``ran`` called (module docstring,
-    "The lone lane").
+    is answered, sent, and only then is its batch accounted (module docstring, "The lone
+    lane").
     """
 
     def __init__(
@@ -1173,7 +1173,7 @@ class Scheduler:
             self._threaded += 1
             if self.pipeline_depth > 1:
                 self._pipelined += 1
-        send = self._send if lone and not overran else None
+        send = self._send if lone else None  # (a lone batch ran inline: never overran)
         if (
             send is not None
             and isinstance(result, outcome.Value)
